@@ -1,0 +1,189 @@
+"""The canonical knobs of a GRPO run: one spelling, one type and one rule set for each.
+
+The names here are the ones used in search-space YAML, the Optuna param names, results tables,
+`--set key=value` and the trainer adapters' mapping tables (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import ConfigError
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """One candidate configuration: the searched knobs and the fixed inputs of a GRPO step.
+
+    Batch sizes follow EasyR1's counting: `rollout_batch_size` and `global_batch_size` count
+    prompts, micro-batch sizes count responses (prompt + response sequences) per device.
+    """
+
+    rollout_batch_size: int = field(default=8, metadata={"help": "prompts per training step"})
+    rollout_n: int = field(default=4, metadata={"help": "responses per prompt"})
+    global_batch_size: int = field(default=4, metadata={"help": "prompts per optimizer step"})
+    micro_batch_size_update: int = field(
+        default=4, metadata={"help": "responses per device per forward/backward"})
+    micro_batch_size_experience: int = field(
+        default=8, metadata={"help": "responses per device per log-prob forward"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations"})
+    offload_params: bool = field(
+        default=False, metadata={"help": "fp32 params to host between phases"})
+    offload_optimizer: bool = field(
+        default=False, metadata={"help": "optimizer state to host between phases"})
+    val_batch_size: int | None = field(
+        default=None, metadata={"help": "prompts per validation batch (none: no validation)"})
+    max_prompt_length: int = field(default=256, metadata={"help": "prompt tokens (fixed input)"})
+    max_response_length: int = field(
+        default=256, metadata={"help": "response tokens, always generated in full"})
+    max_num_seqs: int = field(
+        default=256, metadata={"help": "sequences the rollout engine generates at once"})
+    use_kl: bool = field(
+        default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
+    image_size_px: int = field(
+        default=448, metadata={"help": "side of the square synthetic image (VL models)"})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens of one text sequence (image tokens of VL models come on top)."""
+        return self.max_prompt_length + self.max_response_length
+
+
+KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProbeConfig))
+_KNOB_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(ProbeConfig)}
+
+
+def knob_help() -> dict[str, str]:
+    """Each knob's one-line meaning, in declaration order."""
+    return {f.name: f.metadata["help"] for f in dataclasses.fields(ProbeConfig)}
+
+
+def parse_knob_value(key: str, raw: Any) -> Any:
+    """Turn a YAML or command-line value into the knob's type, or raise ConfigError."""
+    if key not in _KNOB_TYPES:
+        raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
+    kind = _KNOB_TYPES[key]
+    text = str(raw).strip().lower()
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}={raw!r}: expected true or false")
+    if kind == "int | None" and (raw is None or text in ("none", "null", "")):
+        return None
+    if isinstance(raw, bool):
+        raise ConfigError(f"{key}={raw!r}: expected a positive integer")
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r}: expected a positive integer") from None
+    if value < 1:
+        raise ConfigError(f"{key}={value}: must be at least 1")
+    return value
+
+
+def parse_assignments(assignments: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Parse `key=value` strings from `--set` into typed knob values; report every problem."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            problems.append(f"--set {item!r}: expected key=value, e.g. micro_batch_size_update=4")
+            continue
+        try:
+            values[key] = parse_knob_value(key, raw)
+        except ConfigError as err:
+            problems.extend(f"--set {p}" for p in err.problems)
+    if problems:
+        raise ConfigError(problems)
+    return values
+
+
+def make_probe_config(values: dict[str, Any]) -> ProbeConfig:
+    """Build a ProbeConfig from typed values and check the rules every trainer shares."""
+    config = ProbeConfig(**values)
+    problems = validate_probe_config(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def validate_probe_config(config: ProbeConfig) -> list[str]:
+    """The trainer-independent rules of a GRPO step; returns every broken rule as one line."""
+    problems = []
+    responses_per_step = config.rollout_batch_size * config.rollout_n
+    responses_per_minibatch = config.global_batch_size * config.rollout_n
+    if config.global_batch_size > config.rollout_batch_size:
+        problems.append(
+            f"global_batch_size={config.global_batch_size} exceeds rollout_batch_size="
+            f"{config.rollout_batch_size}: an optimizer step cannot take more prompts than a "
+            "training step has")
+    elif config.rollout_batch_size % config.global_batch_size:
+        problems.append(
+            f"rollout_batch_size={config.rollout_batch_size} is not divisible by "
+            f"global_batch_size={config.global_batch_size}")
+    if responses_per_minibatch % config.micro_batch_size_update:
+        problems.append(
+            f"global_batch_size*rollout_n={responses_per_minibatch} is not divisible by "
+            f"micro_batch_size_update={config.micro_batch_size_update}")
+    if responses_per_step % config.micro_batch_size_experience:
+        problems.append(
+            f"rollout_batch_size*rollout_n={responses_per_step} is not divisible by "
+            f"micro_batch_size_experience={config.micro_batch_size_experience}")
+    if config.image_size_px % 28:
+        problems.append(
+            f"image_size_px={config.image_size_px} is not a multiple of 28 "
+            "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    return problems
+
+
+def parse_bytes(text: str, what: str = "memory size") -> int:
+    """Parse '40GiB', '512MiB', '80GB' or a plain byte count into bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _BYTE_UNITS:
+        raise ConfigError(f"{what} {text!r}: expected a size such as 40GiB, 512MiB or 80GB")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+
+
+def parse_duration_s(text: str, what: str = "duration") -> float:
+    """Parse '90', '90s', '15m', '8h' or '1d' into seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", str(text).lower())
+    if not match or float(match.group(1)) <= 0:
+        raise ConfigError(f"{what} {text!r}: expected a positive duration such as 90s, 15m or 8h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def format_bytes(num_bytes: float | None) -> str:
+    """Bytes as GiB or MiB for people; the only place units are converted for display."""
+    if num_bytes is None:
+        return "-"
+    if abs(num_bytes) >= 2**30:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.0f} MiB"
+
+
+def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str) -> str:
+    """One line naming the unknown key, the closest valid ones, and where the full list is."""
+    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"unknown {what} {key!r}: {hint}valid: {', '.join(valid)}"

@@ -1,0 +1,176 @@
+"""Peak memory per phase of a probe, measured: the device figure and the host RSS.
+
+On NVIDIA the device figure is the larger of the allocator's reserved peak and the NVML
+figure for this process (which includes the CUDA context). On a CPU device, "device memory" is
+the process's anonymous RSS: tensors on the device live there, while tensors offloaded to the
+host are moved into shared memory (see `host_tensor`), which RSS counts but the device figure
+does not. A sampling thread keeps the per-phase peaks and enforces a device-memory limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def read_anon_rss_bytes() -> int:
+    """Resident anonymous memory of this process (resident minus file-backed and shmem)."""
+    with open("/proc/self/statm") as handle:
+        fields = handle.read().split()
+    return (int(fields[1]) - int(fields[2])) * _PAGE_BYTES
+
+
+def read_rss_hwm_bytes() -> int:
+    """The kernel's exact high-water mark of this process's RSS since the last reset."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_rss_hwm() -> None:
+    """Reset the RSS high-water mark (Linux >= 4.0); harmless where not permitted."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+
+
+def trim_host_heap() -> None:
+    """Return freed heap pages to the OS so one phase's garbage is not the next one's peak."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class NvmlProcessMemory:
+    """GPU memory used by this process per NVML; falls back to device used minus a baseline
+    when the process is not visible by PID (inside containers)."""
+
+    def __init__(self, physical_index: int) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(physical_index)
+        self._baseline_used_bytes = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+        self._pid = os.getpid()
+
+    def read_bytes(self) -> int:
+        nvml = self._nvml
+        try:
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                if proc.pid == self._pid and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory)
+        except nvml.NVMLError:
+            pass
+        used = nvml.nvmlDeviceGetMemoryInfo(self._handle).used
+        return max(0, int(used) - int(self._baseline_used_bytes))
+
+
+class MemoryMeter:
+    """Per-phase peaks of device memory and host RSS, sampled and read from the kernel."""
+
+    def __init__(self, device: Any, device_limit_bytes: int | None = None,
+                 on_limit: Callable[[str, int], None] | None = None,
+                 interval_s: float | None = None) -> None:
+        self.device = device
+        self.is_cuda = getattr(device, "type", str(device)) == "cuda"
+        self.device_limit_bytes = device_limit_bytes
+        self.on_limit = on_limit
+        self.current_phase: str | None = None
+        self.phase_peak_mem_bytes: dict[str, int] = {}
+        self.phase_allocator_peak_bytes: dict[str, int] = {}
+        self.host_peak_rss_bytes = 0
+        self.nvml: NvmlProcessMemory | None = None
+        self._interval_s = interval_s or (0.01 if self.is_cuda else 0.002)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, nvml_index: int | None = None) -> None:
+        if self.is_cuda and nvml_index is not None:
+            try:
+                self.nvml = NvmlProcessMemory(nvml_index)
+            except Exception:  # no NVML (not NVIDIA, no driver library): allocator figures only
+                self.nvml = None
+        self._thread = threading.Thread(target=self._sample_loop, name="memory-meter",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def read_device_bytes(self) -> int:
+        """The device figure now: NVML's process figure on NVIDIA, anonymous RSS on CPU."""
+        if self.is_cuda:
+            if self.nvml is not None:
+                return self.nvml.read_bytes()
+            import torch
+
+            return int(torch.cuda.memory_reserved(self.device))
+        return read_anon_rss_bytes()
+
+    def _record(self, phase: str, num_bytes: int) -> None:
+        with self._lock:
+            if num_bytes > self.phase_peak_mem_bytes.get(phase, 0):
+                self.phase_peak_mem_bytes[phase] = num_bytes
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            phase = self.current_phase
+            if phase is None:
+                continue
+            try:
+                num_bytes = self.read_device_bytes()
+            except Exception:
+                continue
+            self._record(phase, num_bytes)
+            limit = self.device_limit_bytes
+            if not self.is_cuda and limit is not None and num_bytes > limit and self.on_limit:
+                self.on_limit(phase, num_bytes)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Measure one phase: start from a clean cache, keep the peak, whatever happens inside."""
+        self._settle()
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+        reset_rss_hwm()
+        self.current_phase = name
+        self._record(name, self.read_device_bytes())
+        yield
+        self._settle()
+        self._record(name, self.read_device_bytes())
+        if self.is_cuda:
+            import torch
+
+            reserved = int(torch.cuda.max_memory_reserved(self.device))
+            self._record(name, reserved)
+            previous = self.phase_allocator_peak_bytes.get(name, 0)
+            self.phase_allocator_peak_bytes[name] = max(previous, reserved)
+        self.host_peak_rss_bytes = max(self.host_peak_rss_bytes, read_rss_hwm_bytes())
+        self.current_phase = None
+
+    def _settle(self) -> None:
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        else:
+            trim_host_heap()
+
+    def wait_one_sample(self) -> None:
+        """Let the sampler see the current state (used before reading figures in tests)."""
+        time.sleep(self._interval_s * 2)

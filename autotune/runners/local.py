@@ -1,0 +1,135 @@
+"""SubprocessRunner: each probe in a process group of its own, watched, and killed whole.
+
+The worker runs as `python -m autotune.worker` in a new session, pinned to its GPUs with
+CUDA_VISIBLE_DEVICES (or to CPU threads), its output in a log file. A watchdog polls the
+process tree: past `timeout_s` or past the host-memory limit it kills every process of the
+probe. Whatever happened, `run` returns a classified ProbeResult and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from autotune.oom import classify_exit
+from autotune.result import ProbeRequest, ProbeResult
+
+STDERR_TAIL_CHARS = 4000
+POLL_INTERVAL_S = 0.02
+
+
+def probe_env(request: ProbeRequest) -> dict[str, str]:
+    """The worker's environment: its GPUs, its threads, and a heap that returns freed memory."""
+    env = dict(os.environ)
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
+    # Large blocks come from mmap and go back to the OS on free, so RSS tracks live tensors.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    if request.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif request.gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in request.gpu_ids)
+    if request.cpu_threads:
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[name] = str(request.cpu_threads)
+    return env
+
+
+def tree_rss_bytes(root: psutil.Process) -> int:
+    """RSS of a process and all its descendants (processes that vanish count as zero)."""
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+    return total
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the probe's process group and any descendant that left it."""
+    descendants: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
+    with contextlib.suppress(OSError):
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_chars * 4))
+            return handle.read().decode("utf-8", "replace")[-max_chars:]
+    return ""
+
+
+class SubprocessRunner:
+    """Runs each probe as `python -m autotune.worker` in its own process group."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
+            request_path = Path(tmp) / "request.json"
+            result_path = Path(tmp) / "result.json"
+            log_path = Path(log_path) if log_path is not None else Path(tmp) / "probe.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            request_path.write_text(request.to_json())
+            return self._run(request, request_path, result_path, log_path)
+
+    def _run(self, request: ProbeRequest, request_path: Path, result_path: Path,
+             log_path: Path) -> ProbeResult:
+        started = time.monotonic()
+        timed_out = host_limit_exceeded = False
+        host_peak_rss_bytes = 0
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [self.python, "-m", "autotune.worker", str(request_path), str(result_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=probe_env(request), start_new_session=True)
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None:
+                rss = tree_rss_bytes(root)
+                host_peak_rss_bytes = max(host_peak_rss_bytes, rss)
+                limit = request.host_memory_limit_bytes
+                if limit is not None and rss > limit:
+                    host_limit_exceeded = True
+                    break
+                if time.monotonic() - started > request.timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(POLL_INTERVAL_S)
+        finally:
+            kill_tree(proc)  # also on KeyboardInterrupt: no probe outlives the driver's call
+        wall_s = time.monotonic() - started
+        tail = read_tail(log_path)
+        result = None
+        if not (timed_out or host_limit_exceeded) and result_path.exists():
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                result = ProbeResult.from_json(result_path.read_text())
+        if result is None:
+            status, message = classify_exit(proc.returncode, tail, timed_out=timed_out,
+                                            host_limit_exceeded=host_limit_exceeded)
+            if host_limit_exceeded:
+                message += f" ({host_peak_rss_bytes} bytes > {request.host_memory_limit_bytes})"
+            result = ProbeResult(status=status, message=message)
+        return result.replace(
+            returncode=proc.returncode, probe_wall_s=wall_s,
+            stderr_tail="" if result.ok else tail,
+            host_peak_rss_bytes=max(result.host_peak_rss_bytes or 0, host_peak_rss_bytes))

@@ -76,9 +76,11 @@ class TrainingProbe:
         self.model = build_model(self.model_config, self.device, torch.float32, request.model_path)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         if config.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
         self.ref_model = self._build_copy() if config.use_kl else None

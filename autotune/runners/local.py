@@ -80,8 +80,9 @@ def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
 class SubprocessRunner:
     """Runs each probe as `python -m autotune.worker` in its own process group."""
 
-    def __init__(self, python: str = sys.executable) -> None:
-        self.python = python
+    def __init__(self, worker_argv: list[str] | None = None) -> None:
+        # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
+        self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.worker"]
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
         with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
@@ -99,7 +100,7 @@ class SubprocessRunner:
         host_peak_rss_bytes = 0
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [self.python, "-m", "autotune.worker", str(request_path), str(result_path)],
+                [*self.worker_argv, str(request_path), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=probe_env(request), start_new_session=True)
         try:

@@ -1,0 +1,27 @@
+"""Shared fixtures: small real probe requests on the tiny registry models (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import ProbeConfig
+from autotune.result import ProbeRequest
+
+# A fast, valid GRPO step on the tiny text model: 8 responses of 64 + 32 tokens.
+SMALL_CONFIG = ProbeConfig(rollout_batch_size=4, rollout_n=2, global_batch_size=2,
+                           micro_batch_size_update=2, micro_batch_size_experience=4,
+                           max_prompt_length=64, max_response_length=32, image_size_px=56)
+
+
+def small_request(model: str = "tiny-qwen2.5", **overrides: object) -> ProbeRequest:
+    config_changes = {k: overrides.pop(k) for k in list(overrides)
+                      if k in ProbeConfig.__dataclass_fields__}
+    config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), **config_changes})
+    fields = {"model": model, "config": config, "device": "cpu", "cpu_threads": 2,
+              "warmup_steps": 0, "timed_steps": 1, "timeout_s": 300.0, **overrides}
+    return ProbeRequest(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_request():
+    return small_request

@@ -1,0 +1,80 @@
+"""The command line as a user meets it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def autotune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_help_does_not_import_heavy_modules():
+    code = ("import sys; import autotune.cli; "
+            "print([m for m in ('torch', 'transformers', 'ray') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"
+    help_run = autotune("--help")
+    assert help_run.returncode == 0 and "probe" in help_run.stdout and "models" in help_run.stdout
+
+
+def test_version():
+    out = autotune("--version")
+    assert out.returncode == 0 and "autotune, version" in out.stdout
+
+
+def test_unknown_model_is_one_line_exit_2():
+    out = autotune("probe", "--model", "qwen2.5-vl7b")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+    assert "did you mean qwen2.5-vl-7b" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_knobs_exit_2_naming_the_key():
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--set", "micro_batch=4")
+    assert out.returncode == 2 and "unknown knob 'micro_batch'" in out.stderr
+    assert "micro_batch_size_update" in out.stderr
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--set", "micro_batch_size_update=3")
+    assert out.returncode == 2 and "not divisible by micro_batch_size_update=3" in out.stderr
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--host-memory-limit", "lots")
+    assert out.returncode == 2 and "--host-memory-limit 'lots'" in out.stderr
+
+
+def test_debug_shows_the_traceback():
+    out = autotune("--debug", "probe", "--model", "nope")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_log_path_never_overwritten(tmp_path):
+    log = tmp_path / "probe.log"
+    log.write_text("keep me")
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--log", str(log))
+    assert out.returncode == 2 and "file exists" in out.stderr
+    assert log.read_text() == "keep me"
+
+
+def test_models_lists_card_counts():
+    out = autotune("models")
+    assert out.returncode == 0
+    assert "qwen2.5-vl-7b" in out.stdout and "8.292B" in out.stdout
+    assert "tiny-qwen2.5-vl" in out.stdout
+
+
+def test_probe_json_on_cpu(tmp_path):
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--device", "cpu", "--json",
+                   "--warmup-steps", "0", "--timed-steps", "1", "--log", str(tmp_path / "p.log"),
+                   "--set", "max_prompt_length=64", "--set", "max_response_length=16")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "ok" and result["tokens_per_s"] > 0
+    assert (tmp_path / "p.log").exists()
+
+
+def test_probe_oom_exit_1_and_summary():
+    out = autotune("probe", "--model", "tiny-qwen2.5", "--device", "cpu",
+                   "--host-memory-limit", "250MiB", "--set", "max_response_length=16")
+    assert out.returncode == 1
+    assert "host_oom" in out.stdout and "watchdog" in out.stdout

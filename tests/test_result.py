@@ -1,0 +1,24 @@
+"""ProbeRequest and ProbeResult survive the process boundary unchanged."""
+
+from __future__ import annotations
+
+from autotune.config import ProbeConfig
+from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_json_atomic
+
+
+def test_request_round_trip():
+    request = ProbeRequest(model="qwen2.5-7b", config=ProbeConfig(rollout_n=8),
+                           gpu_ids=(0, 3), gpu_memory_limit_bytes=40 * 2**30)
+    assert ProbeRequest.from_json(request.to_json()) == request
+
+
+def test_result_round_trip_and_oom_classes(tmp_path):
+    result = ProbeResult(status=ProbeStatus.GPU_OOM, message="CUDA out of memory",
+                         failed_phase="update", phase_peak_mem_bytes={"rollout": 5},
+                         startup_s=1.0, build_s=2.0)
+    path = tmp_path / "result.json"
+    write_json_atomic(path, result.to_json())
+    assert ProbeResult.from_json(path.read_text()) == result
+    assert result.fixed_cost_s == 3.0
+    assert [s.value for s in ProbeStatus if s.is_oom] == ["gpu_oom", "host_oom", "cache_oom"]
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind

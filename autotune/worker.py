@@ -80,7 +80,8 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
         described = describe_device(device, meter.device_limit_bytes if meter else None) \
             if device is not None else {}
         return ProbeResult(status=status, message=message, startup_s=startup_s,
-                           failed_phase=meter.current_phase if meter else "build", **described)
+                           failed_phase=(meter.current_phase if meter else None) or "build",
+                           **described)
     finally:
         if meter is not None:
             meter.stop()

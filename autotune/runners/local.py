@@ -31,8 +31,9 @@ def probe_env(request: ProbeRequest) -> dict[str, str]:
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
-    # Large blocks come from mmap and go back to the OS on free, so RSS tracks live tensors.
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    # Blocks of 1 MiB and more come from mmap and go back to the OS when freed, so RSS tracks
+    # live tensors (64 KiB was as accurate but made CPU steps ~30% slower).
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
     if request.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif request.gpu_ids is not None:

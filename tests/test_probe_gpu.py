@@ -1,0 +1,34 @@
+"""Real probes on an NVIDIA GPU (marked `gpu`: run with `pytest -m gpu` where CUDA exists)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.config import ProbeConfig
+from autotune.result import ProbeRequest, ProbeStatus
+from autotune.runners.local import SubprocessRunner
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
+                     micro_batch_size_update=4, micro_batch_size_experience=8,
+                     max_prompt_length=256, max_response_length=128)
+
+
+def test_qwen_05b_probe_on_gpu():
+    result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
+                                                 device="cuda"))
+    assert result.status is ProbeStatus.OK, result.stderr_tail
+    assert result.phase_allocator_peak_bytes["update"] > 16 * result.num_params
+    assert result.tokens_per_s > 0
+
+
+def test_forced_gpu_oom_is_classified():
+    # 2 GiB cannot hold the 16 bytes/param of a 0.5B model's update (7.9 GB).
+    request = ProbeRequest(model="qwen2.5-0.5b", config=CONFIG, device="cuda",
+                           gpu_memory_limit_bytes=2 * 2**30)
+    result = SubprocessRunner().run(request)
+    assert result.status is ProbeStatus.GPU_OOM, (result.message, result.stderr_tail)
+    assert "out of memory" in result.message.lower()

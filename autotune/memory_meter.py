@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -170,7 +169,3 @@ class MemoryMeter:
             torch.cuda.empty_cache()
         else:
             trim_host_heap()
-
-    def wait_one_sample(self) -> None:
-        """Let the sampler see the current state (used before reading figures in tests)."""
-        time.sleep(self._interval_s * 2)

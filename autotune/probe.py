@@ -28,7 +28,6 @@ from autotune.memory_meter import MemoryMeter
 from autotune.models import build_model, is_vl_config, load_model_config
 from autotune.result import ProbeRequest, ProbeResult, ProbeStatus
 
-PHASES = ("rollout", "experience", "update", "validation")
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
 
@@ -52,7 +51,8 @@ class TrainingProbe:
         wanted = request.dtype if request.dtype != "auto" else ("bf16" if self.on_gpu else "fp32")
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.meter = meter or MemoryMeter(self.device)
-        self.host_offload_bytes = 0
+        self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
+        self.peak_host_offload_bytes = 0
 
     # -- building ---------------------------------------------------------------------------
 
@@ -151,8 +151,7 @@ class TrainingProbe:
                     state[key] = self._move(value, optimizer_on_device)
         if self.ref_model is not None and self.config.offload_params:
             self._place_module(self.ref_model, False)
-        self.peak_host_offload_bytes = max(getattr(self, "peak_host_offload_bytes", 0),
-                                           self.host_offload_bytes)
+        self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 
     def _sleep_engine(self) -> None:
         """Free the engine's weights (vLLM sleep level 2); buffers such as RoPE stay."""
@@ -309,7 +308,7 @@ class TrainingProbe:
             peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
             phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
             host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
-            host_offload_bytes=getattr(self, "peak_host_offload_bytes", 0),
+            host_offload_bytes=self.peak_host_offload_bytes,
             num_params=self.num_params, startup_s=startup_s, build_s=build_s,
             **describe_device(self.device, self.meter.device_limit_bytes))
 

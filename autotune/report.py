@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.config import format_bytes
-from autotune.result import ProbeResult
-
-_PHASE_ORDER = ("rollout", "experience", "update", "validation")
+from autotune.result import PHASES, ProbeResult
 
 
 def format_probe_result(result: ProbeResult, model: str) -> str:
@@ -21,7 +19,7 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
         lines.append(f"  tokens/s {result.tokens_per_s:,.1f}   samples/s "
                      f"{result.samples_per_s:,.2f}   step {result.step_s:.2f} s "
                      "(per device, validation excluded)")
-    phases = [p for p in _PHASE_ORDER if p in result.phase_peak_mem_bytes or p in result.phase_s]
+    phases = [p for p in PHASES if p in result.phase_peak_mem_bytes or p in result.phase_s]
     if phases:
         lines.append(f"  {'phase':<12}{'seconds':>9}{'peak device memory':>21}")
         for phase in phases:
@@ -46,13 +44,8 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain aligned table (numbers right-aligned)."""
+    """A plain left-aligned table with a header row."""
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    def cell(column: str, value: Any) -> str:
-        text = str(value)
-        return text.rjust(widths[column]) if isinstance(value, (int, float)) or \
-            text.replace(".", "").replace("%", "").replace("-", "").isdigit() \
-            else text.ljust(widths[column])
-    header = "  ".join(c.ljust(widths[c]) for c in columns)
-    body = ["  ".join(cell(c, r.get(c, "")) for c in columns).rstrip() for r in rows]
-    return "\n".join([header.rstrip(), *body])
+    lines = [{c: c for c in columns}, *rows]
+    return "\n".join("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip()
+                     for row in lines)

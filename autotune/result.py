@@ -14,6 +14,9 @@ from typing import Any
 from autotune.config import ProbeConfig
 
 
+PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
+
+
 class ProbeStatus(str, enum.Enum):
     """How a probe ended. Only the OOM classes mark a configuration infeasible."""
 

@@ -41,8 +41,8 @@ def test_low_host_memory_limit_is_host_oom(make_request):
 
 
 def test_device_limit_on_cpu_is_gpu_oom_with_phase(make_request):
-    # 300 MiB of anonymous memory cannot hold the runtime, model and step together.
-    request = make_request(gpu_memory_limit_bytes=300 * 2**20)
+    # 200 MiB of anonymous memory cannot hold the runtime, model and step (~350 MiB) together.
+    request = make_request(gpu_memory_limit_bytes=200 * 2**20)
     result = SubprocessRunner().run(request)
     assert result.status is ProbeStatus.GPU_OOM, (result.message, result.stderr_tail)
     assert result.failed_phase in ("rollout", "experience", "update")

@@ -98,8 +98,8 @@ def main() -> None:
     gpu = figures["gpu_build_qwen2.5-7b_s"]
     lines.append("qwen2.5-7b random-weight build on GPU: "
                  + (f"{gpu:.2f} s" if gpu is not None else "not measured (no GPU)"))
-    lines.append("fixed = startup (process start + imports) + build (3 models: actor, ref, "
-                 "engine; optimizer); timed = warm-up excluded, 2 steps")
+    lines.append("fixed = startup (process start, torch + transformers imports) + build (the "
+                 "model's modeling import, actor, ref, engine, optimizer); timed = 2 steps")
     text = "\n".join(lines)
     print(text)
     OUT_DIR.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def probe_env(request: ProbeRequest) -> dict[str, str]:
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
     # Blocks of 1 MiB and more come from mmap and go back to the OS when freed, so RSS tracks
-    # live tensors (64 KiB was as accurate but made CPU steps ~30% slower).
+    # live tensors (64 KiB read peaks a few % lower but made CPU steps ~30% slower).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
     if request.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""

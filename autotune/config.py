@@ -187,3 +187,44 @@ def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str)
     close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return f"unknown {what} {key!r}: {hint}valid: {', '.join(valid)}"
+
+
+# How each knob moves peak device memory when its value grows (True counts as 1): +1 needs
+# more, -1 needs less, 0 no monotone effect. Feasibility reasoning and the safe first trial
+# rest on this table (DESIGN.md section 4: memory is monotone along known axes).
+MEMORY_DIRECTION: dict[str, int] = {
+    "rollout_batch_size": +1, "rollout_n": +1, "global_batch_size": 0,
+    "micro_batch_size_update": +1, "micro_batch_size_experience": +1,
+    "gradient_checkpointing": -1, "offload_params": -1, "offload_optimizer": -1,
+    "val_batch_size": +1, "max_prompt_length": +1, "max_response_length": +1,
+    "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1,
+}
+
+
+def load_knob_file(path: str) -> dict[str, Any]:
+    """Canonical knobs from a flat YAML mapping (`--base-config`); every problem in one go."""
+    import yaml
+
+    try:
+        with open(path) as handle:
+            data = yaml.safe_load(handle)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)})") \
+            from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of knob names to values, "
+                          "e.g. micro_batch_size_update: 4")
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, raw in data.items():
+        try:
+            values[str(key)] = parse_knob_value(str(key), raw)
+        except ConfigError as err:
+            problems.extend(f"{path}: {key}: {p}" for p in err.problems)
+    if problems:
+        raise ConfigError(problems)
+    return values

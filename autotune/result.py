@@ -118,7 +118,7 @@ class ProbeResult:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def write_json_atomic(path: str | os.PathLike[str], text: str) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write a file so that readers see either nothing or the whole of it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

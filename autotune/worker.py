@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_json_atomic
+from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
 
@@ -66,7 +66,7 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
                        f"in phase {phase}")
             failed = ProbeResult(status=ProbeStatus.GPU_OOM, message=message, failed_phase=phase,
                                  startup_s=startup_s, **describe_device(device, limit))
-            write_json_atomic(result_path, failed.to_json())
+            write_text_atomic(result_path, failed.to_json())
             print(message, file=sys.stderr, flush=True)
             os._exit(EXIT_DEVICE_LIMIT)
 
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     with open(request_path) as handle:
         request = ProbeRequest.from_json(handle.read())
     result = run_request(request, result_path)
-    write_json_atomic(result_path, result.to_json())
+    write_text_atomic(result_path, result.to_json())
     return 0
 
 

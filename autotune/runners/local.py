@@ -44,6 +44,17 @@ def probe_env(request: ProbeRequest) -> dict[str, str]:
     return env
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """In the child before exec: SIGKILL me when the driver dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the driver died before prctl took effect
+            os._exit(1)
+
+
 def tree_rss_bytes(root: psutil.Process) -> int:
     """RSS of a process and all its descendants (processes that vanish count as zero)."""
     total = 0
@@ -99,11 +110,14 @@ class SubprocessRunner:
         started = time.monotonic()
         timed_out = host_limit_exceeded = False
         host_peak_rss_bytes = 0
+        driver_pid = os.getpid()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*self.worker_argv, str(request_path), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=probe_env(request), start_new_session=True)
+                env=probe_env(request), start_new_session=True,
+                preexec_fn=(lambda: die_with_parent(driver_pid)) if sys.platform == "linux"
+                else None)
         try:
             root = psutil.Process(proc.pid)
             while proc.poll() is None:

@@ -1,0 +1,61 @@
+"""A scripted Runner for the sweep's loop logic: figures from a formula, no torch, no process.
+
+This stands in for the probe only to test the driver (ask/tell, dedupe, resume, stop rules)
+in milliseconds; the real probe is exercised end to end in test_sweep_e2e.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.result import ProbeRequest, ProbeResult, ProbeStatus
+
+MiB = 2**20
+LIMIT_BYTES = 1000 * MiB
+
+
+def scripted_result(request: ProbeRequest) -> ProbeResult:
+    """Memory grows with micro-batches and falls with savers; speed grows with micro-batches."""
+    c = request.config
+    update = 300 * MiB + (40 if c.gradient_checkpointing else 120) * MiB * c.micro_batch_size_update
+    experience = 300 * MiB + 60 * MiB * c.micro_batch_size_experience
+    offload = (100 * MiB if c.offload_params else 0) + (100 * MiB if c.offload_optimizer else 0)
+    rollout = 500 * MiB - offload
+    phases = {"rollout": rollout, "experience": experience - offload, "update": update}
+    limit = request.gpu_memory_limit_bytes or LIMIT_BYTES
+    for phase, peak in phases.items():
+        if peak > limit:
+            return ProbeResult(status=ProbeStatus.GPU_OOM, message="scripted OOM",
+                               failed_phase=phase, device_limit_bytes=limit,
+                               device_capacity_bytes=4 * LIMIT_BYTES, probe_wall_s=1.0)
+    tokens_per_s = 100.0 * (1 + c.micro_batch_size_update) ** 0.5 \
+        * (1 + c.micro_batch_size_experience) ** 0.25 \
+        * (0.7 if c.gradient_checkpointing else 1.0) \
+        * (0.9 if c.offload_params else 1.0) * (0.95 if c.offload_optimizer else 1.0)
+    return ProbeResult(status=ProbeStatus.OK, tokens_per_s=tokens_per_s, samples_per_s=1.0,
+                       step_s=1.0, peak_mem_bytes=max(phases.values()),
+                       phase_peak_mem_bytes=phases, host_peak_rss_bytes=2 * LIMIT_BYTES,
+                       device_name="scripted", device_capacity_bytes=4 * LIMIT_BYTES,
+                       device_limit_bytes=limit, probe_wall_s=2.0, startup_s=0.5, build_s=0.5)
+
+
+class ScriptedRunner:
+    """Answers each request from `scripted_result`; `crash_when` makes chosen configs crash."""
+
+    def __init__(self, crash_when=None, interrupt_on_call: int | None = None) -> None:
+        self.calls: list[dict] = []
+        self.crash_when = crash_when
+        self.interrupt_on_call = interrupt_on_call
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        self.calls.append(request.config.as_dict())
+        if self.interrupt_on_call is not None and len(self.calls) == self.interrupt_on_call:
+            raise KeyboardInterrupt
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(log_path).write_text(f"scripted probe of {request.config}\n")
+        if self.crash_when is not None and self.crash_when(request.config):
+            return ProbeResult(status=ProbeStatus.CRASH, message="scripted crash",
+                               stderr_tail="Segmentation fault", returncode=-11,
+                               probe_wall_s=1.0)
+        return scripted_result(request)

@@ -1,0 +1,237 @@
+"""The sweep's loop logic, driven by a scripted runner (no torch, no subprocess).
+
+The storage is a real Optuna SQLite database in a temporary directory; only the probe is
+scripted (see scripted_runner.py). Real probes run in test_sweep_e2e.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+from scripted_runner import LIMIT_BYTES, ScriptedRunner, scripted_result
+
+from autotune.artifacts import best_trial, write_artifacts
+from autotune.errors import AutotuneError, ConfigError
+from autotune.result import ProbeRequest
+from autotune.search_space import SearchSpace, load_search_space
+from autotune.tuner import StudyLock, Sweep, SweepSettings, params_key
+
+REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
+
+
+def settings_for(tmp_path, space=None, **changes):
+    space = space or load_search_space("cpu-demo")
+    fields = {"study_name": "s", "study_dir": tmp_path / "s", "space": space,
+              "request": REQUEST, **changes}
+    return SweepSettings(**fields)
+
+
+def sweep(tmp_path, runner=None, **changes):
+    settings = settings_for(tmp_path, **changes)
+    runner = runner or ScriptedRunner()
+    study = Sweep(settings, runner,
+                  on_trial=lambda s: write_artifacts(s, settings.study_dir)).run()
+    return study, runner
+
+
+def probed(study):
+    return [t for t in study.trials if t.user_attrs.get("probed")]
+
+
+def test_first_trial_is_the_safe_config_then_the_base_config(tmp_path):
+    base = {"micro_batch_size_update": 4, "micro_batch_size_experience": 4,
+            "gradient_checkpointing": False, "offload_params": False, "offload_optimizer": False}
+    study, runner = sweep(tmp_path, max_trials=3, base_params=base)
+    assert study.trials[0].params == {
+        "micro_batch_size_update": 1, "micro_batch_size_experience": 2,
+        "gradient_checkpointing": True, "offload_params": True, "offload_optimizer": True}
+    assert study.trials[0].user_attrs["origin"] == "safe"
+    assert study.trials[1].params == base and study.trials[1].user_attrs["origin"] == "base"
+    assert len(runner.calls) == 3
+
+
+def test_sweep_to_exhaustion_probes_every_valid_config_exactly_once(tmp_path):
+    # The random sampler keeps this fast; dedupe and exhaustion do not depend on the sampler.
+    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random")
+    keys = [json.dumps({k: c[k] for k in sorted(study.trials[0].params)}, sort_keys=True)
+            for c in runner.calls]
+    assert len(keys) == len(set(keys)) == 128  # every config of the 4x4x2x2x2 grid, once
+    reused = [t for t in study.trials if t.user_attrs.get("reused_from") is not None]
+    for trial in reused:  # a reused trial carries the earlier trial's outcome
+        earlier = study.trials[trial.user_attrs["reused_from"]]
+        assert trial.params == earlier.params and trial.values == earlier.values
+
+
+def test_oom_is_complete_with_constraint_and_crash_is_fail_with_log(tmp_path):
+    crash = lambda c: c.micro_batch_size_update == 2 and not c.offload_params  # noqa: E731
+    study, _ = sweep(tmp_path, ScriptedRunner(crash_when=crash), max_trials=1000,
+                     sampler="random")
+    ooms = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
+    crashes = [t for t in probed(study) if t.user_attrs["status"] == "crash"]
+    assert ooms and crashes
+    for trial in ooms:  # the sampler learns from OOM: COMPLETE, sentinel value, infeasible
+        assert trial.state == TrialState.COMPLETE and trial.values == [0.0]
+        assert trial.constraints["memory"] > 0 and not trial.user_attrs["feasible"]
+    for trial in crashes:
+        assert trial.state == TrialState.FAIL
+        assert (tmp_path / "s" / trial.user_attrs["log"]).read_text().startswith("scripted")
+    for trial in probed(study):
+        if trial.user_attrs["feasible"]:
+            assert trial.constraints["memory"] <= 0 and trial.values[0] > 0
+
+
+def test_headroom_makes_a_config_that_ran_infeasible(tmp_path):
+    # mbu=4 needs 780 MiB: under the 800 MiB limit, over the 720 MiB budget of 10% headroom.
+    space = SearchSpace({"micro_batch_size_update": load_search_space("cpu-demo")
+                         .params["micro_batch_size_update"]},
+                        {"gradient_checkpointing": False, "rollout_batch_size": 4,
+                         "rollout_n": 4, "global_batch_size": 2,
+                         "micro_batch_size_experience": 2})
+    request = ProbeRequest(model="m", gpu_memory_limit_bytes=800 * 2**20)
+    study, _ = sweep(tmp_path, space=space, request=request, max_trials=10)
+    by_mbu = {t.params["micro_batch_size_update"]: t for t in probed(study)}
+    assert by_mbu[2].user_attrs["status"] == "ok" and by_mbu[2].user_attrs["feasible"]
+    over = by_mbu[4]
+    assert by_mbu[8].user_attrs["status"] == "gpu_oom"
+    assert over.user_attrs["status"] == "ok" and not over.user_attrs["feasible"]
+    assert "over headroom in update" in over.user_attrs["reason"]
+    assert best_trial(study).params["micro_batch_size_update"] == 2
+
+
+def test_invalid_combination_is_recorded_and_never_run(tmp_path):
+    space = SearchSpace({"micro_batch_size_update": load_search_space("grpo")
+                         .params["micro_batch_size_update"]},
+                        {"rollout_batch_size": 4, "rollout_n": 2, "global_batch_size": 2,
+                         "micro_batch_size_experience": 2})  # mbu must divide 4
+    study, runner = sweep(tmp_path, space=space, max_trials=100,
+                          base_params={"micro_batch_size_update": 8})
+    invalid = [t for t in study.trials if t.user_attrs.get("status") == "invalid"]
+    assert invalid[0].number == 1 and invalid[0].params["micro_batch_size_update"] == 8
+    assert "not divisible by micro_batch_size_update=8" in invalid[0].user_attrs["reason"]
+    assert all(t.params["micro_batch_size_update"] > 4 for t in invalid)
+    assert all(t.constraints["rules"] > 0 and t.state == TrialState.COMPLETE for t in invalid)
+    assert sorted(c["micro_batch_size_update"] for c in runner.calls) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("rule, expected", [("trials", 5), ("patience", None)])
+def test_stop_rules(tmp_path, rule, expected):
+    if rule == "trials":
+        study, runner = sweep(tmp_path, max_trials=5)
+        assert len(runner.calls) == expected
+    else:
+        study, runner = sweep(tmp_path, patience=4, seed=1)
+        values = [t.values[0] if t.user_attrs["feasible"] else 0.0 for t in probed(study)]
+        best_at = max(range(len(values)), key=lambda i: (values[i], -i))
+        assert len(values) - 1 - best_at == 4  # exactly `patience` probes after the best
+
+
+def test_timeout_stops_starting_probes(tmp_path):
+    study, runner = sweep(tmp_path, timeout_s=1e-9)
+    assert runner.calls == []
+    assert [t.state for t in study.trials] == [TrialState.WAITING]  # the safe config, queued
+
+
+def test_resume_continues_without_running_anything_twice(tmp_path):
+    first, runner1 = sweep(tmp_path, max_trials=6, seed=5)
+    before = {t.number: (t.params, t.values) for t in first.trials}
+    second, runner2 = sweep(tmp_path, max_trials=12, seed=5)
+    assert len(runner1.calls) == 6 and len(runner2.calls) == 6
+    for number, (params, values) in before.items():
+        assert (second.trials[number].params, second.trials[number].values) == (params, values)
+    keys = [params_key(c) for c in runner1.calls + runner2.calls]
+    assert len(keys) == len(set(keys))
+
+
+def test_resume_requeues_a_trial_left_running_and_completes_a_saved_one(tmp_path):
+    settings = settings_for(tmp_path, max_trials=2)
+    study, _ = sweep(tmp_path, max_trials=2)
+    space = settings.space
+    # A killed driver: one trial RUNNING with no result, one RUNNING whose result was saved.
+    lost = study.ask(space.distributions())
+    saved = study.ask(space.distributions())
+    sweeper = Sweep(settings, ScriptedRunner())
+    result = scripted_result(ProbeRequest(model="m", config=space.config_for(saved.params)))
+    sweeper.result_path(saved.number).write_text(result.to_json())
+    resumed, runner = sweep(tmp_path, max_trials=4)
+    lost_trial, saved_trial = resumed.trials[lost.number], resumed.trials[saved.number]
+    assert lost_trial.state == TrialState.FAIL
+    assert lost_trial.user_attrs["status"] == "interrupted"
+    assert saved_trial.state == TrialState.COMPLETE and saved_trial.user_attrs["probed"]
+    requeued = [t for t in resumed.trials if t.user_attrs.get("requeued_from") == lost.number]
+    assert len(requeued) == 1 and requeued[0].params == lost.params
+    assert params_key(saved.params) not in {params_key(c) for c in runner.calls}
+    assert len(probed(resumed)) == 4
+
+
+def test_interrupt_during_a_probe_requeues_it(tmp_path):
+    first = ScriptedRunner(interrupt_on_call=3)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, first, max_trials=5)
+    names = list(load_search_space("cpu-demo").params)
+    lost = {k: first.calls[2][k] for k in names}
+    resumed, runner = sweep(tmp_path, max_trials=5)
+    interrupted = [t for t in resumed.trials if t.user_attrs.get("status") == "interrupted"]
+    assert [t.params for t in interrupted] == [lost]
+    assert {k: runner.calls[0][k] for k in names} == lost  # the queued config runs first
+    assert len(probed(resumed)) == 5
+
+
+def test_changed_space_or_objective_is_refused(tmp_path):
+    sweep(tmp_path, max_trials=1)
+    other = load_search_space("cpu-demo").with_fixed({"max_response_length": 32})
+    with pytest.raises(ConfigError, match="search_space_hash"):
+        sweep(tmp_path, space=other, max_trials=2)
+    with pytest.raises(ConfigError, match="objective"):
+        sweep(tmp_path, objective="throughput", max_trials=2)
+
+
+def test_one_driver_per_study(tmp_path):
+    (tmp_path / "s").mkdir()
+    with StudyLock(tmp_path / "s"):
+        with pytest.raises(AutotuneError, match="being run by another autotune"):
+            sweep(tmp_path, max_trials=1)
+
+
+def test_artifacts_agree_with_the_storage(tmp_path):
+    study, _ = sweep(tmp_path, max_trials=12, seed=2)
+    best = yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())
+    rows = list(csv.DictReader(open(tmp_path / "s" / "trials.csv")))
+    assert len(rows) == len(study.trials)
+    row = rows[best["trial"]]
+    assert row["feasible"] == "True" and row["status"] == "ok"
+    assert float(row["tokens_per_s"]) == best["measured"]["tokens_per_s"]
+    assert int(row["peak_mem_bytes"]) == best["measured"]["peak_mem_bytes"]
+    assert best["measured"]["peak_mem_bytes"] <= best["measured"]["budget_bytes"]
+    for name in best["searched"]:
+        assert str(best["config"][name]) == row[name]
+    feasible = [t for t in probed(study) if t.user_attrs["feasible"]]
+    assert best["trial"] == max(feasible, key=lambda t: t.values[0]).number
+    assert best["provenance"]["search_space_hash"] == load_search_space("cpu-demo").space_hash
+
+
+def test_pareto_objective_has_two_directions_and_a_front(tmp_path):
+    study, _ = sweep(tmp_path, objective="pareto", max_trials=15)
+    assert len(study.directions) == 2
+    front = {t.number for t in study.best_trials}  # Optuna's own front of feasible trials
+    best = yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())
+    assert set(best["pareto_front"]) <= front | {t.number for t in study.trials
+                                                 if t.user_attrs.get("reused_from")}
+    assert best["trial"] in front
+
+
+def test_oom_sentinel_for_pareto_is_the_capacity(tmp_path):
+    study, _ = sweep(tmp_path, objective="pareto", max_trials=15)
+    oom = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
+    assert oom and all(t.values == [0.0, LIMIT_BYTES / 2**30] for t in oom)
+
+
+def test_study_is_a_plain_optuna_study(tmp_path):
+    sweep(tmp_path, max_trials=3)
+    loaded = optuna.load_study(study_name="s",
+                               storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert len(loaded.trials) >= 3 and loaded.user_attrs["identity"]["model"] == "tiny-qwen2.5"

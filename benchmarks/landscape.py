@@ -1,0 +1,140 @@
+"""A recorded landscape: the real probe result of every configuration of a small space.
+
+Recording runs the full grid of a search space once with real probes (resumable: rows already
+in the table are kept) and writes one CSV row per configuration. Replaying serves those rows
+as a Runner, so search strategies can be compared over many seeds in seconds on the same
+measured ground truth.
+
+    python benchmarks/landscape.py --space cpu-demo --out benchmarks/data/cpu_demo_grid.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from autotune.config import parse_bytes
+from autotune.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
+from autotune.search_space import SearchSpace, load_search_space
+
+FIGURES = ["status", "failed_phase", "tokens_per_s", "samples_per_s", "step_s",
+           "peak_mem_bytes", *(f"peak_mem_{p}_bytes" for p in PHASES[:3]),
+           "host_peak_rss_bytes", "device_limit_bytes", "device_capacity_bytes", "probe_wall_s"]
+
+
+def params_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def result_row(params: dict, result: ProbeResult) -> dict:
+    row = {**params, "status": result.status.value, "failed_phase": result.failed_phase or ""}
+    for name in FIGURES[2:]:
+        if name.startswith("peak_mem_") and name != "peak_mem_bytes":
+            phase = name[len("peak_mem_"):-len("_bytes")]
+            row[name] = result.phase_peak_mem_bytes.get(phase, "")
+        else:
+            value = getattr(result, name)
+            row[name] = "" if value is None else value
+    return row
+
+
+def row_result(row: dict) -> ProbeResult:
+    """The ProbeResult a recorded row stands for."""
+    def num(name: str, kind: type = float):
+        return kind(float(row[name])) if row.get(name, "") != "" else None
+
+    phases = {p: num(f"peak_mem_{p}_bytes", int) for p in PHASES[:3]}
+    return ProbeResult(
+        status=ProbeStatus(row["status"]), failed_phase=row["failed_phase"] or None,
+        message="" if row["status"] == "ok" else f"recorded {row['status']}",
+        tokens_per_s=num("tokens_per_s"), samples_per_s=num("samples_per_s"),
+        step_s=num("step_s"), peak_mem_bytes=num("peak_mem_bytes", int),
+        phase_peak_mem_bytes={p: v for p, v in phases.items() if v is not None},
+        host_peak_rss_bytes=num("host_peak_rss_bytes", int),
+        device_limit_bytes=num("device_limit_bytes", int),
+        device_capacity_bytes=num("device_capacity_bytes", int),
+        probe_wall_s=num("probe_wall_s"), device_name="recorded")
+
+
+def load_landscape(path: Path, space: SearchSpace) -> dict[str, ProbeResult]:
+    """Recorded results keyed by params_key, typed through the space's own parsing."""
+    table = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            params = {name: spec.values()[[str(v) for v in spec.values()].index(row[name])]
+                      for name, spec in space.params.items()}
+            table[params_key(params)] = row_result(row)
+    return table
+
+
+class ReplayRunner:
+    """A Runner that answers from a recorded landscape instead of running a probe."""
+
+    def __init__(self, space: SearchSpace, table: dict[str, ProbeResult]) -> None:
+        self.space, self.table = space, table
+        self.calls: list[dict] = []
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        params = {name: getattr(request.config, name) for name in self.space.params}
+        self.calls.append(params)
+        return self.table[params_key(params)]
+
+
+def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) -> None:
+    from autotune.runners.local import SubprocessRunner
+
+    done = set()
+    if out.exists():
+        with open(out, newline="") as handle:
+            done = {params_key({n: row[n] for n in space.params})
+                    for row in csv.DictReader(handle)}
+    todo = [p for p in space.grid()
+            if params_key({k: str(v) for k, v in p.items()}) not in done]
+    print(f"{len(done)} recorded, {len(todo)} to go, {parallel} at a time", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    runner = SubprocessRunner()
+    started = time.monotonic()
+    columns = [*space.params, *FIGURES]
+
+    def one(params: dict) -> None:
+        result = runner.run(ProbeRequest(**{**request.__dict__,
+                                            "config": space.config_for(params)}))
+        with lock:
+            new = not out.exists()
+            with open(out, "a", newline="") as handle:
+                writer = csv.DictWriter(handle, columns)
+                if new:
+                    writer.writeheader()
+                writer.writerow(result_row(params, result))
+            print(f"[{time.monotonic() - started:6.0f} s] {params} -> {result.status.value} "
+                  f"{result.tokens_per_s or 0:.1f} tok/s {result.peak_mem_bytes or 0} B",
+                  flush=True)
+
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(one, todo))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--space", default="cpu-demo")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/data/cpu_demo_grid.csv"))
+    parser.add_argument("--model", default="tiny-qwen2.5")
+    parser.add_argument("--gpu-memory-limit", default="560MiB")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per probe")
+    args = parser.parse_args()
+    request = ProbeRequest(model=args.model, device="cpu", cpu_threads=args.threads,
+                           gpu_memory_limit_bytes=parse_bytes(args.gpu_memory_limit),
+                           warmup_steps=1, timed_steps=1, timeout_s=300)
+    record(load_search_space(args.space), args.out, request, args.parallel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""How many probes a search needs to find a near-best config, replayed on a recorded grid.
+
+The grid of search_spaces/cpu-demo.yaml (128 configs) was probed once for real on a 2-core
+CPU with the 560 MiB device cap of the demo (benchmarks/landscape.py wrote
+benchmarks/data/cpu_demo_grid.csv). Here the real sweep (tuner.Sweep, SQLite storage, the
+same ask/tell, dedupe and safe first trial) runs against a runner that answers from that
+table, for autotune's TPE and for random search, over many seeds; grid order is scanned once.
+A search "reaches" the target at the first probe whose config is feasible (10% headroom) and
+within 2% of the grid's best feasible objective. Also counted: the share of probe seconds
+spent on configs that ran out of memory.
+
+    python benchmarks/search_efficiency.py [--seeds 30] [--objective throughput_per_memory]
+
+Targets: autotune's median <= 25% of the grid; at least 1.5x fewer probes than random.
+Writes benchmarks/results/search_efficiency.{txt,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from landscape import ReplayRunner, load_landscape, params_key  # noqa: E402
+
+from autotune.objective import scalar, score  # noqa: E402
+from autotune.result import ProbeRequest  # noqa: E402
+from autotune.search_space import load_search_space  # noqa: E402
+from autotune.tuner import Sweep, SweepSettings  # noqa: E402
+
+GRID = Path(__file__).parent / "data" / "cpu_demo_grid.csv"
+OUT = Path(__file__).parent / "results"
+HEADROOM = 0.10
+WITHIN = 0.02
+
+
+class Reached(Exception):
+    """Raised from the sweep's per-trial callback once the target is probed."""
+
+
+def objective_table(table, objective):
+    """Each config's scalar objective when feasible, else None."""
+    values = {}
+    for key, result in table.items():
+        verdict = score(result, objective, HEADROOM)
+        values[key] = scalar(verdict.values, objective) if verdict.feasible else None
+    return values
+
+
+def replay(space, table, targets, sampler, seed, objective, workdir, n_startup_trials):
+    """Probes until a target config is probed (or the space is exhausted)."""
+    runner = ReplayRunner(space, table)
+
+    def check(study):
+        if runner.calls and params_key(runner.calls[-1]) in targets:
+            raise Reached
+
+    settings = SweepSettings(
+        study_name=f"{sampler}-{seed}", study_dir=Path(workdir) / f"{sampler}-{seed}",
+        space=space, request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+        objective=objective, headroom=HEADROOM, max_trials=len(table), seed=seed,
+        sampler=sampler, n_startup_trials=n_startup_trials)
+    try:
+        Sweep(settings, runner, on_trial=check).run()
+    except Reached:
+        pass
+    return runner.calls
+
+
+def summarize(calls_runs, table, grid_size):
+    probes = [len(calls) for calls in calls_runs]
+    oom_shares = []
+    for calls in calls_runs:
+        results = [table[params_key(c)] for c in calls]
+        total = sum(r.probe_wall_s or 0 for r in results)
+        oom = sum(r.probe_wall_s or 0 for r in results if r.status.is_oom)
+        oom_shares.append(oom / total if total else 0.0)
+    quartiles = statistics.quantiles(probes, n=4) if len(probes) > 1 else probes * 3
+    return {"median_probes": statistics.median(probes), "p25": quartiles[0],
+            "p75": quartiles[2], "max": max(probes),
+            "median_share_of_grid": statistics.median(probes) / grid_size,
+            "median_oom_time_share": statistics.median(oom_shares),
+            "oom_probes_median": statistics.median(
+                sum(table[params_key(c)].status.is_oom for c in calls) for calls in calls_runs),
+            "probes": probes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--objective", default="throughput_per_memory")
+    parser.add_argument("--startup", type=int, default=SweepSettings.n_startup_trials,
+                        help="TPE's random startup trials (autotune's default)")
+    args = parser.parse_args()
+    space = load_search_space("cpu-demo")
+    table = load_landscape(GRID, space)
+    values = objective_table(table, args.objective)
+    best = max(v for v in values.values() if v is not None)
+    targets = {k for k, v in values.items() if v is not None and v >= (1 - WITHIN) * best}
+    grid_order = []
+    for params in space.grid():
+        grid_order.append(params)
+        if params_key(params) in targets:
+            break
+    runs = {"grid order": [grid_order]}
+    with tempfile.TemporaryDirectory() as workdir:
+        for sampler in ("tpe", "random"):
+            runs[sampler] = [replay(space, table, targets, sampler, seed, args.objective,
+                                    workdir, args.startup) for seed in range(args.seeds)]
+    stats = {name: summarize(calls, table, len(table)) for name, calls in runs.items()}
+    ratio = stats["random"]["median_probes"] / stats["tpe"]["median_probes"]
+    oom_configs = sum(r.status.is_oom for r in table.values())
+    lines = [
+        f"search efficiency on the recorded cpu-demo grid ({len(table)} configs, "
+        f"{oom_configs} OOM, {sum(v is not None for v in values.values())} feasible at "
+        f"{HEADROOM:.0%} headroom; recorded on a 2-core CPU, tiny-qwen2.5, 560 MiB cap)",
+        f"objective {args.objective}; target: feasible and within {WITHIN:.0%} of the best "
+        f"({best:.1f}); {len(targets)} configs qualify; {args.seeds} seeds",
+        "",
+        f"{'search':<12}{'median':>8}{'p25':>7}{'p75':>7}{'max':>6}{'% of grid':>11}"
+        f"{'OOM probes':>12}{'OOM time':>10}",
+    ]
+    for name, s in stats.items():
+        label = "autotune" if name == "tpe" else name
+        lines.append(f"{label:<12}{s['median_probes']:>8.1f}{s['p25']:>7.1f}{s['p75']:>7.1f}"
+                     f"{s['max']:>6}{s['median_share_of_grid']:>10.0%}"
+                     f"{s['oom_probes_median']:>12.1f}{s['median_oom_time_share']:>10.0%}")
+    met_grid = stats["tpe"]["median_share_of_grid"] <= 0.25
+    lines += ["", f"random / autotune median probes: {ratio:.2f}x (target >= 1.5x: "
+                  f"{'met' if ratio >= 1.5 else 'MISSED'})",
+              f"autotune median share of grid: {stats['tpe']['median_share_of_grid']:.0%} "
+              f"(target <= 25%: {'met' if met_grid else 'MISSED'})"]
+    text = "\n".join(lines)
+    print(text)
+    OUT.mkdir(exist_ok=True)
+    suffix = "" if args.objective == "throughput_per_memory" else f"_{args.objective}"
+    (OUT / f"search_efficiency{suffix}.txt").write_text(text + "\n")
+    (OUT / f"search_efficiency{suffix}.json").write_text(json.dumps(
+        {"objective": args.objective, "seeds": args.seeds, "targets": len(targets),
+         "best": best, "ratio_random_over_autotune": ratio, "stats": stats}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

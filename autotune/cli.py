@@ -23,10 +23,10 @@ def _size_option(name: str, help_text: str) -> Any:
     return click.option(name, default=None, metavar="SIZE", help=help_text)
 
 
-def probe_options(command: Any) -> Any:
+def probe_options(model_required: bool = True, timeout_flag: str = "--timeout") -> Any:
     """Options shared by every command that runs probes: model, device and memory limits."""
     options = [
-        click.option("--model", "model", required=True, metavar="NAME",
+        click.option("--model", "model", required=model_required, default=None, metavar="NAME",
                      help="Registry model (see `autotune models`), e.g. qwen2.5-vl-7b."),
         click.option("--model-path", type=click.Path(file_okay=False), default=None,
                      help="Local HF checkpoint or config directory (overrides the registry)."),
@@ -42,7 +42,7 @@ def probe_options(command: Any) -> Any:
                      "process such as a retriever, e.g. 6GiB (default: 0)."),
         _size_option("--host-memory-limit", "Cap on the probe tree's host RSS, e.g. 64GiB; "
                      "past it the probe is killed and classified host_oom."),
-        click.option("--timeout", "timeout", default="15m", show_default=True,
+        click.option(timeout_flag, "timeout", default="15m", show_default=True,
                      help="Wall-clock limit per probe: 90s, 15m, 2h."),
         click.option("--warmup-steps", type=click.IntRange(0), default=1, show_default=True,
                      help="Untimed steps before timing."),
@@ -52,12 +52,17 @@ def probe_options(command: Any) -> Any:
                      show_default=True, help="Compute dtype; auto = bf16 on GPU, fp32 on CPU."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+
+    def decorate(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
-def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any]) -> Any:
+def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
+                        timeout_flag: str = "--timeout") -> Any:
     """A ProbeRequest from the shared probe options and typed knob values."""
     from autotune.config import make_probe_config, parse_bytes, parse_duration_s
     from autotune.models import get_model_spec
@@ -83,7 +88,7 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any]) ->
         cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
         reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,
         host_memory_limit_bytes=size("--host-memory-limit"),
-        timeout_s=parse_duration_s(options["timeout"], "--timeout"),
+        timeout_s=parse_duration_s(options["timeout"], timeout_flag),
         warmup_steps=options["warmup_steps"], timed_steps=options["timed_steps"],
         seed=options["seed"], dtype=options["dtype"])
 
@@ -95,6 +100,10 @@ def cli(debug: bool) -> None:
     """Find the fastest memory-safe configuration for an RL fine-tuning run.
 
     \b
+    autotune run                                     sweep (CPU demo without a GPU)
+    autotune run --model qwen2.5-vl-7b --timeout 8h  overnight sweep on this machine's GPUs
+    autotune show                                    trials, Pareto front, best config
+    autotune validate search_spaces/grpo.yaml        check a search space
     autotune models                                  the model registry
     autotune probe --model tiny-qwen2.5              one real GRPO step, measured
     autotune probe --model qwen2.5-0.5b --set micro_batch_size_update=8 --json
@@ -129,7 +138,7 @@ def models(model_path: str | None) -> None:
 
 
 @cli.command()
-@probe_options
+@probe_options()
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Set a knob, repeatable: --set micro_batch_size_update=8.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
@@ -162,6 +171,214 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
     if result.status is ProbeStatus.INVALID:
         sys.exit(2)
     sys.exit(0 if result.ok else 1)
+
+
+DEMO = {"model": "tiny-qwen2.5", "space": "cpu-demo", "device": "cpu",
+        "gpu_memory_limit": "560MiB", "timed_steps": 1, "trials": 12}
+GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether NVML sees a GPU (no torch import, no CUDA context)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return False
+
+
+def parse_headroom(text: str) -> float:
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"--headroom {text!r}: expected a share of memory kept free, "
+                          "e.g. 10% or 0.1")
+    return value
+
+
+@cli.command()
+@probe_options(model_required=False, timeout_flag="--probe-timeout")
+@click.option("--space", default=None, metavar="NAME|FILE",
+              help="Search space: a file or a name in search_spaces/ (default: grpo).")
+@click.option("--study", default=None, help="Study name (default: MODEL-SPACE); the same name "
+              "resumes it.")
+@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
+              show_default=True, help="Where results/<study>/ goes.")
+@click.option("--objective", type=click.Choice(["throughput_per_memory", "throughput", "pareto"]),
+              default="throughput_per_memory", show_default=True)
+@click.option("--headroom", default="10%", show_default=True,
+              help="Device memory kept free in every phase of a feasible config.")
+@click.option("--trials", type=click.IntRange(1), default=None,
+              help="Stop after N probes in the study (default 40; 12 for the CPU demo).")
+@click.option("--timeout", "timeout_total", default=None, metavar="DURATION",
+              help="Start no probe after this long, e.g. 8h.")
+@click.option("--patience", type=click.IntRange(1), default=None,
+              help="Stop after K probes without a better feasible config.")
+@click.option("--sampler", type=click.Choice(["tpe", "random"]), default="tpe",
+              show_default=True, help="Optuna sampler (seeded with --seed).")
+@click.option("--base-config", type=click.Path(dir_okay=False), default=None,
+              help="YAML of knobs: fixed ones override the space, searched ones are tried "
+                   "right after the safe first config.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Fix a knob the space does not search: --set max_response_length=2048.")
+@click.pass_context
+def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
+        objective: str, headroom: str, trials: int | None, timeout_total: str | None,
+        patience: int | None, sampler: str, base_config: str | None,
+        assignments: tuple[str, ...], **options: Any) -> None:
+    """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
+
+    Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
+    model on the CPU with a 560 MiB device cap so that some configs run out of memory.
+    Kill it at any time; the same command resumes it. Writes results/<study>/: study.db,
+    trials.csv, logs/ and best.yaml.
+
+    \b
+    autotune run
+    autotune run --model qwen2.5-vl-7b --trials 60 --timeout 8h
+    autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
+    """
+    import re
+    import signal
+    from pathlib import Path
+
+    from autotune.config import load_knob_file, parse_assignments, parse_duration_s
+    from autotune.search_space import load_search_space
+    from autotune.tuner import SweepSettings
+
+    def is_default(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
+
+    if options["model"] is None and options["model_path"] is None:
+        defaults = GPU_DEFAULT if has_nvidia_gpu() and options["device"] != "cpu" else DEMO
+        options["model"] = defaults["model"]
+        if defaults is DEMO:
+            options["device"] = "cpu"
+            if options["gpu_memory_limit"] is None:
+                options["gpu_memory_limit"] = DEMO["gpu_memory_limit"]
+            if is_default("timed_steps"):
+                options["timed_steps"] = DEMO["timed_steps"]
+        space = space or defaults["space"]
+        trials = trials if trials or timeout_total or patience else defaults["trials"]
+        click.echo(f"no --model: running the embedded default, {options['model']} on "
+                   f"{options['device']} over search space {space}", err=True)
+    options["model"] = options["model"] or Path(options["model_path"]).name
+    if trials is None and timeout_total is None and patience is None:
+        trials = GPU_DEFAULT["trials"]
+    search_space = load_search_space(space or "grpo")
+    fixed = parse_assignments(assignments)
+    searched = [k for k in fixed if k in search_space.params]
+    base_params = None
+    if base_config is not None:
+        base = load_knob_file(base_config)
+        base_params = {k: v for k, v in base.items() if k in search_space.params}
+        bad = [f"{base_config}: {k}={v} is not among the values the space searches "
+               f"({list(search_space.params[k].values())})"
+               for k, v in base_params.items() if v not in search_space.params[k].values()]
+        if bad:
+            raise ConfigError(bad)
+        fixed = {**{k: v for k, v in base.items() if k not in base_params}, **fixed}
+        if base_params:
+            base_params = {**search_space.safe_params(), **base_params}
+    if searched:
+        raise ConfigError(f"--set {', '.join(searched)}: searched by {search_space.source}; "
+                          "fix it in a copy of the space instead")
+    search_space = search_space.with_fixed(fixed)
+    name = study or f"{options['model']}-{search_space.name}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")
+    settings = SweepSettings(
+        study_name=name, study_dir=Path(results_dir) / name, space=search_space,
+        request=build_probe_request(options, {}, "--probe-timeout"), objective=objective,
+        headroom=parse_headroom(headroom), max_trials=trials,
+        timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
+        patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    sys.exit(run_sweep(settings))
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_sweep(settings: Any) -> int:
+    """Run a sweep with live progress and artifacts; print the outcome; the exit code."""
+    from autotune.artifacts import write_artifacts
+    from autotune.progress import make_progress
+    from autotune.report import format_study
+    from autotune.runners.local import SubprocessRunner
+    from autotune.tuner import Sweep
+
+    sweep = Sweep(settings, SubprocessRunner(), make_progress(),
+                  on_trial=lambda study: write_artifacts(study, settings.study_dir))
+    try:
+        study = sweep.run()
+    except KeyboardInterrupt:
+        click.echo(f"Interrupted; nothing is lost. Resume with the same command "
+                   f"(study {settings.study_name}).", err=True)
+        return 130
+    best = write_artifacts(study, settings.study_dir)
+    click.echo(format_study(study, brief=True))
+    click.echo(f"\nresults in {settings.study_dir}/ (trials.csv, logs/, study.db"
+               f"{', best.yaml' if best else ''})")
+    if best is None:
+        click.echo("no feasible configuration found: widen the space (offload, checkpointing,"
+                   " smaller micro-batches), lower --headroom or use more memory", err=True)
+        return 1
+    return 0
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
+@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
+              show_default=True)
+def show(study: str | None, results_dir: str) -> None:
+    """Print a study's trials, its Pareto front and its best configuration.
+
+    \b
+    autotune show
+    autotune show --study qwen2.5-7b-grpo
+    """
+    from autotune.report import format_study, load_study
+
+    click.echo(format_study(load_study(results_dir, study)))
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def validate(files: tuple[str, ...]) -> None:
+    """Check search-space files; report every problem with its file and key.
+
+    \b
+    autotune validate search_spaces/grpo.yaml
+    """
+    from autotune.search_space import check_search_space
+
+    failed = False
+    for path in files:
+        try:
+            space, problems = check_search_space(path)
+        except ConfigError as err:
+            space, problems = None, err.problems
+        for problem in problems:
+            click.echo(problem, err=True)
+        if problems or space is None:
+            failed = True
+            continue
+        valid = space.valid_grid()
+        count = f"{len(valid)} valid of {space.grid_size}" if valid is not None else \
+            f"{space.grid_size} (too many to list)"
+        click.echo(f"{path}: ok, {len(space.params)} searched knobs, {count} configs, "
+                   f"hash {space.space_hash}")
+    sys.exit(2 if failed else 0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,3 +49,78 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines = [{c: c for c in columns}, *rows]
     return "\n".join("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip()
                      for row in lines)
+
+
+def load_study(results_dir: str, name: str | None) -> Any:
+    """Open a study from results/<name>/study.db (default: the most recently changed one)."""
+    from pathlib import Path
+
+    import optuna
+
+    from autotune.errors import ConfigError
+
+    root = Path(results_dir)
+    if name is None:
+        found = sorted(root.glob("*/study.db"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(f"no study in {root}/: run `autotune run` first, or pass "
+                              "--results-dir")
+        name = found[-1].parent.name
+    path = root / name / "study.db"
+    if not path.exists():
+        known = sorted(p.parent.name for p in root.glob("*/study.db"))
+        raise ConfigError(f"--study {name}: no {path}; studies here: "
+                          f"{', '.join(known) or 'none'}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
+
+
+def _trial_cells(trial: Any) -> dict[str, Any]:
+    from autotune.tuner import describe
+
+    attrs = trial.user_attrs
+    result = attrs.get("result") or {}
+    tokens = result.get("tokens_per_s")
+    peak = result.get("peak_mem_bytes")
+    status = attrs.get("status", trial.state.name.lower())
+    if attrs.get("reused_from") is not None:
+        status = f"= #{attrs['reused_from']}"
+    elif status == "ok" and not attrs.get("feasible"):
+        status = "over headroom"
+    return {"#": trial.number, "status": status, "config": describe(trial.params),
+            "tokens/s": f"{tokens:,.1f}" if tokens else "-",
+            "peak": format_bytes(peak) if peak else "-",
+            "phase": attrs.get("binding_phase") or result.get("failed_phase") or "-",
+            "probe s": f"{result['probe_wall_s']:.0f}" if result.get("probe_wall_s") else "-"}
+
+
+def format_study(study: Any, brief: bool = False) -> str:
+    """A study for people: its trials (unless brief), the Pareto front and the best config."""
+    from autotune.artifacts import best_document, best_trial, pareto_front
+
+    identity = study.user_attrs.get("identity", {})
+    trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
+    probed = [t for t in trials if t.user_attrs.get("probed")]
+    lines = [f"study {study.study_name}: model {identity.get('model')}, objective "
+             f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
+             f"{len(probed)} probes in {len(trials)} trials"]
+    columns = ["#", "status", "config", "tokens/s", "peak", "phase", "probe s"]
+    if not brief and trials:
+        lines += ["", format_table([_trial_cells(t) for t in trials], columns)]
+    front = pareto_front(study)
+    if front:
+        lines += ["", "Pareto front (tokens/s up, peak memory down):",
+                  format_table([_trial_cells(t) for t in front], columns)]
+    best = best_trial(study)
+    if best is None:
+        lines += ["", "no feasible configuration yet"]
+        return "\n".join(lines)
+    document = best_document(study, best)
+    measured = document["measured"]
+    lines += ["", f"best: trial {best.number}, {measured['tokens_per_s']:,.1f} tokens/s, peak "
+                  f"{format_bytes(measured['peak_mem_bytes'])} of budget "
+                  f"{format_bytes(measured['budget_bytes'])} (binds in "
+                  f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    lines += [f"  {key}: {value}" for key, value in document["config"].items()
+              if key in document["searched"]]
+    return "\n".join(lines)

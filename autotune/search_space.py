@@ -200,7 +200,7 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
     for section, raw in (("params", raw_params), ("fixed", raw_fixed)):
         if not isinstance(raw, dict):
             problems.append(f"{where}: {section}: expected a mapping of knob names")
-    if problems:
+    if not isinstance(raw_params, dict) or not isinstance(raw_fixed, dict):
         return None, problems
     if not raw_params:
         problems.append(f"{where}: params: no knob to search; add at least one")

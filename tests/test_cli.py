@@ -78,3 +78,39 @@ def test_probe_oom_exit_1_and_summary():
                    "--host-memory-limit", "250MiB", "--set", "max_response_length=16")
     assert out.returncode == 1
     assert "host_oom" in out.stdout and "watchdog" in out.stdout
+
+
+def test_validate_reports_ok_and_problems(tmp_path):
+    out = autotune("validate", "search_spaces/grpo.yaml", "search_spaces/cpu-demo.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "cpu-demo.yaml: ok, 5 searched knobs, 128 valid of 128 configs" in out.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("params:\n  micro_batch_size_update: {type: int, low: 0, high: 4}\n"
+                   "  gradient_checkpointing: {type: bool, choices: [true]}\n")
+    out = autotune("validate", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(str(bad)) for line in lines)
+
+
+def test_run_refuses_bad_input_in_one_line(tmp_path):
+    results = str(tmp_path / "results")
+    cases = [
+        (["--space", "grp"], "unknown search space 'grp'"),
+        (["--set", "micro_batch_size_update=2"], "searched by search_spaces/cpu-demo.yaml"),
+        (["--headroom", "150%"], "--headroom '150%'"),
+        (["--timeout", "soon"], "--timeout 'soon'"),
+        (["--study", "a/b"], "--study 'a/b'"),
+        (["--base-config", str(tmp_path / "missing.yaml")], "cannot read"),
+    ]
+    for args, message in cases:
+        out = autotune("run", "--model", "tiny-qwen2.5", "--space", "cpu-demo",
+                       "--results-dir", results, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "results").exists()  # nothing half-written
+
+
+def test_show_without_a_study_says_what_to_do(tmp_path):
+    out = autotune("show", "--results-dir", str(tmp_path))
+    assert out.returncode == 2 and "run `autotune run` first" in out.stderr

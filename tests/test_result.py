@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.config import ProbeConfig
-from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_json_atomic
+from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
 
 
 def test_request_round_trip():
@@ -17,7 +17,7 @@ def test_result_round_trip_and_oom_classes(tmp_path):
                          failed_phase="update", phase_peak_mem_bytes={"rollout": 5},
                          startup_s=1.0, build_s=2.0)
     path = tmp_path / "result.json"
-    write_json_atomic(path, result.to_json())
+    write_text_atomic(path, result.to_json())
     assert ProbeResult.from_json(path.read_text()) == result
     assert result.fixed_cost_s == 3.0
     assert [s.value for s in ProbeStatus if s.is_oom] == ["gpu_oom", "host_oom", "cache_oom"]

@@ -1,0 +1,103 @@
+"""Search-space files: the shipped ones load, bad ones report every problem with file and key."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.search_space import SPACES_DIR, check_search_space, load_search_space
+
+
+@pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_spaces_load_and_have_a_valid_safe_config(path):
+    space = load_search_space(path.stem)
+    assert space.source == f"search_spaces/{path.name}"
+    grid = space.valid_grid()
+    assert grid and len(grid) == space.grid_size  # shipped choices never break a rule
+    safe = space.safe_params()
+    assert not space.problems_for(safe)
+    for name in ("gradient_checkpointing", "offload_params", "offload_optimizer"):
+        if name in space.params:
+            assert safe[name] is True
+    for name in ("micro_batch_size_update", "micro_batch_size_experience"):
+        assert safe[name] == min(space.params[name].values())
+
+
+def test_default_grpo_space_keeps_the_algorithm_fixed():
+    space = load_search_space("grpo")
+    assert "rollout_n" in space.fixed and "global_batch_size" in space.fixed
+    assert "rollout_n" in load_search_space("grpo-search-n").params
+
+
+def test_every_problem_is_reported_with_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "params:\n"
+        "  micro_batch_size_updat: {type: categorical, choices: [1, 2]}\n"
+        "  micro_batch_size_experience: {type: int, low: 8, high: 2}\n"
+        "  gradient_checkpointing: {type: float}\n"
+        "  rollout_n: {type: int, low: 2, high: 16, step: 2, log: true}\n"
+        "  offload_params: {type: categorical, choices: [maybe]}\n"
+        "fixed:\n"
+        "  max_response_length: -5\n"
+        "extra: 1\n")
+    space, problems = check_search_space(str(path))
+    assert space is None
+    text = "\n".join(problems)
+    for expected in ["bad.yaml: unknown section 'extra'",
+                     "bad.yaml: params.micro_batch_size_updat: unknown knob",
+                     "did you mean micro_batch_size_update",
+                     "params.micro_batch_size_experience: low=8 is above high=2",
+                     "params.gradient_checkpointing.type: 'float' is not one of",
+                     "params.rollout_n: log=true needs step=1",
+                     "params.offload_params.choices[0]: offload_params='maybe'",
+                     "fixed.max_response_length: max_response_length=-5: must be at least 1"]:
+        assert expected in text, expected
+    assert all(p.startswith(str(path)) for p in problems)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("params:\n  a: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml:\d+: not valid YAML"):
+        load_search_space(str(path))
+
+
+def test_a_space_with_no_valid_combination_is_refused(tmp_path):
+    path = tmp_path / "none.yaml"
+    path.write_text("params:\n  micro_batch_size_update: {type: categorical, choices: [3, 5]}\n"
+                    "fixed: {rollout_batch_size: 4, rollout_n: 2, global_batch_size: 2}\n")
+    with pytest.raises(ConfigError, match="no combination of params and fixed passes"):
+        load_search_space(str(path))
+
+
+def test_hash_follows_content_not_spelling(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("params:\n  gradient_checkpointing: {type: bool}\n"
+                 "  micro_batch_size_update: {type: categorical, choices: [1, 2]}\n"
+                 "fixed: {max_response_length: 64}\n")
+    b.write_text("# same space, other order\nfixed:\n  max_response_length: '64'\nparams:\n"
+                 "  micro_batch_size_update: {type: categorical, choices: [1, 2]}\n"
+                 "  gradient_checkpointing: {type: bool}\n")
+    space_a, space_b = load_search_space(str(a)), load_search_space(str(b))
+    assert space_a.space_hash == space_b.space_hash
+    assert space_a.with_fixed({"max_response_length": 32}).space_hash != space_a.space_hash
+
+
+def test_int_params_enumerate_with_step_and_log(tmp_path):
+    path = tmp_path / "ints.yaml"
+    path.write_text("params:\n  micro_batch_size_update: {type: int, low: 1, high: 4}\n"
+                    "  micro_batch_size_experience: {type: int, low: 2, high: 8, step: 2}\n"
+                    "fixed: {rollout_batch_size: 8, rollout_n: 4, global_batch_size: 8}\n")
+    space = load_search_space(str(path))
+    assert space.params["micro_batch_size_experience"].values() == (2, 4, 6, 8)
+    assert space.grid_size == 16
+    valid = space.valid_grid()  # 32 responses: 3 and 6 do not divide
+    assert len(valid) == 9 and {"micro_batch_size_update": 3} not in valid
+    dists = space.distributions()
+    assert dists["micro_batch_size_experience"].step == 2
+
+
+def test_unknown_space_name_suggests_shipped_ones():
+    with pytest.raises(ConfigError, match="did you mean grpo"):
+        load_search_space("grp")

@@ -1,0 +1,110 @@
+"""End to end: `autotune run` as a user runs it, with real probes of the tiny model on CPU.
+
+A 560 MiB cap on the probe's device RSS makes the configs with micro_batch_size_experience=16
+run out of memory for real (about 620 MiB in that phase), as in the README's demo.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SPACE = """
+params:
+  micro_batch_size_experience: {type: categorical, choices: [2, 16]}
+  gradient_checkpointing: {type: bool}
+fixed: {rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_length: 64,
+        max_response_length: 64, micro_batch_size_update: 1}
+"""
+
+
+def run_command(tmp_path, space_text=SPACE, *extra):
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text)
+    return [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5",
+            "--space", str(space), "--study", "e2e", "--results-dir", str(tmp_path / "results"),
+            "--device", "cpu", "--threads", "2", "--gpu-memory-limit", "560MiB",
+            "--warmup-steps", "0", "--timed-steps", "1", *extra]
+
+
+def load(tmp_path):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = tmp_path / "results" / "e2e" / "study.db"
+    return optuna.load_study(study_name="e2e", storage=f"sqlite:///{db}")
+
+
+def test_real_sweep_finds_a_feasible_best_and_records_the_ooms(tmp_path):
+    out = subprocess.run(run_command(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study_dir = tmp_path / "results" / "e2e"
+    rows = list(csv.DictReader(open(study_dir / "trials.csv")))
+    probed = [r for r in rows if r["origin"] != "" and r["reused_from"] == ""
+              and r["state"] in ("complete", "fail")]
+    statuses = sorted(r["status"] for r in probed)
+    assert statuses == ["gpu_oom", "gpu_oom", "ok", "ok"], out.stderr[-3000:]
+    assert all(r["failed_phase"] == "experience" for r in probed if r["status"] == "gpu_oom")
+    assert "space exhausted" in out.stderr
+    best = yaml.safe_load((study_dir / "best.yaml").read_text())
+    row = rows[best["trial"]]
+    assert float(row["tokens_per_s"]) == best["measured"]["tokens_per_s"]
+    assert int(row["peak_mem_bytes"]) == best["measured"]["peak_mem_bytes"]
+    for phase, peak in best["measured"]["phase_peak_mem_bytes"].items():
+        assert peak <= best["measured"]["budget_bytes"] == int(0.9 * 560 * 2**20)
+        assert int(row[f"peak_mem_{phase}_bytes"]) == peak
+    assert best["config"]["micro_batch_size_experience"] == 2
+    assert best["provenance"]["model"] == "tiny-qwen2.5"
+    assert set(best["provenance"]["versions"]) >= {"autotune", "torch", "transformers"}
+    for r in probed:  # every probe keeps its log; a failed one says why
+        log = (study_dir / r["log"]).read_text()
+        assert r["status"] == "ok" or "device memory limit exceeded" in log
+    show = subprocess.run([sys.executable, "-m", "autotune", "show", "--results-dir",
+                           str(tmp_path / "results")], capture_output=True, text=True)
+    assert show.returncode == 0 and f"best: trial {best['trial']}" in show.stdout
+    assert show.stdout.count("gpu_oom") == 2
+
+
+def test_sigkill_mid_sweep_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
+    space = SPACE.replace("choices: [2, 16]", "choices: [2, 4, 16]")
+    command = run_command(tmp_path, space)
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    trials_csv = tmp_path / "results" / "e2e" / "trials.csv"
+    deadline = time.monotonic() + 300
+    finished = 0
+    while finished < 2 and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.5)
+        if trials_csv.exists():
+            finished = sum(1 for r in csv.DictReader(open(trials_csv))
+                           if r["state"] in ("complete", "fail"))
+    assert finished >= 2, driver.stderr.read().decode()[-2000:]
+    time.sleep(2)  # into the next probe
+    probes = psutil.Process(driver.pid).children(recursive=True)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    gone, alive = psutil.wait_procs(probes, timeout=10)
+    assert not alive, "a probe outlived its killed driver"
+
+    before = {t.number: (t.state, t.params, t.values, t.user_attrs.get("status"))
+              for t in load(tmp_path).trials if t.state.is_finished()}
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "space exhausted: all 6 valid configs tried" in resumed.stderr
+    study = load(tmp_path)
+    for number, kept in before.items():  # every trial finished before the kill is kept as is
+        trial = study.trials[number]
+        assert (trial.state, trial.params, trial.values, trial.user_attrs.get("status")) == kept
+    probed = [json.dumps(t.params, sort_keys=True) for t in study.trials
+              if t.user_attrs.get("probed")]
+    assert len(probed) == len(set(probed)) == 6  # every config probed once, none twice
+    assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]

@@ -207,7 +207,8 @@ def parse_headroom(text: str) -> float:
 @cli.command()
 @probe_options(model_required=False, timeout_flag="--probe-timeout")
 @click.option("--space", default=None, metavar="NAME|FILE",
-              help="Search space: a file or a name in search_spaces/ (default: grpo).")
+              help="Search space: a file or a name in search_spaces/ (default: grpo on a GPU, "
+                   "cpu-demo on a CPU).")
 @click.option("--study", default=None, help="Study name (default: MODEL-SPACE); the same name "
               "resumes it.")
 @click.option("--results-dir", type=click.Path(file_okay=False), default="results",
@@ -273,7 +274,11 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     options["model"] = options["model"] or Path(options["model_path"]).name
     if trials is None and timeout_total is None and patience is None:
         trials = GPU_DEFAULT["trials"]
-    search_space = load_search_space(space or "grpo")
+    if space is None:  # GRPO's real shapes take minutes per probe on a CPU
+        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
+                                                 and not has_nvidia_gpu())
+        space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
+    search_space = load_search_space(space)
     fixed = parse_assignments(assignments)
     searched = [k for k in fixed if k in search_space.params]
     base_params = None

@@ -93,6 +93,7 @@ def summarize(calls_runs, table, grid_size):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--objective", default="throughput_per_memory")
     parser.add_argument("--startup", type=int, default=SweepSettings.n_startup_trials,
                         help="TPE's random startup trials (autotune's default)")
@@ -111,7 +112,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for sampler in ("tpe", "random"):
             runs[sampler] = [replay(space, table, targets, sampler, seed, args.objective,
-                                    workdir, args.startup) for seed in range(args.seeds)]
+                                    workdir, args.startup)
+                             for seed in range(args.first_seed, args.first_seed + args.seeds)]
     stats = {name: summarize(calls, table, len(table)) for name, calls in runs.items()}
     ratio = stats["random"]["median_probes"] / stats["tpe"]["median_probes"]
     oom_configs = sum(r.status.is_oom for r in table.values())
@@ -120,7 +122,8 @@ def main() -> None:
         f"{oom_configs} OOM, {sum(v is not None for v in values.values())} feasible at "
         f"{HEADROOM:.0%} headroom; recorded on a 2-core CPU, tiny-qwen2.5, 560 MiB cap)",
         f"objective {args.objective}; target: feasible and within {WITHIN:.0%} of the best "
-        f"({best:.1f}); {len(targets)} configs qualify; {args.seeds} seeds",
+        f"({best:.1f}); {len(targets)} configs qualify; seeds {args.first_seed} to "
+        f"{args.first_seed + args.seeds - 1}",
         "",
         f"{'search':<12}{'median':>8}{'p25':>7}{'p75':>7}{'max':>6}{'% of grid':>11}"
         f"{'OOM probes':>12}{'OOM time':>10}",
@@ -139,6 +142,8 @@ def main() -> None:
     print(text)
     OUT.mkdir(exist_ok=True)
     suffix = "" if args.objective == "throughput_per_memory" else f"_{args.objective}"
+    if args.first_seed:
+        suffix += f"_seeds{args.first_seed}"
     (OUT / f"search_efficiency{suffix}.txt").write_text(text + "\n")
     (OUT / f"search_efficiency{suffix}.json").write_text(json.dumps(
         {"objective": args.objective, "seeds": args.seeds, "targets": len(targets),

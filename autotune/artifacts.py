@@ -105,7 +105,7 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         "study": study.study_name,
         "trial": trial.number,
         "objective": objective,
-        "objective_values": dict(zip(attrs.get("objective_names", []), trial.values)),
+        "objective_values": dict(zip(attrs.get("objective_names", []), trial.values, strict=True)),
         "config": config,
         "searched": list(space["params"]),
         "measured": {

@@ -192,18 +192,6 @@ def has_nvidia_gpu() -> bool:
         return False
 
 
-def parse_headroom(text: str) -> float:
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise ConfigError(f"--headroom {text!r}: expected a share of memory kept free, "
-                          "e.g. 10% or 0.1")
-    return value
-
-
 @cli.command()
 @probe_options(model_required=False, timeout_flag="--probe-timeout")
 @click.option("--space", default=None, metavar="NAME|FILE",
@@ -251,7 +239,12 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     import signal
     from pathlib import Path
 
-    from autotune.config import load_knob_file, parse_assignments, parse_duration_s
+    from autotune.config import (
+        load_knob_file,
+        parse_assignments,
+        parse_duration_s,
+        parse_headroom,
+    )
     from autotune.search_space import load_search_space
     from autotune.tuner import SweepSettings
 
@@ -278,25 +271,9 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
                                                  and not has_nvidia_gpu())
         space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
-    search_space = load_search_space(space)
-    fixed = parse_assignments(assignments)
-    searched = [k for k in fixed if k in search_space.params]
-    base_params = None
-    if base_config is not None:
-        base = load_knob_file(base_config)
-        base_params = {k: v for k, v in base.items() if k in search_space.params}
-        bad = [f"{base_config}: {k}={v} is not among the values the space searches "
-               f"({list(search_space.params[k].values())})"
-               for k, v in base_params.items() if v not in search_space.params[k].values()]
-        if bad:
-            raise ConfigError(bad)
-        fixed = {**{k: v for k, v in base.items() if k not in base_params}, **fixed}
-        if base_params:
-            base_params = {**search_space.safe_params(), **base_params}
-    if searched:
-        raise ConfigError(f"--set {', '.join(searched)}: searched by {search_space.source}; "
-                          "fix it in a copy of the space instead")
-    search_space = search_space.with_fixed(fixed)
+    base = load_knob_file(base_config) if base_config is not None else {}
+    search_space, base_params = load_search_space(space).with_user_values(
+        parse_assignments(assignments), base, base_config)
     name = study or f"{options['model']}-{search_space.name}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")

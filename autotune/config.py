@@ -173,6 +173,18 @@ def parse_duration_s(text: str, what: str = "duration") -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
 
 
+def parse_headroom(text: str) -> float:
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"--headroom {text!r}: expected a share of memory kept free, "
+                          "e.g. 10% or 0.1")
+    return value
+
+
 def format_bytes(num_bytes: float | None) -> str:
     """Bytes as GiB or MiB for people; the only place units are converted for display."""
     if num_bytes is None:

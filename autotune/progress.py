@@ -10,9 +10,58 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
 
-from autotune.tuner import Progress, SweepState, describe
+from autotune.report import describe
+
+
+@dataclass
+class SweepState:
+    """What the progress view shows; updated by the sweep after every step."""
+
+    study_name: str
+    max_trials: int | None
+    timeout_s: float | None
+    started_s: float = field(default_factory=time.monotonic)
+    probes: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {
+        "ok": 0, "oom": 0, "skipped": 0, "failed": 0})
+    probe_wall_s: list[float] = field(default_factory=list)
+    current: dict[str, Any] | None = None
+    current_number: int | None = None
+    best: str = "-"
+    stop_reason: str | None = None
+
+    def eta_s(self) -> float | None:
+        """Seconds left: remaining probes at the mean probe time, capped by the timeout."""
+        elapsed = time.monotonic() - self.started_s
+        left = None
+        if self.max_trials is not None and self.probe_wall_s:
+            mean = sum(self.probe_wall_s) / len(self.probe_wall_s)
+            left = max(0, self.max_trials - self.probes) * mean
+        if self.timeout_s is not None:
+            rest = max(0.0, self.timeout_s - elapsed)
+            left = rest if left is None else min(left, rest)
+        return left
+
+
+class Progress(Protocol):
+    """What a sweep reports to (progress.py has the live and plain views)."""
+
+    def started(self, state: SweepState) -> None: ...
+    def trial_started(self, state: SweepState, line: str) -> None: ...
+    def trial_finished(self, state: SweepState, line: str) -> None: ...
+    def finished(self, state: SweepState) -> None: ...
+
+
+class SilentProgress:
+    """Reports nothing: for tests and benchmarks."""
+
+    def started(self, state: SweepState) -> None: ...
+    def trial_started(self, state: SweepState, line: str) -> None: ...
+    def trial_finished(self, state: SweepState, line: str) -> None: ...
+    def finished(self, state: SweepState) -> None: ...
 
 
 def format_duration(seconds: float | None) -> str:

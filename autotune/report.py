@@ -76,8 +76,6 @@ def load_study(results_dir: str, name: str | None) -> Any:
 
 
 def _trial_cells(trial: Any) -> dict[str, Any]:
-    from autotune.tuner import describe
-
     attrs = trial.user_attrs
     result = attrs.get("result") or {}
     tokens = result.get("tokens_per_s")
@@ -124,3 +122,19 @@ def format_study(study: Any, brief: bool = False) -> str:
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
     return "\n".join(lines)
+
+
+def describe(params: dict[str, Any]) -> str:
+    """Params in a short readable form: mbu=4 mbe=8 gc offload_params."""
+    short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
+             "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
+             "global_batch_size": "gbs", "offload_params": "off_p",
+             "offload_optimizer": "off_o", "val_batch_size": "vbs"}
+    parts = []
+    for name, value in params.items():
+        label = short.get(name, name)
+        if isinstance(value, bool):
+            parts.append(label if value else f"no-{label}")
+        else:
+            parts.append(f"{label}={value}")
+    return " ".join(parts)

@@ -13,7 +13,6 @@ from typing import Any
 
 from autotune.config import ProbeConfig
 
-
 PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
 
 

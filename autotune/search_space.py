@@ -115,6 +115,25 @@ class SearchSpace:
         extra = {k: v for k, v in values.items() if k not in self.params}
         return SearchSpace(self.params, {**self.fixed, **extra}, self.source)
 
+    def with_user_values(self, fixed: dict[str, Any], base: dict[str, Any],
+                         base_source: str | None = None
+                         ) -> tuple[SearchSpace, dict[str, Any] | None]:
+        """Apply `--set` values and a `--base-config`: the base's searched values become a
+        trial (the rest at their safe values), everything else is fixed, `--set` winning."""
+        searched = [k for k in fixed if k in self.params]
+        if searched:
+            raise ConfigError(f"--set {', '.join(searched)}: searched by {self.source}; "
+                              "fix it in a copy of the space instead")
+        base_params = {k: v for k, v in base.items() if k in self.params}
+        bad = [f"{base_source}: {k}={v} is not among the values the space searches "
+               f"({list(self.params[k].values())})"
+               for k, v in base_params.items() if v not in self.params[k].values()]
+        if bad:
+            raise ConfigError(bad)
+        space = self.with_fixed({**{k: v for k, v in base.items() if k not in self.params},
+                                 **fixed})
+        return space, ({**space.safe_params(), **base_params} if base_params else None)
+
     @property
     def grid_size(self) -> int:
         return math.prod(len(spec.values()) for spec in self.params.values())
@@ -123,7 +142,7 @@ class SearchSpace:
         """Every combination of the params, in order (valid or not)."""
         names = list(self.params)
         for combo in itertools.product(*(self.params[n].values() for n in names)):
-            yield dict(zip(names, combo))
+            yield dict(zip(names, combo, strict=True))
 
     def valid_grid(self) -> list[dict[str, Any]] | None:
         """Every combination that passes the rules, or None when the space is too large."""

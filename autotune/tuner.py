@@ -18,14 +18,16 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from autotune import __version__
 from autotune.config import format_bytes
 from autotune.errors import AutotuneError, ConfigError
 from autotune.objective import OBJECTIVES, directions, objective_names, scalar, score
+from autotune.progress import Progress, SilentProgress, SweepState
+from autotune.report import describe
 from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
 from autotune.runners import Runner
 from autotune.search_space import SearchSpace
@@ -59,54 +61,6 @@ class SweepSettings:
         return {"model": self.request.model, "model_path": self.request.model_path,
                 "objective": self.objective, "headroom": self.headroom,
                 "search_space_hash": self.space.space_hash}
-
-
-@dataclass
-class SweepState:
-    """What the progress view shows; updated by the sweep after every step."""
-
-    study_name: str
-    max_trials: int | None
-    timeout_s: float | None
-    started_s: float = field(default_factory=time.monotonic)
-    probes: int = 0
-    counts: dict[str, int] = field(default_factory=lambda: {
-        "ok": 0, "oom": 0, "skipped": 0, "failed": 0})
-    probe_wall_s: list[float] = field(default_factory=list)
-    current: dict[str, Any] | None = None
-    current_number: int | None = None
-    best: str = "-"
-    stop_reason: str | None = None
-
-    def eta_s(self) -> float | None:
-        """Seconds left: remaining probes at the mean probe time, capped by the timeout."""
-        elapsed = time.monotonic() - self.started_s
-        left = None
-        if self.max_trials is not None and self.probe_wall_s:
-            mean = sum(self.probe_wall_s) / len(self.probe_wall_s)
-            left = max(0, self.max_trials - self.probes) * mean
-        if self.timeout_s is not None:
-            rest = max(0.0, self.timeout_s - elapsed)
-            left = rest if left is None else min(left, rest)
-        return left
-
-
-class Progress(Protocol):
-    """What a sweep reports to (progress.py has the live and plain views)."""
-
-    def started(self, state: SweepState) -> None: ...
-    def trial_started(self, state: SweepState, line: str) -> None: ...
-    def trial_finished(self, state: SweepState, line: str) -> None: ...
-    def finished(self, state: SweepState) -> None: ...
-
-
-class SilentProgress:
-    """Reports nothing: for tests and benchmarks."""
-
-    def started(self, state: SweepState) -> None: ...
-    def trial_started(self, state: SweepState, line: str) -> None: ...
-    def trial_finished(self, state: SweepState, line: str) -> None: ...
-    def finished(self, state: SweepState) -> None: ...
 
 
 def params_key(params: dict[str, Any]) -> str:
@@ -144,7 +98,8 @@ class StudyLock:
             owner = self.handle.read().strip() or "?"
             self.handle.close()
             raise AutotuneError(f"study {self.path.parent.name} is being run by another "
-                                f"autotune (pid {owner}); wait for it or pick another --study")
+                                f"autotune (pid {owner}); wait for it or pick another --study") \
+                from None
         self.handle.truncate(0)
         self.handle.write(str(os.getpid()))
         self.handle.flush()
@@ -161,7 +116,8 @@ class Sweep:
                  progress: Progress | None = None,
                  on_trial: Callable[[Any], None] | None = None) -> None:
         if settings.objective not in OBJECTIVES:
-            raise ConfigError(f"--objective {settings.objective!r}: valid: {', '.join(OBJECTIVES)}")
+            raise ConfigError(
+                f"--objective {settings.objective!r}: valid: {', '.join(OBJECTIVES)}")
         if settings.sampler not in SAMPLERS:
             raise ConfigError(f"sampler {settings.sampler!r}: valid: {', '.join(SAMPLERS)}")
         self.settings, self.runner = settings, runner
@@ -394,7 +350,8 @@ class Sweep:
             study.tell(trial, list(verdict.values))
         if verdict.feasible:
             return (f"ok, {result.tokens_per_s:,.1f} tok/s, peak "
-                    f"{format_bytes(result.peak_mem_bytes)} of {format_bytes(verdict.budget_bytes)}")
+                    f"{format_bytes(result.peak_mem_bytes)} of "
+                    f"{format_bytes(verdict.budget_bytes)}")
         return verdict.reason
 
     def finish(self, study: Any, number: int, line: str) -> None:
@@ -413,19 +370,3 @@ class Sweep:
         if left:
             study.enqueue_trial(json.loads(self.rng.choice(left)),
                                 user_attrs={"origin": "unexplored"})
-
-
-def describe(params: dict[str, Any]) -> str:
-    """Params in a short readable form: mbu=4 mbe=8 gc offload_params."""
-    short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
-             "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
-             "global_batch_size": "gbs", "offload_params": "off_p",
-             "offload_optimizer": "off_o", "val_batch_size": "vbs"}
-    parts = []
-    for name, value in params.items():
-        label = short.get(name, name)
-        if isinstance(value, bool):
-            parts.append(label if value else f"no-{label}")
-        else:
-            parts.append(f"{label}={value}")
-    return " ".join(parts)

@@ -17,7 +17,8 @@ LIMIT_BYTES = 1000 * MiB
 def scripted_result(request: ProbeRequest) -> ProbeResult:
     """Memory grows with micro-batches and falls with savers; speed grows with micro-batches."""
     c = request.config
-    update = 300 * MiB + (40 if c.gradient_checkpointing else 120) * MiB * c.micro_batch_size_update
+    per_response = (40 if c.gradient_checkpointing else 120) * MiB
+    update = 300 * MiB + per_response * c.micro_batch_size_update
     experience = 300 * MiB + 60 * MiB * c.micro_batch_size_experience
     offload = (100 * MiB if c.offload_params else 0) + (100 * MiB if c.offload_optimizer else 0)
     rollout = 500 * MiB - offload

@@ -8,10 +8,16 @@ import time
 from rich.console import Console
 from scripted_runner import ScriptedRunner
 
-from autotune.progress import LiveProgress, PlainProgress, format_duration, make_progress
+from autotune.progress import (
+    LiveProgress,
+    PlainProgress,
+    SweepState,
+    format_duration,
+    make_progress,
+)
 from autotune.result import ProbeRequest
 from autotune.search_space import load_search_space
-from autotune.tuner import Sweep, SweepSettings, SweepState
+from autotune.tuner import Sweep, SweepSettings
 
 
 def run_with(progress, tmp_path):

@@ -101,3 +101,26 @@ def test_int_params_enumerate_with_step_and_log(tmp_path):
 def test_unknown_space_name_suggests_shipped_ones():
     with pytest.raises(ConfigError, match="did you mean grpo"):
         load_search_space("grp")
+
+
+def test_user_values_fix_knobs_and_queue_the_base_config():
+    space = load_search_space("cpu-demo")
+    base = {"micro_batch_size_update": 4, "max_response_length": 32, "rollout_n": 2}
+    tuned, base_params = space.with_user_values({"max_prompt_length": 16}, base, "mine.yaml")
+    assert tuned.fixed["max_response_length"] == 32 and tuned.fixed["rollout_n"] == 2
+    assert tuned.fixed["max_prompt_length"] == 16
+    assert base_params == {**tuned.safe_params(), "micro_batch_size_update": 4}
+    assert tuned.space_hash != space.space_hash
+    with pytest.raises(ConfigError, match="--set micro_batch_size_update: searched by"):
+        space.with_user_values({"micro_batch_size_update": 2}, {})
+    with pytest.raises(ConfigError, match=r"mine.yaml: micro_batch_size_update=3 is not among"):
+        space.with_user_values({}, {"micro_batch_size_update": 3}, "mine.yaml")
+
+
+def test_headroom_parsing():
+    from autotune.config import parse_headroom
+
+    assert parse_headroom("10%") == pytest.approx(0.10) and parse_headroom("0.25") == 0.25
+    for bad in ("100%", "-1", "lots"):
+        with pytest.raises(ConfigError, match="--headroom"):
+            parse_headroom(bad)

@@ -31,7 +31,8 @@ def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> di
     result = attrs.get("result") or {}
     row: dict[str, Any] = {
         "number": frozen.number, "state": frozen.state.name.lower(),
-        "status": attrs.get("status", ""), "feasible": attrs.get("feasible", ""),
+        "status": attrs.get("status", ""), "predicted": attrs.get("predicted", ""),
+        "feasible": attrs.get("feasible", ""),
         "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", "")}
     for name in param_names:
         row[name] = frozen.params.get(name, "")
@@ -60,8 +61,9 @@ def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
     param_names = list(space.get("params", {}))
     value_names = study.user_attrs.get("objective_names", ["value"])
     rows = [trial_row(t, param_names, value_names) for t in study.get_trials(deepcopy=False)]
-    columns = ["number", "state", "status", "feasible", "origin", "reused_from", *param_names,
-               *value_names, *FIGURE_COLUMNS, "binding_phase", "failed_phase", "reason", "log"]
+    columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
+               *param_names, *value_names, *FIGURE_COLUMNS,
+               "binding_phase", "failed_phase", "reason", "log"]
     return columns, rows
 
 

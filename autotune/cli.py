@@ -218,11 +218,13 @@ def has_nvidia_gpu() -> bool:
                    "right after the safe first config.")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Fix a knob the space does not search: --set max_response_length=2048.")
+@click.option("--no-prune", is_flag=True,
+              help="Probe even configs that a measured OOM proves cannot fit.")
 @click.pass_context
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
-        assignments: tuple[str, ...], **options: Any) -> None:
+        assignments: tuple[str, ...], no_prune: bool, **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -282,7 +284,8 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         request=build_probe_request(options, {}, "--probe-timeout"), objective=objective,
         headroom=parse_headroom(headroom), max_trials=trials,
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
-        patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params)
+        patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
+        prune_dominated=not no_prune)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     sys.exit(run_sweep(settings))
 

@@ -26,7 +26,7 @@ class SweepState:
     started_s: float = field(default_factory=time.monotonic)
     probes: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {
-        "ok": 0, "oom": 0, "skipped": 0, "failed": 0})
+        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
     current: dict[str, Any] | None = None
     current_number: int | None = None
@@ -75,7 +75,8 @@ def format_duration(seconds: float | None) -> str:
 
 def counts_text(state: SweepState) -> str:
     c = state.counts
-    return f"ok {c['ok']}  oom {c['oom']}  skipped {c['skipped']}  failed {c['failed']}"
+    return (f"ok {c['ok']}  oom {c['oom']}  predicted oom {c['predicted']}  "
+            f"skipped {c['skipped']}  failed {c['failed']}")
 
 
 def budget_text(state: SweepState) -> str:

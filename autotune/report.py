@@ -83,6 +83,8 @@ def _trial_cells(trial: Any) -> dict[str, Any]:
     status = attrs.get("status", trial.state.name.lower())
     if attrs.get("reused_from") is not None:
         status = f"= #{attrs['reused_from']}"
+    elif attrs.get("predicted"):
+        status = f"predicted {status}"
     elif status == "ok" and not attrs.get("feasible"):
         status = "over headroom"
     return {"#": trial.number, "status": status, "config": describe(trial.params),

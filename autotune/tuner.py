@@ -25,6 +25,7 @@ from typing import Any
 from autotune import __version__
 from autotune.config import format_bytes
 from autotune.errors import AutotuneError, ConfigError
+from autotune.feasibility import Feasibility, reason_for
 from autotune.objective import OBJECTIVES, directions, objective_names, scalar, score
 from autotune.progress import Progress, SilentProgress, SweepState
 from autotune.report import describe
@@ -54,6 +55,7 @@ class SweepSettings:
     sampler: str = "tpe"
     n_startup_trials: int = 5
     base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
+    prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     storage_url: str | None = None  # default: sqlite in study_dir
 
     def identity(self) -> dict[str, Any]:
@@ -135,6 +137,7 @@ class Sweep:
         self.since_improvement = 0
         self.capacity_bytes: int | None = None
         self.stuck_asks = 0  # asks in a row that probed nothing
+        self.feasibility = Feasibility()
 
     # -- study -----------------------------------------------------------------------------
 
@@ -218,10 +221,12 @@ class Sweep:
         if frozen.params:
             self.seen.setdefault(params_key(frozen.params), frozen.number)
         if not attrs.get("probed"):
-            self.state.counts["skipped"] += 1
+            predicted = attrs.get("predicted") and attrs.get("reused_from") is None
+            self.state.counts["predicted" if predicted else "skipped"] += 1
             return
         self.state.probes += 1
         result = attrs.get("result") or {}
+        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"))
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":
@@ -310,6 +315,15 @@ class Sweep:
             self.stuck_asks += 1
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
+        known = self.feasibility.predicted_oom(params) if self.settings.prune_dominated else None
+        if known is not None:
+            reason = reason_for(known)
+            result = ProbeResult(status=ProbeStatus(known.status), message=reason,
+                                 failed_phase=known.failed_phase)
+            self.tell(study, trial, params, result, probed=False, predicted=True)
+            self.stuck_asks += 1
+            self.finish(study, trial.number, f"not run, {reason}")
+            return
         self.stuck_asks = 0
         self.progress.trial_started(self.state, f"trial {trial.number}: {describe(params)}")
         request = dataclasses.replace(self.settings.request,
@@ -329,14 +343,16 @@ class Sweep:
         self.finish(study, trial.number, line)
 
     def tell(self, study: Any, trial: Any, params: dict[str, Any], result: ProbeResult,
-             probed: bool) -> str:
+             probed: bool, predicted: bool = False) -> str:
         from optuna.trial import TrialState
 
         verdict = score(result, self.settings.objective, self.settings.headroom,
                         self.capacity_bytes)
         log = self.settings.study_dir / "logs" / f"trial-{trial.number:05d}.log"
-        attrs = {"status": result.status.value, "probed": probed, "feasible": verdict.feasible,
-                 "reason": verdict.reason, "budget_bytes": verdict.budget_bytes,
+        attrs = {"status": result.status.value, "probed": probed, "predicted": predicted,
+                 "feasible": verdict.feasible,
+                 "reason": result.message if predicted else verdict.reason,
+                 "budget_bytes": verdict.budget_bytes,
                  "binding_phase": verdict.binding_phase,
                  "log": str(log.relative_to(self.settings.study_dir)) if log.exists() else None,
                  "result": result_attrs(result)}

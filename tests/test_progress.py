@@ -32,7 +32,8 @@ def test_plain_lines_show_budget_config_counts_and_stop_reason(tmp_path):
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith("sweep p")
     assert "probe 0/6  probing trial 0: mbu=1 mbe=2 gc off_p off_o" in lines[1]
-    assert "trial 0: ok," in lines[2] and "[ok 1  oom 0  skipped 0  failed 0; eta" in lines[2]
+    assert "trial 0: ok," in lines[2]
+    assert "[ok 1  oom 0  predicted oom 0  skipped 0  failed 0; eta" in lines[2]
     assert "stopped: reached --trials 6." in lines[-1] and "best: trial" in lines[-1]
 
 

@@ -57,7 +57,8 @@ def test_first_trial_is_the_safe_config_then_the_base_config(tmp_path):
 
 def test_sweep_to_exhaustion_probes_every_valid_config_exactly_once(tmp_path):
     # The random sampler keeps this fast; dedupe and exhaustion do not depend on the sampler.
-    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random")
+    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random",
+                          prune_dominated=False)
     keys = [json.dumps({k: c[k] for k in sorted(study.trials[0].params)}, sort_keys=True)
             for c in runner.calls]
     assert len(keys) == len(set(keys)) == 128  # every config of the 4x4x2x2x2 grid, once
@@ -235,3 +236,23 @@ def test_study_is_a_plain_optuna_study(tmp_path):
     loaded = optuna.load_study(study_name="s",
                                storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     assert len(loaded.trials) >= 3 and loaded.user_attrs["identity"]["model"] == "tiny-qwen2.5"
+
+
+def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
+    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random")
+    predicted = [t for t in study.trials
+                 if t.user_attrs.get("predicted") and t.user_attrs.get("reused_from") is None]
+    measured_oom = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
+    assert predicted and measured_oom
+    run_keys = {params_key({k: c[k] for k in study.trials[0].params}) for c in runner.calls}
+    assert len(run_keys) + len(predicted) == 128  # exhausted: each config run or predicted
+    space = load_search_space("cpu-demo")
+    for trial in predicted:
+        assert params_key(trial.params) not in run_keys
+        assert trial.state == TrialState.COMPLETE and trial.constraints["memory"] > 0
+        source = study.trials[int(trial.user_attrs["reason"].split("trial ")[1].split()[0])]
+        assert source.user_attrs["status"] == "gpu_oom" and source.user_attrs["probed"]
+        truth = scripted_result(ProbeRequest(model="m", config=space.config_for(trial.params)))
+        assert truth.status.is_oom  # the scripted memory is monotone: nothing feasible is lost
+    rows = list(csv.DictReader(open(tmp_path / "s" / "trials.csv")))
+    assert sum(r["predicted"] == "True" and r["reused_from"] == "" for r in rows) == len(predicted)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import ReplayRunner, load_landscape, params_key  # noqa: E402
 
+from autotune.feasibility import at_least_as_demanding  # noqa: E402
 from autotune.objective import scalar, score  # noqa: E402
 from autotune.result import ProbeRequest  # noqa: E402
 from autotune.search_space import load_search_space  # noqa: E402
@@ -37,6 +38,11 @@ GRID = Path(__file__).parent / "data" / "cpu_demo_grid.csv"
 OUT = Path(__file__).parent / "results"
 HEADROOM = 0.10
 WITHIN = 0.02
+
+
+# name, Optuna sampler, dominance pruning (feasibility.py)
+STRATEGIES = [("autotune", "tpe", True), ("tpe, no pruning", "tpe", False),
+              ("random", "random", False)]
 
 
 class Reached(Exception):
@@ -52,24 +58,41 @@ def objective_table(table, objective):
     return values
 
 
-def replay(space, table, targets, sampler, seed, objective, workdir, n_startup_trials):
-    """Probes until a target config is probed (or the space is exhausted)."""
+def replay(space, table, targets, sampler, prune, seed, objective, workdir, n_startup_trials,
+           budget=None):
+    """Probes until a target config is probed (or the space is exhausted); with a budget,
+    exactly `budget` probes whatever they find."""
     runner = ReplayRunner(space, table)
 
     def check(study):
-        if runner.calls and params_key(runner.calls[-1]) in targets:
+        if budget is None and runner.calls and params_key(runner.calls[-1]) in targets:
             raise Reached
 
     settings = SweepSettings(
-        study_name=f"{sampler}-{seed}", study_dir=Path(workdir) / f"{sampler}-{seed}",
+        study_name=f"{sampler}-{prune}-{seed}-{budget}",
+        study_dir=Path(workdir) / f"{sampler}-{prune}-{seed}-{budget}",
         space=space, request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
-        objective=objective, headroom=HEADROOM, max_trials=len(table), seed=seed,
-        sampler=sampler, n_startup_trials=n_startup_trials)
+        objective=objective, headroom=HEADROOM, max_trials=budget or len(table), seed=seed,
+        sampler=sampler, n_startup_trials=n_startup_trials, prune_dominated=prune)
     try:
         Sweep(settings, runner, on_trial=check).run()
     except Reached:
         pass
     return runner.calls
+
+
+def dominance_check(table):
+    """Pairs (measured GPU OOM A, config B at least as demanding) and how many B did fit."""
+    configs = {key: json.loads(key) for key in table}
+    pairs = broken = 0
+    for key_a, result_a in table.items():
+        if result_a.status.value != "gpu_oom":
+            continue
+        for key_b, params_b in configs.items():
+            if key_b != key_a and at_least_as_demanding(params_b, configs[key_a]):
+                pairs += 1
+                broken += table[key_b].status.value != "gpu_oom"
+    return pairs, broken
 
 
 def summarize(calls_runs, table, grid_size):
@@ -94,6 +117,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--budget", type=int, default=40,
+                        help="probes per run for the with/without pruning comparison")
     parser.add_argument("--objective", default="throughput_per_memory")
     parser.add_argument("--startup", type=int, default=SweepSettings.n_startup_trials,
                         help="TPE's random startup trials (autotune's default)")
@@ -110,12 +135,29 @@ def main() -> None:
             break
     runs = {"grid order": [grid_order]}
     with tempfile.TemporaryDirectory() as workdir:
-        for sampler in ("tpe", "random"):
-            runs[sampler] = [replay(space, table, targets, sampler, seed, args.objective,
-                                    workdir, args.startup)
-                             for seed in range(args.first_seed, args.first_seed + args.seeds)]
+        for name, sampler, prune in STRATEGIES:
+            runs[name] = [replay(space, table, targets, sampler, prune, seed, args.objective,
+                                 workdir, args.startup)
+                          for seed in range(args.first_seed, args.first_seed + args.seeds)]
+        budget_runs = {prune: [replay(space, table, targets, "tpe", prune, seed, args.objective,
+                                      workdir, args.startup, args.budget)
+                               for seed in range(args.first_seed, args.first_seed + args.seeds)]
+                       for prune in (True, False)}
     stats = {name: summarize(calls, table, len(table)) for name, calls in runs.items()}
-    ratio = stats["random"]["median_probes"] / stats["tpe"]["median_probes"]
+    budget_stats = {}
+    for prune, calls_runs in budget_runs.items():
+        found = [max((values[params_key(c)] or 0.0) for c in calls) for calls in calls_runs]
+        budget_stats[prune] = {
+            "oom_probes_median": statistics.median(
+                sum(table[params_key(c)].status.is_oom for c in calls) for calls in calls_runs),
+            "oom_probes_total": sum(sum(table[params_key(c)].status.is_oom for c in calls)
+                                    for calls in calls_runs),
+            "runs_reaching_target": sum(f >= (1 - WITHIN) * best for f in found),
+            "median_best_share": statistics.median(f / best for f in found)}
+    ratio = stats["random"]["median_probes"] / stats["autotune"]["median_probes"]
+    unpruned = stats["tpe, no pruning"]
+    avoided = 1 - stats["autotune"]["oom_probes_median"] / unpruned["oom_probes_median"] \
+        if unpruned["oom_probes_median"] else 0.0
     oom_configs = sum(r.status.is_oom for r in table.values())
     lines = [
         f"search efficiency on the recorded cpu-demo grid ({len(table)} configs, "
@@ -125,19 +167,35 @@ def main() -> None:
         f"({best:.1f}); {len(targets)} configs qualify; seeds {args.first_seed} to "
         f"{args.first_seed + args.seeds - 1}",
         "",
-        f"{'search':<12}{'median':>8}{'p25':>7}{'p75':>7}{'max':>6}{'% of grid':>11}"
+        f"{'search':<16}{'median':>8}{'p25':>7}{'p75':>7}{'max':>6}{'% of grid':>11}"
         f"{'OOM probes':>12}{'OOM time':>10}",
     ]
     for name, s in stats.items():
-        label = "autotune" if name == "tpe" else name
-        lines.append(f"{label:<12}{s['median_probes']:>8.1f}{s['p25']:>7.1f}{s['p75']:>7.1f}"
+        lines.append(f"{name:<16}{s['median_probes']:>8.1f}{s['p25']:>7.1f}{s['p75']:>7.1f}"
                      f"{s['max']:>6}{s['median_share_of_grid']:>10.0%}"
                      f"{s['oom_probes_median']:>12.1f}{s['median_oom_time_share']:>10.0%}")
-    met_grid = stats["tpe"]["median_share_of_grid"] <= 0.25
+    met_grid = stats["autotune"]["median_share_of_grid"] <= 0.25
     lines += ["", f"random / autotune median probes: {ratio:.2f}x (target >= 1.5x: "
                   f"{'met' if ratio >= 1.5 else 'MISSED'})",
-              f"autotune median share of grid: {stats['tpe']['median_share_of_grid']:.0%} "
-              f"(target <= 25%: {'met' if met_grid else 'MISSED'})"]
+              f"autotune median share of grid: {stats['autotune']['median_share_of_grid']:.0%} "
+              f"(target <= 25%: {'met' if met_grid else 'MISSED'})",
+              f"OOM probes avoided by dominance pruning (medians, TPE with vs without): "
+              f"{avoided:.0%}; probes to target {stats['autotune']['median_probes']:.1f} vs "
+              f"{unpruned['median_probes']:.1f}"]
+    on, off = budget_stats[True], budget_stats[False]
+    saved = 1 - on["oom_probes_total"] / off["oom_probes_total"] if off["oom_probes_total"] else 0
+    lines += ["", f"a fixed budget of {args.budget} probes per run, TPE with and without "
+                  "dominance pruning (feasibility.py):",
+              f"{'pruning':<16}{'OOM probes (median)':>21}{'OOM probes (all runs)':>23}"
+              f"{'runs within 2%':>16}{'best found (median)':>21}"]
+    for label, s in (("on", on), ("off", off)):
+        lines.append(f"{label:<16}{s['oom_probes_median']:>21.1f}{s['oom_probes_total']:>23}"
+                     f"{s['runs_reaching_target']:>13}/{args.seeds:<2}"
+                     f"{s['median_best_share']:>21.1%}")
+    lines.append(f"OOM probes avoided by pruning: {saved:.0%} (target >= 50% with no loss)")
+    pairs, broken = dominance_check(table)
+    lines.append(f"monotone memory on the grid: {pairs} (GPU OOM, at least as demanding) pairs, "
+                 f"{broken} of which did not OOM")
     text = "\n".join(lines)
     print(text)
     OUT.mkdir(exist_ok=True)
@@ -147,7 +205,10 @@ def main() -> None:
     (OUT / f"search_efficiency{suffix}.txt").write_text(text + "\n")
     (OUT / f"search_efficiency{suffix}.json").write_text(json.dumps(
         {"objective": args.objective, "seeds": args.seeds, "targets": len(targets),
-         "best": best, "ratio_random_over_autotune": ratio, "stats": stats}, indent=2) + "\n")
+         "best": best, "ratio_random_over_autotune": ratio, "oom_probes_avoided": avoided,
+         "stats": stats, "budget": args.budget,
+         "budget_stats": {"pruning_on": on, "pruning_off": off, "oom_probes_avoided": saved}},
+        indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -59,10 +59,17 @@ class SweepSettings:
     storage_url: str | None = None  # default: sqlite in study_dir
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed study must share with the run that created it."""
-        return {"model": self.request.model, "model_path": self.request.model_path,
+        """What a resumed study must share with the run that created it: anything that changes
+        what a probe measures or what counts as feasible (not GPU ids, threads or timeouts)."""
+        request = self.request
+        return {"model": request.model, "model_path": request.model_path,
                 "objective": self.objective, "headroom": self.headroom,
-                "search_space_hash": self.space.space_hash}
+                "search_space_hash": self.space.space_hash, "device": request.device,
+                "gpu_memory_limit_bytes": request.gpu_memory_limit_bytes,
+                "reserve_gpu_memory_bytes": request.reserve_gpu_memory_bytes,
+                "host_memory_limit_bytes": request.host_memory_limit_bytes,
+                "dtype": request.dtype, "warmup_steps": request.warmup_steps,
+                "timed_steps": request.timed_steps}
 
 
 def params_key(params: dict[str, Any]) -> str:

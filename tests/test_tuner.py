@@ -189,6 +189,11 @@ def test_changed_space_or_objective_is_refused(tmp_path):
         sweep(tmp_path, space=other, max_trials=2)
     with pytest.raises(ConfigError, match="objective"):
         sweep(tmp_path, objective="throughput", max_trials=2)
+    smaller = ProbeRequest(model="tiny-qwen2.5", device="cpu", gpu_memory_limit_bytes=2**29)
+    with pytest.raises(ConfigError, match="gpu_memory_limit_bytes was None, now 536870912"):
+        sweep(tmp_path, request=smaller, max_trials=2)
+    sweep(tmp_path, request=ProbeRequest(model="tiny-qwen2.5", device="cpu", cpu_threads=1,
+                                         timeout_s=60), max_trials=2)  # these may change
 
 
 def test_one_driver_per_study(tmp_path):

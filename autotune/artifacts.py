@@ -164,7 +164,3 @@ def write_artifacts(study: Any, study_dir: Path) -> Path | None:
     write_text_atomic(path, header + yaml.safe_dump(document, sort_keys=False))
     return path
 
-
-def read_best(study_dir: Path) -> dict[str, Any] | None:
-    path = study_dir / "best.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else None

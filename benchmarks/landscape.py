@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import threading
 import time
@@ -22,14 +21,11 @@ from pathlib import Path
 from autotune.config import parse_bytes
 from autotune.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
 from autotune.search_space import SearchSpace, load_search_space
+from autotune.tuner import params_key
 
 FIGURES = ["status", "failed_phase", "tokens_per_s", "samples_per_s", "step_s",
            "peak_mem_bytes", *(f"peak_mem_{p}_bytes" for p in PHASES[:3]),
            "host_peak_rss_bytes", "device_limit_bytes", "device_capacity_bytes", "probe_wall_s"]
-
-
-def params_key(params: dict) -> str:
-    return json.dumps(params, sort_keys=True)
 
 
 def result_row(params: dict, result: ProbeResult) -> dict:

@@ -203,3 +203,27 @@ def _instantiate(model_config: Any, dtype: Any) -> Any:
         return cls(model_config)
     finally:
         torch.set_default_dtype(previous)
+
+
+def model_shape(name: str, model_path: str | None = None) -> Any:
+    """The memory model's ModelShape from the registry's or a local config.json's numbers,
+    without importing torch or transformers."""
+    from autotune.memory import ModelShape
+
+    if model_path is None:
+        spec = get_model_spec(name)
+        return ModelShape.from_dicts(spec.text_config, spec.vision_config,
+                                     spec.tie_word_embeddings)
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--model-path {model_path}: no config.json there; pass a directory "
+                          "holding a Hugging Face checkpoint or at least its config.json")
+    try:
+        config = json.loads(path.read_text())
+        text = config.get("text_config") or config
+        return ModelShape.from_dicts(
+            {**config, **text}, config.get("vision_config"),
+            config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: not a decoder config the memory model can read "
+                          f"({type(err).__name__}: {err})") from None

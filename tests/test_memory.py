@@ -7,18 +7,22 @@ import sys
 
 import pytest
 
+from autotune.config import ProbeConfig
 from autotune.memory import (
+    PHASE_KNOBS,
     ModelShape,
     activation_bytes_per_token,
+    estimate_memory,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
     logits_bytes_per_token,
     model_state_bytes,
 )
+from autotune.models import REGISTRY, count_params, load_model_config, model_shape
 
 PSI_7B = 7_615_616_512  # Qwen2.5-7B, counted on the meta device by `autotune models`
-QWEN_7B = ModelShape(num_params=PSI_7B, hidden=3584, layers=28, heads=28, kv_heads=4,
-                     head_dim=128, intermediate=18944, vocab=152064)
+QWEN_7B = ModelShape(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
+                     intermediate=18944, vocab=152064, tied_embeddings=False)
 
 
 def test_adam_states_of_a_7b_model_on_one_and_eight_gpus():
@@ -61,12 +65,82 @@ def test_logits_and_kv_cache():
     assert kv_cache_bytes(QWEN_7B, tokens=128 * 1024) == 57_344 * 131_072
 
 
-def test_shape_from_the_registry_config_and_no_torch_import():
-    from autotune.models import load_model_config
+def test_parameter_count_from_the_config_numbers_equals_torch_for_every_model():
+    assert QWEN_7B.num_params == PSI_7B
+    for name in REGISTRY:
+        assert model_shape(name).num_params == count_params(load_model_config(name)), name
 
-    shape = ModelShape.from_config(load_model_config("qwen2.5-vl-7b"), num_params=1)
+
+def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
+    config = ProbeConfig(micro_batch_size_update=2, micro_batch_size_experience=4,
+                         gradient_checkpointing=True, max_prompt_length=256,
+                         max_response_length=256)
+    est = estimate_memory(QWEN_7B, config, num_gpus=8)
+    ref = 2 * PSI_7B // 8  # bf16 reference, FSDP-sharded
+    # update: 16 B/param over 8 GPUs, plus the reference; grads and Adam come back on the GPU
+    assert est.phases["update"].states_bytes == 2 * PSI_7B + ref
+    # rollout: 12 B/param resident (grads freed), the reference, the engine's full bf16 copy
+    assert est.phases["rollout"].states_bytes == 12 * PSI_7B // 8 + ref + 2 * PSI_7B
+    # checkpointed activations of 2 x 512 tokens: (2hL + one layer) per token, bf16
+    assert est.phases["update"].parts["activations"] == 2 * 512 * (200_704 + 225_392)
+    assert est.host_offload_bytes == 0
+    offloaded = estimate_memory(QWEN_7B, ProbeConfig(**{**config.as_dict(),
+                                                        "offload_params": True,
+                                                        "offload_optimizer": True}), 8)
+    assert offloaded.phases["rollout"].states_bytes == 2 * PSI_7B  # the engine only
+    assert offloaded.phases["update"].states_bytes == 2 * PSI_7B  # reference stays on host
+    assert offloaded.host_offload_bytes == 12 * PSI_7B // 8 + ref
+    assert est.binding_phase in ("rollout", "update")
+    # one GPU: 16 B/param alone is 113 GiB, past any 80 GB card
+    assert estimate_memory(QWEN_7B, config).phases["update"].states_bytes > 80 * 2**30
+
+
+def test_each_phase_moves_only_with_its_knobs():
+    base = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
+                       micro_batch_size_update=2, micro_batch_size_experience=4,
+                       val_batch_size=4, max_num_seqs=8)
+    changes = {"rollout_batch_size": 16, "rollout_n": 8, "global_batch_size": 8,
+               "micro_batch_size_update": 4, "micro_batch_size_experience": 8,
+               "gradient_checkpointing": True, "offload_params": True,
+               "offload_optimizer": True, "val_batch_size": 8, "max_prompt_length": 512,
+               "max_response_length": 512, "max_num_seqs": 32, "use_kl": False,
+               "image_size_px": 224}
+    for name in ("tiny-qwen2.5", "tiny-qwen2.5-vl", "qwen2.5-7b"):
+        shape = model_shape(name)
+        for on_gpu in (True, False):
+            before = estimate_memory(shape, base, on_gpu=on_gpu).phases
+            for knob, value in changes.items():
+                after = estimate_memory(shape, ProbeConfig(**{**base.as_dict(), knob: value}),
+                                        on_gpu=on_gpu).phases
+                for phase in before:
+                    moved = after[phase].total_bytes != before[phase].total_bytes
+                    if knob not in PHASE_KNOBS[phase]:
+                        assert not moved, (name, knob, phase)
+    # and the listed knobs do move their phase (engine batches below max_num_seqs)
+    shape, wide = model_shape("tiny-qwen2.5-vl"), ProbeConfig(**{**base.as_dict(),
+                                                                  "max_num_seqs": 256})
+    for phase, knobs in PHASE_KNOBS.items():
+        for knob in knobs:
+            value = 2 if knob == "max_num_seqs" else changes[knob]
+            after = estimate_memory(shape, ProbeConfig(**{**wide.as_dict(), knob: value}))
+            assert after.phases[phase].total_bytes != \
+                estimate_memory(shape, wide).phases[phase].total_bytes, (knob, phase)
+
+
+def test_vision_tower_adds_patch_activations_in_the_update():
+    vl = model_shape("qwen2.5-vl-7b")
+    config = ProbeConfig(micro_batch_size_update=1, image_size_px=448)
+    part = estimate_memory(vl, config).phases["update"].parts["vision_activations"]
+    # 32 x 32 patches; 24 x 1280 + 8 x 3420 = 58080 bytes per patch per block, 32 blocks
+    assert part == 1024 * 32 * 58_080
+
+
+def test_shape_from_the_registry_and_no_torch_import():
+    shape = model_shape("qwen2.5-vl-7b")
     assert (shape.hidden, shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == \
         (3584, 28, 4, 128, 152064)
-    code = "import sys, autotune.memory; print('torch' in sys.modules)"
+    assert shape.is_vl and not shape.tied_embeddings
+    code = ("import sys, autotune.memory, autotune.calibration, autotune.estimate; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"

@@ -14,6 +14,7 @@ import click
 
 from autotune import __version__
 from autotune.errors import AutotuneError, ConfigError
+from autotune.estimate import estimate
 
 _state = {"debug": False}
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -103,6 +104,7 @@ def cli(debug: bool) -> None:
     autotune run                                     sweep (CPU demo without a GPU)
     autotune run --model qwen2.5-vl-7b --timeout 8h  overnight sweep on this machine's GPUs
     autotune show                                    trials, Pareto front, best config
+    autotune estimate --model qwen2.5-7b --gpus 8    memory per phase, before probing
     autotune validate search_spaces/grpo.yaml        check a search space
     autotune models                                  the model registry
     autotune probe --model tiny-qwen2.5              one real GRPO step, measured
@@ -220,11 +222,14 @@ def has_nvidia_gpu() -> bool:
               help="Fix a knob the space does not search: --set max_response_length=2048.")
 @click.option("--no-prune", is_flag=True,
               help="Probe even configs that a measured OOM proves cannot fit.")
+@click.option("--no-prescreen", is_flag=True,
+              help="Probe even configs the calibrated memory model puts well past capacity.")
 @click.pass_context
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
-        assignments: tuple[str, ...], no_prune: bool, **options: Any) -> None:
+        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool,
+        **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -285,7 +290,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         headroom=parse_headroom(headroom), max_trials=trials,
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
         patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
-        prune_dominated=not no_prune)
+        prune_dominated=not no_prune, prescreen=not no_prescreen)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     sys.exit(run_sweep(settings))
 
@@ -364,6 +369,9 @@ def validate(files: tuple[str, ...]) -> None:
         click.echo(f"{path}: ok, {len(space.params)} searched knobs, {count} configs, "
                    f"hash {space.space_hash}")
     sys.exit(2 if failed else 0)
+
+
+cli.add_command(estimate)
 
 
 def main(argv: list[str] | None = None) -> None:

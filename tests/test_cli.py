@@ -114,3 +114,57 @@ def test_run_refuses_bad_input_in_one_line(tmp_path):
 def test_show_without_a_study_says_what_to_do(tmp_path):
     out = autotune("show", "--results-dir", str(tmp_path))
     assert out.returncode == 2 and "run `autotune run` first" in out.stderr
+
+
+def test_estimate_every_registry_model_in_one_run_each():
+    from autotune.models import REGISTRY, model_shape
+
+    for name in REGISTRY:
+        out = autotune("estimate", "--model", name, "--gpus", "8", "--json")
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        psi = model_shape(name).num_params
+        assert data["num_params"] == psi
+        assert set(data["phase_bytes"]) == {"rollout", "experience", "update"}
+        assert data["phase_bytes"]["update"] > 16 * psi // 8  # Adam states plus the batch
+    text = autotune("estimate", "--model", "qwen2.5-7b", "--set", "offload_params=true",
+                    "--set", "offload_optimizer=true", "--capacity", "80GB")
+    assert text.returncode == 0
+    assert "update" in text.stdout and "<- binds" in text.stdout
+    assert "does not fit" in text.stdout  # 16 B/param of 7.6B on one 80 GB GPU
+    assert "host memory for offload: 99.30 GiB per GPU" in text.stdout  # (4+8+2) B x 7.6B
+    assert "largest micro_batch_size_update within the budget: none" in text.stdout
+    eight = autotune("estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--capacity", "80GB")
+    assert "(fits)" in eight.stdout and "largest micro_batch_size_update" in eight.stdout
+
+
+def test_estimate_bad_input_is_one_line_exit_2(tmp_path):
+    for args in (["estimate"], ["estimate", "--model", "qwen2.5-7b", "--set",
+                                "micro_batch_size_update=3"],
+                 ["estimate", "--model", "qwen2.5-7b", "--capacity", "lots"],
+                 ["estimate", "--study", "nope", "--results-dir", str(tmp_path)]):
+        out = autotune(*args)
+        assert out.returncode == 2, args
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_estimate_uses_a_study_calibration(tmp_path):
+    from scripted_runner import ModelRunner
+
+    from autotune.result import ProbeRequest
+    from autotune.search_space import load_search_space
+    from autotune.tuner import Sweep, SweepSettings
+
+    settings = SweepSettings(study_name="cal", study_dir=tmp_path / "cal",
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             max_trials=8, sampler="random")
+    Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
+    out = autotune("estimate", "--study", "cal", "--results-dir", str(tmp_path),
+                   "--capacity", "600MiB")
+    assert out.returncode == 0, out.stderr
+    assert "tiny-qwen2.5" in out.stdout and "calibrated on 8 probes of study cal" in out.stdout
+    assert "fp32 compute" in out.stdout  # the study's CPU dtype, not the GPU default
+    wrong = autotune("estimate", "--study", "cal", "--results-dir", str(tmp_path),
+                     "--model", "qwen2.5-7b")
+    assert wrong.returncode == 2 and "calibrated on model tiny-qwen2.5" in wrong.stderr

@@ -25,7 +25,9 @@ from typing import Any
 from autotune import __version__
 from autotune.config import format_bytes
 from autotune.errors import AutotuneError, ConfigError
-from autotune.feasibility import Feasibility, reason_for
+from autotune.feasibility import Feasibility
+from autotune.memory import estimate_memory
+from autotune.models import model_shape
 from autotune.objective import OBJECTIVES, directions, objective_names, scalar, score
 from autotune.progress import Progress, SilentProgress, SweepState
 from autotune.report import describe
@@ -56,6 +58,7 @@ class SweepSettings:
     n_startup_trials: int = 5
     base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
+    prescreen: bool = True  # also those the calibrated memory model puts well past capacity
     storage_url: str | None = None  # default: sqlite in study_dir
 
     def identity(self) -> dict[str, Any]:
@@ -144,7 +147,23 @@ class Sweep:
         self.since_improvement = 0
         self.capacity_bytes: int | None = None
         self.stuck_asks = 0  # asks in a row that probed nothing
-        self.feasibility = Feasibility()
+        self.feasibility = Feasibility(settings.prune_dominated, self.estimator(),
+                                       settings.prescreen)
+
+    def estimator(self) -> Any:
+        """params -> MemoryEstimate for calibration and the pre-screen, or None when the
+        memory model cannot read the model's config."""
+        request = self.settings.request
+        try:
+            shape = model_shape(request.model, request.model_path)
+        except AutotuneError:
+            return None
+        on_gpu = request.device != "cpu"
+        self.estimate_args = {"num_gpus": 1, "on_gpu": on_gpu,
+                              "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype)
+                              or (2 if on_gpu else 4)}
+        return lambda params: estimate_memory(shape, self.space.config_for(params),
+                                              **self.estimate_args)
 
     # -- study -----------------------------------------------------------------------------
 
@@ -233,7 +252,9 @@ class Sweep:
             return
         self.state.probes += 1
         result = attrs.get("result") or {}
-        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"))
+        capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
+        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
+                                result.get("phase_peak_mem_bytes"), capacity)
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":
@@ -242,7 +263,6 @@ class Sweep:
             self.state.counts["oom"] += 1
         else:
             self.state.counts["failed"] += 1
-        capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
         self.capacity_bytes = self.capacity_bytes or capacity
         value = scalar(frozen.values, self.settings.objective) \
             if attrs.get("feasible") and frozen.values else None
@@ -322,14 +342,14 @@ class Sweep:
             self.stuck_asks += 1
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
-        known = self.feasibility.predicted_oom(params) if self.settings.prune_dominated else None
-        if known is not None:
-            reason = reason_for(known)
-            result = ProbeResult(status=ProbeStatus(known.status), message=reason,
-                                 failed_phase=known.failed_phase)
+        prediction = self.feasibility.predict(params)
+        if prediction is not None:
+            result = ProbeResult(status=ProbeStatus(prediction.status),
+                                 message=prediction.reason, failed_phase=prediction.failed_phase)
+            trial.set_user_attr("predicted_by", prediction.source)
             self.tell(study, trial, params, result, probed=False, predicted=True)
             self.stuck_asks += 1
-            self.finish(study, trial.number, f"not run, {reason}")
+            self.finish(study, trial.number, f"not run, {prediction.reason}")
             return
         self.stuck_asks = 0
         self.progress.trial_started(self.state, f"trial {trial.number}: {describe(params)}")
@@ -348,6 +368,11 @@ class Sweep:
         write_text_atomic(self.result_path(trial.number), result.to_json())
         line = self.tell(study, trial, params, result, probed=True)
         self.finish(study, trial.number, line)
+        calibration = self.feasibility.calibration
+        if result.ok and calibration is not None:
+            study.set_user_attr("memory_calibration", {
+                "device": result.device_name, "probes": calibration.samples,
+                **self.estimate_args, "phases": calibration.as_dict()})
 
     def tell(self, study: Any, trial: Any, params: dict[str, Any], result: ProbeResult,
              probed: bool, predicted: bool = False) -> str:

@@ -60,3 +60,35 @@ class ScriptedRunner:
                                stderr_tail="Segmentation fault", returncode=-11,
                                probe_wall_s=1.0)
         return scripted_result(request)
+
+
+class ModelRunner:
+    """Answers with the memory model's own prior plus a fixed context: a device on which the
+    memory model is exactly right, to test the estimate pre-screen inside a real sweep."""
+
+    def __init__(self, limit_bytes: int, context_bytes: int = 250 * MiB) -> None:
+        from autotune.models import model_shape
+
+        self.limit_bytes, self.context_bytes = limit_bytes, context_bytes
+        self.shape = model_shape("tiny-qwen2.5")
+        self.calls: list[dict] = []
+
+    def phase_bytes(self, config) -> dict[str, int]:
+        from autotune.memory import estimate_memory
+
+        est = estimate_memory(self.shape, config, on_gpu=False)
+        return {name: p.states_bytes + self.context_bytes + p.transient_bytes
+                for name, p in est.phases.items()}
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        self.calls.append(request.config.as_dict())
+        phases = self.phase_bytes(request.config)
+        for phase, peak in phases.items():
+            if peak > self.limit_bytes:
+                return ProbeResult(status=ProbeStatus.GPU_OOM, message="model OOM",
+                                   failed_phase=phase, device_limit_bytes=self.limit_bytes,
+                                   probe_wall_s=1.0)
+        return ProbeResult(status=ProbeStatus.OK, tokens_per_s=100.0 + len(self.calls),
+                           samples_per_s=1.0, step_s=1.0, peak_mem_bytes=max(phases.values()),
+                           phase_peak_mem_bytes=phases, device_name="model",
+                           device_limit_bytes=self.limit_bytes, probe_wall_s=1.0)

@@ -48,3 +48,65 @@ def test_host_oom_predicts_more_offload_not_less():
     feasibility.record(1, BASE, "host_oom")
     assert feasibility.predicted_oom(with_(offload_params=True)) is not None
     assert feasibility.predicted_oom(with_(offload_optimizer=False)) is None
+
+
+def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
+    feasibility = Feasibility()
+    feasibility.record(2, BASE, "gpu_oom", "experience")
+    # the log-prob forward does not care about the update's micro-batch or checkpointing
+    other = with_(micro_batch_size_update=1, gradient_checkpointing=True, offload_params=True)
+    assert feasibility.predicted_oom(other) is not None
+    assert feasibility.predicted_oom(with_(micro_batch_size_experience=4)) is None
+    assert feasibility.predicted_oom(with_(micro_batch_size_experience=16,
+                                           offload_optimizer=False)) is not None
+    # an OOM in the update says nothing about a smaller update micro-batch
+    update = Feasibility()
+    update.record(3, BASE, "gpu_oom", "update")
+    assert update.predicted_oom(with_(micro_batch_size_experience=64)) is not None
+    assert update.predicted_oom(with_(micro_batch_size_update=2)) is None
+
+
+def _estimator(shape_name, on_gpu):
+    from autotune.config import ProbeConfig
+    from autotune.memory import estimate_memory
+    from autotune.models import model_shape
+
+    shape = model_shape(shape_name)
+    return lambda params: estimate_memory(shape, ProbeConfig(**params), on_gpu=on_gpu)
+
+
+def test_model_states_alone_past_capacity_are_predicted_before_any_calibration():
+    feasibility = Feasibility(estimator=_estimator("qwen2.5-7b", on_gpu=True))
+    feasibility.capacity_bytes = 80 * 10**9
+    prediction = feasibility.predict({"micro_batch_size_update": 1})
+    assert prediction is not None and prediction.source == "estimate"
+    assert "model states alone need" in prediction.reason and prediction.failed_phase == "update"
+    small = Feasibility(estimator=_estimator("qwen2.5-0.5b", on_gpu=True))
+    small.capacity_bytes = 80 * 10**9
+    assert small.predict({"micro_batch_size_update": 1}) is None
+
+
+def test_calibrated_prescreen_skips_only_well_past_capacity():
+    from autotune.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+
+    estimator = _estimator("tiny-qwen2.5", on_gpu=False)
+    feasibility = Feasibility(estimator=estimator)
+
+    def measured(params):  # the prior itself, with a 250 MiB context: a perfect model
+        return {name: p.states_bytes + 250 * 2**20 + p.transient_bytes
+                for name, p in estimator(params).phases.items()}
+
+    capacity = int(1.05 * max(measured({"micro_batch_size_update": 4}).values()))
+
+    huge = {"micro_batch_size_update": 64, "micro_batch_size_experience": 8,
+            "global_batch_size": 16, "rollout_n": 4, "rollout_batch_size": 16}
+    for i, micro in enumerate([1, 2, 4, 1, 2, 4, 8][:MIN_CALIBRATION_PROBES]):
+        assert feasibility.predict(huge) is None  # not trusted before enough probes
+        params = {"micro_batch_size_update": micro}
+        feasibility.record(i, params, "ok", None, measured(params), capacity)
+    prediction = feasibility.predict(huge)
+    assert prediction is not None and "calibrated memory model" in prediction.reason
+    peak = max(measured(huge).values())
+    assert peak > capacity * (1 + PRESCREEN_MARGIN)
+    assert feasibility.predict({"micro_batch_size_update": 2}) is None
+    assert Feasibility(dominance=True, estimator=None).predict(huge) is None

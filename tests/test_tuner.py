@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from scripted_runner import LIMIT_BYTES, ScriptedRunner, scripted_result
+from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_result
 
 from autotune.artifacts import best_trial, write_artifacts
 from autotune.errors import AutotuneError, ConfigError
@@ -244,7 +244,7 @@ def test_study_is_a_plain_optuna_study(tmp_path):
 
 
 def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
-    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random")
+    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random", prescreen=False)
     predicted = [t for t in study.trials
                  if t.user_attrs.get("predicted") and t.user_attrs.get("reused_from") is None]
     measured_oom = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
@@ -261,3 +261,29 @@ def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
         assert truth.status.is_oom  # the scripted memory is monotone: nothing feasible is lost
     rows = list(csv.DictReader(open(tmp_path / "s" / "trials.csv")))
     assert sum(r["predicted"] == "True" and r["reused_from"] == "" for r in rows) == len(predicted)
+
+
+@pytest.mark.parametrize("prescreen", [True, False])
+def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, prescreen):
+    from autotune.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+
+    space = load_search_space("cpu-demo")
+    probe = ModelRunner(limit_bytes=1)
+    peaks = sorted(max(probe.phase_bytes(space.config_for(p)).values()) for p in space.grid())
+    runner = ModelRunner(limit_bytes=peaks[len(peaks) // 2])  # half the grid fits
+    study, _ = sweep(tmp_path, runner, max_trials=1000, seed=1, sampler="random",
+                     prune_dominated=False, prescreen=prescreen)
+    by_estimate = [t for t in study.trials if t.user_attrs.get("predicted_by") == "estimate"
+                   and t.user_attrs.get("reused_from") is None]
+    calibration = study.user_attrs["memory_calibration"]
+    assert calibration["probes"] >= MIN_CALIBRATION_PROBES and calibration["on_gpu"] is False
+    assert set(calibration["phases"]) == {"rollout", "experience", "update"}
+    if not prescreen:
+        assert not by_estimate and len(runner.calls) == 128
+        return
+    assert by_estimate and len(runner.calls) + len(by_estimate) == 128
+    for trial in by_estimate:
+        peak = max(runner.phase_bytes(space.config_for(trial.params)).values())
+        assert peak > runner.limit_bytes * (1 + PRESCREEN_MARGIN) * 0.99  # far past, never near
+        assert "calibrated memory model" in trial.user_attrs["reason"]
+        assert trial.constraints["memory"] > 0

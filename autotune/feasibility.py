@@ -34,7 +34,9 @@ from typing import Any
 
 from autotune.calibration import Calibration, fit_calibration
 from autotune.config import MEMORY_DIRECTION, format_bytes
-from autotune.memory import PHASE_KNOBS, MemoryEstimate
+from autotune.errors import AutotuneError
+from autotune.memory import PHASE_KNOBS, MemoryEstimate, estimate_memory
+from autotune.models import model_shape
 
 OFFLOAD_KNOBS = ("offload_params", "offload_optimizer")
 MIN_CALIBRATION_PROBES = 6
@@ -101,10 +103,34 @@ class Feasibility:
                  prescreen: bool = True, margin: float = PRESCREEN_MARGIN) -> None:
         self.dominance, self.estimator, self.margin = dominance, estimator, margin
         self.prescreen = prescreen  # off: the estimator still calibrates, never skips
+        self.estimate_args: dict[str, Any] = {}
         self.known: list[KnownOOM] = []
         self.samples: list[tuple[MemoryEstimate, dict[str, int]]] = []
         self.calibration: Calibration | None = None
         self.capacity_bytes: int | None = None
+
+    @classmethod
+    def for_request(cls, request: Any, config_for: Callable[[dict[str, Any]], Any],
+                    dominance: bool = True, prescreen: bool = True) -> Feasibility:
+        """With the memory model of the request's model, unless it cannot read its config."""
+        try:
+            shape = model_shape(request.model, request.model_path)
+        except AutotuneError:
+            return cls(dominance, None, prescreen)
+        on_gpu = request.device != "cpu"
+        args = {"num_gpus": 1, "on_gpu": on_gpu,
+                "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
+        feasibility = cls(dominance, lambda params: estimate_memory(shape, config_for(params),
+                                                                    **args), prescreen)
+        feasibility.estimate_args = args
+        return feasibility
+
+    def calibration_record(self, device_name: str | None) -> dict[str, Any]:
+        """The calibration as stored with the study (and read by `autotune estimate --study`)."""
+        calibration = self.calibration
+        assert calibration is not None
+        return {"device": device_name, "probes": calibration.samples, **self.estimate_args,
+                "phases": calibration.as_dict()}
 
     def record(self, trial_number: int, params: dict[str, Any], status: str,
                failed_phase: str | None = None, phase_peak_mem_bytes: dict[str, int] | None

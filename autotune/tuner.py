@@ -10,11 +10,8 @@ failed and queues its params again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
-import os
 import random
 import time
 from collections.abc import Callable
@@ -24,16 +21,15 @@ from typing import Any
 
 from autotune import __version__
 from autotune.config import format_bytes
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import ConfigError
 from autotune.feasibility import Feasibility
-from autotune.memory import estimate_memory
-from autotune.models import model_shape
 from autotune.objective import OBJECTIVES, directions, objective_names, scalar, score
 from autotune.progress import Progress, SilentProgress, SweepState
 from autotune.report import describe
 from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
 from autotune.runners import Runner
 from autotune.search_space import SearchSpace
+from autotune.storage import StudyLock, use_wal
 
 SAMPLERS = ("tpe", "random")
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
@@ -86,41 +82,6 @@ def result_attrs(result: ProbeResult) -> dict[str, Any]:
     return data
 
 
-def use_wal(db_path: Path) -> None:
-    """Put a SQLite study in write-ahead-log mode (stored in the file): one fsync per commit
-    instead of several, still crash-safe, and readers such as optuna-dashboard never block."""
-    import sqlite3
-
-    with contextlib.closing(sqlite3.connect(db_path)) as connection:
-        connection.execute("PRAGMA journal_mode=WAL")
-
-
-class StudyLock:
-    """One driver per study directory: a lock file the kernel releases when the driver dies."""
-
-    def __init__(self, study_dir: Path) -> None:
-        self.path = study_dir / ".driver.lock"
-
-    def __enter__(self) -> StudyLock:
-        self.handle = open(self.path, "a+")
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.seek(0)
-            owner = self.handle.read().strip() or "?"
-            self.handle.close()
-            raise AutotuneError(f"study {self.path.parent.name} is being run by another "
-                                f"autotune (pid {owner}); wait for it or pick another --study") \
-                from None
-        self.handle.truncate(0)
-        self.handle.write(str(os.getpid()))
-        self.handle.flush()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.close()
-
-
 class Sweep:
     """Runs one study to a stop: --trials, --timeout, --patience or an exhausted space."""
 
@@ -147,23 +108,8 @@ class Sweep:
         self.since_improvement = 0
         self.capacity_bytes: int | None = None
         self.stuck_asks = 0  # asks in a row that probed nothing
-        self.feasibility = Feasibility(settings.prune_dominated, self.estimator(),
-                                       settings.prescreen)
-
-    def estimator(self) -> Any:
-        """params -> MemoryEstimate for calibration and the pre-screen, or None when the
-        memory model cannot read the model's config."""
-        request = self.settings.request
-        try:
-            shape = model_shape(request.model, request.model_path)
-        except AutotuneError:
-            return None
-        on_gpu = request.device != "cpu"
-        self.estimate_args = {"num_gpus": 1, "on_gpu": on_gpu,
-                              "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype)
-                              or (2 if on_gpu else 4)}
-        return lambda params: estimate_memory(shape, self.space.config_for(params),
-                                              **self.estimate_args)
+        self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
+                                                   settings.prune_dominated, settings.prescreen)
 
     # -- study -----------------------------------------------------------------------------
 
@@ -368,11 +314,9 @@ class Sweep:
         write_text_atomic(self.result_path(trial.number), result.to_json())
         line = self.tell(study, trial, params, result, probed=True)
         self.finish(study, trial.number, line)
-        calibration = self.feasibility.calibration
-        if result.ok and calibration is not None:
-            study.set_user_attr("memory_calibration", {
-                "device": result.device_name, "probes": calibration.samples,
-                **self.estimate_args, "phases": calibration.as_dict()})
+        if result.ok and self.feasibility.calibration is not None:
+            study.set_user_attr("memory_calibration",
+                                self.feasibility.calibration_record(result.device_name))
 
     def tell(self, study: Any, trial: Any, params: dict[str, Any], result: ProbeResult,
              probed: bool, predicted: bool = False) -> str:

@@ -19,7 +19,8 @@ from autotune.artifacts import best_trial, write_artifacts
 from autotune.errors import AutotuneError, ConfigError
 from autotune.result import ProbeRequest
 from autotune.search_space import SearchSpace, load_search_space
-from autotune.tuner import StudyLock, Sweep, SweepSettings, params_key
+from autotune.storage import StudyLock
+from autotune.tuner import Sweep, SweepSettings, params_key
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
 

@@ -122,12 +122,13 @@ def main() -> None:
     parser.add_argument("--space", default="cpu-demo")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/data/cpu_demo_grid.csv"))
     parser.add_argument("--model", default="tiny-qwen2.5")
-    parser.add_argument("--gpu-memory-limit", default="560MiB")
+    parser.add_argument("--gpu-memory-limit", default="560MiB", help="or 'none': no cap")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per probe")
     args = parser.parse_args()
     request = ProbeRequest(model=args.model, device="cpu", cpu_threads=args.threads,
-                           gpu_memory_limit_bytes=parse_bytes(args.gpu_memory_limit),
+                           gpu_memory_limit_bytes=None if args.gpu_memory_limit == "none"
+                           else parse_bytes(args.gpu_memory_limit),
                            warmup_steps=1, timed_steps=1, timeout_s=300)
     record(load_search_space(args.space), args.out, request, args.parallel)
 

@@ -66,10 +66,11 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
     binding = max(totals, key=lambda phase: totals[phase])
     num_gpus = model_args.get("num_gpus", 1)
     compute = {2: "bf16", 4: "fp32"}.get(model_args.get("compute_bytes") or 2, "bf16")
-    lines = [f"{name}: {shape.num_params / 1e9:.3f}B params, {num_gpus} GPU"
-             f"{'s' if num_gpus > 1 else ''} (FSDP), {compute} compute; capacity "
-             f"{format_bytes(capacity_bytes)} per GPU, budget {format_bytes(budget)} at "
-             f"{headroom:.0%} headroom",
+    where = (f"{num_gpus} GPU{'s' if num_gpus > 1 else ''} (FSDP)"
+             if model_args.get("on_gpu", True) else "the CPU as the device")
+    lines = [f"{name}: {shape.num_params / 1e9:.3f}B params, {where}, {compute} compute; "
+             f"capacity {format_bytes(capacity_bytes)} per device, budget "
+             f"{format_bytes(budget)} at {headroom:.0%} headroom",
              f"memory model: {calibration_note}", "",
              f"{'phase':<12}{'model states':>14}{'transient':>12}{'context':>11}{'total':>12}"
              f"{'of capacity':>13}"]
@@ -118,8 +119,10 @@ def load_calibration(study: str, results_dir: str) -> tuple[Calibration, dict[st
         raise ConfigError(f"study {study}: no calibration yet (it needs one successful probe); "
                           "run the sweep first, or leave out --study for the prior")
     identity = loaded.user_attrs.get("identity", {})
+    fixed = loaded.user_attrs.get("search_space", {}).get("fixed", {})
     return Calibration.from_dict(stored["phases"]), {
-        **stored, "model": identity.get("model"), "model_path": identity.get("model_path")}
+        **stored, "model": identity.get("model"), "model_path": identity.get("model_path"),
+        "fixed": fixed}
 
 
 @click.command()
@@ -147,11 +150,13 @@ def estimate(model: str | None, model_path: str | None, num_gpus: int,
     \b
     autotune estimate --model qwen2.5-7b --gpus 8
     autotune estimate --model qwen2.5-vl-7b --gpus 8 --set gradient_checkpointing=true
-    autotune estimate --study tiny-qwen2.5-cpu-demo --capacity 560MiB
+    autotune estimate --study tiny-qwen2.5-cpu-demo --capacity 560MiB \\
+        --set micro_batch_size_experience=16
     """
     from autotune.models import model_shape
 
     calibration, note = None, "prior constants (no probe yet; --study S uses a calibration)"
+    fitted: dict[str, Any] = {}
     model_args = {"num_gpus": num_gpus, "on_gpu": True,
                   "compute_bytes": 2 if dtype == "bf16" else 4}
     if study is not None:
@@ -167,7 +172,8 @@ def estimate(model: str | None, model_path: str | None, num_gpus: int,
         raise ConfigError("estimate: give --model NAME (see `autotune models`) or "
                           "--model-path DIR")
     shape = model_shape(model or "", model_path)
-    config = ProbeConfig(**parse_assignments(assignments))
+    knobs = fitted["fixed"] if study is not None else {}  # the study's shapes, then --set
+    config = ProbeConfig(**{**knobs, **parse_assignments(assignments)})
     problems = validate_probe_config(config)
     if problems:
         raise ConfigError(problems)

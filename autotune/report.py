@@ -101,9 +101,18 @@ def format_study(study: Any, brief: bool = False) -> str:
     identity = study.user_attrs.get("identity", {})
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
     probed = [t for t in trials if t.user_attrs.get("probed")]
+    predicted = [t for t in trials if t.user_attrs.get("predicted")
+                 and t.user_attrs.get("reused_from") is None]
     lines = [f"study {study.study_name}: model {identity.get('model')}, objective "
              f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
-             f"{len(probed)} probes in {len(trials)} trials"]
+             f"{len(probed)} probes in {len(trials)} trials, {len(predicted)} predicted OOM "
+             "(not run)"]
+    calibration = study.user_attrs.get("memory_calibration")
+    if calibration:
+        fits = ", ".join(f"{phase} {fit['transient_scale']:.2f} x transient + "
+                         f"{format_bytes(fit['context_bytes'])}"
+                         for phase, fit in calibration["phases"].items())
+        lines.append(f"memory model calibrated on {calibration['probes']} probes: {fits}")
     columns = ["#", "status", "config", "tokens/s", "peak", "phase", "probe s"]
     if not brief and trials:
         lines += ["", format_table([_trial_cells(t) for t in trials], columns)]

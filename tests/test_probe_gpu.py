@@ -32,3 +32,19 @@ def test_forced_gpu_oom_is_classified():
     result = SubprocessRunner().run(request)
     assert result.status is ProbeStatus.GPU_OOM, (result.message, result.stderr_tail)
     assert "out of memory" in result.message.lower()
+
+
+def test_memory_model_bounds_the_measured_gpu_peaks():
+    """The exact model states are a lower bound of every measured phase; the uncalibrated
+    prior is within a factor of 1.5 either way (calibration takes it the rest of the way)."""
+    from autotune.memory import estimate_memory
+    from autotune.models import model_shape
+
+    result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
+                                                 device="cuda"))
+    assert result.status is ProbeStatus.OK, result.stderr_tail
+    estimate = estimate_memory(model_shape("qwen2.5-0.5b"), CONFIG, on_gpu=True)
+    for phase, measured in result.phase_peak_mem_bytes.items():
+        part = estimate.phases[phase]
+        assert measured >= part.states_bytes, phase
+        assert 1 / 1.5 <= part.total_bytes / measured <= 1.5, (phase, part, measured)

@@ -15,6 +15,7 @@ import click
 from autotune import __version__
 from autotune.errors import AutotuneError, ConfigError
 from autotune.estimate import estimate
+from autotune.export import export
 
 _state = {"debug": False}
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -372,6 +373,7 @@ def validate(files: tuple[str, ...]) -> None:
 
 
 cli.add_command(estimate)
+cli.add_command(export)
 
 
 def main(argv: list[str] | None = None) -> None:

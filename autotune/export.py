@@ -1,0 +1,218 @@
+"""`autotune export`: a study's best config as a YAML file the trainer takes as is.
+
+With `--base-config`, the user's own trainer YAML is loaded round-trip (ruamel.yaml): only the
+tuned keys and their companions change; comments, key order and every other key stay. Without
+it, the trainer's tree holds just the tuned keys, companions and topology. The trainer's own
+rules (trainers.py) are checked for the topology first; a config it would reject is never
+written. Provenance goes on top as comments. Nothing already there is overwritten.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.config import format_bytes
+from autotune.errors import ConfigError
+from autotune.trainers import Adapter, Topology, get_adapter
+
+_MISSING = object()
+
+
+def _yaml() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round-trip: comments, order and scalar styles are kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # keep long interpolations on one line, as trainers' own files do
+    yaml.representer.add_representer(type(None), lambda representer, _: (
+        representer.represent_scalar("tag:yaml.org,2002:null", "null")))
+    return yaml
+
+
+def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+    node = tree
+    for part in key.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return default
+        node = node[part]
+    return default if node is None and default is not None else node
+
+
+def dotted_set(tree: Any, key: str, value: Any) -> None:
+    from ruamel.yaml.comments import CommentedMap
+
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        if part not in node or not hasattr(node[part], "get"):
+            node[part] = CommentedMap()
+        node = node[part]
+    node[leaf] = value
+
+
+def load_trainer_yaml(path: str) -> tuple[Any, str]:
+    """The user's trainer YAML, as a round-trip tree (with line numbers) and as text."""
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"--base-config {path}: {err.strerror}") from None
+    try:
+        tree = _yaml().load(text)
+    except YAMLError as err:
+        raise ConfigError(f"--base-config {path}: not valid YAML ({err})".replace("\n", " ")) \
+            from None
+    if not hasattr(tree, "get"):
+        raise ConfigError(f"--base-config {path}: expected a mapping of trainer keys at the top")
+    return tree, text
+
+
+def scalar_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
+    """`text` with each key's scalar replaced on its own line, every other byte kept; None
+    when a key is missing or not a one-token scalar (then the tree is re-serialised)."""
+    lines = text.splitlines(keepends=True)
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        parent = dotted_get(tree, ".".join(parents)) if parents else tree
+        if not hasattr(parent, "lc") or leaf not in parent or hasattr(parent[leaf], "items"):
+            return None
+        line, column = parent.lc.value(leaf)
+        token = re.match(r"[^\s#'\"]+(?=\s|$)", lines[line][column:])
+        if token is None:
+            return None
+        lines[line] = (lines[line][:column] + scalar_text(value)
+                       + lines[line][column + token.end():])
+    return "".join(lines)
+
+
+def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
+                 gpus_per_node: int | None) -> Topology:
+    """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then 1 x 1."""
+    nodes_key, gpus_key = adapter.topology_keys
+    nodes = nnodes or dotted_get(tree, nodes_key) or 1
+    gpus = gpus_per_node or dotted_get(tree, gpus_key) or 1
+    return Topology(int(nodes), int(gpus))
+
+
+def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
+           base: tuple[Any, str] | None, provenance: list[str]) -> str:
+    """The exported file's text; ConfigError naming every broken rule instead."""
+    from ruamel.yaml.comments import CommentedMap
+
+    tree = base[0] if base is not None else CommentedMap()
+    def get(key: str, default: Any) -> Any:
+        return dotted_get(tree, key, default)
+
+    problems = adapter.check(knobs, topology, get)
+    if problems:
+        raise ConfigError(problems)
+    values = {key: value for key, value in adapter.tuned_values(knobs).items()
+              # a companion that only clears a key the user's file does not have: skip it
+              if not (base is not None and value is None
+                      and dotted_get(tree, key, _MISSING) is _MISSING)}
+    nodes_key, gpus_key = adapter.topology_keys
+    values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+    header = "".join(f"# {line}\n" if line else "#\n" for line in provenance)
+    edited = edit_in_place(base[1], tree, values) if base is not None else None
+    if edited is not None:
+        return header + edited
+    for key, value in values.items():
+        dotted_set(tree, key, value)
+    buffer = io.StringIO()
+    _yaml().dump(tree, buffer)
+    return header + buffer.getvalue()
+
+
+def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topology) -> list[str]:
+    measured, prov = document["measured"], document["provenance"]
+    versions = prov.get("versions") or {}
+    phases = ", ".join(f"{p} {format_bytes(v)}" for p, v in
+                       measured["phase_peak_mem_bytes"].items())
+    return [f"exported by autotune {versions.get('autotune', '?')} for {adapter.name} on "
+            f"{time.strftime('%Y-%m-%d')}",
+            f"study {document['study']}, trial {document['trial']}: "
+            f"{measured['tokens_per_s']:,.1f} tokens/s, peak "
+            f"{format_bytes(measured['peak_mem_bytes'])} of a "
+            f"{format_bytes(measured['budget_bytes'])} budget "
+            f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
+            f"per phase: {phases}",
+            f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
+            f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}",
+            f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
+            f"{topology.gpus_per_node} GPU(s); only the tuned keys below were changed", ""]
+
+
+def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -> str:
+    """The same keys as `key=value` overrides for a launch script."""
+    def text(value: Any) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) \
+            else str(value)
+
+    values = {**adapter.tuned_values(knobs), adapter.topology_keys[0]: topology.nnodes,
+              adapter.topology_keys[1]: topology.gpus_per_node}
+    return " ".join(f"{key}={text(value)}" for key, value in values.items())
+
+
+def write_new(path: Path, text: str) -> None:
+    """Create `path` with `text`; never replace a file that is already there."""
+    try:
+        with open(path, "x") as handle:
+            handle.write(text)
+    except FileExistsError:
+        raise ConfigError(f"--out {path}: file exists; choose a new path") from None
+
+
+@click.command("export")
+@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--trainer", "trainer", required=True, type=click.Choice(["easyr1", "verl"]))
+@click.option("--base-config", type=click.Path(dir_okay=False), default=None,
+              help="Your trainer YAML: only the tuned keys change, comments and order stay.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Where to write (default: results/<study>/best.<trainer>.yaml).")
+@click.option("--nnodes", type=click.IntRange(1), default=None,
+              help="Nodes the run will use (default: the base config's, else 1).")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+              help="GPUs per node (default: the base config's, else 1).")
+def export(study: str | None, results_dir: str, trainer: str, base_config: str | None,
+           out_path: str | None, nnodes: int | None, gpus_per_node: int | None) -> None:
+    """Write a study's best config as trainer YAML, checked against the trainer's rules.
+
+    \b
+    autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
+    autotune export --study qwen2.5-7b-grpo --trainer verl --out best.verl.yaml
+    """
+    from autotune.artifacts import best_document, best_trial
+    from autotune.report import load_study
+
+    loaded = load_study(results_dir, study)
+    best = best_trial(loaded)
+    if best is None:
+        raise ConfigError(f"study {loaded.study_name}: no feasible config to export yet")
+    document = best_document(loaded, best)
+    adapter = get_adapter(trainer)
+    base = load_trainer_yaml(base_config) if base_config else None
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
+    text = render(adapter, document["config"], topology, base,
+                  provenance_lines(document, adapter, topology))
+    path = Path(out_path) if out_path else \
+        Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
+    write_new(path, text)
+    overrides = override_line(adapter, document["config"], topology)
+    click.echo(f"wrote {path}")
+    click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides))
+    if "{overrides}" not in adapter.launch:
+        click.echo("or as overrides: " + overrides)

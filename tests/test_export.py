@@ -1,0 +1,206 @@
+"""Trainer export: the real default configs of EasyR1 and verl (shared/trainer-configs) as
+bases, the trainers' quoted rules against an independent simulation, and the round trip."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.errors import ConfigError
+from autotune.export import dotted_get, load_trainer_yaml, render, topology_for
+from autotune.trainers import EASYR1, VERL, Topology
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "trainer-configs"
+BASES = {"easyr1": FIXTURES / "easyr1-config.yaml", "verl": FIXTURES / "verl-ppo-trainer.yaml"}
+KNOBS = {"rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
+         "micro_batch_size_update": 4, "micro_batch_size_experience": 8,
+         "gradient_checkpointing": True, "offload_params": False, "offload_optimizer": True,
+         "max_prompt_length": 2048, "max_response_length": 2048, "val_batch_size": None}
+
+
+def flatten(tree, prefix=""):
+    out = {}
+    for key, value in (tree or {}).items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def random_knobs(rng):
+    n = rng.choice([1, 2, 4, 5, 8, 16])
+    return {"rollout_batch_size": rng.choice([8, 16, 32, 64, 96, 128, 512]), "rollout_n": n,
+            "global_batch_size": rng.choice([4, 8, 16, 32, 64, 128]),
+            "micro_batch_size_update": rng.choice([1, 2, 3, 4, 8, 16, 32]),
+            "micro_batch_size_experience": rng.choice([1, 2, 4, 6, 8, 16, 64]),
+            "gradient_checkpointing": rng.random() < 0.5, "offload_params": rng.random() < 0.5,
+            "offload_optimizer": rng.random() < 0.5,
+            "max_prompt_length": rng.choice([512, 2048, 4096]),
+            "max_response_length": rng.choice([512, 2048, 8192]), "val_batch_size": None}
+
+
+def easyr1_accepts(k, nnodes, gpus, cfg):
+    """EasyR1's start-up path, simulated step by step (RayPPOTrainer.__init__, then each
+    FSDP worker's _init_dist_mesh, vLLM rollout construction, DataProto.chunk)."""
+    world = nnodes * gpus
+    if k["rollout_batch_size"] % k["global_batch_size"] != 0:
+        return False
+    if (k["rollout_batch_size"] * k["rollout_n"]) % k["micro_batch_size_experience"] != 0:
+        return False
+    if cfg["adv"] in ("grpo", "rloo") and not k["rollout_n"] > 1:
+        return False
+    global_batch = k["global_batch_size"]
+    if k["rollout_n"] > 1:
+        global_batch *= k["rollout_n"]
+    per_device = global_batch // (world // cfg["ulysses"])
+    if per_device == 0 or per_device % k["micro_batch_size_update"] != 0:
+        return False
+    if cfg["cpu_offload"] and per_device != k["micro_batch_size_update"]:
+        return False
+    if world % cfg["tp"] != 0:
+        return False
+    if cfg["max_tokens"] < k["max_prompt_length"] + k["max_response_length"]:
+        return False
+    chunks = [k["rollout_batch_size"], k["rollout_batch_size"] * k["rollout_n"]]
+    return all(len(range(0, c, c // world or 1)) == world and c % world == 0 for c in chunks)
+
+
+def verl_accepts(k, nnodes, gpus, cfg):
+    """verl's start-up path, simulated: validate_config, ActorConfig.validate, the FSDP
+    worker's mini-batch normalization and the rollout device mesh."""
+    world = nnodes * gpus
+    if not (k["rollout_batch_size"] * k["rollout_n"]) % world == 0:
+        return False
+    if not k["rollout_batch_size"] >= k["global_batch_size"]:
+        return False
+    mini = k["global_batch_size"] * k["rollout_n"]
+    mini //= world // cfg["ulysses"]
+    if not mini > 0 or mini % k["micro_batch_size_update"] != 0:
+        return False
+    return world % cfg["tp"] == 0
+
+
+@pytest.mark.parametrize("adapter, accepts", [(EASYR1, easyr1_accepts), (VERL, verl_accepts)])
+def test_rule_checker_agrees_with_the_simulated_trainer_on_random_configs(adapter, accepts):
+    rng = random.Random(7)
+    refused = accepted = 0
+    for _ in range(3000):
+        knobs = random_knobs(rng)
+        nnodes, gpus = rng.choice([1, 1, 2, 4]), rng.choice([1, 2, 4, 8])
+        cfg = {"tp": rng.choice([1, 2, 4]), "ulysses": 1, "cpu_offload": rng.random() < 0.1,
+               "max_tokens": rng.choice([8192, 16384]), "adv": "grpo"}
+        tree = ({"worker": {"rollout": {"tensor_parallel_size": cfg["tp"],
+                                        "max_num_batched_tokens": cfg["max_tokens"]},
+                            "actor": {"fsdp": {"enable_cpu_offload": cfg["cpu_offload"]}}}}
+                if adapter is EASYR1 else
+                {"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": cfg["tp"]}}})
+        problems = adapter.check(knobs, Topology(nnodes, gpus),
+                                 lambda key, default, tree=tree: dotted_get(tree, key, default))
+        assert (not problems) == accepts(knobs, nnodes, gpus, cfg), (knobs, nnodes, gpus, cfg,
+                                                                       problems)
+        refused += bool(problems)
+        accepted += not problems
+    assert refused > 300 and accepted > 300  # both sides of every rule were exercised
+
+
+@pytest.mark.parametrize("adapter", [EASYR1, VERL])
+def test_merge_into_the_real_default_config_changes_only_the_tuned_keys(adapter):
+    path = BASES[adapter.name]
+    original_text = path.read_text()
+    base = load_trainer_yaml(str(path))
+    text = render(adapter, KNOBS, topology_for(adapter, base[0], None, None), base,
+                  ["provenance line", ""])
+    assert text.startswith("# provenance line\n#\n")
+    body = text.split("\n", 2)[2]
+    tuned = adapter.tuned_values(KNOBS)
+    before, after = flatten(yaml.safe_load(original_text)), flatten(yaml.safe_load(body))
+    assert list(before) == [k for k in after if k in before]  # every key kept, in order
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed and changed <= set(tuned)
+    for key, value in tuned.items():
+        if key in before or value is not None:
+            assert after[key] == value, key
+    # byte for byte, only the lines holding tuned keys differ; every comment is still there
+    old_lines, new_lines = original_text.splitlines(), body.splitlines()
+    assert len(old_lines) == len(new_lines)
+    differ = [(o, n) for o, n in zip(old_lines, new_lines, strict=True) if o != n]
+    assert len(differ) == len(changed)
+    for old, new in zip(old_lines, new_lines, strict=True):  # comments kept on every line
+        if "  #" in old:
+            assert new.endswith(old[old.index("  #"):]), (old, new)
+
+
+@pytest.mark.parametrize("adapter", [EASYR1, VERL])
+def test_round_trip_reads_back_the_same_canonical_knobs(adapter, tmp_path):
+    for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
+        topology = Topology(1, 8)
+        text = render(adapter, KNOBS, topology, base, ["p"])
+        tree = yaml.safe_load(text)
+        read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default))
+        expected = {k: v for k, v in KNOBS.items() if v is not None and k in adapter.keys}
+        assert {k: read[k] for k in expected} == expected
+        assert dotted_get(tree, "trainer.n_gpus_per_node") == 8
+
+
+def test_a_config_the_trainer_rejects_is_never_written_and_the_rule_is_named():
+    knobs = {**KNOBS, "micro_batch_size_update": 3}
+    with pytest.raises(ConfigError) as err:
+        render(VERL, knobs, Topology(1, 8), None, ["p"])
+    assert err.value.problems == [
+        "verl: normalized ppo_mini_batch_size 80 should be divisible by "
+        "ppo_micro_batch_size_per_gpu 3"]
+    with pytest.raises(ConfigError, match="must be divisible by the 8 GPUs"):
+        render(EASYR1, {**KNOBS, "rollout_batch_size": 260, "global_batch_size": 130},
+               Topology(1, 8), None, ["p"])
+
+
+def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
+    from scripted_runner import ModelRunner
+
+    from autotune.result import ProbeRequest
+    from autotune.search_space import load_search_space
+    from autotune.tuner import Sweep, SweepSettings
+
+    settings = SweepSettings(study_name="x", study_dir=tmp_path / "x",
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             max_trials=4, sampler="random")
+    Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "autotune", "export", "--study", "x",
+                               "--results-dir", str(tmp_path), *args],
+                              capture_output=True, text=True)
+
+    one_gpu = tmp_path / "verl-1gpu.yaml"  # verl's default rollout TP of 2 needs 2 GPUs
+    one_gpu.write_text("actor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 1\n"
+                       "trainer:\n  nnodes: 1\n  n_gpus_per_node: 1\n")
+    refused = export("--trainer", "verl")
+    assert refused.returncode == 2 and "infer_world_size 2" in refused.stderr
+    out = export("--trainer", "verl", "--base-config", str(one_gpu))
+    assert out.returncode == 0, out.stderr
+    written = tmp_path / "x" / "best.verl.yaml"
+    assert f"wrote {written}" in out.stdout
+    assert "launch: python3 -m verl.trainer.main_ppo data.train_batch_size=4" in out.stdout
+    text = written.read_text()
+    assert text.startswith("# exported by autotune") and "study x, trial" in text
+    again = export("--trainer", "verl", "--base-config", str(one_gpu))
+    assert again.returncode == 2 and "file exists" in again.stderr
+    assert written.read_text() == text  # nothing already there is overwritten
+    easy = export("--trainer", "easyr1", "--base-config", str(BASES["easyr1"]),
+                  "--out", str(tmp_path / "e.yaml"))
+    assert easy.returncode == 2 and "easyr1: data.rollout_batch_size=4" in easy.stderr
+    assert not (tmp_path / "e.yaml").exists()  # 8 GPUs in the base: refused, not written
+    easy_base = tmp_path / "easyr1-1gpu.yaml"
+    easy_base.write_text(BASES["easyr1"].read_text().replace("tensor_parallel_size: 2",
+                                                             "tensor_parallel_size: 1"))
+    fits = export("--trainer", "easyr1", "--base-config", str(easy_base),
+                  "--gpus-per-node", "1", "--out", str(tmp_path / "e.yaml"))
+    assert fits.returncode == 0, fits.stderr
+    assert "config=" in fits.stdout and "or as overrides:" in fits.stdout

@@ -101,9 +101,9 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
 def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
                  gpus_per_node: int | None) -> Topology:
     """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then 1 x 1."""
-    nodes_key, gpus_key = adapter.topology_keys
-    nodes = nnodes or dotted_get(tree, nodes_key) or 1
-    gpus = gpus_per_node or dotted_get(tree, gpus_key) or 1
+    nodes_key, gpus_key = adapter.topology_keys or ("", "")
+    nodes = nnodes or (dotted_get(tree, nodes_key) if nodes_key else None) or 1
+    gpus = gpus_per_node or (dotted_get(tree, gpus_key) if gpus_key else None) or 1
     return Topology(int(nodes), int(gpus))
 
 
@@ -119,12 +119,12 @@ def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
     problems = adapter.check(knobs, topology, get)
     if problems:
         raise ConfigError(problems)
-    values = {key: value for key, value in adapter.tuned_values(knobs).items()
+    values = {key: value for key, value in adapter.tuned_values(knobs, topology).items()
               # a companion that only clears a key the user's file does not have: skip it
-              if not (base is not None and value is None
-                      and dotted_get(tree, key, _MISSING) is _MISSING)}
-    nodes_key, gpus_key = adapter.topology_keys
-    values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+              if not (value is None and dotted_get(tree, key, _MISSING) is _MISSING)}
+    if adapter.topology_keys:
+        nodes_key, gpus_key = adapter.topology_keys
+        values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
     header = "".join(f"# {line}\n" if line else "#\n" for line in provenance)
     edited = edit_in_place(base[1], tree, values) if base is not None else None
     if edited is not None:
@@ -152,18 +152,18 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
             f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}",
             f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
-            f"{topology.gpus_per_node} GPU(s); only the tuned keys below were changed", ""]
+            f"{topology.gpus_per_node} GPU(s); only the tuned keys were changed", ""]
 
 
 def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -> str:
     """The same keys as `key=value` overrides for a launch script."""
-    def text(value: Any) -> str:
-        return "null" if value is None else str(value).lower() if isinstance(value, bool) \
-            else str(value)
-
-    values = {**adapter.tuned_values(knobs), adapter.topology_keys[0]: topology.nnodes,
-              adapter.topology_keys[1]: topology.gpus_per_node}
-    return " ".join(f"{key}={text(value)}" for key, value in values.items())
+    values = adapter.tuned_values(knobs, topology)
+    if adapter.topology_keys is None:  # HfArgumentParser flags
+        return " ".join(f"--{key} {scalar_text(value)}" for key, value in values.items()
+                        if value is not None)
+    values.update({adapter.topology_keys[0]: topology.nnodes,
+                   adapter.topology_keys[1]: topology.gpus_per_node})
+    return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
 
 
 def write_new(path: Path, text: str) -> None:
@@ -178,7 +178,8 @@ def write_new(path: Path, text: str) -> None:
 @click.command("export")
 @click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
 @click.option("--results-dir", default="results", show_default=True)
-@click.option("--trainer", "trainer", required=True, type=click.Choice(["easyr1", "verl"]))
+@click.option("--trainer", "trainer", required=True,
+              type=click.Choice(["easyr1", "verl", "trl"]))
 @click.option("--base-config", type=click.Path(dir_okay=False), default=None,
               help="Your trainer YAML: only the tuned keys change, comments and order stay.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
@@ -213,6 +214,7 @@ def export(study: str | None, results_dir: str, trainer: str, base_config: str |
     write_new(path, text)
     overrides = override_line(adapter, document["config"], topology)
     click.echo(f"wrote {path}")
-    click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides))
+    click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides,
+                                                  world=topology.world_size))
     if "{overrides}" not in adapter.launch:
         click.echo("or as overrides: " + overrides)

@@ -36,12 +36,15 @@ class Adapter:
 
     name: str
     keys: dict[str, tuple[str, ...]]
-    topology_keys: tuple[str, str]  # (nnodes, gpus per node)
+    topology_keys: tuple[str, str] | None  # (nnodes, gpus per node) where the config has them
     companions: dict[str, Any]
     rules: Callable[[dict[str, Any], Topology, Callable[[str, Any], Any]], list[str]]
-    launch: str  # the launch line: {path} the exported file, {overrides} key=value pairs
+    launch: str  # the launch line: {path} the exported file, {overrides}, {world}
+    # keys computed from several knobs and the topology, and their inverse for reading back
+    derive: Callable[[dict[str, Any], Topology], dict[str, Any]] | None = None
+    underive: Callable[[Callable[[str, Any], Any], Topology], dict[str, Any]] | None = None
 
-    def tuned_values(self, knobs: dict[str, Any]) -> dict[str, Any]:
+    def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
         """Every dotted key this export writes, with its value."""
         values = {}
         for knob, keys in self.keys.items():
@@ -49,12 +52,14 @@ class Adapter:
                 continue
             for key in keys:
                 values[key] = knobs[knob]
-        return {**values, **self.companions}
+        derived = self.derive(knobs, topology) if self.derive else {}
+        return {**values, **derived, **self.companions}
 
-    def read_knobs(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+    def read_knobs(self, get: Callable[[str, Any], Any], topology: Topology) -> dict[str, Any]:
         """The canonical knobs a trainer config holds (for the round trip)."""
-        return {knob: get(keys[0], None) for knob, keys in self.keys.items()
-                if get(keys[0], None) is not None}
+        knobs = {knob: get(keys[0], None) for knob, keys in self.keys.items()
+                 if get(keys[0], None) is not None}
+        return {**knobs, **(self.underive(get, topology) if self.underive else {})}
 
     def check(self, knobs: dict[str, Any], topology: Topology,
               get: Callable[[str, Any], Any] = lambda key, default: default) -> list[str]:
@@ -178,7 +183,59 @@ VERL = Adapter(
     launch="python3 -m verl.trainer.main_ppo {overrides}",
 )
 
-ADAPTERS = {adapter.name: adapter for adapter in (EASYR1, VERL)}
+def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+    """trl/trainer/grpo_config.py GRPOConfig.__post_init__, with generation_batch_size set."""
+    world, n, mbu = topo.world_size, k["rollout_n"], k["micro_batch_size_update"]
+    per_step, per_generation = mbu * world, k["rollout_batch_size"] * n
+    problems = []
+    if n < 2:
+        problems.append(f"GRPO requires at least 2 generations per prompt (num_generations={n})")
+    if (k["global_batch_size"] * n) % per_step:
+        problems.append(f"global_batch_size*rollout_n={k['global_batch_size'] * n} completions "
+                        f"per optimizer step must be divisible by per_device_train_batch_size="
+                        f"{mbu} x {world} processes (gradient_accumulation_steps is their ratio)")
+    if per_generation % per_step:
+        problems.append(f"generation_batch_size ({per_generation}) must be divisible by the "
+                        f"global batch size ({per_step})")
+    if per_generation % n:
+        problems.append(f"generation_batch_size ({per_generation}) must be divisible by "
+                        f"num_generations ({n})")
+    for knob in ("offload_params", "offload_optimizer"):
+        if k.get(knob):
+            problems.append(f"{knob}=true has no GRPOConfig key: set it in your accelerate "
+                            "DeepSpeed/FSDP config, or sweep with offload off for TRL")
+    return problems
+
+
+def _trl_derive(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    per_step = k["micro_batch_size_update"] * topo.world_size
+    return {"gradient_accumulation_steps": k["global_batch_size"] * k["rollout_n"] // per_step,
+            "generation_batch_size": k["rollout_batch_size"] * k["rollout_n"]}
+
+
+def _trl_underive(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, Any]:
+    n, mbu = get("num_generations", 8), get("per_device_train_batch_size", 8)
+    accumulation = get("gradient_accumulation_steps", 1)
+    generation = get("generation_batch_size", None) or mbu * topo.world_size * accumulation
+    return {"global_batch_size": mbu * topo.world_size * accumulation // n,
+            "rollout_batch_size": generation // n}
+
+
+TRL = Adapter(
+    name="trl",
+    keys={"micro_batch_size_update": ("per_device_train_batch_size",),
+          "rollout_n": ("num_generations",),
+          "gradient_checkpointing": ("gradient_checkpointing",),
+          "max_response_length": ("max_completion_length",)},
+    topology_keys=None,  # the process count comes from `accelerate launch`
+    companions={"steps_per_generation": None},  # set through generation_batch_size instead
+    rules=_trl_rules,
+    launch="accelerate launch --num_processes {world} your_grpo_script.py --config {path}",
+    derive=_trl_derive,
+    underive=_trl_underive,
+)
+
+ADAPTERS = {adapter.name: adapter for adapter in (EASYR1, VERL, TRL)}
 
 
 def get_adapter(name: str) -> Adapter:

@@ -118,7 +118,7 @@ def test_merge_into_the_real_default_config_changes_only_the_tuned_keys(adapter)
                   ["provenance line", ""])
     assert text.startswith("# provenance line\n#\n")
     body = text.split("\n", 2)[2]
-    tuned = adapter.tuned_values(KNOBS)
+    tuned = adapter.tuned_values(KNOBS, Topology(1, 8))
     before, after = flatten(yaml.safe_load(original_text)), flatten(yaml.safe_load(body))
     assert list(before) == [k for k in after if k in before]  # every key kept, in order
     changed = {k for k in before if before[k] != after[k]}
@@ -142,7 +142,8 @@ def test_round_trip_reads_back_the_same_canonical_knobs(adapter, tmp_path):
         topology = Topology(1, 8)
         text = render(adapter, KNOBS, topology, base, ["p"])
         tree = yaml.safe_load(text)
-        read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default))
+        read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default),
+                                  topology)
         expected = {k: v for k, v in KNOBS.items() if v is not None and k in adapter.keys}
         assert {k: read[k] for k in expected} == expected
         assert dotted_get(tree, "trainer.n_gpus_per_node") == 8
@@ -204,3 +205,58 @@ def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
                   "--gpus-per-node", "1", "--out", str(tmp_path / "e.yaml"))
     assert fits.returncode == 0, fits.stderr
     assert "config=" in fits.stdout and "or as overrides:" in fits.stdout
+
+
+def _grpo_config(tmp_path, values):
+    from trl import GRPOConfig
+
+    kwargs = {k: v for k, v in values.items() if v is not None}
+    # this machine has no GPU: TrainingArguments refuses bf16 there unless told to use the CPU
+    return GRPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True,
+                      bf16=False, **kwargs)
+
+
+def test_exported_trl_config_is_loaded_by_the_real_grpo_config(tmp_path):
+    pytest.importorskip("trl")  # installed by the test extra; skipped only outside it
+    from autotune.trainers import TRL
+
+    knobs = {**KNOBS, "offload_optimizer": False, "micro_batch_size_update": 8}
+    text = render(TRL, knobs, Topology(1, 1), None, ["p"])
+    values = yaml.safe_load(text)
+    config = _grpo_config(tmp_path, values)
+    assert config.per_device_train_batch_size == 8 and config.num_generations == 5
+    assert config.gradient_accumulation_steps == 128 * 5 // 8  # one optimizer step = 128 prompts
+    assert config.generation_batch_size == 512 * 5 and config.steps_per_generation == 320
+    assert config.max_completion_length == 2048 and config.gradient_checkpointing is True
+    read = TRL.read_knobs(lambda key, default: values.get(key, default), Topology(1, 1))
+    assert {k: read[k] for k in ("rollout_batch_size", "rollout_n", "global_batch_size",
+                                 "micro_batch_size_update", "max_response_length")} == \
+        {k: knobs[k] for k in ("rollout_batch_size", "rollout_n", "global_batch_size",
+                               "micro_batch_size_update", "max_response_length")}
+    with pytest.raises(ConfigError, match="offload_optimizer=true has no GRPOConfig key"):
+        render(TRL, KNOBS, Topology(1, 1), None, ["p"])
+
+
+def test_trl_rules_agree_with_grpo_config_on_random_configs(tmp_path):
+    pytest.importorskip("trl")
+    from autotune.trainers import TRL
+
+    rng, accepted, refused = random.Random(3), 0, 0
+    for _ in range(300):
+        knobs = {**random_knobs(rng), "offload_params": False, "offload_optimizer": False}
+        problems = TRL.check(knobs, Topology(1, 1))
+        whole_steps = (knobs["global_batch_size"] * knobs["rollout_n"]) \
+            % knobs["micro_batch_size_update"] == 0
+        if not whole_steps:  # no integer gradient_accumulation_steps: never exported
+            assert problems
+            continue
+        values = TRL.tuned_values(knobs, Topology(1, 1))
+        try:
+            _grpo_config(tmp_path, values)
+            trl_accepts = True
+        except ValueError:
+            trl_accepts = False
+        assert (not problems) == trl_accepts, (knobs, problems)
+        accepted += trl_accepts
+        refused += not trl_accepts
+    assert accepted > 30 and refused > 30

@@ -20,7 +20,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,8 @@ class SearchSpace:
     params: dict[str, ParamSpec]
     fixed: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    # more rules a config must pass (a trainer's, for its topology): never probed otherwise
+    rules: Callable[[ProbeConfig], list[str]] | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -108,12 +110,26 @@ class SearchSpace:
         return ProbeConfig(**{**self.fixed, **params})
 
     def problems_for(self, params: dict[str, Any]) -> list[str]:
-        return validate_probe_config(self.config_for(params))
+        config = self.config_for(params)
+        return validate_probe_config(config) + (self.rules(config) if self.rules else [])
 
     def with_fixed(self, values: dict[str, Any]) -> SearchSpace:
         """The same space with more fixed knobs (knobs already searched are not touched)."""
         extra = {k: v for k, v in values.items() if k not in self.params}
-        return SearchSpace(self.params, {**self.fixed, **extra}, self.source)
+        return SearchSpace(self.params, {**self.fixed, **extra}, self.source, self.rules)
+
+    def with_rules(self, rules: Callable[[ProbeConfig], list[str]]) -> SearchSpace:
+        return SearchSpace(self.params, self.fixed, self.source, rules)
+
+    def snapped(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """`params` moved to the nearest value each searched knob allows, and what moved."""
+        out, notes = dict(params), []
+        for name, value in params.items():
+            allowed = self.params[name].values() if name in self.params else [value]
+            if value not in allowed:
+                out[name] = min(allowed, key=lambda v, x=value: abs(float(v) - float(x)))
+                notes.append(f"{name}={value} is not in the space: {out[name]} instead")
+        return out, notes
 
     def with_user_values(self, fixed: dict[str, Any], base: dict[str, Any],
                          base_source: str | None = None

@@ -166,6 +166,54 @@ def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -
     return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
 
 
+def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
+                  gpus_per_node: int | None) -> tuple[tuple[Any, str] | None, Topology,
+                                                      dict[str, Any]]:
+    """What `run --trainer` starts from: the user's trainer YAML (or none), the topology,
+    and the canonical knobs of the starting config (the YAML's, else the trainer's defaults)."""
+    from autotune.config import parse_knob_value
+
+    base = load_trainer_yaml(base_config) if base_config else None
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
+    if base is None:
+        return None, topology, dict(adapter.defaults or {})
+    read = adapter.read_knobs(lambda key, default: dotted_get(base[0], key, default), topology)
+    problems, knobs = [], {}
+    for knob, value in read.items():
+        try:
+            knobs[knob] = parse_knob_value(knob, value)
+        except ConfigError as err:
+            problems += [f"{base_config}: {adapter.keys.get(knob, (knob,))[0]}: {p}"
+                         for p in err.problems]
+    if problems:
+        raise ConfigError(problems)
+    return base, topology, knobs
+
+
+def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
+                         base: tuple[Any, str] | None, topology: Topology) -> Path | None:
+    """Rewrite results/<study>/best.<trainer>.yaml from the study's best (a study artifact,
+    like best.yaml: replaced atomically as the best changes)."""
+    from autotune.artifacts import best_document, best_trial
+    from autotune.result import write_text_atomic
+
+    best = best_trial(study)
+    if best is None:
+        return None
+    document = best_document(study, best)
+    if base is not None:  # render edits the tree in place when it cannot edit the text
+        base = load_trainer_yaml_text(base[1])
+    text = render(adapter, document["config"], topology, base,
+                  provenance_lines(document, adapter, topology))
+    path = study_dir / f"best.{adapter.name}.yaml"
+    write_text_atomic(path, text)
+    return path
+
+
+def load_trainer_yaml_text(text: str) -> tuple[Any, str]:
+    return _yaml().load(text), text
+
+
 def write_new(path: Path, text: str) -> None:
     """Create `path` with `text`; never replace a file that is already there."""
     try:

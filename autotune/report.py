@@ -132,7 +132,26 @@ def format_study(study: Any, brief: bool = False) -> str:
                   f"{measured['binding_phase']}), on {document['provenance']['device']}"]
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
+    lines += _against_start(trials, best, identity)
     return "\n".join(lines)
+
+
+def _against_start(trials: list[Any], best: Any, identity: dict[str, Any]) -> list[str]:
+    """How the best compares with the config the run started from (--base-config or the
+    trainer's own), measured side by side in the same study."""
+    start = next((t for t in trials if t.user_attrs.get("origin") == "base"), None)
+    if start is None and identity.get("trainer"):
+        start = next((t for t in trials if t.user_attrs.get("origin") == "safe"), None)
+    if start is None or start.number == best.number:
+        return [] if start is None else ["  (the starting config is the best one found)"]
+    what = f"the starting config (trial {start.number}: {describe(start.params)})"
+    result = start.user_attrs.get("result") or {}
+    if not start.user_attrs.get("feasible") or not result.get("tokens_per_s"):
+        return [f"  {what}: {start.user_attrs.get('status')}, "
+                f"{start.user_attrs.get('reason') or 'does not fit'}"]
+    tuned = best.user_attrs["result"]
+    return [f"  vs {what}: {tuned['tokens_per_s'] / result['tokens_per_s']:.2f}x the tokens/s "
+            f"at {tuned['peak_mem_bytes'] / result['peak_mem_bytes']:.2f}x the peak memory"]
 
 
 def describe(params: dict[str, Any]) -> str:

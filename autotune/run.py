@@ -65,12 +65,19 @@ def has_nvidia_gpu() -> bool:
               help="Probe even configs that a measured OOM proves cannot fit.")
 @click.option("--no-prescreen", is_flag=True,
               help="Probe even configs the calibrated memory model puts well past capacity.")
+@click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
+              help="Sample only configs this trainer accepts, start from its config "
+                   "(--base-config is then its YAML), write best.<trainer>.yaml.")
+@click.option("--nnodes", type=click.IntRange(1), default=None,
+              help="Nodes of the training run, for --trainer's rules (default: base config's).")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+              help="GPUs per node of the training run (default: base config's, else 1).")
 @click.pass_context
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
-        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool,
-        **options: Any) -> None:
+        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, trainer: str | None,
+        nnodes: int | None, gpus_per_node: int | None, **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -82,6 +89,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     autotune run
     autotune run --model qwen2.5-vl-7b --trials 60 --timeout 8h
     autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
+    autotune run --model qwen2.5-7b --trainer easyr1 --base-config examples/config.yaml
     """
     import re
     import signal
@@ -119,9 +127,33 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
                                                  and not has_nvidia_gpu())
         space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
-    base = load_knob_file(base_config) if base_config is not None else {}
-    search_space, base_params = load_search_space(space).with_user_values(
-        parse_assignments(assignments), base, base_config)
+    loaded = load_search_space(space)
+    export_to = None
+    if trainer is not None:
+        from autotune.export import trainer_start
+        from autotune.trainers import get_adapter
+
+        adapter = get_adapter(trainer)
+        trainer_base, topology, start = trainer_start(adapter, base_config, nnodes,
+                                                      gpus_per_node)
+        if trainer_base is None:  # the trainer's defaults seed the searched knobs only
+            start = {k: v for k, v in start.items() if k in loaded.params}
+        start, notes = loaded.snapped(start)
+        for note in notes:
+            click.echo(f"{trainer} starting config: {note}", err=True)
+        from autotune.export import dotted_get
+
+        tree = trainer_base[0] if trainer_base else {}
+        loaded = loaded.with_rules(lambda config: adapter.check(
+            config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
+        export_to = (adapter, trainer_base, topology)
+        base = start
+    else:
+        base = load_knob_file(base_config) if base_config is not None else {}
+    search_space, base_params = loaded.with_user_values(
+        parse_assignments(assignments), base, base_config or trainer)
+    if export_to is not None and base_params is None:
+        base_params = search_space.safe_params()  # the trainer's start is the safest config
     name = study or f"{options['model']}-{search_space.name}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")
@@ -131,35 +163,44 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         headroom=parse_headroom(headroom), max_trials=trials,
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
         patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
-        prune_dominated=not no_prune, prescreen=not no_prescreen)
+        prune_dominated=not no_prune, prescreen=not no_prescreen,
+        trainer=f"{trainer} on {export_to[2].nnodes}x{export_to[2].gpus_per_node} GPUs"
+        if export_to else None)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    sys.exit(run_sweep(settings))
+    sys.exit(run_sweep(settings, export_to))
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_sweep(settings: Any) -> int:
+def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None) -> int:
     """Run a sweep with live progress and artifacts; print the outcome; the exit code."""
     from autotune.artifacts import write_artifacts
+    from autotune.export import write_trainer_export
     from autotune.progress import make_progress
     from autotune.report import format_study
     from autotune.runners.local import SubprocessRunner
     from autotune.tuner import Sweep
 
-    sweep = Sweep(settings, SubprocessRunner(), make_progress(),
-                  on_trial=lambda study: write_artifacts(study, settings.study_dir))
+    def artifacts(study: Any) -> Any:
+        best = write_artifacts(study, settings.study_dir)
+        if export_to is not None:
+            write_trainer_export(study, settings.study_dir, *export_to)
+        return best
+
+    sweep = Sweep(settings, SubprocessRunner(), make_progress(), on_trial=artifacts)
     try:
         study = sweep.run()
     except KeyboardInterrupt:
         click.echo(f"Interrupted; nothing is lost. Resume with the same command "
                    f"(study {settings.study_name}).", err=True)
         return 130
-    best = write_artifacts(study, settings.study_dir)
+    best = artifacts(study)
     click.echo(format_study(study, brief=True))
+    exported = f", best.{export_to[0].name}.yaml" if export_to and best else ""
     click.echo(f"\nresults in {settings.study_dir}/ (trials.csv, logs/, study.db"
-               f"{', best.yaml' if best else ''})")
+               f"{', best.yaml' if best else ''}{exported})")
     if best is None:
         click.echo("no feasible configuration found: widen the space (offload, checkpointing,"
                    " smaller micro-batches), lower --headroom or use more memory", err=True)

@@ -43,6 +43,8 @@ class Adapter:
     # keys computed from several knobs and the topology, and their inverse for reading back
     derive: Callable[[dict[str, Any], Topology], dict[str, Any]] | None = None
     underive: Callable[[Callable[[str, Any], Any], Topology], dict[str, Any]] | None = None
+    # the knobs the trainer's own default or example config sets: the sweep's starting point
+    defaults: dict[str, Any] | None = None
 
     def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
         """Every dotted key this export writes, with its value."""
@@ -155,6 +157,9 @@ EASYR1 = Adapter(
     companions={},
     rules=_easyr1_rules,
     launch="python3 -m verl.trainer.main config={path}",  # EasyR1's OmegaConf entry point
+    defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
+              "gradient_checkpointing": True, "offload_params": True,  # config.yaml
+              "offload_optimizer": True},
 )
 
 VERL = Adapter(
@@ -181,6 +186,9 @@ VERL = Adapter(
                 "actor_rollout_ref.ref.log_prob_micro_batch_size": None},
     rules=_verl_rules,
     launch="python3 -m verl.trainer.main_ppo {overrides}",
+    # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
+    defaults={"gradient_checkpointing": True, "offload_params": False,
+              "offload_optimizer": False},
 )
 
 def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -233,6 +241,7 @@ TRL = Adapter(
     launch="accelerate launch --num_processes {world} your_grpo_script.py --config {path}",
     derive=_trl_derive,
     underive=_trl_underive,
+    defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True},  # GRPOConfig
 )
 
 ADAPTERS = {adapter.name: adapter for adapter in (EASYR1, VERL, TRL)}

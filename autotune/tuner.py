@@ -56,6 +56,7 @@ class SweepSettings:
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     prescreen: bool = True  # also those the calibrated memory model puts well past capacity
     storage_url: str | None = None  # default: sqlite in study_dir
+    trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must share with the run that created it: anything that changes
@@ -68,7 +69,7 @@ class SweepSettings:
                 "reserve_gpu_memory_bytes": request.reserve_gpu_memory_bytes,
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
-                "timed_steps": request.timed_steps}
+                "timed_steps": request.timed_steps, "trainer": self.trainer}
 
 
 def params_key(params: dict[str, Any]) -> str:

@@ -122,3 +122,55 @@ def test_sigkill_mid_sweep_then_resume_loses_nothing_and_runs_nothing_twice(tmp_
     assert not set(probed) & set(predicted) and len(set(probed) | set(predicted)) == 6
     assert len(predicted) <= 1
     assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
+
+
+VERL_BASE = """\
+# my verl launch config (comments and other keys must survive the export)
+data:
+  train_batch_size: 4  # prompts per step
+  max_prompt_length: 64
+  max_response_length: 64
+actor_rollout_ref:
+  actor:
+    ppo_mini_batch_size: 2
+    ppo_micro_batch_size_per_gpu: 1
+    use_dynamic_bsz: false
+    fsdp_config:
+      param_offload: false
+      optimizer_offload: false
+  model:
+    path: Qwen/Qwen2.5-7B-Instruct
+    enable_gradient_checkpointing: false
+  rollout:
+    name: vllm
+    n: 4
+    log_prob_micro_batch_size_per_gpu: 16  # too big, as it turns out
+    tensor_model_parallel_size: 1
+trainer:
+  nnodes: 1
+  n_gpus_per_node: 1
+"""
+
+
+def test_run_with_a_trainer_starts_from_its_config_and_writes_its_yaml(tmp_path):
+    base = tmp_path / "verl.yaml"
+    base.write_text(VERL_BASE)
+    space = SPACE.replace("max_response_length: 64, micro_batch_size_update: 1",
+                          "max_response_length: 64")
+    out = subprocess.run(run_command(tmp_path, space, "--trainer", "verl", "--base-config",
+                                     str(base)), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = load(tmp_path)
+    start = next(t for t in study.trials if t.user_attrs.get("origin") == "base")
+    assert start.params == {"micro_batch_size_experience": 16, "gradient_checkpointing": False}
+    assert start.user_attrs["status"] == "gpu_oom"  # the user's config does not fit: measured
+    assert "the starting config (trial 1" in out.stdout and "gpu_oom" in out.stdout
+    exported = (tmp_path / "results" / "e2e" / "best.verl.yaml").read_text()
+    assert exported.startswith("# exported by autotune") and "study e2e, trial" in exported
+    body = exported.split("#\n", 1)[1]
+    assert body.splitlines()[0] == "# my verl launch config (comments and other keys must " \
+        "survive the export)"
+    tree = yaml.safe_load(body)
+    assert tree["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] == 2
+    assert tree["actor_rollout_ref"]["model"]["path"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "# too big, as it turns out" in body

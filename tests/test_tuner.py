@@ -288,3 +288,20 @@ def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, pres
         assert peak > runner.limit_bytes * (1 + PRESCREEN_MARGIN) * 0.99  # far past, never near
         assert "calibrated memory model" in trial.user_attrs["reason"]
         assert trial.constraints["memory"] > 0
+
+
+def test_a_trainers_rules_keep_the_sweep_to_configs_it_accepts(tmp_path):
+    from autotune.trainers import VERL, Topology
+
+    topology = Topology(1, 8)  # 16 responses over 8 GPUs: 1 per GPU per mini-batch of 2 prompts
+    space = load_search_space("cpu-demo").with_rules(
+        lambda config: VERL.check(config.as_dict(), topology))
+    study, runner = sweep(tmp_path, ModelRunner(limit_bytes=2**40), space=space,
+                          max_trials=1000, sampler="random", trainer="verl on 1x8 GPUs")
+    assert runner.calls and all(c["micro_batch_size_update"] == 1 for c in runner.calls)
+    assert len(runner.calls) == 32  # mbu=1 x 4 mbe x 8 saver combinations, all accepted
+    invalid = [t for t in study.trials if t.user_attrs.get("status") == "invalid"
+               and t.user_attrs.get("reused_from") is None]
+    assert invalid and all("ppo_micro_batch_size_per_gpu" in t.user_attrs["reason"]
+                           for t in invalid)
+    assert study.user_attrs["identity"]["trainer"] == "verl on 1x8 GPUs"

@@ -184,7 +184,9 @@ class SearchSpace:
                                      MEMORY_DIRECTION.get(n, 0))
                            for name, spec in self.params.items()}]
         if not candidates:
-            raise ConfigError(f"{self.source}: no combination of the space passes the rules")
+            first = self.problems_for(next(self.grid()))
+            raise ConfigError(f"{self.source}: no combination of the space passes the rules, "
+                              f"e.g. {first[0] if first else 'none'}")
         return min(candidates, key=self.memory_rank)
 
 

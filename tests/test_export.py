@@ -15,7 +15,7 @@ from autotune.errors import ConfigError
 from autotune.export import dotted_get, load_trainer_yaml, render, topology_for
 from autotune.trainers import EASYR1, VERL, Topology
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "trainer-configs"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # the trainers' real default configs
 BASES = {"easyr1": FIXTURES / "easyr1-config.yaml", "verl": FIXTURES / "verl-ppo-trainer.yaml"}
 KNOBS = {"rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
          "micro_batch_size_update": 4, "micro_batch_size_experience": 8,

@@ -92,3 +92,16 @@ class ModelRunner:
                            samples_per_s=1.0, step_s=1.0, peak_mem_bytes=max(phases.values()),
                            phase_peak_mem_bytes=phases, device_name="model",
                            device_limit_bytes=self.limit_bytes, probe_wall_s=1.0)
+
+
+def model_study(results_dir: Path, name: str, trials: int) -> None:
+    """A real SQLite study of `trials` ModelRunner probes over cpu-demo, for commands that
+    read a study (estimate --study, export)."""
+    from autotune.search_space import load_search_space
+    from autotune.tuner import Sweep, SweepSettings
+
+    settings = SweepSettings(study_name=name, study_dir=Path(results_dir) / name,
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             max_trials=trials, sampler="random")
+    Sweep(settings, ModelRunner(limit_bytes=2**40)).run()

@@ -149,17 +149,9 @@ def test_estimate_bad_input_is_one_line_exit_2(tmp_path):
 
 
 def test_estimate_uses_a_study_calibration(tmp_path):
-    from scripted_runner import ModelRunner
+    from scripted_runner import model_study
 
-    from autotune.result import ProbeRequest
-    from autotune.search_space import load_search_space
-    from autotune.tuner import Sweep, SweepSettings
-
-    settings = SweepSettings(study_name="cal", study_dir=tmp_path / "cal",
-                             space=load_search_space("cpu-demo"),
-                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
-                             max_trials=8, sampler="random")
-    Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
+    model_study(tmp_path, "cal", trials=8)
     out = autotune("estimate", "--study", "cal", "--results-dir", str(tmp_path),
                    "--capacity", "600MiB")
     assert out.returncode == 0, out.stderr

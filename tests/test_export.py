@@ -162,17 +162,9 @@ def test_a_config_the_trainer_rejects_is_never_written_and_the_rule_is_named():
 
 
 def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
-    from scripted_runner import ModelRunner
+    from scripted_runner import model_study
 
-    from autotune.result import ProbeRequest
-    from autotune.search_space import load_search_space
-    from autotune.tuner import Sweep, SweepSettings
-
-    settings = SweepSettings(study_name="x", study_dir=tmp_path / "x",
-                             space=load_search_space("cpu-demo"),
-                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
-                             max_trials=4, sampler="random")
-    Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
+    model_study(tmp_path, "x", trials=4)
 
     def export(*args):
         return subprocess.run([sys.executable, "-m", "autotune", "export", "--study", "x",

@@ -36,6 +36,8 @@ def _yaml() -> Any:
 
 
 def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+    """tree["a"]["b"] for "a.b"; `default` when a key is missing or holds null (a trainer
+    reads a null as its built-in default)."""
     node = tree
     for part in key.split("."):
         if not hasattr(node, "get") or part not in node:
@@ -90,7 +92,7 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
         if not hasattr(parent, "lc") or leaf not in parent or hasattr(parent[leaf], "items"):
             return None
         line, column = parent.lc.value(leaf)
-        token = re.match(r"[^\s#'\"]+(?=\s|$)", lines[line][column:])
+        token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", lines[line][column:])
         if token is None:
             return None
         lines[line] = (lines[line][:column] + scalar_text(value)
@@ -113,6 +115,7 @@ def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
     from ruamel.yaml.comments import CommentedMap
 
     tree = base[0] if base is not None else CommentedMap()
+
     def get(key: str, default: Any) -> Any:
         return dotted_get(tree, key, default)
 

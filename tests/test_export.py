@@ -252,3 +252,19 @@ def test_trl_rules_agree_with_grpo_config_on_random_configs(tmp_path):
         accepted += trl_accepts
         refused += not trl_accepts
     assert accepted > 30 and refused > 30
+
+
+def test_flow_style_and_quoted_values_are_edited_or_reserialised_safely(tmp_path):
+    path = tmp_path / "flow.yaml"
+    path.write_text("data: {train_batch_size: 8, max_prompt_length: 64}  # flow\n"
+                    "actor_rollout_ref:\n  rollout: {n: 4, tensor_model_parallel_size: 1}\n"
+                    "  actor: {ppo_mini_batch_size: '2'}\n")
+    base = load_trainer_yaml(str(path))
+    knobs = {**KNOBS, "rollout_batch_size": 8, "rollout_n": 4, "global_batch_size": 2,
+             "max_prompt_length": 64, "max_response_length": 64}
+    text = render(VERL, knobs, Topology(1, 1), base, ["p"])
+    tree = yaml.safe_load(text)  # still valid YAML, with the tuned values
+    assert tree["data"] == {"train_batch_size": 8, "max_prompt_length": 64,
+                            "max_response_length": 64}
+    assert tree["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 2
+    assert tree["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 1

@@ -65,8 +65,18 @@ class Adapter:
 
     def check(self, knobs: dict[str, Any], topology: Topology,
               get: Callable[[str, Any], Any] = lambda key, default: default) -> list[str]:
-        """Every rule of this trainer the knobs break, one line each naming rule and values."""
-        return [f"{self.name}: {line}" for line in self.rules(knobs, topology, get)]
+        """Every rule of this trainer the knobs break, one line each naming rule and values.
+        A setting the rules read from the user's config must be a plain value of the trainer
+        default's type (an interpolation such as ${oc.select:...} cannot be checked)."""
+        def plain(key: str, default: Any) -> Any:
+            value = get(key, default)
+            if isinstance(default, bool | int) and type(value) is not type(default):
+                raise ConfigError(f"{key}={value!r} in the base config: autotune checks "
+                                  f"{self.name}'s rules with it and needs a plain "
+                                  f"{type(default).__name__}; write the value out")
+            return value
+
+        return [f"{self.name}: {line}" for line in self.rules(knobs, topology, plain)]
 
 
 def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:

@@ -137,7 +137,7 @@ def test_merge_into_the_real_default_config_changes_only_the_tuned_keys(adapter)
 
 
 @pytest.mark.parametrize("adapter", [EASYR1, VERL])
-def test_round_trip_reads_back_the_same_canonical_knobs(adapter, tmp_path):
+def test_round_trip_reads_back_the_same_canonical_knobs(adapter):
     for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
         topology = Topology(1, 8)
         text = render(adapter, KNOBS, topology, base, ["p"])
@@ -268,3 +268,11 @@ def test_flow_style_and_quoted_values_are_edited_or_reserialised_safely(tmp_path
                             "max_response_length": 64}
     assert tree["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 2
     assert tree["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 1
+
+
+def test_an_interpolated_setting_the_rules_read_is_one_clear_error(tmp_path):
+    path = tmp_path / "interp.yaml"
+    path.write_text("actor_rollout_ref:\n  rollout:\n"
+                    "    tensor_model_parallel_size: ${oc.select:foo,1}\n")
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=.*needs a plain int"):
+        render(VERL, KNOBS, Topology(1, 8), load_trainer_yaml(str(path)), ["p"])

@@ -26,6 +26,7 @@ class ProbeStatus(str, enum.Enum):
     TIMEOUT = "timeout"
     CRASH = "crash"
     INVALID = "invalid"  # the configuration breaks a rule; nothing was run
+    LOST = "lost"  # the probe's node went away (Ray): says nothing about the config; retried once
 
     @property
     def is_oom(self) -> bool:
@@ -42,6 +43,7 @@ class ProbeRequest:
     device: str = "auto"  # auto | cpu | cuda
     gpu_ids: tuple[int, ...] | None = None  # pinned through CUDA_VISIBLE_DEVICES
     cpu_threads: int | None = None
+    cpu_ids: tuple[int, ...] | None = None  # CPU cores the probe is pinned to (parallel probes)
     gpu_memory_limit_bytes: int | None = None  # per-process cap; on CPU a cap on device RSS
     reserve_gpu_memory_bytes: int = 0  # room left for a co-located process
     host_memory_limit_bytes: int | None = None  # RSS of the whole probe tree
@@ -58,8 +60,9 @@ class ProbeRequest:
     def from_json(cls, text: str) -> ProbeRequest:
         data = json.loads(text)
         data["config"] = ProbeConfig(**data["config"])
-        if data.get("gpu_ids") is not None:
-            data["gpu_ids"] = tuple(data["gpu_ids"])
+        for name in ("gpu_ids", "cpu_ids"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
         return cls(**data)
 
 

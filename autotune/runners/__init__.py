@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autotune.result import ProbeRequest, ProbeResult
 
@@ -13,18 +13,32 @@ class Runner(Protocol):
 
     Contract: a runner never raises for a probe failure (OOM, timeout, crash, bad config); it
     returns a ProbeResult whose status says what happened. It raises RunnerError only when the
-    runner itself is broken. No probe process outlives `run`.
+    runner itself is broken. No probe process outlives `run`. `run` may be called from several
+    threads at once (parallel probes); `stop` from any thread.
     """
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult: ...
 
+    def stop(self) -> None:
+        """Kill every probe in flight, from any thread; each `run` then returns promptly (what
+        it returns no longer matters: the sweep records those trials as interrupted)."""
+        ...
 
-def get_runner(kind: str = "local") -> Runner:
-    """The runner for `kind`; imports its backend only when asked for."""
+
+def get_runner(kind: str = "local", **options: Any) -> Runner:
+    """The runner for `kind`, made with `options`; imports its backend only when asked for.
+
+    local: SubprocessRunner(worker_argv=None). ray: RayRunner(address=None,
+    num_cpus_per_probe=1.0, num_gpus_per_probe=0.0, resources=None, worker_argv=None).
+    """
     if kind == "local":
         from autotune.runners.local import SubprocessRunner
 
-        return SubprocessRunner()
+        return SubprocessRunner(**options)
+    if kind == "ray":
+        from autotune.runners.ray_runner import RayRunner
+
+        return RayRunner(**options)
     from autotune.errors import ConfigError
 
-    raise ConfigError(f"unknown executor {kind!r}: valid: local")
+    raise ConfigError(f"unknown executor {kind!r}: valid: local, ray")

@@ -9,11 +9,13 @@ probe. Whatever happened, `run` returns a classified ProbeResult and leaves no p
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from autotune.result import ProbeRequest, ProbeResult
 
 STDERR_TAIL_CHARS = 4000
 POLL_INTERVAL_S = 0.02
+TREE_REFRESH_S = 0.25  # how often the watchdog looks for new processes in the probe's tree
 
 
 def probe_env(request: ProbeRequest) -> dict[str, str]:
@@ -44,6 +47,14 @@ def probe_env(request: ProbeRequest) -> dict[str, str]:
     return env
 
 
+def prepare_child(parent_pid: int, cpu_ids: tuple[int, ...] | None) -> None:
+    """In the child before exec: pin it to its cores, and die with the driver."""
+    if cpu_ids:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpu_ids)
+    die_with_parent(parent_pid)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """In the child before exec: SIGKILL me when the driver dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(Exception):
@@ -55,14 +66,27 @@ def die_with_parent(parent_pid: int) -> None:
             os._exit(1)
 
 
-def tree_rss_bytes(root: psutil.Process) -> int:
-    """RSS of a process and all its descendants (processes that vanish count as zero)."""
-    total = 0
-    with contextlib.suppress(psutil.Error):
-        for proc in [root, *root.children(recursive=True)]:
+class ProcessTree:
+    """A probe's processes and their summed RSS. Listing descendants scans every process of
+    the machine (about 1 ms), so the list is refreshed every TREE_REFRESH_S; reading the RSS
+    of known processes each poll costs tens of microseconds (parallel probes share the cores
+    with their watchdogs)."""
+
+    def __init__(self, root: psutil.Process) -> None:
+        self.root, self.members, self.listed_at = root, [root], -math.inf
+
+    def rss_bytes(self) -> int:
+        """RSS of the process and all its descendants (processes that vanish count as zero)."""
+        now = time.monotonic()
+        if now - self.listed_at >= TREE_REFRESH_S:
+            self.listed_at = now
+            with contextlib.suppress(psutil.Error):
+                self.members = [self.root, *self.root.children(recursive=True)]
+        total = 0
+        for proc in self.members:
             with contextlib.suppress(psutil.Error):
                 total += proc.memory_info().rss
-    return total
+        return total
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -95,6 +119,11 @@ class SubprocessRunner:
     def __init__(self, worker_argv: list[str] | None = None) -> None:
         # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
         self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.worker"]
+        self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
+
+    def stop(self) -> None:
+        """Kill every probe in flight (from any thread); their `run` calls return at once."""
+        self.stopping.set()
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
         with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
@@ -116,12 +145,12 @@ class SubprocessRunner:
                 [*self.worker_argv, str(request_path), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=probe_env(request), start_new_session=True,
-                preexec_fn=(lambda: die_with_parent(driver_pid)) if sys.platform == "linux"
-                else None)
+                preexec_fn=(lambda: prepare_child(driver_pid, request.cpu_ids))
+                if sys.platform == "linux" else None)
         try:
-            root = psutil.Process(proc.pid)
+            tree = ProcessTree(psutil.Process(proc.pid))
             while proc.poll() is None:
-                rss = tree_rss_bytes(root)
+                rss = tree.rss_bytes()
                 host_peak_rss_bytes = max(host_peak_rss_bytes, rss)
                 limit = request.host_memory_limit_bytes
                 if limit is not None and rss > limit:
@@ -129,6 +158,8 @@ class SubprocessRunner:
                     break
                 if time.monotonic() - started > request.timeout_s:
                     timed_out = True
+                    break
+                if self.stopping.is_set():
                     break
                 time.sleep(POLL_INTERVAL_S)
         finally:

@@ -1,0 +1,253 @@
+"""RayRunner: each probe is one Ray task that runs the local runner on the node Ray picks.
+
+The task asks Ray for `num_cpus_per_probe` CPUs, `num_gpus_per_probe` GPUs and any custom
+resources, then runs the probe through SubprocessRunner on its node: a probe's isolation (own
+process group, watchdog, timeout, OOM classification) is exactly the local one. The request
+goes out with gpu_ids=None and cpu_ids=None (the driver's pinning means nothing on another
+node): the probe inherits the CUDA_VISIBLE_DEVICES Ray gave the task.
+
+The task is a streaming generator with two replies: the node it landed on, then the
+ProbeResult JSON and the tail of the probe's log (the driver writes it where asked). Knowing
+the node, the driver watches it: Ray fails a task whose raylet died at once (NodeDiedError),
+but a node that hangs or leaves the network keeps `ray.get` waiting on a worker that never
+answers, though the GCS marks the node dead within seconds.
+
+Ray never retries a probe (max_retries=0): one that dies with its node (LOST) says nothing
+about the configuration; the sweep decides whether to run it again.
+
+`stop` first cancels every task in flight softly: Ray raises KeyboardInterrupt in the task and
+the local runner kills the whole probe tree. A task still running STOP_GRACE_S later has its
+Ray worker force-killed, and PR_SET_PDEATHSIG takes the probe process down with it.
+
+Ray is imported in this module only, and only when a RayRunner is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import RunnerError
+from autotune.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.runners.local import SubprocessRunner
+
+LOG_TAIL_BYTES = 2 * 2**20  # the most of a probe's log that comes back to the driver
+STOP_GRACE_S = 5.0  # after a soft cancel, how long before the Ray worker is force-killed
+WAIT_POLL_S = 0.5  # how often a waiting `run` looks at `stop`
+NODE_CHECK_S = 2.0  # how often it asks the GCS whether the probe's node is alive
+REPLY_GRACE_S = 120.0  # past the probe's own timeout, silence from its node means it is lost
+CONNECT_CHECK_S = 60.0  # how long a new runner waits for a first reply from a Ray worker
+
+# What Ray raises when the probe's node, worker or owner went away (not the probe's doing).
+LOST_ERROR_NAMES = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
+                    "ObjectLostError", "RaySystemError", "TaskUnschedulableError")
+
+_remote_probe: Any = None  # run_probe_on_node as a Ray remote function, made on first use
+
+
+def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None
+                      ) -> Iterator[dict[str, Any]]:
+    """The Ray task: say where it runs, then run one probe (if any) with the local runner."""
+    import ray
+
+    yield {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()}
+    if request_json is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="autotune-ray-probe-") as tmp:
+        log_path = Path(tmp) / "probe.log"
+        request = ProbeRequest.from_json(request_json)
+        result = SubprocessRunner(worker_argv).run(request, log_path=log_path)
+        yield {"result": result.to_json(), "log": read_log_tail(log_path, LOG_TAIL_BYTES)}
+
+
+def read_log_tail(path: Path, max_bytes: int) -> bytes:
+    """The last `max_bytes` of a log, with a first line saying how much was dropped."""
+    with contextlib.suppress(OSError), open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - max_bytes))
+        data = handle.read()
+        if size > max_bytes:
+            data = f"[... first {size - max_bytes} bytes of the log dropped]\n".encode() + data
+        return data
+    return b""
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+class ProbeLost(Exception):
+    """The probe's node is gone, though Ray has not failed its task (yet)."""
+
+
+class RayRunner:
+    """Runs each probe as one Ray task on a Ray cluster (or a local Ray started for it)."""
+
+    def __init__(self, address: str | None = None, num_cpus_per_probe: float = 1.0,
+                 num_gpus_per_probe: float = 0.0, resources: dict[str, float] | None = None,
+                 worker_argv: list[str] | None = None) -> None:
+        import ray
+
+        self.num_cpus_per_probe = num_cpus_per_probe
+        self.num_gpus_per_probe = num_gpus_per_probe
+        self.resources = dict(resources or {})  # custom Ray resources each probe needs
+        self.worker_argv = worker_argv  # the probe command on the node (tests: a faulty worker)
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight: set[Any] = set()  # the probe tasks (ObjectRefGenerators) not returned
+        self.connected_ray = not ray.is_initialized()  # this runner connected: it disconnects
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, ignore_reinit_error=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RunnerError(f"cannot connect to Ray at {address or 'local'}: {exc}") from exc
+        self.check_replies()
+
+    def check_replies(self) -> None:
+        """RunnerError unless the cluster runs autotune's task and its replies reach us."""
+        import ray
+
+        task = ray.remote(num_cpus=0, max_retries=0, num_returns="streaming")(run_probe_on_node)
+        probe = task.remote(None)
+        ready, _ = ray.wait([probe], timeout=CONNECT_CHECK_S)
+        if not ready:
+            with contextlib.suppress(Exception):
+                ray.cancel(probe, force=True)
+            raise RunnerError(  # a token in ~/.ray turns token auth on for this driver alone
+                f"no reply from a Ray worker in {CONNECT_CHECK_S:.0f} s: the cluster runs no "
+                "tasks, or their replies cannot reach this driver (a driver joining with "
+                "address None or 'auto' uses token auth if ~/.ray has a token: give HOST:PORT "
+                "or set RAY_AUTH_MODE=disabled)")
+        try:
+            ray.get(next(probe))
+        except ray.exceptions.RayError as exc:
+            raise RunnerError(f"Ray cannot run autotune's task: {first_line(exc)}") from exc
+
+    def probe_slots(self) -> int:
+        """How many probes the cluster holds at once now (alive nodes' resources), at least 1."""
+        import ray
+
+        total = ray.cluster_resources()
+        needs = dict(self.resources)
+        needs["GPU" if self.num_gpus_per_probe else "CPU"] = (
+            self.num_gpus_per_probe or self.num_cpus_per_probe)
+        slots = min(math.floor(total.get(name, 0.0) / amount + 1e-9)
+                    for name, amount in needs.items() if amount > 0)
+        return max(1, slots)
+
+    def close(self) -> None:
+        """Disconnect from Ray if this runner connected (a local Ray it started stops)."""
+        import ray
+
+        if self.connected_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def stop(self) -> None:
+        """Cancel every probe in flight (from any thread); their `run` calls return soon."""
+        import ray
+
+        with self.lock:
+            self.stopping.set()
+            probes = list(self.in_flight)
+        for probe in probes:
+            with contextlib.suppress(Exception):
+                ray.cancel(probe, force=False)  # KeyboardInterrupt in the task: tree killed
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        import ray
+
+        global _remote_probe
+        if _remote_probe is None:
+            _remote_probe = ray.remote(max_retries=0, num_returns="streaming")(
+                run_probe_on_node)
+        sent = dataclasses.replace(request, gpu_ids=None, cpu_ids=None)
+        started = time.monotonic()
+        with self.lock:
+            if self.stopping.is_set():
+                return ProbeResult(status=ProbeStatus.CRASH, message="stopped")
+            probe = _remote_probe.options(
+                num_cpus=self.num_cpus_per_probe, num_gpus=self.num_gpus_per_probe,
+                resources=self.resources or None, name=f"autotune-probe:{request.model}",
+            ).remote(sent.to_json(), self.worker_argv)
+            self.in_flight.add(probe)
+        node: dict[str, str] = {}
+        try:
+            node = self.next_reply(probe)
+            reply = self.next_reply(probe, node, time.monotonic() + request.timeout_s)
+            result = ProbeResult.from_json(reply["result"])
+            log_bytes = reply["log"]
+        except (ray.exceptions.RayError, ProbeLost) as exc:
+            if isinstance(exc, ProbeLost):  # tidy up, should the node come back
+                with contextlib.suppress(Exception):
+                    ray.cancel(probe, force=True)
+            result = self.failed(exc)
+            log_bytes = f"{result.message}\n{result.stderr_tail}\n".encode()
+        except BaseException:  # KeyboardInterrupt in the driver: no probe outlives this call
+            with contextlib.suppress(Exception):
+                ray.cancel(probe, force=True)
+            raise
+        finally:
+            with self.lock:
+                self.in_flight.discard(probe)
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(log_path).write_bytes(log_bytes)
+        if node and not result.ok:  # where it failed (ProbeResult has no field for the node)
+            where = f"[node {node['hostname']} {node['node_id'][:12]}]"
+            result = result.replace(message=f"{result.message} {where}".lstrip())
+        return result.replace(probe_wall_s=result.probe_wall_s or time.monotonic() - started)
+
+    def next_reply(self, probe: Any, node: dict[str, str] | None = None,
+                   deadline: float = math.inf) -> dict[str, Any]:
+        """The task's next reply; ProbeLost if its node dies or is silent long past deadline.
+        After `stop`, a task that outlives the soft cancel by STOP_GRACE_S is force-killed."""
+        import ray
+
+        stop_seen_at, forced = None, False
+        check_at = time.monotonic() + NODE_CHECK_S
+        while True:
+            ready, _ = ray.wait([probe], timeout=WAIT_POLL_S)
+            if ready:
+                return ray.get(next(probe))
+            now = time.monotonic()
+            if self.stopping.is_set():
+                stop_seen_at = stop_seen_at or now
+                if not forced and now - stop_seen_at > STOP_GRACE_S:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(probe, force=True)
+                    forced = True
+            elif node and now > check_at:
+                check_at = now + NODE_CHECK_S
+                if not any(n["NodeID"] == node["node_id"] and n["Alive"] for n in ray.nodes()):
+                    raise ProbeLost("node lost: Ray marked the probe's node dead")
+                if now > deadline + REPLY_GRACE_S:
+                    raise ProbeLost(f"node lost: no reply {REPLY_GRACE_S:.0f} s past the "
+                                    "probe's timeout")
+
+    def failed(self, exc: BaseException) -> ProbeResult:
+        """The ProbeResult for a task that failed instead of replying."""
+        import ray
+
+        if self.stopping.is_set() or isinstance(exc, ray.exceptions.TaskCancelledError):
+            return ProbeResult(status=ProbeStatus.CRASH, message="stopped")
+        if isinstance(exc, ProbeLost):
+            return ProbeResult(status=ProbeStatus.LOST, message=str(exc))
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            status, message = ProbeStatus.HOST_OOM, "host memory ran out: Ray's memory monitor "
+            message += f"killed the probe's task ({first_line(exc)})"
+        elif {cls.__name__ for cls in type(exc).__mro__} & set(LOST_ERROR_NAMES):
+            status, message = ProbeStatus.LOST, f"node lost: {first_line(exc)}"
+        else:
+            status, message = ProbeStatus.CRASH, f"Ray task failed: {first_line(exc)}"
+        return ProbeResult(status=status, message=message, stderr_tail=str(exc)[-4000:])

@@ -1,0 +1,158 @@
+"""The Ray runner on a real loopback Ray cluster: the runner contract, lost nodes, Ray's OOM.
+
+One cluster per module (the ray_cluster fixture of tests/ray_cluster.py): a 2-CPU head, plus
+nodes a test adds with a custom resource of their own, so that its probe runs there alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from runner_contract import FAULTY, RunnerContract, processes_mentioning, wait_until
+
+from autotune.result import ProbeStatus
+from autotune.runners import get_runner
+from autotune.runners.ray_runner import RayRunner  # imports ray only when a runner is made
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+
+class TestRayRunnerContract(RunnerContract):
+    @pytest.fixture
+    def make_runner(self, ray_cluster):
+        def make(worker_argv=None):
+            return RayRunner(ray_cluster.address, worker_argv=worker_argv)
+
+        return make
+
+
+def test_get_runner_makes_a_ray_runner(ray_cluster):
+    runner = get_runner("ray", address=ray_cluster.address, num_cpus_per_probe=2)
+    assert isinstance(runner, RayRunner) and runner.probe_slots() == 1
+
+
+def test_probe_slots_count_the_cluster(ray_cluster):
+    assert RayRunner(ray_cluster.address).probe_slots() == 2
+    assert RayRunner(ray_cluster.address, num_cpus_per_probe=0.5).probe_slots() == 4
+    assert RayRunner(ray_cluster.address, num_cpus_per_probe=4).probe_slots() == 1
+    assert RayRunner(ray_cluster.address, resources={"nowhere": 1}).probe_slots() == 1
+
+
+def test_lost_node_is_lost(ray_cluster, make_request, tmp_path):
+    """A node SIGKILLed mid-probe: the probe is LOST (not a crash: it says nothing about the
+    config), soon, and its worker process died with the node."""
+    node = ray_cluster.add_node(num_cpus=1, resources={"doomed": 1})
+    marker = str(tmp_path / "lost-node-probe")
+    runner = RayRunner(ray_cluster.address, resources={"doomed": 1},
+                       worker_argv=FAULTY + ["sleep", marker])
+    results = []
+    thread = threading.Thread(target=lambda: results.append(runner.run(make_request())),
+                              daemon=True)
+    thread.start()
+    assert wait_until(lambda: processes_mentioning(marker), 60), "the probe never started"
+    killed_at = time.monotonic()
+    ray_cluster.kill_node(node)
+    thread.join(timeout=60)
+    detect_s = time.monotonic() - killed_at
+    assert not thread.is_alive(), "run did not return after its node died"
+    result = results[0]
+    assert result.status is ProbeStatus.LOST, result.message
+    assert "node lost" in result.message and "NodeDiedError" in result.message
+    assert detect_s < 20, f"node death took {detect_s:.1f} s to surface"
+    assert wait_until(lambda: not processes_mentioning(marker), 10), "probe outlived its node"
+
+
+def test_memory_monitor_kill_is_host_oom(ray_cluster, make_request, tmp_path):
+    """Ray's memory monitor kills the task for real: a node whose threshold sits 1.5 GiB above
+    the machine's memory use now runs a worker that grows until the monitor steps in."""
+    memory = psutil.virtual_memory()
+    if memory.available < 6 * 2**30:
+        pytest.skip("needs 6 GiB of free memory")
+    threshold = (memory.total - memory.available + 1.5 * 2**30) / memory.total
+    node = ray_cluster.add_node(num_cpus=1, resources={"low_memory": 1},
+                                env={"RAY_memory_usage_threshold": f"{threshold:.4f}",
+                                     "RAY_memory_monitor_refresh_ms": "100"})
+    marker = str(tmp_path / "allocating-probe")
+    try:
+        runner = RayRunner(ray_cluster.address, resources={"low_memory": 1},
+                           worker_argv=FAULTY + ["allocate", marker])
+        # The local watchdog is only a backstop, 3 GiB past the threshold.
+        result = runner.run(make_request(host_memory_limit_bytes=int(4.5 * 2**30)))
+        assert result.status is ProbeStatus.HOST_OOM, result.message
+        assert "Ray's memory monitor" in result.message
+        assert wait_until(lambda: not processes_mentioning(marker), 10)
+    finally:
+        ray_cluster.kill_node(node)
+
+
+def test_frozen_node_is_lost(ray_cluster, make_request, tmp_path):
+    """A node that stops answering (SIGSTOP: no connection breaks, as a hung machine or a
+    network partition) leaves Ray waiting on its worker; the runner sees the GCS mark the node
+    dead and calls the probe LOST."""
+    node = ray_cluster.add_node(num_cpus=1, resources={"frozen": 1})
+    marker = str(tmp_path / "frozen-node-probe")
+    runner = RayRunner(ray_cluster.address, resources={"frozen": 1},
+                       worker_argv=FAULTY + ["sleep", marker])
+    results = []
+    thread = threading.Thread(target=lambda: results.append(runner.run(make_request())),
+                              daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: processes_mentioning(marker), 60), "the probe never started"
+        frozen_at = time.monotonic()
+        ray_cluster.freeze_node(node)
+        thread.join(timeout=60)
+        detect_s = time.monotonic() - frozen_at
+    finally:
+        ray_cluster.kill_node(node)
+    assert not thread.is_alive(), "run did not return after its node froze"
+    assert results[0].status is ProbeStatus.LOST, results[0].message
+    assert "marked the probe's node dead" in results[0].message
+    assert detect_s < 20, f"node death took {detect_s:.1f} s to surface"
+    assert wait_until(lambda: not processes_mentioning(marker), 10), "probe outlived its node"
+
+
+LOCAL_RAY_SCRIPT = """
+import sys, time, psutil
+from autotune.runners.ray_runner import RayRunner
+from conftest import small_request
+runner = RayRunner(num_cpus_per_probe=0.5, worker_argv=sys.argv[1:])
+print(runner.probe_slots(), runner.run(small_request()).status.value)
+started = psutil.Process().children(recursive=True)
+runner.close()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline and any(p.is_running() and p.status() != "zombie"
+                                          for p in started):
+    time.sleep(0.1)
+print(sum(p.is_running() and p.status() != "zombie" for p in started))
+"""
+
+
+def test_runner_without_address_starts_and_stops_its_own_ray(tmp_path):
+    """address=None: the runner starts a local Ray (in a process of its own here: this one
+    is already a driver; with a Ray temp dir of its own, so that it does not join the module's
+    cluster), and close() stops every process of it."""
+    ray_tmp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # Ray's socket paths must be short
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": ray_tmp,
+           "RAY_AUTH_MODE": "disabled",  # else Ray writes a token to ~/.ray
+           "PYTHONPATH": str(Path(__file__).parent)}
+    try:
+        done = subprocess.run([sys.executable, "-c", LOCAL_RAY_SCRIPT, *FAULTY, "exit"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    slots_and_status, left = done.stdout.split("\n")[-3:-1]
+    assert slots_and_status == "4 crash"  # 2 CPUs / 0.5
+    assert left == "0", "processes of the local Ray outlived close()"

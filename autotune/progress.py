@@ -25,21 +25,23 @@ class SweepState:
     timeout_s: float | None
     started_s: float = field(default_factory=time.monotonic)
     probes: int = 0
+    slots: int = 1  # probes run side by side
     counts: dict[str, int] = field(default_factory=lambda: {
-        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0})
+        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0})
     probe_wall_s: list[float] = field(default_factory=list)
-    current: dict[str, Any] | None = None
-    current_number: int | None = None
+    running: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial number -> params
     best: str = "-"
     stop_reason: str | None = None
 
     def eta_s(self) -> float | None:
-        """Seconds left: remaining probes at the mean probe time, capped by the timeout."""
+        """Seconds left: remaining probes at the mean probe time over the parallel slots,
+        capped by the timeout."""
         elapsed = time.monotonic() - self.started_s
         left = None
         if self.max_trials is not None and self.probe_wall_s:
             mean = sum(self.probe_wall_s) / len(self.probe_wall_s)
-            left = max(0, self.max_trials - self.probes) * mean
+            rounds = -(-max(0, self.max_trials - self.probes) // max(1, self.slots))
+            left = rounds * mean
         if self.timeout_s is not None:
             rest = max(0.0, self.timeout_s - elapsed)
             left = rest if left is None else min(left, rest)
@@ -75,8 +77,9 @@ def format_duration(seconds: float | None) -> str:
 
 def counts_text(state: SweepState) -> str:
     c = state.counts
+    lost = f"  lost {c['lost']}" if c["lost"] else ""
     return (f"ok {c['ok']}  oom {c['oom']}  predicted oom {c['predicted']}  "
-            f"skipped {c['skipped']}  failed {c['failed']}")
+            f"skipped {c['skipped']}  failed {c['failed']}{lost}")
 
 
 def budget_text(state: SweepState) -> str:
@@ -131,9 +134,8 @@ class LiveProgress:
         elapsed = format_duration(time.monotonic() - state.started_s)
         table.add_row("sweep", f"{state.study_name}   {budget_text(state)}   elapsed {elapsed}"
                                f"   eta {format_duration(state.eta_s())}")
-        if state.current is not None:
-            table.add_row("probing", f"trial {state.current_number}: "
-                                     f"{describe(state.current)}")
+        for number, params in sorted(state.running.items()):
+            table.add_row("probing", f"trial {number}: {describe(params)}")
         table.add_row("trials", counts_text(state))
         table.add_row("best", state.best)
         return table

@@ -65,6 +65,21 @@ def has_nvidia_gpu() -> bool:
               help="Probe even configs that a measured OOM proves cannot fit.")
 @click.option("--no-prescreen", is_flag=True,
               help="Probe even configs the calibrated memory model puts well past capacity.")
+@click.option("--parallel", type=click.IntRange(1), default=None,
+              help="Probes at once: on a CPU, split the cores this many ways; on GPUs, at most "
+                   "GPUs / --gpus-per-trial (the default); on Ray, what the cluster holds.")
+@click.option("--gpus-per-trial", type=click.IntRange(1), default=1, show_default=True,
+              help="GPUs pinned to each probe (CUDA_VISIBLE_DEVICES); G GPUs run G/g at once.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where probes run: subprocesses here, or Ray tasks on a "
+                                      "Ray cluster (pip install 'autotune[ray]').")
+@click.option("--address", default=None, metavar="auto|HOST:PORT",
+              help="The Ray cluster for --executor ray (default: start Ray on this machine).")
+@click.option("--storage", default=None, metavar="URL|FILE",
+              help="Where the study lives when several drivers share it: a PostgreSQL URL or "
+                   "a journal file on a shared disk (default: SQLite in results/<study>/).")
+@click.option("--heartbeat", "heartbeat", default="10s", hidden=True,
+              help="Shared storage: how often a running trial says it is alive.")
 @click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
               help="Sample only configs this trainer accepts, start from its config "
                    "(--base-config is then its YAML), write best.<trainer>.yaml.")
@@ -76,8 +91,10 @@ def has_nvidia_gpu() -> bool:
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
-        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, trainer: str | None,
-        nnodes: int | None, gpus_per_node: int | None, **options: Any) -> None:
+        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
+        gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
+        heartbeat: str, trainer: str | None, nnodes: int | None, gpus_per_node: int | None,
+        **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -90,6 +107,9 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     autotune run --model qwen2.5-vl-7b --trials 60 --timeout 8h
     autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
     autotune run --model qwen2.5-7b --trainer easyr1 --base-config examples/config.yaml
+    autotune run --model qwen2.5-7b --gpus-per-trial 1          # 8 GPUs: 8 probes at once
+    autotune run --model qwen2.5-7b --executor ray --address auto \
+        --storage postgresql://autotune@db-host/autotune
     """
     import re
     import signal
@@ -157,24 +177,62 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     name = study or f"{options['model']}-{search_space.name}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")
+    if address is not None and executor != "ray":
+        raise ConfigError("--address: only with --executor ray")
+    request = build_probe_request(options, {}, "--probe-timeout")
+    runner, slots = make_runner(executor, address, request, parallel, gpus_per_trial)
     settings = SweepSettings(
         study_name=name, study_dir=Path(results_dir) / name, space=search_space,
-        request=build_probe_request(options, {}, "--probe-timeout"), objective=objective,
+        request=request, objective=objective,
         headroom=parse_headroom(headroom), max_trials=trials,
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
         patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
         prune_dominated=not no_prune, prescreen=not no_prescreen,
         trainer=f"{trainer} on {export_to[2].nnodes}x{export_to[2].gpus_per_node} GPUs"
-        if export_to else None)
+        if export_to else None, storage=storage, slots=tuple(slots),
+        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"))
+    if len(slots) > 1:
+        click.echo(f"{len(slots)} probes at a time ({executor}): "
+                   f"{' | '.join(slot.describe() for slot in slots)}", err=True)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    sys.exit(run_sweep(settings, export_to))
+    sys.exit(run_sweep(settings, export_to, runner))
+
+
+def make_runner(executor: str, address: str | None, request: Any, parallel: int | None,
+                gpus_per_trial: int) -> tuple[Any, list[Any]]:
+    """The runner for --executor and the slots its probes run in side by side."""
+    from autotune.parallel import Slot, plan_slots
+
+    if executor == "local":
+        from autotune.runners.local import SubprocessRunner
+
+        return SubprocessRunner(), plan_slots(request.device, request.gpu_ids, gpus_per_trial,
+                                              parallel, request.cpu_threads)
+    try:
+        from autotune.runners.ray_runner import RayRunner
+    except ImportError:
+        raise ConfigError("--executor ray: Ray is not installed; pip install 'autotune[ray]'") \
+            from None
+    import ray
+
+    runner = RayRunner(address=address, num_cpus_per_probe=request.cpu_threads or 1,
+                       num_gpus_per_probe=0 if request.device == "cpu" else gpus_per_trial)
+    if runner.num_gpus_per_probe and not ray.cluster_resources().get("GPU"):
+        if request.device == "cuda":
+            runner.close()
+            raise ConfigError("--device cuda: the Ray cluster has no GPUs; use --device cpu "
+                              "or start Ray on GPU nodes")
+        runner.num_gpus_per_probe = 0  # --device auto on a CPU cluster: probes on CPUs
+    count = parallel or runner.probe_slots()
+    return runner, [Slot(cpu_threads=request.cpu_threads) for _ in range(count)]
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None) -> int:
+def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
+              runner: Any = None) -> int:
     """Run a sweep with live progress and artifacts; print the outcome; the exit code."""
     from autotune.artifacts import write_artifacts
     from autotune.export import write_trainer_export
@@ -189,13 +247,17 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None) -> i
             write_trainer_export(study, settings.study_dir, *export_to)
         return best
 
-    sweep = Sweep(settings, SubprocessRunner(), make_progress(), on_trial=artifacts)
+    runner = runner or SubprocessRunner()
+    sweep = Sweep(settings, runner, make_progress(), on_trial=artifacts)
     try:
         study = sweep.run()
     except KeyboardInterrupt:
         click.echo(f"Interrupted; nothing is lost. Resume with the same command "
                    f"(study {settings.study_name}).", err=True)
         return 130
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()  # a Ray runner disconnects (and stops a Ray it started)
     best = artifacts(study)
     click.echo(format_study(study, brief=True))
     exported = f", best.{export_to[0].name}.yaml" if export_to and best else ""

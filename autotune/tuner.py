@@ -1,15 +1,19 @@
-"""The sweep: Optuna ask/tell over real probes, OOM-aware, resumable.
+"""The sweep: Optuna ask/tell over real probes, side by side, OOM-aware, resumable.
 
-The driver alone talks to Optuna. Each trial is asked for params from the search space, then:
-a combination seen before reuses its result (never probed twice); one that breaks a rule is
-recorded as invalid without running; anything else is probed by the runner, its result saved
-beside its log, then told (objective.py says how). A killed driver leaves at most one trial
-RUNNING; the next run with the same study completes it from its saved result, or marks it
-failed and queues its params again.
+The driver alone talks to Optuna; probes run in the runner, one per slot (parallel.py), each
+on a thread of its own that only waits for the runner. Each trial is asked for params from the
+search space, then: a config another trial owns reuses that trial's result, or waits for it
+(never probed twice, also across drivers: sharing.py); one that breaks a rule is recorded as
+invalid without running; one proven infeasible is recorded as predicted; anything else is
+probed, its result saved beside its log, then told (objective.py says how). Pending trials are
+RUNNING in the study, so TPE's constant liar keeps parallel asks apart. A probe lost with its
+node is retried once. A killed driver leaves its trials RUNNING; the next run completes each
+from its saved result, or fails it and queues its params again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -19,17 +23,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune import __version__
-from autotune.config import format_bytes
 from autotune.errors import ConfigError
 from autotune.feasibility import Feasibility
-from autotune.objective import OBJECTIVES, directions, objective_names, scalar, score
+from autotune.objective import OBJECTIVES
+from autotune.parallel import ProbePool, Slot
 from autotune.progress import Progress, SilentProgress, SweepState
+from autotune.record import tell_given_up, tell_result, tell_reused
 from autotune.report import describe
 from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
 from autotune.runners import Runner
 from autotune.search_space import SearchSpace
-from autotune.storage import StudyLock, use_wal
+from autotune.sharing import (
+    HEARTBEAT_S,
+    STALE_AFTER_HEARTBEATS,
+    WAIT,
+    holds_config,
+    is_asked,
+    is_stale,
+    owner_of,
+    params_key,
+    scan,
+    take_over,
+    trial_by_number,
+)
+from autotune.storage import StudyLock, open_study
+from autotune.tally import Tally
 
 SAMPLERS = ("tpe", "random")
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
@@ -55,8 +73,10 @@ class SweepSettings:
     base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     prescreen: bool = True  # also those the calibrated memory model puts well past capacity
-    storage_url: str | None = None  # default: sqlite in study_dir
+    storage: str | None = None  # --storage: a database URL or a journal file; None: SQLite
     trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
+    slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)
+    heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must share with the run that created it: anything that changes
@@ -72,15 +92,13 @@ class SweepSettings:
                 "timed_steps": request.timed_steps, "trainer": self.trainer}
 
 
-def params_key(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)
+@dataclass
+class Pending:
+    """A trial asked and not yet told: probing in a slot, waiting for its owner, or ready."""
 
-
-def result_attrs(result: ProbeResult) -> dict[str, Any]:
-    """A result as stored in the trial's user attrs (the output tail stays in the log)."""
-    data = json.loads(result.to_json())
-    data.pop("stderr_tail", None)
-    return data
+    trial: Any
+    params: dict[str, Any]
+    owner: int | None = None  # the trial whose result this one waits for
 
 
 class Sweep:
@@ -98,129 +116,96 @@ class Sweep:
         self.progress = progress or SilentProgress()
         self.on_trial = on_trial  # called with the study after every told trial (artifacts)
         self.space = settings.space
-        self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s)
+        self.n_params = len(self.space.params)
+        self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
+                                slots=len(settings.slots))
         self.rng = random.Random(settings.seed)
-        self.seen: dict[str, int] = {}  # params_key -> number of the trial holding its result
+        self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
         self.valid_keys = None
         grid = self.space.valid_grid()
         if grid is not None:
             self.valid_keys = {params_key(p) for p in grid}
-        self.best_scalar: float | None = None
-        self.since_improvement = 0
-        self.capacity_bytes: int | None = None
         self.stuck_asks = 0  # asks in a row that probed nothing
         self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
                                                    settings.prune_dominated, settings.prescreen)
+        self.tally = Tally(self.state, self.feasibility, settings.objective)
+        self.pool = ProbePool(runner, list(settings.slots))  # Pending trials probing now
+        self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
+        self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
+        self.others_running = 0  # probes other drivers run in this study now
+        self.shared = False  # set by run(): other drivers may share the storage
+        self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
+        self.last_beat_s = 0.0
+        self.trials: list[Any] = []  # the study's trials as refresh() last read them
 
     # -- study -----------------------------------------------------------------------------
 
-    def open_study(self) -> Any:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        settings = self.settings
-        settings.study_dir.mkdir(parents=True, exist_ok=True)
-        (settings.study_dir / "logs").mkdir(exist_ok=True)
-        storage = settings.storage_url
-        if storage is None:
-            db_path = settings.study_dir / "study.db"
-            use_wal(db_path)
-            storage = f"sqlite:///{db_path}"
-        if settings.sampler == "random":
-            sampler = optuna.samplers.RandomSampler(seed=settings.seed)
-        else:
-            sampler = optuna.samplers.TPESampler(
-                seed=settings.seed, n_startup_trials=settings.n_startup_trials)
-        study = optuna.create_study(
-            study_name=settings.study_name, storage=storage, sampler=sampler,
-            directions=directions(settings.objective), load_if_exists=True)
-        identity = settings.identity()
-        stored = study.user_attrs.get("identity")
-        if stored is None:
-            study.set_user_attr("identity", identity)
-            study.set_user_attr("objective_names", objective_names(settings.objective))
-            study.set_user_attr("search_space", {
-                "source": self.space.source, "hash": self.space.space_hash,
-                "params": {k: v.as_dict() for k, v in self.space.params.items()},
-                "fixed": self.space.fixed})
-            study.set_user_attr("request", json.loads(settings.request.to_json()))
-            study.set_user_attr("autotune_version", __version__)
-            study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        else:
-            changed = [f"{k} was {stored.get(k)!r}, now {v!r}" for k, v in identity.items()
-                       if stored.get(k) != v]
-            if changed:
-                raise ConfigError(
-                    f"study {settings.study_name} in {settings.study_dir} was started with a "
-                    f"different setup ({'; '.join(changed)}); resume it with the original "
-                    "search space and options, or pick a new --study")
-        return study
-
     def resume(self, study: Any) -> None:
-        """Finish or re-queue trials a killed driver left RUNNING; learn what is done."""
+        """Finish or re-queue trials a dead driver left RUNNING; learn what is done. On a
+        shared storage only trials whose heartbeat stopped are dead; the rest run elsewhere."""
         import optuna
         from optuna.trial import TrialState
 
+        now_s = time.time()
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            trial = optuna.Trial(study, frozen._trial_id)
-            saved = self.result_path(frozen.number)
-            if saved.exists() and frozen.params:
-                result = ProbeResult.from_json(saved.read_text())
-                self.tell(study, trial, frozen.params, result, probed=True)
+            if self.shared and not is_stale(frozen, now_s, self.stale_after_s):
                 continue
-            trial.set_user_attr("status", "interrupted")
-            trial.set_user_attr("reason", "the driver stopped while this trial ran")
-            study.tell(trial, state=TrialState.FAIL)
-            if frozen.params:
-                study.enqueue_trial(frozen.params, user_attrs={
-                    "origin": "requeued", "requeued_from": frozen.number})
-        for frozen in study.get_trials(deepcopy=False):
-            self.account(frozen)
+            saved = self.result_path(frozen.number)
+            if saved.exists() and is_asked(frozen, self.n_params) and frozen.params and \
+                    frozen.user_attrs.get("waiting_on") is None:
+                result = ProbeResult.from_json(saved.read_text())
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    self.tell(study, optuna.Trial(study, frozen._trial_id), result,
+                              probed=True)
+                continue
+            take_over(study, frozen, "the driver stopped while this trial ran")
+        self.refresh(study)
         if not study.trials:
             study.enqueue_trial(self.space.safe_params(), user_attrs={"origin": "safe"})
             base = self.settings.base_params
             if base and params_key(base) != params_key(self.space.safe_params()):
                 study.enqueue_trial(base, user_attrs={"origin": "base"})
 
-    def account(self, frozen: Any) -> None:
-        """Fold one finished trial into the counts, the dedupe table and the best so far."""
-        from optuna.trial import TrialState
+    def refresh(self, study: Any) -> None:
+        """Read the study: fold in trials finished here or by other drivers, note what every
+        trial holds, keep our running trials' heartbeats fresh, take over dead drivers' trials,
+        and settle trials waiting for an owner that has finished."""
+        trials = self.trials = study.get_trials(deepcopy=False)
+        now_s = time.time()
+        for frozen in trials:
+            self.tally.fold(frozen)
+        mine = {p.trial.number for p in self.pending()}
+        self.seen, self.others_running = scan(study, trials, mine, self.n_params, now_s,
+                                              self.stale_after_s if self.shared else None)
+        if self.shared and now_s - self.last_beat_s >= self.settings.heartbeat_s:
+            self.last_beat_s = now_s
+            for pending in self.pending():
+                with contextlib.suppress(Exception):  # taken over: settled when told
+                    pending.trial.set_user_attr("heartbeat_at", now_s)
+        for number, pending in list(self.waiting.items()):
+            self.settle_waiting(study, trials, number, pending)
 
-        attrs = frozen.user_attrs
-        status = attrs.get("status")
-        if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL) or \
-                status in (None, "interrupted"):
+    def settle_waiting(self, study: Any, trials: list[Any], number: int,
+                       pending: Pending) -> None:
+        assert pending.owner is not None
+        owner = trials[pending.owner]
+        if not owner.state.is_finished():
             return
-        if frozen.params:
-            self.seen.setdefault(params_key(frozen.params), frozen.number)
-        if not attrs.get("probed"):
-            predicted = attrs.get("predicted") and attrs.get("reused_from") is None
-            self.state.counts["predicted" if predicted else "skipped"] += 1
+        if holds_config(owner, self.n_params):
+            del self.waiting[number]
+            self.reuse(study, pending.trial, owner)
             return
-        self.state.probes += 1
-        result = attrs.get("result") or {}
-        capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
-        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
-                                result.get("phase_peak_mem_bytes"), capacity)
-        if result.get("probe_wall_s"):
-            self.state.probe_wall_s.append(result["probe_wall_s"])
-        if status == "ok":
-            self.state.counts["ok"] += 1
-        elif ProbeStatus(status).is_oom:
-            self.state.counts["oom"] += 1
-        else:
-            self.state.counts["failed"] += 1
-        self.capacity_bytes = self.capacity_bytes or capacity
-        value = scalar(frozen.values, self.settings.objective) \
-            if attrs.get("feasible") and frozen.values else None
-        if value is not None and (self.best_scalar is None or value > self.best_scalar):
-            self.best_scalar = value
-            self.since_improvement = 0
-            self.state.best = (f"trial {frozen.number}: {describe(frozen.params)}, "
-                               f"{result['tokens_per_s']:,.1f} tok/s, peak "
-                               f"{format_bytes(result['peak_mem_bytes'])}")
-        else:
-            self.since_improvement += 1
+        new_owner = owner_of(trials, number, params_key(pending.params), self.n_params)
+        if new_owner == WAIT:
+            return
+        pending.owner = new_owner
+        pending.trial.set_user_attr("waiting_on", new_owner)
+        if new_owner is None:  # the owner died without a result: this trial probes it
+            del self.waiting[number]
+            self.ready.append(pending)
+
+    def pending(self) -> list[Pending]:
+        return [*self.pool.tags(), *self.waiting.values(), *self.ready]
 
     def result_path(self, number: int) -> Path:
         return self.settings.study_dir / "logs" / f"trial-{number:05d}.result.json"
@@ -229,63 +214,78 @@ class Sweep:
 
     def run(self) -> Any:
         self.settings.study_dir.mkdir(parents=True, exist_ok=True)
-        with StudyLock(self.settings.study_dir):
-            study = self.open_study()
+        lock = contextlib.nullcontext() if self.settings.storage is not None \
+            else StudyLock(self.settings.study_dir)
+        with lock:
+            study, opened = open_study(self.settings)
+            self.shared = opened.shared  # other drivers may run this study too
             self.resume(study)
             self.progress.started(self.state)
             try:
-                while (reason := self.stop_reason()) is None:
-                    self.step(study)
-                self.state.stop_reason = reason
+                self.loop(study)
+            except BaseException:
+                self.abandon(study)  # Ctrl-C, SIGTERM or a broken runner: nothing half-told
+                raise
             finally:
+                self.pool.close()
                 self.progress.finished(self.state)
             return study
 
+    def loop(self, study: Any) -> None:
+        while True:
+            self.settle_probes(study)
+            self.refresh(study)
+            reason = self.stop_reason()
+            if reason is None and not self.pool.full():
+                self.step(study)
+                continue
+            if reason is not None and not self.pool:
+                self.state.stop_reason = reason
+                self.release(study)
+                return
+            self.pool.wait(timeout_s=min(1.0, self.settings.heartbeat_s))
+
     def stop_reason(self) -> str | None:
         s, state = self.settings, self.state
-        if s.max_trials is not None and state.probes >= s.max_trials:
+        started = state.probes + len(self.pool) + self.others_running
+        if s.max_trials is not None and started >= s.max_trials:
             return f"reached --trials {s.max_trials}"
         if s.timeout_s is not None and time.monotonic() - state.started_s >= s.timeout_s:
             return f"reached --timeout {s.timeout_s:.0f} s"
-        if s.patience is not None and self.since_improvement >= s.patience:
+        if s.patience is not None and self.tally.since_improvement >= s.patience:
             return f"no better config in the last {s.patience} probes (--patience)"
-        if self.valid_keys is not None and self.valid_keys <= self.seen.keys():
+        if self.valid_keys is not None and self.valid_keys <= self.seen.keys() and \
+                not self.ready:
             return f"space exhausted: all {len(self.valid_keys)} valid configs tried"
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
             return f"the sampler proposed only known or invalid configs {self.stuck_asks} times"
         return None
 
     def step(self, study: Any) -> None:
-        """Ask one trial and settle it: reuse, invalid, or a real probe."""
-        from optuna.trial import TrialState
-
+        """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""
+        if self.ready:
+            self.submit(self.ready.pop(0))
+            return
         if self.stuck_asks and self.stuck_asks % STUCK_AFTER_ASKS == 0:
             self.queue_unexplored(study)
         trial = study.ask(self.space.distributions())
+        if self.shared:
+            trial.set_user_attr("heartbeat_at", time.time())
         params = dict(trial.params)
-        key = params_key(params)
-        self.state.current, self.state.current_number = params, trial.number
-        earlier = self.seen.get(key)
-        if earlier is not None:
-            frozen = study.get_trials(deepcopy=False)[earlier]
-            for k, v in frozen.user_attrs.items():
-                if k not in ("origin", "requeued_from"):
-                    trial.set_user_attr(k, v)
-            trial.set_user_attr("probed", False)
-            trial.set_user_attr("reused_from", earlier)
-            for k, v in frozen.constraints.items():
-                trial.set_constraint(k, v)
-            if frozen.state == TrialState.COMPLETE:
-                study.tell(trial, list(frozen.values))
-            else:
-                study.tell(trial, state=TrialState.FAIL)
+        owner = self.owner(study, trial.number, params_key(params))
+        if owner is not None:
             self.stuck_asks += 1
-            self.finish(study, trial.number, f"same as trial {earlier}, result reused")
+            frozen = trial_by_number(study, owner)
+            if frozen.state.is_finished():
+                self.reuse(study, trial, frozen)
+                return
+            trial.set_user_attr("waiting_on", owner)
+            self.waiting[trial.number] = Pending(trial, params, owner=owner)
             return
         problems = self.space.problems_for(params)
         if problems:
             result = ProbeResult(status=ProbeStatus.INVALID, message="; ".join(problems))
-            self.tell(study, trial, params, result, probed=False)
+            self.tell(study, trial, result, probed=False)
             self.stuck_asks += 1
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
@@ -294,66 +294,101 @@ class Sweep:
             result = ProbeResult(status=ProbeStatus(prediction.status),
                                  message=prediction.reason, failed_phase=prediction.failed_phase)
             trial.set_user_attr("predicted_by", prediction.source)
-            self.tell(study, trial, params, result, probed=False, predicted=True)
+            self.tell(study, trial, result, probed=False, predicted=True)
             self.stuck_asks += 1
             self.finish(study, trial.number, f"not run, {prediction.reason}")
             return
         self.stuck_asks = 0
-        self.progress.trial_started(self.state, f"trial {trial.number}: {describe(params)}")
+        self.submit(Pending(trial, params))
+
+    def owner(self, study: Any, number: int, key: str) -> int | None:
+        """The trial that owns this config, once every lower trial is fully asked. Alone on
+        the study, the trials read at the top of this loop turn are current: nothing was told
+        since; with other drivers the storage is read again."""
+        while True:
+            trials = study.get_trials(deepcopy=False) if self.shared else self.trials
+            owner = owner_of(trials, number, key, self.n_params)
+            if owner != WAIT:
+                return owner
+            time.sleep(0.05)  # another driver is between writing two params of a trial
+
+    def submit(self, pending: Pending) -> None:
+        """Start the trial's probe on a free slot."""
+        number = pending.trial.number
         request = dataclasses.replace(self.settings.request,
-                                      config=self.space.config_for(params))
-        log_path = self.settings.study_dir / "logs" / f"trial-{trial.number:05d}.log"
-        try:
-            result = self.runner.run(request, log_path)
-        except BaseException:
-            # Ctrl-C or SIGTERM while probing: the runner killed the probe; run it next time.
-            trial.set_user_attr("status", "interrupted")
-            study.tell(trial, state=TrialState.FAIL)
-            study.enqueue_trial(params, user_attrs={"origin": "requeued",
-                                                    "requeued_from": trial.number})
-            raise
-        write_text_atomic(self.result_path(trial.number), result.to_json())
-        line = self.tell(study, trial, params, result, probed=True)
-        self.finish(study, trial.number, line)
-        if result.ok and self.feasibility.calibration is not None:
-            study.set_user_attr("memory_calibration",
-                                self.feasibility.calibration_record(result.device_name))
+                                      config=self.space.config_for(pending.params))
+        log_path = self.settings.study_dir / "logs" / f"trial-{number:05d}.log"
+        slot = self.pool.start(request, log_path, pending)
+        self.state.running[number] = pending.params
+        where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
+        self.progress.trial_started(self.state,
+                                    f"trial {number}{where}: {describe(pending.params)}")
 
-    def tell(self, study: Any, trial: Any, params: dict[str, Any], result: ProbeResult,
-             probed: bool, predicted: bool = False) -> str:
-        from optuna.trial import TrialState
+    def settle_probes(self, study: Any, done: set[Any] | None = None) -> None:
+        """Tell every finished probe; a probe lost with its node is queued once more."""
+        from optuna.exceptions import UpdateFinishedTrialError
 
-        verdict = score(result, self.settings.objective, self.settings.headroom,
-                        self.capacity_bytes)
-        log = self.settings.study_dir / "logs" / f"trial-{trial.number:05d}.log"
-        attrs = {"status": result.status.value, "probed": probed, "predicted": predicted,
-                 "feasible": verdict.feasible,
-                 "reason": result.message if predicted else verdict.reason,
-                 "budget_bytes": verdict.budget_bytes,
-                 "binding_phase": verdict.binding_phase,
-                 "log": str(log.relative_to(self.settings.study_dir)) if log.exists() else None,
-                 "result": result_attrs(result)}
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        for k, v in verdict.constraints.items():
-            trial.set_constraint(k, v)
-        if verdict.state == "fail":
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            study.tell(trial, list(verdict.values))
-        if verdict.feasible:
-            return (f"ok, {result.tokens_per_s:,.1f} tok/s, peak "
-                    f"{format_bytes(result.peak_mem_bytes)} of "
-                    f"{format_bytes(verdict.budget_bytes)}")
-        return verdict.reason
+        for pending, result in self.pool.finished(only=done):
+            trial, params, number = pending.trial, pending.params, pending.trial.number
+            self.state.running.pop(number, None)
+            write_text_atomic(self.result_path(number), result.to_json())
+            retry = result.status is ProbeStatus.LOST and \
+                trial.user_attrs.get("origin") != "lost-retry"
+            try:
+                if retry:
+                    trial.set_user_attr("requeued", True)
+                line = self.tell(study, trial, result, probed=True)
+            except UpdateFinishedTrialError:
+                line = ("another driver took this trial over (no heartbeat) and queued it "
+                        "again; this result stays in logs/ only")
+                retry = False
+            if retry:
+                study.enqueue_trial(params, user_attrs={"origin": "lost-retry",
+                                                        "requeued_from": number})
+                line += "; queued once more to run elsewhere"
+            self.finish(study, number, line)
+            if result.ok and self.feasibility.calibration is not None:
+                study.set_user_attr("memory_calibration",
+                                    self.feasibility.calibration_record(result.device_name))
+
+    def tell(self, study: Any, trial: Any, result: ProbeResult, probed: bool,
+             predicted: bool = False) -> str:
+        return tell_result(study, trial, result, self.settings,
+                           self.feasibility.capacity_bytes, probed, predicted)
+
+    def reuse(self, study: Any, trial: Any, earlier: Any) -> None:
+        tell_reused(study, trial, earlier)
+        self.finish(study, trial.number, f"same as trial {earlier.number}, result reused")
+
+    def give_up(self, study: Any, pending: Pending, status: str, requeue: bool) -> None:
+        with contextlib.suppress(Exception):  # another driver may have taken it over
+            tell_given_up(study, pending.trial, pending.params, status, requeue)
+        self.state.running.pop(pending.trial.number, None)
 
     def finish(self, study: Any, number: int, line: str) -> None:
-        frozen = study.get_trials(deepcopy=False)[number]
-        self.account(frozen)
-        self.state.current = None
+        self.tally.fold(trial_by_number(study, number))
         if self.on_trial is not None:
             self.on_trial(study)
         self.progress.trial_finished(self.state, f"trial {number}: {line}")
+
+    def release(self, study: Any) -> None:
+        """At a stop: trials that never got to probe go back to the queue; those waiting for
+        another driver's probe leave the config to it."""
+        for pending in self.ready:
+            self.give_up(study, pending, "interrupted", requeue=True)
+        for pending in self.waiting.values():
+            self.give_up(study, pending, "duplicate", requeue=False)
+        self.ready, self.waiting = [], {}
+
+    def abandon(self, study: Any) -> None:
+        """The driver is stopping mid-sweep: keep probes that finished, kill the rest and
+        queue their configs again, so the next run redoes exactly those."""
+        ended, cut = self.pool.stop()
+        with contextlib.suppress(Exception):
+            self.settle_probes(study, ended)
+        for pending in cut:
+            self.give_up(study, pending, "interrupted", requeue=True)
+        self.release(study)
 
     def queue_unexplored(self, study: Any) -> None:
         """The sampler keeps proposing known configs: queue one nobody has tried."""

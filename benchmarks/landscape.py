@@ -81,6 +81,9 @@ class ReplayRunner:
         self.calls.append(params)
         return self.table[params_key(params)]
 
+    def stop(self) -> None:
+        """Replayed probes end at once: nothing to kill."""
+
 
 def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) -> None:
     from autotune.runners.local import SubprocessRunner

@@ -61,6 +61,9 @@ class ScriptedRunner:
                                probe_wall_s=1.0)
         return scripted_result(request)
 
+    def stop(self) -> None:
+        """Scripted probes end at once: nothing to kill."""
+
 
 class ModelRunner:
     """Answers with the memory model's own prior plus a fixed context: a device on which the
@@ -93,6 +96,9 @@ class ModelRunner:
                            phase_peak_mem_bytes=phases, device_name="model",
                            device_limit_bytes=self.limit_bytes, probe_wall_s=1.0)
 
+    def stop(self) -> None:
+        """Model probes end at once: nothing to kill."""
+
 
 def model_study(results_dir: Path, name: str, trials: int) -> None:
     """A real SQLite study of `trials` ModelRunner probes over cpu-demo, for commands that
@@ -105,3 +111,42 @@ def model_study(results_dir: Path, name: str, trials: int) -> None:
                              request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
                              max_trials=trials, sampler="random")
     Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
+
+
+class SlowRunner(ScriptedRunner):
+    """A ScriptedRunner whose probes take `delay_s`, for parallel sweeps: it records how many
+    ran at once, on which cores, and any config run while the same config was running."""
+
+    def __init__(self, delay_s: float = 0.2, lose=None, **kwargs) -> None:
+        import threading
+
+        super().__init__(**kwargs)
+        self.delay_s, self.lose = delay_s, lose  # lose(config, times_seen) -> lost with its node
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple | None] = {}
+        self.max_running = 0
+        self.overlaps: list[tuple[str, tuple | None]] = []  # configs and cores run side by side
+        self.concurrent_duplicates = 0
+
+    def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        import json
+        import time
+
+        key = json.dumps(request.config.as_dict(), sort_keys=True)
+        with self.lock:
+            self.concurrent_duplicates += key in self.running
+            self.running[key] = request.cpu_ids
+            self.max_running = max(self.max_running, len(self.running))
+            if len(self.running) > 1:
+                self.overlaps.append(tuple(sorted(map(str, self.running.values()))))
+            seen = sum(json.dumps(c, sort_keys=True) == key for c in self.calls)
+        try:
+            time.sleep(self.delay_s)
+            if self.lose is not None and self.lose(request.config, seen):
+                self.calls.append(request.config.as_dict())
+                return ProbeResult(status=ProbeStatus.LOST, message="node went away",
+                                   probe_wall_s=self.delay_s)
+            return super().run(request, log_path)
+        finally:
+            with self.lock:
+                self.running.pop(key, None)

@@ -1,0 +1,152 @@
+"""How drivers share one study: who owns a config, which running trials are dead.
+
+Several drivers may run one study at once (`--storage` shared by two machines, or a restart
+while another driver runs). They never talk to each other: everything is read from the study's
+trials in Optuna's storage, so the storage is the one arbiter.
+
+- A trial *holds* its config when it is running (probing it, or waiting for another trial's
+  result), or finished with a result that stands. Interrupted trials were re-queued, lost ones
+  retried, duplicates deferred to another trial: they hold nothing.
+- The lowest-numbered trial holding a config owns it; any later trial with the same params
+  waits for the owner's result and reuses it instead of probing. A queued trial holds its
+  params from the moment it is queued, since it may be popped after later trials started.
+  Trial numbers come from the storage, so two drivers that sample the same config at the same
+  moment agree on who runs it.
+  An owner is only decided once every lower-numbered trial has finished being asked (its params
+  are all written), so a slower ask can never slip under a trial that has started probing.
+- A driver writes a heartbeat into each trial it is running. A running trial whose heartbeat is
+  older than `stale_after_s` belongs to a dead driver: whoever notices first fails it (the
+  storage lets exactly one driver move it out of RUNNING) and re-queues its params.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+ASK_GRACE_S = 30.0  # a trial still being asked after this long belongs to a driver that died
+HEARTBEAT_S = 10.0  # default seconds between heartbeats of a running trial
+STALE_AFTER_HEARTBEATS = 4  # heartbeats missed before a running trial is declared dead
+WAIT = -1  # owner_of: a lower-numbered trial is still being asked; ask again shortly
+
+
+def params_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def trial_params(frozen: Any) -> dict[str, Any]:
+    """A trial's params; for a queued (WAITING) trial, the params it was queued with."""
+    from optuna.trial import TrialState
+
+    if frozen.state == TrialState.WAITING:
+        return dict(frozen.system_attrs.get("fixed_params") or {})
+    return frozen.params
+
+
+def trial_by_number(study: Any, number: int) -> Any:
+    """One trial read from the storage (study.trials would read them all)."""
+    storage = study._storage
+    return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study._study_id,
+                                                                             number))
+
+
+def last_sign_of_life_s(frozen: Any) -> float:
+    beat = frozen.user_attrs.get("heartbeat_at")
+    if beat is not None:
+        return float(beat)
+    started = frozen.datetime_start
+    return started.timestamp() if started is not None else 0.0
+
+
+def is_running(frozen: Any) -> bool:
+    from optuna.trial import TrialState
+
+    return frozen.state == TrialState.RUNNING
+
+
+def is_asked(frozen: Any, n_params: int) -> bool:
+    """All of the trial's params are written (a running trial is asked param by param)."""
+    return len(frozen.params) >= n_params
+
+
+def holds_config(frozen: Any, n_params: int) -> bool:
+    """Whether this trial holds its config: queued with it, running it, waiting for it, or a
+    standing result. A queued trial holds its config from the moment it is queued, so a trial
+    asked later with the same params waits for it instead of racing it."""
+    from optuna.trial import TrialState
+
+    if frozen.state == TrialState.WAITING:
+        return bool(trial_params(frozen))
+    if frozen.state == TrialState.RUNNING:
+        return bool(frozen.params) and is_asked(frozen, n_params)
+    if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        return False
+    attrs = frozen.user_attrs
+    return attrs.get("status") not in (None, "interrupted", "duplicate") and \
+        not attrs.get("requeued")
+
+
+def owner_of(trials: list[Any], number: int, key: str, n_params: int,
+             now_s: float | None = None) -> int | None:
+    """The trial that owns the config `key` for trial `number`: the lowest-numbered lower trial
+    holding it; None when `number` owns it itself; WAIT while a lower trial is being asked."""
+    now_s = time.time() if now_s is None else now_s
+    owner = None
+    for frozen in trials:
+        if frozen.number >= number:
+            continue
+        if is_running(frozen) and not is_asked(frozen, n_params) and \
+                now_s - last_sign_of_life_s(frozen) < ASK_GRACE_S:
+            return WAIT
+        if (owner is None or frozen.number < owner) and holds_config(frozen, n_params) and \
+                params_key(trial_params(frozen)) == key:
+            owner = frozen.number
+    return owner
+
+
+def is_stale(frozen: Any, now_s: float, stale_after_s: float) -> bool:
+    return is_running(frozen) and now_s - last_sign_of_life_s(frozen) > stale_after_s
+
+
+def take_over(study: Any, frozen: Any, reason: str) -> bool:
+    """Fail a running trial a dead driver left behind and re-queue its config (a waiting trial's
+    config is its owner's business). True when this driver won the race to do it."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage, trial_id = study._storage, frozen._trial_id
+    waiting = "waiting_on" in frozen.user_attrs
+    try:
+        storage.set_trial_user_attr(trial_id, "status", "duplicate" if waiting else "interrupted")
+        storage.set_trial_user_attr(trial_id, "reason", reason)
+        if frozen.params and not waiting:
+            storage.set_trial_user_attr(trial_id, "requeued", True)
+        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False  # another driver finished or took it over first
+    if frozen.params and not waiting:
+        study.enqueue_trial(frozen.params, user_attrs={"origin": "requeued",
+                                                       "requeued_from": frozen.number})
+    return True
+
+
+def scan(study: Any, trials: list[Any], mine: set[int], n_params: int, now_s: float,
+         stale_after_s: float | None) -> tuple[dict[str, int], int]:
+    """One read of the study: which trial holds each config, and how many probes other
+    drivers are running; with `stale_after_s` (a shared study), trials of dead drivers are
+    taken over on the way."""
+    seen: dict[str, int] = {}
+    others_running = 0
+    for frozen in trials:
+        if holds_config(frozen, n_params):
+            seen.setdefault(params_key(trial_params(frozen)), frozen.number)
+        if frozen.number in mine or not is_running(frozen) or \
+                not is_asked(frozen, n_params) or frozen.user_attrs.get("waiting_on") is not None:
+            continue
+        if stale_after_s is not None and is_stale(frozen, now_s, stale_after_s):
+            take_over(study, frozen, "its driver stopped sending heartbeats")
+        else:
+            others_running += 1
+    return seen, others_running

@@ -1,0 +1,65 @@
+"""Slots: which GPUs or cores each parallel probe gets, and a real pinned probe process."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.parallel import Slot, cpu_slots, gpu_slots, plan_slots
+from autotune.result import ProbeStatus
+from autotune.runners.local import SubprocessRunner
+
+
+def test_eight_gpus_one_per_trial_are_eight_disjoint_slots():
+    slots = gpu_slots(tuple(range(8)), 1)
+    assert [s.gpu_ids for s in slots] == [(i,) for i in range(8)]
+
+
+def test_gpu_groups_are_disjoint_and_leftovers_stay_idle():
+    slots = gpu_slots(tuple(range(8)), 3)
+    assert [s.gpu_ids for s in slots] == [(0, 1, 2), (3, 4, 5)]
+    assert [s.gpu_ids for s in gpu_slots((2, 5, 6, 7), 2)] == [(2, 5), (6, 7)]
+
+
+def test_more_gpus_per_trial_than_gpus_is_a_usage_error():
+    with pytest.raises(ConfigError, match="--gpus-per-trial 4: only 2 GPU"):
+        gpu_slots((0, 1), 4)
+
+
+def test_parallel_past_the_gpu_slots_is_a_usage_error():
+    with pytest.raises(ConfigError, match="--parallel 5: 4 GPU"):
+        plan_slots("cuda", (0, 1, 2, 3), 1, 5, None)
+    slots = plan_slots("auto", (0, 1, 2, 3), 2, 1, 4)
+    assert slots == [Slot(gpu_ids=(0, 1), cpu_threads=4)]
+
+
+def test_cpu_cores_split_into_disjoint_pinned_groups():
+    slots = cpu_slots(2, (0, 1, 2, 3))
+    assert slots == [Slot(cpu_ids=(0, 1), cpu_threads=2), Slot(cpu_ids=(2, 3), cpu_threads=2)]
+    assert cpu_slots(2, (0, 1), threads_per_probe=1) == [
+        Slot(cpu_ids=(0,), cpu_threads=1), Slot(cpu_ids=(1,), cpu_threads=1)]
+
+
+def test_more_probes_than_cores_share_cores_with_one_thread_each():
+    assert cpu_slots(3, (0, 1)) == [Slot(cpu_threads=1)] * 3
+
+
+def test_one_probe_on_cpu_is_not_pinned():
+    assert plan_slots("cpu", None, 1, None, None) == [Slot()]
+
+
+def test_a_pinned_probe_process_runs_on_its_cores_only(make_request, tmp_path):
+    """The local runner pins the worker before exec: it sees only its slot's cores."""
+    import os
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+    script = tmp_path / "affinity.py"
+    script.write_text("import os, sys\nprint('cores', sorted(os.sched_getaffinity(0)), "
+                      "file=sys.stderr)\nos._exit(3)\n")
+    log = tmp_path / "probe.log"
+    result = SubprocessRunner([sys.executable, str(script)]).run(
+        make_request(cpu_ids=(core,)), log)
+    assert result.status is ProbeStatus.CRASH
+    assert f"cores [{core}]" in log.read_text()

@@ -1,0 +1,161 @@
+"""Parallel probes and shared studies, driven by a scripted runner on a real Optuna storage.
+
+Probes are scripted (scripted_runner.SlowRunner: they take a fixed time and record what ran at
+once); the storages are real: SQLite, and Optuna journal files that two drivers share from two
+threads. Real probes across real processes, PostgreSQL and Ray are in test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from scripted_runner import ScriptedRunner, SlowRunner
+
+from autotune.parallel import Slot
+from autotune.result import ProbeRequest
+from autotune.search_space import load_search_space
+from autotune.sharing import WAIT, owner_of, params_key
+from autotune.tuner import Sweep, SweepSettings
+
+REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
+TWO_SLOTS = (Slot(cpu_ids=(0,), cpu_threads=1), Slot(cpu_ids=(1,), cpu_threads=1))
+
+
+def settings_for(tmp_path, name="s", **changes):
+    fields = {"study_name": "s", "study_dir": tmp_path / name,
+              "space": load_search_space("cpu-demo"), "request": REQUEST, **changes}
+    return SweepSettings(**fields)
+
+
+def probed_keys(study):
+    return [params_key(t.params) for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("probed")]
+
+
+def test_two_slots_run_two_probes_at_once_never_the_same_config(tmp_path):
+    runner = SlowRunner(delay_s=0.3)
+    study = Sweep(settings_for(tmp_path, max_trials=10, slots=TWO_SLOTS), runner).run()
+    assert runner.max_running == 2 and runner.concurrent_duplicates == 0
+    assert set(runner.overlaps) == {("(0,)", "(1,)")}  # side by side, each on its own core
+    keys = probed_keys(study)
+    assert len(keys) == len(set(keys)) == 10 == len(runner.calls)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_parallel_resume_after_an_interrupt_runs_only_what_was_cut_off(tmp_path):
+    first = SlowRunner(delay_s=0.3, interrupt_on_call=4)
+    with pytest.raises(KeyboardInterrupt):
+        Sweep(settings_for(tmp_path, max_trials=8, slots=TWO_SLOTS), first).run()
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's/study.db'}")
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    cut = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    assert cut and all(t.user_attrs["requeued"] for t in cut)
+    done_before = set(probed_keys(study))
+    second = SlowRunner(delay_s=0.1)
+    study = Sweep(settings_for(tmp_path, max_trials=8, slots=TWO_SLOTS), second).run()
+    names = list(load_search_space("cpu-demo").params)
+    rerun = {params_key({k: c[k] for k in names}) for c in second.calls}
+    assert {params_key(t.params) for t in cut} <= rerun
+    keys = probed_keys(study)
+    assert len(keys) == len(set(keys)) == 8 and done_before <= set(keys)
+
+
+def test_a_lost_probe_is_retried_once_then_kept_as_lost(tmp_path):
+    safe = load_search_space("cpu-demo").safe_params()
+
+    def lose(config, seen):  # the safe config's node dies once; the config 'mbs 4' always
+        return (config.micro_batch_size_update == safe["micro_batch_size_update"]
+                and config.micro_batch_size_experience == safe["micro_batch_size_experience"]
+                and config.offload_params and seen == 0) or config.micro_batch_size_update == 4
+    runner = SlowRunner(delay_s=0.0, lose=lose)
+    base = {**safe, "micro_batch_size_update": 4}
+    study = Sweep(settings_for(tmp_path, max_trials=4, base_params=base), runner).run()
+    trials = study.trials
+    assert trials[0].user_attrs["status"] == "lost" and trials[0].user_attrs["requeued"]
+    retries = [t for t in trials if t.user_attrs.get("origin") == "lost-retry"]
+    by_source = {t.user_attrs["requeued_from"]: t for t in retries}
+    assert by_source[0].params == safe and by_source[0].user_attrs["status"] == "ok"
+    base_runs = [t for t in trials if t.params == base and t.user_attrs.get("probed")]
+    assert [t.user_attrs["status"] for t in base_runs] == ["lost", "lost"]  # retried once only
+    assert sum(c["micro_batch_size_update"] == 4 and c["offload_params"] == safe["offload_params"]
+               and c["micro_batch_size_experience"] == safe["micro_batch_size_experience"]
+               and c["gradient_checkpointing"] == safe["gradient_checkpointing"]
+               for c in runner.calls) == 2
+
+
+def test_two_drivers_on_one_journal_share_the_work(tmp_path):
+    """Two drivers (two machines: their own results dirs) on one journal file, at once."""
+    journal = str(tmp_path / "study.journal")
+    runners = [SlowRunner(delay_s=0.05), SlowRunner(delay_s=0.05)]
+    errors: list[BaseException] = []
+
+    def drive(i):
+        try:
+            Sweep(settings_for(tmp_path, f"driver{i}", max_trials=24, storage=journal,
+                               seed=i, prune_dominated=False), runners[i]).run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(journal)))
+    assert all(r.calls for r in runners)  # both drivers probed
+    calls = [json.dumps(c, sort_keys=True) for r in runners for c in r.calls]
+    assert len(calls) == len(set(calls))  # no config run twice, by either driver
+    keys = probed_keys(study)
+    assert len(keys) == len(set(keys)) == len(calls)  # every probe run is recorded: none lost
+    assert 24 <= len(keys) <= 25  # the budget is the study's, not each driver's
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers))
+
+
+def test_a_dead_drivers_trial_is_taken_over_a_live_ones_is_left_alone(tmp_path):
+    journal = str(tmp_path / "study.journal")
+    settings = settings_for(tmp_path, max_trials=2, storage=journal, heartbeat_s=0.5)
+    Sweep(settings, ScriptedRunner()).run()
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal))
+    study = optuna.load_study(study_name="s", storage=storage)
+    space = settings.space
+    grid = [p for p in space.valid_grid() if params_key(p) not in set(probed_keys(study))]
+    dead, live = grid[0], grid[1]
+    for params, beat in ((dead, time.time() - 3600), (live, time.time() + 3600)):
+        study.enqueue_trial(params)
+        trial = study.ask(space.distributions())
+        trial.set_user_attr("heartbeat_at", beat)  # a live driver's beat stays fresh
+    study.enqueue_trial(live)  # this driver will be asked the live driver's config
+    runner = ScriptedRunner()
+    Sweep(settings_for(tmp_path, max_trials=6, storage=journal, heartbeat_s=0.5),
+          runner).run()
+    trials = study.get_trials(deepcopy=False)
+    dead_trial = next(t for t in trials if t.params == dead)
+    assert dead_trial.state == TrialState.FAIL and dead_trial.user_attrs["requeued"]
+    ran = [json.dumps({k: c[k] for k in dead}, sort_keys=True) for c in runner.calls]
+    assert ran.count(params_key(dead)) == 1  # its config was queued again and run once
+    live_trial = next(t for t in trials if t.params == live)
+    assert live_trial.state == TrialState.RUNNING  # still the live driver's
+    assert params_key(live) not in ran  # waited for, never run by this driver
+    waited = [t for t in trials if t.user_attrs.get("waiting_on") == live_trial.number]
+    assert waited and waited[0].user_attrs["status"] == "duplicate"
+
+
+def test_owner_waits_for_a_lower_trial_still_being_asked(tmp_path):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
+    space = load_search_space("cpu-demo")
+    half = study.ask()  # a trial another driver is still asking: no params yet
+    full = study.ask(space.distributions())
+    trials = study.get_trials(deepcopy=False)
+    key, n = params_key(full.params), len(space.params)
+    assert owner_of(trials, full.number, key, n) == WAIT
+    assert owner_of(trials, full.number, key, n, now_s=time.time() + 60) is None  # died asking
+    assert half.number < full.number

@@ -38,6 +38,7 @@ def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
     """The storage `--storage SPEC` names: None is SQLite in study_dir; a URL with a scheme is
     a database (postgresql://...); anything else is the path of a journal file."""
     if spec is None:
+        study_dir.mkdir(parents=True, exist_ok=True)
         db_path = study_dir / "study.db"
         use_wal(db_path)
         return StudyStorage(f"sqlite:///{db_path}", shared=False, where=str(db_path))
@@ -135,9 +136,8 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
 
     space = settings.space
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    settings.study_dir.mkdir(parents=True, exist_ok=True)
-    (settings.study_dir / "logs").mkdir(exist_ok=True)
-    opened = open_storage(settings.storage, settings.study_dir)
+    opened = open_storage(settings.storage, settings.study_dir)  # a bad --storage: no dirs
+    (settings.study_dir / "logs").mkdir(parents=True, exist_ok=True)
     if settings.sampler == "random":
         sampler = optuna.samplers.RandomSampler(seed=settings.seed)
     else:  # pending trials are RUNNING: the constant liar keeps parallel asks apart

@@ -213,9 +213,10 @@ class Sweep:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> Any:
-        self.settings.study_dir.mkdir(parents=True, exist_ok=True)
-        lock = contextlib.nullcontext() if self.settings.storage is not None \
-            else StudyLock(self.settings.study_dir)
+        lock: Any = contextlib.nullcontext()
+        if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
+            self.settings.study_dir.mkdir(parents=True, exist_ok=True)
+            lock = StudyLock(self.settings.study_dir)
         with lock:
             study, opened = open_study(self.settings)
             self.shared = opened.shared  # other drivers may run this study too

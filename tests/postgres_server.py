@@ -4,7 +4,7 @@ Fixtures:
 
 - ``postgres_server`` (session): starts a throwaway cluster in a temporary directory and
   stops it (``pg_ctl -m immediate stop``) and removes the directory at the end of the session.
-- ``postgres_url`` (session): ``postgresql+psycopg2://postgres@127.0.0.1:PORT/autotune``.
+- ``postgres_url`` (session): ``postgresql://postgres@127.0.0.1:PORT/autotune``.
 - ``fresh_postgres_db`` (function): a new empty database per test, so tests never see each
   other's studies; dropped after the test.
 
@@ -55,16 +55,14 @@ class PostgresServer:
 
     def url(self, database: str = "autotune") -> str:
         """The SQLAlchemy URL Optuna's RDBStorage takes."""
-        return f"postgresql+psycopg2://{self.user}@{self.host}:{self.port}/{database}"
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{database}"  # what users type
 
     def connect(self, database: str = "postgres"):
-        """An autocommit psycopg2 connection (CREATE/DROP DATABASE cannot run in a transaction)."""
-        import psycopg2
+        """An autocommit connection (CREATE/DROP DATABASE cannot run in a transaction)."""
+        import psycopg
 
-        conn = psycopg2.connect(host=self.host, port=self.port, user=self.user,
-                                dbname=database, connect_timeout=10)
-        conn.autocommit = True
-        return conn
+        return psycopg.connect(host=self.host, port=self.port, user=self.user, dbname=database,
+                               connect_timeout=10, autocommit=True)
 
     def create_database(self, name: str) -> str:
         with contextlib.closing(self.connect()) as conn, conn.cursor() as cur:
@@ -232,7 +230,7 @@ def _kill_postmaster(data_dir: Path) -> None:
 @contextlib.contextmanager
 def run_postgres_server() -> Iterator[PostgresServer]:
     """Start a throwaway PostgreSQL server; stop it and remove its files on exit."""
-    pytest.importorskip("psycopg2", reason="psycopg2 (psycopg2-binary) is not installed")
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
     bin_dir = require_bin_dir()
     as_root = os.geteuid() == 0
     # Not pytest's tmp_path: as root that lives under a 0700 directory postgres cannot enter.

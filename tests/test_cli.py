@@ -102,12 +102,19 @@ def test_run_refuses_bad_input_in_one_line(tmp_path):
         (["--timeout", "soon"], "--timeout 'soon'"),
         (["--study", "a/b"], "--study 'a/b'"),
         (["--base-config", str(tmp_path / "missing.yaml")], "cannot read"),
+        (["--storage", str(tmp_path)], "is a directory; give a journal file path"),
+        (["--storage", str(tmp_path / "no" / "s.journal")], "folder " + str(tmp_path / "no")),
+        (["--storage", "sqlite:///s.db"], "cannot be shared safely between machines"),
+        (["--storage", "postgresql://u:secret@127.0.0.1:1/s"], "cannot open the database"),
+        (["--address", "auto"], "--address: only with --executor ray"),
+        (["--parallel", "0"], "0 is not in the range"),
     ]
     for args, message in cases:
         out = autotune("run", "--model", "tiny-qwen2.5", "--space", "cpu-demo",
                        "--results-dir", results, *args)
         assert out.returncode == 2, (args, out.stderr)
         assert message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+        assert "secret" not in out.stderr  # a database password is never printed
     assert not (tmp_path / "results").exists()  # nothing half-written
 
 

@@ -35,6 +35,11 @@ def test_parallel_past_the_gpu_slots_is_a_usage_error():
     assert slots == [Slot(gpu_ids=(0, 1), cpu_threads=4)]
 
 
+def test_cuda_without_a_gpu_is_a_usage_error():
+    with pytest.raises(ConfigError, match="--device cuda: no NVIDIA GPU visible"):
+        plan_slots("cuda", (), 1, None, None)
+
+
 def test_cpu_cores_split_into_disjoint_pinned_groups():
     slots = cpu_slots(2, (0, 1, 2, 3))
     assert slots == [Slot(cpu_ids=(0, 1), cpu_threads=2), Slot(cpu_ids=(2, 3), cpu_threads=2)]

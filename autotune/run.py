@@ -108,8 +108,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
     autotune run --model qwen2.5-7b --trainer easyr1 --base-config examples/config.yaml
     autotune run --model qwen2.5-7b --gpus-per-trial 1          # 8 GPUs: 8 probes at once
-    autotune run --model qwen2.5-7b --executor ray --address auto \
-        --storage postgresql://autotune@db-host/autotune
+    autotune run --model qwen2.5-7b --executor ray --address auto --storage postgresql://db/at
     """
     import re
     import signal

@@ -162,3 +162,39 @@ def test_a_sweep_across_two_ray_nodes_survives_losing_one(ray_cluster, tmp_path)
     assert not study.get_trials(states=(TrialState.RUNNING,))
     assert "lost" in output
     wait_for(lambda: not probe_processes(), 15, "no probe process left")
+
+
+@pytest.mark.ray
+def test_a_driver_killed_with_ray_tasks_in_flight_resumes_without_orphans(ray_cluster,
+                                                                          tmp_path):
+    """SIGKILL the driver while two Ray tasks probe: Ray ends the dead driver's tasks and the
+    probes die with them; the same command then finishes the study, redoing only the two
+    configs that were cut off."""
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "autotune", "run", *probe_args(threads=1), "--executor",
+               "ray", "--address", ray_cluster.address, "--parallel", "2", "--trials", "4",
+               "--results-dir", str(results)]
+    log = open(tmp_path / "driver.log", "ab")
+    first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    db = results / "shared" / "study.db"
+    try:
+        wait_for(lambda: len(probe_processes()) == 2 and len(finished_trials(db)) >= 1, 180,
+                 "two probes in flight after a first finished trial")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    before = finished_trials(db)
+    wait_for(lambda: not probe_processes(), 30, "the dead driver's probes to end")
+    second = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=400)
+    assert second.returncode == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{db}")
+    after = {t.number: t for t in study.trials}
+    for number, (params, values, status) in before.items():
+        assert (after[number].params, after[number].values,
+                after[number].user_attrs.get("status")) == (params, values, status)
+    cut = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    # two were in flight (one may have saved its result just before the kill: then it is kept)
+    assert 1 <= len(cut) <= 2, [(t.number, t.user_attrs.get("status")) for t in study.trials]
+    check_no_duplicates_no_losses(study, 4)
+    assert not probe_processes()

@@ -48,17 +48,25 @@ def test_probe_slots_count_the_cluster(ray_cluster):
     assert RayRunner(ray_cluster.address, resources={"nowhere": 1}).probe_slots() == 1
 
 
-def test_lost_node_is_lost(ray_cluster, make_request, tmp_path):
-    """A node SIGKILLed mid-probe: the probe is LOST (not a crash: it says nothing about the
-    config), soon, and its worker process died with the node."""
-    node = ray_cluster.add_node(num_cpus=1, resources={"doomed": 1})
-    marker = str(tmp_path / "lost-node-probe")
-    runner = RayRunner(ray_cluster.address, resources={"doomed": 1},
+def probe_on_own_node(ray_cluster, make_request, tmp_path):
+    """A new node and, on a thread, a probe that sleeps on it: (node, the probe's marker, the
+    thread, the list its result goes into)."""
+    name = tmp_path.name  # a resource only this node has
+    node = ray_cluster.add_node(num_cpus=1, resources={name: 1})
+    marker = str(tmp_path / "sleeping-probe")
+    runner = RayRunner(ray_cluster.address, resources={name: 1},
                        worker_argv=FAULTY + ["sleep", marker])
-    results = []
+    results: list = []
     thread = threading.Thread(target=lambda: results.append(runner.run(make_request())),
                               daemon=True)
     thread.start()
+    return node, marker, thread, results
+
+
+def test_lost_node_is_lost(ray_cluster, make_request, tmp_path):
+    """A node SIGKILLed mid-probe: the probe is LOST (not a crash: it says nothing about the
+    config), soon, and its worker process died with the node."""
+    node, marker, thread, results = probe_on_own_node(ray_cluster, make_request, tmp_path)
     assert wait_until(lambda: processes_mentioning(marker), 60), "the probe never started"
     killed_at = time.monotonic()
     ray_cluster.kill_node(node)
@@ -99,14 +107,7 @@ def test_frozen_node_is_lost(ray_cluster, make_request, tmp_path):
     """A node that stops answering (SIGSTOP: no connection breaks, as a hung machine or a
     network partition) leaves Ray waiting on its worker; the runner sees the GCS mark the node
     dead and calls the probe LOST."""
-    node = ray_cluster.add_node(num_cpus=1, resources={"frozen": 1})
-    marker = str(tmp_path / "frozen-node-probe")
-    runner = RayRunner(ray_cluster.address, resources={"frozen": 1},
-                       worker_argv=FAULTY + ["sleep", marker])
-    results = []
-    thread = threading.Thread(target=lambda: results.append(runner.run(make_request())),
-                              daemon=True)
-    thread.start()
+    node, marker, thread, results = probe_on_own_node(ray_cluster, make_request, tmp_path)
     try:
         assert wait_until(lambda: processes_mentioning(marker), 60), "the probe never started"
         frozen_at = time.monotonic()

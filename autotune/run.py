@@ -201,22 +201,14 @@ def make_runner(executor: str, address: str | None, request: Any, parallel: int 
                 gpus_per_trial: int) -> tuple[Any, list[Any]]:
     """The runner for --executor and the slots its probes run in side by side."""
     from autotune.parallel import Slot, plan_slots
+    from autotune.runners import get_runner
 
     if executor == "local":
-        from autotune.runners.local import SubprocessRunner
-
-        return SubprocessRunner(), plan_slots(request.device, request.gpu_ids, gpus_per_trial,
-                                              parallel, request.cpu_threads)
-    try:
-        from autotune.runners.ray_runner import RayRunner
-    except ImportError:
-        raise ConfigError("--executor ray: Ray is not installed; pip install 'autotune[ray]'") \
-            from None
-    import ray
-
-    runner = RayRunner(address=address, num_cpus_per_probe=request.cpu_threads or 1,
-                       num_gpus_per_probe=0 if request.device == "cpu" else gpus_per_trial)
-    if runner.num_gpus_per_probe and not ray.cluster_resources().get("GPU"):
+        return get_runner("local"), plan_slots(request.device, request.gpu_ids, gpus_per_trial,
+                                               parallel, request.cpu_threads)
+    runner = get_runner("ray", address=address, num_cpus_per_probe=request.cpu_threads or 1,
+                        num_gpus_per_probe=0 if request.device == "cpu" else gpus_per_trial)
+    if runner.num_gpus_per_probe and not runner.cluster_gpus():
         if request.device == "cuda":
             runner.close()
             raise ConfigError("--device cuda: the Ray cluster has no GPUs; use --device cpu "

@@ -107,6 +107,7 @@ def test_run_refuses_bad_input_in_one_line(tmp_path):
         (["--storage", "sqlite:///s.db"], "cannot be shared safely between machines"),
         (["--storage", "postgresql://u:secret@127.0.0.1:1/s"], "cannot open the database"),
         (["--address", "auto"], "--address: only with --executor ray"),
+        (["--executor", "ray", "--address", "127.0.0.1:1"], "no Ray cluster answers there"),
         (["--parallel", "0"], "0 is not in the range"),
     ]
     for args, message in cases:

@@ -35,10 +35,14 @@ def get_runner(kind: str = "local", **options: Any) -> Runner:
         from autotune.runners.local import SubprocessRunner
 
         return SubprocessRunner(**options)
-    if kind == "ray":
-        from autotune.runners.ray_runner import RayRunner
-
-        return RayRunner(**options)
     from autotune.errors import ConfigError
+
+    if kind == "ray":
+        try:
+            from autotune.runners.ray_runner import RayRunner
+        except ImportError:
+            raise ConfigError("--executor ray: Ray is not installed; pip install "
+                              "'autotune[ray]'") from None
+        return RayRunner(**options)
 
     raise ConfigError(f"unknown executor {kind!r}: valid: local, ray")

@@ -91,6 +91,21 @@ class ProbeLost(Exception):
     """The probe's node is gone, though Ray has not failed its task (yet)."""
 
 
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """One clear error for a HOST:PORT nobody listens on (ray.init would retry for minutes)."""
+    if address is None or address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        from autotune.errors import ConfigError
+
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc}); start "
+                          "one with `ray start --head` or give the head's HOST:PORT") from None
+
+
 class RayRunner:
     """Runs each probe as one Ray task on a Ray cluster (or a local Ray started for it)."""
 
@@ -107,6 +122,7 @@ class RayRunner:
         self.lock = threading.Lock()
         self.in_flight: set[Any] = set()  # the probe tasks (ObjectRefGenerators) not returned
         self.connected_ray = not ray.is_initialized()  # this runner connected: it disconnects
+        check_reachable(address)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.ERROR, ignore_reinit_error=True)
@@ -145,6 +161,12 @@ class RayRunner:
         slots = min(math.floor(total.get(name, 0.0) / amount + 1e-9)
                     for name, amount in needs.items() if amount > 0)
         return max(1, slots)
+
+    def cluster_gpus(self) -> float:
+        """GPUs of the cluster's alive nodes."""
+        import ray
+
+        return ray.cluster_resources().get("GPU", 0.0)
 
     def close(self) -> None:
         """Disconnect from Ray if this runner connected (a local Ray it started stops)."""

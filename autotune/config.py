@@ -63,6 +63,18 @@ class ProbeConfig:
         return self.max_prompt_length + self.max_response_length
 
 
+@dataclass(frozen=True)
+class Topology:
+    """The training run's GPUs: `nnodes` x `gpus_per_node` ranks share each batch."""
+
+    nnodes: int = 1
+    gpus_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProbeConfig))
 _KNOB_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(ProbeConfig)}
 
@@ -240,3 +252,19 @@ def load_knob_file(path: str) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems)
     return values
+
+
+def describe_params(params: dict[str, Any]) -> str:
+    """Params in a short readable form: mbu=4 mbe=8 gc offload_params."""
+    short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
+             "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
+             "global_batch_size": "gbs", "offload_params": "off_p",
+             "offload_optimizer": "off_o", "val_batch_size": "vbs"}
+    parts = []
+    for name, value in params.items():
+        label = short.get(name, name)
+        if isinstance(value, bool):
+            parts.append(label if value else f"no-{label}")
+        else:
+            parts.append(f"{label}={value}")
+    return " ".join(parts)

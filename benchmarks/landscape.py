@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autotune.config import parse_bytes
-from autotune.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
-from autotune.search_space import SearchSpace, load_search_space
-from autotune.tuner import params_key
+from autotune.probe.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
+from autotune.sweep.search_space import SearchSpace, load_search_space
+from autotune.sweep.tuner import params_key
 
 FIGURES = ["status", "failed_phase", "tokens_per_s", "samples_per_s", "step_s",
            "peak_mem_bytes", *(f"peak_mem_{p}_bytes" for p in PHASES[:3]),

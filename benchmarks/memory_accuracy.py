@@ -35,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import record  # noqa: E402
 
-from autotune.calibration import fit_calibration  # noqa: E402
-from autotune.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
-from autotune.memory import estimate_memory  # noqa: E402
-from autotune.models import model_shape  # noqa: E402
-from autotune.result import ProbeRequest  # noqa: E402
-from autotune.search_space import load_search_space  # noqa: E402
+from autotune.memory.calibration import fit_calibration  # noqa: E402
+from autotune.memory.model import (
+    estimate_memory,  # noqa: E402
+    model_shape,  # noqa: E402
+)
+from autotune.probe.result import ProbeRequest  # noqa: E402
+from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
+from autotune.sweep.search_space import load_search_space  # noqa: E402
 
 HERE = Path(__file__).parent
 GRIDS = [("tiny-qwen2.5", HERE / "spaces" / "memory-grid.yaml",

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from autotune.config import ProbeConfig
-from autotune.result import ProbeRequest
+from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
 OUT_DIR = Path(__file__).parent / "results"
@@ -40,7 +40,8 @@ def time_command(code: str, repeats: int) -> float:
 
 
 def gpu_build_seconds() -> float | None:
-    code = ("import time, torch; from autotune.models import load_model_config, build_model; "
+    code = ("import time, torch; "
+            "from autotune.probe.models import load_model_config, build_model; "
             "c = load_model_config('qwen2.5-7b'); t = time.perf_counter(); "
             "m = build_model(c, torch.device('cuda'), torch.float32); torch.cuda.synchronize(); "
             "print(time.perf_counter() - t)")

@@ -28,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import ReplayRunner, load_landscape, params_key  # noqa: E402
 
-from autotune.feasibility import at_least_as_demanding  # noqa: E402
-from autotune.objective import scalar, score  # noqa: E402
-from autotune.result import ProbeRequest  # noqa: E402
-from autotune.search_space import load_search_space  # noqa: E402
-from autotune.tuner import Sweep, SweepSettings  # noqa: E402
+from autotune.probe.result import ProbeRequest  # noqa: E402
+from autotune.sweep.feasibility import at_least_as_demanding  # noqa: E402
+from autotune.sweep.objective import scalar, score  # noqa: E402
+from autotune.sweep.search_space import load_search_space  # noqa: E402
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.tuner import Sweep  # noqa: E402
 
 GRID = Path(__file__).parent / "data" / "cpu_demo_grid.csv"
 OUT = Path(__file__).parent / "results"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import ProbeConfig
-from autotune.result import ProbeRequest
+from autotune.probe.result import ProbeRequest
 
 # Real servers on loopback: PostgreSQL for the shared-study tests (tests/postgres_server.py),
 # a Ray cluster for the Ray runner and multi-node tests (tests/ray_cluster.py).

@@ -2,7 +2,8 @@
 
 A subclass named Test... overrides the ``make_runner`` fixture: a function
 ``make_runner(worker_argv=None) -> Runner`` whose runner runs each probe with the given worker
-command (None: the real ``python -m autotune.worker``; the faulty worker in tests/ otherwise).
+command (None: the real ``python -m autotune.probe.worker``; otherwise the faulty worker in
+tests/).
 Every case runs real processes: a real tiny probe, a real OOM, real deaths.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.result import ProbeStatus
+from autotune.probe.result import ProbeStatus
 from autotune.runners import Runner
 
 FAULTY = [sys.executable, str(Path(__file__).parent / "faulty_worker.py")]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 MiB = 2**20
 LIMIT_BYTES = 1000 * MiB
@@ -70,14 +70,14 @@ class ModelRunner:
     memory model is exactly right, to test the estimate pre-screen inside a real sweep."""
 
     def __init__(self, limit_bytes: int, context_bytes: int = 250 * MiB) -> None:
-        from autotune.models import model_shape
+        from autotune.memory.model import model_shape
 
         self.limit_bytes, self.context_bytes = limit_bytes, context_bytes
         self.shape = model_shape("tiny-qwen2.5")
         self.calls: list[dict] = []
 
     def phase_bytes(self, config) -> dict[str, int]:
-        from autotune.memory import estimate_memory
+        from autotune.memory.model import estimate_memory
 
         est = estimate_memory(self.shape, config, on_gpu=False)
         return {name: p.states_bytes + self.context_bytes + p.transient_bytes
@@ -103,8 +103,9 @@ class ModelRunner:
 def model_study(results_dir: Path, name: str, trials: int) -> None:
     """A real SQLite study of `trials` ModelRunner probes over cpu-demo, for commands that
     read a study (estimate --study, export)."""
-    from autotune.search_space import load_search_space
-    from autotune.tuner import Sweep, SweepSettings
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
 
     settings = SweepSettings(study_name=name, study_dir=Path(results_dir) / name,
                              space=load_search_space("cpu-demo"),

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.calibration import Calibration, PhaseFit, fit_calibration, fit_phase
 from autotune.config import ProbeConfig
-from autotune.memory import estimate_memory
-from autotune.models import model_shape
+from autotune.memory.calibration import Calibration, PhaseFit, fit_calibration, fit_phase
+from autotune.memory.model import estimate_memory, model_shape
 
 MiB = 2**20
 TINY = model_shape("tiny-qwen2.5")

@@ -13,7 +13,7 @@ def autotune(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_help_does_not_import_heavy_modules():
-    code = ("import sys; import autotune.cli; "
+    code = ("import sys; import autotune.cli.main; "
             "print([m for m in ('torch', 'transformers', 'ray') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
@@ -125,7 +125,8 @@ def test_show_without_a_study_says_what_to_do(tmp_path):
 
 
 def test_estimate_every_registry_model_in_one_run_each():
-    from autotune.models import REGISTRY, model_shape
+    from autotune.memory.model import model_shape
+    from autotune.registry import REGISTRY
 
     for name in REGISTRY:
         out = autotune("estimate", "--model", name, "--gpus", "8", "--json")

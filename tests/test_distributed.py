@@ -20,7 +20,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune.sharing import params_key
+from autotune.sweep.sharing import params_key
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def probe_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "autotune.worker" in cmdline:
+        if "autotune.probe.worker" in cmdline:
             found.append(proc)
     return found
 
@@ -110,7 +110,7 @@ def probes_under(root_pid: int) -> list[psutil.Process]:
     """The probe worker processes running under a process (a Ray node's raylet)."""
     with contextlib.suppress(psutil.Error):
         return [p for p in psutil.Process(root_pid).children(recursive=True)
-                if "autotune.worker" in " ".join(p.cmdline())]
+                if "autotune.probe.worker" in " ".join(p.cmdline())]
     return []
 
 

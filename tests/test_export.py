@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.config import Topology
 from autotune.errors import ConfigError
-from autotune.export import dotted_get, load_trainer_yaml, render, topology_for
-from autotune.trainers import EASYR1, VERL, Topology
+from autotune.trainers.easyr1 import EASYR1
+from autotune.trainers.export import dotted_get, load_trainer_yaml, render, topology_for
+from autotune.trainers.verl import VERL
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # the trainers' real default configs
 BASES = {"easyr1": FIXTURES / "easyr1-config.yaml", "verl": FIXTURES / "verl-ppo-trainer.yaml"}
@@ -210,7 +212,7 @@ def _grpo_config(tmp_path, values):
 
 def test_exported_trl_config_is_loaded_by_the_real_grpo_config(tmp_path):
     pytest.importorskip("trl")  # installed by the test extra; skipped only outside it
-    from autotune.trainers import TRL
+    from autotune.trainers.trl import TRL
 
     knobs = {**KNOBS, "offload_optimizer": False, "micro_batch_size_update": 8}
     text = render(TRL, knobs, Topology(1, 1), None, ["p"])
@@ -231,7 +233,7 @@ def test_exported_trl_config_is_loaded_by_the_real_grpo_config(tmp_path):
 
 def test_trl_rules_agree_with_grpo_config_on_random_configs(tmp_path):
     pytest.importorskip("trl")
-    from autotune.trainers import TRL
+    from autotune.trainers.trl import TRL
 
     rng, accepted, refused = random.Random(3), 0, 0
     for _ in range(300):

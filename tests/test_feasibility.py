@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.feasibility import Feasibility, at_least_as_demanding, reason_for
+from autotune.sweep.feasibility import Feasibility, at_least_as_demanding, reason_for
 
 BASE = {"micro_batch_size_update": 4, "micro_batch_size_experience": 8,
         "gradient_checkpointing": False, "offload_params": False, "offload_optimizer": True,
@@ -68,8 +68,7 @@ def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
 
 def _estimator(shape_name, on_gpu):
     from autotune.config import ProbeConfig
-    from autotune.memory import estimate_memory
-    from autotune.models import model_shape
+    from autotune.memory.model import estimate_memory, model_shape
 
     shape = model_shape(shape_name)
     return lambda params: estimate_memory(shape, ProbeConfig(**params), on_gpu=on_gpu)
@@ -87,7 +86,7 @@ def test_model_states_alone_past_capacity_are_predicted_before_any_calibration()
 
 
 def test_calibrated_prescreen_skips_only_well_past_capacity():
-    from autotune.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     estimator = _estimator("tiny-qwen2.5", on_gpu=False)
     feasibility = Feasibility(estimator=estimator)

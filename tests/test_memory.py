@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from autotune.config import ProbeConfig
-from autotune.memory import (
+from autotune.memory.model import (
     PHASE_KNOBS,
     ModelShape,
     activation_bytes_per_token,
@@ -16,9 +16,11 @@ from autotune.memory import (
     kv_cache_bytes,
     layer_activation_bytes_per_token,
     logits_bytes_per_token,
+    model_shape,
     model_state_bytes,
 )
-from autotune.models import REGISTRY, count_params, load_model_config, model_shape
+from autotune.probe.models import count_params, load_model_config
+from autotune.registry import REGISTRY
 
 PSI_7B = 7_615_616_512  # Qwen2.5-7B, counted on the meta device by `autotune models`
 QWEN_7B = ModelShape(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
@@ -140,7 +142,8 @@ def test_shape_from_the_registry_and_no_torch_import():
     assert (shape.hidden, shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == \
         (3584, 28, 4, 128, 152064)
     assert shape.is_vl and not shape.tied_embeddings
-    code = ("import sys, autotune.memory, autotune.calibration, autotune.estimate; "
+    code = ("import sys, autotune.memory.model, autotune.memory.calibration, "
+            "autotune.memory.estimate, autotune.cli.estimate; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import ConfigError, UnknownModelError
-from autotune.models import REGISTRY, count_params, get_model_spec, load_model_config
+from autotune.probe.models import count_params, load_model_config
+from autotune.registry import REGISTRY, get_model_spec
 
 
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.card_params])

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.parallel import Slot, cpu_slots, gpu_slots, plan_slots
-from autotune.result import ProbeStatus
+from autotune.probe.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
+from autotune.sweep.parallel import Slot, cpu_slots, gpu_slots, plan_slots
 
 
 def test_eight_gpus_one_per_trial_are_eight_disjoint_slots():

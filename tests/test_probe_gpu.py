@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autotune.config import ProbeConfig
-from autotune.result import ProbeRequest, ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 pytestmark = [pytest.mark.gpu,
@@ -37,8 +37,7 @@ def test_forced_gpu_oom_is_classified():
 def test_memory_model_bounds_the_measured_gpu_peaks():
     """The exact model states are a lower bound of every measured phase; the uncalibrated
     prior is within a factor of 1.5 either way (calibration takes it the rest of the way)."""
-    from autotune.memory import estimate_memory
-    from autotune.models import model_shape
+    from autotune.memory.model import estimate_memory, model_shape
 
     result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
                                                  device="cuda"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.result import ProbeStatus
+from autotune.probe.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 # Long sequences and a large update micro-batch: activations dominate the update phase.

@@ -8,16 +8,17 @@ import time
 from rich.console import Console
 from scripted_runner import ScriptedRunner
 
-from autotune.progress import (
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.progress import (
     LiveProgress,
     PlainProgress,
     SweepState,
     format_duration,
     make_progress,
 )
-from autotune.result import ProbeRequest
-from autotune.search_space import load_search_space
-from autotune.tuner import Sweep, SweepSettings
+from autotune.sweep.search_space import load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.tuner import Sweep
 
 
 def run_with(progress, tmp_path):

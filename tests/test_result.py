@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autotune.config import ProbeConfig
-from autotune.result import ProbeRequest, ProbeResult, ProbeStatus, write_text_atomic
+from autotune.files import write_text_atomic
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 
 def test_request_round_trip():

@@ -9,7 +9,7 @@ import pytest
 from runner_contract import FAULTY, RunnerContract
 
 from autotune.errors import ConfigError
-from autotune.result import ProbeStatus
+from autotune.probe.result import ProbeStatus
 from autotune.runners import get_runner
 from autotune.runners.local import SubprocessRunner
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from runner_contract import FAULTY, RunnerContract, processes_mentioning, wait_until
 
-from autotune.result import ProbeStatus
+from autotune.probe.result import ProbeStatus
 from autotune.runners import get_runner
 from autotune.runners.ray_runner import RayRunner  # imports ray only when a runner is made
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.search_space import SPACES_DIR, check_search_space, load_search_space
+from autotune.sweep.search_space import SPACES_DIR, check_search_space, load_search_space
 
 
 @pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)

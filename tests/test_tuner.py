@@ -15,12 +15,13 @@ import yaml
 from optuna.trial import TrialState
 from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_result
 
-from autotune.artifacts import best_trial, write_artifacts
 from autotune.errors import AutotuneError, ConfigError
-from autotune.result import ProbeRequest
-from autotune.search_space import SearchSpace, load_search_space
-from autotune.storage import StudyLock
-from autotune.tuner import Sweep, SweepSettings, params_key
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.artifacts import best_trial, write_artifacts
+from autotune.sweep.search_space import SearchSpace, load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.storage import StudyLock
+from autotune.sweep.tuner import Sweep, params_key
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
 
@@ -266,7 +267,7 @@ def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
 
 @pytest.mark.parametrize("prescreen", [True, False])
 def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, prescreen):
-    from autotune.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     space = load_search_space("cpu-demo")
     probe = ModelRunner(limit_bytes=1)
@@ -291,7 +292,8 @@ def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, pres
 
 
 def test_a_trainers_rules_keep_the_sweep_to_configs_it_accepts(tmp_path):
-    from autotune.trainers import VERL, Topology
+    from autotune.config import Topology
+    from autotune.trainers.verl import VERL
 
     topology = Topology(1, 8)  # 16 responses over 8 GPUs: 1 per GPU per mini-batch of 2 prompts
     space = load_search_space("cpu-demo").with_rules(

@@ -1,11 +1,16 @@
-"""Runners: where a probe runs. Each takes a ProbeRequest and returns a ProbeResult."""
+"""runners: where a probe runs (a local subprocess, a Ray task), and killing it whole.
+
+Each runner takes a ProbeRequest and returns a ProbeResult. May import config, errors, files,
+probe.result and probe.oom; never torch (the probe runs in its own process); ray only inside
+ray_runner.py, and only when a RayRunner is made.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune.result import ProbeRequest, ProbeResult
+from autotune.probe.result import ProbeRequest, ProbeResult
 
 
 class Runner(Protocol):

@@ -1,6 +1,6 @@
 """SubprocessRunner: each probe in a process group of its own, watched, and killed whole.
 
-The worker runs as `python -m autotune.worker` in a new session, pinned to its GPUs with
+The worker runs as `python -m autotune.probe.worker` in a new session, pinned to its GPUs with
 CUDA_VISIBLE_DEVICES (or to CPU threads), its output in a log file. A watchdog polls the
 process tree: past `timeout_s` or past the host-memory limit it kills every process of the
 probe. Whatever happened, `run` returns a classified ProbeResult and leaves no process behind.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from autotune.oom import classify_exit
-from autotune.result import ProbeRequest, ProbeResult
+from autotune.probe.oom import classify_exit
+from autotune.probe.result import ProbeRequest, ProbeResult
 
 STDERR_TAIL_CHARS = 4000
 POLL_INTERVAL_S = 0.02
@@ -114,11 +114,11 @@ def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
 
 
 class SubprocessRunner:
-    """Runs each probe as `python -m autotune.worker` in its own process group."""
+    """Runs each probe as `python -m autotune.probe.worker` in its own process group."""
 
     def __init__(self, worker_argv: list[str] | None = None) -> None:
         # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
-        self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.worker"]
+        self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.probe.worker"]
         self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
 
     def stop(self) -> None:

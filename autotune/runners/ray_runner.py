@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import RunnerError
-from autotune.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 LOG_TAIL_BYTES = 2 * 2**20  # the most of a probe's log that comes back to the driver

@@ -1,0 +1,63 @@
+"""`autotune export`: a study's best config as trainer YAML, checked against its rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotune.errors import ConfigError
+from autotune.trainers import get_adapter
+from autotune.trainers.export import (
+    load_trainer_yaml,
+    override_line,
+    provenance_lines,
+    render,
+    topology_for,
+    write_new,
+)
+
+
+@click.command("export")
+@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--trainer", "trainer", required=True,
+              type=click.Choice(["easyr1", "verl", "trl"]))
+@click.option("--base-config", type=click.Path(dir_okay=False), default=None,
+              help="Your trainer YAML: only the tuned keys change, comments and order stay.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Where to write (default: results/<study>/best.<trainer>.yaml).")
+@click.option("--nnodes", type=click.IntRange(1), default=None,
+              help="Nodes the run will use (default: the base config's, else 1).")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+              help="GPUs per node (default: the base config's, else 1).")
+def export(study: str | None, results_dir: str, trainer: str, base_config: str | None,
+           out_path: str | None, nnodes: int | None, gpus_per_node: int | None) -> None:
+    """Write a study's best config as trainer YAML, checked against the trainer's rules.
+
+    \b
+    autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
+    autotune export --study qwen2.5-7b-grpo --trainer verl --out best.verl.yaml
+    """
+    from autotune.sweep.artifacts import best_document, best_trial
+    from autotune.sweep.storage import load_study
+
+    loaded = load_study(results_dir, study)
+    best = best_trial(loaded)
+    if best is None:
+        raise ConfigError(f"study {loaded.study_name}: no feasible config to export yet")
+    document = best_document(loaded, best)
+    adapter = get_adapter(trainer)
+    base = load_trainer_yaml(base_config) if base_config else None
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
+    text = render(adapter, document["config"], topology, base,
+                  provenance_lines(document, adapter, topology))
+    path = Path(out_path) if out_path else \
+        Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
+    write_new(path, text)
+    overrides = override_line(adapter, document["config"], topology)
+    click.echo(f"wrote {path}")
+    click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides,
+                                                  world=topology.world_size))
+    if "{overrides}" not in adapter.launch:
+        click.echo("or as overrides: " + overrides)

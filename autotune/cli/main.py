@@ -1,0 +1,176 @@
+"""The `autotune` command: thin click commands over the library.
+
+The only place that turns an AutotuneError into one line on stderr and an exit code (2 for
+bad input). torch, transformers and ray are imported inside commands, never at import time, so
+`autotune --help` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from autotune import __version__
+from autotune.cli.estimate import estimate
+from autotune.cli.export import export
+from autotune.cli.options import build_probe_request, probe_options
+from autotune.cli.run import run
+from autotune.errors import AutotuneError, ConfigError
+
+_state = {"debug": False}
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="autotune")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+def cli(debug: bool) -> None:
+    """Find the fastest memory-safe configuration for an RL fine-tuning run.
+
+    \b
+    autotune run                                     sweep (CPU demo without a GPU)
+    autotune run --model qwen2.5-vl-7b --timeout 8h  overnight sweep on this machine's GPUs
+    autotune show                                    trials, Pareto front, best config
+    autotune estimate --model qwen2.5-7b --gpus 8    memory per phase, before probing
+    autotune validate search_spaces/grpo.yaml        check a search space
+    autotune models                                  the model registry
+    autotune probe --model tiny-qwen2.5              one real GRPO step, measured
+    autotune probe --model qwen2.5-0.5b --set micro_batch_size_update=8 --json
+    """
+    _state["debug"] = debug
+
+
+@cli.command()
+@click.option("--model-path", type=click.Path(file_okay=False), default=None,
+              help="Also count a local checkpoint or config directory.")
+def models(model_path: str | None) -> None:
+    """List the registry: each model's parameter count, built on the meta device.
+
+    \b
+    autotune models
+    autotune models --model-path ./my-checkpoint
+    """
+    from autotune.cli.text import format_table
+    from autotune.probe.models import count_params, load_model_config
+    from autotune.registry import REGISTRY
+
+    rows = []
+    for name, spec in REGISTRY.items():
+        params = count_params(load_model_config(name))
+        card = f"{spec.card_params:.3f}B" if spec.card_params else "-"
+        rows.append({"model": name, "kind": spec.kind, "params": f"{params / 1e9:.3f}B",
+                     "card": card, "source": spec.hf_id})
+    if model_path:
+        params = count_params(load_model_config("", model_path))
+        rows.append({"model": model_path, "kind": "local", "params": f"{params / 1e9:.3f}B",
+                     "card": "-", "source": "--model-path"})
+    click.echo(format_table(rows, ["model", "kind", "params", "card", "source"]))
+
+
+@cli.command()
+@probe_options()
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Set a knob, repeatable: --set micro_batch_size_update=8.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+              help="Keep the probe's full output in this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
+          **options: Any) -> None:
+    """Run one probe: a real GRPO training step in its own process, measured.
+
+    Exit code 0 when it fits, 1 when it failed (OOM, timeout, crash), 2 for bad input.
+
+    \b
+    autotune probe --model tiny-qwen2.5
+    autotune probe --model qwen2.5-0.5b --set micro_batch_size_update=8 --json
+    autotune probe --model qwen2.5-7b --gpu-memory-limit 40GiB --set offload_params=true
+    """
+    from pathlib import Path
+
+    from autotune.cli.text import format_probe_result
+    from autotune.config import parse_assignments
+    from autotune.probe.result import ProbeStatus
+    from autotune.runners.local import SubprocessRunner
+
+    request = build_probe_request(options, parse_assignments(assignments))
+    if log_path is not None and Path(log_path).exists():
+        raise ConfigError(f"--log {log_path}: file exists; choose a new path")
+    click.echo(f"probing {request.model} on {request.device} ...", err=True)
+    result = SubprocessRunner().run(request, Path(log_path) if log_path else None)
+    click.echo(result.to_json() if as_json else format_probe_result(result, request.model))
+    if result.status is ProbeStatus.INVALID:
+        sys.exit(2)
+    sys.exit(0 if result.ok else 1)
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
+@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
+              show_default=True)
+def show(study: str | None, results_dir: str) -> None:
+    """Print a study's trials, its Pareto front and its best configuration.
+
+    \b
+    autotune show
+    autotune show --study qwen2.5-7b-grpo
+    """
+    from autotune.cli.text import format_study
+    from autotune.sweep.storage import load_study
+
+    click.echo(format_study(load_study(results_dir, study)))
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def validate(files: tuple[str, ...]) -> None:
+    """Check search-space files; report every problem with its file and key.
+
+    \b
+    autotune validate search_spaces/grpo.yaml
+    """
+    from autotune.sweep.search_space import check_search_space
+
+    failed = False
+    for path in files:
+        try:
+            space, problems = check_search_space(path)
+        except ConfigError as err:
+            space, problems = None, err.problems
+        for problem in problems:
+            click.echo(problem, err=True)
+        if problems or space is None:
+            failed = True
+            continue
+        valid = space.valid_grid()
+        count = f"{len(valid)} valid of {space.grid_size}" if valid is not None else \
+            f"{space.grid_size} (too many to list)"
+        click.echo(f"{path}: ok, {len(space.params)} searched knobs, {count} configs, "
+                   f"hash {space.space_hash}")
+    sys.exit(2 if failed else 0)
+
+
+cli.add_command(run)
+cli.add_command(estimate)
+cli.add_command(export)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the command, turning known errors into one line and an exit code."""
+    try:
+        cli.main(args=argv, prog_name="autotune", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except AutotuneError as err:
+        if _state["debug"]:
+            raise
+        click.echo(f"Error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)

@@ -1,0 +1,87 @@
+"""The options every probing command shares, and the ProbeRequest they build.
+
+`autotune probe` and `autotune run` take the same model, device, memory-limit and step
+options; this module is their one definition. No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from autotune.errors import ConfigError
+
+
+def _size_option(name: str, help_text: str) -> Any:
+    return click.option(name, default=None, metavar="SIZE", help=help_text)
+
+
+def probe_options(model_required: bool = True, timeout_flag: str = "--timeout") -> Any:
+    """Options shared by every command that runs probes: model, device and memory limits."""
+    options = [
+        click.option("--model", "model", required=model_required, default=None, metavar="NAME",
+                     help="Registry model (see `autotune models`), e.g. qwen2.5-vl-7b."),
+        click.option("--model-path", type=click.Path(file_okay=False), default=None,
+                     help="Local HF checkpoint or config directory (overrides the registry)."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                     show_default=True, help="Where probes run; auto = cuda when present."),
+        click.option("--gpus", default=None, metavar="IDS",
+                     help="GPU ids to pin probes to, e.g. 0 or 0,1 (default: all visible)."),
+        click.option("--threads", "cpu_threads", type=click.IntRange(1), default=None,
+                     help="CPU threads per probe (default: torch's choice)."),
+        _size_option("--gpu-memory-limit", "Cap on device memory per probe, e.g. 40GiB "
+                     "(emulates a smaller GPU; on CPU caps the probe's device RSS)."),
+        _size_option("--reserve-gpu-memory", "Device memory left free for a co-located "
+                     "process such as a retriever, e.g. 6GiB (default: 0)."),
+        _size_option("--host-memory-limit", "Cap on the probe tree's host RSS, e.g. 64GiB; "
+                     "past it the probe is killed and classified host_oom."),
+        click.option(timeout_flag, "timeout", default="15m", show_default=True,
+                     help="Wall-clock limit per probe: 90s, 15m, 2h."),
+        click.option("--warmup-steps", type=click.IntRange(0), default=1, show_default=True,
+                     help="Untimed steps before timing."),
+        click.option("--timed-steps", type=click.IntRange(1), default=2, show_default=True,
+                     help="Timed steps averaged into the figures."),
+        click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto",
+                     show_default=True, help="Compute dtype; auto = bf16 on GPU, fp32 on CPU."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
+    ]
+
+    def decorate(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
+                        timeout_flag: str = "--timeout") -> Any:
+    """A ProbeRequest from the shared probe options and typed knob values."""
+    from autotune.config import make_probe_config, parse_bytes, parse_duration_s
+    from autotune.probe.result import ProbeRequest
+    from autotune.registry import get_model_spec
+
+    if options["model_path"] is None:
+        get_model_spec(options["model"])
+    gpu_ids = None
+    if options["gpus"]:
+        try:
+            gpu_ids = tuple(int(x) for x in options["gpus"].split(","))
+        except ValueError:
+            raise ConfigError(f"--gpus {options['gpus']!r}: expected ids such as 0 or 0,1") \
+                from None
+
+    def size(flag: str) -> int | None:
+        raw = options[flag.lstrip("-").replace("-", "_")]
+        return parse_bytes(raw, flag) if raw is not None else None
+
+    return ProbeRequest(
+        model=options["model"], config=make_probe_config(knob_values),
+        model_path=options["model_path"], device=options["device"], gpu_ids=gpu_ids,
+        cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
+        reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,
+        host_memory_limit_bytes=size("--host-memory-limit"),
+        timeout_s=parse_duration_s(options["timeout"], timeout_flag),
+        warmup_steps=options["warmup_steps"], timed_steps=options["timed_steps"],
+        seed=options["seed"], dtype=options["dtype"])

@@ -1,0 +1,247 @@
+"""`autotune run`: the sweep command, its embedded defaults, and the run it drives.
+
+Without --model it runs an embedded default (the tiny model on the CPU under a 560 MiB cap
+when no NVIDIA GPU is visible). With --trainer it samples only configs that trainer accepts
+for the given nodes and GPUs, seeds the trainer's starting config as a trial, and writes
+results/<study>/best.<trainer>.yaml next to best.yaml.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from autotune.cli.options import build_probe_request, probe_options
+from autotune.errors import ConfigError
+from autotune.hardware import has_nvidia_gpu
+
+DEMO = {"model": "tiny-qwen2.5", "space": "cpu-demo", "device": "cpu",
+        "gpu_memory_limit": "560MiB", "timed_steps": 1, "trials": 12}
+GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
+
+
+@click.command()
+@probe_options(model_required=False, timeout_flag="--probe-timeout")
+@click.option("--space", default=None, metavar="NAME|FILE",
+              help="Search space: a file or a name in search_spaces/ (default: grpo on a GPU, "
+                   "cpu-demo on a CPU).")
+@click.option("--study", default=None, help="Study name (default: MODEL-SPACE); the same name "
+              "resumes it.")
+@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
+              show_default=True, help="Where results/<study>/ goes.")
+@click.option("--objective", type=click.Choice(["throughput_per_memory", "throughput", "pareto"]),
+              default="throughput_per_memory", show_default=True)
+@click.option("--headroom", default="10%", show_default=True,
+              help="Device memory kept free in every phase of a feasible config.")
+@click.option("--trials", type=click.IntRange(1), default=None,
+              help="Stop after N probes in the study (default 40; 12 for the CPU demo).")
+@click.option("--timeout", "timeout_total", default=None, metavar="DURATION",
+              help="Start no probe after this long, e.g. 8h.")
+@click.option("--patience", type=click.IntRange(1), default=None,
+              help="Stop after K probes without a better feasible config.")
+@click.option("--sampler", type=click.Choice(["tpe", "random"]), default="tpe",
+              show_default=True, help="Optuna sampler (seeded with --seed).")
+@click.option("--base-config", type=click.Path(dir_okay=False), default=None,
+              help="YAML of knobs: fixed ones override the space, searched ones are tried "
+                   "right after the safe first config.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Fix a knob the space does not search: --set max_response_length=2048.")
+@click.option("--no-prune", is_flag=True,
+              help="Probe even configs that a measured OOM proves cannot fit.")
+@click.option("--no-prescreen", is_flag=True,
+              help="Probe even configs the calibrated memory model puts well past capacity.")
+@click.option("--parallel", type=click.IntRange(1), default=None,
+              help="Probes at once: on a CPU, split the cores this many ways; on GPUs, at most "
+                   "GPUs / --gpus-per-trial (the default); on Ray, what the cluster holds.")
+@click.option("--gpus-per-trial", type=click.IntRange(1), default=1, show_default=True,
+              help="GPUs pinned to each probe (CUDA_VISIBLE_DEVICES); G GPUs run G/g at once.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where probes run: subprocesses here, or Ray tasks on a "
+                                      "Ray cluster (pip install 'autotune[ray]').")
+@click.option("--address", default=None, metavar="auto|HOST:PORT",
+              help="The Ray cluster for --executor ray (default: start Ray on this machine).")
+@click.option("--storage", default=None, metavar="URL|FILE",
+              help="Where the study lives when several drivers share it: a PostgreSQL URL or "
+                   "a journal file on a shared disk (default: SQLite in results/<study>/).")
+@click.option("--heartbeat", "heartbeat", default="10s", hidden=True,
+              help="Shared storage: how often a running trial says it is alive.")
+@click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
+              help="Sample only configs this trainer accepts, start from its config "
+                   "(--base-config is then its YAML), write best.<trainer>.yaml.")
+@click.option("--nnodes", type=click.IntRange(1), default=None,
+              help="Nodes of the training run, for --trainer's rules (default: base config's).")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+              help="GPUs per node of the training run (default: base config's, else 1).")
+@click.pass_context
+def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
+        objective: str, headroom: str, trials: int | None, timeout_total: str | None,
+        patience: int | None, sampler: str, base_config: str | None,
+        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
+        gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
+        heartbeat: str, trainer: str | None, nnodes: int | None, gpus_per_node: int | None,
+        **options: Any) -> None:
+    """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
+
+    Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
+    model on the CPU with a 560 MiB device cap so that some configs run out of memory.
+    Kill it at any time; the same command resumes it. Writes results/<study>/: study.db,
+    trials.csv, logs/ and best.yaml.
+
+    \b
+    autotune run
+    autotune run --model qwen2.5-vl-7b --trials 60 --timeout 8h
+    autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
+    autotune run --model qwen2.5-7b --trainer easyr1 --base-config examples/config.yaml
+    autotune run --model qwen2.5-7b --gpus-per-trial 1          # 8 GPUs: 8 probes at once
+    autotune run --model qwen2.5-7b --executor ray --address auto --storage postgresql://db/at
+    """
+    import re
+    import signal
+    from pathlib import Path
+
+    from autotune.config import (
+        load_knob_file,
+        parse_assignments,
+        parse_duration_s,
+        parse_headroom,
+    )
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+
+    def is_default(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
+
+    if options["model"] is None and options["model_path"] is None:
+        defaults = GPU_DEFAULT if has_nvidia_gpu() and options["device"] != "cpu" else DEMO
+        options["model"] = defaults["model"]
+        if defaults is DEMO:
+            options["device"] = "cpu"
+            if options["gpu_memory_limit"] is None:
+                options["gpu_memory_limit"] = DEMO["gpu_memory_limit"]
+            if is_default("timed_steps"):
+                options["timed_steps"] = DEMO["timed_steps"]
+        space = space or defaults["space"]
+        trials = trials if trials or timeout_total or patience else defaults["trials"]
+        click.echo(f"no --model: running the embedded default, {options['model']} on "
+                   f"{options['device']} over search space {space}", err=True)
+    options["model"] = options["model"] or Path(options["model_path"]).name
+    if trials is None and timeout_total is None and patience is None:
+        trials = GPU_DEFAULT["trials"]
+    if space is None:  # GRPO's real shapes take minutes per probe on a CPU
+        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
+                                                 and not has_nvidia_gpu())
+        space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
+    loaded = load_search_space(space)
+    export_to = None
+    if trainer is not None:
+        from autotune.trainers import get_adapter
+        from autotune.trainers.export import trainer_start
+
+        adapter = get_adapter(trainer)
+        trainer_base, topology, start = trainer_start(adapter, base_config, nnodes,
+                                                      gpus_per_node)
+        if trainer_base is None:  # the trainer's defaults seed the searched knobs only
+            start = {k: v for k, v in start.items() if k in loaded.params}
+        start, notes = loaded.snapped(start)
+        for note in notes:
+            click.echo(f"{trainer} starting config: {note}", err=True)
+        from autotune.trainers.export import dotted_get
+
+        tree = trainer_base[0] if trainer_base else {}
+        loaded = loaded.with_rules(lambda config: adapter.check(
+            config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
+        export_to = (adapter, trainer_base, topology)
+        base = start
+    else:
+        base = load_knob_file(base_config) if base_config is not None else {}
+    search_space, base_params = loaded.with_user_values(
+        parse_assignments(assignments), base, base_config or trainer)
+    if export_to is not None and base_params is None:
+        base_params = search_space.safe_params()  # the trainer's start is the safest config
+    name = study or f"{options['model']}-{search_space.name}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")
+    if address is not None and executor != "ray":
+        raise ConfigError("--address: only with --executor ray")
+    request = build_probe_request(options, {}, "--probe-timeout")
+    runner, slots = make_runner(executor, address, request, parallel, gpus_per_trial)
+    settings = SweepSettings(
+        study_name=name, study_dir=Path(results_dir) / name, space=search_space,
+        request=request, objective=objective,
+        headroom=parse_headroom(headroom), max_trials=trials,
+        timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
+        patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
+        prune_dominated=not no_prune, prescreen=not no_prescreen,
+        trainer=f"{trainer} on {export_to[2].nnodes}x{export_to[2].gpus_per_node} GPUs"
+        if export_to else None, storage=storage, slots=tuple(slots),
+        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"))
+    if len(slots) > 1:
+        click.echo(f"{len(slots)} probes at a time ({executor}): "
+                   f"{' | '.join(slot.describe() for slot in slots)}", err=True)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    sys.exit(run_sweep(settings, export_to, runner))
+
+
+def make_runner(executor: str, address: str | None, request: Any, parallel: int | None,
+                gpus_per_trial: int) -> tuple[Any, list[Any]]:
+    """The runner for --executor and the slots its probes run in side by side."""
+    from autotune.runners import get_runner
+    from autotune.sweep.parallel import Slot, plan_slots
+
+    if executor == "local":
+        return get_runner("local"), plan_slots(request.device, request.gpu_ids, gpus_per_trial,
+                                               parallel, request.cpu_threads)
+    runner = get_runner("ray", address=address, num_cpus_per_probe=request.cpu_threads or 1,
+                        num_gpus_per_probe=0 if request.device == "cpu" else gpus_per_trial)
+    if runner.num_gpus_per_probe and not runner.cluster_gpus():
+        if request.device == "cuda":
+            runner.close()
+            raise ConfigError("--device cuda: the Ray cluster has no GPUs; use --device cpu "
+                              "or start Ray on GPU nodes")
+        runner.num_gpus_per_probe = 0  # --device auto on a CPU cluster: probes on CPUs
+    count = parallel or runner.probe_slots()
+    return runner, [Slot(cpu_threads=request.cpu_threads) for _ in range(count)]
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
+              runner: Any = None) -> int:
+    """Run a sweep with live progress and artifacts; print the outcome; the exit code."""
+    from autotune.cli.text import format_study
+    from autotune.runners.local import SubprocessRunner
+    from autotune.sweep.artifacts import write_artifacts, write_trainer_export
+    from autotune.sweep.progress import make_progress
+    from autotune.sweep.tuner import Sweep
+
+    def artifacts(study: Any) -> Any:
+        best = write_artifacts(study, settings.study_dir)
+        if export_to is not None:
+            write_trainer_export(study, settings.study_dir, *export_to)
+        return best
+
+    runner = runner or SubprocessRunner()
+    sweep = Sweep(settings, runner, make_progress(), on_trial=artifacts)
+    try:
+        study = sweep.run()
+    except KeyboardInterrupt:
+        click.echo(f"Interrupted; nothing is lost. Resume with the same command "
+                   f"(study {settings.study_name}).", err=True)
+        return 130
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()  # a Ray runner disconnects (and stops a Ray it started)
+    best = artifacts(study)
+    click.echo(format_study(study, brief=True))
+    exported = f", best.{export_to[0].name}.yaml" if export_to and best else ""
+    click.echo(f"\nresults in {settings.study_dir}/ (trials.csv, logs/, study.db"
+               f"{', best.yaml' if best else ''}{exported})")
+    if best is None:
+        click.echo("no feasible configuration found: widen the space (offload, checkpointing,"
+                   " smaller micro-batches), lower --headroom or use more memory", err=True)
+        return 1
+    return 0

@@ -1,0 +1,130 @@
+"""Text for people: a probe's result, the model registry. Units are converted only here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.config import describe_params, format_bytes
+from autotune.probe.result import PHASES, ProbeResult
+
+
+def format_probe_result(result: ProbeResult, model: str) -> str:
+    """A short readable summary of one probe: status, speed, per-phase time and memory."""
+    device = result.device_name or "unknown device"
+    lines = [f"probe {model} on {device}: {result.status.value}"]
+    if not result.ok:
+        where = f" (in {result.failed_phase})" if result.failed_phase else ""
+        lines.append(f"  {result.message}{where}")
+    if result.tokens_per_s is not None:
+        lines.append(f"  tokens/s {result.tokens_per_s:,.1f}   samples/s "
+                     f"{result.samples_per_s:,.2f}   step {result.step_s:.2f} s "
+                     "(per device, validation excluded)")
+    phases = [p for p in PHASES if p in result.phase_peak_mem_bytes or p in result.phase_s]
+    if phases:
+        lines.append(f"  {'phase':<12}{'seconds':>9}{'peak device memory':>21}")
+        for phase in phases:
+            seconds = result.phase_s.get(phase)
+            shown = f"{seconds:.2f}" if seconds is not None else "-"
+            peak = format_bytes(result.phase_peak_mem_bytes.get(phase))
+            lines.append(f"  {phase:<12}{shown:>9}{peak:>21}")
+    capacity = format_bytes(result.device_capacity_bytes)
+    limit = result.device_limit_bytes
+    limit_text = f", limit {format_bytes(limit)}" if limit else ""
+    lines.append(f"  peak device memory {format_bytes(result.peak_mem_bytes)} of {capacity}"
+                 f"{limit_text}   host peak RSS {format_bytes(result.host_peak_rss_bytes)}"
+                 f"   offloaded to host {format_bytes(result.host_offload_bytes)}")
+    if result.fixed_cost_s is not None:
+        lines.append(f"  fixed cost {result.fixed_cost_s:.1f} s (startup {result.startup_s:.1f} s,"
+                     f" build {result.build_s:.1f} s)   probe wall {result.probe_wall_s:.1f} s")
+    if not result.ok and result.stderr_tail:
+        tail = result.stderr_tail.strip().splitlines()[-8:]
+        lines.append("  stderr tail:")
+        lines.extend(f"    {line}" for line in tail)
+    return "\n".join(lines)
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain left-aligned table with a header row."""
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = [{c: c for c in columns}, *rows]
+    return "\n".join("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip()
+                     for row in lines)
+
+
+def _trial_cells(trial: Any) -> dict[str, Any]:
+    attrs = trial.user_attrs
+    result = attrs.get("result") or {}
+    tokens = result.get("tokens_per_s")
+    peak = result.get("peak_mem_bytes")
+    status = attrs.get("status", trial.state.name.lower())
+    if attrs.get("reused_from") is not None:
+        status = f"= #{attrs['reused_from']}"
+    elif attrs.get("predicted"):
+        status = f"predicted {status}"
+    elif status == "ok" and not attrs.get("feasible"):
+        status = "over headroom"
+    return {"#": trial.number, "status": status, "config": describe_params(trial.params),
+            "tokens/s": f"{tokens:,.1f}" if tokens else "-",
+            "peak": format_bytes(peak) if peak else "-",
+            "phase": attrs.get("binding_phase") or result.get("failed_phase") or "-",
+            "probe s": f"{result['probe_wall_s']:.0f}" if result.get("probe_wall_s") else "-"}
+
+
+def format_study(study: Any, brief: bool = False) -> str:
+    """A study for people: its trials (unless brief), the Pareto front and the best config."""
+    from autotune.sweep.artifacts import best_document, best_trial, pareto_front
+
+    identity = study.user_attrs.get("identity", {})
+    trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
+    probed = [t for t in trials if t.user_attrs.get("probed")]
+    predicted = [t for t in trials if t.user_attrs.get("predicted")
+                 and t.user_attrs.get("reused_from") is None]
+    lines = [f"study {study.study_name}: model {identity.get('model')}, objective "
+             f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
+             f"{len(probed)} probes in {len(trials)} trials, {len(predicted)} predicted OOM "
+             "(not run)"]
+    calibration = study.user_attrs.get("memory_calibration")
+    if calibration:
+        fits = ", ".join(f"{phase} {fit['transient_scale']:.2f} x transient + "
+                         f"{format_bytes(fit['context_bytes'])}"
+                         for phase, fit in calibration["phases"].items())
+        lines.append(f"memory model calibrated on {calibration['probes']} probes: {fits}")
+    columns = ["#", "status", "config", "tokens/s", "peak", "phase", "probe s"]
+    if not brief and trials:
+        lines += ["", format_table([_trial_cells(t) for t in trials], columns)]
+    front = pareto_front(study)
+    if front:
+        lines += ["", "Pareto front (tokens/s up, peak memory down):",
+                  format_table([_trial_cells(t) for t in front], columns)]
+    best = best_trial(study)
+    if best is None:
+        lines += ["", "no feasible configuration yet"]
+        return "\n".join(lines)
+    document = best_document(study, best)
+    measured = document["measured"]
+    lines += ["", f"best: trial {best.number}, {measured['tokens_per_s']:,.1f} tokens/s, peak "
+                  f"{format_bytes(measured['peak_mem_bytes'])} of budget "
+                  f"{format_bytes(measured['budget_bytes'])} (binds in "
+                  f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    lines += [f"  {key}: {value}" for key, value in document["config"].items()
+              if key in document["searched"]]
+    lines += _against_start(trials, best, identity)
+    return "\n".join(lines)
+
+
+def _against_start(trials: list[Any], best: Any, identity: dict[str, Any]) -> list[str]:
+    """How the best compares with the config the run started from (--base-config or the
+    trainer's own), measured side by side in the same study."""
+    start = next((t for t in trials if t.user_attrs.get("origin") == "base"), None)
+    if start is None and identity.get("trainer"):
+        start = next((t for t in trials if t.user_attrs.get("origin") == "safe"), None)
+    if start is None or start.number == best.number:
+        return [] if start is None else ["  (the starting config is the best one found)"]
+    what = f"the starting config (trial {start.number}: {describe_params(start.params)})"
+    result = start.user_attrs.get("result") or {}
+    if not start.user_attrs.get("feasible") or not result.get("tokens_per_s"):
+        return [f"  {what}: {start.user_attrs.get('status')}, "
+                f"{start.user_attrs.get('reason') or 'does not fit'}"]
+    tuned = best.user_attrs["result"]
+    return [f"  vs {what}: {tuned['tokens_per_s'] / result['tokens_per_s']:.2f}x the tokens/s "
+            f"at {tuned['peak_mem_bytes'] / result['peak_mem_bytes']:.2f}x the peak memory"]

@@ -1,0 +1,6 @@
+"""memory: how much memory a config needs, per GPU and per phase, without running it.
+
+Owns the arithmetic memory model (model.py), its calibration on measured peaks
+(calibration.py) and the estimate as people read it (estimate.py). May import config, errors
+and registry; never torch, so `autotune estimate` and the sweep's pre-screen are instant.
+"""

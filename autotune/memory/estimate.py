@@ -1,0 +1,95 @@
+"""The memory model's answer for one config as people read it: the per-phase table, the
+phase that binds, host memory for offload, and the largest micro-batches that fit.
+
+Pure arithmetic over memory/model.py (and a calibration when a study has one): no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autotune.config import ProbeConfig, format_bytes
+from autotune.memory.calibration import Calibration
+from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory
+
+MAX_MICRO_BATCH = 1 << 16
+
+
+def phase_totals(estimate: MemoryEstimate, calibration: Calibration | None) -> dict[str, int]:
+    if calibration is None:
+        return {name: p.total_bytes for name, p in estimate.phases.items()}
+    return calibration.phase_bytes(estimate)
+
+
+def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budget_bytes: int,
+                        calibration: Calibration | None, **model_args: Any) -> tuple[int, int]:
+    """The largest value of micro-batch `knob` whose phase fits `budget_bytes` (0: not even
+    1), searched past the batch, and how many responses the batch gives one GPU there."""
+    prompts = config.global_batch_size if knob == "micro_batch_size_update" \
+        else config.rollout_batch_size
+    per_gpu = max(1, prompts * config.rollout_n // model_args.get("num_gpus", 1))
+    phase = "update" if knob == "micro_batch_size_update" else "experience"
+
+    def fits(micro: int) -> bool:
+        trial = dataclasses.replace(config, **{knob: micro})
+        totals = phase_totals(estimate_memory(shape, trial, **model_args), calibration)
+        return totals[phase] <= budget_bytes
+
+    low, high = 0, MAX_MICRO_BATCH  # memory grows with the micro-batch: bisect
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low, per_gpu
+
+
+def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_bytes: int,
+                    headroom: float, calibration: Calibration | None, calibration_note: str,
+                    **model_args: Any) -> str:
+    estimate = estimate_memory(shape, config, **model_args)
+    totals = phase_totals(estimate, calibration)
+    budget = int((1 - headroom) * capacity_bytes)
+    binding = max(totals, key=lambda phase: totals[phase])
+    num_gpus = model_args.get("num_gpus", 1)
+    compute = {2: "bf16", 4: "fp32"}.get(model_args.get("compute_bytes") or 2, "bf16")
+    where = (f"{num_gpus} GPU{'s' if num_gpus > 1 else ''} (FSDP)"
+             if model_args.get("on_gpu", True) else "the CPU as the device")
+    lines = [f"{name}: {shape.num_params / 1e9:.3f}B params, {where}, {compute} compute; "
+             f"capacity {format_bytes(capacity_bytes)} per device, budget "
+             f"{format_bytes(budget)} at {headroom:.0%} headroom",
+             f"memory model: {calibration_note}", "",
+             f"{'phase':<12}{'model states':>14}{'transient':>12}{'context':>11}{'total':>12}"
+             f"{'of capacity':>13}"]
+    for phase, part in estimate.phases.items():
+        transient, context = part.transient_bytes, part.context_bytes
+        if calibration is not None:
+            fit = calibration.phases.get(phase, calibration.fallback())
+            transient, context = int(fit.transient_scale * transient), fit.context_bytes
+        mark = "  <- binds" if phase == binding else ""
+        lines.append(f"{phase:<12}{format_bytes(part.states_bytes):>14}"
+                     f"{format_bytes(transient):>12}{format_bytes(context):>11}"
+                     f"{format_bytes(totals[phase]):>12}{totals[phase] / capacity_bytes:>12.0%}"
+                     f"{mark}")
+    terms = ", ".join(f"{k} {format_bytes(v)}" for k, v in estimate.phases[binding].parts.items()
+                      if v)
+    verdict = "fits" if totals[binding] <= budget else (
+        "over the headroom budget" if totals[binding] <= capacity_bytes else "does not fit")
+    lines += ["", f"binding phase: {binding} ({verdict}); prior terms: {terms}"]
+    if estimate.host_offload_bytes:
+        lines.append(f"host memory for offload: {format_bytes(estimate.host_offload_bytes)} per "
+                     f"GPU, {format_bytes(estimate.host_offload_bytes * num_gpus)} for "
+                     f"{num_gpus} GPU{'s' if num_gpus > 1 else ''}")
+    else:
+        lines.append("host memory for offload: none (offload_params and offload_optimizer off)")
+    for knob in ("micro_batch_size_update", "micro_batch_size_experience"):
+        fits, per_gpu = largest_micro_batch(shape, config, knob, budget, calibration,
+                                            **model_args)
+        what = "per optimizer step" if knob == "micro_batch_size_update" else "per step"
+        if fits == 0:
+            lines.append(f"largest {knob} within the budget: none, even 1 does not fit")
+        else:
+            usable = max(m for m in range(1, min(fits, per_gpu) + 1) if per_gpu % m == 0)
+            lines.append(f"largest {knob} within the budget: {fits} (this batch gives each "
+                         f"GPU {per_gpu} responses {what}; largest divisor that fits: "
+                         f"{usable})")
+    return "\n".join(lines)

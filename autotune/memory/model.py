@@ -1,0 +1,326 @@
+"""The memory model: peak bytes per GPU and per phase of a GRPO step, from plain numbers.
+
+No torch here: the inputs are the model's config numbers and the knobs, so `autotune estimate`
+answers in milliseconds and the sweep can screen configs before running them.
+
+Model states follow the standard mixed-precision Adam accounting as verl and EasyR1 run it
+(actor in fp32, FSDP full sharding over N GPUs): 4 bytes of fp32 params, 4 of fp32 grads and 8
+of Adam m and v per parameter, 16 in all, divided by N. Offload (verl/EasyR1 semantics) moves
+params and optimizer state to host *between* phases: it lowers the rollout and log-prob phases,
+never the update. Activations, logits and the KV cache follow
+shared/reference/memory-and-throughput.md sections 2 to 4.
+
+Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
+states, the reference model, the rollout engine's weights), `transient_bytes` (what grows with
+the micro-batch: activations, logits, KV cache, vision patches; the arithmetic here is the
+uncalibrated prior) and a fixed context. Calibration (calibration.py) fits the context and a
+scale on the transient part per phase and device; the states are never fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.config import ProbeConfig
+from autotune.errors import ConfigError
+from autotune.registry import get_model_spec, read_model_path_config
+
+PARAM_BYTES = 4  # fp32 master params
+GRAD_BYTES = 4  # fp32 grads (FSDP reduces in fp32)
+ADAM_BYTES = 8  # fp32 m and v
+STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + ADAM_BYTES  # 16: the ZeRO paper's 2+2+12
+PHASES = ("rollout", "experience", "update", "validation")
+
+# The knobs that move each phase's peak in this model (a test checks every other knob leaves
+# the phase unchanged). Offload moves states between phases, so it moves the rollout but not
+# the update, which loads them back; the log-prob forwards load the actor params back too.
+_SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px")
+PHASE_KNOBS: dict[str, frozenset[str]] = {
+    "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", "offload_params",
+                          "offload_optimizer", *_SHAPE_KNOBS}),
+    "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
+                             *_SHAPE_KNOBS}),
+    "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", "offload_params",
+                         *_SHAPE_KNOBS}),
+    "validation": frozenset({"val_batch_size", "max_num_seqs", "offload_params",
+                             "offload_optimizer", *_SHAPE_KNOBS}),
+}
+
+# The fixed context of one probe process before calibration: CUDA context and allocator slack
+# on a GPU (reference section 0: 0.5 to 2 GiB), the anonymous RSS of Python, torch and
+# transformers on a CPU (measured: about 255 MiB with torch 2.x and transformers 5.x).
+GPU_CONTEXT_BYTES = 1 << 30
+CPU_CONTEXT_BYTES = 255 << 20
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a (Qwen2-family) decoder and its vision tower the memory model needs."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = True
+    vision_hidden: int = 0  # 0: a text-only model
+    vision_layers: int = 0
+    vision_intermediate: int = 0
+    vision_out_hidden: int = 0
+    patch_px: int = 14
+    merge: int = 2  # spatial merge: merge**2 patches make one LLM image token
+
+    @classmethod
+    def from_dicts(cls, text: dict[str, Any], vision: dict[str, Any] | None = None,
+                   tied_embeddings: bool = True) -> ModelShape:
+        """From config.json-style dicts (a registry entry, or a local config.json)."""
+        heads = int(text["num_attention_heads"])
+        head_dim = text.get("head_dim") or int(text["hidden_size"]) // heads
+        shape = {"hidden": int(text["hidden_size"]), "layers": int(text["num_hidden_layers"]),
+                 "heads": heads, "kv_heads": int(text.get("num_key_value_heads", heads)),
+                 "head_dim": int(head_dim), "intermediate": int(text["intermediate_size"]),
+                 "vocab": int(text["vocab_size"]), "tied_embeddings": bool(tied_embeddings)}
+        if vision:
+            shape.update(vision_hidden=int(vision["hidden_size"]),
+                         vision_layers=int(vision["depth"]),
+                         vision_intermediate=int(vision["intermediate_size"]),
+                         vision_out_hidden=int(vision.get("out_hidden_size", text["hidden_size"])),
+                         patch_px=int(vision.get("patch_size", 14)),
+                         merge=int(vision.get("spatial_merge_size", 2)))
+        return cls(**shape)
+
+    @property
+    def is_vl(self) -> bool:
+        return self.vision_layers > 0
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: q/k/v with bias, o without, SwiGLU MLP, two RMSNorms."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def vision_params(self) -> int:
+        """Qwen2.5-VL's ViT: patch embedding, blocks (qkv, proj, SwiGLU, all with bias), merger."""
+        if not self.is_vl:
+            return 0
+        hv, iv, merged = self.vision_hidden, self.vision_intermediate, \
+            self.vision_hidden * self.merge ** 2
+        block = 2 * hv + hv * 3 * hv + 3 * hv + hv * hv + hv + 2 * (hv * iv + iv) + iv * hv + hv
+        merger = hv + merged * merged + merged + merged * self.vision_out_hidden \
+            + self.vision_out_hidden
+        return 3 * 2 * self.patch_px ** 2 * hv + self.vision_layers * block + merger
+
+    @property
+    def num_params(self) -> int:
+        """Every parameter, as torch counts them (tied embeddings once)."""
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return (self.embedding_params + head + self.layers * self.layer_params + self.hidden
+                + self.vision_params)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes on one GPU, in the update and between phases, and on the host."""
+
+    update_bytes: int  # params + grads + Adam state during the update
+    resident_bytes: int  # what stays on the GPU between phases (grads freed)
+    host_offload_bytes: int  # what offload holds in host memory for this GPU
+
+
+def model_state_bytes(num_params: int, num_gpus: int = 1, offload_params: bool = False,
+                      offload_optimizer: bool = False) -> ModelStates:
+    """16 bytes per parameter in the update, sharded over `num_gpus` (FSDP / ZeRO-3)."""
+    if num_gpus < 1:
+        raise ValueError(f"num_gpus={num_gpus}: need at least one GPU")
+    params = PARAM_BYTES * num_params // num_gpus
+    grads = GRAD_BYTES * num_params // num_gpus
+    adam = ADAM_BYTES * num_params // num_gpus
+    offloaded = (params if offload_params else 0) + (adam if offload_optimizer else 0)
+    return ModelStates(update_bytes=params + grads + adam,
+                       resident_bytes=params + adam - offloaded,
+                       host_offload_bytes=offloaded)
+
+
+def layer_activation_bytes_per_token(shape: ModelShape, bytes_per_element: int = 2) -> int:
+    """Saved tensors of one Qwen2 layer per token: 20h + 4gd + 8I + 4a bytes in bf16.
+
+    The formula counts bf16 tensors plus fp32 RMSNorm upcasts; in fp32 every tensor is twice
+    as wide, so the whole is scaled by bytes_per_element / 2.
+    """
+    h, d = shape.hidden, shape.head_dim
+    bf16 = 20 * h + 4 * shape.kv_heads * d + 8 * shape.intermediate + 4 * shape.heads
+    return bf16 * bytes_per_element // 2
+
+
+def activation_bytes_per_token(shape: ModelShape, checkpointing: bool,
+                               bytes_per_element: int = 2) -> int:
+    """All layers' saved activations per token; with checkpointing, each layer's input
+    (h values) plus one layer recomputed at a time."""
+    layer = layer_activation_bytes_per_token(shape, bytes_per_element)
+    if checkpointing:
+        return bytes_per_element * shape.hidden * shape.layers + layer
+    return shape.layers * layer
+
+
+def vision_activation_bytes_per_patch(shape: ModelShape, checkpointing: bool,
+                                      bytes_per_element: int = 2) -> int:
+    """Saved tensors of the ViT per patch: 24 hv + 8 Iv bytes per block in bf16 (reference 2.4)."""
+    block = (24 * shape.vision_hidden + 8 * shape.vision_intermediate) * bytes_per_element // 2
+    if checkpointing:
+        return bytes_per_element * shape.vision_hidden * shape.vision_layers + block
+    return shape.vision_layers * block
+
+
+def logits_bytes_per_token(shape: ModelShape, backward: bool,
+                           bytes_per_element: int = 2) -> int:
+    """The [tokens, vocab] logits: the tensor itself, plus its gradient in the update."""
+    return (2 if backward else 1) * bytes_per_element * shape.vocab
+
+
+def kv_cache_bytes(shape: ModelShape, tokens: int, bytes_per_element: int = 2) -> int:
+    """K and V of every layer for `tokens` tokens: 2 x bytes x L x kv_heads x head_dim each."""
+    return 2 * bytes_per_element * shape.layers * shape.kv_heads * shape.head_dim * tokens
+
+
+def forward_bytes_per_token(shape: ModelShape, bytes_per_element: int) -> int:
+    """Live tensors of one layer's no-grad forward per token (SwiGLU's three I-wide tensors)."""
+    return bytes_per_element * (4 * shape.hidden + 3 * shape.intermediate)
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    """One phase's estimated peak on one GPU, split as calibration treats it."""
+
+    states_bytes: int  # exact: model states, reference and engine weights present
+    transient_bytes: int  # the prior for what grows with the batch (scaled by calibration)
+    context_bytes: int  # the fixed per-process overhead (fitted by calibration)
+    parts: dict[str, int]  # the named terms, for the table
+
+    @property
+    def total_bytes(self) -> int:
+        return self.states_bytes + self.transient_bytes + self.context_bytes
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    phases: dict[str, PhaseEstimate]
+    host_offload_bytes: int  # host memory offload holds for this GPU
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(p.total_bytes for p in self.phases.values())
+
+    @property
+    def binding_phase(self) -> str:
+        return max(self.phases, key=lambda name: self.phases[name].total_bytes)
+
+
+def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
+                    on_gpu: bool = True, compute_bytes: int | None = None) -> MemoryEstimate:
+    """Peak bytes per GPU of each phase of one colocated GRPO step, as the probe runs it.
+
+    `compute_bytes` is the width of the compute dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by
+    default. The rollout engine keeps a full compute-dtype copy of the weights on each GPU
+    (tensor parallel 1) and generates `max_num_seqs` sequences at a time.
+    """
+    c = compute_bytes or (2 if on_gpu else 4)
+    n, psi = num_gpus, shape.num_params
+    states = model_state_bytes(psi, n, config.offload_params, config.offload_optimizer)
+    actor = PARAM_BYTES * psi // n
+    adam = ADAM_BYTES * psi // n
+    ref = c * psi // n if config.use_kl else 0
+    ref_resident = 0 if config.offload_params else ref
+    engine = c * psi
+    # Compute-dtype weights the actor's forward uses: autocast's cast cache on one GPU, the
+    # gathered FSDP units (root + about two layers in flight) on several.
+    if n == 1:
+        cast = c * psi if c < PARAM_BYTES else 0
+    else:
+        root = shape.embedding_params * (1 if shape.tied_embeddings else 2)
+        cast = c * (root + 2 * shape.layer_params)
+    # Optimizer step: foreach AdamW on a GPU keeps one fp32 shard-sized temporary; the CPU's
+    # per-tensor loop, one of the largest tensor.
+    step_temp = 4 * psi // n if on_gpu else 4 * shape.embedding_params
+    context = GPU_CONTEXT_BYTES if on_gpu else CPU_CONTEXT_BYTES
+
+    prompt, response = config.max_prompt_length, config.max_response_length
+    seq = prompt + response
+    vocab = shape.vocab
+    patches = (config.image_size_px // shape.patch_px) ** 2 if shape.is_vl else 0
+    vision_fwd = (4 * shape.vision_hidden + 3 * shape.vision_intermediate) * c * patches
+
+    def generation(prompts: int) -> dict[str, int]:
+        batch = min(prompts, config.max_num_seqs)
+        return {"kv_cache": kv_cache_bytes(shape, batch * seq, c),
+                "prefill": batch * (prompt * forward_bytes_per_token(shape, c) + vision_fwd),
+                "sampling_logits": batch * vocab * (c + 4)}
+
+    def logprob_logits(micro: int) -> int:
+        # the full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
+        # logits are freed once their fp32 response slice exists
+        if c >= 4:
+            return micro * (c * seq + 4 * response) * vocab
+        return micro * max(c * seq + 4 * response, 8 * response) * vocab
+
+    responses_per_gpu = math.ceil(config.rollout_batch_size * config.rollout_n / n)
+    phases: dict[str, PhaseEstimate] = {}
+    rollout_states = {"resident": states.resident_bytes + ref_resident, "engine_weights": engine}
+    rollout = generation(responses_per_gpu)
+    phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
+                                      context, {**rollout_states, **rollout})
+
+    mbe = config.micro_batch_size_experience
+    exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
+                  "reference": ref}
+    experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
+                  "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
+    phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
+                                         context, {**exp_states, **experience})
+
+    mbu, ckpt = config.micro_batch_size_update, config.gradient_checkpointing
+    upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident}
+    backward = {"cast_weights": cast,
+                "activations": mbu * seq * activation_bytes_per_token(shape, ckpt, c),
+                "vision_activations": mbu * patches * vision_activation_bytes_per_patch(
+                    shape, ckpt, c),
+                "logits": logprob_logits(mbu) + mbu * 4 * response * vocab}
+    transient = max(sum(backward.values()), step_temp)
+    parts = {**upd_states, **backward, "optimizer_step": step_temp}
+    phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts)
+
+    if config.val_batch_size:
+        validation = generation(math.ceil(config.val_batch_size / n))
+        phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
+                                             sum(validation.values()), context,
+                                             {**rollout_states, **validation})
+    offload_host = states.host_offload_bytes + (ref if config.offload_params else 0)
+    return MemoryEstimate(phases, offload_host)
+
+
+def model_shape(name: str, model_path: str | None = None) -> ModelShape:
+    """The memory model's ModelShape from the registry's or a local config.json's numbers,
+    without importing torch or transformers."""
+    if model_path is None:
+        spec = get_model_spec(name)
+        return ModelShape.from_dicts(spec.text_config, spec.vision_config,
+                                     spec.tie_word_embeddings)
+    path = Path(model_path) / "config.json"
+    config = read_model_path_config(model_path)
+    try:
+        text = config.get("text_config") or config
+        return ModelShape.from_dicts(
+            {**config, **text}, config.get("vision_config"),
+            config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: not a decoder config the memory model can read "
+                          f"({type(err).__name__}: {err})") from None

@@ -1,0 +1,8 @@
+"""probe: what runs inside a probe's own process, and what crosses its boundary.
+
+Owns the built-in GRPO step (step.py), the models it builds (models.py), the memory meter
+(meter.py), the worker entry point (`python -m autotune.probe.worker`), failure
+classification (oom.py) and the plain ProbeRequest / ProbeResult (result.py). May import
+config, errors, files and registry. result.py and oom.py import no torch (runners and the
+sweep use them); the rest imports torch and transformers, and only a worker process loads it.
+"""

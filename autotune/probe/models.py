@@ -1,0 +1,101 @@
+"""Real architectures built from their transformers config: random weights, no download.
+
+A registry entry (registry.py) or a local checkpoint's config.json becomes a transformers
+config, then a model built directly on its device; a local checkpoint's weights are loaded
+when it has them. torch and transformers are imported only inside the functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.registry import get_model_spec, read_model_path_config
+
+
+def load_model_config(name: str, model_path: str | None = None) -> Any:
+    """The transformers config of a registry model, or of a local directory's config.json."""
+    if model_path is not None:
+        return _load_local_config(model_path)
+    spec = get_model_spec(name)
+    if spec.is_vl:
+        from transformers import Qwen2_5_VLConfig
+
+        return Qwen2_5_VLConfig(text_config=dict(spec.text_config),
+                                vision_config=dict(spec.vision_config or {}),
+                                tie_word_embeddings=spec.tie_word_embeddings, **spec.extra)
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**spec.text_config, tie_word_embeddings=spec.tie_word_embeddings)
+
+
+def _load_local_config(model_path: str) -> Any:
+    read_model_path_config(model_path)  # one clear line before transformers reads it
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+
+
+def is_vl_config(model_config: Any) -> bool:
+    return getattr(model_config, "model_type", "") in ("qwen2_5_vl", "qwen2_vl")
+
+
+def has_weights(model_path: str | None) -> bool:
+    if model_path is None:
+        return False
+    path = Path(model_path)
+    return any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+
+
+def model_class(model_config: Any) -> Any:
+    """The transformers class that trains this config (causal LM, or Qwen-VL generation)."""
+    if getattr(model_config, "model_type", "") == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        return Qwen2_5_VLForConditionalGeneration
+    if getattr(model_config, "model_type", "") == "qwen2_vl":
+        from transformers import Qwen2VLForConditionalGeneration
+
+        return Qwen2VLForConditionalGeneration
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def count_params(model_config: Any) -> int:
+    """Parameter count of the architecture, built on the meta device (no memory, no init)."""
+    import torch
+
+    with torch.device("meta"):
+        model = _instantiate(model_config, torch.float32)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(model_config: Any, device: Any, dtype: Any, model_path: str | None = None) -> Any:
+    """Build the model directly on `device` in `dtype`: random weights, or the checkpoint's.
+
+    Weights are initialised where they live (never a full CPU init of a GPU model), so a 7B
+    model builds in seconds on a GPU.
+    """
+    import torch
+
+    if has_weights(model_path):
+        cls = model_class(model_config)
+        return cls.from_pretrained(model_path, dtype=dtype, device_map=str(device),
+                                   local_files_only=True)
+    with torch.device(device):
+        return _instantiate(model_config, dtype)
+
+
+def _instantiate(model_config: Any, dtype: Any) -> Any:
+    import torch
+
+    cls = model_class(model_config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        if hasattr(cls, "from_config"):
+            return cls.from_config(model_config, dtype=dtype)
+        return cls(model_config)
+    finally:
+        torch.set_default_dtype(previous)

@@ -1,0 +1,117 @@
+"""ProbeRequest and ProbeResult: the only things that cross a process boundary (plain JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config import ProbeConfig
+
+PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
+
+
+class ProbeStatus(str, enum.Enum):
+    """How a probe ended. Only the OOM classes mark a configuration infeasible."""
+
+    OK = "ok"
+    GPU_OOM = "gpu_oom"  # device memory ran out (on a CPU device: the device-memory limit on RSS)
+    HOST_OOM = "host_oom"  # host RAM ran out: our watchdog, the kernel's OOM killer, Ray's monitor
+    CACHE_OOM = "cache_oom"  # the rollout engine could not reserve its KV cache (vLLM)
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    INVALID = "invalid"  # the configuration breaks a rule; nothing was run
+    LOST = "lost"  # the probe's node went away (Ray): says nothing about the config; retried once
+
+    @property
+    def is_oom(self) -> bool:
+        return self in (ProbeStatus.GPU_OOM, ProbeStatus.HOST_OOM, ProbeStatus.CACHE_OOM)
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What a runner needs to run one probe: the model, the knobs, the device and the limits."""
+
+    model: str
+    config: ProbeConfig = field(default_factory=ProbeConfig)
+    model_path: str | None = None  # a local HF checkpoint or config directory
+    device: str = "auto"  # auto | cpu | cuda
+    gpu_ids: tuple[int, ...] | None = None  # pinned through CUDA_VISIBLE_DEVICES
+    cpu_threads: int | None = None
+    cpu_ids: tuple[int, ...] | None = None  # CPU cores the probe is pinned to (parallel probes)
+    gpu_memory_limit_bytes: int | None = None  # per-process cap; on CPU a cap on device RSS
+    reserve_gpu_memory_bytes: int = 0  # room left for a co-located process
+    host_memory_limit_bytes: int | None = None  # RSS of the whole probe tree
+    timeout_s: float = 900.0
+    warmup_steps: int = 1
+    timed_steps: int = 2
+    seed: int = 0
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeRequest:
+        data = json.loads(text)
+        data["config"] = ProbeConfig(**data["config"])
+        for name in ("gpu_ids", "cpu_ids"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe measured, or how it failed. Figures are per device, bytes and seconds."""
+
+    status: ProbeStatus
+    message: str = ""  # one line: the error, or empty when ok
+    failed_phase: str | None = None  # the phase running when it failed
+    stderr_tail: str = ""
+    returncode: int | None = None
+    tokens_per_s: float | None = None  # (prompt + response tokens of a step) / step seconds
+    samples_per_s: float | None = None  # responses per second
+    step_s: float | None = None  # mean seconds of a timed step (training phases, no validation)
+    phase_s: dict[str, float] = field(default_factory=dict)  # mean seconds per phase
+    peak_mem_bytes: int | None = None  # max over phases of the device figure below
+    phase_peak_mem_bytes: dict[str, int] = field(default_factory=dict)  # device memory
+    phase_allocator_peak_bytes: dict[str, int] = field(default_factory=dict)  # torch reserved
+    host_peak_rss_bytes: int | None = None  # peak RSS of the probe's process tree
+    host_offload_bytes: int | None = None  # tensors held in host memory by offload
+    device_name: str | None = None
+    device_capacity_bytes: int | None = None
+    device_limit_bytes: int | None = None  # the cap the probe ran under, if any
+    num_params: int | None = None
+    startup_s: float | None = None  # process start and imports
+    build_s: float | None = None  # model and optimizer build
+    probe_wall_s: float | None = None  # the whole probe, as the runner saw it
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ProbeStatus.OK
+
+    @property
+    def fixed_cost_s(self) -> float | None:
+        """Seconds before the first step: process start, imports and model build."""
+        if self.startup_s is None or self.build_s is None:
+            return None
+        return self.startup_s + self.build_s
+
+    def replace(self, **changes: Any) -> ProbeResult:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeResult:
+        data = json.loads(text)
+        data["status"] = ProbeStatus(data["status"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

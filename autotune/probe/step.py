@@ -1,0 +1,345 @@
+"""The built-in GRPO probe: real training steps of a colocated GRPO trainer, measured.
+
+One step has the phases of EasyR1/verl's hybrid engine: rollout (a rollout engine holding a
+compute-dtype copy of the weights generates `rollout_n` responses per prompt, always to
+`max_response_length`), experience (old and reference log-prob forwards), update (mini-batches
+of micro-batches with gradient accumulation, a GRPO loss, an AdamW step) and, when
+`val_batch_size` is set, validation generation. The actor keeps fp32 master weights and AdamW
+state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
+GPU, and offload moves params / optimizer state to host memory between phases.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from autotune import __version__
+from autotune.config import ProbeConfig, validate_probe_config
+from autotune.errors import ConfigError
+from autotune.probe.meter import MemoryMeter
+from autotune.probe.models import build_model, is_vl_config, load_model_config
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+
+_CLIP_EPS = 0.2
+_KL_COEF = 0.01
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    return torch.device(name)
+
+
+class TrainingProbe:
+    """Runs one ProbeRequest in this process; `meter.current_phase` says where a failure hit."""
+
+    def __init__(self, request: ProbeRequest, meter: MemoryMeter | None = None) -> None:
+        self.request = request
+        self.config: ProbeConfig = request.config
+        self.device = resolve_device(request.device)
+        self.on_gpu = self.device.type == "cuda"
+        wanted = request.dtype if request.dtype != "auto" else ("bf16" if self.on_gpu else "fp32")
+        self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
+        self.meter = meter or MemoryMeter(self.device)
+        self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
+        self.peak_host_offload_bytes = 0
+
+    # -- building ---------------------------------------------------------------------------
+
+    def build(self) -> None:
+        request, config = self.request, self.config
+        problems = validate_probe_config(config)
+        self.model_config = load_model_config(request.model, request.model_path)
+        self.is_vl = is_vl_config(self.model_config)
+        self.text_config = getattr(self.model_config, "text_config", self.model_config)
+        self.vocab_size = int(self.text_config.vocab_size)
+        self.image_tokens = 0
+        if self.is_vl:
+            self.image_tokens = (config.image_size_px // 28) ** 2
+            if self.image_tokens + 3 > config.max_prompt_length:
+                problems.append(
+                    f"image_size_px={config.image_size_px} makes {self.image_tokens} image "
+                    f"tokens, more than max_prompt_length={config.max_prompt_length} allows")
+        if problems:
+            raise ConfigError(problems)
+        torch.manual_seed(request.seed)
+        self.model = build_model(self.model_config, self.device, torch.float32, request.model_path)
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        if config.gradient_checkpointing:
+            kwargs = {"use_reentrant": False}
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self.model.config.use_cache = False
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
+        self.ref_model = self._build_copy() if config.use_kl else None
+        self.engine = self._build_copy()
+        self._sleep_engine()
+        self._make_prompts()
+        # Start as the trainer does between steps: states where the offload flags put them.
+        self._place_actor(params_on_device=not config.offload_params,
+                          optimizer_on_device=not config.offload_optimizer)
+
+    def _build_copy(self) -> Any:
+        """A compute-dtype model that holds the actor's weights (reference or rollout engine)."""
+        copy = build_model(self.model_config, self.device, self.compute_dtype)
+        copy.load_state_dict(self.model.state_dict())
+        copy.eval().requires_grad_(False)
+        return copy
+
+    def _make_prompts(self) -> None:
+        config, generator = self.config, torch.Generator().manual_seed(self.request.seed)
+        high = self.vocab_size - 16  # keep clear of special and image tokens
+        ids = torch.randint(0, high, (config.rollout_batch_size, config.max_prompt_length),
+                            generator=generator)
+        self.pixel_values = None
+        if self.is_vl:
+            mc = self.model_config
+            ids[:, 0] = mc.vision_start_token_id
+            ids[:, 1:1 + self.image_tokens] = mc.image_token_id
+            ids[:, 1 + self.image_tokens] = mc.vision_end_token_id
+            patches = (config.image_size_px // 14) ** 2
+            self.grid_side = config.image_size_px // 14
+            self.pixel_values = torch.randn(config.rollout_batch_size, patches, 3 * 2 * 14 * 14,
+                                            generator=generator)
+        self.prompt_ids = ids
+        self.val_prompt_ids = ids[: min(config.val_batch_size or 1, len(ids))]
+
+    # -- placement (offload between phases, as verl/EasyR1 do) ------------------------------
+
+    def _host_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.on_gpu:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            return host.copy_(tensor, non_blocking=False)
+        return tensor.clone().share_memory_()  # shared memory: counted in RSS, not as device
+
+    def _device_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.on_gpu:
+            return tensor.to(self.device, non_blocking=True)
+        return tensor.clone() if tensor.is_shared() else tensor
+
+    def _move(self, tensor: torch.Tensor, to_device: bool) -> torch.Tensor:
+        on_host = tensor.is_shared() if not self.on_gpu else tensor.device.type == "cpu"
+        if to_device and on_host:
+            self.host_offload_bytes -= tensor.numel() * tensor.element_size()
+            return self._device_tensor(tensor)
+        if not to_device and not on_host:
+            self.host_offload_bytes += tensor.numel() * tensor.element_size()
+            return self._host_tensor(tensor)
+        return tensor
+
+    def _place_module(self, module: Any, on_device: bool) -> None:
+        for param in module.parameters():
+            param.data = self._move(param.data, on_device)
+
+    def _place_actor(self, params_on_device: bool, optimizer_on_device: bool) -> None:
+        self._place_module(self.model, params_on_device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    state[key] = self._move(value, optimizer_on_device)
+        if self.ref_model is not None and self.config.offload_params:
+            self._place_module(self.ref_model, False)
+        self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
+
+    def _sleep_engine(self) -> None:
+        """Free the engine's weights (vLLM sleep level 2); buffers such as RoPE stay."""
+        for param in self.engine.parameters():
+            param.data = torch.empty(0, dtype=self.compute_dtype, device=self.device)
+
+    def _wake_engine(self) -> None:
+        """Allocate the engine's weights and sync them from the actor (wherever it lives)."""
+        actor = dict(self.model.named_parameters())
+        for name, param in self.engine.named_parameters():
+            param.data = actor[name].data.to(self.device, self.compute_dtype, copy=True)
+
+    # -- the phases -------------------------------------------------------------------------
+
+    @contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.on_gpu and self.compute_dtype != torch.float32:
+            with torch.autocast("cuda", dtype=self.compute_dtype):
+                yield
+        else:
+            yield
+
+    def _vl_inputs(self, prompt_rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not self.is_vl:
+            return {}
+        pixels = self.pixel_values[prompt_rows].reshape(-1, self.pixel_values.shape[-1])
+        grid = torch.tensor([[1, self.grid_side, self.grid_side]] * len(prompt_rows))
+        return {"pixel_values": pixels.to(self.device, self.compute_dtype),
+                "image_grid_thw": grid.to(self.device)}
+
+    def _generate(self, prompt_rows: torch.Tensor) -> torch.Tensor:
+        """Generate exactly max_response_length tokens for each row, max_num_seqs at a time."""
+        outputs = []
+        length = self.config.max_response_length
+        for chunk in prompt_rows.split(self.config.max_num_seqs):
+            ids = self.prompt_ids[chunk].to(self.device)
+            out = self.engine.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=length,
+                min_new_tokens=length, do_sample=False, eos_token_id=self.vocab_size - 1,
+                pad_token_id=0, use_cache=True, **self._vl_inputs(chunk))
+            outputs.append(out[:, ids.shape[1]:].to("cpu"))
+        return torch.cat(outputs)
+
+    def _rollout(self) -> None:
+        config = self.config
+        self._wake_engine()
+        rows = torch.arange(config.rollout_batch_size).repeat_interleave(config.rollout_n)
+        with torch.no_grad():
+            self.responses = self._generate(rows)
+        self.response_rows = rows
+        self._sleep_engine()
+
+    def _validate(self) -> None:
+        self._wake_engine()
+        rows = torch.arange(len(self.val_prompt_ids))
+        with torch.no_grad():
+            self._generate(rows)
+        self._sleep_engine()
+
+    def _log_probs(self, model: Any, index: torch.Tensor) -> torch.Tensor:
+        """Log-probs of the response tokens of sequences `index` (fp32 over the vocabulary)."""
+        rows = self.response_rows[index]
+        prompt = self.prompt_ids[rows]
+        response = self.responses[index]
+        ids = torch.cat([prompt, response], dim=1).to(self.device)
+        with self._autocast():
+            logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
+        start = prompt.shape[1] - 1
+        response_logits = logits[:, start:start + response.shape[1]].float()
+        del logits
+        log_probs = torch.log_softmax(response_logits, dim=-1)
+        return log_probs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
+
+    def _experience(self) -> None:
+        config = self.config
+        total = len(self.responses)
+        if config.offload_params:
+            self._place_module(self.model, True)
+        with torch.no_grad():
+            chunks = torch.arange(total).split(config.micro_batch_size_experience)
+            self.old_log_probs = torch.cat([self._log_probs(self.model, c).cpu() for c in chunks])
+            if self.ref_model is not None:
+                if config.offload_params:
+                    self._place_module(self.ref_model, True)
+                self.ref_log_probs = torch.cat(
+                    [self._log_probs(self.ref_model, c).cpu() for c in chunks])
+                if config.offload_params:
+                    self._place_module(self.ref_model, False)
+        if config.offload_params:
+            self._place_module(self.model, False)
+        rewards = torch.randn(config.rollout_batch_size, config.rollout_n)
+        advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True)
+                                                                  + 1e-6)
+        self.advantages = advantages.reshape(-1)
+
+    def _update(self) -> None:
+        config = self.config
+        self._place_actor(params_on_device=True, optimizer_on_device=True)
+        self.model.train()
+        per_minibatch = config.global_batch_size * config.rollout_n
+        accumulation = per_minibatch // config.micro_batch_size_update
+        for minibatch in torch.randperm(len(self.responses)).split(per_minibatch):
+            for micro in minibatch.split(config.micro_batch_size_update):
+                log_probs = self._log_probs(self.model, micro)
+                old = self.old_log_probs[micro].to(self.device)
+                advantage = self.advantages[micro].to(self.device).unsqueeze(-1)
+                ratio = torch.exp(log_probs - old)
+                clipped = torch.clamp(ratio, 1 - _CLIP_EPS, 1 + _CLIP_EPS)
+                loss = -torch.min(ratio * advantage, clipped * advantage)
+                if self.ref_model is not None:
+                    delta = self.ref_log_probs[micro].to(self.device) - log_probs
+                    loss = loss + _KL_COEF * (torch.exp(delta) - delta - 1)  # k3 estimator
+                (loss.mean() / accumulation).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self._place_actor(params_on_device=not config.offload_params,
+                          optimizer_on_device=not config.offload_optimizer)
+
+    def step(self) -> dict[str, float]:
+        """One training step; returns seconds per phase (validation included when set)."""
+        seconds = {}
+        phases = [("rollout", self._rollout), ("experience", self._experience),
+                  ("update", self._update)]
+        if self.config.val_batch_size:
+            phases.append(("validation", self._validate))
+        for name, run in phases:
+            with self.meter.phase(name):
+                started = time.perf_counter()
+                run()
+                if self.on_gpu:
+                    torch.cuda.synchronize(self.device)
+                seconds[name] = time.perf_counter() - started
+        return seconds
+
+    # -- the whole probe --------------------------------------------------------------------
+
+    def run(self, startup_s: float | None = None) -> ProbeResult:
+        request, config = self.request, self.config
+        built_at = time.perf_counter()
+        self.build()
+        build_s = time.perf_counter() - built_at
+        for _ in range(request.warmup_steps):
+            self.step()
+        timed = [self.step() for _ in range(request.timed_steps)]
+        phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
+        step_s = sum(v for k, v in phase_s.items() if k != "validation")
+        responses = config.rollout_batch_size * config.rollout_n
+        tokens = responses * config.sequence_length
+        peaks = dict(self.meter.phase_peak_mem_bytes)
+        return ProbeResult(
+            status=ProbeStatus.OK, tokens_per_s=tokens / step_s,
+            samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
+            peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
+            phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
+            host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
+            host_offload_bytes=self.peak_host_offload_bytes,
+            num_params=self.num_params, startup_s=startup_s, build_s=build_s,
+            **describe_device(self.device, self.meter.device_limit_bytes))
+
+
+def describe_device(device: torch.device, limit_bytes: int | None) -> dict[str, Any]:
+    """Device name, capacity, the limit in force, and the versions that produced a figure."""
+    import transformers
+
+    versions = {"autotune": __version__, "torch": torch.__version__,
+                "transformers": transformers.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        versions["cuda"] = str(torch.version.cuda)
+        return {"device_name": props.name, "device_capacity_bytes": int(props.total_memory),
+                "device_limit_bytes": limit_bytes, "versions": versions}
+    import psutil
+
+    name = platform.processor() or "cpu"
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return {"device_name": f"cpu: {name} ({os.cpu_count()} cores)",
+            "device_capacity_bytes": int(psutil.virtual_memory().total),
+            "device_limit_bytes": limit_bytes, "versions": versions}
+
+
+def quiet_libraries() -> None:
+    """Keep transformers' advisory warnings out of the probe's stderr tail."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("torch").setLevel(logging.ERROR)

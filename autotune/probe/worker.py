@@ -1,0 +1,112 @@
+"""`python -m autotune.probe.worker REQUEST.json RESULT.json`: run one probe, write its result.
+
+Runs in a process of its own (started by a runner). Failures are classified through oom.py and
+written as a ProbeResult; when the device-memory limit of a CPU probe is crossed, the result is
+written and the process exits at once, as an allocator failure would end it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from autotune.files import write_text_atomic
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+
+EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (interpreter start, imports included)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+def device_limit_bytes(request: ProbeRequest, capacity_bytes: int) -> int | None:
+    """The device memory the probe may use: --gpu-memory-limit, less --reserve-gpu-memory."""
+    limits = []
+    if request.gpu_memory_limit_bytes is not None:
+        limits.append(request.gpu_memory_limit_bytes)
+    if request.reserve_gpu_memory_bytes:
+        limits.append(capacity_bytes - request.reserve_gpu_memory_bytes)
+    return min(limits) if limits else None
+
+
+def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
+    import torch
+
+    from autotune.probe.meter import MemoryMeter
+    from autotune.probe.oom import classify_exception
+    from autotune.probe.step import TrainingProbe, describe_device, quiet_libraries, resolve_device
+
+    quiet_libraries()
+    if request.cpu_threads:
+        torch.set_num_threads(request.cpu_threads)
+    startup_s = process_age_s()
+    device = None
+    meter = None
+    try:
+        device = resolve_device(request.device)
+        if device.type == "cuda":
+            capacity = torch.cuda.get_device_properties(device).total_memory
+        else:
+            import psutil
+
+            capacity = psutil.virtual_memory().total
+        limit = device_limit_bytes(request, capacity)
+        if limit is not None and limit <= 0:
+            raise MemoryError(f"device memory limit {limit} bytes leaves nothing for the probe")
+        if device.type == "cuda" and limit is not None:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / capacity), device)
+
+        def on_limit(phase: str, num_bytes: int) -> None:
+            message = (f"device memory limit exceeded: {num_bytes} bytes > {limit} bytes "
+                       f"in phase {phase}")
+            failed = ProbeResult(status=ProbeStatus.GPU_OOM, message=message, failed_phase=phase,
+                                 startup_s=startup_s, **describe_device(device, limit))
+            write_text_atomic(result_path, failed.to_json())
+            print(message, file=sys.stderr, flush=True)
+            os._exit(EXIT_DEVICE_LIMIT)
+
+        meter = MemoryMeter(device, device_limit_bytes=limit, on_limit=on_limit)
+        meter.start(nvml_index=physical_gpu_index(device))
+        probe = TrainingProbe(request, meter)
+        return probe.run(startup_s=startup_s)
+    except BaseException as exc:  # every failure becomes a classified result
+        traceback.print_exc()
+        status, message = classify_exception(exc)
+        described = describe_device(device, meter.device_limit_bytes if meter else None) \
+            if device is not None else {}
+        return ProbeResult(status=status, message=message, startup_s=startup_s,
+                           failed_phase=(meter.current_phase if meter else None) or "build",
+                           **described)
+    finally:
+        if meter is not None:
+            meter.stop()
+
+
+def physical_gpu_index(device: object) -> int | None:
+    """The NVML index of the GPU this process was pinned to (first of CUDA_VISIBLE_DEVICES)."""
+    if getattr(device, "type", "") != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m autotune.probe.worker REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    request_path, result_path = argv
+    with open(request_path) as handle:
+        request = ProbeRequest.from_json(handle.read())
+    result = run_request(request, result_path)
+    write_text_atomic(result_path, result.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,186 @@
+"""What a study leaves in results/<study>/ besides study.db: trials.csv and best.yaml.
+
+Both are derived from the Optuna storage (the one record of the study) and rewritten whole,
+atomically, after every trial, so a killed sweep never leaves a half-written file and the
+files always agree with study.db.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune import __version__
+from autotune.config import KNOB_NAMES, Topology
+from autotune.files import write_text_atomic
+from autotune.probe.result import PHASES
+from autotune.sweep.objective import scalar
+from autotune.trainers.adapter import Adapter
+
+FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
+                  *(f"peak_mem_{phase}_bytes" for phase in PHASES),
+                  "host_peak_rss_bytes", "host_offload_bytes", "budget_bytes", "probe_wall_s"]
+
+
+def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> dict[str, Any]:
+    """One trial as a flat row: identity, params, objective values, measured figures."""
+    attrs = frozen.user_attrs
+    result = attrs.get("result") or {}
+    row: dict[str, Any] = {
+        "number": frozen.number, "state": frozen.state.name.lower(),
+        "status": attrs.get("status", ""), "predicted": attrs.get("predicted", ""),
+        "feasible": attrs.get("feasible", ""),
+        "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", "")}
+    for name in param_names:
+        row[name] = frozen.params.get(name, "")
+    values = frozen.values or []
+    for i, name in enumerate(value_names):
+        row[name] = values[i] if i < len(values) else ""
+    phases = result.get("phase_peak_mem_bytes") or {}
+    for column in FIGURE_COLUMNS:
+        if column.startswith("peak_mem_") and column != "peak_mem_bytes":
+            value = phases.get(column[len("peak_mem_"):-len("_bytes")])
+        elif column == "budget_bytes":
+            value = attrs.get("budget_bytes")
+        else:
+            value = result.get(column)
+        row[column] = "" if value is None else value
+    row["binding_phase"] = attrs.get("binding_phase") or ""
+    row["failed_phase"] = result.get("failed_phase") or ""
+    row["reason"] = attrs.get("reason", "")
+    row["log"] = attrs.get("log") or ""
+    return row
+
+
+def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns and rows of every trial of a study, in trial order."""
+    space = study.user_attrs.get("search_space", {})
+    param_names = list(space.get("params", {}))
+    value_names = study.user_attrs.get("objective_names", ["value"])
+    rows = [trial_row(t, param_names, value_names) for t in study.get_trials(deepcopy=False)]
+    columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
+               *param_names, *value_names, *FIGURE_COLUMNS,
+               "binding_phase", "failed_phase", "reason", "log"]
+    return columns, rows
+
+
+def best_trial(study: Any) -> Any | None:
+    """The feasible trial with the best objective (earliest on ties; reused copies skipped)."""
+    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    candidates = [t for t in study.get_trials(deepcopy=False)
+                  if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
+                  and t.user_attrs.get("probed")]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda t: (scalar(t.values, objective), -t.number))
+
+
+def pareto_front(study: Any) -> list[Any]:
+    """Feasible probed trials no other beats on both tokens/s (up) and peak memory (down)."""
+    points = []
+    for t in study.get_trials(deepcopy=False):
+        result = t.user_attrs.get("result") or {}
+        if t.user_attrs.get("feasible") and t.user_attrs.get("probed") and \
+                result.get("tokens_per_s") and result.get("peak_mem_bytes"):
+            points.append((t, result["tokens_per_s"], result["peak_mem_bytes"]))
+    front = [t for t, tps, mem in points
+             if not any((o_tps >= tps and o_mem <= mem) and (o_tps > tps or o_mem < mem)
+                        for _, o_tps, o_mem in points)]
+    return sorted(front, key=lambda t: t.user_attrs["result"]["peak_mem_bytes"])
+
+
+def best_document(study: Any, trial: Any) -> dict[str, Any]:
+    """best.yaml's content: the canonical knobs, what was measured, and where it came from."""
+    attrs = study.user_attrs
+    result = trial.user_attrs["result"]
+    space = attrs["search_space"]
+    request = attrs.get("request", {})
+    identity = attrs["identity"]
+    merged = {**request.get("config", {}), **space["fixed"], **trial.params}
+    config = {name: merged[name] for name in KNOB_NAMES if name in merged}
+    objective = identity["objective"]
+    front = pareto_front(study)
+    return {
+        "study": study.study_name,
+        "trial": trial.number,
+        "objective": objective,
+        "objective_values": dict(zip(attrs.get("objective_names", []), trial.values, strict=True)),
+        "config": config,
+        "searched": list(space["params"]),
+        "measured": {
+            "tokens_per_s": result["tokens_per_s"],
+            "samples_per_s": result["samples_per_s"],
+            "step_s": result["step_s"],
+            "peak_mem_bytes": result["peak_mem_bytes"],
+            "phase_peak_mem_bytes": result["phase_peak_mem_bytes"],
+            "host_peak_rss_bytes": result["host_peak_rss_bytes"],
+            "host_offload_bytes": result["host_offload_bytes"],
+            "capacity_bytes": result["device_limit_bytes"] or result["device_capacity_bytes"],
+            "budget_bytes": trial.user_attrs.get("budget_bytes"),
+            "headroom": identity["headroom"],
+            "binding_phase": trial.user_attrs.get("binding_phase"),
+            "probe_wall_s": result["probe_wall_s"],
+        },
+        "pareto_front": [t.number for t in front],
+        "provenance": {
+            "model": identity["model"],
+            "model_path": identity["model_path"],
+            "device": result.get("device_name"),
+            "device_capacity_bytes": result.get("device_capacity_bytes"),
+            "device_limit_bytes": result.get("device_limit_bytes"),
+            "dtype": request.get("dtype"),
+            "warmup_steps": request.get("warmup_steps"),
+            "timed_steps": request.get("timed_steps"),
+            "search_space": space["source"],
+            "search_space_hash": space["hash"],
+            "versions": {"autotune": __version__, **(result.get("versions") or {})},
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    }
+
+
+def write_artifacts(study: Any, study_dir: Path) -> Path | None:
+    """Rewrite trials.csv and best.yaml from the storage; returns best.yaml's path if any."""
+    columns, rows = study_rows(study)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(study_dir / "trials.csv", buffer.getvalue())
+    trial = best_trial(study)
+    if trial is None:
+        return None
+    document = best_document(study, trial)
+    measured = document["measured"]
+    header = (f"# autotune best configuration of study {study.study_name}: trial "
+              f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
+              f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak\n"
+              f"# model {document['provenance']['model']} on {document['provenance']['device']}"
+              f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
+    path = study_dir / "best.yaml"
+    write_text_atomic(path, header + yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
+                         base: tuple[Any, str] | None, topology: Topology) -> Path | None:
+    """Rewrite results/<study>/best.<trainer>.yaml from the study's best (a study artifact,
+    like best.yaml: replaced atomically as the best changes)."""
+    from autotune.trainers.export import load_trainer_yaml_text, provenance_lines, render
+
+    best = best_trial(study)
+    if best is None:
+        return None
+    document = best_document(study, best)
+    if base is not None:  # render edits the tree in place when it cannot edit the text
+        base = load_trainer_yaml_text(base[1])
+    text = render(adapter, document["config"], topology, base,
+                  provenance_lines(document, adapter, topology))
+    path = study_dir / f"best.{adapter.name}.yaml"
+    write_text_atomic(path, text)
+    return path

@@ -1,0 +1,138 @@
+"""Probes side by side: which GPUs or cores each parallel probe gets.
+
+A slot is one probe's share of the machine. With G GPUs and `--gpus-per-trial g` there are
+G // g slots of g GPUs each (CUDA_VISIBLE_DEVICES); on a CPU, `--parallel N` splits the cores
+this process may use into N disjoint groups, each probe pinned to its group (sched_setaffinity)
+with as many threads as cores, so parallel probes do not fight over cores. On Ray the cluster
+places each probe, so a slot there carries no ids, only the thread count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.hardware import usable_cpu_ids, visible_gpu_ids
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The resources of one probe running alongside others."""
+
+    gpu_ids: tuple[int, ...] | None = None
+    cpu_ids: tuple[int, ...] | None = None
+    cpu_threads: int | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The ProbeRequest fields this slot sets (those it leaves None keep the template's)."""
+        fields = {"gpu_ids": self.gpu_ids, "cpu_ids": self.cpu_ids,
+                  "cpu_threads": self.cpu_threads}
+        return {k: v for k, v in fields.items() if v is not None}
+
+    def describe(self) -> str:
+        if self.gpu_ids is not None:
+            return f"GPU {','.join(map(str, self.gpu_ids))}"
+        if self.cpu_ids is not None:
+            return f"cores {','.join(map(str, self.cpu_ids))}"
+        return "any"
+
+
+def gpu_slots(gpu_ids: tuple[int, ...], gpus_per_trial: int) -> list[Slot]:
+    """Disjoint groups of `gpus_per_trial` GPUs, in id order; GPUs left over stay idle."""
+    if gpus_per_trial < 1:
+        raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: must be at least 1")
+    if len(gpu_ids) < gpus_per_trial:
+        raise ConfigError(f"--gpus-per-trial {gpus_per_trial}: only {len(gpu_ids)} GPU(s) "
+                          f"visible ({','.join(map(str, gpu_ids)) or 'none'}); lower it or "
+                          "pass --gpus")
+    count = len(gpu_ids) // gpus_per_trial
+    return [Slot(gpu_ids=tuple(gpu_ids[i * gpus_per_trial:(i + 1) * gpus_per_trial]))
+            for i in range(count)]
+
+
+def cpu_slots(parallel: int, cpu_ids: tuple[int, ...],
+              threads_per_probe: int | None = None) -> list[Slot]:
+    """`parallel` disjoint groups of cores, each probe pinned to its group; with more probes
+    than cores nothing is pinned and each probe gets one thread (they will share cores)."""
+    if parallel < 1:
+        raise ConfigError(f"--parallel {parallel}: must be at least 1")
+    if parallel == 1:
+        return [Slot(cpu_threads=threads_per_probe)]
+    if parallel > len(cpu_ids):
+        return [Slot(cpu_threads=threads_per_probe or 1) for _ in range(parallel)]
+    size = len(cpu_ids) // parallel
+    groups = [cpu_ids[i * size:(i + 1) * size] for i in range(parallel)]
+    return [Slot(cpu_ids=group, cpu_threads=threads_per_probe or len(group)) for group in groups]
+
+
+def plan_slots(device: str, gpus: tuple[int, ...] | None, gpus_per_trial: int,
+               parallel: int | None, threads_per_probe: int | None) -> list[Slot]:
+    """The slots of a local sweep: GPU groups when probes run on GPUs, core groups on CPU."""
+    gpu_ids = gpus if gpus is not None else visible_gpu_ids() if device != "cpu" else ()
+    if device != "cpu" and gpu_ids:
+        slots = gpu_slots(gpu_ids, gpus_per_trial)
+        if parallel is not None:
+            if parallel > len(slots):
+                raise ConfigError(f"--parallel {parallel}: {len(gpu_ids)} GPU(s) at "
+                                  f"{gpus_per_trial} per trial hold {len(slots)} probe(s) at "
+                                  "once; lower --parallel or --gpus-per-trial")
+            slots = slots[:parallel]
+        return [Slot(gpu_ids=s.gpu_ids, cpu_threads=threads_per_probe) for s in slots]
+    if device == "cuda":
+        raise ConfigError("--device cuda: no NVIDIA GPU visible; use --device cpu or auto")
+    return cpu_slots(parallel or 1, usable_cpu_ids(), threads_per_probe)
+
+
+class ProbePool:
+    """Probes in flight, one per slot, each on a thread that only waits for its runner call
+    (the runner isolates the probe itself: a subprocess, or a Ray task)."""
+
+    def __init__(self, runner: Any, slots: list[Slot]) -> None:
+        self.runner, self.slots = runner, slots
+        self.executor = futures.ThreadPoolExecutor(max_workers=len(slots),
+                                                   thread_name_prefix="probe")
+        self.in_flight: dict[futures.Future[Any], tuple[int, Any]] = {}  # -> (slot index, tag)
+
+    def __len__(self) -> int:
+        return len(self.in_flight)
+
+    def full(self) -> bool:
+        return len(self.in_flight) >= len(self.slots)
+
+    def tags(self) -> list[Any]:
+        return [tag for _, tag in self.in_flight.values()]
+
+    def start(self, request: Any, log_path: Any, tag: Any) -> Slot:
+        """Run `request` on a free slot (its GPUs or cores); `tag` comes back with the result."""
+        used = {index for index, _ in self.in_flight.values()}
+        index = min(set(range(len(self.slots))) - used)
+        slot = self.slots[index]
+        request = dataclasses.replace(request, **slot.request_fields())
+        self.in_flight[self.executor.submit(self.runner.run, request, log_path)] = (index, tag)
+        return slot
+
+    def finished(self, only: set[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+        """(tag, result) of each probe that ended. A runner that raised re-raises here, and its
+        probe stays in flight so that whoever handles the error still sees it."""
+        for future in [f for f in self.in_flight if f.done() and (only is None or f in only)]:
+            result = future.result()
+            yield self.in_flight.pop(future)[1], result
+
+    def wait(self, timeout_s: float) -> None:
+        futures.wait(self.in_flight, timeout=timeout_s, return_when=futures.FIRST_COMPLETED)
+
+    def stop(self, timeout_s: float = 30.0) -> tuple[set[Any], list[Any]]:
+        """Kill every probe in flight. Returns the probes that had ended cleanly before (to
+        settle with `finished(only=...)`) and the tags of all the others."""
+        ended = {f for f in self.in_flight if f.done() and f.exception() is None}
+        self.runner.stop()
+        futures.wait(self.in_flight, timeout=timeout_s)
+        cut = [tag for f, (_, tag) in self.in_flight.items() if f not in ended]
+        return ended, cut
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)

@@ -1,0 +1,322 @@
+"""Search spaces: which knobs a sweep varies, over which values, and which stay fixed.
+
+A space is a YAML file (see `search_spaces/`) in Optuna's vocabulary:
+
+    params:
+      micro_batch_size_update: {type: categorical, choices: [1, 2, 4, 8]}
+      micro_batch_size_experience: {type: int, low: 1, high: 16, log: true}
+      gradient_checkpointing: {type: bool}
+    fixed:
+      rollout_n: 8
+      max_response_length: 1024
+
+Every knob name is a canonical one (config.py). Loading checks everything at once and reports
+each problem with its file and key. Optuna is imported only when distributions are asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config import (
+    KNOB_NAMES,
+    MEMORY_DIRECTION,
+    ProbeConfig,
+    parse_knob_value,
+    unknown_key_message,
+    validate_probe_config,
+)
+from autotune.errors import ConfigError
+
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+DEFAULT_SPACE = "grpo"
+PARAM_TYPES = ("int", "categorical", "bool")
+MAX_ENUMERATED_CONFIGS = 200_000  # larger spaces are sampled but never listed in full
+_BOOL_KNOBS = {name for name in KNOB_NAMES if isinstance(getattr(ProbeConfig(), name), bool)}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched knob: its Optuna distribution, written as plain values."""
+
+    name: str
+    kind: str  # int | categorical | bool
+    choices: tuple[Any, ...] = ()  # categorical (and bool: False, True)
+    low: int = 0
+    high: int = 0
+    step: int = 1
+    log: bool = False
+
+    def values(self) -> tuple[Any, ...]:
+        """Every value the parameter can take."""
+        if self.kind == "int":
+            if self.log:
+                return tuple(range(self.low, self.high + 1))
+            return tuple(range(self.low, self.high + 1, self.step))
+        return self.choices
+
+    def distribution(self) -> Any:
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        if self.kind == "int":
+            return IntDistribution(self.low, self.high, log=self.log, step=self.step)
+        return CategoricalDistribution(self.choices)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.kind == "int":
+            return {"type": "int", "low": self.low, "high": self.high, "step": self.step,
+                    "log": self.log}
+        if self.kind == "bool":
+            return {"type": "bool"}
+        return {"type": "categorical", "choices": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Searched params and fixed knobs; everything else takes ProbeConfig's default."""
+
+    params: dict[str, ParamSpec]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+    # more rules a config must pass (a trainer's, for its topology): never probed otherwise
+    rules: Callable[[ProbeConfig], list[str]] | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).stem
+
+    @property
+    def space_hash(self) -> str:
+        """Identity of the space: same params and fixed values, same hash."""
+        data = {"params": {k: v.as_dict() for k, v in sorted(self.params.items())},
+                "fixed": dict(sorted(self.fixed.items()))}
+        text = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def distributions(self) -> dict[str, Any]:
+        return {name: spec.distribution() for name, spec in self.params.items()}
+
+    def config_for(self, params: dict[str, Any]) -> ProbeConfig:
+        """The full configuration of a trial (not checked: see `problems_for`)."""
+        return ProbeConfig(**{**self.fixed, **params})
+
+    def problems_for(self, params: dict[str, Any]) -> list[str]:
+        config = self.config_for(params)
+        return validate_probe_config(config) + (self.rules(config) if self.rules else [])
+
+    def with_fixed(self, values: dict[str, Any]) -> SearchSpace:
+        """The same space with more fixed knobs (knobs already searched are not touched)."""
+        extra = {k: v for k, v in values.items() if k not in self.params}
+        return SearchSpace(self.params, {**self.fixed, **extra}, self.source, self.rules)
+
+    def with_rules(self, rules: Callable[[ProbeConfig], list[str]]) -> SearchSpace:
+        return SearchSpace(self.params, self.fixed, self.source, rules)
+
+    def snapped(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """`params` moved to the nearest value each searched knob allows, and what moved."""
+        out, notes = dict(params), []
+        for name, value in params.items():
+            allowed = self.params[name].values() if name in self.params else [value]
+            if value not in allowed:
+                out[name] = min(allowed, key=lambda v, x=value: abs(float(v) - float(x)))
+                notes.append(f"{name}={value} is not in the space: {out[name]} instead")
+        return out, notes
+
+    def with_user_values(self, fixed: dict[str, Any], base: dict[str, Any],
+                         base_source: str | None = None
+                         ) -> tuple[SearchSpace, dict[str, Any] | None]:
+        """Apply `--set` values and a `--base-config`: the base's searched values become a
+        trial (the rest at their safe values), everything else is fixed, `--set` winning."""
+        searched = [k for k in fixed if k in self.params]
+        if searched:
+            raise ConfigError(f"--set {', '.join(searched)}: searched by {self.source}; "
+                              "fix it in a copy of the space instead")
+        base_params = {k: v for k, v in base.items() if k in self.params}
+        bad = [f"{base_source}: {k}={v} is not among the values the space searches "
+               f"({list(self.params[k].values())})"
+               for k, v in base_params.items() if v not in self.params[k].values()]
+        if bad:
+            raise ConfigError(bad)
+        space = self.with_fixed({**{k: v for k, v in base.items() if k not in self.params},
+                                 **fixed})
+        return space, ({**space.safe_params(), **base_params} if base_params else None)
+
+    @property
+    def grid_size(self) -> int:
+        return math.prod(len(spec.values()) for spec in self.params.values())
+
+    def grid(self) -> Iterator[dict[str, Any]]:
+        """Every combination of the params, in order (valid or not)."""
+        names = list(self.params)
+        for combo in itertools.product(*(self.params[n].values() for n in names)):
+            yield dict(zip(names, combo, strict=True))
+
+    def valid_grid(self) -> list[dict[str, Any]] | None:
+        """Every combination that passes the rules, or None when the space is too large."""
+        if self.grid_size > MAX_ENUMERATED_CONFIGS:
+            return None
+        return [params for params in self.grid() if not self.problems_for(params)]
+
+    def memory_rank(self, params: dict[str, Any]) -> float:
+        """How memory-hungry a combination is, 0 = the lightest value on every axis."""
+        rank = 0.0
+        for name, spec in self.params.items():
+            values = sorted(spec.values(), key=lambda v: -1.0 if v is None else float(v))
+            position = values.index(params[name]) / max(1, len(values) - 1)
+            direction = MEMORY_DIRECTION.get(name, 0)
+            rank += position if direction > 0 else (1 - position) if direction < 0 else 0
+        return rank
+
+    def safe_params(self) -> dict[str, Any]:
+        """The lightest valid combination: every memory saver on, smallest micro-batches."""
+        candidates = self.valid_grid()
+        if candidates is None:  # too large to list: take the lightest value of each axis
+            candidates = [{name: min(spec.values(), key=lambda v, n=name: float(v) *
+                                     MEMORY_DIRECTION.get(n, 0))
+                           for name, spec in self.params.items()}]
+        if not candidates:
+            first = self.problems_for(next(self.grid()))
+            raise ConfigError(f"{self.source}: no combination of the space passes the rules, "
+                              f"e.g. {first[0] if first else 'none'}")
+        return min(candidates, key=self.memory_rank)
+
+
+def resolve_space_path(name_or_path: str) -> Path:
+    """A file path, or the name of a space shipped in search_spaces/ (e.g. 'grpo')."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"search space {name_or_path}: no such file")
+        return path
+    shipped = SPACES_DIR / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+    raise ConfigError(unknown_key_message(name_or_path, names, "search space") +
+                      " (or give a path to a .yaml file)")
+
+
+def load_search_space(name_or_path: str) -> SearchSpace:
+    """Read and check a search space; raises ConfigError listing every problem."""
+    space, problems = check_search_space(name_or_path)
+    if problems:
+        raise ConfigError(problems)
+    assert space is not None
+    return space
+
+
+def check_search_space(name_or_path: str) -> tuple[SearchSpace | None, list[str]]:
+    """The space and every problem found in it (for `autotune validate`)."""
+    path = resolve_space_path(name_or_path)
+    shipped = path.resolve().parent == SPACES_DIR and not Path(name_or_path).suffix
+    return _parse(path, f"search_spaces/{path.name}" if shipped else str(name_or_path))
+
+
+def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        return None, [f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})"]
+    if not isinstance(data, dict):
+        return None, [f"{where}: expected a mapping with 'params' and 'fixed' sections"]
+    problems = [f"{where}: {unknown_key_message(k, ['params', 'fixed'], 'section')}"
+                for k in data if k not in ("params", "fixed")]
+    raw_params = data.get("params") or {}
+    raw_fixed = data.get("fixed") or {}
+    for section, raw in (("params", raw_params), ("fixed", raw_fixed)):
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: {section}: expected a mapping of knob names")
+    if not isinstance(raw_params, dict) or not isinstance(raw_fixed, dict):
+        return None, problems
+    if not raw_params:
+        problems.append(f"{where}: params: no knob to search; add at least one")
+    params: dict[str, ParamSpec] = {}
+    for name, raw in raw_params.items():
+        spec, found = _parse_param(str(name), raw, f"{where}: params.{name}")
+        problems.extend(found)
+        if spec is not None:
+            params[str(name)] = spec
+    fixed: dict[str, Any] = {}
+    for name, raw in raw_fixed.items():
+        key = f"{where}: fixed.{name}"
+        if name in raw_params:
+            problems.append(f"{key}: also under params; a knob is either searched or fixed")
+            continue
+        try:
+            fixed[str(name)] = parse_knob_value(str(name), raw)
+        except ConfigError as err:
+            problems.extend(f"{key}: {p}" for p in err.problems)
+    if problems:
+        return None, problems
+    space = SearchSpace(params, fixed, where)
+    valid = space.valid_grid()
+    if valid is not None and not valid:
+        first = space.problems_for(next(space.grid()))
+        problems.append(f"{where}: no combination of params and fixed passes the rules, "
+                        f"e.g. {first[0]}")
+    return space, problems
+
+
+def _parse_param(name: str, raw: Any, key: str) -> tuple[ParamSpec | None, list[str]]:
+    if name not in KNOB_NAMES:
+        return None, [f"{key}: {unknown_key_message(name, KNOB_NAMES, 'knob')}"]
+    if not isinstance(raw, dict):
+        return None, [f"{key}: expected a mapping such as {{type: categorical, choices: [1, 2]}}"]
+    kind = raw.get("type")
+    if kind not in PARAM_TYPES:
+        return None, [f"{key}.type: {kind!r} is not one of {', '.join(PARAM_TYPES)}"]
+    allowed = {"int": {"type", "low", "high", "step", "log"}, "bool": {"type"},
+               "categorical": {"type", "choices"}}[kind]
+    problems = [f"{key}.{k}: not a field of a {kind} param (fields: {', '.join(sorted(allowed))})"
+                for k in raw if k not in allowed]
+    is_bool_knob = name in _BOOL_KNOBS
+    if kind == "bool" or (is_bool_knob and kind != "categorical"):
+        if not is_bool_knob:
+            problems.append(f"{key}.type: bool, but {name} takes integers")
+        return (None if problems else ParamSpec(name, "bool", (False, True))), problems
+    if kind == "categorical":
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return None, [*problems, f"{key}.choices: expected a non-empty list"]
+        typed = []
+        for i, choice in enumerate(choices):
+            try:
+                typed.append(parse_knob_value(name, choice))
+            except ConfigError as err:
+                problems.extend(f"{key}.choices[{i}]: {p}" for p in err.problems)
+        if len(set(typed)) != len(typed):
+            problems.append(f"{key}.choices: a value is listed twice")
+        return (None if problems else ParamSpec(name, "categorical", tuple(typed))), problems
+    values = {}
+    for field_name in ("low", "high", "step"):
+        raw_value = raw.get(field_name, 1 if field_name == "step" else None)
+        if not isinstance(raw_value, int) or isinstance(raw_value, bool) or raw_value < 1:
+            problems.append(f"{key}.{field_name}: expected a positive integer, got {raw_value!r}")
+        values[field_name] = raw_value
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        problems.append(f"{key}.log: expected true or false, got {log!r}")
+    if problems:
+        return None, problems
+    if values["low"] > values["high"]:
+        problems.append(f"{key}: low={values['low']} is above high={values['high']}")
+    if log and values["step"] != 1:
+        problems.append(f"{key}: log=true needs step=1 (Optuna cannot combine them)")
+    if not log and (values["high"] - values["low"]) % values["step"]:
+        problems.append(f"{key}: high - low = {values['high'] - values['low']} is not a "
+                        f"multiple of step={values['step']}")
+    if problems:
+        return None, problems
+    return ParamSpec(name, "int", low=values["low"], high=values["high"], step=values["step"],
+                     log=log), []

@@ -1,0 +1,50 @@
+"""SweepSettings: everything that defines a sweep, and what of it a resumed study must share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.parallel import Slot
+from autotune.sweep.search_space import SearchSpace
+from autotune.sweep.sharing import HEARTBEAT_S
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """Everything that defines a sweep; the study stores what must not change on resume."""
+
+    study_name: str
+    study_dir: Path  # results/<study>/
+    space: SearchSpace
+    request: ProbeRequest  # the template: model, device, limits; config replaced per trial
+    objective: str = "throughput_per_memory"
+    headroom: float = 0.10
+    max_trials: int | None = None  # probes run in the study, resumed runs included
+    timeout_s: float | None = None  # no new probe starts after this many seconds of this run
+    patience: int | None = None  # stop after this many probes without a better feasible one
+    seed: int = 0
+    sampler: str = "tpe"
+    n_startup_trials: int = 5
+    base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
+    prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
+    prescreen: bool = True  # also those the calibrated memory model puts well past capacity
+    storage: str | None = None  # --storage: a database URL or a journal file; None: SQLite
+    trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
+    slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)
+    heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed study must share with the run that created it: anything that changes
+        what a probe measures or what counts as feasible (not GPU ids, threads or timeouts)."""
+        request = self.request
+        return {"model": request.model, "model_path": request.model_path,
+                "objective": self.objective, "headroom": self.headroom,
+                "search_space_hash": self.space.space_hash, "device": request.device,
+                "gpu_memory_limit_bytes": request.gpu_memory_limit_bytes,
+                "reserve_gpu_memory_bytes": request.reserve_gpu_memory_bytes,
+                "host_memory_limit_bytes": request.host_memory_limit_bytes,
+                "dtype": request.dtype, "warmup_steps": request.warmup_steps,
+                "timed_steps": request.timed_steps, "trainer": self.trainer}

@@ -1,0 +1,72 @@
+"""What a study's finished trials add up to: counts, the best so far, what memory taught.
+
+Every finished trial is folded in exactly once, whichever driver finished it: the sweep reads
+the study after each step and folds what is new (trials another driver finished included), so
+the stop rules (--trials, --patience) and the feasibility pruning see the whole study.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.config import describe_params, format_bytes
+from autotune.probe.result import ProbeStatus
+from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.objective import scalar
+from autotune.sweep.progress import SweepState
+
+
+class Tally:
+    """Counts for the progress view, the best feasible trial, probes since it improved."""
+
+    def __init__(self, state: SweepState, feasibility: Feasibility, objective: str) -> None:
+        self.state, self.feasibility, self.objective = state, feasibility, objective
+        self.accounted: set[int] = set()  # trial numbers already folded in
+        self.best_scalar: float | None = None
+        self.since_improvement = 0  # probes since the best improved (--patience)
+
+    def fold(self, frozen: Any) -> None:
+        if frozen.number not in self.accounted and frozen.state.is_finished():
+            self.accounted.add(frozen.number)
+            self.account(frozen)
+
+    def account(self, frozen: Any) -> None:
+        """Fold one finished trial into the counts and the best so far."""
+        from optuna.trial import TrialState
+
+        attrs = frozen.user_attrs
+        status = attrs.get("status")
+        if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL) or \
+                status in (None, "interrupted", "duplicate"):
+            return
+        if status == "lost":
+            self.state.counts["lost"] += 1
+            return
+        if not attrs.get("probed"):
+            predicted = attrs.get("predicted") and attrs.get("reused_from") is None
+            self.state.counts["predicted" if predicted else "skipped"] += 1
+            return
+        self.state.probes += 1
+        result = attrs.get("result") or {}
+        capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
+        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
+                                result.get("phase_peak_mem_bytes"), capacity)
+        if result.get("probe_wall_s"):
+            self.state.probe_wall_s.append(result["probe_wall_s"])
+        if status == "ok":
+            self.state.counts["ok"] += 1
+        elif ProbeStatus(status).is_oom:
+            self.state.counts["oom"] += 1
+        else:
+            self.state.counts["failed"] += 1
+        value = scalar(frozen.values, self.objective) \
+            if attrs.get("feasible") and frozen.values else None
+        if value is not None and (self.best_scalar is None or value > self.best_scalar):
+            self.best_scalar = value
+            self.since_improvement = 0
+            self.state.best = (f"trial {frozen.number}: {describe_params(frozen.params)}, "
+                               f"{result['tokens_per_s']:,.1f} tok/s, peak "
+                               f"{format_bytes(result['peak_mem_bytes'])}")
+        else:
+            self.since_improvement += 1
+

@@ -1,0 +1,363 @@
+"""The sweep: Optuna ask/tell over real probes, side by side, OOM-aware, resumable.
+
+The driver alone talks to Optuna; probes run in the runner, one per slot (parallel.py), each
+on a thread of its own that only waits for the runner. Each trial is asked for params from the
+search space, then: a config another trial owns reuses that trial's result, or waits for it
+(never probed twice, also across drivers: sharing.py); one that breaks a rule is recorded as
+invalid without running; one proven infeasible is recorded as predicted; anything else is
+probed, its result saved beside its log, then told (objective.py says how). Pending trials are
+RUNNING in the study, so TPE's constant liar keeps parallel asks apart. A probe lost with its
+node is retried once. A killed driver leaves its trials RUNNING; the next run completes each
+from its saved result, or fails it and queues its params again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.config import describe_params
+from autotune.errors import ConfigError
+from autotune.files import write_text_atomic
+from autotune.probe.result import ProbeResult, ProbeStatus
+from autotune.runners import Runner
+from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.objective import OBJECTIVES
+from autotune.sweep.parallel import ProbePool
+from autotune.sweep.progress import Progress, SilentProgress, SweepState
+from autotune.sweep.record import tell_given_up, tell_result, tell_reused
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.sharing import (
+    STALE_AFTER_HEARTBEATS,
+    WAIT,
+    holds_config,
+    is_asked,
+    is_stale,
+    owner_of,
+    params_key,
+    scan,
+    take_over,
+    trial_by_number,
+)
+from autotune.sweep.storage import StudyLock, open_study
+from autotune.sweep.tally import Tally
+
+SAMPLERS = ("tpe", "random")
+STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
+MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only repeats itself
+
+
+@dataclass
+class Pending:
+    """A trial asked and not yet told: probing in a slot, waiting for its owner, or ready."""
+
+    trial: Any
+    params: dict[str, Any]
+    owner: int | None = None  # the trial whose result this one waits for
+
+
+class Sweep:
+    """Runs one study to a stop: --trials, --timeout, --patience or an exhausted space."""
+
+    def __init__(self, settings: SweepSettings, runner: Runner,
+                 progress: Progress | None = None,
+                 on_trial: Callable[[Any], None] | None = None) -> None:
+        if settings.objective not in OBJECTIVES:
+            raise ConfigError(
+                f"--objective {settings.objective!r}: valid: {', '.join(OBJECTIVES)}")
+        if settings.sampler not in SAMPLERS:
+            raise ConfigError(f"sampler {settings.sampler!r}: valid: {', '.join(SAMPLERS)}")
+        self.settings, self.runner = settings, runner
+        self.progress = progress or SilentProgress()
+        self.on_trial = on_trial  # called with the study after every told trial (artifacts)
+        self.space = settings.space
+        self.n_params = len(self.space.params)
+        self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
+                                slots=len(settings.slots))
+        self.rng = random.Random(settings.seed)
+        self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
+        self.valid_keys = None
+        grid = self.space.valid_grid()
+        if grid is not None:
+            self.valid_keys = {params_key(p) for p in grid}
+        self.stuck_asks = 0  # asks in a row that probed nothing
+        self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
+                                                   settings.prune_dominated, settings.prescreen)
+        self.tally = Tally(self.state, self.feasibility, settings.objective)
+        self.pool = ProbePool(runner, list(settings.slots))  # Pending trials probing now
+        self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
+        self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
+        self.others_running = 0  # probes other drivers run in this study now
+        self.shared = False  # set by run(): other drivers may share the storage
+        self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
+        self.last_beat_s = 0.0
+        self.trials: list[Any] = []  # the study's trials as refresh() last read them
+
+    # -- study -----------------------------------------------------------------------------
+
+    def resume(self, study: Any) -> None:
+        """Finish or re-queue trials a dead driver left RUNNING; learn what is done. On a
+        shared storage only trials whose heartbeat stopped are dead; the rest run elsewhere."""
+        import optuna
+        from optuna.trial import TrialState
+
+        now_s = time.time()
+        for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if self.shared and not is_stale(frozen, now_s, self.stale_after_s):
+                continue
+            saved = self.result_path(frozen.number)
+            if saved.exists() and is_asked(frozen, self.n_params) and frozen.params and \
+                    frozen.user_attrs.get("waiting_on") is None:
+                result = ProbeResult.from_json(saved.read_text())
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    self.tell(study, optuna.Trial(study, frozen._trial_id), result,
+                              probed=True)
+                continue
+            take_over(study, frozen, "the driver stopped while this trial ran")
+        self.refresh(study)
+        if not study.trials:
+            study.enqueue_trial(self.space.safe_params(), user_attrs={"origin": "safe"})
+            base = self.settings.base_params
+            if base and params_key(base) != params_key(self.space.safe_params()):
+                study.enqueue_trial(base, user_attrs={"origin": "base"})
+
+    def refresh(self, study: Any) -> None:
+        """Read the study: fold in trials finished here or by other drivers, note what every
+        trial holds, keep our running trials' heartbeats fresh, take over dead drivers' trials,
+        and settle trials waiting for an owner that has finished."""
+        trials = self.trials = study.get_trials(deepcopy=False)
+        now_s = time.time()
+        for frozen in trials:
+            self.tally.fold(frozen)
+        mine = {p.trial.number for p in self.pending()}
+        self.seen, self.others_running = scan(study, trials, mine, self.n_params, now_s,
+                                              self.stale_after_s if self.shared else None)
+        if self.shared and now_s - self.last_beat_s >= self.settings.heartbeat_s:
+            self.last_beat_s = now_s
+            for pending in self.pending():
+                with contextlib.suppress(Exception):  # taken over: settled when told
+                    pending.trial.set_user_attr("heartbeat_at", now_s)
+        for number, pending in list(self.waiting.items()):
+            self.settle_waiting(study, trials, number, pending)
+
+    def settle_waiting(self, study: Any, trials: list[Any], number: int,
+                       pending: Pending) -> None:
+        assert pending.owner is not None
+        owner = trials[pending.owner]
+        if not owner.state.is_finished():
+            return
+        if holds_config(owner, self.n_params):
+            del self.waiting[number]
+            self.reuse(study, pending.trial, owner)
+            return
+        new_owner = owner_of(trials, number, params_key(pending.params), self.n_params)
+        if new_owner == WAIT:
+            return
+        pending.owner = new_owner
+        pending.trial.set_user_attr("waiting_on", new_owner)
+        if new_owner is None:  # the owner died without a result: this trial probes it
+            del self.waiting[number]
+            self.ready.append(pending)
+
+    def pending(self) -> list[Pending]:
+        return [*self.pool.tags(), *self.waiting.values(), *self.ready]
+
+    def result_path(self, number: int) -> Path:
+        return self.settings.study_dir / "logs" / f"trial-{number:05d}.result.json"
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> Any:
+        lock: Any = contextlib.nullcontext()
+        if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
+            self.settings.study_dir.mkdir(parents=True, exist_ok=True)
+            lock = StudyLock(self.settings.study_dir)
+        with lock:
+            study, opened = open_study(self.settings)
+            self.shared = opened.shared  # other drivers may run this study too
+            self.resume(study)
+            self.progress.started(self.state)
+            try:
+                self.loop(study)
+            except BaseException:
+                self.abandon(study)  # Ctrl-C, SIGTERM or a broken runner: nothing half-told
+                raise
+            finally:
+                self.pool.close()
+                self.progress.finished(self.state)
+            return study
+
+    def loop(self, study: Any) -> None:
+        while True:
+            self.settle_probes(study)
+            self.refresh(study)
+            reason = self.stop_reason()
+            if reason is None and not self.pool.full():
+                self.step(study)
+                continue
+            if reason is not None and not self.pool:
+                self.state.stop_reason = reason
+                self.release(study)
+                return
+            self.pool.wait(timeout_s=min(1.0, self.settings.heartbeat_s))
+
+    def stop_reason(self) -> str | None:
+        s, state = self.settings, self.state
+        started = state.probes + len(self.pool) + self.others_running
+        if s.max_trials is not None and started >= s.max_trials:
+            return f"reached --trials {s.max_trials}"
+        if s.timeout_s is not None and time.monotonic() - state.started_s >= s.timeout_s:
+            return f"reached --timeout {s.timeout_s:.0f} s"
+        if s.patience is not None and self.tally.since_improvement >= s.patience:
+            return f"no better config in the last {s.patience} probes (--patience)"
+        if self.valid_keys is not None and self.valid_keys <= self.seen.keys() and \
+                not self.ready:
+            return f"space exhausted: all {len(self.valid_keys)} valid configs tried"
+        if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
+            return f"the sampler proposed only known or invalid configs {self.stuck_asks} times"
+        return None
+
+    def step(self, study: Any) -> None:
+        """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""
+        if self.ready:
+            self.submit(self.ready.pop(0))
+            return
+        if self.stuck_asks and self.stuck_asks % STUCK_AFTER_ASKS == 0:
+            self.queue_unexplored(study)
+        trial = study.ask(self.space.distributions())
+        if self.shared:
+            trial.set_user_attr("heartbeat_at", time.time())
+        params = dict(trial.params)
+        owner = self.owner(study, trial.number, params_key(params))
+        if owner is not None:
+            self.stuck_asks += 1
+            frozen = trial_by_number(study, owner)
+            if frozen.state.is_finished():
+                self.reuse(study, trial, frozen)
+                return
+            trial.set_user_attr("waiting_on", owner)
+            self.waiting[trial.number] = Pending(trial, params, owner=owner)
+            return
+        problems = self.space.problems_for(params)
+        if problems:
+            result = ProbeResult(status=ProbeStatus.INVALID, message="; ".join(problems))
+            self.tell(study, trial, result, probed=False)
+            self.stuck_asks += 1
+            self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
+            return
+        prediction = self.feasibility.predict(params)
+        if prediction is not None:
+            result = ProbeResult(status=ProbeStatus(prediction.status),
+                                 message=prediction.reason, failed_phase=prediction.failed_phase)
+            trial.set_user_attr("predicted_by", prediction.source)
+            self.tell(study, trial, result, probed=False, predicted=True)
+            self.stuck_asks += 1
+            self.finish(study, trial.number, f"not run, {prediction.reason}")
+            return
+        self.stuck_asks = 0
+        self.submit(Pending(trial, params))
+
+    def owner(self, study: Any, number: int, key: str) -> int | None:
+        """The trial that owns this config, once every lower trial is fully asked. Alone on
+        the study, the trials read at the top of this loop turn are current: nothing was told
+        since; with other drivers the storage is read again."""
+        while True:
+            trials = study.get_trials(deepcopy=False) if self.shared else self.trials
+            owner = owner_of(trials, number, key, self.n_params)
+            if owner != WAIT:
+                return owner
+            time.sleep(0.05)  # another driver is between writing two params of a trial
+
+    def submit(self, pending: Pending) -> None:
+        """Start the trial's probe on a free slot."""
+        number = pending.trial.number
+        request = dataclasses.replace(self.settings.request,
+                                      config=self.space.config_for(pending.params))
+        log_path = self.settings.study_dir / "logs" / f"trial-{number:05d}.log"
+        slot = self.pool.start(request, log_path, pending)
+        self.state.running[number] = pending.params
+        where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
+        self.progress.trial_started(self.state,
+                                    f"trial {number}{where}: {describe_params(pending.params)}")
+
+    def settle_probes(self, study: Any, done: set[Any] | None = None) -> None:
+        """Tell every finished probe; a probe lost with its node is queued once more."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        for pending, result in self.pool.finished(only=done):
+            trial, params, number = pending.trial, pending.params, pending.trial.number
+            self.state.running.pop(number, None)
+            write_text_atomic(self.result_path(number), result.to_json())
+            retry = result.status is ProbeStatus.LOST and \
+                trial.user_attrs.get("origin") != "lost-retry"
+            try:
+                if retry:
+                    trial.set_user_attr("requeued", True)
+                line = self.tell(study, trial, result, probed=True)
+            except UpdateFinishedTrialError:
+                line = ("another driver took this trial over (no heartbeat) and queued it "
+                        "again; this result stays in logs/ only")
+                retry = False
+            if retry:
+                study.enqueue_trial(params, user_attrs={"origin": "lost-retry",
+                                                        "requeued_from": number})
+                line += "; queued once more to run elsewhere"
+            self.finish(study, number, line)
+            if result.ok and self.feasibility.calibration is not None:
+                study.set_user_attr("memory_calibration",
+                                    self.feasibility.calibration_record(result.device_name))
+
+    def tell(self, study: Any, trial: Any, result: ProbeResult, probed: bool,
+             predicted: bool = False) -> str:
+        return tell_result(study, trial, result, self.settings,
+                           self.feasibility.capacity_bytes, probed, predicted)
+
+    def reuse(self, study: Any, trial: Any, earlier: Any) -> None:
+        tell_reused(study, trial, earlier)
+        self.finish(study, trial.number, f"same as trial {earlier.number}, result reused")
+
+    def give_up(self, study: Any, pending: Pending, status: str, requeue: bool) -> None:
+        with contextlib.suppress(Exception):  # another driver may have taken it over
+            tell_given_up(study, pending.trial, pending.params, status, requeue)
+        self.state.running.pop(pending.trial.number, None)
+
+    def finish(self, study: Any, number: int, line: str) -> None:
+        self.tally.fold(trial_by_number(study, number))
+        if self.on_trial is not None:
+            self.on_trial(study)
+        self.progress.trial_finished(self.state, f"trial {number}: {line}")
+
+    def release(self, study: Any) -> None:
+        """At a stop: trials that never got to probe go back to the queue; those waiting for
+        another driver's probe leave the config to it."""
+        for pending in self.ready:
+            self.give_up(study, pending, "interrupted", requeue=True)
+        for pending in self.waiting.values():
+            self.give_up(study, pending, "duplicate", requeue=False)
+        self.ready, self.waiting = [], {}
+
+    def abandon(self, study: Any) -> None:
+        """The driver is stopping mid-sweep: keep probes that finished, kill the rest and
+        queue their configs again, so the next run redoes exactly those."""
+        ended, cut = self.pool.stop()
+        with contextlib.suppress(Exception):
+            self.settle_probes(study, ended)
+        for pending in cut:
+            self.give_up(study, pending, "interrupted", requeue=True)
+        self.release(study)
+
+    def queue_unexplored(self, study: Any) -> None:
+        """The sampler keeps proposing known configs: queue one nobody has tried."""
+        if self.valid_keys is None:
+            return
+        left = sorted(self.valid_keys - self.seen.keys())
+        if left:
+            study.enqueue_trial(json.loads(self.rng.choice(left)),
+                                user_attrs={"origin": "unexplored"})

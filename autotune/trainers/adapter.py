@@ -1,0 +1,70 @@
+"""The Adapter: how one trainer's config holds the canonical knobs, and its own rules.
+
+One mapping table per trainer (shared/reference/trainers.md, DESIGN.md section 3), with the
+companions the trainer needs, and the divisibility and range rules it enforces at start-up,
+checked for a given number of nodes and GPUs per node so that a config the trainer would
+reject is never written. Pure data and arithmetic: no YAML library here.
+
+Batch counting: EasyR1 counts `rollout_batch_size` and `global_batch_size` in prompts and
+multiplies the latter by rollout.n in the worker; verl counts `train_batch_size` and
+`ppo_mini_batch_size` the same way; micro-batches are responses per GPU in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import Topology
+from autotune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A trainer: where each knob goes (first key is where it is read back from), the
+    companions written with the tuned keys, and the rules checked before writing."""
+
+    name: str
+    keys: dict[str, tuple[str, ...]]
+    topology_keys: tuple[str, str] | None  # (nnodes, gpus per node) where the config has them
+    companions: dict[str, Any]
+    rules: Callable[[dict[str, Any], Topology, Callable[[str, Any], Any]], list[str]]
+    launch: str  # the launch line: {path} the exported file, {overrides}, {world}
+    # keys computed from several knobs and the topology, and their inverse for reading back
+    derive: Callable[[dict[str, Any], Topology], dict[str, Any]] | None = None
+    underive: Callable[[Callable[[str, Any], Any], Topology], dict[str, Any]] | None = None
+    # the knobs the trainer's own default or example config sets: the sweep's starting point
+    defaults: dict[str, Any] | None = None
+
+    def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
+        """Every dotted key this export writes, with its value."""
+        values = {}
+        for knob, keys in self.keys.items():
+            if knobs.get(knob) is None:
+                continue
+            for key in keys:
+                values[key] = knobs[knob]
+        derived = self.derive(knobs, topology) if self.derive else {}
+        return {**values, **derived, **self.companions}
+
+    def read_knobs(self, get: Callable[[str, Any], Any], topology: Topology) -> dict[str, Any]:
+        """The canonical knobs a trainer config holds (for the round trip)."""
+        knobs = {knob: get(keys[0], None) for knob, keys in self.keys.items()
+                 if get(keys[0], None) is not None}
+        return {**knobs, **(self.underive(get, topology) if self.underive else {})}
+
+    def check(self, knobs: dict[str, Any], topology: Topology,
+              get: Callable[[str, Any], Any] = lambda key, default: default) -> list[str]:
+        """Every rule of this trainer the knobs break, one line each naming rule and values.
+        A setting the rules read from the user's config must be a plain value of the trainer
+        default's type (an interpolation such as ${oc.select:...} cannot be checked)."""
+        def plain(key: str, default: Any) -> Any:
+            value = get(key, default)
+            if isinstance(default, bool | int) and type(value) is not type(default):
+                raise ConfigError(f"{key}={value!r} in the base config: autotune checks "
+                                  f"{self.name}'s rules with it and needs a plain "
+                                  f"{type(default).__name__}; write the value out")
+            return value
+
+        return [f"{self.name}: {line}" for line in self.rules(knobs, topology, plain)]

@@ -1,0 +1,79 @@
+"""EasyR1 (hiyouga/EasyR1): where each knob goes in its config, and its start-up rules.
+
+Counts as autotune does: data.rollout_batch_size and worker.actor.global_batch_size in prompts
+for the whole run, micro-batches in responses per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune.config import Topology
+from autotune.trainers.adapter import Adapter
+
+
+def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+    """verl/trainer/ray_trainer.py and verl/workers/fsdp_workers.py of hiyouga/EasyR1."""
+    world, n = topo.world_size, k["rollout_n"]
+    rbs, gbs = k["rollout_batch_size"], k["global_batch_size"]
+    mbu, mbe = k["micro_batch_size_update"], k["micro_batch_size_experience"]
+    ulysses = get("worker.actor.ulysses_size", 1)
+    tp = get("worker.rollout.tensor_parallel_size", 2)
+    problems = []
+    if rbs % gbs:
+        problems.append(f"data.rollout_batch_size={rbs} must be divisible by "
+                        f"worker.actor.global_batch_size={gbs}")
+    if rbs % world or (rbs * n) % world:
+        problems.append(f"data.rollout_batch_size={rbs} (and x rollout.n={n}) must be "
+                        f"divisible by the {world} GPUs (batches are chunked equally)")
+    if (rbs * n) % mbe:
+        problems.append(f"data.rollout_batch_size*worker.rollout.n={rbs * n} must be divisible "
+                        f"by worker.actor.micro_batch_size_per_device_for_experience={mbe}")
+    per_device = gbs * (n if n > 1 else 1) // max(1, world // ulysses)
+    if per_device == 0:
+        problems.append(f"worker.actor.global_batch_size={gbs} x rollout.n={n} x ulysses_size="
+                        f"{ulysses} must be at least the {world} GPUs")
+    elif per_device % mbu:
+        problems.append(f"global batch size per device {per_device} (global_batch_size={gbs} "
+                        f"x n={n} / {world} GPUs) must be divisible by "
+                        f"worker.actor.micro_batch_size_per_device_for_update={mbu}")
+    if get("worker.actor.fsdp.enable_cpu_offload", False) and per_device != mbu:
+        problems.append(f"worker.actor.fsdp.enable_cpu_offload needs no gradient accumulation: "
+                        f"micro_batch_size_per_device_for_update={mbu} must equal the global "
+                        f"batch size per device {per_device}")
+    if world % tp:
+        problems.append(f"the {world} GPUs must be divisible by "
+                        f"worker.rollout.tensor_parallel_size={tp}")
+    tokens = get("worker.rollout.max_num_batched_tokens", 8192)
+    length = k["max_prompt_length"] + k["max_response_length"]
+    if tokens < length:
+        problems.append(f"worker.rollout.max_num_batched_tokens={tokens} must be at least "
+                        f"max_prompt_length+max_response_length={length}")
+    if get("algorithm.adv_estimator", "grpo") in ("grpo", "rloo") and n <= 1:
+        problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {n})")
+    return problems
+
+
+EASYR1 = Adapter(
+    name="easyr1",
+    keys={"rollout_batch_size": ("data.rollout_batch_size",),
+          "rollout_n": ("worker.rollout.n",),
+          "global_batch_size": ("worker.actor.global_batch_size",),
+          "micro_batch_size_update": ("worker.actor.micro_batch_size_per_device_for_update",),
+          "micro_batch_size_experience":
+              ("worker.actor.micro_batch_size_per_device_for_experience",),
+          "gradient_checkpointing": ("worker.actor.model.enable_gradient_checkpointing",),
+          "offload_params": ("worker.actor.offload.offload_params",),
+          "offload_optimizer": ("worker.actor.offload.offload_optimizer",),
+          "max_prompt_length": ("data.max_prompt_length",),
+          "max_response_length": ("data.max_response_length",),
+          "val_batch_size": ("data.val_batch_size",)},
+    topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
+    companions={},
+    rules=_easyr1_rules,
+    launch="python3 -m verl.trainer.main config={path}",  # EasyR1's OmegaConf entry point
+    defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
+              "gradient_checkpointing": True, "offload_params": True,  # config.yaml
+              "offload_optimizer": True},
+)

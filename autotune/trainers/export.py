@@ -1,0 +1,204 @@
+"""Export: a measured config as a YAML file the trainer takes as is.
+
+With `--base-config`, the user's own trainer YAML is loaded round-trip (ruamel.yaml): only the
+tuned keys and their companions change; comments, key order and every other key stay. Without
+it, the trainer's tree holds just the tuned keys, companions and topology. The trainer's own
+rules (trainers.py) are checked for the topology first; a config it would reject is never
+written. Provenance goes on top as comments. Nothing already there is overwritten.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.config import Topology, format_bytes
+from autotune.errors import ConfigError
+from autotune.trainers.adapter import Adapter
+
+_MISSING = object()
+
+
+def _yaml() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round-trip: comments, order and scalar styles are kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # keep long interpolations on one line, as trainers' own files do
+    yaml.representer.add_representer(type(None), lambda representer, _: (
+        representer.represent_scalar("tag:yaml.org,2002:null", "null")))
+    return yaml
+
+
+def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+    """tree["a"]["b"] for "a.b"; `default` when a key is missing or holds null (a trainer
+    reads a null as its built-in default)."""
+    node = tree
+    for part in key.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return default
+        node = node[part]
+    return default if node is None and default is not None else node
+
+
+def dotted_set(tree: Any, key: str, value: Any) -> None:
+    from ruamel.yaml.comments import CommentedMap
+
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        if part not in node or not hasattr(node[part], "get"):
+            node[part] = CommentedMap()
+        node = node[part]
+    node[leaf] = value
+
+
+def load_trainer_yaml(path: str) -> tuple[Any, str]:
+    """The user's trainer YAML, as a round-trip tree (with line numbers) and as text."""
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"--base-config {path}: {err.strerror}") from None
+    try:
+        tree = _yaml().load(text)
+    except YAMLError as err:
+        raise ConfigError(f"--base-config {path}: not valid YAML ({err})".replace("\n", " ")) \
+            from None
+    if not hasattr(tree, "get"):
+        raise ConfigError(f"--base-config {path}: expected a mapping of trainer keys at the top")
+    return tree, text
+
+
+def scalar_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
+    """`text` with each key's scalar replaced on its own line, every other byte kept; None
+    when a key is missing or not a one-token scalar (then the tree is re-serialised)."""
+    lines = text.splitlines(keepends=True)
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        parent = dotted_get(tree, ".".join(parents)) if parents else tree
+        if not hasattr(parent, "lc") or leaf not in parent or hasattr(parent[leaf], "items"):
+            return None
+        line, column = parent.lc.value(leaf)
+        token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", lines[line][column:])
+        if token is None:
+            return None
+        lines[line] = (lines[line][:column] + scalar_text(value)
+                       + lines[line][column + token.end():])
+    return "".join(lines)
+
+
+def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
+                 gpus_per_node: int | None) -> Topology:
+    """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then 1 x 1."""
+    nodes_key, gpus_key = adapter.topology_keys or ("", "")
+    nodes = nnodes or (dotted_get(tree, nodes_key) if nodes_key else None) or 1
+    gpus = gpus_per_node or (dotted_get(tree, gpus_key) if gpus_key else None) or 1
+    return Topology(int(nodes), int(gpus))
+
+
+def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
+           base: tuple[Any, str] | None, provenance: list[str]) -> str:
+    """The exported file's text; ConfigError naming every broken rule instead."""
+    from ruamel.yaml.comments import CommentedMap
+
+    tree = base[0] if base is not None else CommentedMap()
+
+    def get(key: str, default: Any) -> Any:
+        return dotted_get(tree, key, default)
+
+    problems = adapter.check(knobs, topology, get)
+    if problems:
+        raise ConfigError(problems)
+    values = {key: value for key, value in adapter.tuned_values(knobs, topology).items()
+              # a companion that only clears a key the user's file does not have: skip it
+              if not (value is None and dotted_get(tree, key, _MISSING) is _MISSING)}
+    if adapter.topology_keys:
+        nodes_key, gpus_key = adapter.topology_keys
+        values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+    header = "".join(f"# {line}\n" if line else "#\n" for line in provenance)
+    edited = edit_in_place(base[1], tree, values) if base is not None else None
+    if edited is not None:
+        return header + edited
+    for key, value in values.items():
+        dotted_set(tree, key, value)
+    buffer = io.StringIO()
+    _yaml().dump(tree, buffer)
+    return header + buffer.getvalue()
+
+
+def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topology) -> list[str]:
+    measured, prov = document["measured"], document["provenance"]
+    versions = prov.get("versions") or {}
+    phases = ", ".join(f"{p} {format_bytes(v)}" for p, v in
+                       measured["phase_peak_mem_bytes"].items())
+    return [f"exported by autotune {versions.get('autotune', '?')} for {adapter.name} on "
+            f"{time.strftime('%Y-%m-%d')}",
+            f"study {document['study']}, trial {document['trial']}: "
+            f"{measured['tokens_per_s']:,.1f} tokens/s, peak "
+            f"{format_bytes(measured['peak_mem_bytes'])} of a "
+            f"{format_bytes(measured['budget_bytes'])} budget "
+            f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
+            f"per phase: {phases}",
+            f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
+            f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}",
+            f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
+            f"{topology.gpus_per_node} GPU(s); only the tuned keys were changed", ""]
+
+
+def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -> str:
+    """The same keys as `key=value` overrides for a launch script."""
+    values = adapter.tuned_values(knobs, topology)
+    if adapter.topology_keys is None:  # HfArgumentParser flags
+        return " ".join(f"--{key} {scalar_text(value)}" for key, value in values.items()
+                        if value is not None)
+    values.update({adapter.topology_keys[0]: topology.nnodes,
+                   adapter.topology_keys[1]: topology.gpus_per_node})
+    return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
+
+
+def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
+                  gpus_per_node: int | None) -> tuple[tuple[Any, str] | None, Topology,
+                                                      dict[str, Any]]:
+    """What `run --trainer` starts from: the user's trainer YAML (or none), the topology,
+    and the canonical knobs of the starting config (the YAML's, else the trainer's defaults)."""
+    from autotune.config import parse_knob_value
+
+    base = load_trainer_yaml(base_config) if base_config else None
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
+    if base is None:
+        return None, topology, dict(adapter.defaults or {})
+    read = adapter.read_knobs(lambda key, default: dotted_get(base[0], key, default), topology)
+    problems, knobs = [], {}
+    for knob, value in read.items():
+        try:
+            knobs[knob] = parse_knob_value(knob, value)
+        except ConfigError as err:
+            problems += [f"{base_config}: {adapter.keys.get(knob, (knob,))[0]}: {p}"
+                         for p in err.problems]
+    if problems:
+        raise ConfigError(problems)
+    return base, topology, knobs
+
+
+def load_trainer_yaml_text(text: str) -> tuple[Any, str]:
+    return _yaml().load(text), text
+
+
+def write_new(path: Path, text: str) -> None:
+    """Create `path` with `text`; never replace a file that is already there."""
+    try:
+        with open(path, "x") as handle:
+            handle.write(text)
+    except FileExistsError:
+        raise ConfigError(f"--out {path}: file exists; choose a new path") from None

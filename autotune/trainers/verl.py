@@ -1,0 +1,71 @@
+"""verl (volcengine/verl, and its forks Search-R1, Logic-RL): its keys and start-up rules.
+
+data.train_batch_size and actor.ppo_mini_batch_size count prompts for the whole run;
+ppo_micro_batch_size_per_gpu and the log-prob micro-batches count responses per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune.config import Topology
+from autotune.trainers.adapter import Adapter
+
+
+def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+    """verl/utils/config.py, workers/config/actor.py and workers/fsdp_workers.py of verl."""
+    world, n = topo.world_size, k["rollout_n"]
+    rbs, gbs, mbu = k["rollout_batch_size"], k["global_batch_size"], k["micro_batch_size_update"]
+    sp = get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+    infer = (get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2)
+             * get("actor_rollout_ref.rollout.data_parallel_size", 1)
+             * get("actor_rollout_ref.rollout.pipeline_model_parallel_size", 1))
+    problems = []
+    if (rbs * n) % world:
+        problems.append(f"real_train_batch_size data.train_batch_size*rollout.n={rbs * n} must "
+                        f"be divisible by minimal possible batch size {world} (the GPUs)")
+    if rbs < gbs:
+        problems.append(f"data.train_batch_size={rbs} must be >= "
+                        f"actor.ppo_mini_batch_size={gbs}")
+    normalized = gbs * n // max(1, world // sp)
+    if normalized <= 0:
+        problems.append(f"actor.ppo_mini_batch_size={gbs} x rollout.n={n} over {world} GPUs "
+                        "should be larger than 0 after normalization")
+    elif normalized % mbu:
+        problems.append(f"normalized ppo_mini_batch_size {normalized} should be divisible by "
+                        f"ppo_micro_batch_size_per_gpu {mbu}")
+    if world % infer:
+        problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
+                        f"{infer} (tensor x data x pipeline parallel)")
+    return problems
+
+
+VERL = Adapter(
+    name="verl",
+    keys={"rollout_batch_size": ("data.train_batch_size",),
+          "rollout_n": ("actor_rollout_ref.rollout.n",),
+          "global_batch_size": ("actor_rollout_ref.actor.ppo_mini_batch_size",),
+          "micro_batch_size_update": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",),
+          # the old-log-prob forward (rollout) and the reference's, both per GPU
+          "micro_batch_size_experience":
+              ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+          "gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing",),
+          "offload_params": ("actor_rollout_ref.actor.fsdp_config.param_offload",),
+          "offload_optimizer": ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",),
+          "max_prompt_length": ("data.max_prompt_length",),
+          "max_response_length": ("data.max_response_length",)},
+    topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
+    # per-GPU micro-batches are read only without dynamic batch size, and must not be set
+    # together with the deprecated global micro-batch keys
+    companions={"actor_rollout_ref.actor.use_dynamic_bsz": False,
+                "actor_rollout_ref.actor.ppo_micro_batch_size": None,
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size": None,
+                "actor_rollout_ref.ref.log_prob_micro_batch_size": None},
+    rules=_verl_rules,
+    launch="python3 -m verl.trainer.main_ppo {overrides}",
+    # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
+    defaults={"gradient_checkpointing": True, "offload_params": False,
+              "offload_optimizer": False},
+)

@@ -18,7 +18,7 @@ CAPTURED = yaml.safe_load((Path(__file__).parent / "data" / "captured_failures.y
 
 def test_table_covers_every_failure_class():
     statuses = {case["status"] for case in CAPTURED}
-    assert statuses == {"gpu_oom", "host_oom", "cache_oom", "crash"}
+    assert statuses == {"gpu_oom", "host_oom", "cache_oom", "crash", "killed"}
     assert len(CAPTURED) >= 30
 
 
@@ -59,7 +59,12 @@ def test_exception_classes():
 def test_exit_without_result():
     assert classify_exit(None, "", timed_out=True)[0] is ProbeStatus.TIMEOUT
     assert classify_exit(-9, "", host_limit_exceeded=True)[0] is ProbeStatus.HOST_OOM
-    assert classify_exit(-signal.SIGKILL, "")[0] is ProbeStatus.HOST_OOM
+    # a SIGKILL is a host OOM only with evidence; "Killed" in a log is what any SIGKILL prints
+    assert classify_exit(-signal.SIGKILL, "")[0] is ProbeStatus.KILLED
+    assert classify_exit(-signal.SIGKILL, "Killed\n")[0] is ProbeStatus.KILLED
+    assert classify_exit(-signal.SIGKILL, "exitcode  : -9\n")[0] is ProbeStatus.KILLED
+    status, message = classify_exit(-signal.SIGKILL, "", oom_evidence="the kernel log says so")
+    assert status is ProbeStatus.HOST_OOM and "the kernel log says so" in message
     status, message = classify_exit(-signal.SIGSEGV, "")
     assert status is ProbeStatus.CRASH and "SIGSEGV" in message
     status, message = classify_exit(3, "Traceback ...\nValueError: boom\n  at line 3\n")

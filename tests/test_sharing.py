@@ -78,7 +78,7 @@ def test_a_lost_probe_is_retried_once_then_kept_as_lost(tmp_path):
     study = Sweep(settings_for(tmp_path, max_trials=4, base_params=base), runner).run()
     trials = study.trials
     assert trials[0].user_attrs["status"] == "lost" and trials[0].user_attrs["requeued"]
-    retries = [t for t in trials if t.user_attrs.get("origin") == "lost-retry"]
+    retries = [t for t in trials if t.user_attrs.get("origin") == "retry"]
     by_source = {t.user_attrs["requeued_from"]: t for t in retries}
     assert by_source[0].params == safe and by_source[0].user_attrs["status"] == "ok"
     base_runs = [t for t in trials if t.params == base and t.user_attrs.get("probed")]

@@ -17,6 +17,7 @@ from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_r
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.probe.result import ProbeRequest
+from autotune.sweep import trial_files
 from autotune.sweep.artifacts import best_trial, write_artifacts
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.settings import SweepSettings
@@ -157,9 +158,8 @@ def test_resume_requeues_a_trial_left_running_and_completes_a_saved_one(tmp_path
     # A killed driver: one trial RUNNING with no result, one RUNNING whose result was saved.
     lost = study.ask(space.distributions())
     saved = study.ask(space.distributions())
-    sweeper = Sweep(settings, ScriptedRunner())
     result = scripted_result(ProbeRequest(model="m", config=space.config_for(saved.params)))
-    sweeper.result_path(saved.number).write_text(result.to_json())
+    trial_files.result_path(settings.study_dir, saved.number).write_text(result.to_json())
     resumed, runner = sweep(tmp_path, max_trials=4)
     lost_trial, saved_trial = resumed.trials[lost.number], resumed.trials[saved.number]
     assert lost_trial.state == TrialState.FAIL

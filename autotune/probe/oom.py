@@ -30,8 +30,6 @@ _PATTERNS: tuple[tuple[ProbeStatus, re.Pattern[str]], ...] = tuple(
         (ProbeStatus.HOST_OOM, r"RAY_memory_usage_threshold|memory usage threshold"),
         (ProbeStatus.HOST_OOM, r"killed (by SIGKILL )?by (the )?OOM killer|K8s pod memory limit"),
         (ProbeStatus.HOST_OOM, r"Out of memory: Kill(ed)? process|oom-kill|oom_reaper"),
-        (ProbeStatus.HOST_OOM, r"^Killed\s*$|killed by signal: Killed"),
-        (ProbeStatus.HOST_OOM, r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received"),
         (ProbeStatus.HOST_OOM, r"DefaultCPUAllocator: (can't allocate memory|not enough memory)"),
         (ProbeStatus.HOST_OOM, r"^\s*MemoryError\b|\bMemoryError: Unable to allocate"),
         (ProbeStatus.HOST_OOM, r"host memory limit exceeded"),
@@ -43,6 +41,11 @@ _PATTERNS: tuple[tuple[ProbeStatus, re.Pattern[str]], ...] = tuple(
         (ProbeStatus.GPU_OOM, r"Cuda failure '?out of memory'?|NCCL.*out of memory"),
         (ProbeStatus.GPU_OOM, r"HIP out of memory|hipErrorOutOfMemory"),
         (ProbeStatus.GPU_OOM, r"device memory limit exceeded"),
+        # A SIGKILL and nothing else: what a shell, torchrun or a DataLoader prints for any
+        # SIGKILL. The OOM killer is one possible sender among others (a user, a scheduler);
+        # classify_exit makes it host_oom only with evidence.
+        (ProbeStatus.KILLED, r"^Killed\s*$|killed by signal: Killed"),
+        (ProbeStatus.KILLED, r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received"),
     ]
 )
 
@@ -50,7 +53,7 @@ _INVALID_TYPES = ("ConfigError", "UnknownModelError")
 
 
 def classify_text(text: str) -> ProbeStatus | None:
-    """The OOM class a failure text shows, or None when it shows no memory exhaustion."""
+    """The OOM class a failure text shows, `killed` for a bare SIGKILL, or None."""
     for status, pattern in _PATTERNS:
         if pattern.search(text) is not None:
             return status
@@ -72,17 +75,29 @@ def classify_exception(exc: BaseException) -> tuple[ProbeStatus, str]:
 
 
 def classify_exit(returncode: int | None, stderr_tail: str, *, timed_out: bool = False,
-                  host_limit_exceeded: bool = False) -> tuple[ProbeStatus, str]:
-    """Status and message for a probe process that ended without writing its result."""
+                  host_limit_exceeded: bool = False,
+                  oom_evidence: str | None = None) -> tuple[ProbeStatus, str]:
+    """Status and message for a probe process that ended without writing its result.
+
+    A SIGKILL is a host OOM only with `oom_evidence` (runners/oom_evidence.py: the kernel log
+    or the cgroup's OOM-kill count); otherwise the probe was `killed` from outside, which says
+    nothing about the config. A "Killed" line or exit code -9 in a log is no evidence either:
+    it is what any SIGKILL prints.
+    """
     if timed_out:
         return ProbeStatus.TIMEOUT, "probe exceeded its timeout and was killed"
     if host_limit_exceeded:
         return ProbeStatus.HOST_OOM, "host memory limit exceeded: probe tree killed by watchdog"
     status = classify_text(stderr_tail)
+    if status is ProbeStatus.KILLED or (status is None and returncode == -signal.SIGKILL):
+        if oom_evidence:
+            return ProbeStatus.HOST_OOM, f"killed by SIGKILL: {oom_evidence}"
+        what = summarize(stderr_tail) if status else "killed by SIGKILL"
+        return ProbeStatus.KILLED, (f"{what}, from outside autotune and with no sign of "
+                                    "memory exhaustion (no OOM-killer record, no cgroup OOM "
+                                    "kill); run once more")
     if status is not None:
         return status, summarize(stderr_tail)
-    if returncode == -signal.SIGKILL:
-        return ProbeStatus.HOST_OOM, "killed by SIGKILL (the kernel's OOM killer or Ray's monitor)"
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else ""
         return ProbeStatus.CRASH, f"killed by signal {-returncode} {name}".strip()

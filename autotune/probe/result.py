@@ -24,10 +24,16 @@ class ProbeStatus(str, enum.Enum):
     CRASH = "crash"
     INVALID = "invalid"  # the configuration breaks a rule; nothing was run
     LOST = "lost"  # the probe's node went away (Ray): says nothing about the config; retried once
+    KILLED = "killed"  # SIGKILLed from outside with no sign of OOM: as lost, retried once
 
     @property
     def is_oom(self) -> bool:
         return self in (ProbeStatus.GPU_OOM, ProbeStatus.HOST_OOM, ProbeStatus.CACHE_OOM)
+
+    @property
+    def says_nothing(self) -> bool:
+        """The probe ended for a reason outside the config: run it once more elsewhere."""
+        return self in (ProbeStatus.LOST, ProbeStatus.KILLED)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ The worker runs as `python -m autotune.probe.worker` in a new session, pinned to
 CUDA_VISIBLE_DEVICES (or to CPU threads), its output in a log file. A watchdog polls the
 process tree: past `timeout_s` or past the host-memory limit it kills every process of the
 probe. Whatever happened, `run` returns a classified ProbeResult and leaves no process behind.
+
+Files: with a log path (a sweep's `logs/trial-00007.log`) the request and the worker's result
+go beside it (`trial-00007.request.json`, `trial-00007.result.json`, written atomically), so a
+result written just before the driver died is found when the sweep resumes. Without one, they
+go in a scratch directory named after this process, removed when the probe ends; one left by
+a process that was SIGKILLed is removed by the next runner made on the machine.
 """
 
 from __future__ import annotations
@@ -11,19 +17,25 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-from autotune.probe.oom import classify_exit
-from autotune.probe.result import ProbeRequest, ProbeResult
+from autotune.files import write_text_atomic
+from autotune.probe.oom import classify_exit, classify_text
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.runners.oom_evidence import OOMWitness
 
+SCRATCH_PREFIX = "autotune-probe-"  # + the owning process's pid + "-"
 STDERR_TAIL_CHARS = 4000
 POLL_INTERVAL_S = 0.02
 TREE_REFRESH_S = 0.25  # how often the watchdog looks for new processes in the probe's tree
@@ -74,6 +86,7 @@ class ProcessTree:
 
     def __init__(self, root: psutil.Process) -> None:
         self.root, self.members, self.listed_at = root, [root], -math.inf
+        self.seen_pids = {root.pid}  # every process ever in the tree (OOM-killer evidence)
 
     def rss_bytes(self) -> int:
         """RSS of the process and all its descendants (processes that vanish count as zero)."""
@@ -82,6 +95,7 @@ class ProcessTree:
             self.listed_at = now
             with contextlib.suppress(psutil.Error):
                 self.members = [self.root, *self.root.children(recursive=True)]
+                self.seen_pids.update(proc.pid for proc in self.members)
         total = 0
         for proc in self.members:
             with contextlib.suppress(psutil.Error):
@@ -103,6 +117,32 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def remove_stale_scratch_dirs() -> None:
+    """Remove scratch directories whose owning process is gone (it was SIGKILLed)."""
+    pattern = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-")
+    with contextlib.suppress(OSError):
+        for path in Path(tempfile.gettempdir()).iterdir():
+            match = pattern.match(path.name)
+            if match and not psutil.pid_exists(int(match.group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """A directory for one probe's files, named after this process and removed after it."""
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def probe_files(log_path: Path) -> tuple[Path, Path]:
+    """The request and result files that go with a probe's log: trial-7.log ->
+    trial-7.request.json, trial-7.result.json."""
+    return log_path.with_suffix(".request.json"), log_path.with_suffix(".result.json")
+
+
 def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
     with contextlib.suppress(OSError):
         with open(path, "rb") as handle:
@@ -120,19 +160,22 @@ class SubprocessRunner:
         # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
         self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.probe.worker"]
         self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
+        remove_stale_scratch_dirs()
 
     def stop(self) -> None:
         """Kill every probe in flight (from any thread); their `run` calls return at once."""
         self.stopping.set()
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
-        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
-            request_path = Path(tmp) / "request.json"
-            result_path = Path(tmp) / "result.json"
-            log_path = Path(log_path) if log_path is not None else Path(tmp) / "probe.log"
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            request_path.write_text(request.to_json())
-            return self._run(request, request_path, result_path, log_path)
+        if log_path is None:
+            with scratch_dir() as scratch:
+                return self.run(request, scratch / "probe.log")
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        request_path, result_path = probe_files(log_path)
+        result_path.unlink(missing_ok=True)  # only this probe's result may be read back
+        write_text_atomic(request_path, request.to_json())
+        return self._run(request, request_path, result_path, log_path)
 
     def _run(self, request: ProbeRequest, request_path: Path, result_path: Path,
              log_path: Path) -> ProbeResult:
@@ -140,6 +183,7 @@ class SubprocessRunner:
         timed_out = host_limit_exceeded = False
         host_peak_rss_bytes = 0
         driver_pid = os.getpid()
+        witness = OOMWitness()  # the worker starts in this process's memory cgroup
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*self.worker_argv, str(request_path), str(result_path)],
@@ -147,6 +191,7 @@ class SubprocessRunner:
                 env=probe_env(request), start_new_session=True,
                 preexec_fn=(lambda: prepare_child(driver_pid, request.cpu_ids))
                 if sys.platform == "linux" else None)
+        tree = None
         try:
             tree = ProcessTree(psutil.Process(proc.pid))
             while proc.poll() is None:
@@ -167,12 +212,20 @@ class SubprocessRunner:
         wall_s = time.monotonic() - started
         tail = read_tail(log_path)
         result = None
-        if not (timed_out or host_limit_exceeded) and result_path.exists():
+        if timed_out or host_limit_exceeded:  # a result written as it was killed is not it
+            result_path.unlink(missing_ok=True)
+        elif result_path.exists():
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 result = ProbeResult.from_json(result_path.read_text())
         if result is None:
+            evidence = None
+            sigkill = proc.returncode == -signal.SIGKILL or \
+                classify_text(tail) is ProbeStatus.KILLED  # the probe, or a child of it
+            if sigkill and not self.stopping.is_set() and not (timed_out or host_limit_exceeded):
+                evidence = witness.evidence(tree.seen_pids if tree else {proc.pid})
             status, message = classify_exit(proc.returncode, tail, timed_out=timed_out,
-                                            host_limit_exceeded=host_limit_exceeded)
+                                            host_limit_exceeded=host_limit_exceeded,
+                                            oom_evidence=evidence)
             if host_limit_exceeded:
                 message += f" ({host_peak_rss_bytes} bytes > {request.host_memory_limit_bytes})"
             result = ProbeResult(status=status, message=message)

@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ from typing import Any
 
 from autotune.errors import RunnerError
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
-from autotune.runners.local import SubprocessRunner
+from autotune.runners.local import SubprocessRunner, scratch_dir
 
 LOG_TAIL_BYTES = 2 * 2**20  # the most of a probe's log that comes back to the driver
 STOP_GRACE_S = 5.0  # after a soft cancel, how long before the Ray worker is force-killed
@@ -63,8 +62,8 @@ def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = 
     yield {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()}
     if request_json is None:
         return
-    with tempfile.TemporaryDirectory(prefix="autotune-ray-probe-") as tmp:
-        log_path = Path(tmp) / "probe.log"
+    with scratch_dir() as tmp:
+        log_path = tmp / "probe.log"
         request = ProbeRequest.from_json(request_json)
         result = SubprocessRunner(worker_argv).run(request, log_path=log_path)
         yield {"result": result.to_json(), "log": read_log_tail(log_path, LOG_TAIL_BYTES)}

@@ -27,7 +27,7 @@ class SweepState:
     probes: int = 0
     slots: int = 1  # probes run side by side
     counts: dict[str, int] = field(default_factory=lambda: {
-        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0})
+        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0, "killed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
     running: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial number -> params
     best: str = "-"
@@ -77,7 +77,7 @@ def format_duration(seconds: float | None) -> str:
 
 def counts_text(state: SweepState) -> str:
     c = state.counts
-    lost = f"  lost {c['lost']}" if c["lost"] else ""
+    lost = "".join(f"  {k} {c[k]}" for k in ("lost", "killed") if c[k])
     return (f"ok {c['ok']}  oom {c['oom']}  predicted oom {c['predicted']}  "
             f"skipped {c['skipped']}  failed {c['failed']}{lost}")
 

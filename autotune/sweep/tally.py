@@ -39,8 +39,8 @@ class Tally:
         if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL) or \
                 status in (None, "interrupted", "duplicate"):
             return
-        if status == "lost":
-            self.state.counts["lost"] += 1
+        if status in ("lost", "killed"):  # says nothing about the config
+            self.state.counts[status] += 1
             return
         if not attrs.get("probed"):
             predicted = attrs.get("predicted") and attrs.get("reused_from") is None

@@ -20,7 +20,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from autotune.config import describe_params
@@ -28,6 +27,7 @@ from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeResult, ProbeStatus
 from autotune.runners import Runner
+from autotune.sweep import trial_files
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.objective import OBJECTIVES
 from autotune.sweep.parallel import ProbePool
@@ -109,17 +109,21 @@ class Sweep:
         from optuna.trial import TrialState
 
         now_s = time.time()
+        study_dir = self.settings.study_dir
         for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if self.shared and not is_stale(frozen, now_s, self.stale_after_s):
                 continue
-            saved = self.result_path(frozen.number)
-            if saved.exists() and is_asked(frozen, self.n_params) and frozen.params and \
+            result = None
+            if is_asked(frozen, self.n_params) and frozen.params and \
                     frozen.user_attrs.get("waiting_on") is None:
-                result = ProbeResult.from_json(saved.read_text())
+                config = self.space.config_for(frozen.params)
+                result = trial_files.read_saved_result(study_dir, frozen.number, config)
+            if result is not None:  # the probe finished; its driver died before telling it
                 with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                     self.tell(study, optuna.Trial(study, frozen._trial_id), result,
                               probed=True)
                 continue
+            trial_files.remove_partial_files(study_dir, frozen.number)
             take_over(study, frozen, "the driver stopped while this trial ran")
         self.refresh(study)
         if not study.trials:
@@ -168,9 +172,6 @@ class Sweep:
 
     def pending(self) -> list[Pending]:
         return [*self.pool.tags(), *self.waiting.values(), *self.ready]
-
-    def result_path(self, number: int) -> Path:
-        return self.settings.study_dir / "logs" / f"trial-{number:05d}.result.json"
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -280,7 +281,7 @@ class Sweep:
         number = pending.trial.number
         request = dataclasses.replace(self.settings.request,
                                       config=self.space.config_for(pending.params))
-        log_path = self.settings.study_dir / "logs" / f"trial-{number:05d}.log"
+        log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
         self.state.running[number] = pending.params
         where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
@@ -288,15 +289,17 @@ class Sweep:
                                     f"trial {number}{where}: {describe_params(pending.params)}")
 
     def settle_probes(self, study: Any, done: set[Any] | None = None) -> None:
-        """Tell every finished probe; a probe lost with its node is queued once more."""
+        """Tell every finished probe; one that says nothing about its config (lost with its
+        node, killed from outside) is queued once more."""
         from optuna.exceptions import UpdateFinishedTrialError
 
         for pending, result in self.pool.finished(only=done):
             trial, params, number = pending.trial, pending.params, pending.trial.number
             self.state.running.pop(number, None)
-            write_text_atomic(self.result_path(number), result.to_json())
-            retry = result.status is ProbeStatus.LOST and \
-                trial.user_attrs.get("origin") != "lost-retry"
+            write_text_atomic(trial_files.result_path(self.settings.study_dir, number),
+                              result.to_json())
+            retry = result.status.says_nothing and \
+                trial.user_attrs.get("origin") not in ("retry", "lost-retry")
             try:
                 if retry:
                     trial.set_user_attr("requeued", True)
@@ -306,9 +309,9 @@ class Sweep:
                         "again; this result stays in logs/ only")
                 retry = False
             if retry:
-                study.enqueue_trial(params, user_attrs={"origin": "lost-retry",
+                study.enqueue_trial(params, user_attrs={"origin": "retry",
                                                         "requeued_from": number})
-                line += "; queued once more to run elsewhere"
+                line += "; queued once more"
             self.finish(study, number, line)
             if result.ok and self.feasibility.calibration is not None:
                 study.set_user_attr("memory_calibration",

@@ -1,0 +1,120 @@
+"""A driver killed at the worst moments: nothing finished is lost, nothing is left behind.
+
+The driver is a real process running a real Sweep with the real local runner; the worker is
+tests/faulty_worker.py, which writes an ok result and then hangs, so the driver can be
+SIGKILLed exactly between the worker's write and its own tell (the moment a real probe's
+process is still exiting). The next run must tell that result, not probe the config again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+from runner_contract import FAULTY, processes_mentioning, wait_until
+from scripted_runner import ScriptedRunner
+
+from autotune.probe.result import ProbeRequest
+from autotune.runners.local import SCRATCH_PREFIX
+from autotune.sweep import trial_files
+from autotune.sweep.search_space import load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.tuner import Sweep
+
+DRIVER = """
+import sys
+from pathlib import Path
+from autotune.probe.result import ProbeRequest
+from autotune.runners.local import SubprocessRunner
+from autotune.sweep.search_space import load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.tuner import Sweep
+
+study_dir, worker = Path(sys.argv[1]), sys.argv[2:]
+settings = SweepSettings(study_name="s", study_dir=study_dir,
+                         space=load_search_space("cpu-demo"),
+                         request=ProbeRequest(model="tiny-qwen2.5", device="cpu"), max_trials=2)
+Sweep(settings, SubprocessRunner(worker)).run()
+"""
+
+
+def settings(study_dir: Path, **changes) -> SweepSettings:
+    return SweepSettings(study_name="s", study_dir=study_dir, space=load_search_space("cpu-demo"),
+                         request=ProbeRequest(model="tiny-qwen2.5", device="cpu"), **changes)
+
+
+def test_a_result_written_just_before_the_driver_died_is_told_on_resume(tmp_path):
+    study_dir = tmp_path / "s"
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DRIVER), str(study_dir),
+                               *FAULTY, "result-then-hang"], start_new_session=True)
+    saved = trial_files.result_path(study_dir, 0)
+    assert wait_until(saved.exists, 60), "the worker never wrote its result"
+    os.kill(driver.pid, signal.SIGKILL)  # the driver only: its worker dies by PDEATHSIG
+    driver.wait()
+    assert wait_until(lambda: not processes_mentioning(str(study_dir)), 10), "orphaned worker"
+    leftovers = list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{driver.pid}-*"))
+    assert leftovers == []  # a sweep's probes keep their files under logs/, no scratch dirs
+
+    runner = ScriptedRunner()
+    study = Sweep(settings(study_dir, max_trials=2), runner).run()
+    first = study.trials[0]
+    assert first.state == TrialState.COMPLETE and first.user_attrs["probed"]
+    assert first.user_attrs["result"]["tokens_per_s"] == 1234.5  # the saved result, told
+    assert len(runner.calls) == 1  # only the second trial was probed, never the first again
+    assert any(runner.calls[0][k] != v for k, v in first.params.items())
+
+
+def test_a_torn_or_foreign_result_is_probed_again(tmp_path):
+    study_dir = tmp_path / "s"
+    Sweep(settings(study_dir, max_trials=1), ScriptedRunner()).run()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
+    space = load_search_space("cpu-demo")
+    torn, foreign = study.ask(space.distributions()), study.ask(space.distributions())
+    trial_files.result_path(study_dir, torn.number).write_text('{"status": "ok", "tok')
+    other = dict(foreign.params, offload_params=not foreign.params["offload_params"])
+    trial_files.request_path(study_dir, foreign.number).write_text(
+        ProbeRequest(model="m", config=space.config_for(other)).to_json())
+    trial_files.result_path(study_dir, foreign.number).write_text(
+        trial_files.result_path(study_dir, 0).read_text())
+    partial = study_dir / "logs" / f".trial-{torn.number:05d}.result.json.abc.tmp"
+    partial.write_text("half")
+    study = Sweep(settings(study_dir, max_trials=1), ScriptedRunner()).run()
+    for number in (torn.number, foreign.number):
+        assert study.trials[number].user_attrs["status"] == "interrupted"
+        assert any(t.user_attrs.get("requeued_from") == number for t in study.trials)
+    assert not partial.exists()
+
+
+def test_a_probe_killed_from_outside_is_retried_once_and_prunes_nothing(tmp_path):
+    """`killed` says nothing about memory: no config is predicted from it, and it runs again."""
+    safe = load_search_space("cpu-demo").safe_params()
+
+    class KillFirstRun(ScriptedRunner):
+        def run(self, request, log_path=None):
+            from autotune.probe.result import ProbeResult, ProbeStatus
+
+            self.calls.append(request.config.as_dict())
+            if len(self.calls) == 1:
+                return ProbeResult(status=ProbeStatus.KILLED, message="killed by SIGKILL",
+                                   returncode=-9, probe_wall_s=0.5)
+            return super().run(request, log_path)
+
+    runner = KillFirstRun()
+    study = Sweep(settings(tmp_path / "s", max_trials=6, seed=1), runner).run()
+    first = study.trials[0]
+    assert first.params == safe and first.user_attrs["status"] == "killed"
+    retry = [t for t in study.trials if t.user_attrs.get("requeued_from") == 0]
+    assert len(retry) == 1 and retry[0].params == safe and retry[0].user_attrs["status"] == "ok"
+    for trial in study.trials:  # what is predicted is predicted from a measured OOM only
+        if trial.user_attrs.get("predicted_by") == "dominance":
+            cause = int(re.search(r"of trial (\d+)", trial.user_attrs["reason"]).group(1))
+            assert study.trials[cause].user_attrs["status"] in ("gpu_oom", "host_oom")

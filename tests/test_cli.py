@@ -169,3 +169,14 @@ def test_estimate_uses_a_study_calibration(tmp_path):
     wrong = autotune("estimate", "--study", "cal", "--results-dir", str(tmp_path),
                      "--model", "qwen2.5-7b")
     assert wrong.returncode == 2 and "calibrated on model tiny-qwen2.5" in wrong.stderr
+
+
+def test_run_where_nothing_fits_stops_after_one_probe(tmp_path):
+    """The issue's command: --trials 2 under a 300 MiB cap made 201 trials; now the safe
+    config's OOM ends the sweep at once, exit 1, with what to change."""
+    out = autotune("run", "--trials", "2", "--gpu-memory-limit", "300MiB",
+                   "--results-dir", str(tmp_path))
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("nothing in the space can fit") and "larger device" in last
+    assert len(list((tmp_path / "tiny-qwen2.5-cpu-demo" / "logs").glob("*.log"))) == 1

@@ -307,3 +307,32 @@ def test_a_trainers_rules_keep_the_sweep_to_configs_it_accepts(tmp_path):
     assert invalid and all("ppo_micro_batch_size_per_gpu" in t.user_attrs["reason"]
                            for t in invalid)
     assert study.user_attrs["identity"]["trainer"] == "verl on 1x8 GPUs"
+
+
+def test_when_the_safe_config_runs_out_of_memory_the_sweep_stops_at_once(tmp_path):
+    """Nothing in the space can fit: one probe, no spinning through predicted and reused
+    trials past the budget (issue 12: 201 trials for --trials 2)."""
+    request = ProbeRequest(model="tiny-qwen2.5", device="cpu",
+                           gpu_memory_limit_bytes=200 * 2**20)  # below every scripted phase
+    runner = ScriptedRunner()
+    settings = settings_for(tmp_path, max_trials=2, request=request)
+    sweeper = Sweep(settings, runner)
+    study = sweeper.run()
+    assert len(runner.calls) == 1 and len(study.trials) <= 2
+    assert sweeper.state.stop_reason.startswith("nothing in the space can fit: its safe config")
+    assert "larger device" in sweeper.state.stop_reason
+
+
+def test_when_nothing_left_could_fit_the_sweep_stops_without_spinning(tmp_path):
+    """Only a handful of configs fit; once they are probed and the rest is predicted, the
+    sweep stops instead of asking until MAX_ASKS_WITHOUT_PROBE."""
+    request = ProbeRequest(model="tiny-qwen2.5", device="cpu",
+                           gpu_memory_limit_bytes=380 * 2**20)
+    runner = ScriptedRunner()
+    sweeper = Sweep(settings_for(tmp_path, max_trials=100, seed=2, request=request), runner)
+    study = sweeper.run()
+    reason = sweeper.state.stop_reason
+    assert reason.startswith("nothing left that could fit"), reason
+    assert len(runner.calls) <= 12 and len(study.trials) < 60, len(study.trials)
+    feasible = [t for t in study.trials if t.user_attrs.get("feasible")]
+    assert feasible  # what fits was found before stopping

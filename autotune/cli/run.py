@@ -241,7 +241,8 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
     click.echo(f"\nresults in {settings.study_dir}/ (trials.csv, logs/, study.db"
                f"{', best.yaml' if best else ''}{exported})")
     if best is None:
-        click.echo("no feasible configuration found: widen the space (offload, checkpointing,"
-                   " smaller micro-batches), lower --headroom or use more memory", err=True)
+        click.echo(sweep.nothing_fits or "no feasible configuration found: widen the space "
+                   "(offload, checkpointing, smaller micro-batches), lower --headroom or use "
+                   "more memory", err=True)
         return 1
     return 0

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from autotune.probe.result import ProbeResult, ProbeStatus
 from autotune.runners import Runner
 from autotune.sweep import trial_files
 from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.frontier import Frontier
 from autotune.sweep.objective import OBJECTIVES
 from autotune.sweep.parallel import ProbePool
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
@@ -81,15 +80,12 @@ class Sweep:
         self.n_params = len(self.space.params)
         self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
                                 slots=len(settings.slots))
-        self.rng = random.Random(settings.seed)
         self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
-        self.valid_keys = None
-        grid = self.space.valid_grid()
-        if grid is not None:
-            self.valid_keys = {params_key(p) for p in grid}
         self.stuck_asks = 0  # asks in a row that probed nothing
         self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
                                                    settings.prune_dominated, settings.prescreen)
+        self.frontier = Frontier(self.space, self.feasibility, settings.seed)
+        self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)
         self.pool = ProbePool(runner, list(settings.slots))  # Pending trials probing now
         self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
@@ -199,6 +195,8 @@ class Sweep:
         while True:
             self.settle_probes(study)
             self.refresh(study)
+            if self.nothing_fits is None and self.frontier.learned_something():
+                self.nothing_fits = self.frontier.nothing_fits(self.seen, self.safe_oom())
             reason = self.stop_reason()
             if reason is None and not self.pool.full():
                 self.step(study)
@@ -211,6 +209,8 @@ class Sweep:
 
     def stop_reason(self) -> str | None:
         s, state = self.settings, self.state
+        if self.nothing_fits is not None:
+            return self.nothing_fits
         started = state.probes + len(self.pool) + self.others_running
         if s.max_trials is not None and started >= s.max_trials:
             return f"reached --trials {s.max_trials}"
@@ -218,9 +218,9 @@ class Sweep:
             return f"reached --timeout {s.timeout_s:.0f} s"
         if s.patience is not None and self.tally.since_improvement >= s.patience:
             return f"no better config in the last {s.patience} probes (--patience)"
-        if self.valid_keys is not None and self.valid_keys <= self.seen.keys() and \
-                not self.ready:
-            return f"space exhausted: all {len(self.valid_keys)} valid configs tried"
+        valid_keys = self.frontier.valid_keys
+        if valid_keys is not None and valid_keys <= self.seen.keys() and not self.ready:
+            return f"space exhausted: all {len(valid_keys)} valid configs tried"
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
             return f"the sampler proposed only known or invalid configs {self.stuck_asks} times"
         return None
@@ -232,6 +232,8 @@ class Sweep:
             return
         if self.stuck_asks and self.stuck_asks % STUCK_AFTER_ASKS == 0:
             self.queue_unexplored(study)
+            if self.nothing_fits is not None:
+                return
         trial = study.ask(self.space.distributions())
         if self.shared:
             trial.set_user_attr("heartbeat_at", time.time())
@@ -357,10 +359,19 @@ class Sweep:
         self.release(study)
 
     def queue_unexplored(self, study: Any) -> None:
-        """The sampler keeps proposing known configs: queue one nobody has tried."""
-        if self.valid_keys is None:
-            return
-        left = sorted(self.valid_keys - self.seen.keys())
-        if left:
-            study.enqueue_trial(json.loads(self.rng.choice(left)),
-                                user_attrs={"origin": "unexplored"})
+        """The sampler keeps proposing known configs: queue an untried one that may fit, or
+        stop when none is left that could."""
+        params = self.frontier.pick_untried(self.seen)
+        if params is not None:
+            study.enqueue_trial(params, user_attrs={"origin": "unexplored"})
+        else:
+            self.nothing_fits = self.frontier.nothing_fits(self.seen, self.safe_oom())
+
+    def safe_oom(self) -> Any | None:
+        """The safe config's trial, if it was probed and ran out of device memory."""
+        for frozen in self.trials:
+            attrs = frozen.user_attrs
+            if attrs.get("origin") == "safe" and attrs.get("probed") and \
+                    attrs.get("status") in ("gpu_oom", "cache_oom"):
+                return frozen
+        return None

@@ -1,0 +1,77 @@
+"""What is left to try: the valid configs nobody holds yet, and whether any of them could fit.
+
+The sampler proposes; most proposals late in a sweep are configs already tried (reused) or
+proven to run out of memory (predicted). Neither runs a probe, so neither counts against
+--trials, and a sweep whose space has nothing left that could fit would ask forever. The
+frontier stops that: after every new measured OOM, and whenever the sampler keeps proposing
+known configs, it looks for an untried config the feasibility rules do not rule out. None left
+means the sweep is over, said in one line; if the safe config itself (every saver on,
+smallest micro-batches) ran out of device memory, nothing in the space can fit, and the line
+says what to change instead.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.search_space import SearchSpace
+from autotune.sweep.sharing import params_key
+
+WHAT_TO_CHANGE = ("use a larger device (or a higher --gpu-memory-limit), more GPUs, shorter "
+                  "lengths (--set max_response_length=...), or a smaller model")
+
+
+class Frontier:
+    """The untried valid configs of an enumerable space, and the stop when none could fit."""
+
+    def __init__(self, space: SearchSpace, feasibility: Feasibility, seed: int) -> None:
+        self.space, self.feasibility = space, feasibility
+        self.rng = random.Random(seed)
+        grid = space.valid_grid()
+        self.valid_keys = {params_key(p) for p in grid} if grid is not None else None
+        self.checked_at: tuple[int, int] = (0, 0)  # (known OOMs, calibration samples) seen
+
+    def untried(self, seen: Iterable[str]) -> list[str]:
+        if self.valid_keys is None:
+            return []
+        return sorted(self.valid_keys - set(seen))
+
+    def pick_untried(self, seen: Iterable[str]) -> dict[str, Any] | None:
+        """An untried config the feasibility rules leave open (at random), or None."""
+        left = self.untried(seen)
+        self.rng.shuffle(left)
+        for key in left:
+            params = json.loads(key)
+            if self.feasibility.predict(params) is None:
+                return params
+        return None
+
+    def learned_something(self) -> bool:
+        """Whether a new OOM or calibration sample arrived since the last call."""
+        now = (len(self.feasibility.known), len(self.feasibility.samples))
+        changed, self.checked_at = now != self.checked_at, now
+        return changed
+
+    def nothing_fits(self, seen: Iterable[str], safe_oom: Any | None) -> str | None:
+        """Why the sweep must stop because nothing left could fit, or None. `safe_oom` is the
+        trial of the safe config if it ran out of device memory. In a space too large to list,
+        the safe config is the lightest value of every axis, so its OOM alone settles it."""
+        seen = set(seen)
+        if self.valid_keys is not None:
+            left = self.untried(seen)
+            if not left or self.pick_untried(seen) is not None:
+                return None  # exhausted (its own stop rule), or something may still fit
+        elif safe_oom is None:
+            return None
+        if safe_oom is not None:
+            result = safe_oom.user_attrs.get("result") or {}
+            where = f" in {result['failed_phase']}" if result.get("failed_phase") else ""
+            return (f"nothing in the space can fit: its safe config (trial {safe_oom.number}: "
+                    f"every memory saver on, smallest micro-batches) ran out of device memory"
+                    f"{where}; {WHAT_TO_CHANGE}")
+        return (f"nothing left that could fit: the {len(left)} configs not yet tried are all "
+                f"predicted to run out of memory; {WHAT_TO_CHANGE}")

@@ -22,17 +22,25 @@ _BYTE_UNITS = {
 }
 
 
+MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.7 million
+MAX_BYTES = 2**60  # an exabyte: past it a size is a typo
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """One candidate configuration: the searched knobs and the fixed inputs of a GRPO step.
 
-    Batch sizes follow EasyR1's counting: `rollout_batch_size` and `global_batch_size` count
-    prompts, micro-batch sizes count responses (prompt + response sequences) per device.
+    One batch vocabulary, as EasyR1 and verl count (and users type): `rollout_batch_size`,
+    `global_batch_size` and `val_batch_size` count prompts for the whole training run, over
+    all its GPUs; micro-batch sizes count responses (prompt + response sequences) per GPU.
+    What one GPU of a W-GPU run gets is `device_share(config, W)`, the one place that splits.
     """
 
-    rollout_batch_size: int = field(default=8, metadata={"help": "prompts per training step"})
+    rollout_batch_size: int = field(
+        default=8, metadata={"help": "prompts per training step, whole run"})
     rollout_n: int = field(default=4, metadata={"help": "responses per prompt"})
-    global_batch_size: int = field(default=4, metadata={"help": "prompts per optimizer step"})
+    global_batch_size: int = field(
+        default=4, metadata={"help": "prompts per optimizer step, whole run"})
     micro_batch_size_update: int = field(
         default=4, metadata={"help": "responses per device per forward/backward"})
     micro_batch_size_experience: int = field(
@@ -43,7 +51,8 @@ class ProbeConfig:
     offload_optimizer: bool = field(
         default=False, metadata={"help": "optimizer state to host between phases"})
     val_batch_size: int | None = field(
-        default=None, metadata={"help": "prompts per validation batch (none: no validation)"})
+        default=None, metadata={"help": "prompts per validation batch, whole run (none: no "
+                                        "validation)"})
     max_prompt_length: int = field(default=256, metadata={"help": "prompt tokens (fixed input)"})
     max_response_length: int = field(
         default=256, metadata={"help": "response tokens, always generated in full"})
@@ -52,7 +61,8 @@ class ProbeConfig:
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
     image_size_px: int = field(
-        default=448, metadata={"help": "side of the square synthetic image (VL models)"})
+        default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
+                                        "tokens, room in the default 256-token prompt"})
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,6 +83,36 @@ class Topology:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """One GPU's share of a GRPO step when `world_size` GPUs split its batches evenly (as
+    EasyR1 and verl chunk them). Uneven splits round up: the GPU that binds memory."""
+
+    world_size: int
+    prompts_per_step: int  # rollout_batch_size / W
+    responses_per_step: int  # rollout_batch_size * rollout_n / W
+    responses_per_minibatch: int  # global_batch_size * rollout_n / W: one optimizer step
+    minibatches: int  # optimizer steps per training step: rollout / global batch
+    val_prompts: int  # val_batch_size / W (0: no validation)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def device_share(config: ProbeConfig, world_size: int = 1) -> DeviceShare:
+    """What one of `world_size` GPUs runs of each batch of `config`."""
+    def per_gpu(count: int) -> int:
+        return -(-count // world_size)
+
+    n = config.rollout_n
+    return DeviceShare(
+        world_size=world_size, prompts_per_step=per_gpu(config.rollout_batch_size),
+        responses_per_step=per_gpu(config.rollout_batch_size * n),
+        responses_per_minibatch=per_gpu(config.global_batch_size * n),
+        minibatches=max(1, config.rollout_batch_size // config.global_batch_size),
+        val_prompts=per_gpu(config.val_batch_size) if config.val_batch_size else 0)
 
 
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProbeConfig))
@@ -108,6 +148,8 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         raise ConfigError(f"{key}={raw!r}: expected a positive integer") from None
     if value < 1:
         raise ConfigError(f"{key}={value}: must be at least 1")
+    if value > MAX_KNOB_VALUE:
+        raise ConfigError(f"{key}={value}: must be at most {MAX_KNOB_VALUE}")
     return value
 
 
@@ -130,37 +172,42 @@ def parse_assignments(assignments: list[str] | tuple[str, ...]) -> dict[str, Any
     return values
 
 
-def make_probe_config(values: dict[str, Any]) -> ProbeConfig:
+def make_probe_config(values: dict[str, Any], world_size: int = 1) -> ProbeConfig:
     """Build a ProbeConfig from typed values and check the rules every trainer shares."""
     config = ProbeConfig(**values)
-    problems = validate_probe_config(config)
+    problems = validate_probe_config(config, world_size)
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def validate_probe_config(config: ProbeConfig) -> list[str]:
-    """The trainer-independent rules of a GRPO step; returns every broken rule as one line."""
+def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]:
+    """The trainer-independent rules of a GRPO step on `world_size` GPUs; returns every broken
+    rule as one line. Each GPU takes an equal share of the prompts, and its share of each
+    optimizer step (and of each step) must split into whole micro-batches."""
     problems = []
-    responses_per_step = config.rollout_batch_size * config.rollout_n
-    responses_per_minibatch = config.global_batch_size * config.rollout_n
-    if config.global_batch_size > config.rollout_batch_size:
+    w, n = world_size, config.rollout_n
+    rbs, gbs = config.rollout_batch_size, config.global_batch_size
+    mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
+    on = "" if w == 1 else f"/{w} GPUs"
+    if gbs > rbs:
         problems.append(
-            f"global_batch_size={config.global_batch_size} exceeds rollout_batch_size="
-            f"{config.rollout_batch_size}: an optimizer step cannot take more prompts than a "
-            "training step has")
-    elif config.rollout_batch_size % config.global_batch_size:
-        problems.append(
-            f"rollout_batch_size={config.rollout_batch_size} is not divisible by "
-            f"global_batch_size={config.global_batch_size}")
-    if responses_per_minibatch % config.micro_batch_size_update:
-        problems.append(
-            f"global_batch_size*rollout_n={responses_per_minibatch} is not divisible by "
-            f"micro_batch_size_update={config.micro_batch_size_update}")
-    if responses_per_step % config.micro_batch_size_experience:
-        problems.append(
-            f"rollout_batch_size*rollout_n={responses_per_step} is not divisible by "
-            f"micro_batch_size_experience={config.micro_batch_size_experience}")
+            f"global_batch_size={gbs} exceeds rollout_batch_size={rbs}: an optimizer step "
+            "cannot take more prompts than a training step has")
+    elif rbs % gbs:
+        problems.append(f"rollout_batch_size={rbs} is not divisible by global_batch_size={gbs}")
+    if rbs % w:
+        problems.append(f"rollout_batch_size={rbs} prompts are not divisible by the {w} GPUs "
+                        "of the run (each takes an equal share)")
+    if (gbs * n) % w:
+        problems.append(f"global_batch_size*rollout_n={gbs * n} responses per optimizer step "
+                        f"are not divisible by the {w} GPUs of the run")
+    elif (gbs * n // w) % mbu:
+        problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
+                        f"micro_batch_size_update={mbu}")
+    if (rbs * n) % w == 0 and (rbs * n // w) % mbe:
+        problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
+                        f"micro_batch_size_experience={mbe}")
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
@@ -168,13 +215,39 @@ def validate_probe_config(config: ProbeConfig) -> list[str]:
     return problems
 
 
-def parse_bytes(text: str, what: str = "memory size") -> int:
-    """Parse '40GiB', '512MiB', '80GB' or a plain byte count into bytes."""
+IMAGE_TOKEN_PX = 28  # Qwen2.5-VL: 14-pixel patches merged 2x2 make one LLM token
+IMAGE_FRAME_TOKENS = 3  # vision start, vision end, and at least one text token
+
+
+def image_tokens(config: ProbeConfig) -> int:
+    """LLM tokens of the square synthetic image a VL probe puts in each prompt."""
+    return (config.image_size_px // IMAGE_TOKEN_PX) ** 2
+
+
+def model_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
+    """The rules a config must pass for this kind of model (a VL prompt holds its image)."""
+    if is_vl and image_tokens(config) + IMAGE_FRAME_TOKENS > config.max_prompt_length:
+        fits = IMAGE_TOKEN_PX * int((config.max_prompt_length - IMAGE_FRAME_TOKENS) ** 0.5)
+        return [f"image_size_px={config.image_size_px} makes {image_tokens(config)} image "
+                f"tokens, more than max_prompt_length={config.max_prompt_length} holds; "
+                f"--set max_prompt_length={image_tokens(config) + 64} or "
+                f"image_size_px={max(IMAGE_TOKEN_PX, fits)}"]
+    return []
+
+
+def parse_bytes(text: str, what: str = "memory size", allow_zero: bool = False) -> int:
+    """Parse '40GiB', '512MiB', '80GB' or a plain byte count into bytes (more than zero unless
+    `allow_zero`: a zero-byte device or host limit would only waste a probe)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _BYTE_UNITS:
         raise ConfigError(f"{what} {text!r}: expected a size such as 40GiB, 512MiB or 80GB")
-    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if value > MAX_BYTES:
+        raise ConfigError(f"{what} {text!r}: more than {MAX_BYTES // 2**50} PiB; check the unit")
+    if value <= 0 and not allow_zero:
+        raise ConfigError(f"{what} {text!r}: must be more than zero, e.g. 40GiB")
+    return value
 
 
 def parse_duration_s(text: str, what: str = "duration") -> float:
@@ -229,12 +302,12 @@ def load_knob_file(path: str) -> dict[str, Any]:
     """Canonical knobs from a flat YAML mapping (`--base-config`); every problem in one go."""
     import yaml
 
+    from autotune.files import read_text_file
+
+    text = read_text_file(path, "--base-config")
     try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-    except yaml.YAMLError as err:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)})") \

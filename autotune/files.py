@@ -21,9 +21,9 @@ from autotune.errors import AutotuneError, ConfigError
 _ADVICE = {
     errno.ENOSPC: "free some space, then run the same command again (nothing is lost)",
     errno.EDQUOT: "free some space under your quota, then run the same command again",
-    errno.EROFS: "the file system is read-only; pass --results-dir on a writable disk",
-    errno.EACCES: "you may not write there; pass --results-dir to a folder you own",
-    errno.EPERM: "you may not write there; pass --results-dir to a folder you own",
+    errno.EROFS: "pass --results-dir (or --out) on a writable disk",
+    errno.EACCES: "pass --results-dir (or --out) to a folder you may write",
+    errno.EPERM: "pass --results-dir (or --out) to a folder you may write",
     errno.ENAMETOOLONG: "use a shorter name",
     errno.ENOTDIR: "a file stands where a folder is needed; pick another path",
     errno.ENOENT: "create the folder first, or pick another path",

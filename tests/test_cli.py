@@ -52,7 +52,7 @@ def test_log_path_never_overwritten(tmp_path):
     log = tmp_path / "probe.log"
     log.write_text("keep me")
     out = autotune("probe", "--model", "tiny-qwen2.5", "--log", str(log))
-    assert out.returncode == 2 and "file exists" in out.stderr
+    assert out.returncode == 2 and f"{log} exists; choose a new path" in out.stderr
     assert log.read_text() == "keep me"
 
 

@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "hardware": set(),
     "files": BASE,
-    "config": BASE,
+    "config": BASE | {"files"},
     "registry": BASE | {"config"},
     "probe": BASE | {"config", "files", "registry", "probe"},
     "memory": BASE | {"config", "registry", "memory"},

@@ -47,8 +47,10 @@ def test_cpu_cores_split_into_disjoint_pinned_groups():
         Slot(cpu_ids=(0,), cpu_threads=1), Slot(cpu_ids=(1,), cpu_threads=1)]
 
 
-def test_more_probes_than_cores_share_cores_with_one_thread_each():
-    assert cpu_slots(3, (0, 1)) == [Slot(cpu_threads=1)] * 3
+def test_more_probes_than_cores_is_a_usage_error():
+    """--parallel 1000 on 2 cores was accepted: probes sharing cores measure each other."""
+    with pytest.raises(ConfigError, match="--parallel 3: .* 2 core"):
+        cpu_slots(3, (0, 1))
 
 
 def test_one_probe_on_cpu_is_not_pinned():

@@ -13,6 +13,7 @@ import click
 
 from autotune.config import (
     ProbeConfig,
+    model_problems,
     parse_assignments,
     parse_bytes,
     parse_headroom,
@@ -27,11 +28,12 @@ from autotune.memory.model import estimate_memory
 DEFAULT_CAPACITY = "80GiB"  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
 
 
-def load_calibration(study: str, results_dir: str) -> tuple[Calibration, dict[str, Any]]:
+def load_calibration(study: str, results_dir: str, storage: str | None
+                     ) -> tuple[Calibration, dict[str, Any]]:
     """A study's calibration and what it was fitted for (model, device, dtype)."""
     from autotune.sweep.storage import load_study
 
-    loaded = load_study(results_dir, study)
+    loaded = load_study(results_dir, study, storage)
     stored = loaded.user_attrs.get("memory_calibration")
     if not stored:
         raise ConfigError(f"study {study}: no calibration yet (it needs one successful probe); "
@@ -47,63 +49,97 @@ def load_calibration(study: str, results_dir: str) -> tuple[Calibration, dict[st
 @click.option("--model", default=None, metavar="NAME", help="Registry model, e.g. qwen2.5-7b.")
 @click.option("--model-path", type=click.Path(file_okay=False), default=None,
               help="Local checkpoint or config directory (its config.json is read).")
-@click.option("--gpus", "num_gpus", type=click.IntRange(1), default=1, show_default=True,
-              help="GPUs the actor is sharded over (FSDP).")
+@click.option("--nnodes", type=click.IntRange(1), default=1, show_default=True,
+              help="Nodes of the training run.")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+              help="GPUs per node: the actor is sharded over all the run's GPUs (FSDP) and "
+                   "each takes its share of the batch (default 1).")
+@click.option("--gpus", "gpus_shorthand", type=click.IntRange(1), default=None, hidden=True,
+              help="Shorthand for --nnodes 1 --gpus-per-node N.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda",
+              show_default=True, help="What the probes run on: GPUs, or the CPU as the device "
+                                      "(the CPU demo: RSS is the device memory).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Set a knob, repeatable: --set micro_batch_size_update=8.")
 @click.option("--capacity", default=None, metavar="SIZE",
-              help=f"Memory per GPU (default: this machine's GPU, else {DEFAULT_CAPACITY}).")
+              help=f"Memory per device (default: this machine's GPU, else {DEFAULT_CAPACITY}; "
+                   "host RAM with --device cpu).")
 @click.option("--headroom", default="10%", show_default=True, help="Share kept free.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
-              help="Compute dtype of the rollout engine, reference and activations.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
+              help="Compute dtype of the rollout engine, reference and activations (default: "
+                   "bf16 on cuda, fp32 on cpu).")
 @click.option("--study", default=None,
               help="Use this study's calibration (its model, device and dtype).")
 @click.option("--results-dir", default="results", show_default=True)
+@click.option("--storage", default=None, metavar="URL|FILE",
+              help="The --study's shared storage (as given to `run --storage`).")
 @click.option("--json", "as_json", is_flag=True, help="Print per-phase bytes as JSON.")
-def estimate(model: str | None, model_path: str | None, num_gpus: int,
-             assignments: tuple[str, ...], capacity: str | None, headroom: str, dtype: str,
-             study: str | None, results_dir: str, as_json: bool) -> None:
+def estimate(model: str | None, model_path: str | None, nnodes: int,
+             gpus_per_node: int | None, gpus_shorthand: int | None, device: str,
+             assignments: tuple[str, ...], capacity: str | None, headroom: str,
+             dtype: str | None, study: str | None, results_dir: str, storage: str | None,
+             as_json: bool) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
 
     \b
-    autotune estimate --model qwen2.5-7b --gpus 8
-    autotune estimate --model qwen2.5-vl-7b --gpus 8 --set gradient_checkpointing=true
-    autotune estimate --study tiny-qwen2.5-cpu-demo --capacity 560MiB \\
-        --set micro_batch_size_experience=16
+    autotune estimate --model qwen2.5-7b --gpus-per-node 8
+    autotune estimate --model qwen2.5-vl-7b --nnodes 2 --gpus-per-node 8 \\
+        --set gradient_checkpointing=true
+    autotune estimate --model tiny-qwen2.5 --device cpu --capacity 560MiB
+    autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
     """
+    from autotune.hardware import host_memory_bytes
     from autotune.memory.model import model_shape
 
+    if gpus_shorthand is not None and gpus_per_node is not None:
+        raise ConfigError("--gpus N is short for --gpus-per-node N: give one of them")
+    world_size = nnodes * (gpus_per_node or gpus_shorthand or 1)
     calibration, note = None, "prior constants (no probe yet; --study S uses a calibration)"
     fitted: dict[str, Any] = {}
-    model_args = {"num_gpus": num_gpus, "on_gpu": True,
-                  "compute_bytes": 2 if dtype == "bf16" else 4}
+    on_gpu = device == "cuda"
+    model_args = {"num_gpus": world_size, "on_gpu": on_gpu,
+                  "compute_bytes": {"bf16": 2, "fp32": 4}[dtype or ("bf16" if on_gpu
+                                                                   else "fp32")]}
     if study is not None:
-        calibration, fitted = load_calibration(study, results_dir)
+        calibration, fitted = load_calibration(study, results_dir, storage)
         if model is not None and model != fitted["model"]:
             raise ConfigError(f"--study {study} was calibrated on model {fitted['model']}, "
                               f"not {model}; leave out --model or pick that model's study")
         model, model_path = fitted["model"], model_path or fitted["model_path"]
-        model_args.update(on_gpu=fitted["on_gpu"], compute_bytes=fitted["compute_bytes"])
+        on_gpu = fitted["on_gpu"]
+        model_args.update(on_gpu=on_gpu, compute_bytes=fitted["compute_bytes"])
         note = (f"calibrated on {fitted['probes']} probes of study {study} on "
                 f"{fitted['device']}")
+    elif storage is not None:
+        raise ConfigError("--storage: only with --study (the study whose calibration to use)")
     if model is None and model_path is None:
         raise ConfigError("estimate: give --model NAME (see `autotune models`) or "
                           "--model-path DIR")
     shape = model_shape(model or "", model_path)
     knobs = fitted["fixed"] if study is not None else {}  # the study's shapes, then --set
-    config = ProbeConfig(**{**knobs, **parse_assignments(assignments)})
-    problems = validate_probe_config(config)
+    values = {**knobs, **parse_assignments(assignments)}
+    batches = ("rollout_batch_size", "global_batch_size")
+    if world_size > 1 and not any(k in values for k in batches):  # defaults are one GPU's
+        values.update({k: getattr(ProbeConfig(), k) * world_size for k in batches})
+        note += (f"; batches: the defaults per GPU, rollout_batch_size="
+                 f"{values['rollout_batch_size']} and global_batch_size="
+                 f"{values['global_batch_size']} over {world_size} GPUs (--set your run's)")
+    config = ProbeConfig(**values)
+    problems = validate_probe_config(config, world_size) + model_problems(config, shape.is_vl)
     if problems:
         raise ConfigError(problems)
     if capacity is not None:
         capacity_bytes = parse_bytes(capacity, "--capacity")
-    else:
+    elif on_gpu:
         capacity_bytes = gpu_capacity_bytes() or parse_bytes(DEFAULT_CAPACITY)
+    else:
+        capacity_bytes = host_memory_bytes()
     fraction = parse_headroom(headroom)
     name = model or model_path
     if as_json:
         est = estimate_memory(shape, config, **model_args)
         click.echo(json.dumps({"model": name, "num_params": shape.num_params,
+                               "world_size": world_size, "device": device,
                                "capacity_bytes": capacity_bytes,
                                "phase_bytes": phase_totals(est, calibration),
                                "host_offload_bytes": est.host_offload_bytes}, indent=2))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.trainers import get_adapter
 from autotune.trainers.export import (
@@ -21,6 +22,8 @@ from autotune.trainers.export import (
 @click.command("export")
 @click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
 @click.option("--results-dir", default="results", show_default=True)
+@click.option("--storage", default=None, metavar="URL|FILE",
+              help="A shared study's storage (as given to `run --storage`).")
 @click.option("--trainer", "trainer", required=True,
               type=click.Choice(["easyr1", "verl", "trl"]))
 @click.option("--base-config", type=click.Path(dir_okay=False), default=None,
@@ -28,11 +31,12 @@ from autotune.trainers.export import (
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Where to write (default: results/<study>/best.<trainer>.yaml).")
 @click.option("--nnodes", type=click.IntRange(1), default=None,
-              help="Nodes the run will use (default: the base config's, else 1).")
+              help="Nodes the run will use (default: the base config's, else the study's).")
 @click.option("--gpus-per-node", type=click.IntRange(1), default=None,
-              help="GPUs per node (default: the base config's, else 1).")
-def export(study: str | None, results_dir: str, trainer: str, base_config: str | None,
-           out_path: str | None, nnodes: int | None, gpus_per_node: int | None) -> None:
+              help="GPUs per node (default: the base config's, else the study's).")
+def export(study: str | None, results_dir: str, storage: str | None, trainer: str,
+           base_config: str | None, out_path: str | None, nnodes: int | None,
+           gpus_per_node: int | None) -> None:
     """Write a study's best config as trainer YAML, checked against the trainer's rules.
 
     \b
@@ -42,14 +46,17 @@ def export(study: str | None, results_dir: str, trainer: str, base_config: str |
     from autotune.sweep.artifacts import best_document, best_trial
     from autotune.sweep.storage import load_study
 
-    loaded = load_study(results_dir, study)
+    loaded = load_study(results_dir, study, storage)
     best = best_trial(loaded)
     if best is None:
         raise ConfigError(f"study {loaded.study_name}: no feasible config to export yet")
     document = best_document(loaded, best)
     adapter = get_adapter(trainer)
     base = load_trainer_yaml(base_config) if base_config else None
-    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
+    request = loaded.user_attrs.get("request", {})
+    measured_on = Topology(request.get("nnodes", 1), request.get("gpus_per_node", 1))
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
+                            measured_on)
     text = render(adapter, document["config"], topology, base,
                   provenance_lines(document, adapter, topology))
     path = Path(out_path) if out_path else \

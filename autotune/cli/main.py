@@ -7,6 +7,7 @@ bad input). torch, transformers and ray are imported inside commands, never at i
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -92,11 +93,19 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
     from autotune.cli.text import format_probe_result
     from autotune.config import parse_assignments
     from autotune.probe.result import ProbeStatus
-    from autotune.runners.local import SubprocessRunner
+    from autotune.runners.local import SubprocessRunner, probe_files
+    from autotune.sweep.preflight import check_model_on_device
 
     request = build_probe_request(options, parse_assignments(assignments))
-    if log_path is not None and Path(log_path).exists():
-        raise ConfigError(f"--log {log_path}: file exists; choose a new path")
+    check_model_on_device(request, request.config, what="the probe")
+    if log_path is not None:
+        for path in (Path(log_path), *probe_files(Path(log_path))):
+            if path.exists():
+                raise ConfigError(f"--log {log_path}: {path} exists; choose a new path")
+        if not Path(log_path).parent.is_dir():
+            raise ConfigError(f"--log {log_path}: folder {Path(log_path).parent} does not "
+                              "exist; create it first")
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # the probe dies with this command
     click.echo(f"probing {request.model} on {request.device} ...", err=True)
     result = SubprocessRunner().run(request, Path(log_path) if log_path else None)
     click.echo(result.to_json() if as_json else format_probe_result(result, request.model))
@@ -109,17 +118,20 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
 @click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
 @click.option("--results-dir", type=click.Path(file_okay=False), default="results",
               show_default=True)
-def show(study: str | None, results_dir: str) -> None:
-    """Print a study's trials, its Pareto front and its best configuration.
+@click.option("--storage", default=None, metavar="URL|FILE",
+              help="A shared study's storage (as given to `run --storage`).")
+def show(study: str | None, results_dir: str, storage: str | None) -> None:
+    """Print a study's trials, its Pareto front and its best configuration (read-only).
 
     \b
     autotune show
     autotune show --study qwen2.5-7b-grpo
+    autotune show --study shared --storage /mnt/shared/study.journal
     """
     from autotune.cli.text import format_study
     from autotune.sweep.storage import load_study
 
-    click.echo(format_study(load_study(results_dir, study)))
+    click.echo(format_study(load_study(results_dir, study, storage)))
 
 
 @cli.command()
@@ -156,21 +168,57 @@ cli.add_command(estimate)
 cli.add_command(export)
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the command, turning known errors into one line and an exit code."""
+    """Entry point: run the command, turning every error into one line and an exit code (2
+    for bad input, 1 for the environment: a full or read-only disk, a broken database). Only
+    --debug shows a traceback."""
     try:
         cli.main(args=argv, prog_name="autotune", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as err:  # one line, not click's usage block
+        where = f" (see `{err.ctx.command_path} --help`)" if err.ctx is not None else ""
+        message = " ".join(err.format_message().split())
+        click.echo(f"Error: {message}{where}", err=True)
+        sys.exit(err.exit_code)
     except click.ClickException as err:
         err.show()
-        sys.exit(err.exit_code)
-    except AutotuneError as err:
-        if _state["debug"]:
-            raise
-        click.echo(f"Error: {err}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except Exception as err:
+        if _state["debug"]:
+            raise
+        line, code = one_line(err)
+        click.echo(f"Error: {line}", err=True)
+        sys.exit(code)
+
+
+def one_line(err: Exception) -> tuple[str, int]:
+    """What to tell the user about an error that ended a command, and the exit code."""
+    from autotune.files import describe_os_error
+
+    if isinstance(err, AutotuneError):
+        return str(err), err.exit_code
+    if isinstance(err, OSError):
+        return describe_os_error(err), 1
+    if type(err).__module__.startswith("sqlalchemy"):  # the study's database refused
+        text = str(getattr(err, "orig", err)).strip().splitlines()
+        first = text[0] if text else type(err).__name__
+        advice = {"database or disk is full": "free some space, then run the same command "
+                  "again (nothing is lost)",
+                  "attempt to write a readonly database": "the study is on a read-only disk "
+                  "or file; copy it somewhere writable, or pass --results-dir",
+                  "unable to open database file": "its folder is missing or not writable; "
+                  "pass --results-dir to a writable folder"}
+        hint = next((a for key, a in advice.items() if key in first), "")
+        return f"the study's database: {first}" + (f"; {hint}" if hint else ""), 1
+    text = str(err).strip().splitlines()
+    return (f"internal error, {type(err).__name__}: {text[0] if text else ''} (run with --debug "
+            "for the traceback, and please report it)"), 1

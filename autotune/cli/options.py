@@ -17,7 +17,7 @@ def _size_option(name: str, help_text: str) -> Any:
     return click.option(name, default=None, metavar="SIZE", help=help_text)
 
 
-def probe_options(model_required: bool = True, timeout_flag: str = "--timeout") -> Any:
+def probe_options(model_required: bool = True) -> Any:
     """Options shared by every command that runs probes: model, device and memory limits."""
     options = [
         click.option("--model", "model", required=model_required, default=None, metavar="NAME",
@@ -36,8 +36,14 @@ def probe_options(model_required: bool = True, timeout_flag: str = "--timeout") 
                      "process such as a retriever, e.g. 6GiB (default: 0)."),
         _size_option("--host-memory-limit", "Cap on the probe tree's host RSS, e.g. 64GiB; "
                      "past it the probe is killed and classified host_oom."),
-        click.option(timeout_flag, "timeout", default="15m", show_default=True,
+        click.option("--probe-timeout", "probe_timeout", default="15m", show_default=True,
                      help="Wall-clock limit per probe: 90s, 15m, 2h."),
+        click.option("--nnodes", type=click.IntRange(1), default=None,
+                     help="Nodes of the training run being tuned (default 1; with --trainer, "
+                          "its base config's)."),
+        click.option("--gpus-per-node", type=click.IntRange(1), default=None,
+                     help="GPUs per node of that run (default 1): a probe runs one GPU's share "
+                          "of each batch."),
         click.option("--warmup-steps", type=click.IntRange(0), default=1, show_default=True,
                      help="Untimed steps before timing."),
         click.option("--timed-steps", type=click.IntRange(1), default=2, show_default=True,
@@ -56,14 +62,22 @@ def probe_options(model_required: bool = True, timeout_flag: str = "--timeout") 
 
 
 def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
-                        timeout_flag: str = "--timeout") -> Any:
-    """A ProbeRequest from the shared probe options and typed knob values."""
+                        local: bool = True) -> Any:
+    """A ProbeRequest from the shared probe options and typed knob values, every option
+    checked before any probe starts. `local`: probes run on this machine (not a Ray cluster),
+    so --device cuda needs a GPU here."""
     from autotune.config import make_probe_config, parse_bytes, parse_duration_s
+    from autotune.hardware import has_nvidia_gpu
     from autotune.probe.result import ProbeRequest
-    from autotune.registry import get_model_spec
+    from autotune.registry import get_model_spec, read_model_path_config
 
     if options["model_path"] is None:
         get_model_spec(options["model"])
+    else:
+        read_model_path_config(options["model_path"])
+    if local and options["device"] == "cuda" and not has_nvidia_gpu():
+        raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
+                          "--device cpu, or run where a GPU is")
     gpu_ids = None
     if options["gpus"]:
         try:
@@ -74,14 +88,18 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
 
     def size(flag: str) -> int | None:
         raw = options[flag.lstrip("-").replace("-", "_")]
-        return parse_bytes(raw, flag) if raw is not None else None
+        return parse_bytes(raw, flag, allow_zero=flag == "--reserve-gpu-memory") \
+            if raw is not None else None
 
     return ProbeRequest(
-        model=options["model"], config=make_probe_config(knob_values),
+        model=options["model"],
+        config=make_probe_config(knob_values, (options["nnodes"] or 1)
+                                 * (options["gpus_per_node"] or 1)),
         model_path=options["model_path"], device=options["device"], gpu_ids=gpu_ids,
         cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
         reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,
         host_memory_limit_bytes=size("--host-memory-limit"),
-        timeout_s=parse_duration_s(options["timeout"], timeout_flag),
+        timeout_s=parse_duration_s(options["probe_timeout"], "--probe-timeout"),
         warmup_steps=options["warmup_steps"], timed_steps=options["timed_steps"],
-        seed=options["seed"], dtype=options["dtype"])
+        seed=options["seed"], dtype=options["dtype"], nnodes=options["nnodes"] or 1,
+        gpus_per_node=options["gpus_per_node"] or 1)

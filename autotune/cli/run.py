@@ -8,7 +8,9 @@ results/<study>/best.<trainer>.yaml next to best.yaml.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -23,7 +25,7 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
 
 
 @click.command()
-@probe_options(model_required=False, timeout_flag="--probe-timeout")
+@probe_options(model_required=False)
 @click.option("--space", default=None, metavar="NAME|FILE",
               help="Search space: a file or a name in search_spaces/ (default: grpo on a GPU, "
                    "cpu-demo on a CPU).")
@@ -70,18 +72,13 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
 @click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
               help="Sample only configs this trainer accepts, start from its config "
                    "(--base-config is then its YAML), write best.<trainer>.yaml.")
-@click.option("--nnodes", type=click.IntRange(1), default=None,
-              help="Nodes of the training run, for --trainer's rules (default: base config's).")
-@click.option("--gpus-per-node", type=click.IntRange(1), default=None,
-              help="GPUs per node of the training run (default: base config's, else 1).")
 @click.pass_context
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
         assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
         gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
-        heartbeat: str, trainer: str | None, nnodes: int | None, gpus_per_node: int | None,
-        **options: Any) -> None:
+        heartbeat: str, trainer: str | None, **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -97,75 +94,44 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     autotune run --model qwen2.5-7b --gpus-per-trial 1          # 8 GPUs: 8 probes at once
     autotune run --model qwen2.5-7b --executor ray --address auto --storage postgresql://db/at
     """
-    import re
     import signal
-    from pathlib import Path
 
     from autotune.config import (
+        Topology,
         load_knob_file,
         parse_assignments,
         parse_duration_s,
         parse_headroom,
     )
+    from autotune.sweep.preflight import check_model_on_device
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.storage import check_study_name, open_storage
 
-    def is_default(name: str) -> bool:
-        return ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT
-
-    if options["model"] is None and options["model_path"] is None:
-        defaults = GPU_DEFAULT if has_nvidia_gpu() and options["device"] != "cpu" else DEMO
-        options["model"] = defaults["model"]
-        if defaults is DEMO:
-            options["device"] = "cpu"
-            if options["gpu_memory_limit"] is None:
-                options["gpu_memory_limit"] = DEMO["gpu_memory_limit"]
-            if is_default("timed_steps"):
-                options["timed_steps"] = DEMO["timed_steps"]
-        space = space or defaults["space"]
-        trials = trials if trials or timeout_total or patience else defaults["trials"]
-        click.echo(f"no --model: running the embedded default, {options['model']} on "
-                   f"{options['device']} over search space {space}", err=True)
-    options["model"] = options["model"] or Path(options["model_path"]).name
-    if trials is None and timeout_total is None and patience is None:
-        trials = GPU_DEFAULT["trials"]
-    if space is None:  # GRPO's real shapes take minutes per probe on a CPU
-        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
-                                                 and not has_nvidia_gpu())
-        space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
+    if address is not None and executor != "ray":
+        raise ConfigError("--address: only with --executor ray")
+    if storage is not None:  # a bad --storage is refused before anything is said or made
+        open_storage(storage, Path(results_dir))
+    note, space, trials = embedded_default(ctx, options, space, trials, timeout_total,
+                                           patience)
     loaded = load_search_space(space)
-    export_to = None
+    export_to, topology = None, Topology(options["nnodes"] or 1, options["gpus_per_node"] or 1)
     if trainer is not None:
-        from autotune.trainers import get_adapter
-        from autotune.trainers.export import trainer_start
-
-        adapter = get_adapter(trainer)
-        trainer_base, topology, start = trainer_start(adapter, base_config, nnodes,
-                                                      gpus_per_node)
-        if trainer_base is None:  # the trainer's defaults seed the searched knobs only
-            start = {k: v for k, v in start.items() if k in loaded.params}
-        start, notes = loaded.snapped(start)
-        for note in notes:
-            click.echo(f"{trainer} starting config: {note}", err=True)
-        from autotune.trainers.export import dotted_get
-
-        tree = trainer_base[0] if trainer_base else {}
-        loaded = loaded.with_rules(lambda config: adapter.check(
-            config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
-        export_to = (adapter, trainer_base, topology)
-        base = start
+        export_to, base, loaded = trainer_setup(trainer, base_config, loaded, options)
+        topology = export_to[2]
     else:
         base = load_knob_file(base_config) if base_config is not None else {}
+    loaded = loaded.for_world(topology.world_size)
     search_space, base_params = loaded.with_user_values(
         parse_assignments(assignments), base, base_config or trainer)
     if export_to is not None and base_params is None:
         base_params = search_space.safe_params()  # the trainer's start is the safest config
-    name = study or f"{options['model']}-{search_space.name}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-'")
-    if address is not None and executor != "ray":
-        raise ConfigError("--address: only with --executor ray")
-    request = build_probe_request(options, {}, "--probe-timeout")
+    name = check_study_name(study if study is not None else
+                            f"{options['model']}-{search_space.name}")
+    options.update(nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node)
+    request = build_probe_request(options, {}, local=executor == "local")
+    safe = search_space.config_for(search_space.safe_params())
+    check_model_on_device(request, safe, device_checks=executor == "local")
     runner, slots = make_runner(executor, address, request, parallel, gpus_per_trial)
     settings = SweepSettings(
         study_name=name, study_dir=Path(results_dir) / name, space=search_space,
@@ -174,14 +140,70 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
         patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
         prune_dominated=not no_prune, prescreen=not no_prescreen,
-        trainer=f"{trainer} on {export_to[2].nnodes}x{export_to[2].gpus_per_node} GPUs"
+        trainer=f"{trainer} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if export_to else None, storage=storage, slots=tuple(slots),
         heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"))
+    if note:
+        click.echo(note, err=True)
     if len(slots) > 1:
         click.echo(f"{len(slots)} probes at a time ({executor}): "
                    f"{' | '.join(slot.describe() for slot in slots)}", err=True)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     sys.exit(run_sweep(settings, export_to, runner))
+
+
+def embedded_default(ctx: click.Context, options: dict[str, Any], space: str | None,
+                     trials: int | None, timeout_total: str | None, patience: int | None
+                     ) -> tuple[str | None, str, int | None]:
+    """Without --model, the embedded default: the tiny model on the CPU under a 560 MiB cap
+    where no NVIDIA GPU is visible, qwen2.5-0.5b on the GPU otherwise. Fills `options` in
+    place; returns the note to print once the sweep starts, the space and the budget."""
+    note = None
+    if options["model"] is None and options["model_path"] is None:
+        if options["device"] == "cuda" and not has_nvidia_gpu():
+            raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
+                              "--device cpu (the CPU demo), or run where a GPU is")
+        defaults = GPU_DEFAULT if has_nvidia_gpu() and options["device"] != "cpu" else DEMO
+        options["model"] = defaults["model"]
+        if defaults is DEMO:
+            options["device"] = "cpu"
+            if options["gpu_memory_limit"] is None:
+                options["gpu_memory_limit"] = DEMO["gpu_memory_limit"]
+            if ctx.get_parameter_source("timed_steps") == click.core.ParameterSource.DEFAULT:
+                options["timed_steps"] = DEMO["timed_steps"]
+        space = space or defaults["space"]
+        trials = trials if trials or timeout_total or patience else defaults["trials"]
+        note = (f"no --model: running the embedded default, {options['model']} on "
+                f"{options['device']} over search space {space}")
+    options["model"] = options["model"] or Path(options["model_path"]).name
+    if trials is None and timeout_total is None and patience is None:
+        trials = GPU_DEFAULT["trials"]
+    if space is None:  # GRPO's real shapes take minutes per probe on a CPU
+        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
+                                                 and not has_nvidia_gpu())
+        space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
+    return note, space, trials
+
+
+def trainer_setup(trainer: str, base_config: str | None, loaded: Any,
+                  options: dict[str, Any]) -> tuple[tuple[Any, Any, Any], dict[str, Any], Any]:
+    """--trainer: its rules on the space, its starting config, and where best.<trainer>.yaml
+    comes from: (adapter, the user's trainer YAML or None, topology), the start, the space."""
+    from autotune.trainers import get_adapter
+    from autotune.trainers.export import dotted_get, trainer_start
+
+    adapter = get_adapter(trainer)
+    trainer_base, topology, start = trainer_start(adapter, base_config, options["nnodes"],
+                                                  options["gpus_per_node"])
+    if trainer_base is None:  # the trainer's defaults seed the searched knobs only
+        start = {k: v for k, v in start.items() if k in loaded.params}
+    start, notes = loaded.snapped(start)
+    for note in notes:
+        click.echo(f"{trainer} starting config: {note}", err=True)
+    tree = trainer_base[0] if trainer_base else {}
+    loaded = loaded.with_rules(lambda config: adapter.check(
+        config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
+    return (adapter, trainer_base, topology), start, loaded
 
 
 def make_runner(executor: str, address: str | None, request: Any, parallel: int | None,
@@ -229,17 +251,29 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
     try:
         study = sweep.run()
     except KeyboardInterrupt:
+        if sweep.study is not None:  # the files agree with the study as it was left
+            with contextlib.suppress(Exception):
+                artifacts(sweep.study)
         click.echo(f"Interrupted; nothing is lost. Resume with the same command "
                    f"(study {settings.study_name}).", err=True)
         return 130
     finally:
         if hasattr(runner, "close"):
             runner.close()  # a Ray runner disconnects (and stops a Ray it started)
-    best = artifacts(study)
+    best = artifacts(study)  # rewritten from the storage, other drivers' trials included
     click.echo(format_study(study, brief=True))
     exported = f", best.{export_to[0].name}.yaml" if export_to and best else ""
-    click.echo(f"\nresults in {settings.study_dir}/ (trials.csv, logs/, study.db"
-               f"{', best.yaml' if best else ''}{exported})")
+    files = f"trials.csv, logs/{', best.yaml' if best else ''}{exported}"
+    if settings.storage is None:
+        click.echo(f"\nresults in {settings.study_dir}/ ({files}, study.db)")
+    else:
+        others = sweep.others_running
+        still = f"; {others} probe(s) of other drivers still running in it" if others else ""
+        click.echo(f"\nstudy {settings.study_name} lives in {sweep.where}, shared by every "
+                   f"driver on it{still}. {settings.study_dir}/ holds this driver's logs and "
+                   f"{files}, rewritten from the study as it stood when this driver stopped; "
+                   f"`autotune show --study {settings.study_name} --storage {sweep.where}` "
+                   "reads it as it stands")
     if best is None:
         click.echo(sweep.nothing_fits or "no feasible configuration found: widen the space "
                    "(offload, checkpointing, smaller micro-batches), lower --headroom or use "

@@ -79,7 +79,10 @@ def format_study(study: Any, brief: bool = False) -> str:
     probed = [t for t in trials if t.user_attrs.get("probed")]
     predicted = [t for t in trials if t.user_attrs.get("predicted")
                  and t.user_attrs.get("reused_from") is None]
-    lines = [f"study {study.study_name}: model {identity.get('model')}, objective "
+    run = (f", run on {identity.get('nnodes', 1)}x{identity.get('gpus_per_node', 1)} GPUs "
+           "(a probe is one GPU's share)" if identity.get("nnodes", 1) *
+           identity.get("gpus_per_node", 1) > 1 else "")
+    lines = [f"study {study.study_name}: model {identity.get('model')}{run}, objective "
              f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
              f"{len(probed)} probes in {len(trials)} trials, {len(predicted)} predicted OOM "
              "(not run)"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autotune.config import ProbeConfig, format_bytes
+from autotune.config import ProbeConfig, device_share, format_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory
 
@@ -26,9 +26,9 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
                         calibration: Calibration | None, **model_args: Any) -> tuple[int, int]:
     """The largest value of micro-batch `knob` whose phase fits `budget_bytes` (0: not even
     1), searched past the batch, and how many responses the batch gives one GPU there."""
-    prompts = config.global_batch_size if knob == "micro_batch_size_update" \
-        else config.rollout_batch_size
-    per_gpu = max(1, prompts * config.rollout_n // model_args.get("num_gpus", 1))
+    share = device_share(config, model_args.get("num_gpus", 1))
+    per_gpu = share.responses_per_minibatch if knob == "micro_batch_size_update" \
+        else share.responses_per_step
     phase = "update" if knob == "micro_batch_size_update" else "experience"
 
     def fits(micro: int) -> bool:

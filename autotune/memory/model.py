@@ -19,12 +19,11 @@ scale on the transient part per phase and device; the states are never fitted.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ProbeConfig
+from autotune.config import DeviceShare, ProbeConfig, device_share
 from autotune.errors import ConfigError
 from autotune.registry import get_model_spec, read_model_path_config
 
@@ -215,6 +214,7 @@ class PhaseEstimate:
 class MemoryEstimate:
     phases: dict[str, PhaseEstimate]
     host_offload_bytes: int  # host memory offload holds for this GPU
+    share: DeviceShare  # the GPU's share of the step these phases hold
 
     @property
     def peak_bytes(self) -> int:
@@ -226,15 +226,20 @@ class MemoryEstimate:
 
 
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
-                    on_gpu: bool = True, compute_bytes: int | None = None) -> MemoryEstimate:
-    """Peak bytes per GPU of each phase of one colocated GRPO step, as the probe runs it.
+                    on_gpu: bool = True, compute_bytes: int | None = None,
+                    state_shards: int | None = None) -> MemoryEstimate:
+    """Peak bytes per GPU of each phase of one colocated GRPO step on `num_gpus` GPUs.
 
-    `compute_bytes` is the width of the compute dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by
-    default. The rollout engine keeps a full compute-dtype copy of the weights on each GPU
-    (tensor parallel 1) and generates `max_num_seqs` sequences at a time.
+    Each GPU runs its share of the batches (config.device_share). The model states are
+    sharded over `state_shards` GPUs (FSDP over the whole run by default; the built-in probe,
+    which holds one process's whole states, is 1). `compute_bytes` is the width of the compute
+    dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a full
+    compute-dtype copy of the weights on each GPU (tensor parallel 1) and generates
+    `max_num_seqs` sequences at a time.
     """
     c = compute_bytes or (2 if on_gpu else 4)
-    n, psi = num_gpus, shape.num_params
+    share = device_share(config, num_gpus)
+    n, psi = state_shards or num_gpus, shape.num_params
     states = model_state_bytes(psi, n, config.offload_params, config.offload_optimizer)
     actor = PARAM_BYTES * psi // n
     adam = ADAM_BYTES * psi // n
@@ -272,10 +277,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
             return micro * (c * seq + 4 * response) * vocab
         return micro * max(c * seq + 4 * response, 8 * response) * vocab
 
-    responses_per_gpu = math.ceil(config.rollout_batch_size * config.rollout_n / n)
     phases: dict[str, PhaseEstimate] = {}
     rollout_states = {"resident": states.resident_bytes + ref_resident, "engine_weights": engine}
-    rollout = generation(responses_per_gpu)
+    rollout = generation(share.responses_per_step)
     phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
                                       context, {**rollout_states, **rollout})
 
@@ -298,13 +302,13 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     parts = {**upd_states, **backward, "optimizer_step": step_temp}
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts)
 
-    if config.val_batch_size:
-        validation = generation(math.ceil(config.val_batch_size / n))
+    if share.val_prompts:
+        validation = generation(share.val_prompts)
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation})
     offload_host = states.host_offload_bytes + (ref if config.offload_params else 0)
-    return MemoryEstimate(phases, offload_host)
+    return MemoryEstimate(phases, offload_host, share)
 
 
 def model_shape(name: str, model_path: str | None = None) -> ModelShape:

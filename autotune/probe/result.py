@@ -55,6 +55,12 @@ class ProbeRequest:
     timed_steps: int = 2
     seed: int = 0
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    nnodes: int = 1  # the training run being tuned: nnodes x gpus_per_node ranks share each
+    gpus_per_node: int = 1  # batch, and a probe runs one rank's share (config.device_share)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -95,6 +101,7 @@ class ProbeResult:
     build_s: float | None = None  # model and optimizer build
     probe_wall_s: float | None = None  # the whole probe, as the runner saw it
     versions: dict[str, str] = field(default_factory=dict)
+    share: dict[str, int] = field(default_factory=dict)  # one GPU's share of the step, as run
 
     @property
     def ok(self) -> bool:

@@ -6,7 +6,9 @@ compute-dtype copy of the weights generates `rollout_n` responses per prompt, al
 of micro-batches with gradient accumulation, a GRPO loss, an AdamW step) and, when
 `val_batch_size` is set, validation generation. The actor keeps fp32 master weights and AdamW
 state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
-GPU, and offload moves params / optimizer state to host memory between phases.
+GPU, and offload moves params / optimizer state to host memory between phases. It runs one
+GPU's share of each batch of a run on `request.world_size` GPUs (config.device_share), and
+reports the share it ran.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from typing import Any
 import torch
 
 from autotune import __version__
-from autotune.config import ProbeConfig, validate_probe_config
+from autotune.config import (
+    ProbeConfig,
+    device_share,
+    image_tokens,
+    model_problems,
+    validate_probe_config,
+)
 from autotune.errors import ConfigError
 from autotune.probe.meter import MemoryMeter
 from autotune.probe.models import build_model, is_vl_config, load_model_config
@@ -51,6 +59,8 @@ class TrainingProbe:
         wanted = request.dtype if request.dtype != "auto" else ("bf16" if self.on_gpu else "fp32")
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.meter = meter or MemoryMeter(self.device)
+        self.share = device_share(self.config, request.world_size)  # this GPU's part
+        self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
         self.peak_host_offload_bytes = 0
 
@@ -58,18 +68,13 @@ class TrainingProbe:
 
     def build(self) -> None:
         request, config = self.request, self.config
-        problems = validate_probe_config(config)
+        problems = validate_probe_config(config, request.world_size)
         self.model_config = load_model_config(request.model, request.model_path)
         self.is_vl = is_vl_config(self.model_config)
         self.text_config = getattr(self.model_config, "text_config", self.model_config)
         self.vocab_size = int(self.text_config.vocab_size)
-        self.image_tokens = 0
-        if self.is_vl:
-            self.image_tokens = (config.image_size_px // 28) ** 2
-            if self.image_tokens + 3 > config.max_prompt_length:
-                problems.append(
-                    f"image_size_px={config.image_size_px} makes {self.image_tokens} image "
-                    f"tokens, more than max_prompt_length={config.max_prompt_length} allows")
+        self.image_tokens = image_tokens(config) if self.is_vl else 0
+        problems += model_problems(config, self.is_vl)
         if problems:
             raise ConfigError(problems)
         torch.manual_seed(request.seed)
@@ -101,7 +106,8 @@ class TrainingProbe:
     def _make_prompts(self) -> None:
         config, generator = self.config, torch.Generator().manual_seed(self.request.seed)
         high = self.vocab_size - 16  # keep clear of special and image tokens
-        ids = torch.randint(0, high, (config.rollout_batch_size, config.max_prompt_length),
+        prompts = max(self.share.prompts_per_step, self.share.val_prompts)
+        ids = torch.randint(0, high, (prompts, config.max_prompt_length),
                             generator=generator)
         self.pixel_values = None
         if self.is_vl:
@@ -111,10 +117,9 @@ class TrainingProbe:
             ids[:, 1 + self.image_tokens] = mc.vision_end_token_id
             patches = (config.image_size_px // 14) ** 2
             self.grid_side = config.image_size_px // 14
-            self.pixel_values = torch.randn(config.rollout_batch_size, patches, 3 * 2 * 14 * 14,
+            self.pixel_values = torch.randn(prompts, patches, 3 * 2 * 14 * 14,
                                             generator=generator)
         self.prompt_ids = ids
-        self.val_prompt_ids = ids[: min(config.val_batch_size or 1, len(ids))]
 
     # -- placement (offload between phases, as verl/EasyR1 do) ------------------------------
 
@@ -198,15 +203,19 @@ class TrainingProbe:
     def _rollout(self) -> None:
         config = self.config
         self._wake_engine()
-        rows = torch.arange(config.rollout_batch_size).repeat_interleave(config.rollout_n)
+        rows = torch.arange(self.share.prompts_per_step).repeat_interleave(config.rollout_n)
         with torch.no_grad():
             self.responses = self._generate(rows)
         self.response_rows = rows
+        self.ran.update(world_size=self.request.world_size,
+                        prompts_per_step=len(rows.unique()),
+                        responses_per_step=len(self.responses))
         self._sleep_engine()
 
     def _validate(self) -> None:
         self._wake_engine()
-        rows = torch.arange(len(self.val_prompt_ids))
+        rows = torch.arange(self.share.val_prompts)
+        self.ran["val_prompts"] = len(rows)
         with torch.no_grad():
             self._generate(rows)
         self._sleep_engine()
@@ -242,7 +251,7 @@ class TrainingProbe:
                     self._place_module(self.ref_model, False)
         if config.offload_params:
             self._place_module(self.model, False)
-        rewards = torch.randn(config.rollout_batch_size, config.rollout_n)
+        rewards = torch.randn(self.share.prompts_per_step, config.rollout_n)
         advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True)
                                                                   + 1e-6)
         self.advantages = advantages.reshape(-1)
@@ -251,9 +260,12 @@ class TrainingProbe:
         config = self.config
         self._place_actor(params_on_device=True, optimizer_on_device=True)
         self.model.train()
-        per_minibatch = config.global_batch_size * config.rollout_n
+        per_minibatch = self.share.responses_per_minibatch
         accumulation = per_minibatch // config.micro_batch_size_update
-        for minibatch in torch.randperm(len(self.responses)).split(per_minibatch):
+        minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
+        self.ran.update(minibatches=len(minibatches),
+                        responses_per_minibatch=max(len(m) for m in minibatches))
+        for minibatch in minibatches:
             for micro in minibatch.split(config.micro_batch_size_update):
                 log_probs = self._log_probs(self.model, micro)
                 old = self.old_log_probs[micro].to(self.device)
@@ -299,7 +311,7 @@ class TrainingProbe:
         timed = [self.step() for _ in range(request.timed_steps)]
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
         step_s = sum(v for k, v in phase_s.items() if k != "validation")
-        responses = config.rollout_batch_size * config.rollout_n
+        responses = self.ran["responses_per_step"]
         tokens = responses * config.sequence_length
         peaks = dict(self.meter.phase_peak_mem_bytes)
         return ProbeResult(
@@ -310,6 +322,7 @@ class TrainingProbe:
             host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
             host_offload_bytes=self.peak_host_offload_bytes,
             num_params=self.num_params, startup_s=startup_s, build_s=build_s,
+            share={"val_prompts": 0, **self.ran},
             **describe_device(self.device, self.meter.device_limit_bytes))
 
 

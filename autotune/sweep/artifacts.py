@@ -130,6 +130,9 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         "provenance": {
             "model": identity["model"],
             "model_path": identity["model_path"],
+            "topology": {"nnodes": request.get("nnodes", 1),
+                         "gpus_per_node": request.get("gpus_per_node", 1),
+                         "share": result.get("share") or {}},
             "device": result.get("device_name"),
             "device_capacity_bytes": result.get("device_capacity_bytes"),
             "device_limit_bytes": result.get("device_limit_bytes"),

@@ -56,14 +56,16 @@ def gpu_slots(gpu_ids: tuple[int, ...], gpus_per_trial: int) -> list[Slot]:
 
 def cpu_slots(parallel: int, cpu_ids: tuple[int, ...],
               threads_per_probe: int | None = None) -> list[Slot]:
-    """`parallel` disjoint groups of cores, each probe pinned to its group; with more probes
-    than cores nothing is pinned and each probe gets one thread (they will share cores)."""
+    """`parallel` disjoint groups of cores, each probe pinned to its group. More probes than
+    cores would share cores and measure each other, so that is refused."""
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: must be at least 1")
+    if parallel > len(cpu_ids):
+        raise ConfigError(f"--parallel {parallel}: this machine lets autotune use "
+                          f"{len(cpu_ids)} core(s), and probes side by side need one each at "
+                          f"least; use --parallel {len(cpu_ids)} or less")
     if parallel == 1:
         return [Slot(cpu_threads=threads_per_probe)]
-    if parallel > len(cpu_ids):
-        return [Slot(cpu_threads=threads_per_probe or 1) for _ in range(parallel)]
     size = len(cpu_ids) // parallel
     groups = [cpu_ids[i * size:(i + 1) * size] for i in range(parallel)]
     return [Slot(cpu_ids=group, cpu_threads=threads_per_probe or len(group)) for group in groups]

@@ -16,6 +16,7 @@ each problem with its file and key. Optuna is imported only when distributions a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -36,6 +37,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
+from autotune.files import read_text_file
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_SPACE = "grpo"
@@ -89,6 +91,7 @@ class SearchSpace:
     source: str = "<memory>"
     # more rules a config must pass (a trainer's, for its topology): never probed otherwise
     rules: Callable[[ProbeConfig], list[str]] | None = field(default=None, compare=False)
+    world_size: int = 1  # GPUs of the training run: each takes an equal share of the batches
 
     @property
     def name(self) -> str:
@@ -111,15 +114,20 @@ class SearchSpace:
 
     def problems_for(self, params: dict[str, Any]) -> list[str]:
         config = self.config_for(params)
-        return validate_probe_config(config) + (self.rules(config) if self.rules else [])
+        return validate_probe_config(config, self.world_size) + \
+            (self.rules(config) if self.rules else [])
 
     def with_fixed(self, values: dict[str, Any]) -> SearchSpace:
         """The same space with more fixed knobs (knobs already searched are not touched)."""
         extra = {k: v for k, v in values.items() if k not in self.params}
-        return SearchSpace(self.params, {**self.fixed, **extra}, self.source, self.rules)
+        return dataclasses.replace(self, fixed={**self.fixed, **extra})
 
     def with_rules(self, rules: Callable[[ProbeConfig], list[str]]) -> SearchSpace:
-        return SearchSpace(self.params, self.fixed, self.source, rules)
+        return dataclasses.replace(self, rules=rules)
+
+    def for_world(self, world_size: int) -> SearchSpace:
+        """The same space for a run of `world_size` GPUs (its rules split the batches)."""
+        return dataclasses.replace(self, world_size=world_size)
 
     def snapped(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """`params` moved to the nearest value each searched knob allows, and what moved."""
@@ -193,6 +201,9 @@ class SearchSpace:
 def resolve_space_path(name_or_path: str) -> Path:
     """A file path, or the name of a space shipped in search_spaces/ (e.g. 'grpo')."""
     path = Path(name_or_path)
+    if path.is_dir():
+        raise ConfigError(f"search space {name_or_path}: is a directory; give a .yaml file "
+                          "such as search_spaces/grpo.yaml")
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"search space {name_or_path}: no such file")
@@ -223,8 +234,10 @@ def check_search_space(name_or_path: str) -> tuple[SearchSpace | None, list[str]
 
 def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
+        data = yaml.safe_load(read_text_file(path, "search space"))
+    except ConfigError as err:
+        return None, err.problems
+    except (yaml.YAMLError, RecursionError) as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         return None, [f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})"]

@@ -47,4 +47,5 @@ class SweepSettings:
                 "reserve_gpu_memory_bytes": request.reserve_gpu_memory_bytes,
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
-                "timed_steps": request.timed_steps, "trainer": self.trainer}
+                "timed_steps": request.timed_steps, "trainer": self.trainer,
+                "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node}

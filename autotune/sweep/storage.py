@@ -34,6 +34,22 @@ class StudyStorage:
     where: str  # for messages: the file, or the URL without its password
 
 
+MAX_STUDY_NAME = 100  # a folder name, and a row in Optuna's studies table
+
+
+def check_study_name(name: str) -> str:
+    """A study name is a folder name under results/: letters, digits, '.', '_', '-'."""
+    if not name:
+        raise ConfigError("--study '': give a name, or leave --study out for MODEL-SPACE")
+    if len(name) > MAX_STUDY_NAME:
+        raise ConfigError(f"--study {name[:20]}...: {len(name)} characters; use at most "
+                          f"{MAX_STUDY_NAME}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-', starting "
+                          "with a letter or digit")
+    return name
+
+
 def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
     """The storage `--storage SPEC` names: None is SQLite in study_dir; a URL with a scheme is
     a database (postgresql://...); anything else is the path of a journal file."""
@@ -61,16 +77,43 @@ def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
             raise ConfigError(f"--storage {where}: cannot open the database: {first}") from None
         return StudyStorage(storage, shared=True, where=where)
     path = Path(spec).expanduser()
+    check_journal_file(path, spec)
+    from optuna.storages.journal import JournalFileBackend
+
+    return StudyStorage(optuna.storages.JournalStorage(JournalFileBackend(str(path))),
+                        shared=True, where=str(path))
+
+
+def check_journal_file(path: Path, spec: str) -> None:
+    """A journal path must be a new file in an existing folder, or an Optuna journal: a text
+    file, a device such as /dev/full or a binary file would hang or break Optuna's reader."""
     if path.is_dir():
         raise ConfigError(f"--storage {spec}: is a directory; give a journal file path such as "
                           f"{path / 'study.journal'}")
     if not path.parent.is_dir():
         raise ConfigError(f"--storage {spec}: folder {path.parent} does not exist; create it "
                           "on the shared disk first")
-    from optuna.storages.journal import JournalFileBackend
-
-    return StudyStorage(optuna.storages.JournalStorage(JournalFileBackend(str(path))),
-                        shared=True, where=str(path))
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise ConfigError(f"--storage {spec}: not a regular file; give a journal file path "
+                          "(a new one is created)")
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 20)
+    except OSError as exc:
+        raise ConfigError(f"--storage {spec}: cannot read ({(exc.strerror or '').lower()})") \
+            from None
+    if not first:
+        return  # an empty file: Optuna starts the journal there
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "op_code" not in record:
+        raise ConfigError(f"--storage {spec}: not an Optuna journal (its first line is no "
+                          "journal record); give a new file path, or the journal a study "
+                          "already uses")
 
 
 def open_database(url: str, attempts: int = 5) -> Any:
@@ -99,6 +142,34 @@ def use_wal(db_path: Path) -> None:
 
     with contextlib.closing(sqlite3.connect(db_path)) as connection:
         connection.execute("PRAGMA journal_mode=WAL")
+
+
+def private_copy(db: Path, wal: Path) -> Path:
+    """A copy of a database and its write-ahead log in a temporary folder removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="autotune-read-"))
+    atexit.register(shutil.rmtree, folder, True)
+    shutil.copyfile(db, folder / db.name)
+    shutil.copyfile(wal, folder / wal.name)
+    return folder / db.name
+
+
+def driver_running(study_dir: Path) -> bool:
+    """Whether a driver holds the study's lock now (a read never takes it)."""
+    try:
+        handle = open(study_dir / ".driver.lock")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
 
 
 class StudyLock:
@@ -144,9 +215,18 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
         sampler = optuna.samplers.TPESampler(
             seed=settings.seed, n_startup_trials=settings.n_startup_trials,
             constant_liar=True)
-    study = optuna.create_study(
-        study_name=settings.study_name, storage=opened.storage, sampler=sampler,
-        directions=directions(settings.objective), load_if_exists=True)
+    names = optuna.get_all_study_names(opened.storage)
+    if not opened.shared and names and settings.study_name not in names:
+        raise ConfigError(f"{opened.where} holds study {', '.join(names)}, not "
+                          f"{settings.study_name} (was its folder renamed?); rename the folder "
+                          f"back, or pass --study {names[0]}")
+    if settings.study_name in names:  # load, check, and write nothing if refused
+        study = optuna.load_study(study_name=settings.study_name, storage=opened.storage,
+                                  sampler=sampler)
+    else:
+        study = optuna.create_study(
+            study_name=settings.study_name, storage=opened.storage, sampler=sampler,
+            directions=directions(settings.objective), load_if_exists=True)
     identity = settings.identity()
     stored = study.user_attrs.get("identity")
     if stored is None:
@@ -160,8 +240,9 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
         study.set_user_attr("autotune_version", __version__)
         study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     else:
-        changed = [f"{k} was {stored.get(k)!r}, now {v!r}" for k, v in identity.items()
-                   if stored.get(k) != v]
+        older = {"nnodes": 1, "gpus_per_node": 1}  # studies made before topology was asked
+        changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
+                   for k, v in identity.items() if stored.get(k, older.get(k)) != v]
         if changed:
             raise ConfigError(
                 f"study {settings.study_name} in {opened.where} was started with a "
@@ -170,27 +251,77 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
     return study, opened
 
 
-def load_study(results_dir: str, name: str | None) -> Any:
-    """Open a study from results/<name>/study.db (default: the most recently changed one)."""
-    from pathlib import Path
-
+def load_study(results_dir: str, name: str | None, storage: str | None = None) -> Any:
+    """Open a study to read it (show, export, estimate --study), writing nothing into it:
+    results/<name>/study.db read-only (default: the most recently changed study there), or
+    the study `name` in a shared `--storage` (default: its only study)."""
     import optuna
 
-    from autotune.errors import ConfigError
-
-    root = Path(results_dir)
-    if name is None:
-        found = sorted(root.glob("*/study.db"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise ConfigError(f"no study in {root}/: run `autotune run` first, or pass "
-                              "--results-dir")
-        name = found[-1].parent.name
-    path = root / name / "study.db"
-    if not path.exists():
-        known = sorted(p.parent.name for p in root.glob("*/study.db"))
-        raise ConfigError(f"--study {name}: no {path}; studies here: "
-                          f"{', '.join(known) or 'none'}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
+    if storage is not None:
+        if not URL_SCHEME.match(storage) and not Path(storage).expanduser().is_file():
+            raise ConfigError(f"--storage {storage}: no such journal file")
+        opened = open_storage(storage, Path(results_dir))
+        where = opened.where
+    else:
+        root = Path(results_dir)
+        if name is None:
+            found = sorted(root.glob("*/study.db"), key=lambda p: p.stat().st_mtime)
+            if not found:
+                raise ConfigError(f"no study in {root}/: run `autotune run` first, or pass "
+                                  "--results-dir")
+            name = found[-1].parent.name
+        path = root / name / "study.db"
+        if not path.is_file():
+            known = sorted(p.parent.name for p in root.glob("*/study.db"))
+            raise ConfigError(f"--study {name}: no {path}; studies here: "
+                              f"{', '.join(known) or 'none'}")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"{path}: empty (0 bytes), not a study database; remove it and "
+                              "run the sweep again")
+        opened, where = StudyStorage(read_only_sqlite(path), shared=False, where=str(path)), \
+            str(path)
+    names = optuna.get_all_study_names(opened.storage)
+    if name is None and len(names) == 1:
+        name = names[0]
+    if name not in names:
+        held = f"holds study {', '.join(names)}" if names else "holds no study"
+        hint = " (was its folder renamed?); rename it back," if storage is None else ";"
+        raise ConfigError(f"{where} {held}, not {name}{hint} or pass --study "
+                          f"{names[0] if names else 'NAME'}")
+    return optuna.load_study(study_name=name, storage=opened.storage)
 
 
+def read_only_sqlite(path: Path) -> Any:
+    """An RDBStorage on a SQLite study that never writes to any of its files.
+
+    - No driver running and nothing in the write-ahead log: opened immutable (SQLite then
+      makes no -wal or -shm file beside it).
+    - A driver running: read-only through its log, as any reader of a live WAL database.
+    - No driver, but a log left by one that was killed: the database and its log are read from
+      a private copy (reading would otherwise replay the log in the study's own files).
+    - A read-only file system (where SQLite cannot open a WAL database read-only, and nobody
+      can be writing): immutable.
+    """
+    import optuna
+    from sqlalchemy.exc import DatabaseError
+
+    wal = path.with_name(path.name + "-wal")
+    running = driver_running(path.parent)
+    if not running and wal.exists() and wal.stat().st_size:
+        path = private_copy(path, wal)
+        tries: tuple[str, ...] = ("mode=rw",)
+    elif running:
+        tries = ("mode=ro", "mode=ro&immutable=1")
+    else:
+        tries = ("mode=ro&immutable=1",)
+    last: Exception | None = None
+    for flags in tries:
+        try:
+            return optuna.storages.RDBStorage(f"sqlite:///file:{path.resolve()}?{flags}&uri=true")
+        except DatabaseError as exc:
+            last = exc
+    assert last is not None
+    first = str(getattr(last, "orig", last)).strip().splitlines()[0]
+    raise ConfigError(f"{path}: not a study database ({first}); it may be damaged: keep a "
+                      "copy, and run the sweep again under another --study") from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ class Sweep:
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
         self.last_beat_s = 0.0
         self.trials: list[Any] = []  # the study's trials as refresh() last read them
+        self.study: Any = None  # the Optuna study, once opened
+        self.where = ""  # where it lives: the SQLite file, journal or database URL
 
     # -- study -----------------------------------------------------------------------------
 
@@ -172,13 +175,19 @@ class Sweep:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> Any:
-        lock: Any = contextlib.nullcontext()
-        if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
-            self.settings.study_dir.mkdir(parents=True, exist_ok=True)
-            lock = StudyLock(self.settings.study_dir)
-        with lock:
-            study, opened = open_study(self.settings)
-            self.shared = opened.shared  # other drivers may run this study too
+        study_dir = self.settings.study_dir
+        new = not study_dir.exists()  # a new study that cannot open leaves nothing behind
+        with contextlib.ExitStack() as held:
+            try:
+                if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
+                    study_dir.mkdir(parents=True, exist_ok=True)
+                    held.enter_context(StudyLock(study_dir))
+                study, opened = open_study(self.settings)
+            except BaseException:
+                if new:
+                    shutil.rmtree(study_dir, ignore_errors=True)
+                raise
+            self.shared, self.study, self.where = opened.shared, study, opened.where
             self.resume(study)
             self.progress.started(self.state)
             try:

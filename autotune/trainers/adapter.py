@@ -36,6 +36,9 @@ class Adapter:
     underive: Callable[[Callable[[str, Any], Any], Topology], dict[str, Any]] | None = None
     # the knobs the trainer's own default or example config sets: the sweep's starting point
     defaults: dict[str, Any] | None = None
+    # one GPU's share of the batches, computed as the trainer's own code normalises them
+    # (responses_per_step, responses_per_minibatch): must agree with config.device_share
+    share: Callable[[dict[str, Any], Topology], dict[str, int]] | None = None
 
     def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
         """Every dotted key this export writes, with its value."""

@@ -55,6 +55,14 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     return problems
 
 
+def _easyr1_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
+    """fsdp_workers.py: global_batch_size *= rollout.n, then // (world_size // ulysses_size);
+    the rollout batch (rollout_batch_size x n responses) is chunked equally over the world."""
+    n, world = k["rollout_n"], topo.world_size
+    return {"responses_per_step": k["rollout_batch_size"] * n // world,
+            "responses_per_minibatch": k["global_batch_size"] * n // world}
+
+
 EASYR1 = Adapter(
     name="easyr1",
     keys={"rollout_batch_size": ("data.rollout_batch_size",),
@@ -76,4 +84,5 @@ EASYR1 = Adapter(
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True},
+    share=_easyr1_share,
 )

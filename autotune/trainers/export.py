@@ -60,13 +60,12 @@ def load_trainer_yaml(path: str) -> tuple[Any, str]:
     """The user's trainer YAML, as a round-trip tree (with line numbers) and as text."""
     from ruamel.yaml.error import YAMLError
 
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ConfigError(f"--base-config {path}: {err.strerror}") from None
+    from autotune.files import read_text_file
+
+    text = read_text_file(path, "--base-config")
     try:
         tree = _yaml().load(text)
-    except YAMLError as err:
+    except (YAMLError, RecursionError) as err:
         raise ConfigError(f"--base-config {path}: not valid YAML ({err})".replace("\n", " ")) \
             from None
     if not hasattr(tree, "get"):
@@ -99,12 +98,20 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
 
 
 def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
-                 gpus_per_node: int | None) -> Topology:
-    """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then 1 x 1."""
+                 gpus_per_node: int | None, fallback: Topology | None = None) -> Topology:
+    """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then `fallback`
+    (the study's own topology), then 1 x 1."""
     nodes_key, gpus_key = adapter.topology_keys or ("", "")
-    nodes = nnodes or (dotted_get(tree, nodes_key) if nodes_key else None) or 1
-    gpus = gpus_per_node or (dotted_get(tree, gpus_key) if gpus_key else None) or 1
-    return Topology(int(nodes), int(gpus))
+    values = []
+    for flag, key, default in ((nnodes, nodes_key, fallback.nnodes if fallback else 1),
+                               (gpus_per_node, gpus_key, fallback.gpus_per_node if fallback
+                                else 1)):
+        value = flag or (dotted_get(tree, key) if key else None) or default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r} in the base config: expected a positive "
+                              "integer; write the value out, or pass --nnodes/--gpus-per-node")
+        values.append(value)
+    return Topology(*values)
 
 
 def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
@@ -196,9 +203,23 @@ def load_trainer_yaml_text(text: str) -> tuple[Any, str]:
 
 
 def write_new(path: Path, text: str) -> None:
-    """Create `path` with `text`; never replace a file that is already there."""
+    """Create `path` with `text`; never replace a file that is already there, never leave a
+    half-written one (a full disk), and say in one line why a folder will not take it."""
+    from autotune.files import DiskError, describe_os_error
+
+    if not path.parent.is_dir():
+        what = "is a file" if path.parent.exists() else "does not exist"
+        raise ConfigError(f"--out {path}: folder {path.parent} {what}; create the folder or "
+                          "choose another path")
     try:
-        with open(path, "x") as handle:
-            handle.write(text)
+        handle = open(path, "x")
     except FileExistsError:
         raise ConfigError(f"--out {path}: file exists; choose a new path") from None
+    except OSError as exc:
+        raise DiskError(describe_os_error(exc, path)) from None
+    try:
+        with handle:
+            handle.write(text)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise DiskError(describe_os_error(exc, path)) from None

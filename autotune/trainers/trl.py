@@ -44,6 +44,15 @@ def _trl_derive(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
             "generation_batch_size": k["rollout_batch_size"] * k["rollout_n"]}
 
 
+def _trl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
+    """GRPOTrainer: each process generates generation_batch_size / processes completions and
+    steps the optimizer every per_device_train_batch_size x gradient_accumulation_steps."""
+    derived = _trl_derive(k, topo)
+    return {"responses_per_step": derived["generation_batch_size"] // topo.world_size,
+            "responses_per_minibatch": k["micro_batch_size_update"]
+            * derived["gradient_accumulation_steps"]}
+
+
 def _trl_underive(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, Any]:
     n, mbu = get("num_generations", 8), get("per_device_train_batch_size", 8)
     accumulation = get("gradient_accumulation_steps", 1)
@@ -65,4 +74,5 @@ TRL = Adapter(
     derive=_trl_derive,
     underive=_trl_underive,
     defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True},  # GRPOConfig
+    share=_trl_share,
 )

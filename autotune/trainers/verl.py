@@ -41,6 +41,14 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     return problems
 
 
+def _verl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
+    """fsdp_workers.py: ppo_mini_batch_size *= rollout.n, then //= (world // sp_size); the
+    train batch (train_batch_size x n responses) is dispatched equally over the world."""
+    n, world = k["rollout_n"], topo.world_size
+    return {"responses_per_step": k["rollout_batch_size"] * n // world,
+            "responses_per_minibatch": k["global_batch_size"] * n // world}
+
+
 VERL = Adapter(
     name="verl",
     keys={"rollout_batch_size": ("data.train_batch_size",),
@@ -68,4 +76,5 @@ VERL = Adapter(
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False},
+    share=_verl_share,
 )

@@ -1,0 +1,281 @@
+"""Malformed input, table-driven: every case is one line on stderr, no traceback, exit 2 (or 1
+when the environment refuses: a full or read-only disk), and no file that was there changes.
+
+Each command runs through `autotune.cli.main`, the same entry point as the `autotune` script,
+in a sandbox folder holding the bad files. The read-only and full-disk cases mount a small
+tmpfs (they are skipped where this machine does not allow mounting).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+
+SPACE = """
+params:
+  gradient_checkpointing: {type: bool}
+fixed: {rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_length: 64,
+        max_response_length: 64, micro_batch_size_update: 1, micro_batch_size_experience: 2}
+"""
+NOT_UTF8 = b"params:\n  gradient_checkpointing: {type: bool}\n# caf\xe9\n"
+
+
+def make_sandbox(root: Path) -> None:
+    """The bad files the table refers to, and one real study (results/s) to show and export."""
+    files = {
+        "space.yaml": SPACE, "not_utf8.yaml": NOT_UTF8, "binary.yaml": os.urandom(3000),
+        "list.yaml": "- 1\n- 2\n", "broken.yaml": "params: {a: [1, 2\n",
+        "unknown_knob.yaml": "params:\n  micro_batch: {type: bool}\n",
+        "deep.yaml": "[" * 5000, "notjournal.txt": "hello\n", "existing.log": "keep me\n",
+        "a_file": "not a folder\n", "badjson/config.json": "{oops", "noconfig/.keep": "",
+        "out_exists.yaml": "keep: me\n",
+    }
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    make_study(root / "results", "s")
+    gc.collect()  # close the study's connections: SQLite folds its log into study.db now
+    (root / "zero" / "zero").mkdir(parents=True)
+    (root / "zero" / "zero" / "study.db").write_bytes(b"")
+    (root / "rand" / "rand").mkdir(parents=True)
+    (root / "rand" / "rand" / "study.db").write_bytes(os.urandom(50000))
+    (root / "renamed").mkdir()
+    shutil.copytree(root / "results" / "s", root / "renamed" / "old")
+
+
+def make_study(results: Path, name: str) -> None:
+    """A real study of 2 scripted probes whose best every trainer accepts on one GPU."""
+    from scripted_runner import ScriptedRunner
+
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    space_file = results.parent / "space.yaml"
+    space_file.write_text(SPACE)
+    settings = SweepSettings(study_name=name, study_dir=results / name,
+                             space=load_search_space(str(space_file)),
+                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             max_trials=2)
+    from autotune.sweep.artifacts import write_artifacts
+
+    Sweep(settings, ScriptedRunner(), on_trial=lambda s: write_artifacts(s, settings.study_dir)
+          ).run()
+
+
+RUN = ["run", "--model", "tiny-qwen2.5", "--space", "space.yaml", "--trials", "1"]
+EXPORT = ["export", "--study", "s", "--trainer", "trl"]
+CASES: list[tuple[list[str], str]] = [
+    # run: names, sizes, counts
+    (RUN + ["--study", ""], "--study '': give a name"),
+    (RUN + ["--study", "x" * 300], "300 characters; use at most 100"),
+    (RUN + ["--study", "a/b"], "--study 'a/b'"),
+    (RUN + ["--study", ".hidden"], "--study '.hidden'"),
+    (RUN + ["--gpu-memory-limit", "0"], "--gpu-memory-limit '0': must be more than zero"),
+    (RUN + ["--host-memory-limit", "0"], "--host-memory-limit '0': must be more than zero"),
+    (RUN + ["--gpu-memory-limit", "lots"], "expected a size such as 40GiB"),
+    (RUN + ["--gpu-memory-limit", "9999999PiB"], "expected a size such as 40GiB"),
+    (RUN + ["--host-memory-limit", "99999999999TB"], "check the unit"),
+    (RUN + ["--parallel", "1000"], "--parallel 1000: this machine lets autotune use"),
+    (RUN + ["--parallel", "0"], "0 is not in the range"),
+    (RUN + ["--device", "cuda"], "--device cuda: no NVIDIA GPU"),
+    (["run", "--device", "cuda"], "--device cuda: no NVIDIA GPU"),
+    (RUN + ["--device", "tpu"], "'tpu' is not one of"),
+    (["run", "--model", "qwen2.5-vl7b"], "did you mean qwen2.5-vl-7b"),
+    (["run", "--model-path", "missing-dir"], "--model-path missing-dir: no such directory"),
+    (["run", "--model-path", "noconfig"], "no config.json there"),
+    (["run", "--model-path", "badjson"], "not valid JSON"),
+    (["run", "--model", "qwen2.5-vl-7b"], "image tokens"),
+    (["run", "--model", "qwen2.5-7b", "--space", "space.yaml"], "no NVIDIA GPU found"),
+    (["run", "--model", "qwen2.5-7b", "--space", "space.yaml", "--device", "cpu"],
+     "of model states in the update alone"),
+    (["run", "--model", "tiny-qwen2.5-vl"], "--set max_prompt_length="),
+    (RUN[:3] + ["--space", "missing-space"], "unknown search space 'missing-space'"),
+    (RUN[:3] + ["--space", "noconfig"], "is a directory; give a .yaml file"),
+    (RUN[:3] + ["--space", "not_utf8.yaml"], "not_utf8.yaml:3: not UTF-8 text"),
+    (RUN[:3] + ["--space", "binary.yaml"], "not UTF-8 text"),
+    (RUN[:3] + ["--space", "list.yaml"], "expected a mapping with 'params'"),
+    (RUN[:3] + ["--space", "broken.yaml"], "not valid YAML"),
+    (RUN[:3] + ["--space", "unknown_knob.yaml"], "unknown knob 'micro_batch'"),
+    (RUN[:3] + ["--space", "deep.yaml"], "not valid YAML"),
+    (RUN + ["--base-config", "not_utf8.yaml"], "--base-config not_utf8.yaml:3: not UTF-8"),
+    (RUN + ["--base-config", "missing.yaml"], "--base-config missing.yaml: cannot read"),
+    (RUN + ["--base-config", "list.yaml"], "expected a mapping of knob names"),
+    (RUN + ["--base-config", "deep.yaml"], "not valid YAML"),
+    (RUN + ["--set", "micro_batch=4"], "unknown knob 'micro_batch'"),
+    (RUN + ["--set", "max_num_seqs=9223372036854775808"], "must be at most 16777216"),
+    (RUN + ["--set", "max_prompt_length=0"], "must be at least 1"),
+    (RUN + ["--set", "rollout_n"], "expected key=value"),
+    (RUN + ["--set", "image_size_px=30"], "not a multiple of 28"),
+    (RUN + ["--set", "gradient_checkpointing=true"], "searched by space.yaml"),
+    (RUN + ["--headroom", "150%"], "--headroom '150%'"),
+    (RUN + ["--timeout", "soon"], "--timeout 'soon'"),
+    (RUN + ["--probe-timeout", "0s"], "--probe-timeout '0s'"),
+    (RUN + ["--trials", "0"], "0 is not in the range"),
+    (RUN + ["--threads", "0"], "0 is not in the range"),
+    (RUN + ["--gpus", "a,b"], "--gpus 'a,b': expected ids"),
+    (RUN + ["--nnodes", "0"], "0 is not in the range"),
+    (RUN + ["--gpus-per-node", "16"], "not divisible by the 16 GPUs"),
+    (RUN + ["--storage", "notjournal.txt"], "not an Optuna journal"),
+    (RUN + ["--storage", "/dev/full"], "not a regular file"),
+    (RUN + ["--storage", "sqlite:///s.db"], "cannot be shared safely"),
+    (RUN + ["--storage", "noconfig"], "is a directory; give a journal file path"),
+    (RUN + ["--storage", "missing/x.journal"], "folder missing does not exist"),
+    (RUN + ["--storage", "postgresql://u:secret@127.0.0.1:1/s"], "cannot open the database"),
+    (RUN + ["--address", "auto"], "--address: only with --executor ray"),
+    (RUN + ["--trainer", "easyr1", "--base-config", "not_utf8.yaml"], "not UTF-8 text"),
+    (RUN + ["--trainer", "verl", "--base-config", "list.yaml"], "expected a mapping of trainer"),
+    (RUN + ["--no-such-flag"], "No such option '--no-such-flag'"),
+    (["nope"], "No such command 'nope'"),
+    # probe
+    (["probe", "--model", "tiny-qwen2.5", "--device", "cuda"], "--device cuda: no NVIDIA GPU"),
+    (["probe", "--model", "tiny-qwen2.5", "--set", "max_num_seqs=9223372036854775808"],
+     "must be at most 16777216"),
+    (["probe", "--model", "tiny-qwen2.5", "--log", "existing.log"], "existing.log exists"),
+    (["probe", "--model", "tiny-qwen2.5", "--log", "missing/x.log"], "folder missing does not"),
+    (["probe", "--model", "qwen2.5-7b"], "no NVIDIA GPU found"),
+    (["probe", "--model", "tiny-qwen2.5", "--set", "rollout_batch_size=3"], "not divisible"),
+    (["probe", "--model", "tiny-qwen2.5", "--gpu-memory-limit", "0"], "must be more than zero"),
+    (["probe", "--model", "tiny-qwen2.5", "--timeout", "9s"], "No such option '--timeout'"),
+    # estimate
+    (["estimate", "--model", "qwen2.5-7b", "--capacity", "0"], "--capacity '0': must be more"),
+    (["estimate", "--model", "qwen2.5-7b", "--capacity", "-5GiB"], "expected a size"),
+    (["estimate"], "give --model NAME"),
+    (["estimate", "--model", "nope"], "unknown model 'nope'"),
+    (["estimate", "--study", "missing"], "--study missing: no results"),
+    (["estimate", "--model", "qwen2.5-7b", "--headroom", "2"], "--headroom '2'"),
+    (["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--gpus-per-node", "8"],
+     "give one of them"),
+    (["estimate", "--model", "qwen2.5-7b", "--storage", "x.journal"], "only with --study"),
+    (["estimate", "--model", "qwen2.5-7b", "--set", "micro_batch_size_update=3"],
+     "not divisible by micro_batch_size_update=3"),
+    # show
+    (["show", "--study", "missing"], "--study missing: no results"),
+    (["show", "--results-dir", "noconfig"], "no study in noconfig"),
+    (["show", "--results-dir", "zero"], "empty (0 bytes), not a study database"),
+    (["show", "--results-dir", "rand"], "not a study database (file is not a database)"),
+    (["show", "--results-dir", "renamed"], "holds study s, not old"),
+    (["show", "--study", "s", "--storage", "notjournal.txt"], "not an Optuna journal"),
+    (["show", "--study", "s", "--storage", "missing.journal"], "no such journal file"),
+    # export
+    (EXPORT + ["--out", "out_exists.yaml"], "out_exists.yaml: file exists"),
+    (EXPORT + ["--out", "missing/x.yaml"], "folder missing does not exist"),
+    (EXPORT + ["--out", "a_file/x.yaml"], "folder a_file is a file"),
+    (EXPORT + ["--base-config", "not_utf8.yaml"], "not UTF-8 text"),
+    (EXPORT + ["--base-config", "deep.yaml"], "not valid YAML"),
+    (["export", "--trainer", "trl", "--results-dir", "zero"], "empty (0 bytes)"),
+    (["export", "--trainer", "trl", "--results-dir", "renamed"], "holds study s, not old"),
+    (["export", "--trainer", "deepspeed"], "'deepspeed' is not one of"),
+    # validate
+    (["validate", "noconfig"], "is a directory; give a .yaml file"),
+    (["validate", "not_utf8.yaml"], "not UTF-8 text"),
+    (["validate", "missing.yaml"], "no such file"),
+    (["validate", "binary.yaml"], "not UTF-8 text"),
+]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def invoke(args: list[str], capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    return ended.value.code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    make_sandbox(root)
+    return root
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(args, message, sandbox, capsys,
+                                                          monkeypatch):
+    monkeypatch.chdir(sandbox)
+    before = snapshot(sandbox)
+    code, err = invoke(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert message in lines[0], lines[0]
+    assert "secret" not in err  # a database password is never printed
+    assert snapshot(sandbox) == before
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs of our own: filled or remounted read-only by the tests."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill(mount: Path) -> None:
+    with open(mount / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def read_only(mount: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+
+
+def test_environment_errors_are_one_line_exit_1(small_fs, sandbox, capsys, monkeypatch):
+    monkeypatch.chdir(sandbox)
+    shutil.copytree(sandbox / "results" / "s", small_fs / "s")
+    read_only(small_fs)
+    results = ["--results-dir", str(small_fs)]
+    for args, message in [
+        (RUN + results + ["--study", "new"], "read-only file system; pass --results-dir"),
+        (RUN + results + ["--study", "s"], "read-only file system"),
+        (EXPORT + results, "read-only file system; pass --results-dir (or --out)"),
+    ]:
+        before = snapshot(small_fs)
+        code, err = invoke(args, capsys)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
+        assert message in lines[0], lines[0]
+        assert snapshot(small_fs) == before
+    main(["show", *results, "--study", "s"])  # reading works, and writes nothing
+    assert "best: trial" in capsys.readouterr().out
+
+
+def test_a_full_disk_at_the_start_is_one_line_and_leaves_nothing(small_fs, sandbox, capsys,
+                                                                 monkeypatch):
+    monkeypatch.chdir(sandbox)
+    fill(small_fs)
+    before = snapshot(small_fs)
+    code, err = invoke(RUN + ["--results-dir", str(small_fs)], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "disk is full" in err or "no space left on device" in err, err
+    assert snapshot(small_fs) == before and sorted(os.listdir(small_fs)) == ["filler"]
+    (small_fs / "filler").unlink()  # and an export that runs out of room mid-file
+    (small_fs / "filler").write_bytes(b"\0" * (1024 * 1024 - 2048))
+    code, err = invoke(EXPORT + ["--out", str(small_fs / "best.trl.yaml")], capsys)
+    assert code == 1 and "no space left on device" in err, err
+    assert not (small_fs / "best.trl.yaml").exists()  # nothing half-written

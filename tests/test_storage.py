@@ -1,0 +1,61 @@
+"""Where a study lives: a refused resume writes nothing, and drivers sharing a study leave
+files rewritten from it and say where it is (scripted probes, real journal storage)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import pytest
+from scripted_runner import ScriptedRunner
+
+from autotune.cli.run import run_sweep
+from autotune.cli.text import format_study
+from autotune.errors import ConfigError
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.search_space import load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.storage import load_study, open_study
+
+REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
+
+
+def settings(tmp_path, machine: str, **changes) -> SweepSettings:
+    fields = {"study_name": "shared", "study_dir": tmp_path / machine / "shared",
+              "space": load_search_space("cpu-demo"), "request": REQUEST,
+              "storage": str(tmp_path / "study.journal"), **changes}
+    return SweepSettings(**fields)
+
+
+def test_a_refused_resume_writes_nothing_into_the_journal(tmp_path):
+    assert run_sweep(settings(tmp_path, "a", max_trials=2), None, ScriptedRunner()) == 0
+    journal = tmp_path / "study.journal"
+    before = journal.read_bytes()
+    other = settings(tmp_path, "a", max_trials=2, headroom=0.3)  # a different setup
+    with pytest.raises(ConfigError, match="different setup"):
+        open_study(other)
+    assert journal.read_bytes() == before
+
+
+def test_each_driver_rewrites_its_files_from_the_shared_study_and_says_where_it_lives(
+        tmp_path, capsys):
+    assert run_sweep(settings(tmp_path, "a", max_trials=2), None, ScriptedRunner()) == 0
+    first = capsys.readouterr().out
+    assert "lives in " + str(tmp_path / "study.journal") in first and "study.db" not in first
+    assert run_sweep(settings(tmp_path, "b", max_trials=5, seed=1), None,
+                     ScriptedRunner()) == 0
+    rows = list(csv.DictReader(open(tmp_path / "b" / "shared" / "trials.csv")))
+    shared = load_study(str(tmp_path), "shared", str(tmp_path / "study.journal"))
+    assert len(rows) == len(shared.trials)  # machine a's trials are in b's file
+    assert not (tmp_path / "a" / "shared" / "study.db").exists()
+    assert "best: trial" in format_study(shared)
+
+
+def test_show_reads_a_shared_study_by_its_storage(tmp_path, capsys):
+    from autotune.cli import main
+
+    run_sweep(dataclasses.replace(settings(tmp_path, "a"), max_trials=2), None,
+              ScriptedRunner())
+    capsys.readouterr()
+    main(["show", "--storage", str(tmp_path / "study.journal")])  # its only study
+    assert "study shared:" in capsys.readouterr().out

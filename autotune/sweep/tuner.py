@@ -197,6 +197,9 @@ class Sweep:
                 raise
             finally:
                 self.pool.close()
+                if self.on_trial is not None:
+                    with contextlib.suppress(Exception):  # never mask why the sweep stopped
+                        self.on_trial(study)
                 self.progress.finished(self.state)
             return study
 
@@ -343,9 +346,10 @@ class Sweep:
         self.state.running.pop(pending.trial.number, None)
 
     def finish(self, study: Any, number: int, line: str) -> None:
-        self.tally.fold(trial_by_number(study, number))
-        if self.on_trial is not None:
-            self.on_trial(study)
+        frozen = trial_by_number(study, number)
+        self.tally.fold(frozen)
+        if self.on_trial is not None and frozen.user_attrs.get("probed"):
+            self.on_trial(study)  # after every probe, and once when the sweep stops
         self.progress.trial_finished(self.state, f"trial {number}: {line}")
 
     def release(self, study: Any) -> None:

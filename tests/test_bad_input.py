@@ -222,10 +222,10 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(args, message, sandbox
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """A 1 MiB tmpfs of our own: filled or remounted read-only by the tests."""
+    """An 8 MiB tmpfs of our own: filled or remounted read-only by the tests."""
     mount = tmp_path / "mnt"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mount
@@ -275,7 +275,46 @@ def test_a_full_disk_at_the_start_is_one_line_and_leaves_nothing(small_fs, sandb
     assert "disk is full" in err or "no space left on device" in err, err
     assert snapshot(small_fs) == before and sorted(os.listdir(small_fs)) == ["filler"]
     (small_fs / "filler").unlink()  # and an export that runs out of room mid-file
-    (small_fs / "filler").write_bytes(b"\0" * (1024 * 1024 - 2048))
+    free = os.statvfs(small_fs)
+    (small_fs / "filler").write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 2048))
     code, err = invoke(EXPORT + ["--out", str(small_fs / "best.trl.yaml")], capsys)
     assert code == 1 and "no space left on device" in err, err
     assert not (small_fs / "best.trl.yaml").exists()  # nothing half-written
+
+
+def test_a_disk_that_fills_mid_sweep_loses_nothing_once_space_is_back(small_fs):
+    """The disk fills while a probe runs: the sweep stops with the disk's error, leaves no
+    temporary file, and the same sweep resumed after space is freed redoes only that probe."""
+    from scripted_runner import ScriptedRunner
+
+    from autotune.cli.main import one_line
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    class FillsTheDisk(ScriptedRunner):
+        def run(self, request, log_path=None):
+            result = super().run(request, log_path)
+            if len(self.calls) == 3:
+                fill(small_fs)
+            return result
+
+    settings = SweepSettings(study_name="s", study_dir=small_fs / "s",
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             max_trials=6, seed=4)
+    first = FillsTheDisk()
+    with pytest.raises(Exception) as stopped:
+        Sweep(settings, first).run()
+    line, code = one_line(stopped.value)  # what `autotune run` prints
+    assert code == 1 and ("no space left" in line or "disk is full" in line), line
+    assert not list(small_fs.rglob("*.tmp"))  # no half-written file
+    (small_fs / "filler").unlink()
+    second = ScriptedRunner()
+    study = Sweep(settings, second).run()
+    probed = [t for t in study.trials if t.user_attrs.get("probed")]
+    assert len(probed) == 6 and not [t for t in study.trials if t.state.name == "RUNNING"]
+    keys = [tuple(sorted(t.params.items())) for t in probed]
+    assert len(keys) == len(set(keys))  # each config probed to a told result once
+    assert len(first.calls) + len(second.calls) <= 6 + 1  # at most the cut-off probe again

@@ -204,6 +204,9 @@ def one_line(err: Exception) -> tuple[str, int]:
     """What to tell the user about an error that ended a command, and the exit code."""
     from autotune.files import describe_os_error
 
+    cause = err.__cause__  # Optuna wraps the database's own error in a vaguer one
+    if type(err).__name__ == "StorageInternalError" and isinstance(cause, Exception):
+        err = cause
     if isinstance(err, AutotuneError):
         return str(err), err.exit_code
     if isinstance(err, OSError):

@@ -133,6 +133,7 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--storage", "missing/x.journal"], "folder missing does not exist"),
     (RUN + ["--storage", "postgresql://u:secret@127.0.0.1:1/s"], "cannot open the database"),
     (RUN + ["--address", "auto"], "--address: only with --executor ray"),
+    (RUN + ["--storage", "new.journal", "--study", ""], "--study ''"),  # no journal made
     (RUN + ["--trainer", "easyr1", "--base-config", "not_utf8.yaml"], "not UTF-8 text"),
     (RUN + ["--trainer", "verl", "--base-config", "list.yaml"], "expected a mapping of trainer"),
     (RUN + ["--no-such-flag"], "No such option '--no-such-flag'"),

@@ -106,12 +106,12 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     from autotune.sweep.preflight import check_model_on_device
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.settings import SweepSettings
-    from autotune.sweep.storage import check_study_name, open_storage
+    from autotune.sweep.storage import check_storage, check_study_name
 
     if address is not None and executor != "ray":
         raise ConfigError("--address: only with --executor ray")
     if storage is not None:  # a bad --storage is refused before anything is said or made
-        open_storage(storage, Path(results_dir))
+        check_storage(storage)
     note, space, trials = embedded_default(ctx, options, space, trials, timeout_total,
                                            patience)
     loaded = load_search_space(space)

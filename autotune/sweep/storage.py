@@ -84,6 +84,18 @@ def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
                         shared=True, where=str(path))
 
 
+def check_storage(spec: str) -> None:
+    """Refuse a bad --storage before anything is made: a database is connected to (and
+    closed); a journal path is checked without creating the file."""
+    if URL_SCHEME.match(spec):
+        opened = open_storage(spec, Path("."))
+        engine = getattr(opened.storage, "engine", None)
+        if engine is not None:
+            engine.dispose()
+    else:
+        check_journal_file(Path(spec).expanduser(), spec)
+
+
 def check_journal_file(path: Path, spec: str) -> None:
     """A journal path must be a new file in an existing folder, or an Optuna journal: a text
     file, a device such as /dev/full or a binary file would hang or break Optuna's reader."""

@@ -73,5 +73,7 @@ class Frontier:
             return (f"nothing in the space can fit: its safe config (trial {safe_oom.number}: "
                     f"every memory saver on, smallest micro-batches) ran out of device memory"
                     f"{where}; {WHAT_TO_CHANGE}")
-        return (f"nothing left that could fit: the {len(left)} configs not yet tried are all "
-                f"predicted to run out of memory; {WHAT_TO_CHANGE}")
+        what = f"the {len(left)} configs not yet tried are all" if len(left) > 1 else \
+            "the one config not yet tried is"
+        return f"nothing left that could fit: {what} predicted to run out of memory; " \
+            f"{WHAT_TO_CHANGE}"

@@ -43,15 +43,18 @@ def test_the_share_is_the_same_everywhere(world):
             knobs, Topology(1, world))  # nodes x GPUs: only the product counts
 
 
-@pytest.mark.parametrize("world", sorted(EXPECTED))
-def test_a_real_probe_runs_exactly_its_share(world):
+@pytest.mark.parametrize("world,emulated", [(1, False), (2, False), (8, True)])
+def test_a_real_probe_runs_exactly_its_share(world, emulated):
+    """Each rank runs its share (W = 2: two real gloo ranks; W = 8: one emulated rank); the
+    rate is the whole run's, W shares per step."""
     request = ProbeRequest(model="tiny-qwen2.5", config=CONFIG, device="cpu", cpu_threads=2,
                            warmup_steps=0, timed_steps=1, timeout_s=300.0,
-                           nnodes=1, gpus_per_node=world)
+                           nnodes=1, gpus_per_node=world, emulated=emulated)
     result = SubprocessRunner().run(request)
     assert result.status is ProbeStatus.OK, result.stderr_tail
     assert result.share == device_share(CONFIG, world).as_dict()
-    assert result.samples_per_s * result.step_s == pytest.approx(EXPECTED[world][1])
+    assert (result.world_size, result.emulated) == (world, emulated)
+    assert result.samples_per_s * result.step_s == pytest.approx(EXPECTED[world][1] * world)
 
 
 def test_a_batch_that_does_not_split_over_the_gpus_is_refused():

@@ -57,6 +57,8 @@ class ProbeRequest:
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     nnodes: int = 1  # the training run being tuned: nnodes x gpus_per_node ranks share each
     gpus_per_node: int = 1  # batch, and a probe runs one rank's share (config.device_share)
+    emulated: bool = False  # W > 1: one rank in this process over a fake process group, not
+    # W real processes (real memory per rank; time without communication)
 
     @property
     def world_size(self) -> int:
@@ -102,6 +104,11 @@ class ProbeResult:
     probe_wall_s: float | None = None  # the whole probe, as the runner saw it
     versions: dict[str, str] = field(default_factory=dict)
     share: dict[str, int] = field(default_factory=dict)  # one GPU's share of the step, as run
+    world_size: int = 1  # ranks of the run the probe measured (figures above are per rank,
+    emulated: bool = False  # the max over ranks; tokens/s the whole run's); emulated: one rank
+    failed_rank: int | None = None  # of a real multi-rank probe, the rank that failed first
+    rank_peak_mem_bytes: list[int] = field(default_factory=list)  # each real rank's peak
+    model_state_bytes: dict[str, int] = field(default_factory=dict)  # params, grads, optimizer
 
     @property
     def ok(self) -> bool:

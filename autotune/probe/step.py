@@ -8,7 +8,9 @@ of micro-batches with gradient accumulation, a GRPO loss, an AdamW step) and, wh
 state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
 GPU, and offload moves params / optimizer state to host memory between phases. It runs one
 GPU's share of each batch of a run on `request.world_size` GPUs (config.device_share), and
-reports the share it ran.
+reports the share it ran. With W > 1 the actor and reference are FSDP2-sharded over W ranks
+(sharding.py), real peers or emulated ones; the rollout engine holds a whole compute-dtype
+copy on each rank (tensor parallel 1), gathered from the actor's shards at each wake-up.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from autotune.errors import ConfigError
 from autotune.probe.meter import MemoryMeter
 from autotune.probe.models import build_model, is_vl_config, load_model_config
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.sharding import (
+    RankGroup,
+    full_tensor,
+    join_group,
+    leave_group,
+    local_bytes,
+    map_local,
+    shard_model,
+)
 
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
@@ -63,6 +74,8 @@ class TrainingProbe:
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
         self.peak_host_offload_bytes = 0
+        self.group: RankGroup | None = None  # the FSDP ranks when world_size > 1
+        self.model_state_bytes: dict[str, int] = {}  # this rank's params, grads, AdamW
 
     # -- building ---------------------------------------------------------------------------
 
@@ -77,6 +90,8 @@ class TrainingProbe:
         problems += model_problems(config, self.is_vl)
         if problems:
             raise ConfigError(problems)
+        if request.world_size > 1:
+            self.group = join_group(request.world_size, request.emulated, self.device)
         torch.manual_seed(request.seed)
         self.model = build_model(self.model_config, self.device, torch.float32, request.model_path)
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -87,20 +102,30 @@ class TrainingProbe:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
+        if self.group is not None:
+            shard_model(self.model, self.group, self.compute_dtype)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
-        self.ref_model = self._build_copy() if config.use_kl else None
-        self.engine = self._build_copy()
+        self.ref_model = self._build_copy(shard=True) if config.use_kl else None
+        self.engine = self._build_copy(shard=False)
         self._sleep_engine()
         self._make_prompts()
         # Start as the trainer does between steps: states where the offload flags put them.
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
 
-    def _build_copy(self) -> Any:
-        """A compute-dtype model that holds the actor's weights (reference or rollout engine)."""
-        copy = build_model(self.model_config, self.device, self.compute_dtype)
-        copy.load_state_dict(self.model.state_dict())
+    def _build_copy(self, shard: bool) -> Any:
+        """A compute-dtype model that holds the actor's weights (reference or rollout engine);
+        with FSDP, the reference is sharded like the actor and built from the same seed."""
+        if self.group is None:
+            copy = build_model(self.model_config, self.device, self.compute_dtype)
+            copy.load_state_dict(self.model.state_dict())
+            return copy.eval().requires_grad_(False)
+        torch.manual_seed(self.request.seed)  # the actor's initial weights, in this dtype
+        copy = build_model(self.model_config, self.device, self.compute_dtype,
+                           self.request.model_path)
         copy.eval().requires_grad_(False)
+        if shard:
+            shard_model(copy, self.group, self.compute_dtype)
         return copy
 
     def _make_prompts(self) -> None:
@@ -145,15 +170,25 @@ class TrainingProbe:
         return tensor
 
     def _place_module(self, module: Any, on_device: bool) -> None:
-        for param in module.parameters():
-            param.data = self._move(param.data, on_device)
+        if self.group is None:
+            for param in module.parameters():
+                param.data = self._move(param.data, on_device)
+            return
+
+        def place(tensor: torch.Tensor) -> torch.Tensor:  # FSDP: shards move, buffers stay
+            if not hasattr(tensor, "_local_tensor"):
+                return tensor
+            return map_local(tensor, lambda local: self._move(local, on_device))
+
+        module._apply(place)  # FSDP2's _apply re-reads every moved shard
 
     def _place_actor(self, params_on_device: bool, optimizer_on_device: bool) -> None:
         self._place_module(self.model, params_on_device)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if torch.is_tensor(value) and value.dim() > 0:
-                    state[key] = self._move(value, optimizer_on_device)
+                    state[key] = map_local(value,
+                                           lambda local: self._move(local, optimizer_on_device))
         if self.ref_model is not None and self.config.offload_params:
             self._place_module(self.ref_model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
@@ -164,10 +199,19 @@ class TrainingProbe:
             param.data = torch.empty(0, dtype=self.compute_dtype, device=self.device)
 
     def _wake_engine(self) -> None:
-        """Allocate the engine's weights and sync them from the actor (wherever it lives)."""
+        """Allocate the engine's weights and sync them from the actor (wherever it lives);
+        sharded, the actor's params come to the device, are gathered one tensor at a time
+        (verl's FSDP sharding manager does the same) and go back where they were."""
+        sharded_offload = self.group is not None and self.config.offload_params
+        if sharded_offload:
+            self._place_module(self.model, True)
         actor = dict(self.model.named_parameters())
         for name, param in self.engine.named_parameters():
-            param.data = actor[name].data.to(self.device, self.compute_dtype, copy=True)
+            whole = full_tensor(actor[name].data)
+            param.data = whole.to(self.device, self.compute_dtype, copy=True)
+            del whole
+        if sharded_offload:
+            self._place_module(self.model, False)
 
     # -- the phases -------------------------------------------------------------------------
 
@@ -278,10 +322,20 @@ class TrainingProbe:
                     loss = loss + _KL_COEF * (torch.exp(delta) - delta - 1)  # k3 estimator
                 (loss.mean() / accumulation).backward()
             self.optimizer.step()
+            self._count_model_states()
             self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
+
+    def _count_model_states(self) -> None:
+        """This rank's fp32 params, grads and AdamW state, as the update holds them."""
+        params = list(self.model.parameters())
+        optimizer = [value for state in self.optimizer.state.values()
+                     for value in state.values() if torch.is_tensor(value) and value.dim() > 0]
+        self.model_state_bytes = {"params": local_bytes(params),
+                                  "grads": local_bytes(p.grad for p in params),
+                                  "optimizer": local_bytes(optimizer)}
 
     def step(self) -> dict[str, float]:
         """One training step; returns seconds per phase (validation included when set)."""
@@ -304,14 +358,18 @@ class TrainingProbe:
     def run(self, startup_s: float | None = None) -> ProbeResult:
         request, config = self.request, self.config
         built_at = time.perf_counter()
-        self.build()
-        build_s = time.perf_counter() - built_at
-        for _ in range(request.warmup_steps):
-            self.step()
-        timed = [self.step() for _ in range(request.timed_steps)]
+        try:
+            self.build()
+            build_s = time.perf_counter() - built_at
+            for _ in range(request.warmup_steps):
+                self.step()
+            timed = [self.step() for _ in range(request.timed_steps)]
+        finally:
+            leave_group()
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
         step_s = sum(v for k, v in phase_s.items() if k != "validation")
-        responses = self.ran["responses_per_step"]
+        # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)
+        responses = self.ran["responses_per_step"] * request.world_size
         tokens = responses * config.sequence_length
         peaks = dict(self.meter.phase_peak_mem_bytes)
         return ProbeResult(
@@ -322,7 +380,9 @@ class TrainingProbe:
             host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
             host_offload_bytes=self.peak_host_offload_bytes,
             num_params=self.num_params, startup_s=startup_s, build_s=build_s,
-            share={"val_prompts": 0, **self.ran},
+            share={"val_prompts": 0, **self.ran}, world_size=request.world_size,
+            emulated=request.emulated and request.world_size > 1,
+            model_state_bytes=dict(self.model_state_bytes),
             **describe_device(self.device, self.meter.device_limit_bytes))
 
 

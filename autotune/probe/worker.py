@@ -1,6 +1,7 @@
 """`python -m autotune.probe.worker REQUEST.json RESULT.json`: run one probe, write its result.
 
-Runs in a process of its own (started by a runner). Failures are classified through oom.py and
+Runs in a process of its own (started by a runner); for a real multi-rank probe it starts the
+ranks (launcher.py), each a worker of its own. Failures are classified through oom.py and
 written as a ProbeResult; when the device-memory limit of a CPU probe is crossed, the result is
 written and the process exits at once, as an allocator failure would end it.
 """
@@ -16,6 +17,7 @@ from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
+RANK_ENV = "AUTOTUNE_PROBE_RANK"  # set by launcher.py in each rank of a real multi-rank probe
 
 
 def process_age_s() -> float:
@@ -103,7 +105,12 @@ def main(argv: list[str]) -> int:
     request_path, result_path = argv
     with open(request_path) as handle:
         request = ProbeRequest.from_json(handle.read())
-    result = run_request(request, result_path)
+    if request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:
+        from autotune.probe.launcher import launch_ranks
+
+        result = launch_ranks(request, result_path)  # this process starts the W ranks
+    else:
+        result = run_request(request, result_path)
     write_text_atomic(result_path, result.to_json())
     return 0
 

@@ -1,0 +1,123 @@
+"""One rank of a W-rank FSDP run: the process group, FSDP2 wrapping, and sharded tensors.
+
+A probe of a run on W > 1 GPUs shards as verl's and EasyR1's FSDP workers do: FSDP2
+(`fully_shard`) on every decoder layer and vision block (the model's `_no_split_modules`, as
+their wrap policy reads it) and at the root; fp32 master weights, gradients and AdamW state
+sharded over W; compute in the mixed-precision dtype, gradients reduced in fp32.
+
+The process group is real (one process per rank: NCCL on GPUs, gloo on CPUs, started by
+launcher.py) or emulated: rank 0 of W in this one process over torch's fake process group,
+where every shard, all-gather buffer, activation and optimizer state is a real allocation on
+the real device but collectives move no data (torchtitan's memory estimator works the same
+way). An emulated rank's memory is the real rank's; its time leaves out communication.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT_S = 120.0  # a rank whose peer died stops waiting after this
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place in the run: rank, world size, and whether peers are real."""
+
+    rank: int
+    world_size: int
+    emulated: bool
+    mesh: Any  # torch DeviceMesh over the W ranks
+
+
+def rank_from_env() -> int:
+    """This process's rank as launcher.py set it (0 when it is the only process)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def join_group(world_size: int, emulated: bool, device: torch.device) -> RankGroup:
+    """Join the run's process group: real peers through MASTER_ADDR/PORT, or fake ones."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if emulated:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size,
+                                timeout=timeout)
+    else:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, rank=rank_from_env(), world_size=world_size,
+                                timeout=timeout, **kwargs)
+    mesh = init_device_mesh(device.type, (world_size,))
+    return RankGroup(rank=dist.get_rank(), world_size=world_size, emulated=emulated, mesh=mesh)
+
+
+def leave_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype) -> Any:
+    """FSDP2 on each decoder layer and vision block, then the root, in place; parameters
+    become DTensor shards, the forward gathers one unit at a time in `compute_dtype`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    units = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if module is not model and type(module).__name__ in units:
+            fully_shard(module, mesh=group.mesh, mp_policy=policy)
+    fully_shard(model, mesh=group.mesh, mp_policy=policy)
+    return model
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` this rank holds: a DTensor's local shard, or the tensor itself."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def map_local(tensor: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`fn` applied to the rank's local shard, wrapped back into a DTensor if it was one."""
+    local = local_tensor(tensor)
+    if local is tensor:
+        return fn(tensor)
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(fn(local), tensor.device_mesh, tensor.placements,
+                              run_check=False, shape=tensor.shape, stride=tensor.stride())
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on this rank (an all-gather of a DTensor; under the fake group the
+    buffer is allocated and left as it is)."""
+    return tensor.full_tensor() if local_tensor(tensor) is not tensor else tensor
+
+
+def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes this rank holds of `tensors` (local shards of DTensors)."""
+    total = 0
+    for tensor in tensors:
+        if tensor is not None:
+            local = local_tensor(tensor)
+            total += local.numel() * local.element_size()
+    return total
+
+
+def refresh_shards(model: Any) -> None:
+    """Tell FSDP2 that parameters were replaced (offload moved their local shards), as
+    `module._apply` does: each FSDP parameter re-reads its shard."""
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        if state is None:
+            continue
+        for group in state()._fsdp_param_groups:
+            for fsdp_param in group.fsdp_params:
+                fsdp_param.reset_sharded_param()

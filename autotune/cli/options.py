@@ -44,6 +44,11 @@ def probe_options(model_required: bool = True) -> Any:
         click.option("--gpus-per-node", type=click.IntRange(1), default=None,
                      help="GPUs per node of that run (default 1): a probe runs one GPU's share "
                           "of each batch."),
+        click.option("--ranks", type=click.Choice(["auto", "real", "emulated"]), default="auto",
+                     show_default=True,
+                     help="With more than one GPU in the run: real ranks (one process per GPU, "
+                          "needs them here) or one emulated rank (exact per-rank memory on one "
+                          "device, time without communication); auto: see the README."),
         click.option("--warmup-steps", type=click.IntRange(0), default=1, show_default=True,
                      help="Untimed steps before timing."),
         click.option("--timed-steps", type=click.IntRange(1), default=2, show_default=True,
@@ -91,15 +96,41 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
         return parse_bytes(raw, flag, allow_zero=flag == "--reserve-gpu-memory") \
             if raw is not None else None
 
+    nnodes, gpus_per_node = options["nnodes"] or 1, options["gpus_per_node"] or 1
     return ProbeRequest(
         model=options["model"],
-        config=make_probe_config(knob_values, (options["nnodes"] or 1)
-                                 * (options["gpus_per_node"] or 1)),
+        config=make_probe_config(knob_values, nnodes * gpus_per_node),
         model_path=options["model_path"], device=options["device"], gpu_ids=gpu_ids,
         cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
         reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,
         host_memory_limit_bytes=size("--host-memory-limit"),
         timeout_s=parse_duration_s(options["probe_timeout"], "--probe-timeout"),
         warmup_steps=options["warmup_steps"], timed_steps=options["timed_steps"],
-        seed=options["seed"], dtype=options["dtype"], nnodes=options["nnodes"] or 1,
-        gpus_per_node=options["gpus_per_node"] or 1)
+        seed=options["seed"], dtype=options["dtype"], nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        emulated=emulate_ranks(options.get("ranks", "auto"), nnodes * gpus_per_node,
+                               options["device"], gpu_ids, local))
+
+
+def local_ranks(device: str, gpu_ids: tuple[int, ...] | None) -> int:
+    """How many real ranks this machine can run at once: its GPUs, or on a CPU its cores."""
+    from autotune.hardware import has_nvidia_gpu, usable_cpu_ids, visible_gpu_ids
+
+    if device == "cpu" or (device == "auto" and not has_nvidia_gpu()):
+        return len(usable_cpu_ids())
+    return len(gpu_ids) if gpu_ids is not None else len(visible_gpu_ids())
+
+
+def emulate_ranks(ranks: str, world_size: int, device: str, gpu_ids: tuple[int, ...] | None,
+                  local: bool = True) -> bool:
+    """Whether probes of a `world_size`-GPU run emulate their rank (--ranks): auto runs real
+    ranks when the run's GPUs are all here, and emulates one rank when they are not."""
+    if world_size == 1:
+        return False
+    fits = not local or world_size <= local_ranks(device, gpu_ids)
+    if ranks == "real" and not fits:
+        where = "cores" if device == "cpu" else "GPUs"
+        raise ConfigError(f"--ranks real: the run's {world_size} GPUs need {world_size} "
+                          f"{where} here, {local_ranks(device, gpu_ids)} found; use --ranks "
+                          "emulated (exact per-rank memory on one device)")
+    return ranks == "emulated" or (ranks == "auto" and not fits)

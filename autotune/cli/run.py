@@ -69,6 +69,9 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
                    "a journal file on a shared disk (default: SQLite in results/<study>/).")
 @click.option("--heartbeat", "heartbeat", default="10s", hidden=True,
               help="Shared storage: how often a running trial says it is alive.")
+@click.option("--confirm", type=click.IntRange(0), default=3, show_default=True,
+              help="After a sweep of emulated ranks, probe its best K configs again with the "
+                   "run's real ranks when they are all on this machine (0: don't).")
 @click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
               help="Sample only configs this trainer accepts, start from its config "
                    "(--base-config is then its YAML), write best.<trainer>.yaml.")
@@ -78,7 +81,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         patience: int | None, sampler: str, base_config: str | None,
         assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
         gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
-        heartbeat: str, trainer: str | None, **options: Any) -> None:
+        heartbeat: str, confirm: int, trainer: str | None, **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -129,6 +132,8 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     name = check_study_name(study if study is not None else
                             f"{options['model']}-{search_space.name}")
     options.update(nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node)
+    ranks_note, confirm, gpus_per_trial = plan_ranks(ctx, options, executor, confirm,
+                                                     gpus_per_trial)
     request = build_probe_request(options, {}, local=executor == "local")
     safe = search_space.config_for(search_space.safe_params())
     check_model_on_device(request, safe, device_checks=executor == "local")
@@ -142,9 +147,10 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         prune_dominated=not no_prune, prescreen=not no_prescreen,
         trainer=f"{trainer} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if export_to else None, storage=storage, slots=tuple(slots),
-        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"))
-    if note:
-        click.echo(note, err=True)
+        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"), confirm=confirm)
+    for line in (note, ranks_note):
+        if line:
+            click.echo(line, err=True)
     if len(slots) > 1:
         click.echo(f"{len(slots)} probes at a time ({executor}): "
                    f"{' | '.join(slot.describe() for slot in slots)}", err=True)
@@ -183,6 +189,37 @@ def embedded_default(ctx: click.Context, options: dict[str, Any], space: str | N
                                                  and not has_nvidia_gpu())
         space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
     return note, space, trials
+
+
+def plan_ranks(ctx: click.Context, options: dict[str, Any], executor: str, confirm: int,
+               gpus_per_trial: int) -> tuple[str | None, int, int]:
+    """How a sweep of a W-GPU run probes: --ranks auto searches with emulated ranks (one
+    device per probe, probes side by side) and confirms the best with real ones when the W
+    GPUs are all here; real ranks take W GPUs a probe. Returns a note, --confirm in force and
+    --gpus-per-trial."""
+    from autotune.cli.options import local_ranks
+
+    world = (options["nnodes"] or 1) * (options["gpus_per_node"] or 1)
+    if world == 1:
+        return None, 0, gpus_per_trial
+    here = local_ranks(options["device"], None)
+    fits = executor == "local" and world <= here
+    if options["ranks"] == "real":
+        if options["device"] != "cpu" and \
+                ctx.get_parameter_source("gpus_per_trial") == click.core.ParameterSource.DEFAULT:
+            gpus_per_trial = world
+        return f"probes run the run's {world} ranks for real, one probe at a time", 0, \
+            gpus_per_trial
+    options["ranks"] = "emulated"
+    if not fits:
+        return (f"probes emulate one rank of the run's {world} GPUs (exact per-rank memory, "
+                f"time without communication): its ranks are not all on this machine "
+                f"({here} {'cores' if options['device'] == 'cpu' else 'GPUs'} here), so "
+                "nothing can be confirmed with real ranks"), 0, gpus_per_trial
+    confirm_note = f"; the best {confirm} are then probed with {world} real ranks" \
+        if confirm else ""
+    return (f"probes emulate one rank of the run's {world} GPUs (exact per-rank memory, time "
+            f"without communication){confirm_note}"), confirm, gpus_per_trial
 
 
 def trainer_setup(trainer: str, base_config: str | None, loaded: Any,
@@ -237,6 +274,7 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
     from autotune.cli.text import format_study
     from autotune.runners.local import SubprocessRunner
     from autotune.sweep.artifacts import write_artifacts, write_trainer_export
+    from autotune.sweep.confirm import confirm_best
     from autotune.sweep.progress import make_progress
     from autotune.sweep.tuner import Sweep
 
@@ -250,6 +288,9 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
     sweep = Sweep(settings, runner, make_progress(), on_trial=artifacts)
     try:
         study = sweep.run()
+        if settings.confirm and sweep.nothing_fits is None:
+            confirm_best(study, settings, runner, sweep.feasibility.capacity_bytes,
+                         say=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
         if sweep.study is not None:  # the files agree with the study as it was left
             with contextlib.suppress(Exception):

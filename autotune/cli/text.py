@@ -11,14 +11,23 @@ from autotune.probe.result import PHASES, ProbeResult
 def format_probe_result(result: ProbeResult, model: str) -> str:
     """A short readable summary of one probe: status, speed, per-phase time and memory."""
     device = result.device_name or "unknown device"
-    lines = [f"probe {model} on {device}: {result.status.value}"]
+    ranks = ""
+    if result.world_size > 1:
+        ranks = (f", rank 0 of {result.world_size} emulated (memory per rank; time without "
+                 "communication)" if result.emulated else f", {result.world_size} real ranks")
+    lines = [f"probe {model} on {device}{ranks}: {result.status.value}"]
     if not result.ok:
         where = f" (in {result.failed_phase})" if result.failed_phase else ""
         lines.append(f"  {result.message}{where}")
     if result.tokens_per_s is not None:
         lines.append(f"  tokens/s {result.tokens_per_s:,.1f}   samples/s "
                      f"{result.samples_per_s:,.2f}   step {result.step_s:.2f} s "
-                     "(per device, validation excluded)")
+                     "(the whole run, validation excluded)")
+    if result.model_state_bytes and result.world_size > 1:
+        states = result.model_state_bytes
+        lines.append(f"  model states per rank {format_bytes(sum(states.values()))} (params "
+                     f"{format_bytes(states['params'])}, grads {format_bytes(states['grads'])}, "
+                     f"optimizer {format_bytes(states['optimizer'])})")
     phases = [p for p in PHASES if p in result.phase_peak_mem_bytes or p in result.phase_s]
     if phases:
         lines.append(f"  {'phase':<12}{'seconds':>9}{'peak device memory':>21}")
@@ -26,7 +35,8 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
             seconds = result.phase_s.get(phase)
             shown = f"{seconds:.2f}" if seconds is not None else "-"
             peak = format_bytes(result.phase_peak_mem_bytes.get(phase))
-            lines.append(f"  {phase:<12}{shown:>9}{peak:>21}")
+            lines.append(f"  {phase:<12}{shown:>9}{peak:>21}"
+                         f"{'  (max over ranks)' if result.rank_peak_mem_bytes else ''}")
     capacity = format_bytes(result.device_capacity_bytes)
     limit = result.device_limit_bytes
     limit_text = f", limit {format_bytes(limit)}" if limit else ""

@@ -70,11 +70,14 @@ def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the best objective (earliest on ties; reused copies skipped)."""
+    """The feasible trial with the best objective (earliest on ties; reused copies skipped,
+    and so is a config whose real-rank confirmation did not fit)."""
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    confirmed = study.user_attrs.get("confirmations") or {}
     candidates = [t for t in study.get_trials(deepcopy=False)
                   if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
-                  and t.user_attrs.get("probed")]
+                  and t.user_attrs.get("probed")
+                  and confirmed.get(str(t.number), {}).get("feasible", True)]
     if not candidates:
         return None
     return max(candidates, key=lambda t: (scalar(t.values, objective), -t.number))
@@ -126,13 +129,15 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
             "binding_phase": trial.user_attrs.get("binding_phase"),
             "probe_wall_s": result["probe_wall_s"],
         },
+        "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
         "pareto_front": [t.number for t in front],
         "provenance": {
             "model": identity["model"],
             "model_path": identity["model_path"],
             "topology": {"nnodes": request.get("nnodes", 1),
                          "gpus_per_node": request.get("gpus_per_node", 1),
-                         "share": result.get("share") or {}},
+                         "share": result.get("share") or {},
+                         "ranks": "emulated" if result.get("emulated") else "real"},
             "device": result.get("device_name"),
             "device_capacity_bytes": result.get("device_capacity_bytes"),
             "device_limit_bytes": result.get("device_limit_bytes"),
@@ -160,9 +165,11 @@ def write_artifacts(study: Any, study_dir: Path) -> Path | None:
         return None
     document = best_document(study, trial)
     measured = document["measured"]
+    emulated = document["provenance"]["topology"]["ranks"] == "emulated"
     header = (f"# autotune best configuration of study {study.study_name}: trial "
               f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
-              f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak\n"
+              f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak"
+              f"{' (one emulated rank: time without communication)' if emulated else ''}\n"
               f"# model {document['provenance']['model']} on {document['provenance']['device']}"
               f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
     path = study_dir / "best.yaml"

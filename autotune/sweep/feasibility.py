@@ -117,8 +117,9 @@ class Feasibility:
         except AutotuneError:
             return cls(dominance, None, prescreen)
         on_gpu = request.device != "cpu"
-        # the probe runs one GPU's share of the batches, holding the whole model states
-        args = {"num_gpus": request.world_size, "state_shards": 1, "on_gpu": on_gpu,
+        # the probe runs one GPU's share of the batches, its model states FSDP-sharded over W
+        args = {"num_gpus": request.world_size, "state_shards": request.world_size,
+                "on_gpu": on_gpu,
                 "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
         feasibility = cls(dominance, lambda params: estimate_memory(shape, config_for(params),
                                                                     **args), prescreen)

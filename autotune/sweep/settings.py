@@ -35,6 +35,7 @@ class SweepSettings:
     trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
     slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)
     heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
+    confirm: int = 0  # emulated sweeps: probe the best K again with real ranks at the end
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must share with the run that created it: anything that changes
@@ -48,4 +49,5 @@ class SweepSettings:
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
                 "timed_steps": request.timed_steps, "trainer": self.trainer,
-                "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node}
+                "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node,
+                "emulated": request.emulated}

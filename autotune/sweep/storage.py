@@ -271,7 +271,8 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
         study.set_user_attr("autotune_version", __version__)
         study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     else:
-        older = {"nnodes": 1, "gpus_per_node": 1}  # studies made before topology was asked
+        older = {"nnodes": 1, "gpus_per_node": 1,  # studies made before topology was asked
+                 "emulated": False}
         changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
                    for k, v in identity.items() if stored.get(k, older.get(k)) != v]
         if changed:

@@ -1,0 +1,102 @@
+"""Search wide, confirm real: the best configs of an emulated sweep probed again, real ranks.
+
+An emulated probe measures one rank's memory exactly but leaves communication out of its
+time. When the run's W GPUs are all on this machine, the sweep's best K feasible configs are
+probed once more as real W-rank probes (one at a time: each takes every GPU of the run), and
+each confirmation is stored in the study (user attr `confirmations`, by trial number), so
+best.yaml carries both figures and a config whose real probe does not fit is never the best.
+A confirmation already stored is never run again; one whose probe finished before the driver
+died is read back from `logs/trial-00007.confirm.result.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.probe.result import ProbeResult
+from autotune.sweep import trial_files
+from autotune.sweep.objective import scalar, score
+
+CONFIRMATIONS = "confirmations"  # study user attr: {"7": {...}, ...}
+
+
+def confirm_log_path(study_dir: Path, number: int) -> Path:
+    return trial_files.log_path(study_dir, number).with_suffix(".confirm.log")
+
+
+def ranked_feasible(study: Any) -> list[Any]:
+    """Feasible probed trials, best first (earliest on ties)."""
+    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
+              and t.user_attrs.get("probed")]
+    return sorted(trials, key=lambda t: (-scalar(t.values, objective), t.number))
+
+
+def confirmation(study: Any, number: int) -> dict[str, Any] | None:
+    return (study.user_attrs.get(CONFIRMATIONS) or {}).get(str(number))
+
+
+def record(result: ProbeResult, settings: Any, capacity_bytes: int | None) -> dict[str, Any]:
+    """What best.yaml and `show` need of a confirming probe."""
+    scored = score(result, settings.objective, settings.headroom, capacity_bytes)
+    return {"status": result.status.value, "feasible": scored.feasible,
+            "reason": scored.reason, "world_size": result.world_size,
+            "tokens_per_s": result.tokens_per_s, "peak_mem_bytes": result.peak_mem_bytes,
+            "phase_peak_mem_bytes": result.phase_peak_mem_bytes,
+            "rank_peak_mem_bytes": result.rank_peak_mem_bytes,
+            "failed_rank": result.failed_rank, "failed_phase": result.failed_phase,
+            "message": result.message}
+
+
+def confirm_best(study: Any, settings: Any, runner: Any, capacity_bytes: int | None,
+                 say: Callable[[str], None] = lambda line: None) -> int:
+    """Probe the best `settings.confirm` feasible configs with real ranks (more, down the
+    ranking, while none has confirmed); returns how many probes ran."""
+    wanted, probes = settings.confirm, 0
+    if wanted < 1:
+        return 0
+    real = dataclasses.replace(settings.request, emulated=False)
+    for rank_in_order, trial in enumerate(ranked_feasible(study)):
+        confirmed = [confirmation(study, t.number) for t in ranked_feasible(study)]
+        if rank_in_order >= wanted and any(c and c["feasible"] for c in confirmed):
+            break
+        if rank_in_order >= 2 * wanted:
+            break
+        if confirmation(study, trial.number) is not None:
+            continue
+        request = dataclasses.replace(real, config=settings.space.config_for(trial.params))
+        log = confirm_log_path(settings.study_dir, trial.number)
+        result = read_confirmed(log)
+        if result is None:
+            say(f"confirming trial {trial.number} with {real.world_size} real ranks")
+            result = runner.run(request, log)
+            probes += 1
+        entry = record(result, settings, capacity_bytes)
+        done = dict(study.user_attrs.get(CONFIRMATIONS) or {})
+        done[str(trial.number)] = entry
+        study.set_user_attr(CONFIRMATIONS, done)
+        say(f"trial {trial.number} confirmed: " + describe(entry))
+    return probes
+
+
+def read_confirmed(log: Path) -> ProbeResult | None:
+    """A confirming probe's result left by a driver that died before recording it."""
+    try:
+        return ProbeResult.from_json(log.with_suffix(".result.json").read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def describe(entry: dict[str, Any]) -> str:
+    from autotune.config import format_bytes
+
+    if entry["status"] != "ok":
+        where = f" in {entry['failed_phase']}" if entry.get("failed_phase") else ""
+        return f"{entry['status']}{where} ({entry['message']})"
+    verdict = "fits" if entry["feasible"] else entry["reason"]
+    return (f"{entry['tokens_per_s']:.1f} tokens/s, peak {format_bytes(entry['peak_mem_bytes'])}"
+            f" per rank: {verdict}")

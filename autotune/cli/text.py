@@ -89,9 +89,11 @@ def format_study(study: Any, brief: bool = False) -> str:
     probed = [t for t in trials if t.user_attrs.get("probed")]
     predicted = [t for t in trials if t.user_attrs.get("predicted")
                  and t.user_attrs.get("reused_from") is None]
+    world = identity.get("nnodes", 1) * identity.get("gpus_per_node", 1)
+    ranks = "one emulated rank, time without communication" if identity.get("emulated") \
+        else f"{world} real ranks"
     run = (f", run on {identity.get('nnodes', 1)}x{identity.get('gpus_per_node', 1)} GPUs "
-           "(a probe is one GPU's share)" if identity.get("nnodes", 1) *
-           identity.get("gpus_per_node", 1) > 1 else "")
+           f"(a probe: {ranks})" if world > 1 else "")
     lines = [f"study {study.study_name}: model {identity.get('model')}{run}, objective "
              f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
              f"{len(probed)} probes in {len(trials)} trials, {len(predicted)} predicted OOM "
@@ -119,6 +121,11 @@ def format_study(study: Any, brief: bool = False) -> str:
                   f"{format_bytes(measured['peak_mem_bytes'])} of budget "
                   f"{format_bytes(measured['budget_bytes'])} (binds in "
                   f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    if document["confirmed"]:
+        from autotune.sweep.confirm import describe
+
+        lines.append(f"  with {document['confirmed']['world_size']} real ranks: "
+                     f"{describe(document['confirmed'])}")
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
     lines += _against_start(trials, best, identity)

@@ -156,11 +156,28 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"{format_bytes(measured['peak_mem_bytes'])} of a "
             f"{format_bytes(measured['budget_bytes'])} budget "
             f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
-            f"per phase: {phases}",
+            f"per phase: {phases}", *ranks_lines(document),
             f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
             f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}",
             f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
             f"{topology.gpus_per_node} GPU(s); only the tuned keys were changed", ""]
+
+
+def ranks_lines(document: dict[str, Any]) -> list[str]:
+    """How the ranks were probed: emulated (time without communication), and the real-rank
+    confirmation when there was one."""
+    topology = document["provenance"]["topology"]
+    if topology.get("ranks") != "emulated":
+        return []
+    lines = ["one emulated rank of the run: per-rank memory exact, tokens/s without "
+             "communication"]
+    confirmed = document.get("confirmed")
+    if confirmed:
+        figure = f"{confirmed['tokens_per_s']:,.1f} tokens/s, peak " \
+            f"{format_bytes(confirmed['peak_mem_bytes'])} per rank" \
+            if confirmed["status"] == "ok" else confirmed["status"]
+        lines.append(f"confirmed with {confirmed['world_size']} real ranks: {figure}")
+    return lines
 
 
 def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -> str:

@@ -67,11 +67,12 @@ def probe_options(model_required: bool = True) -> Any:
 
 
 def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
-                        local: bool = True) -> Any:
+                        local: bool = True, check_rules: bool = True) -> Any:
     """A ProbeRequest from the shared probe options and typed knob values, every option
     checked before any probe starts. `local`: probes run on this machine (not a Ray cluster),
-    so --device cuda needs a GPU here."""
-    from autotune.config import make_probe_config, parse_bytes, parse_duration_s
+    so --device cuda needs a GPU here. `check_rules`: the knobs must pass the batch rules (a
+    sweep's template config need not: each trial's config is checked as it is asked)."""
+    from autotune.config import ProbeConfig, make_probe_config, parse_bytes, parse_duration_s
     from autotune.hardware import has_nvidia_gpu
     from autotune.probe.result import ProbeRequest
     from autotune.registry import get_model_spec, read_model_path_config
@@ -97,9 +98,12 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
             if raw is not None else None
 
     nnodes, gpus_per_node = options["nnodes"] or 1, options["gpus_per_node"] or 1
+    from pathlib import Path
+
     return ProbeRequest(
-        model=options["model"],
-        config=make_probe_config(knob_values, nnodes * gpus_per_node),
+        model=options["model"] or Path(options["model_path"]).name,
+        config=make_probe_config(knob_values, nnodes * gpus_per_node) if check_rules
+        else ProbeConfig(**knob_values),
         model_path=options["model_path"], device=options["device"], gpu_ids=gpu_ids,
         cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
         reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,

@@ -134,8 +134,9 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     options.update(nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node)
     ranks_note, confirm, gpus_per_trial = plan_ranks(ctx, options, executor, confirm,
                                                      gpus_per_trial)
-    request = build_probe_request(options, {}, local=executor == "local")
-    safe = search_space.config_for(search_space.safe_params())
+    safe = search_space.config_for(search_space.safe_params())  # the template's config
+    request = build_probe_request(options, safe.as_dict(), local=executor == "local",
+                                  check_rules=False)
     check_model_on_device(request, safe, device_checks=executor == "local")
     runner, slots = make_runner(executor, address, request, parallel, gpus_per_trial)
     settings = SweepSettings(
@@ -184,9 +185,14 @@ def embedded_default(ctx: click.Context, options: dict[str, Any], space: str | N
     options["model"] = options["model"] or Path(options["model_path"]).name
     if trials is None and timeout_total is None and patience is None:
         trials = GPU_DEFAULT["trials"]
-    if space is None:  # GRPO's real shapes take minutes per probe on a CPU
+    if space is None:  # GRPO's real shapes take minutes per probe on a CPU (a model that is
+        # not tiny, on a CPU it found by itself, is refused by the preflight in its own words)
+        from autotune.registry import REGISTRY
+
+        tiny = options["model_path"] is None and options["model"] in REGISTRY and \
+            REGISTRY[options["model"]].tiny
         on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
-                                                 and not has_nvidia_gpu())
+                                                 and not has_nvidia_gpu() and tiny)
         space = DEMO["space"] if on_cpu else GPU_DEFAULT["space"]
     return note, space, trials
 

@@ -6,8 +6,9 @@ Three checks, all arithmetic (the memory model's exact part and the registry; no
 - a model that is not one of the tiny registry models, on a machine where --device auto found
   no NVIDIA GPU, is refused: the probes would run on the CPU (minutes to hours each, or a
   host OOM), which nobody asking for `--model qwen2.5-vl-7b` meant;
-- the model states a probe holds in the update (16 bytes per parameter: fp32 weights, grads,
-  AdamW) must fit the device (its --gpu-memory-limit, the GPU, or host RAM on the CPU);
+- the model states one rank holds in the update (16 bytes per parameter: fp32 weights, grads,
+  AdamW, FSDP-sharded over the run's W GPUs) must fit the device (its --gpu-memory-limit, the
+  GPU, or host RAM on the CPU);
 - a VL model's image must fit its prompt (the image tokens are part of max_prompt_length).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from autotune.config import ProbeConfig, format_bytes, model_problems
 from autotune.errors import ConfigError
 from autotune.hardware import gpu_capacity_bytes, has_nvidia_gpu, host_memory_bytes
-from autotune.memory.model import STATE_BYTES_PER_PARAM, model_shape
+from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
 from autotune.registry import REGISTRY
 
 
@@ -45,27 +46,35 @@ def check_model_on_device(request: Any, config: ProbeConfig, device_checks: bool
     Ray cluster, whose devices are elsewhere) only the model's own rules are checked."""
     name = request.model_path or request.model
     shape = model_shape(request.model, request.model_path)
-    problems = model_problems(config, shape.is_vl)
-    if problems:
-        raise ConfigError([f"{what}: {p}" for p in problems])
+    problems = [f"{what}: {p}" for p in model_problems(config, shape.is_vl)]
     if not device_checks:
+        if problems:
+            raise ConfigError(problems)
         return
     device = probe_device(request)
-    states = STATE_BYTES_PER_PARAM * shape.num_params
+    world = request.world_size
+    states = model_state_bytes(shape.num_params, world).update_bytes
     billions = f"{shape.num_params / 1e9:.2f}B params"
+    per_rank = "" if world == 1 else f" per rank of {world}"
     tiny = request.model_path is None and REGISTRY[request.model].tiny
     if device == "cpu" and request.device == "auto" and not tiny:
+        need = estimate_memory(shape, config, num_gpus=world, on_gpu=True).peak_bytes
         raise ConfigError(
-            f"no NVIDIA GPU found on this machine, so probes would run on the CPU; {name} "
-            f"({billions}, {format_bytes(states)} of model states alone) needs GPUs. Plan it "
-            f"here with `autotune estimate --model {request.model} --gpus-per-node 8`, run it "
-            "on a GPU machine, or try the CPU demo: `autotune run` (pass --device cpu to probe "
-            "it on the CPU anyway)")
+            f"no NVIDIA GPU found on this machine (only the CPU), so probes would run there; "
+            f"{name} ({billions}) needs about {format_bytes(need)} of GPU memory{per_rank} at "
+            f"the smallest config ({format_bytes(states)} of it model states). Plan it here "
+            f"with `autotune estimate --model {request.model} --gpus-per-node "
+            f"{max(world, 8)}`, run it on a GPU machine, or try the CPU demo: `autotune run` "
+            "(pass --device cpu to probe it on the CPU anyway)")
+    if problems:
+        raise ConfigError(problems)
     capacity = capacity_bytes(request, device)
     if capacity is not None and states > capacity:
         where = "the GPU" if device == "cuda" else "the CPU's memory"
+        more = "more GPUs (--gpus-per-node, --nnodes), " if world < 64 else ""
         raise ConfigError(
-            f"{name} ({billions}) needs {format_bytes(states)} of model states in the update "
-            f"alone (16 bytes per parameter: fp32 weights, grads and AdamW; the built-in probe "
-            f"holds them unsharded), more than the {format_bytes(capacity)} a probe may use on "
-            f"{where}; use a larger device, a higher --gpu-memory-limit, or a smaller model")
+            f"{name} ({billions}) needs {format_bytes(states)} of model states{per_rank} in "
+            f"the update alone (16 bytes per parameter: fp32 weights, grads and AdamW, "
+            f"sharded over the run's {world} GPU{'s' if world > 1 else ''}), more than the "
+            f"{format_bytes(capacity)} a probe may use on {where}; use {more}a larger "
+            "device, a higher --gpu-memory-limit, or a smaller model")

@@ -1,0 +1,200 @@
+"""Probes the size of the real run: FSDP2-sharded ranks, real (gloo processes) or emulated
+(one rank over torch's fake process group), on the CPU with the tiny models.
+
+Every probe here is a real GRPO step: real sharding, real collectives between real processes,
+real allocations. The only thing standing in is the device: the CPU's anonymous RSS is each
+rank's device memory, as everywhere in the CPU tests.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from autotune.config import ProbeConfig
+from autotune.memory.model import model_shape, model_state_bytes
+from autotune.probe.launcher import FAULT_LIMIT_ENV
+from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.runners.local import SubprocessRunner
+
+pytestmark = pytest.mark.slow
+
+TEXT = ProbeConfig(rollout_batch_size=4, rollout_n=4, global_batch_size=2,
+                   micro_batch_size_update=2, micro_batch_size_experience=4,
+                   max_prompt_length=32, max_response_length=32)
+VL = ProbeConfig(**{**TEXT.as_dict(), "max_prompt_length": 64, "image_size_px": 112})
+
+
+def request(model="tiny-qwen2.5", config=TEXT, world=2, emulated=False, **extra):
+    return ProbeRequest(model=model, config=config, device="cpu", cpu_threads=2,
+                        warmup_steps=0, timed_steps=1, timeout_s=300.0, nnodes=1,
+                        gpus_per_node=world, emulated=emulated, **extra)
+
+
+def probe(tmp_path, name, **kwargs):
+    result = SubprocessRunner().run(request(**kwargs), tmp_path / f"{name}.log")
+    assert result.status is ProbeStatus.OK, (result.message, result.stderr_tail)
+    return result
+
+
+@pytest.fixture(scope="module")
+def text_probes(tmp_path_factory):
+    """One 1-rank probe, one real 2-rank probe and one emulated 2-rank probe of one config."""
+    where = tmp_path_factory.mktemp("text")
+    return {"one": probe(where, "one", world=1), "real": probe(where, "real"),
+            "emulated": probe(where, "emulated", emulated=True)}
+
+
+def test_a_real_two_rank_probe_holds_half_the_model_states(text_probes):
+    one, real = text_probes["one"], text_probes["real"]
+    assert (real.world_size, real.emulated, len(real.rank_peak_mem_bytes)) == (2, False, 2)
+    assert set(real.phase_peak_mem_bytes) == {"rollout", "experience", "update"}
+    for part in ("params", "grads", "optimizer"):
+        assert real.model_state_bytes[part] == pytest.approx(
+            one.model_state_bytes[part] / 2, rel=0.02), part
+    # the memory model's states term is the probe's, exactly, at W = 1 and W = 2
+    psi = model_shape("tiny-qwen2.5").num_params
+    for world, result in ((1, one), (2, real)):
+        assert sum(result.model_state_bytes.values()) == \
+            model_state_bytes(psi, world).update_bytes
+
+
+def test_an_emulated_rank_matches_the_real_ranks_per_phase(text_probes):
+    real, emulated = text_probes["real"], text_probes["emulated"]
+    assert (emulated.world_size, emulated.emulated, emulated.rank_peak_mem_bytes) == \
+        (2, True, [])
+    assert emulated.model_state_bytes == real.model_state_bytes
+    for phase, peak in real.phase_peak_mem_bytes.items():
+        assert emulated.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.10), phase
+
+
+def test_a_real_two_rank_probe_of_the_vl_model_runs_every_phase(tmp_path):
+    result = probe(tmp_path, "vl", model="tiny-qwen2.5-vl", config=VL)
+    assert set(result.phase_peak_mem_bytes) == {"rollout", "experience", "update"}
+    psi = model_shape("tiny-qwen2.5-vl").num_params
+    assert sum(result.model_state_bytes.values()) == pytest.approx(
+        model_state_bytes(psi, 2).update_bytes, rel=0.001)  # FSDP pads odd rows a little
+
+
+def test_an_emulated_rank_of_eight_runs(tmp_path):
+    config = ProbeConfig(**{**TEXT.as_dict(), "rollout_batch_size": 8, "global_batch_size": 8,
+                            "micro_batch_size_update": 4})
+    result = probe(tmp_path, "w8", config=config, world=8, emulated=True)
+    psi = model_shape("tiny-qwen2.5").num_params
+    assert sum(result.model_state_bytes.values()) == model_state_bytes(psi, 8).update_bytes
+    assert result.share["responses_per_step"] == 4
+
+
+def test_an_oom_in_rank_one_ends_the_probe_naming_that_rank(tmp_path, monkeypatch):
+    """A cap on rank 1 alone: rank 1 runs out, rank 0 is not left waiting in a collective."""
+    monkeypatch.setenv(FAULT_LIMIT_ENV, "1:380MiB")
+    started = time.monotonic()
+    result = SubprocessRunner().run(request(), tmp_path / "oom.log")
+    assert result.status is ProbeStatus.GPU_OOM, (result.message, result.stderr_tail)
+    assert result.failed_rank == 1 and result.message.startswith("rank 1: ")
+    assert result.failed_phase in ("rollout", "experience", "update")
+    assert time.monotonic() - started < 120
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
+
+
+def autotune(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=900, **kwargs)
+
+
+def test_real_ranks_that_are_not_here_are_refused_in_one_line():
+    cores = len(psutil.Process().cpu_affinity())
+    refused = autotune("probe", "--model", "tiny-qwen2.5", "--device", "cpu", "--ranks", "real",
+                       "--nnodes", "2", "--gpus-per-node", str(cores))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: --ranks real: the run's {2 * cores} GPUs need {2 * cores} cores here, "
+        f"{cores} found; use --ranks emulated (exact per-rank memory on one device)"]
+
+
+SPACE = """
+params:
+  micro_batch_size_update: {type: categorical, choices: [1, 2]}
+  gradient_checkpointing: {type: bool}
+fixed: {rollout_batch_size: 4, rollout_n: 2, global_batch_size: 2, max_prompt_length: 32,
+        max_response_length: 32, micro_batch_size_experience: 4}
+"""
+
+
+def test_a_two_rank_sweep_runs_real_probes_and_resumes_after_sigkill(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    command = [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5",
+               "--device", "cpu", "--gpus-per-node", "2", "--ranks", "real",
+               "--space", str(space), "--study", "w2", "--results-dir", str(tmp_path),
+               "--warmup-steps", "0", "--timed-steps", "1", "--sampler", "random"]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    logs = tmp_path / "w2" / "logs"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and driver.poll() is None:
+        if len(list(logs.glob("trial-*.rank1.request.json"))) >= 2:  # the second probe runs
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    probes = psutil.Process(driver.pid).children(recursive=True)
+    assert len(probes) >= 3, driver.stderr.read().decode()[-2000:]  # launcher and two ranks
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    _, alive = psutil.wait_procs(probes, timeout=10)
+    assert not alive, "a rank outlived its killed driver"
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    study = optuna.load_study(study_name="w2", storage=f"sqlite:///{tmp_path}/w2/study.db")
+    probed = [json.dumps(t.params, sort_keys=True) for t in study.trials
+              if t.user_attrs.get("probed")]
+    assert len(probed) == len(set(probed)) == 4  # every config once, none twice
+    for trial in study.trials:
+        if trial.user_attrs.get("probed") and trial.user_attrs["status"] == "ok":
+            result = trial.user_attrs["result"]
+            assert (result["world_size"], result["emulated"]) == (2, False)
+            assert len(result["rank_peak_mem_bytes"]) == 2
+
+
+MID_MODEL = {  # 78M parameters: 1.16 GiB of fp32 params, grads and AdamW on one rank
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 512,
+    "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "intermediate_size": 1536, "vocab_size": 4096, "tie_word_embeddings": True,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    "max_position_embeddings": 4096}
+HEADLINE_SPACE = """
+params:
+  gradient_checkpointing: {type: bool}
+fixed: {rollout_batch_size: 8, rollout_n: 1, global_batch_size: 8, max_prompt_length: 32,
+        max_response_length: 32, micro_batch_size_update: 1, micro_batch_size_experience: 1}
+"""
+
+
+def test_states_too_big_for_one_device_fit_an_emulated_eight_way_shard(tmp_path):
+    """The headline path with a model standing in for the 7B: its states alone exceed the
+    1 GiB device, so one rank cannot hold it; one rank of eight can, and the sweep finds it."""
+    model = tmp_path / "mid"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MID_MODEL))
+    space = tmp_path / "space.yaml"
+    space.write_text(HEADLINE_SPACE)
+    common = ["run", "--model-path", str(model), "--device", "cpu", "--space", str(space),
+              "--gpu-memory-limit", "1GiB", "--results-dir", str(tmp_path / "results"),
+              "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2"]
+    alone = autotune(*common, "--study", "w1")
+    assert alone.returncode == 2 and "model states" in alone.stderr, alone.stderr[-2000:]
+    sharded = autotune(*common, "--study", "w8", "--gpus-per-node", "8")
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert "emulate one rank of the run's 8 GPUs" in sharded.stderr
+    best = yaml.safe_load((tmp_path / "results" / "w8" / "best.yaml").read_text())
+    assert best["provenance"]["topology"]["ranks"] == "emulated"
+    assert best["measured"]["peak_mem_bytes"] <= best["measured"]["budget_bytes"]

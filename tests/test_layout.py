@@ -21,14 +21,15 @@ ALLOWED: dict[str, set[str]] = {
     "registry": BASE | {"config"},
     "probe": BASE | {"config", "files", "registry", "probe"},
     "memory": BASE | {"config", "registry", "memory"},
-    "runners": BASE | {"config", "files", "probe.result", "probe.oom", "runners", "hardware"},
+    "runners": BASE | {"config", "files", "probe.result", "probe.oom", "probe.launcher",
+                       "runners", "hardware"},
     "trainers": BASE | {"config", "files", "trainers"},
     "sweep": BASE | {"config", "files", "hardware", "registry", "probe.result", "probe.oom",
                      "runners", "memory", "trainers", "sweep"},
     "cli": {"*"},
 }
 TORCH_FREE = ("config", "errors", "files", "hardware", "registry", "memory", "runners",
-              "trainers", "sweep", "cli", "probe.result", "probe.oom")
+              "trainers", "sweep", "cli", "probe.result", "probe.oom", "probe.launcher")
 
 
 def concern(module: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,18 @@ from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 POLL_INTERVAL_S = 0.02
 FAULT_LIMIT_ENV = "AUTOTUNE_FAULT_DEVICE_LIMIT"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child before exec: SIGKILL it when its parent (the driver, or a probe's launcher)
+    dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
 
 
 def free_port() -> int:
@@ -96,8 +109,6 @@ def visible_gpus(request: ProbeRequest) -> list[str]:
 
 def start_rank(rank: int, request: ProbeRequest, request_path: Path, result_path: Path,
                port: int, gpu: str | None, log: object) -> subprocess.Popen[bytes]:
-    from autotune.runners.local import die_with_parent
-
     from autotune.probe.worker import RANK_ENV
 
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), **{RANK_ENV: str(rank)},

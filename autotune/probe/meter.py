@@ -1,4 +1,4 @@
-"""Peak memory per phase of a probe, measured: the device figure and the host RSS.
+"""The probe's device, and its peak memory per phase, measured: the device figure and host RSS.
 
 On NVIDIA the device figure is the larger of the allocator's reserved peak and the NVML
 figure for this process (which includes the CUDA context). On a CPU device, "device memory" is
@@ -169,3 +169,45 @@ class MemoryMeter:
             torch.cuda.empty_cache()
         else:
             trim_host_heap()
+
+
+def resolve_device(name: str) -> Any:
+    """The torch device a probe runs on (auto: cuda when one is visible)."""
+    import torch
+
+    from autotune.errors import ConfigError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    return torch.device(name)
+
+
+def describe_device(device: Any, limit_bytes: int | None) -> dict[str, Any]:
+    """Device name, capacity, the limit in force, and the versions that produced a figure."""
+    import platform
+
+    import torch
+    import transformers
+
+    from autotune import __version__
+
+    versions = {"autotune": __version__, "torch": torch.__version__,
+                "transformers": transformers.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        versions["cuda"] = str(torch.version.cuda)
+        return {"device_name": props.name, "device_capacity_bytes": int(props.total_memory),
+                "device_limit_bytes": limit_bytes, "versions": versions}
+    import psutil
+
+    name = platform.processor() or "cpu"
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return {"device_name": f"cpu: {name} ({os.cpu_count()} cores)",
+            "device_capacity_bytes": int(psutil.virtual_memory().total),
+            "device_limit_bytes": limit_bytes, "versions": versions}

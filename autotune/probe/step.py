@@ -15,9 +15,6 @@ copy on each rank (tensor parallel 1), gathered from the actor's shards at each 
 
 from __future__ import annotations
 
-import logging
-import os
-import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +22,6 @@ from typing import Any
 
 import torch
 
-from autotune import __version__
 from autotune.config import (
     ProbeConfig,
     device_share,
@@ -34,7 +30,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
-from autotune.probe.meter import MemoryMeter
+from autotune.probe.meter import MemoryMeter, describe_device, resolve_device
 from autotune.probe.models import build_model, is_vl_config, load_model_config
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.probe.sharding import (
@@ -49,14 +45,6 @@ from autotune.probe.sharding import (
 
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    return torch.device(name)
 
 
 class TrainingProbe:
@@ -384,35 +372,3 @@ class TrainingProbe:
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
             **describe_device(self.device, self.meter.device_limit_bytes))
-
-
-def describe_device(device: torch.device, limit_bytes: int | None) -> dict[str, Any]:
-    """Device name, capacity, the limit in force, and the versions that produced a figure."""
-    import transformers
-
-    versions = {"autotune": __version__, "torch": torch.__version__,
-                "transformers": transformers.__version__, "python": platform.python_version()}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        versions["cuda"] = str(torch.version.cuda)
-        return {"device_name": props.name, "device_capacity_bytes": int(props.total_memory),
-                "device_limit_bytes": limit_bytes, "versions": versions}
-    import psutil
-
-    name = platform.processor() or "cpu"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    return {"device_name": f"cpu: {name} ({os.cpu_count()} cores)",
-            "device_capacity_bytes": int(psutil.virtual_memory().total),
-            "device_limit_bytes": limit_bytes, "versions": versions}
-
-
-def quiet_libraries() -> None:
-    """Keep transformers' advisory warnings out of the probe's stderr tail."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    logging.getLogger("torch").setLevel(logging.ERROR)

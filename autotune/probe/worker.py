@@ -40,9 +40,9 @@ def device_limit_bytes(request: ProbeRequest, capacity_bytes: int) -> int | None
 def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     import torch
 
-    from autotune.probe.meter import MemoryMeter
+    from autotune.probe.meter import MemoryMeter, describe_device, resolve_device
     from autotune.probe.oom import classify_exception
-    from autotune.probe.step import TrainingProbe, describe_device, quiet_libraries, resolve_device
+    from autotune.probe.step import TrainingProbe
 
     quiet_libraries()
     if request.cpu_threads:
@@ -88,6 +88,16 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     finally:
         if meter is not None:
             meter.stop()
+
+
+def quiet_libraries() -> None:
+    """Keep transformers' advisory warnings out of the probe's stderr tail."""
+    import logging
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("torch").setLevel(logging.ERROR)
 
 
 def physical_gpu_index(device: object) -> int | None:

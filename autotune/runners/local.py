@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from autotune.files import write_text_atomic
+from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, classify_text
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.oom_evidence import OOMWitness
@@ -65,17 +66,6 @@ def prepare_child(parent_pid: int, cpu_ids: tuple[int, ...] | None) -> None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpu_ids)
     die_with_parent(parent_pid)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In the child before exec: SIGKILL me when the driver dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:  # the driver died before prctl took effect
-            os._exit(1)
 
 
 class ProcessTree:

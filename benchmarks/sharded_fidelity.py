@@ -119,8 +119,7 @@ def write(rows: list[dict], out: Path, wall_s: float) -> None:
     exact = sum(r["states_measured"] == r["states_model"] for r in rows)
     exact_emu = sum(r["states_emulated"] == r["states_model"] for r in rows)
     lines.append(f"model states per rank: memory.py exact for {exact}/{len(rows)} real and "
-                 f"{exact_emu}/{len(rows)} emulated probes (FSDP pads a dim-0 that W does not "
-                 "divide: the VL tower's odd rows)")
+                 f"{exact_emu}/{len(rows)} emulated probes")
     speed = statistics.median(r["emulated"]["tokens_per_s"] / r["real"]["tokens_per_s"]
                               for r in rows)
     lines.append(f"tokens/s emulated / real: median {speed:.2f}x (the emulated rank has both "

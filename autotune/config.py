@@ -58,6 +58,9 @@ class ProbeConfig:
         default=256, metadata={"help": "response tokens, always generated in full"})
     max_num_seqs: int = field(
         default=256, metadata={"help": "sequences the rollout engine generates at once"})
+    rollout_tensor_parallel: int = field(
+        default=1, metadata={"help": "GPUs one rollout engine spans (tensor parallel); "
+                                    "divides the run's GPUs"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
     image_size_px: int = field(
@@ -208,6 +211,10 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if (rbs * n) % w == 0 and (rbs * n // w) % mbe:
         problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
                         f"micro_batch_size_experience={mbe}")
+    tp = config.rollout_tensor_parallel
+    if w % tp:
+        problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
+                        f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
@@ -294,7 +301,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     "micro_batch_size_update": +1, "micro_batch_size_experience": +1,
     "gradient_checkpointing": -1, "offload_params": -1, "offload_optimizer": -1,
     "val_batch_size": +1, "max_prompt_length": +1, "max_response_length": +1,
-    "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1,
+    "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1, "rollout_tensor_parallel": -1,
 }
 
 
@@ -332,7 +339,8 @@ def describe_params(params: dict[str, Any]) -> str:
     short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
              "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
              "global_batch_size": "gbs", "offload_params": "off_p",
-             "offload_optimizer": "off_o", "val_batch_size": "vbs"}
+             "offload_optimizer": "off_o", "val_batch_size": "vbs",
+             "rollout_tensor_parallel": "tp"}
     parts = []
     for name, value in params.items():
         label = short.get(name, name)

@@ -106,7 +106,7 @@ def test_each_phase_moves_only_with_its_knobs():
                "gradient_checkpointing": True, "offload_params": True,
                "offload_optimizer": True, "val_batch_size": 8, "max_prompt_length": 512,
                "max_response_length": 512, "max_num_seqs": 32, "use_kl": False,
-               "image_size_px": 224}
+               "image_size_px": 224, "rollout_tensor_parallel": 2}
     for name in ("tiny-qwen2.5", "tiny-qwen2.5-vl", "qwen2.5-7b"):
         shape = model_shape(name)
         for on_gpu in (True, False):

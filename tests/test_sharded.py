@@ -93,6 +93,20 @@ def test_an_emulated_rank_of_eight_runs(tmp_path):
     assert result.share["responses_per_step"] == 4
 
 
+@pytest.mark.parametrize("model,config", [("tiny-qwen2.5", TEXT), ("tiny-qwen2.5-vl", VL)])
+def test_a_tensor_parallel_engine_holds_what_the_memory_model_says(tmp_path, model, config):
+    """rollout_tensor_parallel=2 over two real ranks: each rank's engine holds its shard of
+    every layer (torch's tensor-parallel API on the engine copy), exactly memory.py's count.
+    (The tiny model's saving, 6 MiB, is within the rollout peak's noise: that is not tested.)"""
+    split = ProbeConfig(**{**config.as_dict(), "rollout_tensor_parallel": 2})
+    whole = probe(tmp_path, "tp1", model=model, config=config)
+    halved = probe(tmp_path, "tp2", model=model, config=split)
+    shape = model_shape(model)
+    assert whole.engine_weight_bytes == 4 * shape.engine_params(1) == 4 * shape.num_params
+    assert halved.engine_weight_bytes == 4 * shape.engine_params(2)
+    assert halved.phase_peak_mem_bytes["rollout"] < 1.02 * whole.phase_peak_mem_bytes["rollout"]
+
+
 def test_an_oom_in_rank_one_ends_the_probe_naming_that_rank(tmp_path, monkeypatch):
     """A cap on rank 1 alone: rank 1 runs out, rank 0 is not left waiting in a collective."""
     monkeypatch.setenv(FAULT_LIMIT_ENV, "1:380MiB")

@@ -39,13 +39,13 @@ PHASES = ("rollout", "experience", "update", "validation")
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px")
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", "offload_params",
-                          "offload_optimizer", *_SHAPE_KNOBS}),
+                          "offload_optimizer", "rollout_tensor_parallel", *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
                              *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", "offload_params",
                          *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", "offload_params",
-                             "offload_optimizer", *_SHAPE_KNOBS}),
+                             "offload_optimizer", "rollout_tensor_parallel", *_SHAPE_KNOBS}),
 }
 
 # The fixed context of one probe process before calibration: CUDA context and allocator slack
@@ -118,6 +118,17 @@ class ModelShape:
         merger = hv + merged * merged + merged + merged * self.vision_out_hidden \
             + self.vision_out_hidden
         return 3 * 2 * self.patch_px ** 2 * hv + self.vision_layers * block + merger
+
+    def engine_params(self, tensor_parallel: int = 1) -> int:
+        """Parameters one rank's rollout engine holds with `tensor_parallel` ranks an engine,
+        sharded as the probe shards it (sharding.tensor_parallel_engine): each decoder layer
+        but its norms, the vision MLPs, and an untied embedding and LM head split tp ways."""
+        hv, iv = self.vision_hidden, self.vision_intermediate
+        split = self.layers * (self.layer_params - 2 * self.hidden)
+        split += self.vision_layers * (2 * (hv * iv + iv) + iv * hv)
+        if not self.tied_embeddings:
+            split += 2 * self.embedding_params
+        return self.num_params - split + split // tensor_parallel
 
     @property
     def num_params(self) -> int:
@@ -233,9 +244,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     Each GPU runs its share of the batches (config.device_share). The model states are
     sharded over `state_shards` GPUs (FSDP over the whole run by default; the built-in probe,
     which holds one process's whole states, is 1). `compute_bytes` is the width of the compute
-    dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a full
-    compute-dtype copy of the weights on each GPU (tensor parallel 1) and generates
-    `max_num_seqs` sequences at a time.
+    dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a
+    compute-dtype copy of the weights on each GPU, split over `rollout_tensor_parallel` GPUs
+    (with the KV heads of its cache), and generates `max_num_seqs` sequences at a time.
     """
     c = compute_bytes or (2 if on_gpu else 4)
     share = device_share(config, num_gpus)
@@ -245,7 +256,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     adam = ADAM_BYTES * psi // n
     ref = c * psi // n if config.use_kl else 0
     ref_resident = 0 if config.offload_params else ref
-    engine = c * psi
+    tp = config.rollout_tensor_parallel
+    engine = c * shape.engine_params(tp)
     # Compute-dtype weights the actor's forward uses: autocast's cast cache on one GPU, the
     # gathered FSDP units (root + about two layers in flight) on several.
     if n == 1:
@@ -266,7 +278,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
 
     def generation(prompts: int) -> dict[str, int]:
         batch = min(prompts, config.max_num_seqs)
-        return {"kv_cache": kv_cache_bytes(shape, batch * seq, c),
+        return {"kv_cache": kv_cache_bytes(shape, batch * seq, c) // tp,
                 "prefill": batch * (prompt * forward_bytes_per_token(shape, c) + vision_fwd),
                 "sampling_logits": batch * vocab * (c + 4)}
 

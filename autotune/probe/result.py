@@ -109,6 +109,7 @@ class ProbeResult:
     failed_rank: int | None = None  # of a real multi-rank probe, the rank that failed first
     rank_peak_mem_bytes: list[int] = field(default_factory=list)  # each real rank's peak
     model_state_bytes: dict[str, int] = field(default_factory=dict)  # params, grads, optimizer
+    engine_weight_bytes: int | None = None  # the rollout engine's weights on a rank, awake
 
     @property
     def ok(self) -> bool:

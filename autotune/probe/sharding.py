@@ -121,3 +121,65 @@ def refresh_shards(model: Any) -> None:
         for group in state()._fsdp_param_groups:
             for fsdp_param in group.fsdp_params:
                 fsdp_param.reset_sharded_param()
+
+
+def tensor_parallel_engine(engine: Any, group: RankGroup, tp: int) -> Any:
+    """Shard the rollout engine over `tp` ranks with torch's tensor-parallel API, as vLLM
+    shards it: q/k/v and the MLP's gate/up column-wise, o/down row-wise (so each rank keeps
+    1/tp of the KV heads and of the KV cache), and an untied embedding and LM head over the
+    vocabulary. Kept whole on every rank: norms, a tied embedding, the vision tower's
+    attention (vLLM shards those too: the probe overstates them by (tp - 1) / tp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh(group.mesh.device_type, (group.world_size // tp, tp),
+                            mesh_dim_names=("dp", "tp"))["tp"]
+    plan: dict[str, Any] = {}
+    for name, module in engine.named_modules():
+        prefix = f"{name}." if name else ""
+        if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            plan.update({f"{prefix}{n}": ColwiseParallel() for n in ("q_proj", "k_proj",
+                                                                     "v_proj")})
+            plan[f"{prefix}o_proj"] = RowwiseParallel()
+        if all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")):
+            plan.update({f"{prefix}gate_proj": ColwiseParallel(),
+                         f"{prefix}up_proj": ColwiseParallel(),
+                         f"{prefix}down_proj": RowwiseParallel()})
+    head = engine.get_output_embeddings()
+    if head is not None and head.weight is not engine.get_input_embeddings().weight:
+        names = {id(m): n for n, m in engine.named_modules()}
+        plan[names[id(engine.get_input_embeddings())]] = RowwiseParallel(
+            input_layouts=Replicate())
+        plan[names[id(head)]] = ColwiseParallel(output_layouts=Replicate())
+    return parallelize_module(engine, mesh, plan)
+
+
+def engine_part(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The part of a whole weight an engine parameter holds on this rank: all of it, or its
+    tensor-parallel shard (torch.chunk along the sharded dim, as DTensor splits)."""
+    if local_tensor(param) is param:
+        return whole
+    from torch.distributed.tensor import Shard
+
+    placement = param.placements[0]
+    if not isinstance(placement, Shard):
+        return whole
+    parts = param.device_mesh.size()
+    return whole.chunk(parts, placement.dim)[param.device_mesh.get_local_rank()]
+
+
+def free_storage(tensor: torch.Tensor) -> None:
+    """Release a tensor's memory but keep its shape (FSDP's trick): the engine sleeps."""
+    local_tensor(tensor).untyped_storage().resize_(0)
+
+
+def fill_storage(tensor: torch.Tensor, values: torch.Tensor) -> None:
+    """Allocate a slept tensor's memory again and copy `values` in: the engine wakes."""
+    local = local_tensor(tensor)
+    local.untyped_storage().resize_(local.numel() * local.element_size())
+    local.copy_(values)

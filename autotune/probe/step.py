@@ -35,12 +35,17 @@ from autotune.probe.models import build_model, is_vl_config, load_model_config
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.probe.sharding import (
     RankGroup,
+    engine_part,
+    fill_storage,
+    free_storage,
     full_tensor,
     join_group,
     leave_group,
     local_bytes,
+    local_tensor,
     map_local,
     shard_model,
+    tensor_parallel_engine,
 )
 
 _CLIP_EPS = 0.2
@@ -76,6 +81,10 @@ class TrainingProbe:
         self.vocab_size = int(self.text_config.vocab_size)
         self.image_tokens = image_tokens(config) if self.is_vl else 0
         problems += model_problems(config, self.is_vl)
+        heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
+        if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
+            problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel} must "
+                            f"divide the model's {heads[0]} attention and {heads[1]} KV heads")
         if problems:
             raise ConfigError(problems)
         if request.world_size > 1:
@@ -95,6 +104,11 @@ class TrainingProbe:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
         self.engine = self._build_copy(shard=False)
+        self.engine_tp = config.rollout_tensor_parallel > 1
+        if self.engine_tp:
+            tensor_parallel_engine(self.engine, self.group, config.rollout_tensor_parallel)
+            for param in self.engine.parameters():  # each shard owns its memory
+                local_tensor(param).data = local_tensor(param).clone()
         self._sleep_engine()
         self._make_prompts()
         # Start as the trainer does between steps: states where the offload flags put them.
@@ -184,7 +198,10 @@ class TrainingProbe:
     def _sleep_engine(self) -> None:
         """Free the engine's weights (vLLM sleep level 2); buffers such as RoPE stay."""
         for param in self.engine.parameters():
-            param.data = torch.empty(0, dtype=self.compute_dtype, device=self.device)
+            if self.engine_tp:  # tensor-parallel shards keep their shapes, not their memory
+                free_storage(param)
+            else:
+                param.data = torch.empty(0, dtype=self.compute_dtype, device=self.device)
 
     def _wake_engine(self) -> None:
         """Allocate the engine's weights and sync them from the actor (wherever it lives);
@@ -196,8 +213,12 @@ class TrainingProbe:
         actor = dict(self.model.named_parameters())
         for name, param in self.engine.named_parameters():
             whole = full_tensor(actor[name].data)
-            param.data = whole.to(self.device, self.compute_dtype, copy=True)
+            if self.engine_tp:  # this rank's tensor-parallel part of the whole weight
+                fill_storage(param, engine_part(whole, param))
+            else:
+                param.data = whole.to(self.device, self.compute_dtype, copy=True)
             del whole
+        self.engine_weight_bytes = local_bytes(self.engine.parameters())
         if sharded_offload:
             self._place_module(self.model, False)
 
@@ -371,4 +392,5 @@ class TrainingProbe:
             share={"val_prompts": 0, **self.ran}, world_size=request.world_size,
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
+            engine_weight_bytes=self.engine_weight_bytes,
             **describe_device(self.device, self.meter.device_limit_bytes))

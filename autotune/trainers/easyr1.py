@@ -19,7 +19,7 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     rbs, gbs = k["rollout_batch_size"], k["global_batch_size"]
     mbu, mbe = k["micro_batch_size_update"], k["micro_batch_size_experience"]
     ulysses = get("worker.actor.ulysses_size", 1)
-    tp = get("worker.rollout.tensor_parallel_size", 2)
+    tp = k.get("rollout_tensor_parallel") or get("worker.rollout.tensor_parallel_size", 2)
     problems = []
     if rbs % gbs:
         problems.append(f"data.rollout_batch_size={rbs} must be divisible by "
@@ -76,7 +76,8 @@ EASYR1 = Adapter(
           "offload_optimizer": ("worker.actor.offload.offload_optimizer",),
           "max_prompt_length": ("data.max_prompt_length",),
           "max_response_length": ("data.max_response_length",),
-          "val_batch_size": ("data.val_batch_size",)},
+          "val_batch_size": ("data.val_batch_size",),
+          "rollout_tensor_parallel": ("worker.rollout.tensor_parallel_size",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     companions={},
     rules=_easyr1_rules,

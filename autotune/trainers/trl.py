@@ -35,6 +35,10 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
         if k.get(knob):
             problems.append(f"{knob}=true has no GRPOConfig key: set it in your accelerate "
                             "DeepSpeed/FSDP config, or sweep with offload off for TRL")
+    if (k.get("rollout_tensor_parallel") or 1) > 1:
+        problems.append(f"rollout_tensor_parallel={k['rollout_tensor_parallel']}: TRL generates "
+                        "with the trained model on each process here (no engine to split); "
+                        "sweep with rollout_tensor_parallel=1 for TRL")
     return problems
 
 

@@ -18,7 +18,8 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     world, n = topo.world_size, k["rollout_n"]
     rbs, gbs, mbu = k["rollout_batch_size"], k["global_batch_size"], k["micro_batch_size_update"]
     sp = get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
-    infer = (get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2)
+    infer = ((k.get("rollout_tensor_parallel")
+              or get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2))
              * get("actor_rollout_ref.rollout.data_parallel_size", 1)
              * get("actor_rollout_ref.rollout.pipeline_model_parallel_size", 1))
     problems = []
@@ -63,7 +64,8 @@ VERL = Adapter(
           "offload_params": ("actor_rollout_ref.actor.fsdp_config.param_offload",),
           "offload_optimizer": ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",),
           "max_prompt_length": ("data.max_prompt_length",),
-          "max_response_length": ("data.max_response_length",)},
+          "max_response_length": ("data.max_response_length",),
+          "rollout_tensor_parallel": ("actor_rollout_ref.rollout.tensor_model_parallel_size",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # per-GPU micro-batches are read only without dynamic batch size, and must not be set
     # together with the deprecated global micro-batch keys

@@ -205,3 +205,25 @@ def test_estimate_describes_a_cpu_probe_with_device_cpu():
         assert abs(max(cpu["phase_bytes"].values()) / measured - 1) < 0.25, row
         assert max(gpu["phase_bytes"].values()) / measured > 2, row
         assert cpu["device"] == "cpu"
+
+
+def test_the_run_defaults_to_the_gpus_here(monkeypatch):
+    """No --nnodes/--gpus-per-node: the visible GPUs on one node, 1 on a CPU. (This machine
+    has no GPU: NVML's answers are stood in for, nothing else.)"""
+    import autotune.hardware as hardware
+    from autotune.cli.options import default_topology
+
+    def options(**given):
+        return {"nnodes": None, "gpus_per_node": None, "device": "auto", "gpus": None, **given}
+
+    monkeypatch.setattr(hardware, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(hardware, "visible_gpu_ids", lambda: tuple(range(8)))
+    for given, expected in (({}, 8), ({"gpus": "0,1"}, 2), ({"device": "cpu"}, 1),
+                            ({"gpus_per_node": 4}, 4)):
+        filled = options(**given)
+        default_topology(filled)
+        assert filled["gpus_per_node"] == expected, given
+    monkeypatch.setattr(hardware, "has_nvidia_gpu", lambda: False)
+    filled = options()
+    default_topology(filled)
+    assert (filled["nnodes"], filled["gpus_per_node"]) == (1, 1)

@@ -42,8 +42,8 @@ def probe_options(model_required: bool = True) -> Any:
                      help="Nodes of the training run being tuned (default 1; with --trainer, "
                           "its base config's)."),
         click.option("--gpus-per-node", type=click.IntRange(1), default=None,
-                     help="GPUs per node of that run (default 1): a probe runs one GPU's share "
-                          "of each batch."),
+                     help="GPUs per node of that run (default: the GPUs visible here, 1 on a "
+                          "CPU): a probe runs one GPU's share of each batch."),
         click.option("--ranks", type=click.Choice(["auto", "real", "emulated"]), default="auto",
                      show_default=True,
                      help="With more than one GPU in the run: real ranks (one process per GPU, "
@@ -97,6 +97,7 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
         return parse_bytes(raw, flag, allow_zero=flag == "--reserve-gpu-memory") \
             if raw is not None else None
 
+    default_topology(options)
     nnodes, gpus_per_node = options["nnodes"] or 1, options["gpus_per_node"] or 1
     from pathlib import Path
 
@@ -114,6 +115,19 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
         gpus_per_node=gpus_per_node,
         emulated=emulate_ranks(options.get("ranks", "auto"), nnodes * gpus_per_node,
                                options["device"], gpu_ids, local))
+
+
+def default_topology(options: dict[str, Any]) -> None:
+    """--nnodes and --gpus-per-node both left out: the run is this machine's GPUs (the
+    --gpus given, else every visible one), or 1 on a CPU. Fills `options` in place."""
+    from autotune.hardware import has_nvidia_gpu, visible_gpu_ids
+
+    if options["nnodes"] is not None or options["gpus_per_node"] is not None:
+        return
+    options["nnodes"] = 1
+    on_gpu = options["device"] == "cuda" or (options["device"] == "auto" and has_nvidia_gpu())
+    ids = options["gpus"].split(",") if options.get("gpus") else visible_gpu_ids()
+    options["gpus_per_node"] = max(1, len(ids)) if on_gpu else 1
 
 
 def local_ranks(device: str, gpu_ids: tuple[int, ...] | None) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from autotune.cli.options import build_probe_request, probe_options
+from autotune.cli.options import build_probe_request, default_topology, probe_options
 from autotune.errors import ConfigError
 from autotune.hardware import has_nvidia_gpu
 
@@ -118,6 +118,8 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     note, space, trials = embedded_default(ctx, options, space, trials, timeout_total,
                                            patience)
     loaded = load_search_space(space)
+    if trainer is None:  # with --trainer, its base config's topology is the default
+        default_topology(options)
     export_to, topology = None, Topology(options["nnodes"] or 1, options["gpus_per_node"] or 1)
     if trainer is not None:
         export_to, base, loaded = trainer_setup(trainer, base_config, loaded, options)

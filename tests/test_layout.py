@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "files": BASE,
     "config": BASE | {"files"},
     "registry": BASE | {"config"},
-    "probe": BASE | {"config", "files", "registry", "probe"},
+    "probe": BASE | {"config", "files", "hardware", "registry", "probe"},
     "memory": BASE | {"config", "registry", "memory"},
     "runners": BASE | {"config", "files", "probe.result", "probe.oom", "probe.launcher",
                        "runners", "hardware"},

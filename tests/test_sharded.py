@@ -212,3 +212,26 @@ def test_states_too_big_for_one_device_fit_an_emulated_eight_way_shard(tmp_path)
     best = yaml.safe_load((tmp_path / "results" / "w8" / "best.yaml").read_text())
     assert best["provenance"]["topology"]["ranks"] == "emulated"
     assert best["measured"]["peak_mem_bytes"] <= best["measured"]["budget_bytes"]
+
+
+def test_an_emulated_sweep_confirms_its_best_with_real_ranks_once(tmp_path):
+    """--ranks auto on a 2-GPU run whose ranks fit here: emulated probes, then the best one
+    probed again with two real ranks; best.yaml carries both; a resume confirms nothing again."""
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.replace("choices: [1, 2]", "choices: [2]"))
+    command = ["run", "--model", "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2",
+               "--space", str(space), "--study", "c", "--results-dir", str(tmp_path),
+               "--warmup-steps", "0", "--timed-steps", "1", "--confirm", "1"]
+    first = autotune(*command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "then probed with 2 real ranks" in first.stderr
+    assert first.stderr.count("confirming trial ") == 1
+    best = yaml.safe_load((tmp_path / "c" / "best.yaml").read_text())
+    assert best["provenance"]["topology"]["ranks"] == "emulated"
+    confirmed = best["confirmed"]
+    assert (confirmed["status"], confirmed["world_size"], confirmed["feasible"]) == \
+        ("ok", 2, True)
+    assert len(confirmed["rank_peak_mem_bytes"]) == 2
+    again = autotune(*command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "confirming trial" not in again.stderr

@@ -72,6 +72,8 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
     checked before any probe starts. `local`: probes run on this machine (not a Ray cluster),
     so --device cuda needs a GPU here. `check_rules`: the knobs must pass the batch rules (a
     sweep's template config need not: each trial's config is checked as it is asked)."""
+    from pathlib import Path
+
     from autotune.config import ProbeConfig, make_probe_config, parse_bytes, parse_duration_s
     from autotune.hardware import has_nvidia_gpu
     from autotune.probe.result import ProbeRequest
@@ -99,8 +101,6 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
 
     default_topology(options)
     nnodes, gpus_per_node = options["nnodes"] or 1, options["gpus_per_node"] or 1
-    from pathlib import Path
-
     return ProbeRequest(
         model=options["model"] or Path(options["model_path"]).name,
         config=make_probe_config(knob_values, nnodes * gpus_per_node) if check_rules
@@ -130,7 +130,7 @@ def default_topology(options: dict[str, Any]) -> None:
     options["gpus_per_node"] = max(1, len(ids)) if on_gpu else 1
 
 
-def local_ranks(device: str, gpu_ids: tuple[int, ...] | None) -> int:
+def local_ranks(device: str, gpu_ids: tuple[object, ...] | None) -> int:
     """How many real ranks this machine can run at once: its GPUs, or on a CPU its cores."""
     from autotune.hardware import has_nvidia_gpu, usable_cpu_ids, visible_gpu_ids
 

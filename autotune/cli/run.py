@@ -210,7 +210,8 @@ def plan_ranks(ctx: click.Context, options: dict[str, Any], executor: str, confi
     world = (options["nnodes"] or 1) * (options["gpus_per_node"] or 1)
     if world == 1:
         return None, 0, gpus_per_trial
-    here = local_ranks(options["device"], None)
+    given = tuple(options["gpus"].split(",")) if options["gpus"] else None
+    here = local_ranks(options["device"], given)
     fits = executor == "local" and world <= here
     if options["ranks"] == "real":
         if options["device"] != "cpu" and \

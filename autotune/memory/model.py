@@ -242,8 +242,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     """Peak bytes per GPU of each phase of one colocated GRPO step on `num_gpus` GPUs.
 
     Each GPU runs its share of the batches (config.device_share). The model states are
-    sharded over `state_shards` GPUs (FSDP over the whole run by default; the built-in probe,
-    which holds one process's whole states, is 1). `compute_bytes` is the width of the compute
+    sharded over `state_shards` GPUs (FSDP over the whole run by default, as the built-in
+    probe shards them). `compute_bytes` is the width of the compute
     dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a
     compute-dtype copy of the weights on each GPU, split over `rollout_tensor_parallel` GPUs
     (with the KV heads of its cache), and generates `max_num_seqs` sequences at a time.

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from autotune.files import write_text_atomic
+from autotune.hardware import nvidia_gpu_count
 from autotune.probe.oom import classify_exit
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
@@ -98,12 +99,7 @@ def visible_gpus(request: ProbeRequest) -> list[str]:
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        with contextlib.suppress(Exception):
-            import pynvml
-
-            pynvml.nvmlInit()
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        return []
+        return [str(i) for i in range(nvidia_gpu_count())]
     return [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
 
 

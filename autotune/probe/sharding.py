@@ -111,17 +111,6 @@ def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return total
 
 
-def refresh_shards(model: Any) -> None:
-    """Tell FSDP2 that parameters were replaced (offload moved their local shards), as
-    `module._apply` does: each FSDP parameter re-reads its shard."""
-    for module in model.modules():
-        state = getattr(module, "_get_fsdp_state", None)
-        if state is None:
-            continue
-        for group in state()._fsdp_param_groups:
-            for fsdp_param in group.fsdp_params:
-                fsdp_param.reset_sharded_param()
-
 
 def tensor_parallel_engine(engine: Any, group: RankGroup, tp: int) -> Any:
     """Shard the rollout engine over `tp` ranks with torch's tensor-parallel API, as vLLM

@@ -9,8 +9,9 @@ state as verl and EasyR1 do (16 bytes per parameter during the update), computes
 GPU, and offload moves params / optimizer state to host memory between phases. It runs one
 GPU's share of each batch of a run on `request.world_size` GPUs (config.device_share), and
 reports the share it ran. With W > 1 the actor and reference are FSDP2-sharded over W ranks
-(sharding.py), real peers or emulated ones; the rollout engine holds a whole compute-dtype
-copy on each rank (tensor parallel 1), gathered from the actor's shards at each wake-up.
+(sharding.py), real peers or emulated ones; the rollout engine holds a compute-dtype copy on
+each rank, whole or split over `rollout_tensor_parallel` ranks, gathered from the actor's
+shards at each wake-up.
 """
 
 from __future__ import annotations
@@ -367,14 +368,13 @@ class TrainingProbe:
     def run(self, startup_s: float | None = None) -> ProbeResult:
         request, config = self.request, self.config
         built_at = time.perf_counter()
-        try:
-            self.build()
-            build_s = time.perf_counter() - built_at
-            for _ in range(request.warmup_steps):
-                self.step()
-            timed = [self.step() for _ in range(request.timed_steps)]
-        finally:
-            leave_group()
+        self.build()
+        build_s = time.perf_counter() - built_at
+        for _ in range(request.warmup_steps):
+            self.step()
+        timed = [self.step() for _ in range(request.timed_steps)]
+        leave_group()  # only when every rank got here: a failed one just exits (no teardown
+        # that could wait on peers stuck in a collective)
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
         step_s = sum(v for k, v in phase_s.items() if k != "validation")
         # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)

@@ -69,18 +69,22 @@ def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return columns, rows
 
 
-def best_trial(study: Any) -> Any | None:
-    """The feasible trial with the best objective (earliest on ties; reused copies skipped,
-    and so is a config whose real-rank confirmation did not fit)."""
+def ranked_feasible(study: Any) -> list[Any]:
+    """Feasible probed trials (reused copies skipped), best objective first, earliest on ties."""
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
+              and t.user_attrs.get("probed")]
+    return sorted(trials, key=lambda t: (-scalar(t.values, objective), t.number))
+
+
+def best_trial(study: Any) -> Any | None:
+    """The best feasible trial, skipping a config whose real-rank confirmation did not fit."""
     confirmed = study.user_attrs.get("confirmations") or {}
-    candidates = [t for t in study.get_trials(deepcopy=False)
-                  if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
-                  and t.user_attrs.get("probed")
-                  and confirmed.get(str(t.number), {}).get("feasible", True)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda t: (scalar(t.values, objective), -t.number))
+    for trial in ranked_feasible(study):
+        if confirmed.get(str(trial.number), {}).get("feasible", True):
+            return trial
+    return None
 
 
 def pareto_front(study: Any) -> list[Any]:

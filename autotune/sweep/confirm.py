@@ -18,26 +18,14 @@ from typing import Any
 
 from autotune.probe.result import ProbeResult
 from autotune.sweep import trial_files
-from autotune.sweep.objective import scalar, score
+from autotune.sweep.artifacts import ranked_feasible
+from autotune.sweep.objective import score
 
 CONFIRMATIONS = "confirmations"  # study user attr: {"7": {...}, ...}
 
 
 def confirm_log_path(study_dir: Path, number: int) -> Path:
     return trial_files.log_path(study_dir, number).with_suffix(".confirm.log")
-
-
-def ranked_feasible(study: Any) -> list[Any]:
-    """Feasible probed trials, best first (earliest on ties)."""
-    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
-    trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
-              and t.user_attrs.get("probed")]
-    return sorted(trials, key=lambda t: (-scalar(t.values, objective), t.number))
-
-
-def confirmation(study: Any, number: int) -> dict[str, Any] | None:
-    return (study.user_attrs.get(CONFIRMATIONS) or {}).get(str(number))
 
 
 def record(result: ProbeResult, settings: Any, capacity_bytes: int | None) -> dict[str, Any]:
@@ -57,16 +45,12 @@ def confirm_best(study: Any, settings: Any, runner: Any, capacity_bytes: int | N
     """Probe the best `settings.confirm` feasible configs with real ranks (more, down the
     ranking, while none has confirmed); returns how many probes ran."""
     wanted, probes = settings.confirm, 0
-    if wanted < 1:
-        return 0
     real = dataclasses.replace(settings.request, emulated=False)
-    for rank_in_order, trial in enumerate(ranked_feasible(study)):
-        confirmed = [confirmation(study, t.number) for t in ranked_feasible(study)]
-        if rank_in_order >= wanted and any(c and c["feasible"] for c in confirmed):
+    done = dict(study.user_attrs.get(CONFIRMATIONS) or {})
+    for place, trial in enumerate(ranked_feasible(study)[:2 * wanted]):
+        if place >= wanted and any(entry["feasible"] for entry in done.values()):
             break
-        if rank_in_order >= 2 * wanted:
-            break
-        if confirmation(study, trial.number) is not None:
+        if str(trial.number) in done:
             continue
         request = dataclasses.replace(real, config=settings.space.config_for(trial.params))
         log = confirm_log_path(settings.study_dir, trial.number)
@@ -75,11 +59,9 @@ def confirm_best(study: Any, settings: Any, runner: Any, capacity_bytes: int | N
             say(f"confirming trial {trial.number} with {real.world_size} real ranks")
             result = runner.run(request, log)
             probes += 1
-        entry = record(result, settings, capacity_bytes)
-        done = dict(study.user_attrs.get(CONFIRMATIONS) or {})
-        done[str(trial.number)] = entry
+        done[str(trial.number)] = record(result, settings, capacity_bytes)
         study.set_user_attr(CONFIRMATIONS, done)
-        say(f"trial {trial.number} confirmed: " + describe(entry))
+        say(f"trial {trial.number} confirmed: " + describe(done[str(trial.number)]))
     return probes
 
 

@@ -1,8 +1,9 @@
 """runners: where a probe runs (a local subprocess, a Ray task), and killing it whole.
 
 Each runner takes a ProbeRequest and returns a ProbeResult. May import config, errors, files,
-probe.result, probe.oom and probe.launcher (torch-free: its children die with their parent, as
-a probe dies with the driver); never torch (the probe runs in its own process); ray only inside
+probe.result, probe.oom, probe.launcher (torch-free: its children die with their parent, as
+a probe dies with the driver) and probe.process_tag (every process a probe starts is tagged,
+found and killed by its tag); never torch (the probe runs in its own process); ray only inside
 ray_runner.py, and only when a RayRunner is made.
 """
 

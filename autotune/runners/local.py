@@ -33,6 +33,7 @@ import psutil
 from autotune.files import write_text_atomic
 from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, classify_text
+from autotune.probe.process_tag import PROBE_TAG_ENV, kill_orphaned, kill_tagged, new_tag
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.oom_evidence import OOMWitness
 
@@ -42,11 +43,14 @@ POLL_INTERVAL_S = 0.02
 TREE_REFRESH_S = 0.25  # how often the watchdog looks for new processes in the probe's tree
 
 
-def probe_env(request: ProbeRequest) -> dict[str, str]:
-    """The worker's environment: its GPUs, its threads, and a heap that returns freed memory."""
+def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
+    """The worker's environment: its GPUs, its threads, a heap that returns freed memory, and
+    the probe's tag (process_tag.py), inherited by every process the probe starts."""
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
+    if tag:
+        env[PROBE_TAG_ENV] = tag
     # Blocks of 1 MiB and more come from mmap and go back to the OS when freed, so RSS tracks
     # live tensors (64 KiB read peaks a few % lower but made CPU steps ~30% slower).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
@@ -93,8 +97,9 @@ class ProcessTree:
         return total
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the probe's process group and any descendant that left it."""
+def kill_tree(proc: subprocess.Popen[bytes], tag: str = "") -> None:
+    """SIGKILL the probe's process group, any descendant that left it, and any process that
+    carries the probe's tag (a Ray worker the trainer's run started is no descendant)."""
     descendants: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         descendants = psutil.Process(proc.pid).children(recursive=True)
@@ -105,6 +110,8 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
             child.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+    if tag:
+        kill_tagged(tag)
 
 
 def remove_stale_scratch_dirs() -> None:
@@ -151,6 +158,7 @@ class SubprocessRunner:
         self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.probe.worker"]
         self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
         remove_stale_scratch_dirs()
+        kill_orphaned()  # processes of probes whose driver was SIGKILLed
 
     def stop(self) -> None:
         """Kill every probe in flight (from any thread); their `run` calls return at once."""
@@ -174,11 +182,12 @@ class SubprocessRunner:
         host_peak_rss_bytes = 0
         driver_pid = os.getpid()
         witness = OOMWitness()  # the worker starts in this process's memory cgroup
+        tag = new_tag()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*self.worker_argv, str(request_path), str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=probe_env(request), start_new_session=True,
+                env=probe_env(request, tag), start_new_session=True,
                 preexec_fn=(lambda: prepare_child(driver_pid, request.cpu_ids))
                 if sys.platform == "linux" else None)
         tree = None
@@ -198,7 +207,7 @@ class SubprocessRunner:
                     break
                 time.sleep(POLL_INTERVAL_S)
         finally:
-            kill_tree(proc)  # also on KeyboardInterrupt: no probe outlives the driver's call
+            kill_tree(proc, tag)  # also on KeyboardInterrupt: no probe outlives the call
         wall_s = time.monotonic() - started
         tail = read_tail(log_path)
         result = None

@@ -1,0 +1,83 @@
+"""Every process a probe starts carries a tag in its environment, and is found and ended by it.
+
+A trainer's run leaves processes that are not its children: Ray's raylet and its workers, a
+vLLM engine, anything that called setsid. Killing a process group misses them. So the runner
+gives each probe an environment variable, PROBE_TAG_ENV = `<driver pid>.<driver start>.<id>`,
+that every process it starts inherits (Ray passes its driver's environment to the workers it
+spawns), and after the probe every process of this user that carries that value is killed.
+A driver killed with SIGKILL cannot clean up: the next runner made on the machine kills the
+processes whose tag names a driver that is gone. Torch-free: the runners use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import psutil
+
+PROBE_TAG_ENV = "AUTOTUNE_PROBE_TAG"
+KILL_WAIT_S = 5.0
+
+
+def new_tag() -> str:
+    """A tag for one probe, naming the driver that owns it (pid and start time)."""
+    me = psutil.Process()
+    return f"{me.pid}.{int(me.create_time())}.{secrets.token_hex(6)}"
+
+
+def tag_owner_alive(tag: str) -> bool:
+    """Whether the driver named in `tag` still runs (the same process, not a reused pid)."""
+    try:
+        pid_text, started_text, _ = tag.split(".")
+        owner = psutil.Process(int(pid_text))
+        return int(owner.create_time()) == int(started_text)
+    except (ValueError, psutil.Error):
+        return False
+
+
+def tagged_processes(tag: str | None = None) -> Iterator[tuple[psutil.Process, str]]:
+    """This user's processes that carry a probe tag (`tag` only, when given), with the tag.
+    A process whose environment cannot be read (another user's, or gone) is skipped."""
+    me = os.getpid()
+    uid = os.getuid()
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.pid == me or proc.info["uids"] is None or proc.info["uids"].real != uid:
+            continue
+        try:
+            found = proc.environ().get(PROBE_TAG_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if found and (tag is None or found == tag):
+            yield proc, found
+
+
+def kill_processes(procs: list[psutil.Process]) -> int:
+    """SIGKILL `procs` and wait until they are gone (at most KILL_WAIT_S); how many there were."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=KILL_WAIT_S)
+    return len(procs)
+
+
+def kill_tagged(tag: str, spare: tuple[int, ...] = ()) -> int:
+    """Kill every process carrying `tag` (but the pids in `spare`); how many were killed.
+    Looks twice: a process starting a child as it is killed leaves the child behind."""
+    killed = 0
+    for _ in range(2):
+        procs = [proc for proc, _ in tagged_processes(tag) if proc.pid not in spare]
+        if not procs:
+            break
+        killed += kill_processes(procs)
+        time.sleep(0.05)
+    return killed
+
+
+def kill_orphaned() -> int:
+    """Kill tagged processes whose driver is gone (it was SIGKILLed mid-probe)."""
+    orphans = [proc for proc, tag in tagged_processes() if not tag_owner_alive(tag)]
+    return kill_processes(orphans) if orphans else 0

@@ -37,6 +37,29 @@ class ProbeStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class TrainerCommand:
+    """A probe that is a short run of the user's own trainer (probe/command.py runs it).
+
+    `argv` is the user's launch line, split, its placeholders still in: {config} the trial's
+    config file, {config_dir} and {config_name} the same for Hydra, {overrides} the
+    `key=value` words; TRIAL_DIR_TOKEN, in the config text and the words, is the trial's own
+    directory (the trainer's output goes there). Everything else is filled by the driver.
+    """
+
+    trainer: str  # easyr1 | verl | trl: whose log format the run prints
+    argv: tuple[str, ...]
+    config_text: str  # the candidate merged into the user's YAML, short-run settings added
+    config_name: str = "config.yaml"
+    overrides: tuple[str, ...] = ()  # `key=value` words for {overrides}
+    steps: int = 3  # steps the run is told to take; throughput is read from all but the first
+    steps_per_cycle: int = 1  # logged steps per rollout (TRL: optimizer steps per generation)
+    cwd: str | None = None  # where the launch line is run (the directory `run` was called in)
+
+
+TRIAL_DIR_TOKEN = "__AUTOTUNE_TRIAL_DIR__"  # plain in YAML and on a command line
+
+
+@dataclass(frozen=True)
 class ProbeRequest:
     """What a runner needs to run one probe: the model, the knobs, the device and the limits."""
 
@@ -59,10 +82,21 @@ class ProbeRequest:
     gpus_per_node: int = 1  # batch, and a probe runs one rank's share (config.device_share)
     emulated: bool = False  # W > 1: one rank in this process over a fake process group, not
     # W real processes (real memory per rank; time without communication)
+    command: TrainerCommand | None = None  # a short run of the user's trainer, not the
+    # built-in step
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
+
+    def device_limit_bytes(self, capacity_bytes: int) -> int | None:
+        """The device memory the probe may use: --gpu-memory-limit, less
+        --reserve-gpu-memory."""
+        limits = [self.gpu_memory_limit_bytes] if self.gpu_memory_limit_bytes is not None \
+            else []
+        if self.reserve_gpu_memory_bytes:
+            limits.append(capacity_bytes - self.reserve_gpu_memory_bytes)
+        return min(limits) if limits else None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -71,6 +105,10 @@ class ProbeRequest:
     def from_json(cls, text: str) -> ProbeRequest:
         data = json.loads(text)
         data["config"] = ProbeConfig(**data["config"])
+        if data.get("command") is not None:
+            command = data["command"]
+            data["command"] = TrainerCommand(**{**command, "argv": tuple(command["argv"]),
+                                                "overrides": tuple(command["overrides"])})
         for name in ("gpu_ids", "cpu_ids"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
@@ -110,6 +148,10 @@ class ProbeResult:
     rank_peak_mem_bytes: list[int] = field(default_factory=list)  # each real rank's peak
     model_state_bytes: dict[str, int] = field(default_factory=dict)  # params, grads, optimizer
     engine_weight_bytes: int | None = None  # the rollout engine's weights on a rank, awake
+    probe_kind: str = "builtin"  # builtin | command (a short run of the user's trainer)
+    trainer_metrics: dict[str, float] = field(default_factory=dict)  # what the trainer logged
+    # itself (its own step time, throughput, memory), means over the steps after the first
+    steps_logged: int | None = None  # steps the trainer's log showed (command probes)
 
     @property
     def ok(self) -> bool:

@@ -27,16 +27,6 @@ def process_age_s() -> float:
     return time.time() - psutil.Process().create_time()
 
 
-def device_limit_bytes(request: ProbeRequest, capacity_bytes: int) -> int | None:
-    """The device memory the probe may use: --gpu-memory-limit, less --reserve-gpu-memory."""
-    limits = []
-    if request.gpu_memory_limit_bytes is not None:
-        limits.append(request.gpu_memory_limit_bytes)
-    if request.reserve_gpu_memory_bytes:
-        limits.append(capacity_bytes - request.reserve_gpu_memory_bytes)
-    return min(limits) if limits else None
-
-
 def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     import torch
 
@@ -58,7 +48,7 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
             import psutil
 
             capacity = psutil.virtual_memory().total
-        limit = device_limit_bytes(request, capacity)
+        limit = request.device_limit_bytes(capacity)
         if limit is not None and limit <= 0:
             raise MemoryError(f"device memory limit {limit} bytes leaves nothing for the probe")
         if device.type == "cuda" and limit is not None:
@@ -115,7 +105,11 @@ def main(argv: list[str]) -> int:
     request_path, result_path = argv
     with open(request_path) as handle:
         request = ProbeRequest.from_json(handle.read())
-    if request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:
+    if request.command is not None:  # a short run of the user's trainer: no torch here
+        from autotune.probe.command import run_command
+
+        result = run_command(request, result_path)
+    elif request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:
         from autotune.probe.launcher import launch_ranks
 
         result = launch_ranks(request, result_path)  # this process starts the W ranks

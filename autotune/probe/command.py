@@ -1,0 +1,304 @@
+"""The command probe: a short run of the user's own trainer, measured from outside and inside.
+
+The worker runs here, without torch, when the request carries a TrainerCommand. It writes the
+trial's trainer config into the trial's directory (`trial-00007.run/`), fills the launch
+line's placeholders, and starts the trainer in a session of its own, with a private Ray temp
+dir (its own Ray instance, never the driver's cluster). While it runs:
+
+- device memory: on GPUs, NVML's used memory of each GPU the probe is pinned to, less what was
+  in use before the run (so vLLM's pool and every Ray worker count); on a CPU, the run's RSS;
+- host memory: the summed RSS of every process carrying the probe's tag (process_tag.py),
+  the command's tree and the Ray workers it started alike;
+- throughput: the trainer's own step lines, parsed as they are printed (trainer_logs.py),
+  timestamped here, from the steps after the first.
+
+Past --gpu-memory-limit (less --reserve-gpu-memory) the run is killed as gpu_oom, past
+--host-memory-limit as host_oom. A run that ends badly is classified by oom.py on its log
+tail and exit code; one that exits 0 without a step line is a crash with its log kept.
+Once the steps asked for are logged the run is ended (a trainer's last validation and final
+checkpoint are not measured, so not waited for). Whatever happens, every tagged process is
+killed before the result is written, and if the driver dies the worker kills the run first
+(its parent-death signal is SIGTERM here).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotune.probe.launcher import die_with_parent
+from autotune.probe.oom import classify_exit, summarize
+from autotune.probe.process_tag import PROBE_TAG_ENV, kill_tagged, tagged_processes
+from autotune.probe.result import (
+    TRIAL_DIR_TOKEN,
+    ProbeRequest,
+    ProbeResult,
+    ProbeStatus,
+    TrainerCommand,
+)
+from autotune.probe.trainer_logs import StepLog
+
+SAMPLE_INTERVAL_S = 0.1
+TAG_SCAN_INTERVAL_S = 1.0  # how often processes outside the command's tree are looked for
+TAIL_LINES = 200
+
+
+def trial_dir_for(result_path: str) -> Path:
+    """trial-00007.result.json -> trial-00007.run/: the trainer's config and output."""
+    path = Path(result_path).resolve()
+    return path.parent / f"{path.name.split('.')[0]}.run"
+
+
+def launch_argv(command: TrainerCommand, config_path: Path, trial_dir: Path) -> list[str]:
+    """The launch line with its placeholders filled; {overrides} becomes one word each."""
+    def fill(word: str) -> str:
+        return (word.replace("{config}", str(config_path))
+                .replace("{config_dir}", str(config_path.parent))
+                .replace("{config_name}", config_path.stem)
+                .replace(TRIAL_DIR_TOKEN, str(trial_dir)))
+
+    argv: list[str] = []
+    for word in command.argv:
+        if word == "{overrides}":
+            argv.extend(fill(item) for item in command.overrides)
+        else:
+            argv.append(fill(word))
+    return argv
+
+
+class GpuMemory:
+    """NVML's used bytes on each of the probe's GPUs, above what was used before the run."""
+
+    def __init__(self) -> None:
+        self.nvml: Any = None
+        self.handles: list[Any] = []
+        self.baseline_bytes: list[int] = []
+        self.peak_bytes: list[int] = []
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and not visible.strip():
+            return  # pinned to no GPU: a CPU probe
+        with contextlib.suppress(Exception):
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            count = pynvml.nvmlDeviceGetCount()
+            ids = [int(i) for i in visible.split(",") if i.strip().isdigit()] \
+                if visible else list(range(count))
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids if i < count]
+        self.baseline_bytes = [self.used(h) for h in self.handles]
+        self.peak_bytes = [0 for _ in self.handles]
+
+    @property
+    def present(self) -> bool:
+        return bool(self.handles)
+
+    def used(self, handle: Any) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+    def sample(self) -> int:
+        """The largest use of any of the GPUs now, and keep each one's peak."""
+        now = [max(0, self.used(h) - base) for h, base in zip(self.handles, self.baseline_bytes,
+                                                              strict=True)]
+        self.peak_bytes = [max(p, n) for p, n in zip(self.peak_bytes, now, strict=True)]
+        return max(now)
+
+    def describe(self) -> dict[str, Any]:
+        handle = self.handles[0]
+        name = self.nvml.nvmlDeviceGetName(handle)
+        return {"device_name": name.decode() if isinstance(name, bytes) else name,
+                "device_capacity_bytes": int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)}
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+
+
+class RunMemory:
+    """The RSS of the command's tree and of every process carrying the probe's tag."""
+
+    def __init__(self, root: subprocess.Popen[bytes], tag: str | None) -> None:
+        self.root, self.tag = psutil.Process(root.pid), tag
+        self.members: dict[int, psutil.Process] = {root.pid: self.root}
+        self.scanned_at = -1e9
+        self.peak_rss_bytes = 0
+
+    def sample(self) -> int:
+        now = time.monotonic()
+        with contextlib.suppress(psutil.Error):
+            for child in self.root.children(recursive=True):
+                self.members.setdefault(child.pid, child)
+        if self.tag and now - self.scanned_at >= TAG_SCAN_INTERVAL_S:
+            self.scanned_at = now
+            for proc, _ in tagged_processes(self.tag):
+                if proc.pid != os.getpid() and proc.pid not in self.members:
+                    self.members[proc.pid] = proc
+        total = 0
+        for pid, proc in list(self.members.items()):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                del self.members[pid]
+        self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+        return total
+
+
+def kill_run(proc: subprocess.Popen[bytes], tag: str | None) -> None:
+    """The command's session, its descendants, and every other process of the probe's tag."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if tag:
+        kill_tagged(tag)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def clean_up_on_parent_death(state: dict[str, Any]) -> None:
+    """If the driver dies, this worker gets SIGTERM (not SIGKILL) and ends the run first."""
+    def on_term(signum: int, frame: Any) -> None:
+        proc = state.get("proc")
+        if proc is not None:
+            kill_run(proc, os.environ.get(PROBE_TAG_ENV))
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_command(request: ProbeRequest, result_path: str) -> ProbeResult:
+    """Run the trainer's command for its few steps and measure it; never raises."""
+    command = request.command
+    assert command is not None
+    state: dict[str, Any] = {}
+    clean_up_on_parent_death(state)
+    trial_dir = trial_dir_for(result_path)
+    shutil.rmtree(trial_dir, ignore_errors=True)  # a retried trial starts clean
+    trial_dir.mkdir(parents=True)
+    config_path = trial_dir / command.config_name
+    config_path.write_text(command.config_text.replace(TRIAL_DIR_TOKEN, str(trial_dir)))
+    argv = launch_argv(command, config_path, trial_dir)
+    ray_dir = tempfile.mkdtemp(prefix="at-ray-")  # short: Ray's socket paths must fit 107 B
+    env = {**os.environ, "RAY_TMPDIR": ray_dir, "PYTHONUNBUFFERED": "1",
+           "RAY_DEDUP_LOGS": "0"}  # every step line as printed, not merged across workers
+    env.pop("RAY_ADDRESS", None)  # the trainer starts its own Ray, never joins the driver's
+    print(f"autotune: {' '.join(argv)}", flush=True)
+    gpu = GpuMemory()
+    try:
+        return _run(request, command, argv, env, gpu, state)
+    finally:
+        gpu.close()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
+         env: dict[str, str], gpu: GpuMemory, state: dict[str, Any]) -> ProbeResult:
+    tag = os.environ.get(PROBE_TAG_ENV)
+    capacity = gpu.describe() if gpu.present else {
+        "device_name": "cpu (the run's RSS)",
+        "device_capacity_bytes": int(psutil.virtual_memory().total)}
+    limit = request.device_limit_bytes(capacity["device_capacity_bytes"])
+    log = StepLog(command.trainer, steps_per_cycle=command.steps_per_cycle)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    started = time.monotonic()
+    worker_pid = os.getpid()
+    try:
+        proc = subprocess.Popen(argv, cwd=command.cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                preexec_fn=lambda: die_with_parent(worker_pid))
+    except OSError as exc:
+        return ProbeResult(status=ProbeStatus.INVALID, probe_kind="command",
+                           message=f"--launch: cannot start {argv[0]!r}: {exc.strerror}; check "
+                                   "the launch line", device_limit_bytes=limit, **capacity)
+    state["proc"] = proc
+    reader = threading.Thread(target=copy_output, args=(proc, log, tail), daemon=True)
+    reader.start()
+    memory = RunMemory(proc, tag)
+    killed_for: tuple[ProbeStatus, str] | None = None
+    device_peak = 0
+    ended_early = False  # every step asked for is logged: what follows (a last validation,
+    # a checkpoint the trainer always writes at the end) is not measured, so not waited for
+    try:
+        while proc.poll() is None:
+            if log.steps_seen >= command.steps:
+                ended_early = True
+                break
+            rss = memory.sample()
+            device = gpu.sample() if gpu.present else rss
+            device_peak = max(device_peak, device)
+            if limit is not None and device > limit:
+                what = "NVML: every process on the GPU" if gpu.present else "the run's RSS"
+                killed_for = (ProbeStatus.GPU_OOM, f"device memory limit exceeded: {device} "
+                              f"bytes > {limit} bytes ({what}), at step {log.steps_seen + 1}")
+                break
+            host_limit = request.host_memory_limit_bytes
+            if host_limit is not None and rss > host_limit:
+                killed_for = (ProbeStatus.HOST_OOM, f"host memory limit exceeded: {rss} "
+                              f"bytes > {host_limit} bytes (the run's RSS), at step "
+                              f"{log.steps_seen + 1}")
+                break
+            time.sleep(SAMPLE_INTERVAL_S)
+    finally:
+        kill_run(proc, tag)
+    reader.join(timeout=10)
+    text_tail = "".join(tail)
+    base = dict(probe_kind="command", device_limit_bytes=limit, returncode=proc.returncode,
+                host_peak_rss_bytes=memory.peak_rss_bytes, peak_mem_bytes=device_peak or None,
+                rank_peak_mem_bytes=list(gpu.peak_bytes) if len(gpu.peak_bytes) > 1 else [],
+                steps_logged=log.steps_seen, world_size=request.world_size,
+                trainer_metrics=log.trainer_metrics(), **capacity,
+                versions=versions(command))
+    if killed_for is not None:
+        return ProbeResult(status=killed_for[0], message=killed_for[1], **base)
+    if proc.returncode != 0 and not ended_early:
+        status, message = classify_exit(proc.returncode, text_tail)
+        return ProbeResult(status=status, message=message, **base)
+    measured = log.throughput()
+    if measured is None:
+        seen = f"{log.steps_seen} step line(s)" if log.steps_seen else "no step line"
+        return ProbeResult(status=ProbeStatus.CRASH, **base, message=(
+            f"the trainer exited 0 with {seen} its {command.trainer} log parser can time "
+            f"(last line: {summarize(text_tail) or 'none'}); check the launch line and that "
+            "the run logs every step to the console"))
+    first_step_s = log.first_step_at - started if log.first_step_at else None
+    return ProbeResult(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
+                       samples_per_s=measured.samples_per_s, step_s=measured.step_s,
+                       startup_s=first_step_s, build_s=0.0, **base)
+
+
+def copy_output(proc: subprocess.Popen[bytes], log: StepLog,
+                tail: collections.deque[str]) -> None:
+    """The trainer's output, line by line: into the trial's log, the parser and the tail."""
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail.append(line)
+        log.feed(line, time.monotonic())
+    log.finish()
+
+
+def versions(command: TrainerCommand) -> dict[str, str]:
+    import platform
+
+    from autotune import __version__
+
+    return {"autotune": __version__, "python": platform.python_version(),
+            "probe": f"command ({command.trainer})"}

@@ -57,7 +57,8 @@ def _ordered(value: Any) -> float:
 
 
 def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
-                          host: bool = False, phase: str | None = None) -> bool:
+                          host: bool = False, phase: str | None = None,
+                          directions: dict[str, int] | None = None) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
@@ -65,13 +66,15 @@ def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
     same knob names (those of one search space; fixed knobs are equal by construction).
     With `phase` (where `known` ran out of device memory), only the knobs that move that
     phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
-    needs at least as much there.
+    needs at least as much there. `directions` adds the directions a search space declares
+    for a trainer's own keys.
     """
+    directions = directions or MEMORY_DIRECTION
     for name, known_value in known.items():
         if phase in PHASE_KNOBS and name not in PHASE_KNOBS[phase]:
             continue
         value = candidate[name]
-        direction = MEMORY_DIRECTION.get(name, 0)
+        direction = directions.get(name, 0)
         if host and name in OFFLOAD_KNOBS:
             direction = -direction
         if direction > 0 and _ordered(value) < _ordered(known_value):
@@ -107,6 +110,7 @@ class Feasibility:
         self.samples: list[tuple[MemoryEstimate, dict[str, int]]] = []
         self.calibration: Calibration | None = None
         self.capacity_bytes: int | None = None
+        self.directions: dict[str, int] | None = None  # the space's, trainer keys included
 
     @classmethod
     def for_request(cls, request: Any, config_for: Callable[[dict[str, Any]], Any],
@@ -149,7 +153,8 @@ class Feasibility:
         for known in self.known:
             host = known.status == "host_oom"  # host RSS is the whole process: every axis
             phase = None if host else known.failed_phase
-            if at_least_as_demanding(params, known.params, host=host, phase=phase):
+            if at_least_as_demanding(params, known.params, host=host, phase=phase,
+                                     directions=self.directions):
                 return known
         return None
 

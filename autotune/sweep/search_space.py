@@ -10,8 +10,16 @@ A space is a YAML file (see `search_spaces/`) in Optuna's vocabulary:
       rollout_n: 8
       max_response_length: 1024
 
-Every knob name is a canonical one (config.py). Loading checks everything at once and reports
-each problem with its file and key. Optuna is imported only when distributions are asked for.
+Knob names are the canonical ones (config.py). A sweep that probes the user's own trainer
+(`run --launch`) may also search the trainer's own keys, as the trainer spells them, each with
+the way it moves device memory declared so that OOM pruning still reasons about it:
+
+    params:
+      worker.rollout.gpu_memory_utilization:
+        {type: categorical, choices: [0.4, 0.5, 0.6], memory_direction: 1}
+
+and fix dotted trainer keys under `fixed`. Loading checks everything at once and reports each
+problem with its file and key. Optuna is imported only when distributions are asked for.
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ from typing import Any
 import yaml
 
 from autotune.config import (
-    KNOB_NAMES,
     MEMORY_DIRECTION,
     ProbeConfig,
     parse_knob_value,
@@ -38,48 +45,17 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.files import read_text_file
+from autotune.sweep.space_params import (
+    ParamSpec,
+    is_ordered,
+    is_trainer_key,
+    parse_param,
+    value_order,
+)
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_SPACE = "grpo"
-PARAM_TYPES = ("int", "categorical", "bool")
 MAX_ENUMERATED_CONFIGS = 200_000  # larger spaces are sampled but never listed in full
-_BOOL_KNOBS = {name for name in KNOB_NAMES if isinstance(getattr(ProbeConfig(), name), bool)}
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One searched knob: its Optuna distribution, written as plain values."""
-
-    name: str
-    kind: str  # int | categorical | bool
-    choices: tuple[Any, ...] = ()  # categorical (and bool: False, True)
-    low: int = 0
-    high: int = 0
-    step: int = 1
-    log: bool = False
-
-    def values(self) -> tuple[Any, ...]:
-        """Every value the parameter can take."""
-        if self.kind == "int":
-            if self.log:
-                return tuple(range(self.low, self.high + 1))
-            return tuple(range(self.low, self.high + 1, self.step))
-        return self.choices
-
-    def distribution(self) -> Any:
-        from optuna.distributions import CategoricalDistribution, IntDistribution
-
-        if self.kind == "int":
-            return IntDistribution(self.low, self.high, log=self.log, step=self.step)
-        return CategoricalDistribution(self.choices)
-
-    def as_dict(self) -> dict[str, Any]:
-        if self.kind == "int":
-            return {"type": "int", "low": self.low, "high": self.high, "step": self.step,
-                    "log": self.log}
-        if self.kind == "bool":
-            return {"type": "bool"}
-        return {"type": "categorical", "choices": list(self.choices)}
 
 
 @dataclass(frozen=True)
@@ -108,9 +84,33 @@ class SearchSpace:
     def distributions(self) -> dict[str, Any]:
         return {name: spec.distribution() for name, spec in self.params.items()}
 
+    @property
+    def trainer_keys(self) -> tuple[str, ...]:
+        """The trainer's own keys the space searches or fixes (only a command probe runs
+        them)."""
+        return tuple(name for name in (*self.params, *self.fixed) if is_trainer_key(name))
+
+    def direction(self, name: str) -> int:
+        """How `name` moves peak device memory as it grows: config.MEMORY_DIRECTION for a
+        knob, the space's declaration for a trainer key."""
+        spec = self.params.get(name)
+        if spec is not None and spec.memory_direction is not None:
+            return spec.memory_direction
+        return MEMORY_DIRECTION.get(name, 0)
+
+    @property
+    def directions(self) -> dict[str, int]:
+        return {**MEMORY_DIRECTION, **{name: self.direction(name) for name in self.params}}
+
     def config_for(self, params: dict[str, Any]) -> ProbeConfig:
-        """The full configuration of a trial (not checked: see `problems_for`)."""
-        return ProbeConfig(**{**self.fixed, **params})
+        """The full configuration of a trial (not checked: see `problems_for`); the trainer's
+        own keys are left out (see `trainer_values`)."""
+        return ProbeConfig(**{k: v for k, v in {**self.fixed, **params}.items()
+                              if not is_trainer_key(k)})
+
+    def trainer_values(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The trainer's own keys of a trial, fixed and searched, as the trainer spells them."""
+        return {k: v for k, v in {**self.fixed, **params}.items() if is_trainer_key(k)}
 
     def problems_for(self, params: dict[str, Any]) -> list[str]:
         config = self.config_for(params)
@@ -178,9 +178,10 @@ class SearchSpace:
         """How memory-hungry a combination is, 0 = the lightest value on every axis."""
         rank = 0.0
         for name, spec in self.params.items():
-            values = sorted(spec.values(), key=lambda v: -1.0 if v is None else float(v))
+            values = sorted(spec.values(), key=value_order) \
+                if all(is_ordered(v) for v in spec.values()) else list(spec.values())
             position = values.index(params[name]) / max(1, len(values) - 1)
-            direction = MEMORY_DIRECTION.get(name, 0)
+            direction = self.direction(name)
             rank += position if direction > 0 else (1 - position) if direction < 0 else 0
         return rank
 
@@ -188,8 +189,8 @@ class SearchSpace:
         """The lightest valid combination: every memory saver on, smallest micro-batches."""
         candidates = self.valid_grid()
         if candidates is None:  # too large to list: take the lightest value of each axis
-            candidates = [{name: min(spec.values(), key=lambda v, n=name: float(v) *
-                                     MEMORY_DIRECTION.get(n, 0))
+            candidates = [{name: min(spec.values(), key=lambda v, n=name: value_order(v) *
+                                     self.direction(n) if is_ordered(v) else 0.0)
                            for name, spec in self.params.items()}]
         if not candidates:
             first = self.problems_for(next(self.grid()))
@@ -256,7 +257,7 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
         problems.append(f"{where}: params: no knob to search; add at least one")
     params: dict[str, ParamSpec] = {}
     for name, raw in raw_params.items():
-        spec, found = _parse_param(str(name), raw, f"{where}: params.{name}")
+        spec, found = parse_param(str(name), raw, f"{where}: params.{name}")
         problems.extend(found)
         if spec is not None:
             params[str(name)] = spec
@@ -265,6 +266,12 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
         key = f"{where}: fixed.{name}"
         if name in raw_params:
             problems.append(f"{key}: also under params; a knob is either searched or fixed")
+            continue
+        if is_trainer_key(str(name)) and "." in str(name):
+            if isinstance(raw, dict):
+                problems.append(f"{key}: expected the trainer key's value (a scalar or a list)")
+            else:
+                fixed[str(name)] = raw
             continue
         try:
             fixed[str(name)] = parse_knob_value(str(name), raw)
@@ -279,57 +286,3 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
         problems.append(f"{where}: no combination of params and fixed passes the rules, "
                         f"e.g. {first[0]}")
     return space, problems
-
-
-def _parse_param(name: str, raw: Any, key: str) -> tuple[ParamSpec | None, list[str]]:
-    if name not in KNOB_NAMES:
-        return None, [f"{key}: {unknown_key_message(name, KNOB_NAMES, 'knob')}"]
-    if not isinstance(raw, dict):
-        return None, [f"{key}: expected a mapping such as {{type: categorical, choices: [1, 2]}}"]
-    kind = raw.get("type")
-    if kind not in PARAM_TYPES:
-        return None, [f"{key}.type: {kind!r} is not one of {', '.join(PARAM_TYPES)}"]
-    allowed = {"int": {"type", "low", "high", "step", "log"}, "bool": {"type"},
-               "categorical": {"type", "choices"}}[kind]
-    problems = [f"{key}.{k}: not a field of a {kind} param (fields: {', '.join(sorted(allowed))})"
-                for k in raw if k not in allowed]
-    is_bool_knob = name in _BOOL_KNOBS
-    if kind == "bool" or (is_bool_knob and kind != "categorical"):
-        if not is_bool_knob:
-            problems.append(f"{key}.type: bool, but {name} takes integers")
-        return (None if problems else ParamSpec(name, "bool", (False, True))), problems
-    if kind == "categorical":
-        choices = raw.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return None, [*problems, f"{key}.choices: expected a non-empty list"]
-        typed = []
-        for i, choice in enumerate(choices):
-            try:
-                typed.append(parse_knob_value(name, choice))
-            except ConfigError as err:
-                problems.extend(f"{key}.choices[{i}]: {p}" for p in err.problems)
-        if len(set(typed)) != len(typed):
-            problems.append(f"{key}.choices: a value is listed twice")
-        return (None if problems else ParamSpec(name, "categorical", tuple(typed))), problems
-    values = {}
-    for field_name in ("low", "high", "step"):
-        raw_value = raw.get(field_name, 1 if field_name == "step" else None)
-        if not isinstance(raw_value, int) or isinstance(raw_value, bool) or raw_value < 1:
-            problems.append(f"{key}.{field_name}: expected a positive integer, got {raw_value!r}")
-        values[field_name] = raw_value
-    log = raw.get("log", False)
-    if not isinstance(log, bool):
-        problems.append(f"{key}.log: expected true or false, got {log!r}")
-    if problems:
-        return None, problems
-    if values["low"] > values["high"]:
-        problems.append(f"{key}: low={values['low']} is above high={values['high']}")
-    if log and values["step"] != 1:
-        problems.append(f"{key}: log=true needs step=1 (Optuna cannot combine them)")
-    if not log and (values["high"] - values["low"]) % values["step"]:
-        problems.append(f"{key}: high - low = {values['high'] - values['low']} is not a "
-                        f"multiple of step={values['step']}")
-    if problems:
-        return None, problems
-    return ParamSpec(name, "int", low=values["low"], high=values["high"], step=values["step"],
-                     log=log), []

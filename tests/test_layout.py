@@ -22,14 +22,15 @@ ALLOWED: dict[str, set[str]] = {
     "probe": BASE | {"config", "files", "hardware", "registry", "probe"},
     "memory": BASE | {"config", "registry", "memory"},
     "runners": BASE | {"config", "files", "probe.result", "probe.oom", "probe.launcher",
-                       "runners", "hardware"},
+                       "probe.process_tag", "runners", "hardware"},
     "trainers": BASE | {"config", "files", "trainers"},
     "sweep": BASE | {"config", "files", "hardware", "registry", "probe.result", "probe.oom",
                      "runners", "memory", "trainers", "sweep"},
     "cli": {"*"},
 }
 TORCH_FREE = ("config", "errors", "files", "hardware", "registry", "memory", "runners",
-              "trainers", "sweep", "cli", "probe.result", "probe.oom", "probe.launcher")
+              "trainers", "sweep", "cli", "probe.result", "probe.oom", "probe.launcher",
+              "probe.process_tag", "probe.command", "probe.trainer_logs")
 
 
 def concern(module: str) -> str:

@@ -58,11 +58,13 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
     topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
                             measured_on)
     text = render(adapter, document["config"], topology, base,
-                  provenance_lines(document, adapter, topology))
+                  provenance_lines(document, adapter, topology),
+                  extra=document.get("trainer_keys"))
     path = Path(out_path) if out_path else \
         Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
     write_new(path, text)
-    overrides = override_line(adapter, document["config"], topology)
+    overrides = override_line(adapter, document["config"], topology,
+                              document.get("trainer_keys"))
     click.echo(f"wrote {path}")
     click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides,
                                                   world=topology.world_size))

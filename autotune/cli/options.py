@@ -67,11 +67,14 @@ def probe_options(model_required: bool = True) -> Any:
 
 
 def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
-                        local: bool = True, check_rules: bool = True) -> Any:
+                        local: bool = True, check_rules: bool = True,
+                        known_model: bool = True) -> Any:
     """A ProbeRequest from the shared probe options and typed knob values, every option
     checked before any probe starts. `local`: probes run on this machine (not a Ray cluster),
     so --device cuda needs a GPU here. `check_rules`: the knobs must pass the batch rules (a
-    sweep's template config need not: each trial's config is checked as it is asked)."""
+    sweep's template config need not: each trial's config is checked as it is asked).
+    `known_model`: --model must be in the registry (a probe of the user's trainer runs the
+    model of the trainer's config; --model is then a label)."""
     from pathlib import Path
 
     from autotune.config import ProbeConfig, make_probe_config, parse_bytes, parse_duration_s
@@ -80,7 +83,8 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
     from autotune.registry import get_model_spec, read_model_path_config
 
     if options["model_path"] is None:
-        get_model_spec(options["model"])
+        if known_model:
+            get_model_spec(options["model"])
     else:
         read_model_path_config(options["model_path"])
     if local and options["device"] == "cuda" and not has_nvidia_gpu():

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from autotune.cli.launch import command_defaults, command_ranks, command_setup
 from autotune.cli.options import build_probe_request, default_topology, probe_options
 from autotune.errors import ConfigError
 from autotune.hardware import has_nvidia_gpu
@@ -75,13 +76,18 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
 @click.option("--trainer", type=click.Choice(["easyr1", "verl", "trl"]), default=None,
               help="Sample only configs this trainer accepts, start from its config "
                    "(--base-config is then its YAML), write best.<trainer>.yaml.")
+@click.option("--launch", default=None, metavar="'CMD ... {config}'",
+              help="With --trainer: probe your own trainer. Each trial runs this launch line "
+                   "for a few steps, {config} replaced by the trial's config file "
+                   "({overrides}: key=value words instead).")
 @click.pass_context
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
         assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
         gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
-        heartbeat: str, confirm: int, trainer: str | None, **options: Any) -> None:
+        heartbeat: str, confirm: int, trainer: str | None, launch: str | None,
+        **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
@@ -94,6 +100,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     autotune run --model qwen2.5-vl-7b --trials 60 --timeout 8h
     autotune run --model qwen2.5-7b --gpu-memory-limit 40GiB --objective pareto
     autotune run --model qwen2.5-7b --trainer easyr1 --base-config examples/config.yaml
+    autotune run --trainer trl --base-config grpo.yaml --launch "python train.py --config {config}"
     autotune run --model qwen2.5-7b --gpus-per-trial 1          # 8 GPUs: 8 probes at once
     autotune run --model qwen2.5-7b --executor ray --address auto --storage postgresql://db/at
     """
@@ -115,9 +122,15 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         raise ConfigError("--address: only with --executor ray")
     if storage is not None:  # a bad --storage is refused before anything is said or made
         check_storage(storage)
+    if launch is not None:
+        space = command_defaults(trainer, options, space)
     note, space, trials = embedded_default(ctx, options, space, trials, timeout_total,
                                            patience)
     loaded = load_search_space(space)
+    if loaded.trainer_keys and launch is None:
+        raise ConfigError(f"{loaded.source}: searches the trainer's own keys "
+                          f"({', '.join(loaded.trainer_keys)}); only a run of your trainer can "
+                          "apply them: add --trainer and --launch")
     if trainer is None:  # with --trainer, its base config's topology is the default
         default_topology(options)
     export_to, topology = None, Topology(options["nnodes"] or 1, options["gpus_per_node"] or 1)
@@ -134,12 +147,19 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     name = check_study_name(study if study is not None else
                             f"{options['model']}-{search_space.name}")
     options.update(nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node)
-    ranks_note, confirm, gpus_per_trial = plan_ranks(ctx, options, executor, confirm,
-                                                     gpus_per_trial)
+    command = None
+    if launch is not None:
+        ranks_note, confirm, gpus_per_trial = command_ranks(ctx, options, topology,
+                                                            gpus_per_trial)
+        command = command_setup(export_to, launch, search_space, options)
+    else:
+        ranks_note, confirm, gpus_per_trial = plan_ranks(ctx, options, executor, confirm,
+                                                         gpus_per_trial)
     safe = search_space.config_for(search_space.safe_params())  # the template's config
     request = build_probe_request(options, safe.as_dict(), local=executor == "local",
-                                  check_rules=False)
-    check_model_on_device(request, safe, device_checks=executor == "local")
+                                  check_rules=False, known_model=command is None)
+    if command is None:
+        check_model_on_device(request, safe, device_checks=executor == "local")
     runner, slots = make_runner(executor, address, request, parallel, gpus_per_trial)
     settings = SweepSettings(
         study_name=name, study_dir=Path(results_dir) / name, space=search_space,
@@ -150,7 +170,8 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         prune_dominated=not no_prune, prescreen=not no_prescreen,
         trainer=f"{trainer} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if export_to else None, storage=storage, slots=tuple(slots),
-        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"), confirm=confirm)
+        heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"), confirm=confirm,
+        command=command)
     for line in (note, ranks_note):
         if line:
             click.echo(line, err=True)

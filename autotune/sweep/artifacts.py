@@ -110,6 +110,9 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
     identity = attrs["identity"]
     merged = {**request.get("config", {}), **space["fixed"], **trial.params}
     config = {name: merged[name] for name in KNOB_NAMES if name in merged}
+    # the trainer's own keys a command sweep searched or fixed, as the trainer spells them
+    trainer_keys = {name: value for name, value in {**space["fixed"], **trial.params}.items()
+                    if name not in KNOB_NAMES}
     objective = identity["objective"]
     front = pareto_front(study)
     return {
@@ -118,6 +121,7 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         "objective": objective,
         "objective_values": dict(zip(attrs.get("objective_names", []), trial.values, strict=True)),
         "config": config,
+        **({"trainer_keys": trainer_keys} if trainer_keys else {}),
         "searched": list(space["params"]),
         "measured": {
             "tokens_per_s": result["tokens_per_s"],
@@ -136,6 +140,8 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
         "pareto_front": [t.number for t in front],
         "provenance": {
+            "probe": identity.get("probe", "builtin"),
+            **({"command": attrs["command"]} if attrs.get("command") else {}),
             "model": identity["model"],
             "model_path": identity["model_path"],
             "topology": {"nnodes": request.get("nnodes", 1),
@@ -170,10 +176,12 @@ def write_artifacts(study: Any, study_dir: Path) -> Path | None:
     document = best_document(study, trial)
     measured = document["measured"]
     emulated = document["provenance"]["topology"]["ranks"] == "emulated"
+    command = document["provenance"].get("command")
+    how = " (one emulated rank: time without communication)" if emulated else \
+        f" (runs of your {command['trainer']} launch line)" if command else ""
     header = (f"# autotune best configuration of study {study.study_name}: trial "
               f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
-              f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak"
-              f"{' (one emulated rank: time without communication)' if emulated else ''}\n"
+              f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak{how}\n"
               f"# model {document['provenance']['model']} on {document['provenance']['device']}"
               f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
     path = study_dir / "best.yaml"
@@ -194,7 +202,8 @@ def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
     if base is not None:  # render edits the tree in place when it cannot edit the text
         base = load_trainer_yaml_text(base[1])
     text = render(adapter, document["config"], topology, base,
-                  provenance_lines(document, adapter, topology))
+                  provenance_lines(document, adapter, topology),
+                  extra=document.get("trainer_keys"))
     path = study_dir / f"best.{adapter.name}.yaml"
     write_text_atomic(path, text)
     return path

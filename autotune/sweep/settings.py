@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.probe.result import ProbeRequest
+from autotune.sweep.command_probe import CommandTemplate
 from autotune.sweep.parallel import Slot
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.sharing import HEARTBEAT_S
@@ -36,6 +38,19 @@ class SweepSettings:
     slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)
     heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
     confirm: int = 0  # emulated sweeps: probe the best K again with real ranks at the end
+    command: CommandTemplate | None = None  # probes are short runs of the user's trainer
+
+    @property
+    def probe_kind(self) -> str:
+        """builtin, or command:<trainer>:<hash of the launch line and base config>."""
+        return self.command.identity if self.command is not None else "builtin"
+
+    def request_for(self, params: dict[str, Any]) -> ProbeRequest:
+        """The probe of one trial: the template with the trial's config (and command)."""
+        config = self.space.config_for(params)
+        command = self.command.command_for(config, self.space.trainer_values(params)) \
+            if self.command is not None else None
+        return dataclasses.replace(self.request, config=config, command=command)
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must share with the run that created it: anything that changes
@@ -50,4 +65,4 @@ class SweepSettings:
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
                 "timed_steps": request.timed_steps, "trainer": self.trainer,
                 "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node,
-                "emulated": request.emulated}
+                "emulated": request.emulated, "probe": self.probe_kind}

@@ -268,11 +268,15 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
             "params": {k: v.as_dict() for k, v in space.params.items()},
             "fixed": space.fixed})
         study.set_user_attr("request", json.loads(settings.request.to_json()))
+        if settings.command is not None:  # a probe is a short run of the user's trainer
+            study.set_user_attr("command", {"trainer": settings.command.adapter.name,
+                                            "launch": settings.command.launch,
+                                            "steps": settings.command.steps})
         study.set_user_attr("autotune_version", __version__)
         study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     else:
         older = {"nnodes": 1, "gpus_per_node": 1,  # studies made before topology was asked
-                 "emulated": False}
+                 "emulated": False, "probe": "builtin"}
         changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
                    for k, v in identity.items() if stored.get(k, older.get(k)) != v]
         if changed:

@@ -14,7 +14,6 @@ from its saved result, or fails it and queues its params again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -85,6 +84,7 @@ class Sweep:
         self.stuck_asks = 0  # asks in a row that probed nothing
         self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
                                                    settings.prune_dominated, settings.prescreen)
+        self.feasibility.directions = self.space.directions
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)
@@ -293,8 +293,7 @@ class Sweep:
     def submit(self, pending: Pending) -> None:
         """Start the trial's probe on a free slot."""
         number = pending.trial.number
-        request = dataclasses.replace(self.settings.request,
-                                      config=self.space.config_for(pending.params))
+        request = self.settings.request_for(pending.params)
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
         self.state.running[number] = pending.params

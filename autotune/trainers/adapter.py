@@ -39,6 +39,12 @@ class Adapter:
     # one GPU's share of the batches, computed as the trainer's own code normalises them
     # (responses_per_step, responses_per_minibatch): must agree with config.device_share
     share: Callable[[dict[str, Any], Topology], dict[str, int]] | None = None
+    # a probe of the trainer's own run (`run --launch`): the keys that make it a short run of
+    # `steps` logged steps (validating or not), and how many logged steps one rollout makes
+    short_run: Callable[[int, bool, str], dict[str, Any]] | None = None  # (steps, validate,
+    # the trial's directory, where its output goes)
+    steps_per_rollout: Callable[[dict[str, Any]], int] | None = None
+    derived_knobs: tuple[str, ...] = ()  # knobs written through `derive`, not `keys`
 
     def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
         """Every dotted key this export writes, with its value."""

@@ -63,6 +63,16 @@ def _easyr1_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
             "responses_per_minibatch": k["global_batch_size"] * n // world}
 
 
+def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+    """verl/trainer/config.py TrainerConfig of EasyR1: stop after `steps` steps, validate
+    only before training when asked, log to the console, keep checkpoints out of the way."""
+    return {"trainer.max_steps": steps, "trainer.val_freq": -1,
+            "trainer.val_before_train": validate, "trainer.save_freq": -1,
+            "trainer.logger": ["console"], "trainer.find_last_checkpoint": False,
+            "trainer.save_model_only": True,
+            "trainer.save_checkpoint_path": f"{trial_dir}/checkpoints"}
+
+
 EASYR1 = Adapter(
     name="easyr1",
     keys={"rollout_batch_size": ("data.rollout_batch_size",),
@@ -86,4 +96,5 @@ EASYR1 = Adapter(
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True},
     share=_easyr1_share,
+    short_run=_easyr1_short_run,
 )

@@ -76,7 +76,28 @@ def load_trainer_yaml(path: str) -> tuple[Any, str]:
 def scalar_text(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, str) and misread(value):
+        return "'" + value.replace("'", "''") + "'"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def misread(text: str) -> bool:
+    """Whether a YAML 1.1 reader (PyYAML, OmegaConf: what the trainers load with) would not
+    read `text`, written plain, back as this string: `no` is false there, `1e-5` a string."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) != text
+    except yaml.YAMLError:
+        return True
+
+
+def yaml_value(value: Any) -> Any:
+    """`value` as the tree holds it: a string a YAML 1.1 reader would misread, quoted."""
+    from ruamel.yaml.scalarstring import SingleQuotedScalarString
+
+    return SingleQuotedScalarString(value) if isinstance(value, str) and misread(value) \
+        else value
 
 
 def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
@@ -86,8 +107,9 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
     for key, value in values.items():
         *parents, leaf = key.split(".")
         parent = dotted_get(tree, ".".join(parents)) if parents else tree
-        if not hasattr(parent, "lc") or leaf not in parent or hasattr(parent[leaf], "items"):
-            return None
+        if not hasattr(parent, "lc") or leaf not in parent or hasattr(parent[leaf], "items") \
+                or isinstance(parent[leaf], list) or isinstance(value, list | tuple):
+            return None  # a mapping or a list: the tree is re-serialised
         line, column = parent.lc.value(leaf)
         token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", lines[line][column:])
         if token is None:
@@ -115,8 +137,11 @@ def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
 
 
 def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
-           base: tuple[Any, str] | None, provenance: list[str]) -> str:
-    """The exported file's text; ConfigError naming every broken rule instead."""
+           base: tuple[Any, str] | None, provenance: list[str],
+           extra: dict[str, Any] | None = None) -> str:
+    """The exported file's text; ConfigError naming every broken rule instead. `extra`:
+    more trainer keys to write as they are (a command probe's short-run settings and the
+    space's trainer keys)."""
     from ruamel.yaml.comments import CommentedMap
 
     tree = base[0] if base is not None else CommentedMap()
@@ -133,12 +158,13 @@ def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
     if adapter.topology_keys:
         nodes_key, gpus_key = adapter.topology_keys
         values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+    values.update(extra or {})
     header = "".join(f"# {line}\n" if line else "#\n" for line in provenance)
     edited = edit_in_place(base[1], tree, values) if base is not None else None
     if edited is not None:
         return header + edited
     for key, value in values.items():
-        dotted_set(tree, key, value)
+        dotted_set(tree, key, yaml_value(value))
     buffer = io.StringIO()
     _yaml().dump(tree, buffer)
     return header + buffer.getvalue()
@@ -149,6 +175,14 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
     versions = prov.get("versions") or {}
     phases = ", ".join(f"{p} {format_bytes(v)}" for p, v in
                        measured["phase_peak_mem_bytes"].items())
+    command = prov.get("command")
+    if command:  # a command probe: the user's own trainer, measured from outside
+        how = [f"measured by {command['steps']}-step runs of your {command['trainer']} launch "
+               f"line on {prov.get('device')}: {command['launch']}"]
+    else:
+        how = [f"per phase: {phases}", *ranks_lines(document),
+               f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
+               f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}"]
     return [f"exported by autotune {versions.get('autotune', '?')} for {adapter.name} on "
             f"{time.strftime('%Y-%m-%d')}",
             f"study {document['study']}, trial {document['trial']}: "
@@ -156,9 +190,7 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"{format_bytes(measured['peak_mem_bytes'])} of a "
             f"{format_bytes(measured['budget_bytes'])} budget "
             f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
-            f"per phase: {phases}", *ranks_lines(document),
-            f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
-            f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}",
+            *how,
             f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
             f"{topology.gpus_per_node} GPU(s); only the tuned keys were changed", ""]
 
@@ -180,15 +212,37 @@ def ranks_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology) -> str:
+def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
+                  extra: dict[str, Any] | None = None) -> str:
     """The same keys as `key=value` overrides for a launch script."""
-    values = adapter.tuned_values(knobs, topology)
+    values = {**adapter.tuned_values(knobs, topology), **(extra or {})}
     if adapter.topology_keys is None:  # HfArgumentParser flags
         return " ".join(f"--{key} {scalar_text(value)}" for key, value in values.items()
                         if value is not None)
     values.update({adapter.topology_keys[0]: topology.nnodes,
                    adapter.topology_keys[1]: topology.gpus_per_node})
     return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
+
+
+def override_words(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
+                   extra: dict[str, Any]) -> list[str]:
+    """The tuned keys, the topology and `extra` as command-line words: `key=value` for the
+    Hydra and OmegaConf trainers, `--key value` for TRL's HfArgumentParser."""
+    values = {**adapter.tuned_values(knobs, topology), **extra}
+    if adapter.topology_keys is None:  # argv words: nothing to quote
+        return [word for key, value in values.items() if value is not None
+                for word in (f"--{key}", str(value).lower() if isinstance(value, bool)
+                             else str(value))]
+    values.update({adapter.topology_keys[0]: topology.nnodes,
+                   adapter.topology_keys[1]: topology.gpus_per_node})
+    return [f"{key}={override_text(value)}" for key, value in values.items()]
+
+
+def override_text(value: Any) -> str:
+    """A value as a Hydra/OmegaConf override writes it (lists as [a,b])."""
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(override_text(item) for item in value) + "]"
+    return scalar_text(value)
 
 
 def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,

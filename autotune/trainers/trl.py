@@ -65,6 +65,16 @@ def _trl_underive(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, A
             "rollout_batch_size": generation // n}
 
 
+def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+    """transformers' TrainingArguments: stop after `steps` optimizer steps, save nothing,
+    log every step as a dict on the console (PrinterCallback, with the progress bar off)."""
+    evaluation = {"eval_strategy": "steps", "eval_steps": steps} if validate else \
+        {"eval_strategy": "no"}
+    return {"max_steps": steps, "save_strategy": "no", "report_to": "none",
+            "logging_steps": 1, "disable_tqdm": True, "push_to_hub": False,
+            "output_dir": f"{trial_dir}/output", **evaluation}
+
+
 TRL = Adapter(
     name="trl",
     keys={"micro_batch_size_update": ("per_device_train_batch_size",),
@@ -79,4 +89,8 @@ TRL = Adapter(
     underive=_trl_underive,
     defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True},  # GRPOConfig
     share=_trl_share,
+    short_run=_trl_short_run,
+    # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
+    steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
+    derived_knobs=("global_batch_size", "rollout_batch_size"),
 )

@@ -50,6 +50,15 @@ def _verl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
             "responses_per_minibatch": k["global_batch_size"] * n // world}
 
 
+def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+    """verl/trainer/config/ppo_trainer.yaml's trainer section: stop after `steps` steps,
+    validate only before training when asked, log to the console, never resume or save."""
+    return {"trainer.total_training_steps": steps, "trainer.test_freq": -1,
+            "trainer.val_before_train": validate, "trainer.save_freq": -1,
+            "trainer.logger": ["console"], "trainer.resume_mode": "disable",
+            "trainer.default_local_dir": f"{trial_dir}/checkpoints"}
+
+
 VERL = Adapter(
     name="verl",
     keys={"rollout_batch_size": ("data.train_batch_size",),
@@ -79,4 +88,5 @@ VERL = Adapter(
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False},
     share=_verl_share,
+    short_run=_verl_short_run,
 )

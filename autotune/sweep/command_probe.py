@@ -1,0 +1,96 @@
+"""Probing the user's own trainer: each trial's TrainerCommand, built from the launch line.
+
+`run --trainer T --launch "CMD ..."` makes every probe a short run of the user's trainer
+(probe/command.py runs and measures it). For each trial the candidate is written through the
+export path (trainers/export.py: merged into the user's YAML, the trainer's rules checked
+first), with the trainer's own short-run settings on top (a few steps, no checkpoint, the
+console logger only, validation only when the space tunes it) and the space's trainer keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import ProbeConfig, Topology
+from autotune.errors import ConfigError
+from autotune.probe.result import TRIAL_DIR_TOKEN, TrainerCommand
+from autotune.trainers.adapter import Adapter
+from autotune.trainers.export import load_trainer_yaml_text, override_words, render
+
+PLACEHOLDERS = ("{config}", "{config_dir}", "{config_name}", "{overrides}")
+
+
+@dataclass(frozen=True)
+class CommandTemplate:
+    """What every trial's command shares: the trainer, the user's YAML, the launch line."""
+
+    adapter: Adapter
+    launch: str  # as the user typed it
+    argv: tuple[str, ...]
+    topology: Topology
+    base_text: str | None  # the user's trainer YAML (None: the trainer's defaults)
+    steps: int  # training steps of a probe: warm-up and timed
+    validate: bool  # the space tunes validation: the short run validates
+    cwd: str
+
+    @property
+    def identity(self) -> str:
+        """What a resumed study must share: the trainer, the launch line, the base config."""
+        digest = hashlib.sha256(f"{self.launch}\0{self.base_text or ''}".encode())
+        return f"command:{self.adapter.name}:{digest.hexdigest()[:12]}"
+
+    def command_for(self, config: ProbeConfig, trainer_values: dict[str, Any]) -> TrainerCommand:
+        """The trial's command: its config file's text, or the override words, or both."""
+        knobs = config.as_dict()
+        base = load_trainer_yaml_text(self.base_text) if self.base_text is not None else None
+        cycle = self.adapter.steps_per_rollout(knobs) if self.adapter.steps_per_rollout else 1
+        short = self.adapter.short_run(self.steps * cycle, self.validate, TRIAL_DIR_TOKEN) \
+            if self.adapter.short_run else {}
+        extra = {**short, **trainer_values}
+        provenance = [f"autotune probe: {self.adapter.name} for {self.steps} step(s), "
+                      f"written per trial; not a config to train with", ""]
+        text = render(self.adapter, knobs, self.topology, base, provenance, extra=extra)
+        return TrainerCommand(
+            trainer=self.adapter.name, argv=self.argv, config_text=text,
+            config_name=f"{self.adapter.name}.yaml",
+            overrides=tuple(override_words(self.adapter, knobs, self.topology, extra)),
+            steps=self.steps * cycle, steps_per_cycle=cycle, cwd=self.cwd)
+
+
+def parse_launch(launch: str) -> tuple[str, ...]:
+    """The launch line as words; it must say where the trial's config goes."""
+    try:
+        argv = tuple(shlex.split(launch))
+    except ValueError as err:
+        raise ConfigError(f"--launch {launch!r}: {err}; quote it as your shell would") from None
+    if not argv:
+        raise ConfigError("--launch: empty; give the command you launch your trainer with, "
+                          "e.g. --launch 'python train.py --config {config}'")
+    if not any(p in word for word in argv for p in PLACEHOLDERS):
+        raise ConfigError(f"--launch {launch!r}: no placeholder for the trial's config; put "
+                          "{config} where your trainer takes its YAML file (or {overrides} "
+                          "for key=value overrides, {config_dir} and {config_name} for "
+                          "Hydra's --config-path/--config-name)")
+    return argv
+
+
+def check_command_space(space: Any, adapter: Adapter) -> list[str]:
+    """Knobs the trainer's config cannot hold, searched in a command sweep: one line each."""
+    writable = set(adapter.keys) | set(adapter.derived_knobs)
+    problems = [f"{space.source}: params.{name}: {adapter.name} has no key for it, so a run "
+                f"of the trainer cannot apply it; drop it from the space or search the "
+                f"trainer's own key (with memory_direction)"
+                for name, spec in space.params.items()
+                if not spec.is_trainer_key and name not in writable]
+    return problems
+
+
+def command_template(adapter: Adapter, launch: str, topology: Topology,
+                     base_text: str | None, steps: int, validate: bool) -> CommandTemplate:
+    return CommandTemplate(adapter=adapter, launch=launch, argv=parse_launch(launch),
+                           topology=topology, base_text=base_text, steps=max(2, steps),
+                           validate=validate, cwd=os.getcwd())

@@ -37,6 +37,9 @@ def make_sandbox(root: Path) -> None:
         "deep.yaml": "[" * 5000, "notjournal.txt": "hello\n", "existing.log": "keep me\n",
         "a_file": "not a folder\n", "badjson/config.json": "{oops", "noconfig/.keep": "",
         "out_exists.yaml": "keep: me\n",
+        "trainer_key.yaml": "params:\n  micro_batch_size_experience: {type: categorical, "
+                            "choices: [1, 2]}\n  "
+                            "a.b: {type: categorical, choices: [1, 2], memory_direction: 1}\n",
     }
     for name, content in files.items():
         path = root / name
@@ -140,6 +143,13 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--trainer", "easyr1", "--base-config", "not_utf8.yaml"], "not UTF-8 text"),
     (RUN + ["--trainer", "verl", "--base-config", "list.yaml"], "expected a mapping of trainer"),
     (RUN + ["--no-such-flag"], "No such option '--no-such-flag'"),
+    # run --launch: the user's own trainer
+    (RUN + ["--launch", "python t.py --config {config}"], "--launch needs --trainer"),
+    (RUN + ["--trainer", "trl", "--launch", "python t.py"], "no placeholder for the trial's"),
+    (RUN + ["--trainer", "trl", "--launch", "python 't.py {config}"], "quote it as your"),
+    (RUN + ["--trainer", "trl", "--launch", "python t.py --config {config}", "--space",
+            "trainer_key.yaml"], "params.micro_batch_size_experience: trl has no key for it"),
+    (["run", "--space", "trainer_key.yaml", "--trials", "1"], "only a run of your trainer"),
     (["nope"], "No such command 'nope'"),
     # probe
     (["probe", "--model", "tiny-qwen2.5", "--device", "cuda"], "--device cuda: no NVIDIA GPU"),

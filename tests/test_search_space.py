@@ -131,3 +131,60 @@ def test_headroom_parsing():
     for bad in ("100%", "-1", "lots"):
         with pytest.raises(ConfigError, match="--headroom"):
             parse_headroom(bad)
+
+
+TRAINER_SPACE = """\
+params:
+  micro_batch_size_update: {type: categorical, choices: [1, 2, 4]}
+  worker.rollout.gpu_memory_utilization:
+    {type: categorical, choices: [0.4, 0.6, 0.8], memory_direction: 1}
+  worker.rollout.enforce_eager: {type: bool, memory_direction: 0}
+fixed:
+  worker.rollout.max_num_batched_tokens: 8192
+"""
+
+
+def test_a_trainers_own_keys_are_searched_with_their_declared_direction(tmp_path):
+    from autotune.sweep.feasibility import Feasibility
+
+    path = tmp_path / "easyr1.yaml"
+    path.write_text(TRAINER_SPACE)
+    space = load_search_space(str(path))
+    assert space.trainer_keys == ("worker.rollout.gpu_memory_utilization",
+                                  "worker.rollout.enforce_eager",
+                                  "worker.rollout.max_num_batched_tokens")
+    safe = space.safe_params()
+    assert safe["worker.rollout.gpu_memory_utilization"] == 0.4  # the lightest
+    params = {**safe, "micro_batch_size_update": 2}
+    assert space.config_for(params).micro_batch_size_update == 2  # knobs only
+    assert space.trainer_values(params) == {
+        "worker.rollout.max_num_batched_tokens": 8192,
+        "worker.rollout.gpu_memory_utilization": 0.4,
+        "worker.rollout.enforce_eager": safe["worker.rollout.enforce_eager"]}
+    # a measured OOM at 0.6 proves 0.8 must OOM too, and says nothing about 0.4
+    feasibility = Feasibility()
+    feasibility.directions = space.directions
+    oom = {**params, "worker.rollout.gpu_memory_utilization": 0.6}
+    feasibility.record(3, oom, "gpu_oom")
+    assert feasibility.predict({**oom, "worker.rollout.gpu_memory_utilization": 0.8})
+    assert feasibility.predict({**oom, "worker.rollout.gpu_memory_utilization": 0.4}) is None
+    flipped = not oom["worker.rollout.enforce_eager"]  # no direction: only equal values count
+    assert feasibility.predict({**oom, "worker.rollout.enforce_eager": flipped}) is None
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ("worker.rollout.gpu_memory_utilizaton: {type: categorical, choices: [0.4]}",
+     "also needs memory_direction"),
+    ("micro_batch_size_update: {type: categorical, choices: [1], memory_direction: 1}",
+     "is a knob; its direction is known"),
+    ("a.b: {type: categorical, choices: [0.4], memory_direction: 2}", "expected 1"),
+    ("a.b: {type: categorical, choices: [x, y], memory_direction: 1}", "numeric choices"),
+    ("a.b: {type: categorical, choices: [1, 1], memory_direction: 1}", "listed twice"),
+    ("a.b: {type: float, low: 0.1, memory_direction: 1}", "is not one of"),
+])
+def test_a_bad_trainer_key_is_one_line_with_file_and_key(tmp_path, entry, problem):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"params:\n  {entry}\n")
+    space, problems = check_search_space(str(path))
+    assert space is None and len(problems) == 1
+    assert problems[0].startswith(f"{path}: params.") and problem in problems[0]

@@ -8,7 +8,11 @@ registry models, a real OOM, memory and throughput figures against the memory mo
   rank's shards, gathered units, activations, logits, AdamW and the rollout engine's whole
   bf16 copy are real allocations; collectives move no data);
 - a real OOM: qwen2.5-7b's rank under a 24 GiB cap (--gpu-memory-limit), which its model
-  states and engine copy alone exceed.
+  states and engine copy alone exceed;
+- when trl is installed: a command sweep (`autotune run --trainer trl --launch ...`) of TRL's
+  GRPOTrainer on the qwen2.5-0.5b architecture (random weights, a tokenizer built here), 3
+  probes over per_device_train_batch_size 8, 32 and 256 with and without checkpointing, the
+  largest a real CUDA OOM of the whole card.
 
 Each row: status, the phase an OOM hit, tokens/s, per-phase peaks against memory.py's prior
 estimate for the same rank, and model states against memory.py's exact term. Writes
@@ -91,6 +95,43 @@ def describe(row: dict) -> str:
             f"build {row['build_s']:.0f} s")
 
 
+TRL_SPACE = """\
+params:
+  micro_batch_size_update: {type: categorical, choices: [8, 32, 256]}
+  gradient_checkpointing: {type: bool}
+"""
+
+
+def trl_command_sweep(where: Path) -> list[str]:
+    """TRL's own GRPOTrainer probed by `run --launch` on the GPU: the study's lines."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("trl") is None:
+        return ["trl command sweep: trl is not installed here (carry its wheel); skipped"]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from trl_fixture import make_trl_workspace
+
+    from autotune.registry import get_model_spec
+
+    numbers = dict(get_model_spec("qwen2.5-0.5b").text_config)
+    workspace = make_trl_workspace(
+        where / "trl", vocab_size=16384, architecture=numbers, use_cpu=False, bf16=True,
+        model_init_kwargs={"dtype": "bfloat16"}, per_device_train_batch_size=8,
+        num_generations=8, gradient_accumulation_steps=32, max_completion_length=512)
+    space = where / "trl-space.yaml"
+    space.write_text(TRL_SPACE)
+    launch = f"{sys.executable} {workspace.script} --config {{config}}"
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
+         str(workspace.config), "--launch", launch, "--space", str(space), "--trials", "3",
+         "--gpus", "0", "--results-dir", str(where / "results"), "--study", "trl-gpu",
+         "--probe-timeout", "150s"], capture_output=True, text=True, timeout=300)
+    out = (done.stdout + done.stderr).strip().splitlines()
+    return ["trl command sweep (qwen2.5-0.5b architecture, TRL GRPOTrainer, 512 tokens):",
+            *out[-25:]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path,
@@ -111,6 +152,8 @@ def main() -> int:
              f"machine: {platform.platform()}; versions {json.dumps(rows[0]['versions'])}",
              "benchmark: python benchmarks/gpu_evidence.py", ""]
     lines += [describe(row) for row in rows]
+    with tempfile.TemporaryDirectory() as scratch:
+        lines += ["", *trl_command_sweep(Path(scratch))]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_evidence.txt").write_text("\n".join(lines) + "\n")
     (args.out / "gpu_evidence.json").write_text(json.dumps(rows, indent=1) + "\n")

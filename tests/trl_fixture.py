@@ -185,11 +185,14 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
 
 
 def make_trl_workspace(root: Path, *, vocab_size: int = VOCAB_SIZE,
+                       architecture: dict[str, Any] | None = None,
                        **config_overrides: Any) -> TrlWorkspace:
     """Model, tokenizer, script and grpo.yaml under `root`; `config_overrides` go into the yaml.
 
     `vocab_size` sizes the tokenizer and the model's embedding (16384 gives the registry's
-    tiny-qwen2.5 exactly: larger logits, so host memory grows faster with the batch)."""
+    tiny-qwen2.5 exactly: larger logits, so host memory grows faster with the batch);
+    `architecture`: other Qwen2 config numbers (a registry model's, for a GPU run), its
+    embedding padded past the tokenizer's vocab."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -203,8 +206,10 @@ def make_trl_workspace(root: Path, *, vocab_size: int = VOCAB_SIZE,
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
 
-    config = Qwen2Config(**_TINY_QWEN2, vocab_size=vocab, bos_token_id=pad_id,
-                         eos_token_id=eos_id, pad_token_id=pad_id)
+    numbers = {**_TINY_QWEN2, "vocab_size": vocab, **(architecture or {})}
+    numbers["vocab_size"] = max(numbers["vocab_size"], len(tokenizer))
+    config = Qwen2Config(**numbers, bos_token_id=pad_id, eos_token_id=eos_id,
+                         pad_token_id=pad_id)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id,

@@ -1,7 +1,8 @@
 """`python -m autotune.probe.worker REQUEST.json RESULT.json`: run one probe, write its result.
 
 Runs in a process of its own (started by a runner); for a real multi-rank probe it starts the
-ranks (launcher.py), each a worker of its own. Failures are classified through oom.py and
+ranks (launcher.py), each a worker of its own; for a command probe it runs the user's trainer
+(command.py) and imports no torch. Failures are classified through oom.py and
 written as a ProbeResult; when the device-memory limit of a CPU probe is crossed, the result is
 written and the process exits at once, as an allocator failure would end it.
 """

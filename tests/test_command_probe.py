@@ -131,8 +131,9 @@ def test_trl_records_need_two_rollouts_to_time(tmp_path):
 
 
 @pytest.mark.parametrize("launch, problem", [
-    ("", "empty"), ("python train.py --config cfg.yaml", "no placeholder"),
-    ("python 'train.py {config}", "quote it"),
+    ("", "empty"), ("python3 train.py --config cfg.yaml", "no placeholder"),
+    ("python3 'train.py {config}", "quote it"),
+    ("no-such-trainer-here --config {config}", "is not a command here"),
 ])
 def test_bad_launch_lines_are_refused(launch, problem):
     with pytest.raises(ConfigError, match=problem):

@@ -133,10 +133,10 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     assert not os.environ.get("AUTOTUNE_PROBE_TAG")
 
 
-def test_a_launch_line_that_cannot_start_is_one_line(workspace, tmp_path):
+def test_a_launch_line_without_a_placeholder_is_one_line(workspace, tmp_path):
     proc = subprocess.run(
         [*AUTOTUNE, "run", "--trainer", "trl", "--base-config", str(workspace.config),
-         "--launch", "python train.py", "--device", "cpu", "--trials", "1",
+         "--launch", f"{sys.executable} train.py", "--device", "cpu", "--trials", "1",
          "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no placeholder for the trial's config" in proc.stderr

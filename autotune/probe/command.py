@@ -223,7 +223,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
                                 start_new_session=True,
                                 preexec_fn=lambda: die_with_parent(worker_pid))
     except OSError as exc:
-        return ProbeResult(status=ProbeStatus.INVALID, probe_kind="command",
+        return ProbeResult(status=ProbeStatus.CRASH, probe_kind="command",
                            message=f"--launch: cannot start {argv[0]!r}: {exc.strerror}; check "
                                    "the launch line", device_limit_bytes=limit, **capacity)
     state["proc"] = proc

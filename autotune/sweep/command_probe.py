@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,10 @@ def parse_launch(launch: str) -> tuple[str, ...]:
     if not argv:
         raise ConfigError("--launch: empty; give the command you launch your trainer with, "
                           "e.g. --launch 'python train.py --config {config}'")
+    if shutil.which(argv[0]) is None:
+        raise ConfigError(f"--launch {launch!r}: {argv[0]!r} is not a command here (not on "
+                          "PATH, or not an executable file); give the program as you would "
+                          "type it in this directory")
     if not any(p in word for word in argv for p in PLACEHOLDERS):
         raise ConfigError(f"--launch {launch!r}: no placeholder for the trial's config; put "
                           "{config} where your trainer takes its YAML file (or {overrides} "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -130,7 +129,9 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     assert grpo.num_generations == best["config"]["rollout_n"]
     assert grpo.max_steps == 3  # the user's own value, not the probe's short-run settings'
     assert best["provenance"]["probe"].startswith("command:trl:")
-    assert not os.environ.get("AUTOTUNE_PROBE_TAG")
+    shown = subprocess.run([*AUTOTUNE, "show", "--results-dir", str(results), "--study", "trl"],
+                           capture_output=True, text=True, timeout=120)
+    assert "3-step run of your trl launch line" in shown.stdout
 
 
 def test_a_launch_line_without_a_placeholder_is_one_line(workspace, tmp_path):

@@ -94,6 +94,10 @@ def format_study(study: Any, brief: bool = False) -> str:
         else f"{world} real ranks"
     run = (f", run on {identity.get('nnodes', 1)}x{identity.get('gpus_per_node', 1)} GPUs "
            f"(a probe: {ranks})" if world > 1 else "")
+    command = study.user_attrs.get("command")
+    if command:  # probes were runs of the user's trainer
+        run += (f", each probe a {command['steps']}-step run of your {command['trainer']} "
+                f"launch line ({command['launch']})")
     lines = [f"study {study.study_name}: model {identity.get('model')}{run}, objective "
              f"{identity.get('objective')}, headroom {identity.get('headroom', 0):.0%}, "
              f"{len(probed)} probes in {len(trials)} trials, {len(predicted)} predicted OOM "

@@ -116,7 +116,7 @@ def test_easyr1_console_blocks_are_read():
     assert log.throughput().tokens_per_s == pytest.approx(6000 / 4.0)
 
 
-def test_trl_records_need_two_rollouts_to_time(tmp_path):
+def test_trl_records_need_two_rollouts_to_time():
     lines = [str({"loss": "0.1", "num_tokens": str(100 * i), "step_time": "0.5"})
              for i in range(1, 5)]
     log = StepLog("trl", steps_per_cycle=2)  # two optimizer steps per generation

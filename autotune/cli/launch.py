@@ -28,7 +28,22 @@ def command_defaults(trainer: str | None, options: dict[str, Any], space: str | 
 
 def command_ranks(ctx: click.Context, options: dict[str, Any], topology: Any,
                   gpus_per_trial: int) -> tuple[str | None, int, int]:
-    """A probe of the trainer runs the trainer's own ranks: all the run's GPUs per probe."""
+    """A probe of the trainer runs the trainer's own ranks: all the run's GPUs per probe, so
+    they must all be on this machine."""
+    from autotune.cli.options import local_ranks
+    from autotune.hardware import has_nvidia_gpu
+
+    given = tuple(options["gpus"].split(",")) if options["gpus"] else None
+    here = local_ranks(options["device"], given)
+    if topology.world_size > here:
+        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
+                                                 and not has_nvidia_gpu())
+        where = "CPU cores" if on_cpu else "GPUs"
+        raise ConfigError(
+            f"--launch: the run spans {topology.nnodes}x{topology.gpus_per_node} GPUs and a "
+            f"probe of your trainer runs all of them, but {here} {where} are here; run autotune "
+            "on a machine that holds the whole run, or tune a one-node shape of it "
+            "(--nnodes 1 --gpus-per-node N)")
     options["ranks"] = "real"
     if options["device"] != "cpu" and topology.world_size > 1 and \
             ctx.get_parameter_source("gpus_per_trial") == click.core.ParameterSource.DEFAULT:

@@ -38,9 +38,10 @@ from typing import Any
 
 import psutil
 
+from autotune.files import describe_os_error
 from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, summarize
-from autotune.probe.process_tag import PROBE_TAG_ENV, kill_tagged, tagged_processes
+from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, kill_tagged
 from autotune.probe.result import (
     TRIAL_DIR_TOKEN,
     ProbeRequest,
@@ -51,7 +52,6 @@ from autotune.probe.result import (
 from autotune.probe.trainer_logs import StepLog
 
 SAMPLE_INTERVAL_S = 0.1
-TAG_SCAN_INTERVAL_S = 1.0  # how often processes outside the command's tree are looked for
 TAIL_LINES = 200
 
 
@@ -127,35 +127,6 @@ class GpuMemory:
                 self.nvml.nvmlShutdown()
 
 
-class RunMemory:
-    """The RSS of the command's tree and of every process carrying the probe's tag."""
-
-    def __init__(self, root: subprocess.Popen[bytes], tag: str | None) -> None:
-        self.root, self.tag = psutil.Process(root.pid), tag
-        self.members: dict[int, psutil.Process] = {root.pid: self.root}
-        self.scanned_at = -1e9
-        self.peak_rss_bytes = 0
-
-    def sample(self) -> int:
-        now = time.monotonic()
-        with contextlib.suppress(psutil.Error):
-            for child in self.root.children(recursive=True):
-                self.members.setdefault(child.pid, child)
-        if self.tag and now - self.scanned_at >= TAG_SCAN_INTERVAL_S:
-            self.scanned_at = now
-            for proc, _ in tagged_processes(self.tag):
-                if proc.pid != os.getpid() and proc.pid not in self.members:
-                    self.members[proc.pid] = proc
-        total = 0
-        for pid, proc in list(self.members.items()):
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                del self.members[pid]
-        self.peak_rss_bytes = max(self.peak_rss_bytes, total)
-        return total
-
-
 def kill_run(proc: subprocess.Popen[bytes], tag: str | None) -> None:
     """The command's session, its descendants, and every other process of the probe's tag."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -189,9 +160,14 @@ def run_command(request: ProbeRequest, result_path: str) -> ProbeResult:
     clean_up_on_parent_death(state)
     trial_dir = trial_dir_for(result_path)
     shutil.rmtree(trial_dir, ignore_errors=True)  # a retried trial starts clean
-    trial_dir.mkdir(parents=True)
     config_path = trial_dir / command.config_name
-    config_path.write_text(command.config_text.replace(TRIAL_DIR_TOKEN, str(trial_dir)))
+    try:
+        trial_dir.mkdir(parents=True)
+        config_path.write_text(command.config_text.replace(TRIAL_DIR_TOKEN, str(trial_dir)))
+    except OSError as exc:  # a full or read-only disk: said in the result, not a traceback
+        return ProbeResult(status=ProbeStatus.CRASH, probe_kind="command",
+                           message="cannot write the trial's config: "
+                                   + describe_os_error(exc, config_path))
     argv = launch_argv(command, config_path, trial_dir)
     ray_dir = tempfile.mkdtemp(prefix="at-ray-")  # short: Ray's socket paths must fit 107 B
     env = {**os.environ, "RAY_TMPDIR": ray_dir, "PYTHONUNBUFFERED": "1",
@@ -229,7 +205,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
     state["proc"] = proc
     reader = threading.Thread(target=copy_output, args=(proc, log, tail), daemon=True)
     reader.start()
-    memory = RunMemory(proc, tag)
+    memory = ProcessTree(psutil.Process(proc.pid), tag)
     killed_for: tuple[ProbeStatus, str] | None = None
     device_peak = 0
     ended_early = False  # every step asked for is logged: what follows (a last validation,
@@ -239,7 +215,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
             if log.steps_seen >= command.steps:
                 ended_early = True
                 break
-            rss = memory.sample()
+            rss = memory.rss_bytes()
             device = gpu.sample() if gpu.present else rss
             device_peak = max(device_peak, device)
             if limit is not None and device > limit:
@@ -278,8 +254,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
             "the run logs every step to the console"))
     first_step_s = log.first_step_at - started if log.first_step_at else None
     return ProbeResult(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
-                       samples_per_s=measured.samples_per_s, step_s=measured.step_s,
-                       startup_s=first_step_s, build_s=0.0, **base)
+                       step_s=measured.step_s, startup_s=first_step_s, build_s=0.0, **base)
 
 
 def copy_output(proc: subprocess.Popen[bytes], log: StepLog,

@@ -12,6 +12,7 @@ processes whose tag names a driver that is gone. Torch-free: the runners use it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import time
@@ -21,6 +22,8 @@ import psutil
 
 PROBE_TAG_ENV = "AUTOTUNE_PROBE_TAG"
 KILL_WAIT_S = 5.0
+TREE_REFRESH_S = 0.25  # how often a watchdog looks for new processes in the probe's tree
+TAG_SCAN_S = 1.0  # how often it looks for the probe's processes outside its tree
 
 
 def new_tag() -> str:
@@ -81,3 +84,42 @@ def kill_orphaned() -> int:
     """Kill tagged processes whose driver is gone (it was SIGKILLed mid-probe)."""
     orphans = [proc for proc, tag in tagged_processes() if not tag_owner_alive(tag)]
     return kill_processes(orphans) if orphans else 0
+
+
+class ProcessTree:
+    """A probe's processes and their summed RSS: the root, its descendants, and (with a tag)
+    every process carrying the tag outside the tree (a trainer's Ray workers). Listing
+    descendants scans every process of the machine (about 1 ms), so the list is refreshed
+    every TREE_REFRESH_S, and reading environments to find tagged processes every TAG_SCAN_S;
+    reading the RSS of known processes each poll costs tens of microseconds (parallel probes
+    share the cores with their watchdogs)."""
+
+    def __init__(self, root: psutil.Process, tag: str | None = None) -> None:
+        self.root, self.tag = root, tag
+        self.members: dict[int, psutil.Process] = {root.pid: root}
+        self.listed_at = self.scanned_at = -math.inf
+        self.seen_pids = {root.pid}  # every process ever in the tree (OOM-killer evidence)
+        self.peak_rss_bytes = 0
+
+    def rss_bytes(self) -> int:
+        """RSS of every process of the probe now (processes that vanish count as zero)."""
+        now = time.monotonic()
+        if now - self.listed_at >= TREE_REFRESH_S:
+            self.listed_at = now
+            with contextlib.suppress(psutil.Error):
+                for child in self.root.children(recursive=True):
+                    self.members.setdefault(child.pid, child)
+        if self.tag and now - self.scanned_at >= TAG_SCAN_S:
+            self.scanned_at = now
+            for proc, _ in tagged_processes(self.tag):
+                self.members.setdefault(proc.pid, proc)
+        self.seen_pids.update(self.members)
+        total = 0
+        for pid, proc in list(self.members.items()):
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                if pid != self.root.pid:
+                    del self.members[pid]
+        self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+        return total

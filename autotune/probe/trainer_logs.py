@@ -69,7 +69,6 @@ class StepRecord:
 class Throughput:
     tokens_per_s: float
     step_s: float | None
-    samples_per_s: float | None = None
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, float]:

@@ -15,7 +15,6 @@ a process that was SIGKILLed is removed by the next runner made on the machine.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import shutil
@@ -33,14 +32,19 @@ import psutil
 from autotune.files import write_text_atomic
 from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, classify_text
-from autotune.probe.process_tag import PROBE_TAG_ENV, kill_orphaned, kill_tagged, new_tag
+from autotune.probe.process_tag import (
+    PROBE_TAG_ENV,
+    ProcessTree,
+    kill_orphaned,
+    kill_tagged,
+    new_tag,
+)
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.oom_evidence import OOMWitness
 
 SCRATCH_PREFIX = "autotune-probe-"  # + the owning process's pid + "-"
 STDERR_TAIL_CHARS = 4000
 POLL_INTERVAL_S = 0.02
-TREE_REFRESH_S = 0.25  # how often the watchdog looks for new processes in the probe's tree
 
 
 def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
@@ -70,31 +74,6 @@ def prepare_child(parent_pid: int, cpu_ids: tuple[int, ...] | None) -> None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpu_ids)
     die_with_parent(parent_pid)
-
-
-class ProcessTree:
-    """A probe's processes and their summed RSS. Listing descendants scans every process of
-    the machine (about 1 ms), so the list is refreshed every TREE_REFRESH_S; reading the RSS
-    of known processes each poll costs tens of microseconds (parallel probes share the cores
-    with their watchdogs)."""
-
-    def __init__(self, root: psutil.Process) -> None:
-        self.root, self.members, self.listed_at = root, [root], -math.inf
-        self.seen_pids = {root.pid}  # every process ever in the tree (OOM-killer evidence)
-
-    def rss_bytes(self) -> int:
-        """RSS of the process and all its descendants (processes that vanish count as zero)."""
-        now = time.monotonic()
-        if now - self.listed_at >= TREE_REFRESH_S:
-            self.listed_at = now
-            with contextlib.suppress(psutil.Error):
-                self.members = [self.root, *self.root.children(recursive=True)]
-                self.seen_pids.update(proc.pid for proc in self.members)
-        total = 0
-        for proc in self.members:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
 
 
 def kill_tree(proc: subprocess.Popen[bytes], tag: str = "") -> None:
@@ -192,7 +171,7 @@ class SubprocessRunner:
                 if sys.platform == "linux" else None)
         tree = None
         try:
-            tree = ProcessTree(psutil.Process(proc.pid))
+            tree = ProcessTree(psutil.Process(proc.pid), tag)
             while proc.poll() is None:
                 rss = tree.rss_bytes()
                 host_peak_rss_bytes = max(host_peak_rss_bytes, rss)

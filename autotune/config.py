@@ -61,6 +61,18 @@ class ProbeConfig:
     rollout_tensor_parallel: int = field(
         default=1, metadata={"help": "GPUs one rollout engine spans (tensor parallel); "
                                     "divides the run's GPUs"})
+    rollout_engine: str = field(default="hf", metadata={
+        "help": "vllm-like: reserve gpu_memory_utilization of the device at wake-up (vLLM, "
+                "EasyR1, verl); hf: a KV cache that grows with the batch (TRL)",
+        "choices": ("hf", "vllm-like")})
+    gpu_memory_utilization: float = field(default=0.6, metadata={
+        "help": "vllm-like: share of the device the engine reserves (weights, KV pool)"})
+    max_num_batched_tokens: int = field(default=8192, metadata={
+        "help": "vllm-like: tokens per prefill forward, and the engine's profile run"})
+    enable_sleep: bool = field(default=True, metadata={
+        "help": "vllm-like: free the KV pool and weights after rollout (vLLM sleep mode)"})
+    sleep_level: int = field(default=1, metadata={
+        "help": "vllm-like: 1 keeps the weights in host memory asleep (EasyR1), 2 drops them"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
     image_size_px: int = field(
@@ -120,6 +132,9 @@ def device_share(config: ProbeConfig, world_size: int = 1) -> DeviceShare:
 
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProbeConfig))
 _KNOB_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(ProbeConfig)}
+_KNOB_CHOICES: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["choices"] for f in dataclasses.fields(ProbeConfig)
+    if "choices" in f.metadata}
 
 
 def knob_help() -> dict[str, str]:
@@ -143,6 +158,20 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         raise ConfigError(f"{key}={raw!r}: expected true or false")
     if kind == "int | None" and (raw is None or text in ("none", "null", "")):
         return None
+    if kind == "str":
+        choices = _KNOB_CHOICES[key]
+        if isinstance(raw, str) and text in choices:
+            return text
+        raise ConfigError(f"{key}={raw!r}: expected one of {', '.join(choices)}")
+    if kind == "float":
+        try:
+            value = float(str(raw).strip()) if not isinstance(raw, bool) else -1.0
+        except ValueError:
+            value = -1.0
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(f"{key}={raw!r}: expected a share of the device, more than 0 "
+                              "and at most 1, e.g. 0.6")
+        return value
     if isinstance(raw, bool):
         raise ConfigError(f"{key}={raw!r}: expected a positive integer")
     try:
@@ -215,10 +244,24 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
                         f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
+    if config.rollout_engine == "vllm-like":
+        problems += engine_problems(config)
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
             "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    return problems
+
+
+def engine_problems(config: ProbeConfig) -> list[str]:
+    """vLLM's own start-up rules for the vllm-like engine (EasyR1 checks the first too)."""
+    problems = []
+    if config.max_num_batched_tokens < config.sequence_length:
+        problems.append(f"max_num_batched_tokens={config.max_num_batched_tokens} is less "
+                        f"than max_prompt_length+max_response_length={config.sequence_length}"
+                        " (vLLM's max_model_len); raise it or shorten the lengths")
+    if config.sleep_level not in (1, 2):
+        problems.append(f"sleep_level={config.sleep_level}: vLLM sleeps at level 1 or 2")
     return problems
 
 
@@ -302,6 +345,11 @@ MEMORY_DIRECTION: dict[str, int] = {
     "gradient_checkpointing": -1, "offload_params": -1, "offload_optimizer": -1,
     "val_batch_size": +1, "max_prompt_length": +1, "max_response_length": +1,
     "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1, "rollout_tensor_parallel": -1,
+    # vllm-like engine: the reservation grows with the utilisation; sleeping frees it for
+    # the other phases; the prefill budget and the sleep level move memory inside the
+    # reservation or on the host only; the engine kind is not ordered
+    "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
+    "sleep_level": 0, "rollout_engine": 0,
 }
 
 
@@ -340,7 +388,8 @@ def describe_params(params: dict[str, Any]) -> str:
              "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
              "global_batch_size": "gbs", "offload_params": "off_p",
              "offload_optimizer": "off_o", "val_batch_size": "vbs",
-             "rollout_tensor_parallel": "tp"}
+             "rollout_tensor_parallel": "tp", "gpu_memory_utilization": "util",
+             "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep"}
     parts = []
     for name, value in params.items():
         label = short.get(name, name)

@@ -171,6 +171,31 @@ class MemoryMeter:
             trim_host_heap()
 
 
+def measure_peak_bytes(device: Any, run: Callable[[], None]) -> int:
+    """Bytes `run` adds at its peak on `device`: the allocator's peak on a GPU (as vLLM's
+    profile run reads it), the RSS high-water mark over the RSS before on a CPU."""
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return max(0, int(torch.cuda.max_memory_allocated(device)) - int(before))
+    trim_host_heap()
+    before = read_rss_bytes()
+    reset_rss_hwm()
+    run()
+    return max(0, read_rss_hwm_bytes() - before)
+
+
+def read_rss_bytes() -> int:
+    """Resident memory of this process now (what the high-water mark is a peak of)."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * _PAGE_BYTES
+
+
 def resolve_device(name: str) -> Any:
     """The torch device a probe runs on (auto: cuda when one is visible)."""
     import torch

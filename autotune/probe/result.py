@@ -148,6 +148,8 @@ class ProbeResult:
     rank_peak_mem_bytes: list[int] = field(default_factory=list)  # each real rank's peak
     model_state_bytes: dict[str, int] = field(default_factory=dict)  # params, grads, optimizer
     engine_weight_bytes: int | None = None  # the rollout engine's weights on a rank, awake
+    engine: dict[str, int] = field(default_factory=dict)  # vllm-like: what the engine
+    # reserved at start (reserved, weight, profile, kv_pool bytes; concurrency; start_used)
     probe_kind: str = "builtin"  # builtin | command (a short run of the user's trainer)
     trainer_metrics: dict[str, float] = field(default_factory=dict)  # what the trainer logged
     # itself (its own step time, throughput, memory), means over the steps after the first

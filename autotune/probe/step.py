@@ -2,9 +2,10 @@
 
 One step has the phases of EasyR1/verl's hybrid engine: rollout (a rollout engine holding a
 compute-dtype copy of the weights generates `rollout_n` responses per prompt, always to
-`max_response_length`), experience (old and reference log-prob forwards), update (mini-batches
-of micro-batches with gradient accumulation, a GRPO loss, an AdamW step) and, when
-`val_batch_size` is set, validation generation. The actor keeps fp32 master weights and AdamW
+`max_response_length`, with vLLM's memory or HF generation's: engine.py), experience (old and
+reference log-prob forwards), update (mini-batches of micro-batches with gradient
+accumulation, a GRPO loss, an AdamW step) and, when `val_batch_size` is set, validation
+generation. The actor keeps fp32 master weights and AdamW
 state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
 GPU, and offload moves params / optimizer state to host memory between phases. It runs one
 GPU's share of each batch of a run on `request.world_size` GPUs (config.device_share), and
@@ -31,14 +32,13 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
+from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
 from autotune.probe.meter import MemoryMeter, describe_device, resolve_device
 from autotune.probe.models import build_model, is_vl_config, load_model_config
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.probe.sharding import (
     RankGroup,
     engine_part,
-    fill_storage,
-    free_storage,
     full_tensor,
     join_group,
     leave_group,
@@ -104,17 +104,22 @@ class TrainingProbe:
             shard_model(self.model, self.group, self.compute_dtype)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
-        self.engine = self._build_copy(shard=False)
-        self.engine_tp = config.rollout_tensor_parallel > 1
-        if self.engine_tp:
-            tensor_parallel_engine(self.engine, self.group, config.rollout_tensor_parallel)
-            for param in self.engine.parameters():  # each shard owns its memory
-                local_tensor(param).data = local_tensor(param).clone()
-        self._sleep_engine()
         self._make_prompts()
-        # Start as the trainer does between steps: states where the offload flags put them.
+        # Start as the trainer does between steps: states where the offload flags put them,
+        # then the rollout engine (vLLM's start-up check sees what the trainer holds).
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
+        engine = self._build_copy(shard=False)
+        engine_tp = config.rollout_tensor_parallel > 1
+        if engine_tp:
+            tensor_parallel_engine(engine, self.group, config.rollout_tensor_parallel)
+            for param in engine.parameters():  # each shard owns its memory
+                local_tensor(param).data = local_tensor(param).clone()
+        self.engine = RolloutEngine(engine, self.model_config, config, self.device,
+                                    self.compute_dtype, engine_tp,
+                                    engine_capacity_bytes(config, self.device, self.meter),
+                                    self._move, self.meter.read_device_bytes)
+        self.engine.start(self._profile_inputs)
 
     def _build_copy(self, shard: bool) -> Any:
         """A compute-dtype model that holds the actor's weights (reference or rollout engine);
@@ -130,6 +135,11 @@ class TrainingProbe:
         if shard:
             shard_model(copy, self.group, self.compute_dtype)
         return copy
+
+    def _profile_inputs(self, rows: int) -> dict[str, Any]:
+        """`rows` prompts for the engine's profile run (the probe's own, repeated)."""
+        index = torch.arange(rows) % len(self.prompt_ids)
+        return {"input_ids": self.prompt_ids[index].to(self.device), **self._vl_inputs(index)}
 
     def _make_prompts(self) -> None:
         config, generator = self.config, torch.Generator().manual_seed(self.request.seed)
@@ -196,32 +206,30 @@ class TrainingProbe:
             self._place_module(self.ref_model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 
-    def _sleep_engine(self) -> None:
-        """Free the engine's weights (vLLM sleep level 2); buffers such as RoPE stay."""
-        for param in self.engine.parameters():
-            if self.engine_tp:  # tensor-parallel shards keep their shapes, not their memory
-                free_storage(param)
-            else:
-                param.data = torch.empty(0, dtype=self.compute_dtype, device=self.device)
-
     def _wake_engine(self) -> None:
-        """Allocate the engine's weights and sync them from the actor (wherever it lives);
-        sharded, the actor's params come to the device, are gathered one tensor at a time
-        (verl's FSDP sharding manager does the same) and go back where they were."""
+        """Wake the engine and load the actor's weights (wherever they live); sharded, the
+        actor's params come to the device, are gathered one tensor at a time (verl's FSDP
+        sharding manager does the same) and go back where they were."""
         sharded_offload = self.group is not None and self.config.offload_params
         if sharded_offload:
             self._place_module(self.model, True)
         actor = dict(self.model.named_parameters())
-        for name, param in self.engine.named_parameters():
-            whole = full_tensor(actor[name].data)
-            if self.engine_tp:  # this rank's tensor-parallel part of the whole weight
-                fill_storage(param, engine_part(whole, param))
-            else:
-                param.data = whole.to(self.device, self.compute_dtype, copy=True)
-            del whole
-        self.engine_weight_bytes = local_bytes(self.engine.parameters())
+        engine = dict(self.engine.model.named_parameters())
+
+        def weights() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, param in engine.items():
+                whole = full_tensor(actor[name].data)
+                yield name, engine_part(whole, param) if self.engine.tensor_parallel else whole
+                del whole
+
+        self.engine.wake(weights())
+        self.engine_weight_bytes = local_bytes(self.engine.model.parameters())
         if sharded_offload:
             self._place_module(self.model, False)
+
+    def _sleep_engine(self) -> None:
+        self.engine.sleep()
+        self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 
     # -- the phases -------------------------------------------------------------------------
 
@@ -242,17 +250,8 @@ class TrainingProbe:
                 "image_grid_thw": grid.to(self.device)}
 
     def _generate(self, prompt_rows: torch.Tensor) -> torch.Tensor:
-        """Generate exactly max_response_length tokens for each row, max_num_seqs at a time."""
-        outputs = []
-        length = self.config.max_response_length
-        for chunk in prompt_rows.split(self.config.max_num_seqs):
-            ids = self.prompt_ids[chunk].to(self.device)
-            out = self.engine.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=length,
-                min_new_tokens=length, do_sample=False, eos_token_id=self.vocab_size - 1,
-                pad_token_id=0, use_cache=True, **self._vl_inputs(chunk))
-            outputs.append(out[:, ids.shape[1]:].to("cpu"))
-        return torch.cat(outputs)
+        """Exactly max_response_length tokens for each row (engine.py says how)."""
+        return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
 
     def _rollout(self) -> None:
         config = self.config
@@ -392,5 +391,5 @@ class TrainingProbe:
             share={"val_prompts": 0, **self.ran}, world_size=request.world_size,
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
-            engine_weight_bytes=self.engine_weight_bytes,
+            engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
             **describe_device(self.device, self.meter.device_limit_bytes))

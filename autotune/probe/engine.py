@@ -1,0 +1,267 @@
+"""The probe's rollout engine: a compute-dtype copy of the actor that wakes, generates, sleeps.
+
+Two memory behaviours, as the trainers have them (`rollout_engine`):
+
+- `hf` (TRL's generate): Hugging Face generation, `max_num_seqs` sequences at a time; the KV
+  cache grows with the batch and is freed after it.
+- `vllm-like` (EasyR1 and verl, which generate with vLLM): at engine start it checks that
+  `gpu_memory_utilization` x the device is free (vLLM's start-up check), loads its weights,
+  runs a profile forward of one prefill chunk (at most `max_num_batched_tokens` tokens) and
+  a sampler of `max_num_seqs` rows, and sizes its KV-cache pool as vLLM does: the reservation
+  less the weights and the profiled peak, in 16-token blocks. Each wake-up allocates that pool
+  as real tensors; generation runs as many sequences at once as the pool holds (at most
+  `max_num_seqs`) with a fixed-length decode loop it owns over static caches that are views
+  of the pool, prefill chunked by `max_num_batched_tokens`. With `enable_sleep` the pool and
+  weights are freed after each generation (sleep level 1 keeps the weights in host memory,
+  level 2 discards them); without, they stay on the device through the other phases.
+
+Failures use vLLM's own words, so oom.py classifies them `cache_oom` as it does vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from autotune.config import ProbeConfig
+from autotune.errors import ConfigError
+from autotune.probe.meter import measure_peak_bytes
+from autotune.probe.sharding import fill_storage, free_storage, local_bytes, local_tensor
+
+BLOCK_TOKENS = 16  # vLLM's default KV block
+
+
+class KvCacheError(RuntimeError):
+    """The engine cannot start: its words are vLLM's (oom.py reads them as cache_oom)."""
+
+
+def engine_capacity_bytes(config: ProbeConfig, device: Any, meter: Any) -> int | None:
+    """The device whose gpu_memory_utilization a vllm-like engine reserves: the probe's
+    device-memory limit when there is one, else the GPU's memory; a CPU needs a limit."""
+    limit = meter.device_limit_bytes
+    if limit is not None or config.rollout_engine != "vllm-like":
+        return limit
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    raise ConfigError("rollout_engine=vllm-like on the CPU reserves a share of the device "
+                      "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+class RolloutEngine:
+    """The rollout engine of one rank; `figures` says what the vllm-like engine reserved."""
+
+    def __init__(self, model: Any, model_config: Any, config: ProbeConfig, device: Any,
+                 dtype: torch.dtype, tensor_parallel: bool, capacity_bytes: int | None,
+                 move: Callable[[torch.Tensor, bool], torch.Tensor],
+                 read_device_bytes: Callable[[], int]) -> None:
+        self.model, self.model_config, self.config = model, model_config, config
+        self.device, self.dtype, self.tensor_parallel = device, dtype, tensor_parallel
+        self.vllm_like = config.rollout_engine == "vllm-like"
+        self.capacity_bytes = capacity_bytes
+        self.move, self.read_device_bytes = move, read_device_bytes
+        text = getattr(model_config, "text_config", model_config)
+        self.layers = int(text.num_hidden_layers)
+        self.head_dim = int(getattr(text, "head_dim", None)
+                            or text.hidden_size // text.num_attention_heads)
+        self.kv_heads = int(text.num_key_value_heads) // config.rollout_tensor_parallel
+        self.vocab_size = int(text.vocab_size)
+        element = torch.empty(0, dtype=dtype).element_size()
+        self.kv_bytes_per_token = 2 * element * self.layers * self.kv_heads * self.head_dim
+        self.shapes = {name: p.shape for name, p in model.named_parameters()}
+        self.host_weights: dict[str, torch.Tensor] = {}
+        self.pool: torch.Tensor | None = None
+        self.awake = True  # built with its weights; `start` or `sleep` puts it to sleep
+        self.figures: dict[str, int] = {}
+
+    # -- start, wake, sleep ---------------------------------------------------------------
+
+    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+        """Engine start: vLLM's free-memory check, the profile run and the pool's size
+        (vllm-like); then it sleeps, as verl and EasyR1 put it to sleep once built."""
+        if self.vllm_like:
+            self._size_pool(profile_inputs)
+        self._free_weights(keep_on_host=False)
+        self.awake = False
+
+    def _size_pool(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+        config, capacity = self.config, self.capacity_bytes
+        assert capacity is not None
+        util = config.gpu_memory_utilization
+        reserved = int(util * capacity)
+        weights = local_bytes(self.model.parameters())
+        if self.device.type == "cuda":  # vLLM empties torch's cache before it looks
+            torch.cuda.empty_cache()
+        used = self.read_device_bytes() - weights  # the trainer's states and the context
+        free = capacity - used
+        if free < reserved:
+            raise KvCacheError(
+                f"Free memory on device ({_gib(free)}/{_gib(capacity)}) on startup is less "
+                f"than desired GPU memory utilization ({util}, {_gib(reserved)}). Decrease "
+                "GPU memory utilization or reduce GPU memory used by other processes.")
+        rows = self.prefill_rows()
+
+        def profile() -> None:  # vLLM's profile_run: a prefill chunk, then its sampler
+            with torch.no_grad():
+                inputs = profile_inputs(rows)
+                self.model(**inputs, use_cache=False, logits_to_keep=1)
+                del inputs
+                torch.empty(config.max_num_seqs, self.vocab_size, dtype=torch.float32,
+                            device=self.device).zero_()
+
+        profile()  # once first: one-time allocations (thread pools, workspaces) are not it
+        activation = measure_peak_bytes(self.device, profile)
+        sequence = config.sequence_length
+        blocks = (reserved - weights - activation) // (BLOCK_TOKENS * self.kv_bytes_per_token)
+        if blocks <= 0:
+            raise KvCacheError("No available memory for the cache blocks. Try increasing "
+                               "`gpu_memory_utilization` when initializing the engine.")
+        pool_tokens = blocks * BLOCK_TOKENS
+        per_sequence = -(-sequence // BLOCK_TOKENS) * BLOCK_TOKENS
+        if pool_tokens < per_sequence:
+            raise KvCacheError(
+                f"To serve at least one request with the models's max seq len ({sequence}), "
+                f"({_gib(per_sequence * self.kv_bytes_per_token)} KV cache is needed, which "
+                "is larger than the available KV cache memory "
+                f"({_gib(pool_tokens * self.kv_bytes_per_token)}). Based on the available "
+                f"memory, the estimated maximum model length is {pool_tokens}. Try "
+                "increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+                "initializing the engine.")
+        self.figures = {
+            "capacity_bytes": capacity, "reserved_bytes": reserved, "weight_bytes": weights,
+            "profile_bytes": activation, "kv_pool_bytes": pool_tokens * self.kv_bytes_per_token,
+            "kv_pool_tokens": pool_tokens, "start_used_bytes": used,
+            "concurrency": min(config.max_num_seqs, pool_tokens // per_sequence)}
+
+    def prefill_rows(self) -> int:
+        """Prompts per prefill forward: as many as `max_num_batched_tokens` holds."""
+        per_chunk = self.config.max_num_batched_tokens // self.config.max_prompt_length
+        return max(1, min(self.config.max_num_seqs, per_chunk))
+
+    def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Allocate the weights (back from host memory after a level-1 sleep) and the pool,
+        then load the actor's current weights, one whole tensor at a time."""
+        if not self.awake:
+            if self.vllm_like:  # what the engine wakes on top of: the trainer's states now
+                self.figures["wake_used_bytes"] = self.read_device_bytes()
+            for name, param in self.model.named_parameters():
+                host = self.host_weights.pop(name, None)
+                if self.tensor_parallel and host is not None:
+                    fill_storage(param, self.move(host, True))
+                elif self.tensor_parallel:
+                    local = local_tensor(param)
+                    local.untyped_storage().resize_(local.numel() * local.element_size())
+                else:
+                    param.data = self.move(host, True) if host is not None else torch.empty(
+                        self.shapes[name], dtype=self.dtype, device=self.device)
+            if self.vllm_like:
+                self.pool = torch.zeros(self.figures["kv_pool_tokens"] * self.kv_bytes_per_token
+                                        // self.pool_element_size(), dtype=self.dtype,
+                                        device=self.device)
+            self.awake = True
+        params = dict(self.model.named_parameters())
+        for name, whole in actor_weights:
+            param = params[name]
+            if self.tensor_parallel:
+                local_tensor(param).copy_(whole)
+            else:
+                param.data.copy_(whole)
+
+    def pool_element_size(self) -> int:
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    def sleep(self) -> None:
+        """After generation: vllm-like with enable_sleep frees the pool and the weights (level
+        1: weights to host memory); without sleep both stay. hf always frees its weights."""
+        if self.vllm_like and not self.config.enable_sleep:
+            return
+        self.pool = None
+        self._free_weights(keep_on_host=self.vllm_like and self.config.sleep_level == 1)
+        self.awake = False
+
+    def _free_weights(self, keep_on_host: bool) -> None:
+        for name, param in self.model.named_parameters():
+            if keep_on_host:
+                self.host_weights[name] = self.move(local_tensor(param).data, False)
+            if self.tensor_parallel:  # shards keep their shapes, not their memory
+                free_storage(param)
+            else:
+                param.data = torch.empty(0, dtype=self.dtype, device=self.device)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
+                 dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
+        """Exactly max_response_length tokens for each prompt row, greedy, on the CPU."""
+        if not self.vllm_like:
+            return self._generate_hf(prompt_ids, inputs_for, rows)
+        outputs = []
+        for batch in rows.split(self.figures["concurrency"]):
+            outputs.append(self._generate_batch(prompt_ids, inputs_for, batch))
+        return torch.cat(outputs)
+
+    def _generate_hf(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
+                     dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
+        outputs, length = [], self.config.max_response_length
+        for chunk in rows.split(self.config.max_num_seqs):
+            ids = prompt_ids[chunk].to(self.device)
+            out = self.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=length,
+                min_new_tokens=length, do_sample=False, eos_token_id=self.vocab_size - 1,
+                pad_token_id=0, use_cache=True, **inputs_for(chunk))
+            outputs.append(out[:, ids.shape[1]:].to("cpu"))
+        return torch.cat(outputs)
+
+    def _generate_batch(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
+                        dict[str, Any]], batch: torch.Tensor) -> torch.Tensor:
+        """One batch of sequences in the pool: chunked prefill, then a fixed-length decode."""
+        assert self.pool is not None
+        prompt, response = self.config.max_prompt_length, self.config.max_response_length
+        views = self._views(len(batch), prompt + response)
+        ids = prompt_ids[batch].to(self.device)
+        token = torch.empty(len(batch), dtype=torch.long, device=self.device)
+        step = self.prefill_rows()
+        for start in range(0, len(batch), step):
+            part = slice(start, start + step)
+            cache = self._static_cache([(k[part], v[part]) for k, v in views], filled=0)
+            logits = self.model(input_ids=ids[part], past_key_values=cache, use_cache=True,
+                                logits_to_keep=1, **inputs_for(batch[part])).logits
+            token[part] = logits[:, -1].argmax(-1)
+            del logits, cache
+        cache = self._static_cache(views, filled=prompt)
+        tokens = [token]
+        for _ in range(response - 1):
+            logits = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True,
+                                logits_to_keep=1).logits
+            token = logits[:, -1].argmax(-1)
+            tokens.append(token)
+            del logits
+        return torch.stack(tokens, dim=1).cpu()
+
+    def _views(self, rows: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's K and V for `rows` sequences of `length` tokens, views of the pool."""
+        assert self.pool is not None
+        shape = (rows, self.kv_heads, length, self.head_dim)
+        size = rows * self.kv_heads * length * self.head_dim
+        flat = self.pool[:2 * self.layers * size]
+        return [(flat[2 * i * size:(2 * i + 1) * size].view(shape),
+                 flat[(2 * i + 1) * size:(2 * i + 2) * size].view(shape))
+                for i in range(self.layers)]
+
+    def _static_cache(self, views: list[tuple[torch.Tensor, torch.Tensor]],
+                      filled: int) -> Any:
+        """transformers' StaticCache over `views` (no memory of its own), `filled` tokens in."""
+        from transformers.cache_utils import StaticCache
+
+        rows, heads, length, head_dim = views[0][0].shape
+        cache = StaticCache(config=self.model_config, max_cache_len=length)
+        cache.early_initialization(rows, heads, head_dim, self.dtype, torch.device("meta"))
+        for layer, (keys, values) in zip(cache.layers, views, strict=True):
+            layer.keys, layer.values, layer.device = keys, values, keys.device
+            layer.cumulative_length = torch.tensor(filled, device=keys.device)
+        return cache

@@ -1,0 +1,95 @@
+"""The vllm-like rollout engine for real on the CPU: tiny models under a device cap, whose
+share `gpu_memory_utilization` is (engine.py). Each probe is a real subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.probe.result import ProbeStatus
+from autotune.runners.local import SubprocessRunner
+
+CAP_BYTES = 1 << 30
+ENGINE = dict(rollout_engine="vllm-like", rollout_batch_size=4, rollout_n=4,
+              global_batch_size=2, micro_batch_size_update=4, micro_batch_size_experience=8,
+              max_prompt_length=64, max_response_length=32, max_num_seqs=8,
+              max_num_batched_tokens=512)
+
+
+def engine_probe(make_request, cap_bytes: int = CAP_BYTES, **changes):
+    request = make_request(**{**ENGINE, **changes}, gpu_memory_limit_bytes=cap_bytes)
+    return SubprocessRunner().run(request)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])
+def test_rollout_peak_is_the_states_plus_the_reservation(make_request, model):
+    shapes = {"max_prompt_length": 200, "image_size_px": 112} if model.endswith("vl") else {}
+    for util in (0.3, 0.4, 0.5):
+        result = engine_probe(make_request, model=model, gpu_memory_utilization=util,
+                              **shapes)
+        assert result.ok, result.message
+        engine = result.engine
+        assert engine["reserved_bytes"] == int(util * CAP_BYTES)
+        # the pool is what the reservation leaves after weights and the profile run
+        left = engine["reserved_bytes"] - engine["weight_bytes"] - engine["profile_bytes"]
+        assert 0 <= left - engine["kv_pool_bytes"] < 16 * 4096, engine  # one 16-token block
+        expected = engine["wake_used_bytes"] + engine["reserved_bytes"]
+        peak = result.phase_peak_mem_bytes["rollout"]
+        assert abs(peak - expected) <= 0.05 * expected, (util, peak, engine)
+
+
+def test_a_pool_too_small_is_cache_oom_in_vllms_words(make_request):
+    # 0.02 of 1 GiB does not even hold the weights and the profile's activations
+    none = engine_probe(make_request, gpu_memory_utilization=0.02)
+    assert none.status is ProbeStatus.CACHE_OOM, none.message
+    assert "No available memory for the cache blocks" in none.message
+    assert none.failed_phase == "build"
+    # room for some blocks, not for one 32,832-token sequence (128 MiB of KV at 4 KiB/token)
+    long = engine_probe(make_request, gpu_memory_utilization=0.12, max_response_length=32768,
+                        max_num_batched_tokens=32832)
+    assert long.status is ProbeStatus.CACHE_OOM, long.message
+    assert "To serve at least one request with the models's max seq len (32832)" in \
+        long.message
+    # vLLM's start-up check: the trainer's states leave less free than the engine asks
+    greedy = engine_probe(make_request, gpu_memory_utilization=0.9)
+    assert greedy.status is ProbeStatus.CACHE_OOM, greedy.message
+    assert "less than desired GPU memory utilization (0.9" in greedy.message
+
+
+def test_sleep_frees_the_pool_before_the_experience_phase(make_request):
+    asleep = engine_probe(make_request, gpu_memory_utilization=0.4)
+    awake = engine_probe(make_request, gpu_memory_utilization=0.4, enable_sleep=False)
+    dropped = engine_probe(make_request, gpu_memory_utilization=0.4, sleep_level=2)
+    assert asleep.ok and awake.ok and dropped.ok, (asleep.message, awake.message)
+    held = awake.engine["kv_pool_bytes"] + awake.engine["weight_bytes"]
+    for phase in ("experience", "update"):
+        extra = awake.phase_peak_mem_bytes[phase] - asleep.phase_peak_mem_bytes[phase]
+        assert abs(extra - held) <= 0.1 * held, (phase, extra, held)
+    # level 1 keeps the engine's weights in host memory while asleep, level 2 drops them
+    assert asleep.host_offload_bytes == asleep.engine["weight_bytes"]
+    assert dropped.host_offload_bytes == 0 and awake.host_offload_bytes == 0
+
+
+def test_rollout_speeds_up_with_the_pool_until_max_num_seqs_binds(make_request):
+    # 2048-token sequences take 8 MiB of KV each, so the pool's size in sequences is far
+    # above the profile run's noise; 256 decode steps a batch make decoding the cost.
+    shapes = dict(rollout_batch_size=1, rollout_n=4, global_batch_size=1,
+                  micro_batch_size_update=1, micro_batch_size_experience=1,
+                  max_prompt_length=1792, max_response_length=256, max_num_seqs=4,
+                  max_num_batched_tokens=2048, use_kl=False)
+    cap = 2 << 30
+    first = engine_probe(make_request, cap, gpu_memory_utilization=0.4, **shapes)
+    assert first.ok, first.message
+    sequence_bytes = 2048 * first.engine["kv_pool_bytes"] // first.engine["kv_pool_tokens"]
+    fixed = first.engine["weight_bytes"] + first.engine["profile_bytes"]
+    runs = []
+    for sequences in (1.5, 2.5):  # pools of one and two sequences, then max_num_seqs binds
+        util = round((fixed + sequences * sequence_bytes) / cap, 4)
+        runs.append(engine_probe(make_request, cap, gpu_memory_utilization=util, **shapes))
+    runs.append(first)
+    assert all(r.ok for r in runs), [r.message for r in runs]
+    concurrency = [r.engine["concurrency"] for r in runs]
+    assert concurrency == [1, 2, 4], concurrency
+    assert first.engine["kv_pool_tokens"] // 2048 > 4  # the pool holds more: max_num_seqs binds
+    tokens_per_s = [4 * 256 / r.phase_s["rollout"] for r in runs]  # measured: 134, 177, 284
+    assert tokens_per_s[0] < tokens_per_s[1] and tokens_per_s[2] > 1.5 * tokens_per_s[0], \
+        (concurrency, tokens_per_s)

@@ -76,7 +76,8 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
         "over the headroom budget" if totals[binding] <= capacity_bytes else "does not fit")
     lines += ["", f"binding phase: {binding} ({verdict}); prior terms: {terms}"]
     if estimate.host_offload_bytes:
-        lines.append(f"host memory for offload: {format_bytes(estimate.host_offload_bytes)} per "
+        lines.append(f"host memory for offload and engine sleep: "
+                     f"{format_bytes(estimate.host_offload_bytes)} per "
                      f"GPU, {format_bytes(estimate.host_offload_bytes * num_gpus)} for "
                      f"{num_gpus} GPU{'s' if num_gpus > 1 else ''}")
     else:

@@ -8,7 +8,8 @@ Model states follow the standard mixed-precision Adam accounting as verl and Eas
 of Adam m and v per parameter, 16 in all, divided by N. Offload (verl/EasyR1 semantics) moves
 params and optimizer state to host *between* phases: it lowers the rollout and log-prob phases,
 never the update. Activations, logits and the KV cache follow
-shared/reference/memory-and-throughput.md sections 2 to 4.
+shared/reference/memory-and-throughput.md sections 2 to 4; a vllm-like rollout engine is the
+resident states plus its reservation, gpu_memory_utilization x the device (section 4.2).
 
 Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
 states, the reference model, the rollout engine's weights), `transient_bytes` (what grows with
@@ -37,15 +38,19 @@ PHASES = ("rollout", "experience", "update", "validation")
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
 # the update, which loads them back; the log-prob forwards load the actor params back too.
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px")
+_ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization")  # the reservation
+_HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", "offload_params",
-                          "offload_optimizer", "rollout_tensor_parallel", *_SHAPE_KNOBS}),
+                          "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
+                          *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
-                             *_SHAPE_KNOBS}),
+                             *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", "offload_params",
-                         *_SHAPE_KNOBS}),
+                         *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", "offload_params",
-                             "offload_optimizer", "rollout_tensor_parallel", *_SHAPE_KNOBS}),
+                             "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
+                             *_SHAPE_KNOBS}),
 }
 
 # The fixed context of one probe process before calibration: CUDA context and allocator slack
@@ -238,7 +243,8 @@ class MemoryEstimate:
 
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                     on_gpu: bool = True, compute_bytes: int | None = None,
-                    state_shards: int | None = None) -> MemoryEstimate:
+                    state_shards: int | None = None,
+                    engine_capacity_bytes: int | None = None) -> MemoryEstimate:
     """Peak bytes per GPU of each phase of one colocated GRPO step on `num_gpus` GPUs.
 
     Each GPU runs its share of the batches (config.device_share). The model states are
@@ -247,6 +253,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a
     compute-dtype copy of the weights on each GPU, split over `rollout_tensor_parallel` GPUs
     (with the KV heads of its cache), and generates `max_num_seqs` sequences at a time.
+    The vllm-like engine instead reserves `gpu_memory_utilization` x `engine_capacity_bytes`
+    (the device, or its memory limit) whatever the batch, and holds it through the other
+    phases too unless it sleeps; sleeping at level 1 keeps its weights in host memory.
     """
     c = compute_bytes or (2 if on_gpu else 4)
     share = device_share(config, num_gpus)
@@ -292,19 +301,34 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases: dict[str, PhaseEstimate] = {}
     rollout_states = {"resident": states.resident_bytes + ref_resident, "engine_weights": engine}
     rollout = generation(share.responses_per_step)
+    held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
+    engine_host = 0
+    if config.rollout_engine == "vllm-like":
+        if engine_capacity_bytes is None:
+            raise ValueError("a vllm-like engine reserves a share of the device: pass "
+                             "engine_capacity_bytes")
+        reservation = int(config.gpu_memory_utilization * engine_capacity_bytes)
+        rollout_states = {"resident": states.resident_bytes + ref_resident,
+                          "engine_reservation": reservation}
+        rollout = {}
+        if not config.enable_sleep:
+            held = {"engine_reservation": reservation}
+        elif config.sleep_level == 1:
+            engine_host = engine
     phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
                                       context, {**rollout_states, **rollout})
 
     mbe = config.micro_batch_size_experience
     exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
-                  "reference": ref}
+                  "reference": ref, **held}
     experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
                                          context, {**exp_states, **experience})
 
     mbu, ckpt = config.micro_batch_size_update, config.gradient_checkpointing
-    upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident}
+    upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident,
+                  **held}
     backward = {"cast_weights": cast,
                 "activations": mbu * seq * activation_bytes_per_token(shape, ckpt, c),
                 "vision_activations": mbu * patches * vision_activation_bytes_per_patch(
@@ -315,11 +339,13 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts)
 
     if share.val_prompts:
-        validation = generation(share.val_prompts)
+        validation = generation(share.val_prompts) if not rollout_states.get(
+            "engine_reservation") else {}
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation})
-    offload_host = states.host_offload_bytes + (ref if config.offload_params else 0)
+    offload_host = states.host_offload_bytes + (ref if config.offload_params else 0) \
+        + engine_host
     return MemoryEstimate(phases, offload_host, share)
 
 

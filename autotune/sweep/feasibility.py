@@ -34,6 +34,7 @@ from typing import Any
 
 from autotune.config import MEMORY_DIRECTION, format_bytes
 from autotune.errors import AutotuneError
+from autotune.hardware import gpu_capacity_bytes
 from autotune.memory.calibration import Calibration, fit_calibration
 from autotune.memory.model import PHASE_KNOBS, MemoryEstimate, estimate_memory, model_shape
 
@@ -125,10 +126,24 @@ class Feasibility:
         args = {"num_gpus": request.world_size, "state_shards": request.world_size,
                 "on_gpu": on_gpu,
                 "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
-        feasibility = cls(dominance, lambda params: estimate_memory(shape, config_for(params),
-                                                                    **args), prescreen)
+
+        def estimate(params: dict[str, Any]) -> MemoryEstimate:
+            return estimate_memory(shape, config_for(params), **args,
+                                   engine_capacity_bytes=feasibility.engine_capacity_bytes(request))
+
+        feasibility = cls(dominance, estimate, prescreen)
         feasibility.estimate_args = args
         return feasibility
+
+    def engine_capacity_bytes(self, request: Any) -> int:
+        """What a vllm-like engine takes its share of, as the probe sees it: the device
+        limit, else the device (as probes report it, or as this machine has it); 0 when
+        unknown, so no reservation is counted and nothing is pruned on one."""
+        device = self.capacity_bytes or (gpu_capacity_bytes() if request.device != "cpu"
+                                         else None) or 0
+        limit = request.device_limit_bytes(device) if device else \
+            request.gpu_memory_limit_bytes
+        return limit or device or 0
 
     def calibration_record(self, device_name: str | None) -> dict[str, Any]:
         """The calibration as stored with the study (and read by `autotune estimate --study`)."""

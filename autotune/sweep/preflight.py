@@ -14,6 +14,7 @@ Three checks, all arithmetic (the memory model's exact part and the registry; no
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from autotune.config import ProbeConfig, format_bytes, model_problems
@@ -58,7 +59,8 @@ def check_model_on_device(request: Any, config: ProbeConfig, device_checks: bool
     per_rank = "" if world == 1 else f" per rank of {world}"
     tiny = request.model_path is None and REGISTRY[request.model].tiny
     if device == "cpu" and request.device == "auto" and not tiny:
-        need = estimate_memory(shape, config, num_gpus=world, on_gpu=True).peak_bytes
+        need = estimate_memory(shape, replace(config, rollout_engine="hf"), num_gpus=world,
+                               on_gpu=True).peak_bytes
         raise ConfigError(
             f"no NVIDIA GPU found on this machine (only the CPU), so probes would run there; "
             f"{name} ({billions}) needs about {format_bytes(need)} of GPU memory{per_rank} at "
@@ -66,6 +68,10 @@ def check_model_on_device(request: Any, config: ProbeConfig, device_checks: bool
             f"with `autotune estimate --model {request.model} --gpus-per-node "
             f"{max(world, 8)}`, run it on a GPU machine, or try the CPU demo: `autotune run` "
             "(pass --device cpu to probe it on the CPU anyway)")
+    if device == "cpu" and config.rollout_engine == "vllm-like" \
+            and request.gpu_memory_limit_bytes is None:
+        problems.append("rollout_engine=vllm-like on the CPU reserves a share of the device "
+                        "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
     if problems:
         raise ConfigError(problems)
     capacity = capacity_bytes(request, device)

@@ -85,6 +85,19 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--study", "a/b"], "--study 'a/b'"),
     (RUN + ["--study", ".hidden"], "--study '.hidden'"),
     (RUN + ["--gpu-memory-limit", "0"], "--gpu-memory-limit '0': must be more than zero"),
+    # the rollout engine's knobs
+    (RUN + ["--set", "gpu_memory_utilization=1.5"],
+     "gpu_memory_utilization='1.5': expected a share of the device, more than 0 and at most 1"),
+    (RUN + ["--set", "gpu_memory_utilization=lots"], "expected a share of the device"),
+    (RUN + ["--set", "rollout_engine=vllm"], "rollout_engine='vllm': expected one of hf, "
+                                              "vllm-like"),
+    (RUN + ["--device", "cpu", "--engine", "vllm-like"],
+     "rollout_engine=vllm-like on the CPU reserves a share of the device cap: add "
+     "--gpu-memory-limit"),
+    (RUN + ["--set", "rollout_engine=vllm-like", "--gpu-memory-limit", "1GiB", "--set",
+            "max_num_batched_tokens=64"], "max_num_batched_tokens=64 is less than"),
+    (["probe", "--model", "tiny-qwen2.5", "--set", "sleep_level=3", "--engine", "vllm-like",
+      "--gpu-memory-limit", "1GiB"], "sleep_level=3: vLLM sleeps at level 1 or 2"),
     (RUN + ["--host-memory-limit", "0"], "--host-memory-limit '0': must be more than zero"),
     (RUN + ["--gpu-memory-limit", "lots"], "expected a size such as 40GiB"),
     (RUN + ["--gpu-memory-limit", "9999999PiB"], "expected a size such as 40GiB"),

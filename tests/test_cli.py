@@ -141,7 +141,11 @@ def test_estimate_every_registry_model_in_one_run_each():
     assert text.returncode == 0
     assert "update" in text.stdout and "<- binds" in text.stdout
     assert "does not fit" in text.stdout  # 16 B/param of 7.6B on one 80 GB GPU
-    assert "host memory for offload: 99.30 GiB per GPU" in text.stdout  # (4+8+2) B x 7.6B
+    # (4+8+2) B x 7.6B offloaded, and 2 B x 7.6B of engine weights asleep at level 1
+    assert "host memory for offload and engine sleep: 113.48 GiB per GPU" in text.stdout
+    hf = autotune("estimate", "--model", "qwen2.5-7b", "--set", "offload_params=true",
+                  "--set", "offload_optimizer=true", "--capacity", "80GB", "--engine", "hf")
+    assert "host memory for offload and engine sleep: 99.30 GiB per GPU" in hf.stdout
     assert "largest micro_batch_size_update within the budget: none" in text.stdout
     eight = autotune("estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--capacity", "80GB")
     assert "(fits)" in eight.stdout and "largest micro_batch_size_update" in eight.stdout
@@ -227,3 +231,20 @@ def test_the_run_defaults_to_the_gpus_here(monkeypatch):
     filled = options()
     default_topology(filled)
     assert (filled["nnodes"], filled["gpus_per_node"]) == (1, 1)
+
+
+def test_engine_auto_follows_the_device_and_the_trainer():
+    from autotune.cli.options import engine_knobs
+
+    gpu = {"device": "cuda", "gpu_memory_limit": None, "engine": "auto"}
+    cpu = {"device": "cpu", "gpu_memory_limit": "1GiB", "engine": "auto"}
+    assert engine_knobs(gpu) == {"rollout_engine": "vllm-like"}
+    assert engine_knobs(gpu, "easyr1") == {"rollout_engine": "vllm-like"}
+    assert engine_knobs(gpu, "verl") == {"rollout_engine": "vllm-like", "sleep_level": 2}
+    assert engine_knobs(gpu, "trl") == {"rollout_engine": "hf"}  # TRL's HF generate
+    assert engine_knobs(cpu) == {"rollout_engine": "hf"}  # the stand-in device
+    assert engine_knobs({**cpu, "engine": "vllm-like"}) == {"rollout_engine": "vllm-like"}
+    # a space that names the engine keeps it under auto; an explicit --engine wins
+    assert engine_knobs(gpu, space_names=frozenset({"rollout_engine"})) == {}
+    assert engine_knobs({**gpu, "engine": "hf"}, space_names=frozenset({"rollout_engine"})) \
+        == {"rollout_engine": "hf"}

@@ -280,3 +280,26 @@ def test_an_interpolated_setting_the_rules_read_is_one_clear_error(tmp_path):
                     "    tensor_model_parallel_size: ${oc.select:foo,1}\n")
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=.*needs a plain int"):
         render(VERL, KNOBS, Topology(1, 8), load_trainer_yaml(str(path)), ["p"])
+
+
+@pytest.mark.parametrize("adapter, keys", [
+    (EASYR1, {"worker.rollout.gpu_memory_utilization": 0.45,
+              "worker.rollout.max_num_batched_tokens": 16384}),
+    (VERL, {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.45,
+            "actor_rollout_ref.rollout.max_num_batched_tokens": 16384,
+            "actor_rollout_ref.rollout.free_cache_engine": True})])
+def test_the_engine_knobs_land_on_the_trainers_vllm_keys(adapter, keys):
+    knobs = {**KNOBS, "gpu_memory_utilization": 0.45, "max_num_batched_tokens": 16384,
+             "enable_sleep": True}
+    for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
+        tree = yaml.safe_load(render(adapter, knobs, Topology(1, 8), base, ["p"]))
+        assert {key: dotted_get(tree, key, None) for key in keys} == keys
+        read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key,
+                                                                             default),
+                                  Topology(1, 8))
+        assert read["gpu_memory_utilization"] == 0.45
+    # vLLM needs room for one whole sequence in a prefill budget; EasyR1 always sleeps
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=2048 must be at least"):
+        render(EASYR1, {**knobs, "max_num_batched_tokens": 2048}, Topology(1, 8), None, ["p"])
+    with pytest.raises(ConfigError, match="enable_sleep=false cannot be exported"):
+        render(EASYR1, {**knobs, "enable_sleep": False}, Topology(1, 8), None, ["p"])

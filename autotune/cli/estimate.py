@@ -68,6 +68,11 @@ def load_calibration(study: str, results_dir: str, storage: str | None
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
               help="Compute dtype of the rollout engine, reference and activations (default: "
                    "bf16 on cuda, fp32 on cpu).")
+@click.option("--engine", type=click.Choice(["auto", "vllm-like", "hf"]), default="auto",
+              show_default=True,
+              help="Rollout engine: vllm-like reserves gpu_memory_utilization of --capacity "
+                   "(EasyR1, verl); hf grows a KV cache with the batch (TRL). auto: "
+                   "vllm-like on cuda, hf on cpu.")
 @click.option("--study", default=None,
               help="Use this study's calibration (its model, device and dtype).")
 @click.option("--results-dir", default="results", show_default=True)
@@ -77,8 +82,8 @@ def load_calibration(study: str, results_dir: str, storage: str | None
 def estimate(model: str | None, model_path: str | None, nnodes: int,
              gpus_per_node: int | None, gpus_shorthand: int | None, device: str,
              assignments: tuple[str, ...], capacity: str | None, headroom: str,
-             dtype: str | None, study: str | None, results_dir: str, storage: str | None,
-             as_json: bool) -> None:
+             dtype: str | None, engine: str, study: str | None, results_dir: str,
+             storage: str | None, as_json: bool) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
 
     \b
@@ -117,7 +122,11 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
                           "--model-path DIR")
     shape = model_shape(model or "", model_path)
     knobs = fitted["fixed"] if study is not None else {}  # the study's shapes, then --set
-    values = {**knobs, **parse_assignments(assignments)}
+    user = parse_assignments(assignments)
+    if engine != "auto" or not any("rollout_engine" in d for d in (knobs, user)):
+        auto = "vllm-like" if model_args["on_gpu"] else "hf"
+        knobs = {**knobs, "rollout_engine": auto if engine == "auto" else engine}
+    values = {**knobs, **user}
     batches = ("rollout_batch_size", "global_batch_size")
     if world_size > 1 and not any(k in values for k in batches):  # defaults are one GPU's
         values.update({k: getattr(ProbeConfig(), k) * world_size for k in batches})
@@ -134,6 +143,7 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
         capacity_bytes = gpu_capacity_bytes() or parse_bytes(DEFAULT_CAPACITY)
     else:
         capacity_bytes = host_memory_bytes()
+    model_args["engine_capacity_bytes"] = capacity_bytes
     fraction = parse_headroom(headroom)
     name = model or model_path
     if as_json:

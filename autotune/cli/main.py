@@ -16,7 +16,7 @@ import click
 from autotune import __version__
 from autotune.cli.estimate import estimate
 from autotune.cli.export import export
-from autotune.cli.options import build_probe_request, probe_options
+from autotune.cli.options import build_probe_request, engine_knobs, probe_options
 from autotune.cli.run import run
 from autotune.errors import AutotuneError, ConfigError
 
@@ -96,7 +96,9 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
     from autotune.runners.local import SubprocessRunner, probe_files
     from autotune.sweep.preflight import check_model_on_device
 
-    request = build_probe_request(options, parse_assignments(assignments))
+    knobs = parse_assignments(assignments)
+    request = build_probe_request(options, {**engine_knobs(options, space_names=frozenset(
+        knobs)), **knobs})
     check_model_on_device(request, request.config, what="the probe")
     if log_path is not None:
         for path in (Path(log_path), *probe_files(Path(log_path))):

@@ -53,6 +53,12 @@ def probe_options(model_required: bool = True) -> Any:
                      help="Untimed steps before timing."),
         click.option("--timed-steps", type=click.IntRange(1), default=2, show_default=True,
                      help="Timed steps averaged into the figures."),
+        click.option("--engine", type=click.Choice(["auto", "vllm-like", "hf"]),
+                     default="auto", show_default=True,
+                     help="Rollout engine's memory: vllm-like reserves "
+                          "gpu_memory_utilization of the device (EasyR1, verl); hf grows a KV "
+                          "cache with the batch (TRL). auto: vllm-like on a GPU, hf for "
+                          "--trainer trl and on a CPU."),
         click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto",
                      show_default=True, help="Compute dtype; auto = bf16 on GPU, fp32 on CPU."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
@@ -119,6 +125,28 @@ def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
         gpus_per_node=gpus_per_node,
         emulated=emulate_ranks(options.get("ranks", "auto"), nnodes * gpus_per_node,
                                options["device"], gpu_ids, local))
+
+
+def engine_knobs(options: dict[str, Any], trainer: str | None = None,
+                 space_names: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
+    would); auto only where the space says nothing of the engine. auto is vllm-like on a
+    GPU (EasyR1's and verl's vLLM), hf for TRL (HF generation) and on a CPU (a stand-in
+    device whose interpreter alone takes a large share of a small cap); verl's vLLM
+    (>= 0.8.5) sleeps at level 2, EasyR1's at 1."""
+    from autotune.hardware import has_nvidia_gpu
+
+    engine = options.get("engine", "auto")
+    if engine == "auto":
+        if "rollout_engine" in space_names:
+            return {}
+        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
+                                                 and not has_nvidia_gpu())
+        engine = "hf" if trainer == "trl" or on_cpu else "vllm-like"
+    knobs: dict[str, Any] = {"rollout_engine": engine}
+    if engine == "vllm-like" and trainer == "verl" and "sleep_level" not in space_names:
+        knobs["sleep_level"] = 2
+    return knobs
 
 
 def default_topology(options: dict[str, Any]) -> None:

@@ -16,7 +16,12 @@ from typing import Any
 import click
 
 from autotune.cli.launch import command_defaults, command_ranks, command_setup
-from autotune.cli.options import build_probe_request, default_topology, probe_options
+from autotune.cli.options import (
+    build_probe_request,
+    default_topology,
+    engine_knobs,
+    probe_options,
+)
 from autotune.errors import ConfigError
 from autotune.hardware import has_nvidia_gpu
 
@@ -140,8 +145,10 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     else:
         base = load_knob_file(base_config) if base_config is not None else {}
     loaded = loaded.for_world(topology.world_size)
+    user = parse_assignments(assignments)
+    named = frozenset({*loaded.params, *loaded.fixed, *user, *base})
     search_space, base_params = loaded.with_user_values(
-        parse_assignments(assignments), base, base_config or trainer)
+        {**engine_knobs(options, trainer, named), **user}, base, base_config or trainer)
     if export_to is not None and base_params is None:
         base_params = search_space.safe_params()  # the trainer's start is the safest config
     name = check_study_name(study if study is not None else

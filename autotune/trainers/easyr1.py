@@ -45,11 +45,15 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     if world % tp:
         problems.append(f"the {world} GPUs must be divisible by "
                         f"worker.rollout.tensor_parallel_size={tp}")
-    tokens = get("worker.rollout.max_num_batched_tokens", 8192)
+    tokens = k.get("max_num_batched_tokens") or get("worker.rollout.max_num_batched_tokens",
+                                                    8192)
     length = k["max_prompt_length"] + k["max_response_length"]
     if tokens < length:
         problems.append(f"worker.rollout.max_num_batched_tokens={tokens} must be at least "
                         f"max_prompt_length+max_response_length={length}")
+    if k.get("enable_sleep") is False:
+        problems.append("EasyR1 always puts vLLM to sleep after rollout (enable_sleep_mode="
+                        "True, no key to turn it off): enable_sleep=false cannot be exported")
     if get("algorithm.adv_estimator", "grpo") in ("grpo", "rloo") and n <= 1:
         problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {n})")
     return problems
@@ -87,7 +91,9 @@ EASYR1 = Adapter(
           "max_prompt_length": ("data.max_prompt_length",),
           "max_response_length": ("data.max_response_length",),
           "val_batch_size": ("data.val_batch_size",),
-          "rollout_tensor_parallel": ("worker.rollout.tensor_parallel_size",)},
+          "rollout_tensor_parallel": ("worker.rollout.tensor_parallel_size",),
+          "gpu_memory_utilization": ("worker.rollout.gpu_memory_utilization",),
+          "max_num_batched_tokens": ("worker.rollout.max_num_batched_tokens",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     companions={},
     rules=_easyr1_rules,

@@ -74,7 +74,10 @@ VERL = Adapter(
           "offload_optimizer": ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",),
           "max_prompt_length": ("data.max_prompt_length",),
           "max_response_length": ("data.max_response_length",),
-          "rollout_tensor_parallel": ("actor_rollout_ref.rollout.tensor_model_parallel_size",)},
+          "rollout_tensor_parallel": ("actor_rollout_ref.rollout.tensor_model_parallel_size",),
+          "gpu_memory_utilization": ("actor_rollout_ref.rollout.gpu_memory_utilization",),
+          "max_num_batched_tokens": ("actor_rollout_ref.rollout.max_num_batched_tokens",),
+          "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # per-GPU micro-batches are read only without dynamic batch size, and must not be set
     # together with the deprecated global micro-batch keys

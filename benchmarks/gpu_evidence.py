@@ -3,7 +3,9 @@ registry models, a real OOM, memory and throughput figures against the memory mo
 
     python benchmarks/gpu_evidence.py [--out benchmarks/results/gpu]
 
-- qwen2.5-0.5b, real, one GPU: a plain config and one with both offloads;
+- qwen2.5-0.5b, real, one GPU: a plain config and one with both offloads (HF generation),
+  and the vllm-like engine at gpu_memory_utilization 0.3 and 0.6 (its reservation, pool and
+  concurrency against the rollout's torch.cuda reserved peak);
 - qwen2.5-7b and qwen2.5-vl-7b as emulated rank 0 of a W = 8 FSDP run on the one GPU (the
   rank's shards, gathered units, activations, logits, AdamW and the rollout engine's whole
   bf16 copy are real allocations; collectives move no data);
@@ -45,6 +47,16 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit)
      {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
       "micro_batch_size_experience": 16, "offload_params": True, "offload_optimizer": True},
      None),
+    # the vllm-like engine at two utilisations: rollout peak against torch.cuda's reserved
+    # peak and against the trainer's states at wake-up plus the reservation
+    ("0.5b vllm 0.3", "qwen2.5-0.5b", 1, False,
+     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
+      "micro_batch_size_experience": 16, "rollout_engine": "vllm-like",
+      "gpu_memory_utilization": 0.3}, None),
+    ("0.5b vllm 0.6", "qwen2.5-0.5b", 1, False,
+     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
+      "micro_batch_size_experience": 16, "rollout_engine": "vllm-like",
+      "gpu_memory_utilization": 0.6}, None),
     ("7b rank0/8 ckpt", "qwen2.5-7b", 8, True,
      {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_update": 2,
       "micro_batch_size_experience": 4, "gradient_checkpointing": True}, None),
@@ -69,12 +81,15 @@ def run_case(case: tuple, where: Path) -> dict:
                            gpu_memory_limit_bytes=limit)
     result = SubprocessRunner().run(request, where / f"{label.replace(' ', '_')}.log")
     shape = model_shape(model)
-    estimate = estimate_memory(shape, config, num_gpus=world, on_gpu=True)
+    estimate = estimate_memory(shape, config, num_gpus=world, on_gpu=True,
+                               engine_capacity_bytes=limit or result.device_capacity_bytes)
     return {"label": label, "model": model, "world_size": world, "emulated": emulated,
             "limit_bytes": limit, "status": result.status.value,
             "failed_phase": result.failed_phase, "message": result.message[:300],
             "tokens_per_s": result.tokens_per_s, "step_s": result.step_s,
             "phase_peak_mem_bytes": result.phase_peak_mem_bytes,
+            "phase_allocator_peak_bytes": result.phase_allocator_peak_bytes,
+            "engine": result.engine,
             "estimate_bytes": {p: e.total_bytes for p, e in estimate.phases.items()},
             "model_state_bytes": result.model_state_bytes,
             "states_model_bytes": model_state_bytes(shape.num_params, world).update_bytes,
@@ -90,6 +105,14 @@ def describe(row: dict) -> str:
     phases = "  ".join(f"{p} {format_bytes(v)} (est {format_bytes(row['estimate_bytes'][p])})"
                        for p, v in row["phase_peak_mem_bytes"].items())
     states = sum(row["model_state_bytes"].values())
+    engine = row["engine"]
+    if engine:  # vllm-like: what the engine reserved and what the rollout held
+        head += (f"[engine: reserved {format_bytes(engine['reserved_bytes'])}, pool "
+                 f"{format_bytes(engine['kv_pool_bytes'])}, {engine['concurrency']} seqs at "
+                 f"once; rollout torch reserved "
+                 f"{format_bytes(row['phase_allocator_peak_bytes'].get('rollout'))}, states at "
+                 f"wake + reservation "
+                 f"{format_bytes(engine['wake_used_bytes'] + engine['reserved_bytes'])}]  ")
     return (head + f"{row['tokens_per_s']:,.0f} tok/s  {phases}  states "
             f"{format_bytes(states)} (memory.py {format_bytes(row['states_model_bytes'])})  "
             f"build {row['build_s']:.0f} s")

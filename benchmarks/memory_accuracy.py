@@ -6,6 +6,9 @@ The grids are real probes with no memory cap, so every phase's peak is measured
     tiny-qwen2.5     benchmarks/spaces/memory-grid.yaml     64 configs (lengths vary too)
     tiny-qwen2.5-vl  benchmarks/spaces/memory-grid-vl.yaml  32 configs (one image per prompt)
 
+These grids generate with HF generation's memory (rollout_engine=hf). The vllm-like engine's
+grid is run live each time (engine_grid below: its reservation depends on the cap).
+
 Before calibration, memory.py's prior constants are used. After calibration, the model is fitted
 (calibration.py) on k probes drawn at random and scored on the others (out of sample), 200 draws;
 k = feasibility.MIN_CALIBRATION_PROBES, the point from which the sweep's pre-screen trusts it.
@@ -125,11 +128,89 @@ def demo_prescreen(points: list[dict], k: int, draws: int, margin: float) -> dic
             "oom_configs": sum(p["status"] == "gpu_oom" for p in points)}
 
 
+ENGINE_CAP_BYTES = 1 << 30
+ENGINE_SHAPES = {"tiny-qwen2.5": {"max_prompt_length": 64},
+                 "tiny-qwen2.5-vl": {"max_prompt_length": 200, "image_size_px": 112}}
+
+
+def engine_grid() -> list[dict]:
+    """The vllm-like engine, live: 2 models x gpu_memory_utilization 0.3/0.4/0.5 x sleep on
+    and off, real CPU probes under a 1 GiB device cap. Each row: the measured peak per phase
+    against the memory model (prior constants, no calibration), and the rollout peak against
+    the trainer's states at wake-up plus the reservation, as the engine reported them."""
+    from autotune.config import ProbeConfig
+    from autotune.runners.local import SubprocessRunner
+
+    rows, runner = [], SubprocessRunner()
+    for model, shapes in ENGINE_SHAPES.items():
+        for util in (0.3, 0.4, 0.5):
+            for sleep in (True, False):
+                config = ProbeConfig(
+                    rollout_engine="vllm-like", gpu_memory_utilization=util,
+                    enable_sleep=sleep, rollout_batch_size=4, rollout_n=4,
+                    global_batch_size=2, micro_batch_size_update=4,
+                    micro_batch_size_experience=8, max_response_length=32, max_num_seqs=8,
+                    max_num_batched_tokens=512, **shapes)
+                result = runner.run(ProbeRequest(
+                    model=model, config=config, device="cpu", cpu_threads=2, warmup_steps=1,
+                    timed_steps=1, gpu_memory_limit_bytes=ENGINE_CAP_BYTES, timeout_s=300))
+                row = {"model": model, "util": util, "sleep": sleep,
+                       "status": result.status.value}
+                if result.ok:
+                    estimate = estimate_memory(model_shape(model), config, on_gpu=False,
+                                               engine_capacity_bytes=ENGINE_CAP_BYTES)
+                    engine = result.engine
+                    row.update(
+                        measured={p: result.phase_peak_mem_bytes[p] for p in PHASES},
+                        estimate={p: estimate.phases[p].total_bytes for p in PHASES},
+                        states_plus_reservation=engine["wake_used_bytes"]
+                        + engine["reserved_bytes"], concurrency=engine["concurrency"],
+                        kv_pool_bytes=engine["kv_pool_bytes"])
+                rows.append(row)
+                print(f"engine grid: {model} util={util} sleep={sleep}: {row['status']}",
+                      file=sys.stderr)
+    return rows
+
+
+def engine_lines(rows: list[dict]) -> list[str]:
+    ok = [r for r in rows if r["status"] == "ok"]
+    lines = ["", f"vllm-like engine grid: {len(ok)} of {len(rows)} probes ok, 1 GiB device "
+                 "cap, peaks in MiB; error = (estimate - measured) / measured",
+             f"{'model':<17}{'util':>5}{'sleep':>6}{'rollout':>9}{'st+res':>8}{'err':>7}"
+             f"{'model':>8}{'err':>7}{'exper.':>8}{'model':>8}{'err':>7}{'update':>8}"
+             f"{'model':>8}{'err':>7}"]
+    for r in ok:
+        m, e = r["measured"], r["estimate"]
+
+        def err(a: int, b: int) -> str:
+            return f"{(a - b) / b:>7.1%}"
+
+        lines.append(f"{r['model']:<17}{r['util']:>5}{'on' if r['sleep'] else 'off':>6}"
+                     f"{m['rollout'] >> 20:>9}{r['states_plus_reservation'] >> 20:>8}"
+                     f"{err(r['states_plus_reservation'], m['rollout'])}"
+                     f"{e['rollout'] >> 20:>8}{err(e['rollout'], m['rollout'])}"
+                     f"{m['experience'] >> 20:>8}{e['experience'] >> 20:>8}"
+                     f"{err(e['experience'], m['experience'])}{m['update'] >> 20:>8}"
+                     f"{e['update'] >> 20:>8}{err(e['update'], m['update'])}")
+    if ok:
+        within = [abs(r["states_plus_reservation"] - r["measured"]["rollout"])
+                  / r["measured"]["rollout"] for r in ok]
+        model = [abs(r["estimate"][p] - r["measured"][p]) / r["measured"][p]
+                 for r in ok for p in PHASES]
+        lines.append("rollout peak vs states + reservation: median "
+                     f"{statistics.median(within):.1%}, max {max(within):.1%} (target <= 5%); "
+                     "memory model, all phases: "
+                     f"median {statistics.median(model):.1%}, max {max(model):.1%}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true",
                         help="probe the grid rows not yet recorded (about 15 min on 2 cores)")
     parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--no-engine-grid", action="store_true",
+                        help="skip the live vllm-like engine grid (12 probes, ~2 min)")
     parser.add_argument("--k", type=int, default=MIN_CALIBRATION_PROBES,
                         help="probes each calibration is fitted on")
     args = parser.parse_args()
@@ -174,6 +255,9 @@ def main() -> None:
               f"infeasible {demo['feasible_skipped_total']} (target 0); OOM configs caught by "
               f"the estimate alone, median {demo['oom_caught_median']:.0f} of "
               f"{demo['oom_configs']}"]
+    if not args.no_engine_grid:
+        report["engine_grid"] = engine_grid()
+        lines += engine_lines(report["engine_grid"])
     text = "\n".join(lines)
     print(text)
     OUT.mkdir(exist_ok=True)

@@ -1,6 +1,7 @@
 """probe: what runs inside a probe's own process, and what crosses its boundary.
 
-Owns the built-in GRPO step (step.py), the models it builds (models.py), the memory meter
+Owns the built-in GRPO step (step.py) and its rollout engine (engine.py: vLLM-like memory or
+HF generation's), the models it builds (models.py), the memory meter
 (meter.py), FSDP sharding over real or emulated ranks (sharding.py), the worker entry point
 (`python -m autotune.probe.worker`), the launcher of a real multi-rank probe's processes
 (launcher.py), the command probe (command.py: a short run of the user's own trainer, read

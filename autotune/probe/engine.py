@@ -146,9 +146,11 @@ class RolloutEngine:
     def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Allocate the weights (back from host memory after a level-1 sleep) and the pool,
         then load the actor's current weights, one whole tensor at a time."""
+        if self.vllm_like:  # what the engine wakes on top of: the trainer's states now
+            held = local_bytes(self.model.parameters()) + (
+                self.pool.numel() * self.pool.element_size() if self.pool is not None else 0)
+            self.figures["wake_used_bytes"] = self.read_device_bytes() - held
         if not self.awake:
-            if self.vllm_like:  # what the engine wakes on top of: the trainer's states now
-                self.figures["wake_used_bytes"] = self.read_device_bytes()
             for name, param in self.model.named_parameters():
                 host = self.host_weights.pop(name, None)
                 if self.tensor_parallel and host is not None:

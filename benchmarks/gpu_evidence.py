@@ -82,7 +82,7 @@ def run_case(case: tuple, where: Path) -> dict:
     result = SubprocessRunner().run(request, where / f"{label.replace(' ', '_')}.log")
     shape = model_shape(model)
     estimate = estimate_memory(shape, config, num_gpus=world, on_gpu=True,
-                               engine_capacity_bytes=limit or result.device_capacity_bytes)
+                               engine_capacity_bytes=limit or result.device_capacity_bytes or 0)
     return {"label": label, "model": model, "world_size": world, "emulated": emulated,
             "limit_bytes": limit, "status": result.status.value,
             "failed_phase": result.failed_phase, "message": result.message[:300],

@@ -93,3 +93,42 @@ def test_rollout_speeds_up_with_the_pool_until_max_num_seqs_binds(make_request):
     tokens_per_s = [4 * 256 / r.phase_s["rollout"] for r in runs]  # measured: 134, 177, 284
     assert tokens_per_s[0] < tokens_per_s[1] and tokens_per_s[2] > 1.5 * tokens_per_s[0], \
         (concurrency, tokens_per_s)
+
+
+@pytest.mark.parametrize("model_name", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])
+def test_the_pool_decode_generates_what_hf_generate_does(model_name):
+    """The engine's own loop (chunked prefill, static caches that are views of the pool, a
+    fixed-length greedy decode) gives the tokens of transformers' generate, token for token."""
+    import copy
+
+    import torch
+
+    from autotune.config import ProbeConfig
+    from autotune.probe.engine import RolloutEngine
+    from autotune.probe.models import build_model, load_model_config
+
+    config = ProbeConfig(rollout_engine="vllm-like", max_prompt_length=12,
+                         max_response_length=8, max_num_seqs=4, max_num_batched_tokens=24,
+                         gpu_memory_utilization=0.2)
+    model_config = load_model_config(model_name, None)
+    torch.manual_seed(0)
+    actor = build_model(model_config, torch.device("cpu"), torch.float32).eval()
+    with torch.no_grad():  # wider than the init's 0.02, so each token depends on the context
+        for param in actor.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.15)
+    engine = RolloutEngine(copy.deepcopy(actor), model_config, config, torch.device("cpu"),
+                           torch.float32, False, CAP_BYTES, lambda tensor, _: tensor,
+                           lambda: 0)
+    prompts = torch.randint(0, 1000, (6, config.max_prompt_length))
+    engine.start(lambda rows: {"input_ids": prompts[torch.arange(rows) % len(prompts)]})
+    engine.wake(actor.named_parameters())
+    assert engine.prefill_rows() == 2 and engine.figures["concurrency"] == 4
+    with torch.no_grad():
+        ours = engine.generate(prompts, lambda rows: {}, torch.arange(6))  # batches 4 and 2
+        theirs = actor.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                                max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                pad_token_id=0, eos_token_id=model_config.get_text_config()
+                                .vocab_size - 1)[:, config.max_prompt_length:]
+    assert len(set(theirs[0].tolist())) > 4  # not one token repeated
+    assert torch.equal(ours, theirs)

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from autotune.cli.options import engine_knobs
 from autotune.config import (
     ProbeConfig,
     model_problems,
@@ -123,10 +124,9 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
     shape = model_shape(model or "", model_path)
     knobs = fitted["fixed"] if study is not None else {}  # the study's shapes, then --set
     user = parse_assignments(assignments)
-    if engine != "auto" or not any("rollout_engine" in d for d in (knobs, user)):
-        auto = "vllm-like" if model_args["on_gpu"] else "hf"
-        knobs = {**knobs, "rollout_engine": auto if engine == "auto" else engine}
-    values = {**knobs, **user}
+    device_options = {"device": "cuda" if model_args["on_gpu"] else "cpu", "engine": engine}
+    values = {**knobs, **engine_knobs(device_options, space_names=frozenset({*knobs, *user})),
+              **user}
     batches = ("rollout_batch_size", "global_batch_size")
     if world_size > 1 and not any(k in values for k in batches):  # defaults are one GPU's
         values.update({k: getattr(ProbeConfig(), k) * world_size for k in batches})

@@ -303,7 +303,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     rollout = generation(share.responses_per_step)
     held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
     engine_host = 0
-    if config.rollout_engine == "vllm-like":
+    vllm_like = config.rollout_engine == "vllm-like"
+    if vllm_like:
         if engine_capacity_bytes is None:
             raise ValueError("a vllm-like engine reserves a share of the device: pass "
                              "engine_capacity_bytes")
@@ -339,8 +340,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts)
 
     if share.val_prompts:
-        validation = generation(share.val_prompts) if not rollout_states.get(
-            "engine_reservation") else {}
+        validation = {} if vllm_like else generation(share.val_prompts)
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation})

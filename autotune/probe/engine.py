@@ -71,8 +71,9 @@ class RolloutEngine:
                             or text.hidden_size // text.num_attention_heads)
         self.kv_heads = int(text.num_key_value_heads) // config.rollout_tensor_parallel
         self.vocab_size = int(text.vocab_size)
-        element = torch.empty(0, dtype=dtype).element_size()
-        self.kv_bytes_per_token = 2 * element * self.layers * self.kv_heads * self.head_dim
+        self.element_bytes = torch.empty(0, dtype=dtype).element_size()
+        self.kv_bytes_per_token = (2 * self.element_bytes * self.layers * self.kv_heads
+                                   * self.head_dim)
         self.shapes = {name: p.shape for name, p in model.named_parameters()}
         self.host_weights: dict[str, torch.Tensor] = {}
         self.pool: torch.Tensor | None = None
@@ -148,7 +149,7 @@ class RolloutEngine:
         then load the actor's current weights, one whole tensor at a time."""
         if self.vllm_like:  # what the engine wakes on top of: the trainer's states now
             held = local_bytes(self.model.parameters()) + (
-                self.pool.numel() * self.pool.element_size() if self.pool is not None else 0)
+                self.figures["kv_pool_bytes"] if self.pool is not None else 0)
             self.figures["wake_used_bytes"] = self.read_device_bytes() - held
         if not self.awake:
             for name, param in self.model.named_parameters():
@@ -162,9 +163,8 @@ class RolloutEngine:
                     param.data = self.move(host, True) if host is not None else torch.empty(
                         self.shapes[name], dtype=self.dtype, device=self.device)
             if self.vllm_like:
-                self.pool = torch.zeros(self.figures["kv_pool_tokens"] * self.kv_bytes_per_token
-                                        // self.pool_element_size(), dtype=self.dtype,
-                                        device=self.device)
+                self.pool = torch.zeros(self.figures["kv_pool_bytes"] // self.element_bytes,
+                                        dtype=self.dtype, device=self.device)
             self.awake = True
         params = dict(self.model.named_parameters())
         for name, whole in actor_weights:
@@ -173,9 +173,6 @@ class RolloutEngine:
                 local_tensor(param).copy_(whole)
             else:
                 param.data.copy_(whole)
-
-    def pool_element_size(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
 
     def sleep(self) -> None:
         """After generation: vllm-like with enable_sleep frees the pool and the weights (level

@@ -97,6 +97,14 @@ class Prediction:
     source: str  # dominance | estimate
 
 
+def engine_capacity_bytes(request: Any, device_bytes: int | None) -> int:
+    """What a vllm-like engine takes its share of, as the probe sees it: the device limit,
+    else the device; 0 when neither is known (no reservation counted, nothing pruned on one)."""
+    if not device_bytes:
+        return request.gpu_memory_limit_bytes or 0
+    return request.device_limit_bytes(device_bytes) or device_bytes
+
+
 class Feasibility:
     """What the sweep knows about where the memory wall is: measured OOMs, and the memory
     model calibrated on measured peaks."""
@@ -127,23 +135,16 @@ class Feasibility:
                 "on_gpu": on_gpu,
                 "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
 
+        here = gpu_capacity_bytes() if on_gpu else None  # until a probe reports its device
+
         def estimate(params: dict[str, Any]) -> MemoryEstimate:
             return estimate_memory(shape, config_for(params), **args,
-                                   engine_capacity_bytes=feasibility.engine_capacity_bytes(request))
+                                   engine_capacity_bytes=engine_capacity_bytes(
+                                       request, feasibility.capacity_bytes or here))
 
         feasibility = cls(dominance, estimate, prescreen)
         feasibility.estimate_args = args
         return feasibility
-
-    def engine_capacity_bytes(self, request: Any) -> int:
-        """What a vllm-like engine takes its share of, as the probe sees it: the device
-        limit, else the device (as probes report it, or as this machine has it); 0 when
-        unknown, so no reservation is counted and nothing is pruned on one."""
-        device = self.capacity_bytes or (gpu_capacity_bytes() if request.device != "cpu"
-                                         else None) or 0
-        limit = request.device_limit_bytes(device) if device else \
-            request.gpu_memory_limit_bytes
-        return limit or device or 0
 
     def calibration_record(self, device_name: str | None) -> dict[str, Any]:
         """The calibration as stored with the study (and read by `autotune estimate --study`)."""

@@ -105,7 +105,8 @@ def find_bin_dir() -> Path | None:
     return None
 
 
-def _apt(args: list[str], log: list[str]) -> bool:
+def apt_get(args: list[str], log: list[str]) -> bool:
+    """Run apt-get non-interactively, appending what it printed to `log`; whether it worked."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     command = ["apt-get", "-o", "DPkg::Lock::Timeout=300", *args]
     log.append("$ " + " ".join(command))
@@ -137,7 +138,7 @@ def install_with_apt() -> tuple[bool, str]:
             added_policy = True
     try:
         install = ["install", "-y", "--no-install-recommends", "postgresql"]
-        ok = _apt(install, log) or (_apt(["update"], log) and _apt(install, log))
+        ok = apt_get(install, log) or (apt_get(["update"], log) and apt_get(install, log))
     finally:
         if added_policy:
             with contextlib.suppress(OSError):

@@ -198,6 +198,14 @@ CASES: list[tuple[list[str], str]] = [
     (["show", "--results-dir", "renamed"], "holds study s, not old"),
     (["show", "--study", "s", "--storage", "notjournal.txt"], "not an Optuna journal"),
     (["show", "--study", "s", "--storage", "missing.journal"], "no such journal file"),
+    # report
+    (["report", "--study", "missing"], "--study missing: no results"),
+    (["report", "--results-dir", "zero"], "empty (0 bytes), not a study database"),
+    (["report", "--study", "s", "--out", "existing.log"],
+     "exists and is not an autotune report; choose a new path"),
+    (["report", "--study", "s", "--out", "missing/r.html"], "folder missing does not exist"),
+    (["report", "--study", "s", "--out", "a_file/r.html"], "folder a_file is a file"),
+    (["report", "--study", "s", "--out", "noconfig"], "is a folder; give a file name"),
     # export
     (EXPORT + ["--out", "out_exists.yaml"], "out_exists.yaml: file exists"),
     (EXPORT + ["--out", "missing/x.yaml"], "folder missing does not exist"),
@@ -285,6 +293,7 @@ def test_environment_errors_are_one_line_exit_1(small_fs, sandbox, capsys, monke
         (RUN + results + ["--study", "new"], "read-only file system; pass --results-dir"),
         (RUN + results + ["--study", "s"], "read-only file system"),
         (EXPORT + results, "read-only file system; pass --results-dir (or --out)"),
+        (["report", *results, "--study", "s"], "read-only file system"),
     ]:
         before = snapshot(small_fs)
         code, err = invoke(args, capsys)

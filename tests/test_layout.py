@@ -26,10 +26,11 @@ ALLOWED: dict[str, set[str]] = {
     "trainers": BASE | {"config", "files", "trainers"},
     "sweep": BASE | {"config", "files", "hardware", "registry", "probe.result", "probe.oom",
                      "runners", "memory", "trainers", "sweep"},
+    "report": BASE | {"config", "files", "memory", "probe.result", "sweep", "report"},
     "cli": {"*"},
 }
 TORCH_FREE = ("config", "errors", "files", "hardware", "registry", "memory", "runners",
-              "trainers", "sweep", "cli", "probe.result", "probe.oom", "probe.launcher",
+              "trainers", "sweep", "report", "cli", "probe.result", "probe.oom", "probe.launcher",
               "probe.process_tag", "probe.command", "probe.trainer_logs")
 
 
@@ -93,7 +94,7 @@ def test_torch_free_concerns_never_import_torch_or_ray():
 
 
 def test_each_subpackage_says_what_it_owns_and_may_import():
-    for package in ("cli", "probe", "runners", "sweep", "memory", "trainers"):
+    for package in ("cli", "probe", "runners", "sweep", "memory", "trainers", "report"):
         doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
         assert doc and "May import" in doc, package
 

@@ -17,6 +17,7 @@ from autotune import __version__
 from autotune.cli.estimate import estimate
 from autotune.cli.export import export
 from autotune.cli.options import build_probe_request, engine_knobs, probe_options
+from autotune.cli.report import report
 from autotune.cli.run import run
 from autotune.errors import AutotuneError, ConfigError
 
@@ -34,6 +35,7 @@ def cli(debug: bool) -> None:
     autotune run                                     sweep (CPU demo without a GPU)
     autotune run --model qwen2.5-vl-7b --timeout 8h  overnight sweep on this machine's GPUs
     autotune show                                    trials, Pareto front, best config
+    autotune report                                  the study as one HTML page of plots
     autotune estimate --model qwen2.5-7b --gpus 8    memory per phase, before probing
     autotune validate search_spaces/grpo.yaml        check a search space
     autotune models                                  the model registry
@@ -130,10 +132,17 @@ def show(study: str | None, results_dir: str, storage: str | None) -> None:
     autotune show --study qwen2.5-7b-grpo
     autotune show --study shared --storage /mnt/shared/study.journal
     """
+    from pathlib import Path
+
     from autotune.cli.text import format_study
+    from autotune.report import REPORT_NAME
     from autotune.sweep.storage import load_study
 
-    click.echo(format_study(load_study(results_dir, study, storage)))
+    loaded = load_study(results_dir, study, storage)
+    click.echo(format_study(loaded))
+    page = Path(results_dir) / loaded.study_name / REPORT_NAME
+    click.echo(f"\nreport: {page}" if page.is_file() else
+               f"\nno report yet: `autotune report --study {loaded.study_name}` writes one")
 
 
 @cli.command()
@@ -168,6 +177,7 @@ def validate(files: tuple[str, ...]) -> None:
 cli.add_command(run)
 cli.add_command(estimate)
 cli.add_command(export)
+cli.add_command(report)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -308,6 +308,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
               runner: Any = None) -> int:
     """Run a sweep with live progress and artifacts; print the outcome; the exit code."""
+    from autotune.cli.report import write_study_report
     from autotune.cli.text import format_study
     from autotune.runners.local import SubprocessRunner
     from autotune.sweep.artifacts import write_artifacts, write_trainer_export
@@ -340,6 +341,7 @@ def run_sweep(settings: Any, export_to: tuple[Any, Any, Any] | None = None,
             runner.close()  # a Ray runner disconnects (and stops a Ray it started)
     best = artifacts(study)  # rewritten from the storage, other drivers' trials included
     click.echo(format_study(study, brief=True))
+    click.echo(f"\n{write_study_report(study, settings.study_dir)}")
     exported = f", best.{export_to[0].name}.yaml" if export_to and best else ""
     files = f"trials.csv, logs/{', best.yaml' if best else ''}{exported}"
     if settings.storage is None:

@@ -105,6 +105,15 @@ def engine_capacity_bytes(request: Any, device_bytes: int | None) -> int:
     return request.device_limit_bytes(device_bytes) or device_bytes
 
 
+def estimate_args(request: Any) -> dict[str, Any]:
+    """The memory model's arguments for a request's probes: one GPU's share of the batches,
+    model states FSDP-sharded over the run's W ranks, the compute dtype's width."""
+    on_gpu = request.device != "cpu"
+    return {"num_gpus": request.world_size, "state_shards": request.world_size,
+            "on_gpu": on_gpu,
+            "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
+
+
 class Feasibility:
     """What the sweep knows about where the memory wall is: measured OOMs, and the memory
     model calibrated on measured peaks."""
@@ -130,11 +139,7 @@ class Feasibility:
         except AutotuneError:
             return cls(dominance, None, prescreen)
         on_gpu = request.device != "cpu"
-        # the probe runs one GPU's share of the batches, its model states FSDP-sharded over W
-        args = {"num_gpus": request.world_size, "state_shards": request.world_size,
-                "on_gpu": on_gpu,
-                "compute_bytes": {"bf16": 2, "fp32": 4}.get(request.dtype) or (2 if on_gpu else 4)}
-
+        args = estimate_args(request)
         here = gpu_capacity_bytes() if on_gpu else None  # until a probe reports its device
 
         def estimate(params: dict[str, Any]) -> MemoryEstimate:

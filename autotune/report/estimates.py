@@ -1,0 +1,95 @@
+"""The memory model beside what the probes measured, for the report.
+
+The model is the sweep's own (memory/model.py with the arguments the pre-screen used), so the
+page shows the estimate the sweep pruned with: its prior constants before calibration, and the
+calibration the study stored (fitted on these same probes, so "after" is in-sample: it says
+how well the model's shape fits this device, not how it predicts a new config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+from autotune.config import ProbeConfig
+from autotune.errors import AutotuneError
+from autotune.memory.calibration import Calibration
+from autotune.memory.model import MemoryEstimate, estimate_memory, model_shape
+from autotune.probe.result import ProbeRequest
+from autotune.report.view import StudyView, TrialView
+from autotune.sweep.feasibility import engine_capacity_bytes, estimate_args
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseParts:
+    """One phase of one config as the model splits it (calibrated when the study has a
+    calibration), and what the probe measured there."""
+
+    states_bytes: int
+    transient_bytes: int
+    context_bytes: int
+    prior_bytes: int  # the uncalibrated estimate
+    measured_bytes: int | None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.states_bytes + self.transient_bytes + self.context_bytes
+
+
+def estimator(view: StudyView) -> Callable[[TrialView], MemoryEstimate] | None:
+    """The model's estimate of a trial's config, or None when the study's model cannot be read
+    (a trainer's checkpoint the model does not know) or its request is from another version."""
+    try:
+        request = ProbeRequest.from_json(json.dumps(view.request))
+        shape = model_shape(request.model, request.model_path)
+    except (AutotuneError, TypeError, KeyError, ValueError, OSError):
+        return None
+    args = estimate_args(request)
+    engine_bytes = engine_capacity_bytes(request, view.capacity_bytes)
+
+    def estimate(trial: TrialView) -> MemoryEstimate:
+        config = ProbeConfig(**view.config_of(trial))
+        return estimate_memory(shape, config, **args, engine_capacity_bytes=engine_bytes)
+
+    return estimate
+
+
+def calibration_of(view: StudyView) -> Calibration | None:
+    if not view.calibration or not view.calibration.get("phases"):
+        return None
+    return Calibration.from_dict(view.calibration["phases"])
+
+
+def phase_parts(view: StudyView, trials: list[TrialView]) -> dict[int, dict[str, PhaseParts]]:
+    """Each trial's phases split as the model sees them; {} without a model."""
+    estimate = estimator(view)
+    if estimate is None:
+        return {}
+    calibration = calibration_of(view)
+    out: dict[int, dict[str, PhaseParts]] = {}
+    for trial in trials:
+        try:
+            phases = estimate(trial).phases
+        except (TypeError, ValueError):  # a config this version's model cannot take
+            continue
+        fallback = calibration.fallback() if calibration is not None else None
+        parts = {}
+        for name, phase in phases.items():
+            transient, context = phase.transient_bytes, phase.context_bytes
+            if calibration is not None:
+                fit = calibration.phases.get(name, fallback)
+                transient, context = int(fit.transient_scale * transient), fit.context_bytes
+            parts[name] = PhaseParts(phase.states_bytes, transient, context, phase.total_bytes,
+                                     trial.phase_peak_mem_bytes.get(name))
+        out[trial.number] = parts
+    return out
+
+
+def median_error(pairs: list[tuple[int, int]]) -> float | None:
+    """Median of |estimate - measured| / measured over (estimate, measured) pairs."""
+    errors = sorted(abs(est - got) / got for est, got in pairs if got)
+    if not errors:
+        return None
+    middle = len(errors) // 2
+    return errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2

@@ -1,0 +1,190 @@
+"""What the report shows, read once from a study: plain values, no plotly.
+
+Every trial gets one outcome a reader can tell apart on the page: it fits; it ran but went over
+the headroom budget; it ran out of memory (measured); it was predicted to (never run); the
+trainer's rules refused it (invalid); or it failed otherwise (crash, timeout). Reused copies of
+an earlier trial and trials still running are left out: they say nothing new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from autotune.config import KNOB_NAMES, format_bytes
+from autotune.probe.result import PHASES
+from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
+
+OOM_STATUSES = ("gpu_oom", "host_oom", "cache_oom")
+OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialView:
+    number: int
+    params: dict[str, Any]
+    outcome: str  # one of OUTCOMES
+    status: str  # the probe's own status (ok, gpu_oom, crash, ...)
+    origin: str  # safe | base | sampler | retry | unexplored ...
+    reason: str
+    tokens_per_s: float | None
+    peak_mem_bytes: int | None
+    phase_peak_mem_bytes: dict[str, int]
+    failed_phase: str | None
+    started: datetime | None
+    completed: datetime | None
+    distributions: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"#{self.number}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyView:
+    name: str
+    identity: dict[str, Any]
+    request: dict[str, Any]
+    command: dict[str, Any] | None
+    searched: list[str]
+    fixed: dict[str, Any]
+    trials: list[TrialView]  # in trial order
+    best: int | None
+    start: int | None
+    start_kind: str  # what the starting config is, for people
+    front: list[int]  # Pareto front, by peak memory
+    ranked: list[int]  # feasible probed trials, best first
+    capacity_bytes: int | None
+    budget_bytes: int | None
+    device_name: str | None
+    calibration: dict[str, Any] | None
+    reused: int
+
+    def trial(self, number: int) -> TrialView:
+        return next(t for t in self.trials if t.number == number)
+
+    def config_of(self, trial: TrialView) -> dict[str, Any]:
+        """The trial's full set of knobs (the request's, the space's fixed ones, its params)."""
+        merged = {**self.request.get("config", {}), **self.fixed, **trial.params}
+        return {name: merged[name] for name in KNOB_NAMES if name in merged}
+
+    @property
+    def memory_unit(self) -> tuple[int, str]:
+        """How the plots count memory: MiB for a small device (the CPU demo's cap), else GiB."""
+        largest = self.capacity_bytes or max((t.peak_mem_bytes or 0 for t in self.trials),
+                                             default=0)
+        return (2**20, "MiB") if largest < 4 * 2**30 else (2**30, "GiB")
+
+    def count(self, outcome: str) -> int:
+        return sum(t.outcome == outcome for t in self.trials)
+
+
+def outcome_of(attrs: dict[str, Any]) -> str:
+    status = attrs.get("status", "")
+    if attrs.get("predicted"):
+        return "predicted oom" if status in OOM_STATUSES else "invalid"
+    if status == "invalid":
+        return "invalid"
+    if status == "ok":
+        return "fits" if attrs.get("feasible") else "over headroom"
+    return "oom" if status in OOM_STATUSES else "failed"
+
+
+def trial_view(frozen: Any) -> TrialView:
+    attrs = frozen.user_attrs
+    result = attrs.get("result") or {}
+    return TrialView(
+        number=frozen.number, params=dict(frozen.params), outcome=outcome_of(attrs),
+        status=attrs.get("status", ""), origin=attrs.get("origin", "sampler"),
+        reason=attrs.get("reason") or "", tokens_per_s=result.get("tokens_per_s"),
+        peak_mem_bytes=result.get("peak_mem_bytes"),
+        phase_peak_mem_bytes={p: int(v) for p, v in
+                              (result.get("phase_peak_mem_bytes") or {}).items() if v},
+        failed_phase=result.get("failed_phase"), started=frozen.datetime_start,
+        completed=frozen.datetime_complete, distributions=dict(frozen.distributions))
+
+
+def starting_trial(trials: list[TrialView], identity: dict[str, Any]) -> tuple[int | None, str]:
+    """The config the sweep started from, and what it is: the user's --base-config, the
+    trainer's own config, or the sweep's safest first config."""
+    for origin, kind in (("base", "your --base-config"),
+                         ("safe", "the trainer's starting config" if identity.get("trainer")
+                          else "the sweep's first (safest) config")):
+        found = next((t for t in trials if t.origin == origin), None)
+        if found is not None:
+            return found.number, kind
+    return None, ""
+
+
+def read_study(study: Any) -> StudyView:
+    """The report's view of a study as it stands."""
+    attrs = study.user_attrs
+    frozen = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
+    reused = sum(t.user_attrs.get("reused_from") is not None for t in frozen)
+    trials = [trial_view(t) for t in frozen if t.user_attrs.get("reused_from") is None]
+    results = [t.user_attrs.get("result") or {} for t in frozen]
+    capacity = next((r.get("device_limit_bytes") or r.get("device_capacity_bytes")
+                     for r in results if r.get("device_limit_bytes")
+                     or r.get("device_capacity_bytes")), None)
+    budget = next((t.user_attrs["budget_bytes"] for t in frozen
+                   if t.user_attrs.get("budget_bytes")), None)
+    identity = attrs.get("identity", {})
+    if budget is None and capacity:
+        budget = int((1 - identity.get("headroom", 0.1)) * capacity)
+    start, start_kind = starting_trial(trials, identity)
+    best = best_trial(study)
+    space = attrs.get("search_space", {})
+    return StudyView(
+        name=study.study_name, identity=identity, request=attrs.get("request", {}),
+        command=attrs.get("command"), searched=list(space.get("params", {})),
+        fixed=dict(space.get("fixed", {})), trials=trials,
+        best=best.number if best is not None else None, start=start, start_kind=start_kind,
+        front=[t.number for t in pareto_front(study)],
+        ranked=[t.number for t in ranked_feasible(study)], capacity_bytes=capacity,
+        budget_bytes=budget,
+        device_name=next((r["device_name"] for r in results if r.get("device_name")), None),
+        calibration=attrs.get("memory_calibration"), reused=reused)
+
+
+def headline(view: StudyView) -> dict[str, str]:
+    """The facts at the top of the page, as label -> text."""
+    identity = view.identity
+    nnodes, gpus = identity.get("nnodes", 1), identity.get("gpus_per_node", 1)
+    world = nnodes * gpus
+    if view.command:
+        probe = (f"runs of your {view.command['trainer']} launch line, "
+                 f"{view.command['steps']} steps each")
+    elif world > 1 and identity.get("emulated"):
+        probe = f"built-in GRPO step, one emulated rank of {world} (time without communication)"
+    else:
+        probe = f"built-in GRPO step, {world} real rank{'s' if world > 1 else ''}"
+    probed = [t for t in view.trials if t.outcome in ("fits", "over headroom", "oom", "failed")]
+    wall_s = sum((t.completed - t.started).total_seconds() for t in view.trials
+                 if t.started and t.completed and t in probed)
+    budget = "unknown (no probe reported its device)"
+    if view.capacity_bytes:
+        budget = (f"{format_bytes(view.budget_bytes)} of {format_bytes(view.capacity_bytes)} "
+                  f"per device ({identity.get('headroom', 0.1):.0%} headroom kept free)")
+    return {
+        "model": str(identity.get("model")) + (f" ({identity['model_path']})"
+                                               if identity.get("model_path") else ""),
+        "device": view.device_name or str(identity.get("device")),
+        "topology": f"{nnodes} node{'s' if nnodes > 1 else ''} x {gpus} GPU"
+                    f"{'s' if gpus > 1 else ''}" + (f", as {identity['trainer']}"
+                                                    if identity.get("trainer") else ""),
+        "probe": probe,
+        "memory budget": budget,
+        "objective": str(identity.get("objective")),
+        "trials": (f"{len(probed)} probed ({view.count('fits')} fit, "
+                   f"{view.count('over headroom')} over headroom, {view.count('oom')} OOM, "
+                   f"{view.count('failed')} failed), {view.count('predicted oom')} predicted "
+                   f"OOM and {view.count('invalid')} invalid never run, {view.reused} reused; "
+                   f"{wall_s / 60:.1f} min of probing"),
+    }
+
+
+def phases_of(view: StudyView) -> list[str]:
+    """The step's phases some probe measured, in step order."""
+    seen = {p for t in view.trials for p in t.phase_peak_mem_bytes}
+    return [p for p in PHASES if p in seen]

@@ -18,7 +18,8 @@ from autotune.report.view import StudyView, headline, phases_of, read_study
 REPORT_NAME = "report.html"
 GENERATOR = '<meta name="generator" content="autotune report">'  # marks a file as ours
 BEST_FEW = 4  # configs in the per-phase bars: the best few and the start
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1.5em;max-width:1200px;
+color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-top:1px solid #ddd;padding-top:1em}
 table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .8em;text-align:left;
 border-bottom:1px solid #eee}th{background:#f6f6f6}.caption{color:#555;margin:.2em 0 .6em}

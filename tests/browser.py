@@ -38,6 +38,7 @@ class PageRun:
     figures: dict[str, bool]  # data-figure key -> plotly drew an SVG there
     notes: list[str]  # figures not drawn, as the page says why
     title: str
+    overflow_px: int  # how far the page is wider than the window (0: it fits)
 
 
 def find_chromium() -> str | None:
@@ -64,8 +65,10 @@ def chromium() -> str:
     return found
 
 
-def open_page(chromium: str, html_path: Path, screenshot_path: Path) -> PageRun:
-    """Load `html_path` in headless Chromium, wait for plotly, screenshot the whole page."""
+def open_page(chromium: str, html_path: Path, screenshot_path: Path,
+              width_px: int = 1280) -> PageRun:
+    """Load `html_path` in headless Chromium in a `width_px` window, wait for plotly,
+    screenshot the whole page."""
     from playwright.sync_api import sync_playwright
 
     console, errors, requests = [], [], []
@@ -73,7 +76,7 @@ def open_page(chromium: str, html_path: Path, screenshot_path: Path) -> PageRun:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True,
                                              args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": width_px, "height": 900})
             page.on("console", lambda msg: console.append(msg.text)
                     if msg.type == "error" else None)
             page.on("pageerror", lambda err: errors.append(str(err)))
@@ -94,8 +97,10 @@ def open_page(chromium: str, html_path: Path, screenshot_path: Path) -> PageRun:
                     [div.dataset.figure, !!div.querySelector('.js-plotly-plot svg.main-svg')]))""")
             notes = page.evaluate("() => [...document.querySelectorAll('p.note')]"
                                   ".map(p => p.textContent)")
+            overflow = page.evaluate("() => document.documentElement.scrollWidth - "
+                                     "window.innerWidth")
             page.screenshot(path=str(screenshot_path), full_page=True)
             title = page.title()
         finally:
             browser.close()
-    return PageRun(console, errors, requests, figures, notes, title)
+    return PageRun(console, errors, requests, figures, notes, title, overflow)

@@ -293,5 +293,6 @@ def slices(study: Any, metric: int) -> tuple[Any | None, str]:
         warnings.simplefilter("ignore")
         fig = vis.plot_slice(study, params=params, target=lambda t: t.values[metric],
                              target_name=study.metric_names[metric])
-    fig.update_layout(template="plotly_white", height=360, title=None)
+    fig.update_layout(template="plotly_white", height=360, title=None, width=None,
+                      autosize=True)  # Optuna sizes it by knob count: fit the page instead
     return fig, ""

@@ -79,20 +79,21 @@ def test_rollout_speeds_up_with_the_pool_until_max_num_seqs_binds(make_request):
     cap = 2 << 30
     first = engine_probe(make_request, cap, gpu_memory_utilization=0.4, **shapes)
     assert first.ok, first.message
+    assert first.engine["kv_pool_tokens"] // 2048 > 4  # the pool holds more: max_num_seqs binds
     sequence_bytes = 2048 * first.engine["kv_pool_bytes"] // first.engine["kv_pool_tokens"]
     fixed = first.engine["weight_bytes"] + first.engine["profile_bytes"]
-    runs = []
-    for sequences in (1.5, 2.5):  # pools of one and two sequences, then max_num_seqs binds
-        util = round((fixed + sequences * sequence_bytes) / cap, 4)
-        runs.append(engine_probe(make_request, cap, gpu_memory_utilization=util, **shapes))
-    runs.append(first)
-    assert all(r.ok for r in runs), [r.message for r in runs]
-    concurrency = [r.engine["concurrency"] for r in runs]
-    assert concurrency == [1, 2, 4], concurrency
-    assert first.engine["kv_pool_tokens"] // 2048 > 4  # the pool holds more: max_num_seqs binds
-    tokens_per_s = [4 * 256 / r.phase_s["rollout"] for r in runs]  # measured: 134, 177, 284
-    assert tokens_per_s[0] < tokens_per_s[1] and tokens_per_s[2] > 1.5 * tokens_per_s[0], \
-        (concurrency, tokens_per_s)
+    # a pool of about two and a half sequences: each probe measures its own profile peak (the
+    # RSS high-water mark on a CPU, a few MiB apart from one process to the next), so the
+    # count is read from what the probe reports, not assumed
+    util = round((fixed + 2.5 * sequence_bytes) / cap, 4)
+    small = engine_probe(make_request, cap, gpu_memory_utilization=util, **shapes)
+    assert small.ok, small.message
+    for run in (small, first):  # as many at once as the pool holds, at most max_num_seqs
+        assert run.engine["concurrency"] == min(4, run.engine["kv_pool_tokens"] // 2048)
+    assert 1 <= small.engine["concurrency"] <= 3 and first.engine["concurrency"] == 4
+    tokens_per_s = [4 * 256 / r.phase_s["rollout"] for r in (small, first)]
+    # measured on 2 cores: 134, 177 and 284 tokens/s at 1, 2 and 4 at once
+    assert tokens_per_s[1] > 1.25 * tokens_per_s[0], (small.engine["concurrency"], tokens_per_s)
 
 
 @pytest.mark.parametrize("model_name", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])

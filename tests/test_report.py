@@ -17,18 +17,12 @@ from pathlib import Path
 
 import pytest
 from browser import open_page
+from test_sweep_e2e import SPACE  # micro-batch 16 runs out of memory under the 560 MiB cap
 
 from autotune.report.estimates import median_error
 from autotune.report.figures import best_so_far
 from autotune.report.view import outcome_of
 
-SPACE = """
-params:
-  micro_batch_size_experience: {type: categorical, choices: [2, 16]}
-  gradient_checkpointing: {type: bool}
-fixed: {rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_length: 64,
-        max_response_length: 64, micro_batch_size_update: 1}
-"""
 DEMO_SPACE = SPACE.replace("gradient_checkpointing: {type: bool}",
                            "gradient_checkpointing: {type: bool}\n  "
                            "offload_optimizer: {type: bool}")

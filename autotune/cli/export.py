@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from autotune.cli.options import study_options
 from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.trainers import get_adapter
@@ -20,10 +21,7 @@ from autotune.trainers.export import (
 
 
 @click.command("export")
-@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
-@click.option("--results-dir", default="results", show_default=True)
-@click.option("--storage", default=None, metavar="URL|FILE",
-              help="A shared study's storage (as given to `run --storage`).")
+@study_options
 @click.option("--trainer", "trainer", required=True,
               type=click.Choice(["easyr1", "verl", "trl"]))
 @click.option("--base-config", type=click.Path(dir_okay=False), default=None,

@@ -16,7 +16,7 @@ import click
 from autotune import __version__
 from autotune.cli.estimate import estimate
 from autotune.cli.export import export
-from autotune.cli.options import build_probe_request, engine_knobs, probe_options
+from autotune.cli.options import build_probe_request, engine_knobs, probe_options, study_options
 from autotune.cli.report import report
 from autotune.cli.run import run
 from autotune.errors import AutotuneError, ConfigError
@@ -119,11 +119,7 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
 
 
 @cli.command()
-@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
-@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
-              show_default=True)
-@click.option("--storage", default=None, metavar="URL|FILE",
-              help="A shared study's storage (as given to `run --storage`).")
+@study_options
 def show(study: str | None, results_dir: str, storage: str | None) -> None:
     """Print a study's trials, its Pareto front and its best configuration (read-only).
 

@@ -72,6 +72,20 @@ def probe_options(model_required: bool = True) -> Any:
     return decorate
 
 
+def study_options(command: Any) -> Any:
+    """The options of every command that reads a finished or running study."""
+    for option in reversed([
+        click.option("--study", default=None,
+                     help="Study name (default: the latest in --results-dir)."),
+        click.option("--results-dir", type=click.Path(file_okay=False), default="results",
+                     show_default=True),
+        click.option("--storage", default=None, metavar="URL|FILE",
+                     help="A shared study's storage (as given to `run --storage`)."),
+    ]):
+        command = option(command)
+    return command
+
+
 def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
                         local: bool = True, check_rules: bool = True,
                         known_model: bool = True) -> Any:

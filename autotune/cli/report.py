@@ -7,15 +7,12 @@ from typing import Any
 
 import click
 
+from autotune.cli.options import study_options
 from autotune.errors import AutotuneError
 
 
 @click.command()
-@click.option("--study", default=None, help="Study name (default: the latest in --results-dir).")
-@click.option("--results-dir", type=click.Path(file_okay=False), default="results",
-              show_default=True)
-@click.option("--storage", default=None, metavar="URL|FILE",
-              help="A shared study's storage (as given to `run --storage`).")
+@study_options
 @click.option("--out", "out_path", type=click.Path(), default=None, metavar="FILE",
               help="Where to write it (default: results/<study>/report.html).")
 def report(study: str | None, results_dir: str, storage: str | None,

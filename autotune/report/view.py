@@ -160,8 +160,8 @@ def headline(view: StudyView) -> dict[str, str]:
     else:
         probe = f"built-in GRPO step, {world} real rank{'s' if world > 1 else ''}"
     probed = [t for t in view.trials if t.outcome in ("fits", "over headroom", "oom", "failed")]
-    wall_s = sum((t.completed - t.started).total_seconds() for t in view.trials
-                 if t.started and t.completed and t in probed)
+    wall_s = sum((t.completed - t.started).total_seconds() for t in probed
+                 if t.started and t.completed)
     budget = "unknown (no probe reported its device)"
     if view.capacity_bytes:
         budget = (f"{format_bytes(view.budget_bytes)} of {format_bytes(view.capacity_bytes)} "

@@ -27,7 +27,7 @@ def report(study: str | None, results_dir: str, storage: str | None,
     autotune report
     autotune report --study qwen2.5-7b-grpo --out ~/qwen-report.html
     """
-    from autotune.report import REPORT_NAME, check_out_path, require_plotly, write_report
+    from autotune.report import REPORT_NAME, require_plotly, write_report
     from autotune.sweep.storage import load_study
 
     require_plotly()
@@ -37,7 +37,6 @@ def report(study: str | None, results_dir: str, storage: str | None,
         path.parent.mkdir(parents=True, exist_ok=True)  # a shared study read from elsewhere
     else:
         path = Path(out_path).expanduser()
-    check_out_path(path)
     click.echo(str(write_report(loaded, path)))
 
 

@@ -11,6 +11,6 @@ the rest of autotune runs without it.
 
 from __future__ import annotations
 
-from autotune.report.page import REPORT_NAME, check_out_path, require_plotly, write_report
+from autotune.report.page import REPORT_NAME, require_plotly, write_report
 
-__all__ = ["REPORT_NAME", "check_out_path", "require_plotly", "write_report"]
+__all__ = ["REPORT_NAME", "require_plotly", "write_report"]

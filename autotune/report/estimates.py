@@ -67,13 +67,13 @@ def phase_parts(view: StudyView, trials: list[TrialView]) -> dict[int, dict[str,
     if estimate is None:
         return {}
     calibration = calibration_of(view)
+    fallback = calibration.fallback() if calibration is not None else None
     out: dict[int, dict[str, PhaseParts]] = {}
     for trial in trials:
         try:
             phases = estimate(trial).phases
         except (TypeError, ValueError):  # a config this version's model cannot take
             continue
-        fallback = calibration.fallback() if calibration is not None else None
         parts = {}
         for name, phase in phases.items():
             transient, context = phase.transient_bytes, phase.context_bytes

@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.config import describe_params
 from autotune.report.estimates import PhaseParts, median_error
-from autotune.report.view import StudyView, TrialView
+from autotune.report.view import OUTCOMES, StudyView, TrialView
 
 COLORS = {"fits": "#2a9d8f", "over headroom": "#e9c46a", "oom": "#d62828",
           "predicted oom": "#9d4edd", "invalid": "#6c757d", "failed": "#343a40"}
@@ -32,6 +32,8 @@ def hover(trial: TrialView, unit: tuple[int, str]) -> str:
     if trial.tokens_per_s:
         lines.append(f"{trial.tokens_per_s:,.1f} tokens/s at "
                      f"{(trial.peak_mem_bytes or 0) / unit[0]:,.3g} {unit[1]}")
+    if trial.failed_phase:
+        lines.append(f"failed in {trial.failed_phase}")
     if trial.reason and trial.outcome != "fits":
         lines.append(trial.reason[:160])
     return "<br>".join(lines)
@@ -172,7 +174,7 @@ def sweep_over_time(view: StudyView) -> Any | None:
         fig.add_trace(go.Scatter(x=xs, y=best_so_far(trials, view.ranked), mode="lines",
                                  line={"shape": "hv", "color": "#1d3557"}, name="best so far",
                                  showlegend=col == 1), row=1, col=col)
-        for outcome in COLORS:
+        for outcome in OUTCOMES:
             picked = [(x, t) for x, t in zip(xs, trials, strict=True) if t.outcome == outcome]
             if picked:
                 fig.add_trace(go.Scatter(

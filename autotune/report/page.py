@@ -26,15 +26,11 @@ border-bottom:1px solid #eee}th{background:#f6f6f6}.caption{color:#555;margin:.2
 .changed{font-weight:bold}.note{color:#777;font-style:italic}.gain{font-size:1.1em}"""
 
 
-class MissingExtra(AutotuneError):
-    """plotly is not installed: the report is an optional extra."""
-
-
 def require_plotly() -> None:
     try:
         import plotly  # noqa: F401
     except ImportError:
-        raise MissingExtra("the report needs plotly, which is not installed: pip install "
+        raise AutotuneError("the report needs plotly, which is not installed: pip install "
                            "'autotune[report]' (or pip install plotly)") from None
 
 

@@ -36,10 +36,6 @@ class TrialView:
     completed: datetime | None
     distributions: dict[str, Any]
 
-    @property
-    def label(self) -> str:
-        return f"#{self.number}"
-
 
 @dataclasses.dataclass(frozen=True)
 class StudyView:

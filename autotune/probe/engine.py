@@ -2,8 +2,8 @@
 
 Two memory behaviours, as the trainers have them (`rollout_engine`):
 
-- `hf` (TRL's generate): Hugging Face generation, `max_num_seqs` sequences at a time; the KV
-  cache grows with the batch and is freed after it.
+- `hf` (TRL's generate): Hugging Face generation's memory, `max_num_seqs` sequences at a
+  time; the KV cache grows by concatenation each step and is freed after the batch.
 - `vllm-like` (EasyR1 and verl, which generate with vLLM): at engine start it checks that
   `gpu_memory_utilization` x the device is free (vLLM's start-up check), loads its weights,
   runs a profile forward of one prefill chunk (at most `max_num_batched_tokens` tokens) and
@@ -27,7 +27,6 @@ import torch
 
 from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
-from autotune.probe.meter import measure_peak_bytes
 from autotune.probe.sharding import fill_storage, free_storage, local_bytes, local_tensor
 
 BLOCK_TOKENS = 16  # vLLM's default KV block
@@ -58,13 +57,13 @@ class RolloutEngine:
 
     def __init__(self, model: Any, model_config: Any, config: ProbeConfig, device: Any,
                  dtype: torch.dtype, tensor_parallel: bool, capacity_bytes: int | None,
-                 move: Callable[[torch.Tensor, bool], torch.Tensor],
-                 read_device_bytes: Callable[[], int]) -> None:
+                 move: Callable[[torch.Tensor, bool], torch.Tensor], meter: Any) -> None:
         self.model, self.model_config, self.config = model, model_config, config
         self.device, self.dtype, self.tensor_parallel = device, dtype, tensor_parallel
         self.vllm_like = config.rollout_engine == "vllm-like"
         self.capacity_bytes = capacity_bytes
-        self.move, self.read_device_bytes = move, read_device_bytes
+        self.move, self.meter = move, meter  # the meter reads the device and profiles
+        self.repeats = meter.repeats  # a trace runs two batches and two decode steps
         text = getattr(model_config, "text_config", model_config)
         self.layers = int(text.num_hidden_layers)
         self.head_dim = int(getattr(text, "head_dim", None)
@@ -98,7 +97,7 @@ class RolloutEngine:
         weights = local_bytes(self.model.parameters())
         if self.device.type == "cuda":  # vLLM empties torch's cache before it looks
             torch.cuda.empty_cache()
-        used = self.read_device_bytes() - weights  # the trainer's states and the context
+        used = self.meter.read_device_bytes() - weights  # the trainer's states and the context
         free = capacity - used
         if free < reserved:
             raise KvCacheError(
@@ -116,7 +115,7 @@ class RolloutEngine:
                             device=self.device).zero_()
 
         profile()  # once first: one-time allocations (thread pools, workspaces) are not it
-        activation = measure_peak_bytes(self.device, profile)
+        activation = self.meter.measure_peak_bytes(profile)
         sequence = config.sequence_length
         blocks = (reserved - weights - activation) // (BLOCK_TOKENS * self.kv_bytes_per_token)
         if blocks <= 0:
@@ -150,7 +149,7 @@ class RolloutEngine:
         if self.vllm_like:  # what the engine wakes on top of: the trainer's states now
             held = local_bytes(self.model.parameters()) + (
                 self.figures["kv_pool_bytes"] if self.pool is not None else 0)
-            self.figures["wake_used_bytes"] = self.read_device_bytes() - held
+            self.figures["wake_used_bytes"] = self.meter.read_device_bytes() - held
         if not self.awake:
             for name, param in self.model.named_parameters():
                 host = self.host_weights.pop(name, None)
@@ -194,27 +193,57 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------------
 
+    def _runs(self, iteration: int) -> bool:
+        """Whether this iteration of a loop that repeats its shapes runs (a trace: the first
+        `repeats`; for a static cache every decode step holds the same memory)."""
+        return self.repeats is None or iteration < self.repeats
+
     def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
                  dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
-        """Exactly max_response_length tokens for each prompt row, greedy, on the CPU."""
-        if not self.vllm_like:
-            return self._generate_hf(prompt_ids, inputs_for, rows)
-        outputs = []
-        for batch in rows.split(self.figures["concurrency"]):
-            outputs.append(self._generate_batch(prompt_ids, inputs_for, batch))
-        return torch.cat(outputs)
+        """Exactly max_response_length tokens for each prompt row, greedy, on the CPU: HF
+        generation's memory (`max_num_seqs` rows at a time) or the pool's (vllm-like)."""
+        size = self.figures["concurrency"] if self.vllm_like else self.config.max_num_seqs
+        run = self._generate_batch if self.vllm_like else self._generate_growing
+        return torch.cat([run(prompt_ids, inputs_for, batch) if self._runs(i) else
+                          torch.zeros(len(batch), self.config.max_response_length,
+                                      dtype=torch.long)
+                          for i, batch in enumerate(rows.split(size))])
 
-    def _generate_hf(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
-                     dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
-        outputs, length = [], self.config.max_response_length
-        for chunk in rows.split(self.config.max_num_seqs):
-            ids = prompt_ids[chunk].to(self.device)
-            out = self.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=length,
-                min_new_tokens=length, do_sample=False, eos_token_id=self.vocab_size - 1,
-                pad_token_id=0, use_cache=True, **inputs_for(chunk))
-            outputs.append(out[:, ids.shape[1]:].to("cpu"))
-        return torch.cat(outputs)
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token as HF generation picks it without sampling: an fp32 copy of the last
+        position's scores, the min-length processor's copy with EOS masked, the argmax."""
+        scores = logits[:, -1].to(torch.float32, copy=True)
+        scores = scores.clone()
+        scores[:, self.vocab_size - 1] = float("-inf")  # EOS, never picked: fixed length
+        return scores.argmax(-1)
+
+    def _generate_growing(self, prompt_ids: torch.Tensor, inputs_for: Callable[
+                          [torch.Tensor], dict[str, Any]], batch: torch.Tensor) -> torch.Tensor:
+        """HF generation's memory with a loop of the engine's own (no stopping checks, which
+        fake tensors could not follow): a DynamicCache that grows by concatenation each step,
+        freed with the batch. A trace runs the first steps, then grows the cache to the last
+        step's length and runs that one (the batch's peak)."""
+        from transformers.cache_utils import DynamicCache
+
+        length = self.config.max_response_length
+        ids = prompt_ids[batch].to(self.device)
+        cache = DynamicCache(config=self.model_config)
+        token = self._greedy(self.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                                        logits_to_keep=1, **inputs_for(batch)).logits)
+        tokens = [token]
+        for step in range(length - 1):
+            if not self._runs(step) and step < length - 2:
+                tokens.append(token)
+                continue
+            if not self._runs(step):  # the last step: the cache at its full length
+                for layer in cache.layers:
+                    shape = (*layer.keys.shape[:2], ids.shape[1] + step, layer.keys.shape[3])
+                    layer.keys = torch.empty(shape, dtype=layer.keys.dtype, device=self.device)
+                    layer.values = torch.empty_like(layer.keys)
+            token = self._greedy(self.model(input_ids=token[:, None], past_key_values=cache,
+                                            use_cache=True, logits_to_keep=1).logits)
+            tokens.append(token)
+        return torch.stack(tokens, dim=1).cpu()
 
     def _generate_batch(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
                         dict[str, Any]], batch: torch.Tensor) -> torch.Tensor:
@@ -234,12 +263,13 @@ class RolloutEngine:
             del logits, cache
         cache = self._static_cache(views, filled=prompt)
         tokens = [token]
-        for _ in range(response - 1):
-            logits = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True,
-                                logits_to_keep=1).logits
-            token = logits[:, -1].argmax(-1)
+        for step in range(response - 1):
+            if self._runs(step):
+                logits = self.model(input_ids=token[:, None], past_key_values=cache,
+                                    use_cache=True, logits_to_keep=1).logits
+                token = logits[:, -1].argmax(-1)
+                del logits
             tokens.append(token)
-            del logits
         return torch.stack(tokens, dim=1).cpu()
 
     def _views(self, rows: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -81,6 +81,7 @@ class MemoryMeter:
                  interval_s: float | None = None) -> None:
         self.device = device
         self.is_cuda = getattr(device, "type", str(device)) == "cuda"
+        self.gpu_kernels = self.is_cuda  # whose kernels' memory the step has (trace.py: set)
         self.device_limit_bytes = device_limit_bytes
         self.on_limit = on_limit
         self.current_phase: str | None = None
@@ -107,6 +108,32 @@ class MemoryMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+
+    repeats: int | None = None  # a real probe runs every iteration of its loops (trace.py: 2)
+
+    def measure_peak_bytes(self, run: Callable[[], None]) -> int:
+        """Bytes `run` adds at its peak on this device (vLLM's profile run reads it so)."""
+        return measure_peak_bytes(self.device, run)
+
+    # -- host memory: where offload puts a tensor, so the device figure leaves it out --------
+
+    def to_host(self, tensor: Any) -> Any:
+        """A host copy: pinned memory beside a GPU; shared memory on a CPU device (RSS counts
+        it, the device figure, anonymous RSS, does not)."""
+        import torch
+
+        if self.is_cuda:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            return host.copy_(tensor, non_blocking=False)
+        return tensor.clone().share_memory_()
+
+    def to_device(self, tensor: Any) -> Any:
+        if self.is_cuda:
+            return tensor.to(self.device, non_blocking=True)
+        return tensor.clone()
+
+    def on_host(self, tensor: Any) -> bool:
+        return tensor.device.type == "cpu" if self.is_cuda else tensor.is_shared()
 
     def read_device_bytes(self) -> int:
         """The device figure now: NVML's process figure on NVIDIA, anonymous RSS on CPU."""

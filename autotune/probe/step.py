@@ -59,11 +59,14 @@ class TrainingProbe:
     def __init__(self, request: ProbeRequest, meter: MemoryMeter | None = None) -> None:
         self.request = request
         self.config: ProbeConfig = request.config
-        self.device = resolve_device(request.device)
+        self.meter = meter or MemoryMeter(resolve_device(request.device))
+        self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
-        wanted = request.dtype if request.dtype != "auto" else ("bf16" if self.on_gpu else "fp32")
+        self.gpu_kernels = self.meter.gpu_kernels  # a GPU's dtype and AdamW's foreach step
+        wanted = request.dtype if request.dtype != "auto" else (
+            "bf16" if self.gpu_kernels else "fp32")
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
-        self.meter = meter or MemoryMeter(self.device)
+        self.repeats = self.meter.repeats  # a trace runs the first iterations of each loop
         self.share = device_share(self.config, request.world_size)  # this GPU's part
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
@@ -102,7 +105,8 @@ class TrainingProbe:
         self.model.config.use_cache = False
         if self.group is not None:
             shard_model(self.model, self.group, self.compute_dtype)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01,
+                                           foreach=True if self.gpu_kernels else None)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
         self._make_prompts()
         # Start as the trainer does between steps: states where the offload flags put them,
@@ -118,7 +122,7 @@ class TrainingProbe:
         self.engine = RolloutEngine(engine, self.model_config, config, self.device,
                                     self.compute_dtype, engine_tp,
                                     engine_capacity_bytes(config, self.device, self.meter),
-                                    self._move, self.meter.read_device_bytes)
+                                    self._move, self.meter)
         self.engine.start(self._profile_inputs)
 
     def _build_copy(self, shard: bool) -> Any:
@@ -161,25 +165,15 @@ class TrainingProbe:
 
     # -- placement (offload between phases, as verl/EasyR1 do) ------------------------------
 
-    def _host_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.on_gpu:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            return host.copy_(tensor, non_blocking=False)
-        return tensor.clone().share_memory_()  # shared memory: counted in RSS, not as device
-
-    def _device_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.on_gpu:
-            return tensor.to(self.device, non_blocking=True)
-        return tensor.clone() if tensor.is_shared() else tensor
-
     def _move(self, tensor: torch.Tensor, to_device: bool) -> torch.Tensor:
-        on_host = tensor.is_shared() if not self.on_gpu else tensor.device.type == "cpu"
+        """`tensor` on the device or in host memory (the meter says how each is held)."""
+        on_host = self.meter.on_host(tensor)
         if to_device and on_host:
             self.host_offload_bytes -= tensor.numel() * tensor.element_size()
-            return self._device_tensor(tensor)
+            return self.meter.to_device(tensor)
         if not to_device and not on_host:
             self.host_offload_bytes += tensor.numel() * tensor.element_size()
-            return self._host_tensor(tensor)
+            return self.meter.to_host(tensor)
         return tensor
 
     def _place_module(self, module: Any, on_device: bool) -> None:
@@ -235,8 +229,8 @@ class TrainingProbe:
 
     @contextmanager
     def _autocast(self) -> Iterator[None]:
-        if self.on_gpu and self.compute_dtype != torch.float32:
-            with torch.autocast("cuda", dtype=self.compute_dtype):
+        if self.compute_dtype != torch.float32:
+            with torch.autocast(self.device.type, dtype=self.compute_dtype):
                 yield
         else:
             yield
@@ -261,7 +255,7 @@ class TrainingProbe:
             self.responses = self._generate(rows)
         self.response_rows = rows
         self.ran.update(world_size=self.request.world_size,
-                        prompts_per_step=len(rows.unique()),
+                        prompts_per_step=len(rows) // config.rollout_n,
                         responses_per_step=len(self.responses))
         self._sleep_engine()
 
@@ -282,10 +276,21 @@ class TrainingProbe:
         with self._autocast():
             logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
         start = prompt.shape[1] - 1
-        response_logits = logits[:, start:start + response.shape[1]].float()
+        # an fp32 copy of the response positions (a CPU kernel would copy the slice unseen)
+        response_logits = logits[:, start:start + response.shape[1]].to(torch.float32, copy=True)
         del logits
         log_probs = torch.log_softmax(response_logits, dim=-1)
         return log_probs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
+
+    def _runs(self, iteration: int) -> bool:
+        """Whether this iteration of a loop that repeats its shapes runs: all do in a probe; a
+        trace runs the first `repeats` (the loop's peak is reached by then: trace.py)."""
+        return self.repeats is None or iteration < self.repeats
+
+    def _chunked_log_probs(self, model: Any, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.cat([self._log_probs(model, chunk).cpu() if self._runs(i) else
+                          torch.zeros(len(chunk), self.responses.shape[1])
+                          for i, chunk in enumerate(chunks)])
 
     def _experience(self) -> None:
         config = self.config
@@ -294,12 +299,11 @@ class TrainingProbe:
             self._place_module(self.model, True)
         with torch.no_grad():
             chunks = torch.arange(total).split(config.micro_batch_size_experience)
-            self.old_log_probs = torch.cat([self._log_probs(self.model, c).cpu() for c in chunks])
+            self.old_log_probs = self._chunked_log_probs(self.model, chunks)
             if self.ref_model is not None:
                 if config.offload_params:
                     self._place_module(self.ref_model, True)
-                self.ref_log_probs = torch.cat(
-                    [self._log_probs(self.ref_model, c).cpu() for c in chunks])
+                self.ref_log_probs = self._chunked_log_probs(self.ref_model, chunks)
                 if config.offload_params:
                     self._place_module(self.ref_model, False)
         if config.offload_params:
@@ -318,8 +322,9 @@ class TrainingProbe:
         minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
-        for minibatch in minibatches:
-            for micro in minibatch.split(config.micro_batch_size_update):
+        for minibatch in (m for i, m in enumerate(minibatches) if self._runs(i)):
+            micros = minibatch.split(config.micro_batch_size_update)
+            for micro in (m for i, m in enumerate(micros) if self._runs(i)):
                 log_probs = self._log_probs(self.model, micro)
                 old = self.old_log_probs[micro].to(self.device)
                 advantage = self.advantages[micro].to(self.device).unsqueeze(-1)

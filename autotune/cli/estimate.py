@@ -1,7 +1,9 @@
 """`autotune estimate`: the memory model's answer for one config, before any probe runs.
 
 With `--study` the study's calibration (fitted on its probes, one device) replaces the prior
-constants. Pure arithmetic: no torch import.
+constants. Pure arithmetic, no torch import, unless `--trace`: then the probe's own step is
+traced with fake tensors as one rank of the run (probe/trace.py), seconds to a few minutes
+on any CPU, and its per-phase peaks are printed beside the model's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import click
 from autotune.cli.options import engine_knobs
 from autotune.config import (
     ProbeConfig,
+    format_bytes,
     model_problems,
     parse_assignments,
     parse_bytes,
@@ -23,7 +26,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.hardware import gpu_capacity_bytes
 from autotune.memory.calibration import Calibration
-from autotune.memory.estimate import format_estimate, phase_totals
+from autotune.memory.estimate import format_estimate, format_traced, phase_totals
 from autotune.memory.model import estimate_memory
 
 DEFAULT_CAPACITY = "80GiB"  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
@@ -79,12 +82,15 @@ def load_calibration(study: str, results_dir: str, storage: str | None
 @click.option("--results-dir", default="results", show_default=True)
 @click.option("--storage", default=None, metavar="URL|FILE",
               help="The --study's shared storage (as given to `run --storage`).")
+@click.option("--trace", is_flag=True,
+              help="Also trace the probe's own step with fake tensors, as rank 0 of the run "
+                   "(no GPU, no weights; seconds for small models, about a minute for 7B).")
 @click.option("--json", "as_json", is_flag=True, help="Print per-phase bytes as JSON.")
 def estimate(model: str | None, model_path: str | None, nnodes: int,
              gpus_per_node: int | None, gpus_shorthand: int | None, device: str,
              assignments: tuple[str, ...], capacity: str | None, headroom: str,
              dtype: str | None, engine: str, study: str | None, results_dir: str,
-             storage: str | None, as_json: bool) -> None:
+             storage: str | None, trace: bool, as_json: bool) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
 
     \b
@@ -92,6 +98,7 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
     autotune estimate --model qwen2.5-vl-7b --nnodes 2 --gpus-per-node 8 \\
         --set gradient_checkpointing=true
     autotune estimate --model tiny-qwen2.5 --device cpu --capacity 560MiB
+    autotune estimate --trace --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
     """
     from autotune.hardware import host_memory_bytes
@@ -146,13 +153,56 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
     model_args["engine_capacity_bytes"] = capacity_bytes
     fraction = parse_headroom(headroom)
     name = model or model_path
+    est = estimate_memory(shape, config, **model_args)
+    traced = run_trace(model or "", model_path, config, model_args, dtype, nnodes,
+                       world_size // nnodes, capacity_bytes, fitted) if trace else None
     if as_json:
-        est = estimate_memory(shape, config, **model_args)
-        click.echo(json.dumps({"model": name, "num_params": shape.num_params,
-                               "world_size": world_size, "device": device,
-                               "capacity_bytes": capacity_bytes,
-                               "phase_bytes": phase_totals(est, calibration),
-                               "host_offload_bytes": est.host_offload_bytes}, indent=2))
+        report = {"model": name, "num_params": shape.num_params, "world_size": world_size,
+                  "device": device, "capacity_bytes": capacity_bytes,
+                  "phase_bytes": phase_totals(est, calibration),
+                  "host_offload_bytes": est.host_offload_bytes}
+        if traced is not None:
+            report["traced"] = {k: traced[k] for k in (
+                "phase_peak_mem_bytes", "context_bytes", "host_offload_bytes", "trace_s")}
+        click.echo(json.dumps(report, indent=2))
         return
     click.echo(format_estimate(name, shape, config, capacity_bytes, fraction, calibration,
                                note, **model_args))
+    if traced is not None:
+        what = (f"the probe's own step as rank 0 of {world_size} under fake tensors, build "
+                f"and 2 steps in {traced['trace_s']:.1f} s")
+        click.echo("")
+        click.echo(format_traced(traced["phase_peak_mem_bytes"], traced["context_bytes"],
+                                 traced["context_note"], phase_totals(est, calibration),
+                                 capacity_bytes, fraction, traced["host_offload_bytes"], what))
+
+
+def run_trace(model: str, model_path: str | None, config: ProbeConfig,
+              model_args: dict[str, Any], dtype: str | None, nnodes: int, gpus_per_node: int,
+              capacity_bytes: int, fitted: dict[str, Any]) -> dict[str, Any]:
+    """Trace the probe's step in this process (torch is imported here, only for --trace)."""
+    import dataclasses
+    import sys
+
+    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
+    from autotune.probe.result import ProbeRequest
+    from autotune.probe.worker import quiet_libraries
+
+    on_gpu = model_args["on_gpu"]
+    context, context_note = (TRACE_GPU_CONTEXT_BYTES, "prior (CUDA context, cuBLAS and "
+                             "NCCL workspaces, allocator rounding)") if on_gpu else (
+        TRACE_CPU_CONTEXT_BYTES, "prior (the interpreter with torch and transformers)")
+    if fitted.get("trace_context_bytes"):
+        context = int(fitted["trace_context_bytes"])
+        context_note = f"fitted on the probes of the study ({fitted['device']})"
+    request = ProbeRequest(model=model, model_path=model_path, config=config,
+                           device="cuda" if on_gpu else "cpu", dtype=dtype or "auto",
+                           nnodes=nnodes, gpus_per_node=gpus_per_node, emulated=True)
+    click.echo(f"tracing {model or model_path} as rank 0 of {request.world_size} ...",
+               err=True)
+    quiet_libraries()
+    from autotune.probe.trace import trace_request
+
+    result = dataclasses.asdict(trace_request(request, context, capacity_bytes))
+    print(file=sys.stderr, end="", flush=True)
+    return {**result, "context_note": f"{format_bytes(context)}, {context_note}"}

@@ -94,3 +94,29 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
                          f"GPU {per_gpu} responses {what}; largest divisor that fits: "
                          f"{usable})")
     return "\n".join(lines)
+
+
+def format_traced(traced_phase_bytes: dict[str, int], context_bytes: int, context_note: str,
+                  model_totals: dict[str, int], capacity_bytes: int, headroom: float,
+                  host_offload_bytes: int, what: str) -> str:
+    """The traced estimate (probe/trace.py) as a table beside the memory model's totals."""
+    budget = int((1 - headroom) * capacity_bytes)
+    binding = max(traced_phase_bytes, key=lambda phase: traced_phase_bytes[phase])
+    lines = [f"traced: {what}", "",
+             f"{'phase':<12}{'tensors':>12}{'fixed term':>12}{'total':>12}{'of capacity':>13}"
+             f"{'memory model':>14}{'model - traced':>16}"]
+    for phase, total in traced_phase_bytes.items():
+        model = model_totals.get(phase)
+        mark = "  <- binds" if phase == binding else ""
+        lines.append(f"{phase:<12}{format_bytes(total - context_bytes):>12}"
+                     f"{format_bytes(context_bytes):>12}{format_bytes(total):>12}"
+                     f"{total / capacity_bytes:>12.0%}"
+                     f"{format_bytes(model) if model else '-':>14}"
+                     f"{(model - total) / total if model else 0:>+15.1%}{mark}")
+    peak = traced_phase_bytes[binding]
+    verdict = "fits" if peak <= budget else (
+        "over the headroom budget" if peak <= capacity_bytes else "does not fit")
+    lines += ["", f"traced binding phase: {binding} ({verdict}); fixed term: {context_note}",
+              f"host memory for offload and engine sleep (traced): "
+              f"{format_bytes(host_offload_bytes)} per GPU"]
+    return "\n".join(lines)

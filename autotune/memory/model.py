@@ -58,6 +58,12 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
 # transformers on a CPU (measured: about 255 MiB with torch 2.x and transformers 5.x).
 GPU_CONTEXT_BYTES = 1 << 30
 CPU_CONTEXT_BYTES = 255 << 20
+# The traced estimate's fixed term (probe/trace.py counts every tensor; this is the rest): on
+# a GPU the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's rounding; on
+# a CPU the interpreter with torch and transformers, and what glibc's heap holds beyond the
+# live tensors (benchmarks/trace_accuracy.py). Calibration replaces it once probes exist.
+TRACE_GPU_CONTEXT_BYTES = GPU_CONTEXT_BYTES
+TRACE_CPU_CONTEXT_BYTES = 288 << 20
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,331 @@
+"""The probe's own step traced with fake tensors: the bytes one rank would allocate, per phase.
+
+`trace_request` runs the built-in probe (step.py: build, then two steps, every phase) under
+torch's FakeTensorMode, as rank 0 of the W-rank run over the fake process group (sharding.py),
+on any machine: floating-point tensors carry shape, dtype and device but no storage, so a 7B
+model on 8 GPUs traces on a laptop's CPU. Integer and boolean tensors (token ids, positions,
+masks, indices: a small share of the bytes) are real, because the models' code reads their
+values (Qwen2.5-VL's vision tower splits its attention by the image grid; the placeholder
+check counts image tokens); a token an argmax would pick from fake logits is 0.
+
+Every storage the step creates, fake or real, is counted while it lives (torch's MemTracker
+counts the same way: storage weak references, plus `UntypedStorage.resize_`, which FSDP2 and
+the sleeping engine use to free and refill memory), so each phase's peak is the largest sum of
+live device bytes, exactly, for the shapes and kernels of this torch and transformers. What
+offload moves to the host is counted apart. What no tensor shows is the fixed term,
+`context_bytes`: the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's
+rounding on a GPU; the interpreter's own memory on a CPU.
+
+A GPU run is traced on the CPU with the GPU's kernels' memory where they differ: bf16 compute
+under autocast, and AdamW's foreach step (one fp32 temporary the size of the rank's shard).
+Loops that repeat the same shapes (generation batches, decode steps, log-prob chunks,
+micro-batches, mini-batches) run their first two iterations: a loop's peak is reached by its
+second (gradients and AdamW state exist from then on), so the trace is exact and takes
+seconds, not the step's length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from autotune.probe.result import ProbeRequest
+
+TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs (its peak is reached by then)
+_aten = torch.ops.aten
+_INIT_OPS = {_aten.uniform_.default, _aten.normal_.default}  # random init: nothing to count
+
+
+@dataclass
+class _Storage:
+    size_bytes: int
+    on_host: bool = False
+
+
+class AllocationTracker:
+    """Live bytes of every storage the traced step holds, on the device and on the host."""
+
+    def __init__(self) -> None:
+        self.device_bytes = 0
+        self.host_bytes = 0
+        self.peak_device_bytes = 0
+        self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._refs: dict[int, weakref.ref] = {}
+        self.paused = 0  # > 0: DTensor is propagating shapes (tensors of no rank's memory)
+
+    def _add(self, record: _Storage, num_bytes: int) -> None:
+        if record.on_host:
+            self.host_bytes += num_bytes
+        else:
+            self.device_bytes += num_bytes
+            self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+
+    def track(self, tensor: torch.Tensor) -> None:
+        if self.paused:
+            return
+        if type(tensor) not in (torch.Tensor, FakeTensor, torch.nn.Parameter):
+            return  # a wrapper (DTensor): its local tensor was counted when it was made
+        storage = tensor.untyped_storage()
+        if storage in self._storages:
+            return
+        record = _Storage(storage.nbytes())
+        self._storages[storage] = record
+        key = id(record)
+
+        def freed(_: Any) -> None:
+            self._add(record, -record.size_bytes)
+            self._refs.pop(key, None)
+
+        self._refs[key] = weakref.ref(storage, freed)
+        self._add(record, record.size_bytes)
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        record = self._storages.get(storage)
+        if record is not None:
+            self._add(record, storage.nbytes() - record.size_bytes)
+            record.size_bytes = storage.nbytes()
+
+    def mark_host(self, tensor: torch.Tensor, on_host: bool) -> None:
+        """`tensor`'s storage now counts as host memory (offload), or as the device's again."""
+        self.track(tensor)
+        record = self._storages[tensor.untyped_storage()]
+        if record.on_host != on_host:
+            self._add(record, -record.size_bytes)
+            record.on_host = on_host
+            self._add(record, record.size_bytes)
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        record = self._storages.get(tensor.untyped_storage())
+        return record is not None and record.on_host
+
+
+def _is_float(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and (tensor.is_floating_point()
+                                                 or tensor.is_complex())
+
+
+class _TraceMode(TorchDispatchMode):
+    """Runs each op fake or real (see the module doc) and counts what it allocates."""
+
+    def __init__(self, fake_mode: FakeTensorMode, tracker: AllocationTracker) -> None:
+        super().__init__()
+        self.fake_mode, self.tracker = fake_mode, tracker
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _INIT_OPS:
+            return args[0]
+        if any(t not in (torch.Tensor, FakeTensor, torch.nn.Parameter) for t in types):
+            return NotImplemented  # DTensor: it unwraps and calls back with local tensors
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        fake_in = any(isinstance(t, FakeTensor) or _is_float(t) for t in inputs)
+        if not fake_in and inputs:  # integers and booleans only: compute them
+            with unset_fake_temporarily():
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)  # the fake mode beneath makes it fake
+            if not inputs and not any(_is_float(t) for t in tree_leaves(out)):
+                with unset_fake_temporarily():  # an integer factory (arange, randint)
+                    out = func(*args, **kwargs)
+            elif not func._schema.is_mutable and not func.is_view:
+                out = tree_map(self._real_integers, out)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self.tracker.track(tensor)
+        return out
+
+    @staticmethod
+    def _real_integers(value: Any) -> Any:
+        """An integer or boolean result of fake values (argmax of logits): real zeros."""
+        if isinstance(value, FakeTensor) and not _is_float(value):
+            with unset_fake_temporarily():
+                return torch.zeros(value.shape, dtype=value.dtype)
+        return value
+
+
+@contextlib.contextmanager
+def _patched(tracker: AllocationTracker) -> Iterator[None]:
+    """What a dispatch mode cannot tell apart, patched while tracing: `UntypedStorage.resize_`
+    is no op it sees (FSDP2 and the sleeping engine free and refill memory with it), and
+    DTensor's sharding propagation runs ops on global-shape tensors that no rank allocates
+    (and keeps in its cache)."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    resize, propagate = (torch.UntypedStorage.resize_,
+                         ShardingPropagator._propagate_tensor_meta_non_cached)
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        result = resize(storage, size)
+        tracker.resized(storage)
+        return result
+
+    def propagate_uncounted(self: Any, op_schema: Any) -> Any:
+        tracker.paused += 1
+        try:
+            return propagate(self, op_schema)
+        finally:
+            tracker.paused -= 1
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate_uncounted
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign]
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+
+class TracedMeter:
+    """The probe's meter for a trace: phase peaks of live bytes plus the fixed term, and host
+    memory as a tag on storages (step.py moves offloaded tensors through it)."""
+
+    repeats = TRACE_REPEATS
+
+    def __init__(self, tracker: AllocationTracker, context_bytes: int,
+                 device_limit_bytes: int | None, gpu_kernels: bool) -> None:
+        self.tracker, self.context_bytes = tracker, context_bytes
+        self.device = torch.device("cpu")
+        self.device_limit_bytes = device_limit_bytes  # what a vllm-like engine reserves from
+        self.gpu_kernels = gpu_kernels
+        self.current_phase: str | None = None
+        self.phase_peak_mem_bytes: dict[str, int] = {}
+        self.phase_allocator_peak_bytes: dict[str, int] = {}
+        self.peak_host_bytes = 0
+        self.host_peak_rss_bytes = 0
+
+    def read_device_bytes(self) -> int:
+        return self.tracker.device_bytes + self.context_bytes
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        tracker = self.tracker
+        tracker.peak_device_bytes = tracker.device_bytes
+        self.current_phase = name
+        yield
+        peak = tracker.peak_device_bytes
+        self.phase_allocator_peak_bytes[name] = max(
+            self.phase_allocator_peak_bytes.get(name, 0), peak)
+        self.phase_peak_mem_bytes[name] = max(self.phase_peak_mem_bytes.get(name, 0),
+                                              peak + self.context_bytes)
+        self.peak_host_bytes = max(self.peak_host_bytes, tracker.host_bytes)
+        self.current_phase = None
+
+    def measure_peak_bytes(self, run: Callable[[], None]) -> int:
+        tracker = self.tracker
+        before = tracker.peak_device_bytes
+        start = tracker.peak_device_bytes = tracker.device_bytes
+        run()
+        peak = tracker.peak_device_bytes
+        tracker.peak_device_bytes = max(before, peak)
+        return peak - start
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        host = tensor.clone()
+        self.tracker.mark_host(host, True)
+        return host
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
+    def on_host(self, tensor: torch.Tensor) -> bool:
+        return self.tracker.is_host(tensor)
+
+
+@dataclass
+class TraceResult:
+    """One rank's traced memory: per-phase peaks (the fixed term included) and what offload
+    and a sleeping engine hold in host memory."""
+
+    phase_peak_mem_bytes: dict[str, int]
+    context_bytes: int
+    host_offload_bytes: int
+    model_state_bytes: dict[str, int]
+    engine_weight_bytes: int
+    engine: dict[str, int]
+    num_params: int
+    world_size: int
+    trace_s: float
+    share: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def peak_mem_bytes(self) -> int:
+        return max(self.phase_peak_mem_bytes.values())
+
+
+def trace_request(request: ProbeRequest, context_bytes: int,
+                  capacity_bytes: int | None = None) -> TraceResult:
+    """Trace `request`'s probe as rank 0 of its world: two steps, every phase, no memory.
+
+    `request.device` says what is modelled (cuda: bf16 and the GPU's kernels; cpu: the CPU
+    probe); `capacity_bytes` is the device memory the probe may use (its limit, else the
+    device's), which a vllm-like engine reserves its share of.
+    """
+    from autotune.probe.sharding import leave_group
+    from autotune.probe.step import TrainingProbe
+
+    started = time.perf_counter()
+    if request.world_size > 1:  # rank 0, its peers over the fake process group
+        request = dataclasses.replace(request, emulated=True)
+    gpu = request.device != "cpu"
+    tracker = AllocationTracker()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    meter = TracedMeter(tracker, context_bytes, capacity_bytes, gpu_kernels=gpu)
+    probe = TrainingProbe(request, meter)
+    try:
+        with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
+            probe.build()
+            for _ in range(2):  # the second step starts with AdamW's state resident
+                probe.step()
+    finally:
+        leave_group()
+    return TraceResult(
+        phase_peak_mem_bytes=dict(meter.phase_peak_mem_bytes), context_bytes=context_bytes,
+        host_offload_bytes=meter.peak_host_bytes,
+        model_state_bytes=dict(probe.model_state_bytes),
+        engine_weight_bytes=probe.engine_weight_bytes, engine=dict(probe.engine.figures),
+        num_params=probe.num_params, world_size=request.world_size,
+        trace_s=time.perf_counter() - started, share={"val_prompts": 0, **probe.ran})
+
+
+def main(argv: list[str]) -> int:
+    """`python -m autotune.probe.trace REQUEST.json RESULT.json CONTEXT_BYTES [CAPACITY_BYTES]`:
+    trace one request in a process of its own (the sweep's pre-screen) and write the result
+    as JSON; a failure writes {"error": one line}."""
+    import json
+    import sys
+
+    from autotune.files import write_text_atomic
+    from autotune.probe.worker import quiet_libraries
+
+    if len(argv) not in (3, 4):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    quiet_libraries()
+    torch.set_num_threads(1)
+    with open(argv[0]) as handle:
+        request = ProbeRequest.from_json(handle.read())
+    capacity = (int(argv[3]) or None) if len(argv) == 4 else None
+    try:
+        result = dataclasses.asdict(trace_request(request, int(argv[2]), capacity))
+    except Exception as exc:  # a model or config the trace cannot follow: the sweep goes on
+        result = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    write_text_atomic(argv[1], json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

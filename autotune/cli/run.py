@@ -60,6 +60,9 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
               help="Probe even configs that a measured OOM proves cannot fit.")
 @click.option("--no-prescreen", is_flag=True,
               help="Probe even configs the calibrated memory model puts well past capacity.")
+@click.option("--no-trace", is_flag=True,
+              help="Pre-screen with the memory model only: do not trace candidates near the "
+                   "memory wall with fake tensors first.")
 @click.option("--parallel", type=click.IntRange(1), default=None,
               help="Probes at once: on a CPU, split the cores this many ways; on GPUs, at most "
                    "GPUs / --gpus-per-trial (the default); on Ray, what the cluster holds.")
@@ -89,9 +92,9 @@ GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
 def run(ctx: click.Context, space: str | None, study: str | None, results_dir: str,
         objective: str, headroom: str, trials: int | None, timeout_total: str | None,
         patience: int | None, sampler: str, base_config: str | None,
-        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, parallel: int | None,
-        gpus_per_trial: int, executor: str, address: str | None, storage: str | None,
-        heartbeat: str, confirm: int, trainer: str | None, launch: str | None,
+        assignments: tuple[str, ...], no_prune: bool, no_prescreen: bool, no_trace: bool,
+        parallel: int | None, gpus_per_trial: int, executor: str, address: str | None,
+        storage: str | None, heartbeat: str, confirm: int, trainer: str | None, launch: str | None,
         **options: Any) -> None:
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
@@ -174,7 +177,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
         headroom=parse_headroom(headroom), max_trials=trials,
         timeout_s=parse_duration_s(timeout_total, "--timeout") if timeout_total else None,
         patience=patience, seed=options["seed"], sampler=sampler, base_params=base_params,
-        prune_dominated=not no_prune, prescreen=not no_prescreen,
+        prune_dominated=not no_prune, prescreen=not no_prescreen, trace=not no_trace,
         trainer=f"{trainer} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if export_to else None, storage=storage, slots=tuple(slots),
         heartbeat_s=parse_duration_s(heartbeat, "--heartbeat"), confirm=confirm,

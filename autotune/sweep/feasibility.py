@@ -21,9 +21,15 @@ that, only the exact part is used: a config whose model states alone exceed the 
 (a 7B actor with Adam on one 80 GB GPU) cannot fit whatever the activations.
 The margin is set from benchmarks/memory_accuracy.py: out of sample (fitted on 6 random probes,
 scored on the rest, 200 draws on three real CPU grids), the calibrated estimate overstated a
-config's measured peak by at most 13.9% (99th percentile 10.6%); with 4 probes the worst was
-28%. So the pre-screen waits for 6 probes and skips only past 1.2 x capacity, where a
-feasible config would need an overstatement half again as large as any seen.
+config's measured peak by at most 21.1% (99th percentile 7.3%); with 4 probes it was worse.
+So the pre-screen waits for 6 probes and skips only past 1.25 x capacity.
+
+Traced pre-screen (traced.py): where the probe's step can be traced with fake tensors, a
+candidate the memory model puts near the wall is traced before it runs, from the first trial
+on; one whose traced peak (the tensors, exact, plus a small fixed term) exceeds the capacity
+by more than traced.TRACE_MARGIN is a predicted OOM. On the CPU grids the traced peak
+overstated a measured one by at most 11.2% (the spread of what glibc's heap and gloo hold
+beyond the tensors: benchmarks/trace_accuracy.py), so the margin is 15%.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ from autotune.errors import AutotuneError
 from autotune.hardware import gpu_capacity_bytes
 from autotune.memory.calibration import Calibration, fit_calibration
 from autotune.memory.model import PHASE_KNOBS, MemoryEstimate, estimate_memory, model_shape
+from autotune.sweep.traced import TRACE_FROM, TRACE_MARGIN, SubprocessTracer
 
 OFFLOAD_KNOBS = ("offload_params", "offload_optimizer")
 MIN_CALIBRATION_PROBES = 6
-PRESCREEN_MARGIN = 0.20
+PRESCREEN_MARGIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ class Prediction:
     status: str  # gpu_oom | host_oom
     reason: str
     failed_phase: str | None
-    source: str  # dominance | estimate
+    source: str  # dominance | estimate | trace
 
 
 def engine_capacity_bytes(request: Any, device_bytes: int | None) -> int:
@@ -129,6 +136,7 @@ class Feasibility:
         self.calibration: Calibration | None = None
         self.capacity_bytes: int | None = None
         self.directions: dict[str, int] | None = None  # the space's, trainer keys included
+        self.tracer: SubprocessTracer | None = None  # traced.py, when the step can be traced
 
     @classmethod
     def for_request(cls, request: Any, config_for: Callable[[dict[str, Any]], Any],
@@ -149,6 +157,10 @@ class Feasibility:
 
         feasibility = cls(dominance, estimate, prescreen)
         feasibility.estimate_args = args
+        # known before any probe: the cap in force, else this machine's GPU (a probe's own
+        # report replaces it)
+        feasibility.capacity_bytes = (request.device_limit_bytes(here) or here) if here \
+            else request.gpu_memory_limit_bytes
         return feasibility
 
     def calibration_record(self, device_name: str | None) -> dict[str, Any]:
@@ -162,12 +174,34 @@ class Feasibility:
                failed_phase: str | None = None, phase_peak_mem_bytes: dict[str, int] | None
                = None, capacity_bytes: int | None = None) -> None:
         """Learn from a measured probe: OOMs for dominance, full peaks for calibration."""
-        self.capacity_bytes = self.capacity_bytes or capacity_bytes
+        self.capacity_bytes = capacity_bytes or self.capacity_bytes
         if status in ("gpu_oom", "host_oom") and params:
             self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase))
         if status == "ok" and phase_peak_mem_bytes and self.estimator is not None:
             self.samples.append((self.estimator(params), dict(phase_peak_mem_bytes)))
             self.calibration = fit_calibration(self.samples)
+        if status == "ok" and phase_peak_mem_bytes and self.tracer is not None:
+            self.tracer.learn(params, phase_peak_mem_bytes)
+
+    def _traced(self, params: dict[str, Any], estimate: MemoryEstimate,
+                capacity: int) -> Prediction | None:
+        """The traced pre-screen: trace a candidate near the wall; skip it past the margin."""
+        if self.tracer is None:
+            return None
+        modelled = self.calibration.peak_bytes(estimate) if self.calibration \
+            else estimate.peak_bytes
+        if modelled < TRACE_FROM * capacity:
+            return None
+        traced = self.tracer.traced_bytes(params, capacity)
+        if traced is None:
+            return None
+        phase = max(traced, key=lambda name: traced[name])
+        if traced[phase] <= capacity * (1 + TRACE_MARGIN):
+            return None
+        return Prediction("gpu_oom", f"predicted gpu_oom: the traced step needs "
+                          f"{format_bytes(traced[phase])} in {phase}, more than "
+                          f"{1 + TRACE_MARGIN:.2f} x the {format_bytes(capacity)} the device "
+                          "has", phase, "trace")
 
     def predicted_oom(self, params: dict[str, Any]) -> KnownOOM | None:
         """The measured OOM that proves `params` cannot fit, or None."""
@@ -194,6 +228,9 @@ class Feasibility:
             return Prediction("gpu_oom", f"predicted gpu_oom: model states alone need "
                               f"{format_bytes(states[phase])} in {phase}, more than the "
                               f"{format_bytes(capacity)} the device has", phase, "estimate")
+        traced = self._traced(params, estimate, capacity)
+        if traced is not None:
+            return traced
         if self.calibration is None or len(self.samples) < MIN_CALIBRATION_PROBES:
             return None
         calibrated = self.calibration.phase_bytes(estimate)

@@ -47,6 +47,7 @@ from autotune.sweep.sharing import (
 )
 from autotune.sweep.storage import StudyLock, open_study
 from autotune.sweep.tally import Tally
+from autotune.sweep.traced import SubprocessTracer
 
 SAMPLERS = ("tpe", "random")
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
@@ -85,6 +86,10 @@ class Sweep:
         self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
                                                    settings.prune_dominated, settings.prescreen)
         self.feasibility.directions = self.space.directions
+        if settings.trace and settings.prescreen and settings.command is None and \
+                self.feasibility.estimator is not None:  # the built-in step can be traced
+            self.feasibility.tracer = SubprocessTracer(settings.request_for,
+                                                       settings.request.device != "cpu")
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)

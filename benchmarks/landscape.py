@@ -60,13 +60,15 @@ def row_result(row: dict) -> ProbeResult:
 
 def load_landscape(path: Path, space: SearchSpace) -> dict[str, ProbeResult]:
     """Recorded results keyed by params_key, typed through the space's own parsing."""
-    table = {}
     with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            params = {name: spec.values()[[str(v) for v in spec.values()].index(row[name])]
-                      for name, spec in space.params.items()}
-            table[params_key(params)] = row_result(row)
-    return table
+        return {params_key(typed_params(space, row)): row_result(row)
+                for row in csv.DictReader(handle)}
+
+
+def typed_params(space: SearchSpace, row: dict) -> dict:
+    """A CSV row's params as the space types them."""
+    return {name: spec.values()[[str(v) for v in spec.values()].index(row[name])]
+            for name, spec in space.params.items()}
 
 
 class ReplayRunner:
@@ -118,6 +120,38 @@ def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) 
 
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(one, todo))
+
+
+def trace_grid(space: SearchSpace, out: Path, request: ProbeRequest,
+               capacity_bytes: int | None = None) -> dict[str, dict[str, int]]:
+    """Every config of the grid traced (probe/trace.py: the tensors' bytes per phase, without
+    the fixed term), in this process; resumable like `record`. Returns params_key -> bytes."""
+    from autotune.probe.trace import trace_request
+
+    table: dict[str, dict[str, int]] = {}
+    if out.exists():
+        with open(out, newline="") as handle:
+            for row in csv.DictReader(handle):
+                table[params_key(typed_params(space, row))] = {
+                    p: int(row[f"traced_{p}_bytes"]) for p in PHASES[:3]}
+    columns = [*space.params, *(f"traced_{p}_bytes" for p in PHASES[:3]), "trace_s"]
+    todo = [p for p in space.grid() if params_key(p) not in table]
+    for number, params in enumerate(todo):
+        result = trace_request(ProbeRequest(**{**request.__dict__,
+                                                "config": space.config_for(params)}),
+                               context_bytes=0, capacity_bytes=capacity_bytes)
+        row = {**params, "trace_s": round(result.trace_s, 2),
+               **{f"traced_{p}_bytes": result.phase_peak_mem_bytes[p] for p in PHASES[:3]}}
+        new = not out.exists()
+        with open(out, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, columns)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        table[params_key(params)] = {p: result.phase_peak_mem_bytes[p] for p in PHASES[:3]}
+        print(f"traced {number + 1}/{len(todo)} in {result.trace_s:.1f} s", file=sys.stderr,
+              flush=True)
+    return table
 
 
 def main() -> None:

@@ -1,0 +1,180 @@
+"""The probe's step traced with fake tensors (probe/trace.py), against real probes of the
+same step, and the sweep's traced pre-screen (sweep/traced.py) with a real trace process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+from autotune.probe.result import PHASES
+from autotune.runners.local import SubprocessRunner
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tracing():
+    """Inside: the trace's modes, as trace_request sets them; yields the tracker."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.probe.trace import AllocationTracker, _patched, _TraceMode
+
+    tracker = AllocationTracker()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
+        yield tracker, torch
+
+
+def test_the_tracker_counts_allocations_frees_resizes_and_host_copies(tracing):
+    tracker, torch = tracing
+    weights = torch.empty(1024, 256)  # fp32: 1 MiB, no storage behind it
+    assert tracker.device_bytes == 1 << 20
+    view = weights[:10]  # a view: the same storage, counted once
+    grown = weights * 2
+    assert tracker.device_bytes == 2 << 20 and tracker.peak_device_bytes == 2 << 20
+    del grown
+    assert tracker.device_bytes == 1 << 20 and tracker.peak_device_bytes == 2 << 20
+    weights.untyped_storage().resize_(0)  # FSDP2's and the sleeping engine's free
+    assert tracker.device_bytes == 0
+    weights.untyped_storage().resize_(1 << 20)
+    assert tracker.device_bytes == 1 << 20
+    host = weights.clone()
+    tracker.mark_host(host, True)  # offload: host memory, not the device's
+    assert (tracker.device_bytes, tracker.host_bytes) == (1 << 20, 1 << 20)
+    del host, view, weights
+    assert (tracker.device_bytes, tracker.host_bytes) == (0, 0)
+
+
+def test_integers_are_computed_and_floats_are_fake(tracing):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tracker, torch = tracing
+    positions = torch.arange(6).reshape(2, 3)
+    assert not isinstance(positions, FakeTensor) and positions.sum().item() == 15
+    logits = torch.randn(2, 3, 50)
+    assert isinstance(logits, FakeTensor)
+    tokens = logits.argmax(-1)  # a value no fake tensor has: token 0, real
+    assert not isinstance(tokens, FakeTensor) and tokens.tolist() == [[0, 0, 0], [0, 0, 0]]
+    mask = positions == 4
+    assert mask.sum().item() == 1  # code that counts (Qwen-VL's image tokens) can
+    assert tracker.device_bytes >= 2 * 3 * 50 * 4
+
+
+def test_the_trace_matches_a_real_probe_of_the_same_step(make_request):
+    """Uncapped CPU probe and trace of one config: each phase within 5% (no calibration)."""
+    from autotune.probe.trace import trace_request
+
+    request = make_request(warmup_steps=1, micro_batch_size_experience=8, max_response_length=64)
+    measured = SubprocessRunner().run(request)
+    assert measured.ok, measured.message
+    traced = trace_request(request, TRACE_CPU_CONTEXT_BYTES)
+    assert traced.share == measured.share  # the same batches, counted the same way
+    for phase, peak in measured.phase_peak_mem_bytes.items():
+        error = (traced.phase_peak_mem_bytes[phase] - peak) / peak
+        assert abs(error) <= 0.05, (phase, error, traced.phase_peak_mem_bytes, peak)
+    assert traced.model_state_bytes == measured.model_state_bytes
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])
+def test_a_rank_of_two_holds_half_the_states(make_request, model):
+    from autotune.probe.trace import trace_request
+
+    shapes = {"max_prompt_length": 64, "image_size_px": 56} if model.endswith("vl") else {}
+    one = trace_request(make_request(model=model, offload_optimizer=True, **shapes), 0)
+    two = trace_request(make_request(model=model, gpus_per_node=2, offload_optimizer=True,
+                                     **shapes), 0)
+    assert two.share["responses_per_step"] * 2 == one.share["responses_per_step"]
+    assert abs(2 * two.model_state_bytes["optimizer"] - one.model_state_bytes["optimizer"]) \
+        <= 64 * 1024  # FSDP pads each shard a little
+    assert two.host_offload_bytes < one.host_offload_bytes  # AdamW's shard, offloaded
+    assert set(one.phase_peak_mem_bytes) == set(PHASES[:3])
+    assert two.phase_peak_mem_bytes["update"] < one.phase_peak_mem_bytes["update"]
+
+
+def test_the_growing_cache_decode_generates_what_hf_generate_does():
+    """The hf engine's own fixed-length loop (DynamicCache, EOS masked) gives the tokens of
+    transformers' generate with min_new_tokens, token for token."""
+    import copy
+
+    import torch
+
+    from autotune.config import ProbeConfig
+    from autotune.probe.engine import RolloutEngine
+    from autotune.probe.meter import MemoryMeter
+    from autotune.probe.models import build_model, load_model_config
+
+    config = ProbeConfig(rollout_engine="hf", max_prompt_length=12, max_response_length=8,
+                         max_num_seqs=4)
+    model_config = load_model_config("tiny-qwen2.5", None)
+    torch.manual_seed(0)
+    actor = build_model(model_config, torch.device("cpu"), torch.float32).eval()
+    with torch.no_grad():
+        for param in actor.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.15)
+    engine = RolloutEngine(copy.deepcopy(actor), model_config, config, torch.device("cpu"),
+                           torch.float32, False, None, lambda tensor, _: tensor,
+                           MemoryMeter(torch.device("cpu")))
+    prompts = torch.randint(0, 1000, (6, config.max_prompt_length))
+    with torch.no_grad():
+        ours = engine.generate(prompts, lambda rows: {}, torch.arange(6))  # batches 4 and 2
+        theirs = actor.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                                max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                pad_token_id=0, eos_token_id=model_config.vocab_size - 1
+                                )[:, config.max_prompt_length:]
+    assert len(set(theirs[0].tolist())) > 4
+    assert torch.equal(ours, theirs)
+
+
+def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace", "--model",
+                           "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2", "--set",
+                           "max_response_length=64", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    traced = report["traced"]
+    assert set(traced["phase_peak_mem_bytes"]) == set(report["phase_bytes"])
+    for phase, modelled in report["phase_bytes"].items():  # the prior is within 25% of it
+        assert abs(modelled / traced["phase_peak_mem_bytes"][phase] - 1) < 0.25, phase
+    assert traced["context_bytes"] == TRACE_CPU_CONTEXT_BYTES
+    text = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace", "--model",
+                           "tiny-qwen2.5", "--device", "cpu", "--set",
+                           "max_response_length=64"], capture_output=True, text=True,
+                          timeout=300)
+    assert "traced: the probe's own step as rank 0 of 1" in text.stdout
+    assert "fixed term" in text.stdout and "model - traced" in text.stdout
+
+
+def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
+    """A real trace process, no probe yet: a config the trace puts past the cap is a
+    predicted OOM (source trace); one well inside is left to run."""
+    import dataclasses
+
+    from autotune.config import ProbeConfig
+    from autotune.sweep.feasibility import Feasibility
+
+    template = make_request(gpu_memory_limit_bytes=600 << 20)
+
+    def config_for(params):
+        return ProbeConfig(**{**template.config.as_dict(), **params})
+
+    def request_for(params):
+        return dataclasses.replace(template, config=config_for(params))
+
+    feasibility = Feasibility.for_request(template, config_for)
+    from autotune.sweep.traced import SubprocessTracer
+
+    feasibility.tracer = SubprocessTracer(request_for, on_gpu=False)
+    assert feasibility.capacity_bytes == 600 << 20  # the cap, known before any probe
+    huge = {"micro_batch_size_experience": 8, "max_response_length": 512}
+    prediction = feasibility.predict(huge)
+    assert prediction is not None and prediction.source == "trace", prediction
+    assert "the traced step needs" in prediction.reason
+    assert feasibility.predict({"micro_batch_size_experience": 1}) is None
+    assert feasibility.tracer.unavailable is None and len(feasibility.tracer.traces) >= 1

@@ -182,7 +182,6 @@ def run_trace(model: str, model_path: str | None, config: ProbeConfig,
               capacity_bytes: int, fitted: dict[str, Any]) -> dict[str, Any]:
     """Trace the probe's step in this process (torch is imported here, only for --trace)."""
     import dataclasses
-    import sys
 
     from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
     from autotune.probe.result import ProbeRequest
@@ -204,5 +203,4 @@ def run_trace(model: str, model_path: str | None, config: ProbeConfig,
     from autotune.probe.trace import trace_request
 
     result = dataclasses.asdict(trace_request(request, context, capacity_bytes))
-    print(file=sys.stderr, end="", flush=True)
     return {**result, "context_note": f"{format_bytes(context)}, {context_note}"}

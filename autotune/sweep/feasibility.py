@@ -167,8 +167,10 @@ class Feasibility:
         """The calibration as stored with the study (and read by `autotune estimate --study`)."""
         calibration = self.calibration
         assert calibration is not None
+        traced = self.tracer is not None and self.tracer.residuals
         return {"device": device_name, "probes": calibration.samples, **self.estimate_args,
-                "phases": calibration.as_dict()}
+                "phases": calibration.as_dict(),  # and the traces' fixed term, once fitted
+                "trace_context_bytes": self.tracer.context_bytes if traced else None}
 
     def record(self, trial_number: int, params: dict[str, Any], status: str,
                failed_phase: str | None = None, phase_peak_mem_bytes: dict[str, int] | None

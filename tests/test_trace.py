@@ -178,3 +178,33 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     assert "the traced step needs" in prediction.reason
     assert feasibility.predict({"micro_batch_size_experience": 1}) is None
     assert feasibility.tracer.unavailable is None and len(feasibility.tracer.traces) >= 1
+    assert feasibility.predict(huge, measure=True) is None  # the safe config: measured
+    traces = len(feasibility.tracer.trace_wall_s)
+    feasibility.record(0, {}, "ok", probe_wall_s=0.5)  # a probe far cheaper than a trace
+    assert feasibility.predict({**huge, "max_response_length": 384}) is None  # not traced
+    assert len(feasibility.tracer.trace_wall_s) == traces
+    assert feasibility.tracer.unavailable.startswith("a trace takes")
+    assert feasibility.tracer.summary()["off"] == feasibility.tracer.unavailable
+
+
+def test_run_measures_the_safe_config_then_skips_a_traced_oom(tmp_path):
+    """`autotune run` as a user runs it (tracing is on by default): the safe config is probed
+    whatever its trace says, a micro-batch-16 config the trace puts past the cap is a predicted
+    OOM, never one that fits, and the study keeps what tracing did."""
+    import optuna
+    from test_sweep_e2e import run_command
+
+    command = [arg for arg in run_command(tmp_path) if arg != "--no-trace"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = optuna.load_study(study_name="e2e",
+                              storage=f"sqlite:///{tmp_path / 'results' / 'e2e' / 'study.db'}")
+    first = study.trials[0]
+    assert first.user_attrs["origin"] == "safe" and first.user_attrs["probed"]
+    traced = [t for t in study.trials if t.user_attrs.get("predicted_by") == "trace"]
+    assert traced and all(t.params["micro_batch_size_experience"] == 16 for t in traced)
+    assert all("the traced step needs" in t.user_attrs["reason"] for t in traced)
+    fits = [t for t in study.trials if t.params.get("micro_batch_size_experience") == 2]
+    assert fits and all(t.user_attrs["status"] == "ok" for t in fits)
+    summary = study.user_attrs["memory_calibration"]["trace"]
+    assert summary["traces"] >= len(traced) and summary["trace_wall_s"] > 0

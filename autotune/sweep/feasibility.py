@@ -137,6 +137,7 @@ class Feasibility:
         self.capacity_bytes: int | None = None
         self.directions: dict[str, int] | None = None  # the space's, trainer keys included
         self.tracer: SubprocessTracer | None = None  # traced.py, when the step can be traced
+        self.probe_wall_s: list[float] = []  # each measured probe's, to weigh a trace against
 
     @classmethod
     def for_request(cls, request: Any, config_for: Callable[[dict[str, Any]], Any],
@@ -167,16 +168,21 @@ class Feasibility:
         """The calibration as stored with the study (and read by `autotune estimate --study`)."""
         calibration = self.calibration
         assert calibration is not None
-        traced = self.tracer is not None and self.tracer.residuals
+        trace = self.tracer.summary() if self.tracer is not None else None
         return {"device": device_name, "probes": calibration.samples, **self.estimate_args,
                 "phases": calibration.as_dict(),  # and the traces' fixed term, once fitted
-                "trace_context_bytes": self.tracer.context_bytes if traced else None}
+                "trace_context_bytes": trace["context_bytes"] if trace else None,
+                "trace": trace}
 
     def record(self, trial_number: int, params: dict[str, Any], status: str,
                failed_phase: str | None = None, phase_peak_mem_bytes: dict[str, int] | None
-               = None, capacity_bytes: int | None = None) -> None:
-        """Learn from a measured probe: OOMs for dominance, full peaks for calibration."""
+               = None, capacity_bytes: int | None = None,
+               probe_wall_s: float | None = None) -> None:
+        """Learn from a measured probe: OOMs for dominance, full peaks for calibration, its
+        time to weigh a trace against."""
         self.capacity_bytes = capacity_bytes or self.capacity_bytes
+        if probe_wall_s:
+            self.probe_wall_s.append(probe_wall_s)
         if status in ("gpu_oom", "host_oom") and params:
             self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase))
         if status == "ok" and phase_peak_mem_bytes and self.estimator is not None:
@@ -194,6 +200,7 @@ class Feasibility:
             else estimate.peak_bytes
         if modelled < TRACE_FROM * capacity:
             return None
+        self.tracer.weigh_cost(self.probe_wall_s)
         traced = self.tracer.traced_bytes(params, capacity)
         if traced is None:
             return None
@@ -215,8 +222,10 @@ class Feasibility:
                 return known
         return None
 
-    def predict(self, params: dict[str, Any]) -> Prediction | None:
-        """Why `params` must run out of memory, or None when it may fit."""
+    def predict(self, params: dict[str, Any], measure: bool = False) -> Prediction | None:
+        """Why `params` must run out of memory, or None when it may fit. `measure`: the config
+        is to be measured unless proven (a measured OOM, model states past the device): the
+        safe config, whose OOM ends the sweep, is never skipped on a trace or a fit."""
         known = self.predicted_oom(params) if self.dominance else None
         if known is not None:
             return Prediction(known.status, reason_for(known), known.failed_phase, "dominance")
@@ -230,6 +239,8 @@ class Feasibility:
             return Prediction("gpu_oom", f"predicted gpu_oom: model states alone need "
                               f"{format_bytes(states[phase])} in {phase}, more than the "
                               f"{format_bytes(capacity)} the device has", phase, "estimate")
+        if measure:
+            return None
         traced = self._traced(params, estimate, capacity)
         if traced is not None:
             return traced

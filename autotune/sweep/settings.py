@@ -33,7 +33,7 @@ class SweepSettings:
     base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     prescreen: bool = True  # also those the calibrated memory model puts well past capacity
-    trace: bool = True  # the pre-screen traces candidates near the wall (traced.py)
+    trace: bool = False  # trace candidates near the wall (traced.py): `run` on, --no-trace off
     storage: str | None = None  # --storage: a database URL or a journal file; None: SQLite
     trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
     slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)

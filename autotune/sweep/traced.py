@@ -6,9 +6,13 @@ sweep adds the fixed term (memory.model's prior for the device, then the median 
 measured probes held beyond their trace) and skips a candidate whose traced peak is past the
 capacity by more than TRACE_MARGIN, from the first trial on (feasibility.py). Only
 candidates the memory model puts near the wall are traced (TRACE_FROM): far from it a trace
-could not change the decision. A trace that fails (a model the trace cannot follow) turns
-tracing off for the sweep, with the reason kept for the summary; the arithmetic pre-screen
-goes on. Imports no torch: the trace runs in its own process.
+could not change the decision. A trace must also cost less than the probe it may save: once
+both are timed, tracing stops when a trace's wall time (its process start included) passes
+TRACE_COST_SHARE of the median probe's (a tiny model on a CPU probes as fast as it traces; a
+7B probe on a GPU takes minutes, its trace about one). A trace that fails (a model the trace
+cannot follow) turns tracing off too. Either way the reason is kept with the study's
+calibration and the arithmetic pre-screen goes on. Imports no torch: the trace runs in its own
+process.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from autotune.sweep.sharing import params_key
 
 TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
 TRACE_MARGIN = 0.15  # skip past capacity x (1 + margin): benchmarks/trace_accuracy.py
+TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time
 TRACE_TIMEOUT_S = 900.0
 
 
@@ -42,7 +48,22 @@ class SubprocessTracer:
         self.traces: dict[str, dict[str, int]] = {}
         self.residuals: list[int] = []  # measured minus traced, per phase of each probe
         self.unavailable: str | None = None  # why tracing is off for this sweep
-        self.trace_s = 0.0
+        self.trace_wall_s: list[float] = []  # each trace process, start to end
+
+    def summary(self) -> dict[str, Any]:
+        """What tracing did in this sweep, as stored with the calibration."""
+        return {"traces": len(self.trace_wall_s), "trace_wall_s": round(sum(self.trace_wall_s), 1),
+                "context_bytes": self.context_bytes if self.residuals else None,
+                "off": self.unavailable}
+
+    def weigh_cost(self, probe_wall_s: list[float]) -> None:
+        """Stop tracing once a trace costs more than TRACE_COST_SHARE of a probe."""
+        if self.unavailable is None and self.trace_wall_s and probe_wall_s:
+            trace_s, probe_s = statistics.median(self.trace_wall_s), \
+                statistics.median(probe_wall_s)
+            if trace_s > TRACE_COST_SHARE * probe_s:
+                self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "
+                                    "tracing would cost more than the probes it could save")
 
     @property
     def context_bytes(self) -> int:
@@ -76,12 +97,15 @@ class SubprocessTracer:
             request_path.write_text(request.to_json())
             argv = [sys.executable, "-m", "autotune.probe.trace", str(request_path),
                     str(result_path), "0", str(capacity_bytes or 0)]
+            started_s = time.monotonic()
             try:
                 done = subprocess.run(argv, capture_output=True, text=True,
                                       timeout=TRACE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.unavailable = f"a trace took over {TRACE_TIMEOUT_S:.0f} s"
                 return None
+            finally:
+                self.trace_wall_s.append(time.monotonic() - started_s)
             if not result_path.exists():
                 tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 self.unavailable = f"the trace process failed: {tail[:200]}"
@@ -90,5 +114,4 @@ class SubprocessTracer:
         if "error" in result:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             return None
-        self.trace_s += result["trace_s"]
         return {phase: int(value) for phase, value in result["phase_peak_mem_bytes"].items()}

@@ -272,7 +272,8 @@ class Sweep:
             self.stuck_asks += 1
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
-        prediction = self.feasibility.predict(params)
+        prediction = self.feasibility.predict(  # the safe config is measured: its OOM ends it
+            params, measure=params_key(params) == params_key(self.space.safe_params()))
         if prediction is not None:
             result = ProbeResult(status=ProbeStatus(prediction.status),
                                  message=prediction.reason, failed_phase=prediction.failed_phase)

@@ -106,6 +106,7 @@ def test_the_pool_decode_generates_what_hf_generate_does(model_name):
 
     from autotune.config import ProbeConfig
     from autotune.probe.engine import RolloutEngine
+    from autotune.probe.meter import MemoryMeter
     from autotune.probe.models import build_model, load_model_config
 
     config = ProbeConfig(rollout_engine="vllm-like", max_prompt_length=12,
@@ -120,7 +121,7 @@ def test_the_pool_decode_generates_what_hf_generate_does(model_name):
                 param.normal_(0, 0.15)
     engine = RolloutEngine(copy.deepcopy(actor), model_config, config, torch.device("cpu"),
                            torch.float32, False, CAP_BYTES, lambda tensor, _: tensor,
-                           lambda: 0)
+                           MemoryMeter(torch.device("cpu")))
     prompts = torch.randint(0, 1000, (6, config.max_prompt_length))
     engine.start(lambda rows: {"input_ids": prompts[torch.arange(rows) % len(prompts)]})
     engine.wake(actor.named_parameters())

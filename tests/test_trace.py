@@ -180,7 +180,7 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     assert feasibility.tracer.unavailable is None and len(feasibility.tracer.traces) >= 1
     assert feasibility.predict(huge, measure=True) is None  # the safe config: measured
     traces = len(feasibility.tracer.trace_wall_s)
-    feasibility.record(0, {}, "ok", probe_wall_s=0.5)  # a probe far cheaper than a trace
+    feasibility.tracer.probe_wall_s.append(0.5)  # the sweep's probes: far cheaper than a trace
     assert feasibility.predict({**huge, "max_response_length": 384}) is None  # not traced
     assert len(feasibility.tracer.trace_wall_s) == traces
     assert feasibility.tracer.unavailable.startswith("a trace takes")

@@ -191,8 +191,9 @@ def run_trace(model: str, model_path: str | None, config: ProbeConfig,
     context, context_note = (TRACE_GPU_CONTEXT_BYTES, "prior (CUDA context, cuBLAS and "
                              "NCCL workspaces, allocator rounding)") if on_gpu else (
         TRACE_CPU_CONTEXT_BYTES, "prior (the interpreter with torch and transformers)")
-    if fitted.get("trace_context_bytes"):
-        context = int(fitted["trace_context_bytes"])
+    fitted_context_bytes = (fitted.get("trace") or {}).get("context_bytes")
+    if fitted_context_bytes:
+        context = int(fitted_context_bytes)
         context_note = f"fitted on the probes of the study ({fitted['device']})"
     request = ProbeRequest(model=model, model_path=model_path, config=config,
                            device="cuda" if on_gpu else "cpu", dtype=dtype or "auto",

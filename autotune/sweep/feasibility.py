@@ -137,7 +137,6 @@ class Feasibility:
         self.capacity_bytes: int | None = None
         self.directions: dict[str, int] | None = None  # the space's, trainer keys included
         self.tracer: SubprocessTracer | None = None  # traced.py, when the step can be traced
-        self.probe_wall_s: list[float] = []  # each measured probe's, to weigh a trace against
 
     @classmethod
     def for_request(cls, request: Any, config_for: Callable[[dict[str, Any]], Any],
@@ -170,19 +169,14 @@ class Feasibility:
         assert calibration is not None
         trace = self.tracer.summary() if self.tracer is not None else None
         return {"device": device_name, "probes": calibration.samples, **self.estimate_args,
-                "phases": calibration.as_dict(),  # and the traces' fixed term, once fitted
-                "trace_context_bytes": trace["context_bytes"] if trace else None,
-                "trace": trace}
+                "phases": calibration.as_dict(),
+                "trace": trace}  # with the traces' fixed term, once fitted
 
     def record(self, trial_number: int, params: dict[str, Any], status: str,
                failed_phase: str | None = None, phase_peak_mem_bytes: dict[str, int] | None
-               = None, capacity_bytes: int | None = None,
-               probe_wall_s: float | None = None) -> None:
-        """Learn from a measured probe: OOMs for dominance, full peaks for calibration, its
-        time to weigh a trace against."""
+               = None, capacity_bytes: int | None = None) -> None:
+        """Learn from a measured probe: OOMs for dominance, full peaks for calibration."""
         self.capacity_bytes = capacity_bytes or self.capacity_bytes
-        if probe_wall_s:
-            self.probe_wall_s.append(probe_wall_s)
         if status in ("gpu_oom", "host_oom") and params:
             self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase))
         if status == "ok" and phase_peak_mem_bytes and self.estimator is not None:
@@ -200,7 +194,6 @@ class Feasibility:
             else estimate.peak_bytes
         if modelled < TRACE_FROM * capacity:
             return None
-        self.tracer.weigh_cost(self.probe_wall_s)
         traced = self.tracer.traced_bytes(params, capacity)
         if traced is None:
             return None

@@ -50,8 +50,7 @@ class Tally:
         result = attrs.get("result") or {}
         capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
         self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
-                                result.get("phase_peak_mem_bytes"), capacity,
-                                result.get("probe_wall_s"))
+                                result.get("phase_peak_mem_bytes"), capacity)
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":

@@ -41,8 +41,9 @@ class SubprocessTracer:
     """Traces of candidates (the tensors' bytes per phase, no fixed term), cached by config."""
 
     def __init__(self, request_for: Callable[[dict[str, Any]], ProbeRequest],
-                 on_gpu: bool) -> None:
+                 on_gpu: bool, probe_wall_s: list[float] | None = None) -> None:
         self.request_for = request_for
+        self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
             TRACE_CPU_CONTEXT_BYTES
         self.traces: dict[str, dict[str, int]] = {}
@@ -56,11 +57,11 @@ class SubprocessTracer:
                 "context_bytes": self.context_bytes if self.residuals else None,
                 "off": self.unavailable}
 
-    def weigh_cost(self, probe_wall_s: list[float]) -> None:
+    def weigh_cost(self) -> None:
         """Stop tracing once a trace costs more than TRACE_COST_SHARE of a probe."""
-        if self.unavailable is None and self.trace_wall_s and probe_wall_s:
+        if self.unavailable is None and self.trace_wall_s and self.probe_wall_s:
             trace_s, probe_s = statistics.median(self.trace_wall_s), \
-                statistics.median(probe_wall_s)
+                statistics.median(self.probe_wall_s)
             if trace_s > TRACE_COST_SHARE * probe_s:
                 self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "
                                     "tracing would cost more than the probes it could save")
@@ -75,6 +76,7 @@ class SubprocessTracer:
                      ) -> dict[str, int] | None:
         """Per-phase traced bytes of `params`, with the fixed term; None when unavailable."""
         key = params_key(params)
+        self.weigh_cost()
         if key not in self.traces and self.unavailable is None:
             traced = self._run(self.request_for(params), capacity_bytes)
             if traced is not None:

@@ -88,8 +88,8 @@ class Sweep:
         self.feasibility.directions = self.space.directions
         if settings.trace and settings.prescreen and settings.command is None and \
                 self.feasibility.estimator is not None:  # the built-in step can be traced
-            self.feasibility.tracer = SubprocessTracer(settings.request_for,
-                                                       settings.request.device != "cpu")
+            self.feasibility.tracer = SubprocessTracer(  # weighed against the probes' time
+                settings.request_for, settings.request.device != "cpu", self.state.probe_wall_s)
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)

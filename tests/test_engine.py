@@ -69,7 +69,8 @@ def test_sleep_frees_the_pool_before_the_experience_phase(make_request):
     assert dropped.host_offload_bytes == 0 and awake.host_offload_bytes == 0
 
 
-def test_rollout_speeds_up_with_the_pool_until_max_num_seqs_binds(make_request):
+def test_the_pool_runs_as_many_sequences_at_once_as_it_holds_until_max_num_seqs_binds(
+        make_request):
     # 2048-token sequences take 8 MiB of KV each, so the pool's size in sequences is far
     # above the profile run's noise; 256 decode steps a batch make decoding the cost.
     shapes = dict(rollout_batch_size=1, rollout_n=4, global_batch_size=1,
@@ -91,9 +92,8 @@ def test_rollout_speeds_up_with_the_pool_until_max_num_seqs_binds(make_request):
     for run in (small, first):  # as many at once as the pool holds, at most max_num_seqs
         assert run.engine["concurrency"] == min(4, run.engine["kv_pool_tokens"] // 2048)
     assert 1 <= small.engine["concurrency"] <= 3 and first.engine["concurrency"] == 4
-    tokens_per_s = [4 * 256 / r.phase_s["rollout"] for r in (small, first)]
-    # measured on 2 cores: 134, 177 and 284 tokens/s at 1, 2 and 4 at once
-    assert tokens_per_s[1] > 1.25 * tokens_per_s[0], (small.engine["concurrency"], tokens_per_s)
+    # (the speed-up this buys is a timing: 134, 177 and 284 tokens/s at 1, 2 and 4 at once on
+    # 2 quiet cores; not asserted here, where a loaded CI box halved it once)
 
 
 @pytest.mark.parametrize("model_name", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])

@@ -70,7 +70,12 @@ def easyr1_accepts(k, nnodes, gpus, cfg):
     if cfg["max_tokens"] < k["max_prompt_length"] + k["max_response_length"]:
         return False
     chunks = [k["rollout_batch_size"], k["rollout_batch_size"] * k["rollout_n"]]
-    return all(len(range(0, c, c // world or 1)) == world and c % world == 0 for c in chunks)
+    if not all(len(range(0, c, c // world or 1)) == world and c % world == 0 for c in chunks):
+        return False
+    # dp_actor: the device's share is split into mini-batches, and (dynamic batching off, as
+    # exported) into experience micro-batches; DataProto.split asserts equal splits
+    share = k["rollout_batch_size"] * k["rollout_n"] // world * cfg["ulysses"]
+    return share % per_device == 0 and share % k["micro_batch_size_experience"] == 0
 
 
 def verl_accepts(k, nnodes, gpus, cfg):
@@ -111,24 +116,36 @@ def test_rule_checker_agrees_with_the_simulated_trainer_on_random_configs(adapte
     assert refused > 300 and accepted > 300  # both sides of every rule were exercised
 
 
+def split_header(text):
+    """The exported file's header comment lines (up to the first empty comment line) and its
+    body (the user's file, edited, its own comments included)."""
+    lines = text.splitlines(keepends=True)
+    count = lines.index("#\n") + 1
+    return [line[2:].rstrip("\n") for line in lines[:count]], "".join(lines[count:])
+
+
 @pytest.mark.parametrize("adapter", [EASYR1, VERL])
 def test_merge_into_the_real_default_config_changes_only_the_tuned_keys(adapter):
     path = BASES[adapter.name]
     original_text = path.read_text()
     base = load_trainer_yaml(str(path))
+    # verl's default trains a critic (adv_estimator: gae): --force exports GRPO's estimator
     text = render(adapter, KNOBS, topology_for(adapter, base[0], None, None), base,
-                  ["provenance line", ""])
-    assert text.startswith("# provenance line\n#\n")
-    body = text.split("\n", 2)[2]
+                  ["provenance line", ""], force=adapter is VERL)
+    header, body = split_header(text)
+    assert header[0] == "provenance line" and header[-1] == ""
     tuned = adapter.tuned_values(KNOBS, Topology(1, 8))
+    settings = {setting.key: setting.value for setting in adapter.settings}
     before, after = flatten(yaml.safe_load(original_text)), flatten(yaml.safe_load(body))
     assert list(before) == [k for k in after if k in before]  # every key kept, in order
     changed = {k for k in before if before[k] != after[k]}
-    assert changed and changed <= set(tuned)
+    assert changed and changed <= set(tuned) | set(settings)
+    for key in changed:  # the header names every key changed, with both values
+        assert any(line.startswith(f"  {key}: ") and " -> " in line for line in header), key
     for key, value in tuned.items():
         if key in before or value is not None:
             assert after[key] == value, key
-    # byte for byte, only the lines holding tuned keys differ; every comment is still there
+    # byte for byte, only the lines holding changed keys differ; every comment is still there
     old_lines, new_lines = original_text.splitlines(), body.splitlines()
     assert len(old_lines) == len(new_lines)
     differ = [(o, n) for o, n in zip(old_lines, new_lines, strict=True) if o != n]
@@ -142,7 +159,7 @@ def test_merge_into_the_real_default_config_changes_only_the_tuned_keys(adapter)
 def test_round_trip_reads_back_the_same_canonical_knobs(adapter):
     for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
         topology = Topology(1, 8)
-        text = render(adapter, KNOBS, topology, base, ["p"])
+        text = render(adapter, KNOBS, topology, base, ["p"], force=True)
         tree = yaml.safe_load(text)
         read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default),
                                   topology)
@@ -184,23 +201,28 @@ def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
     assert out.returncode == 0, out.stderr
     written = tmp_path / "x" / "best.verl.yaml"
     assert f"wrote {written}" in out.stdout
-    assert "launch: python3 -m verl.trainer.main_ppo data.train_batch_size=4" in out.stdout
+    # the base names no estimator: verl's default (gae, with a critic) is replaced, and said
+    assert "set algorithm.adv_estimator: (not set) -> grpo, because gae trains a critic" \
+        in out.stdout
+    assert (f"launch: python3 -m verl.trainer.main_ppo --config-path {written.parent} "
+            "--config-name best.verl\n") in out.stdout
+    assert "or as overrides on your base config: data.train_batch_size=4" in out.stdout
     text = written.read_text()
     assert text.startswith("# exported by autotune") and "study x, trial" in text
     again = export("--trainer", "verl", "--base-config", str(one_gpu))
     assert again.returncode == 2 and "file exists" in again.stderr
     assert written.read_text() == text  # nothing already there is overwritten
     easy = export("--trainer", "easyr1", "--base-config", str(BASES["easyr1"]),
-                  "--out", str(tmp_path / "e.yaml"))
+                  "--out", str(tmp_path / "e.yaml"), "--force")
     assert easy.returncode == 2 and "easyr1: data.rollout_batch_size=4" in easy.stderr
     assert not (tmp_path / "e.yaml").exists()  # 8 GPUs in the base: refused, not written
     easy_base = tmp_path / "easyr1-1gpu.yaml"
     easy_base.write_text(BASES["easyr1"].read_text().replace("tensor_parallel_size: 2",
                                                              "tensor_parallel_size: 1"))
     fits = export("--trainer", "easyr1", "--base-config", str(easy_base),
-                  "--gpus-per-node", "1", "--out", str(tmp_path / "e.yaml"))
+                  "--gpus-per-node", "1", "--out", str(tmp_path / "e.yaml"), "--force")
     assert fits.returncode == 0, fits.stderr
-    assert "config=" in fits.stdout and "or as overrides:" in fits.stdout
+    assert "config=" in fits.stdout and "or as overrides on your base config:" in fits.stdout
 
 
 def _grpo_config(tmp_path, values):
@@ -292,7 +314,7 @@ def test_the_engine_knobs_land_on_the_trainers_vllm_keys(adapter, keys):
     knobs = {**KNOBS, "gpu_memory_utilization": 0.45, "max_num_batched_tokens": 16384,
              "enable_sleep": True}
     for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
-        tree = yaml.safe_load(render(adapter, knobs, Topology(1, 8), base, ["p"]))
+        tree = yaml.safe_load(render(adapter, knobs, Topology(1, 8), base, ["p"], force=True))
         assert {key: dotted_get(tree, key, None) for key in keys} == keys
         read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key,
                                                                              default),

@@ -14,10 +14,11 @@ from autotune.trainers.export import (
     load_trainer_yaml,
     override_line,
     provenance_lines,
-    render,
+    render_plan,
     topology_for,
     write_new,
 )
+from autotune.trainers.plan import plan_export
 
 
 @click.command("export")
@@ -32,10 +33,16 @@ from autotune.trainers.export import (
               help="Nodes the run will use (default: the base config's, else the study's).")
 @click.option("--gpus-per-node", type=click.IntRange(1), default=None,
               help="GPUs per node (default: the base config's, else the study's).")
+@click.option("--force", is_flag=True,
+              help="Take the study's values where your base config has others for knobs the "
+                   "study held fixed (by default such conflicts are refused).")
 def export(study: str | None, results_dir: str, storage: str | None, trainer: str,
            base_config: str | None, out_path: str | None, nnodes: int | None,
-           gpus_per_node: int | None) -> None:
+           gpus_per_node: int | None, force: bool) -> None:
     """Write a study's best config as trainer YAML, checked against the trainer's rules.
+
+    With --base-config, the knobs the study searched replace yours; a knob it held fixed at
+    another value than yours is refused (re-run the sweep with --base-config, or --force).
 
     \b
     autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
@@ -55,16 +62,21 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
     measured_on = Topology(request.get("nnodes", 1), request.get("gpus_per_node", 1))
     topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
                             measured_on)
-    text = render(adapter, document["config"], topology, base,
-                  provenance_lines(document, adapter, topology),
-                  extra=document.get("trainer_keys"))
+    plan = plan_export(adapter, document["config"], topology, base[0] if base else None,
+                       document["searched"], force, document.get("trainer_keys"))
+    if plan.problems:
+        raise ConfigError(plan.problems)
+    text = render_plan(plan, adapter, base, provenance_lines(document, adapter, topology))
     path = Path(out_path) if out_path else \
         Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
     write_new(path, text)
-    overrides = override_line(adapter, document["config"], topology,
-                              document.get("trainer_keys"))
     click.echo(f"wrote {path}")
-    click.echo("launch: " + adapter.launch.format(path=path, overrides=overrides,
-                                                  world=topology.world_size))
+    for note in plan.notes:
+        click.echo(f"set {note}")
+    overrides = override_line(adapter, plan.values)
+    click.echo("launch: " + adapter.launch.format(
+        path=path, overrides=overrides, world=topology.world_size,
+        folder=path.resolve().parent, name=path.name.removesuffix(".yaml")))
     if "{overrides}" not in adapter.launch:
-        click.echo("or as overrides: " + overrides)
+        click.echo("or as overrides" + (" on your base config" if base else "") + ": "
+                   + overrides)

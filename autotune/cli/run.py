@@ -268,10 +268,14 @@ def trainer_setup(trainer: str, base_config: str | None, loaded: Any,
     comes from: (adapter, the user's trainer YAML or None, topology), the start, the space."""
     from autotune.trainers import get_adapter
     from autotune.trainers.export import dotted_get, trainer_start
+    from autotune.trainers.plan import refused_settings
 
     adapter = get_adapter(trainer)
     trainer_base, topology, start = trainer_start(adapter, base_config, options["nnodes"],
                                                   options["gpus_per_node"])
+    refused = refused_settings(adapter, trainer_base[0]) if trainer_base else []
+    if refused:
+        raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
     if trainer_base is None:  # the trainer's defaults seed the searched knobs only
         start = {k: v for k, v in start.items() if k in loaded.params}
     start, notes = loaded.snapped(start)

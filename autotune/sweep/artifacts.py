@@ -201,9 +201,12 @@ def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
     document = best_document(study, best)
     if base is not None:  # render edits the tree in place when it cannot edit the text
         base = load_trainer_yaml_text(base[1])
+    # the study's fixed values are the base config's, or the run's own --set: taken as they
+    # are, and listed in the header
     text = render(adapter, document["config"], topology, base,
                   provenance_lines(document, adapter, topology),
-                  extra=document.get("trainer_keys"))
+                  extra=document.get("trainer_keys"), searched=document["searched"],
+                  force=True)
     path = study_dir / f"best.{adapter.name}.yaml"
     write_text_atomic(path, text)
     return path

@@ -20,7 +20,8 @@ from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.probe.result import TRIAL_DIR_TOKEN, TrainerCommand
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.export import load_trainer_yaml_text, override_words, render
+from autotune.trainers.export import load_trainer_yaml_text, override_words, render_plan
+from autotune.trainers.plan import plan_export
 
 PLACEHOLDERS = ("{config}", "{config_dir}", "{config_name}", "{overrides}")
 
@@ -54,11 +55,15 @@ class CommandTemplate:
         extra = {**short, **trainer_values}
         provenance = [f"autotune probe: {self.adapter.name} for {self.steps} step(s), "
                       f"written per trial; not a config to train with", ""]
-        text = render(self.adapter, knobs, self.topology, base, provenance, extra=extra)
+        plan = plan_export(self.adapter, knobs, self.topology,
+                           base[0] if base is not None else None, extra=extra)
+        if plan.problems:
+            raise ConfigError(plan.problems)
+        text = render_plan(plan, self.adapter, base, provenance)
         return TrainerCommand(
             trainer=self.adapter.name, argv=self.argv, config_text=text,
             config_name=f"{self.adapter.name}.yaml",
-            overrides=tuple(override_words(self.adapter, knobs, self.topology, extra)),
+            overrides=tuple(override_words(self.adapter, plan.values)),
             steps=self.steps * cycle, steps_per_cycle=cycle, cwd=self.cwd)
 
 

@@ -21,6 +21,22 @@ from autotune.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A trainer setting the measured shapes need: with another value the trainer would not
+    run what the probe measured (dynamic batching makes the micro-batch a token budget; a
+    critic adds a model the probe never held). `ok` says whether a value in the user's config
+    already gives the measured shapes; a missing or null key is the trainer's default."""
+
+    key: str
+    value: Any  # what the export writes
+    why: str  # said in the exported file's header and on the terminal
+    ok: Callable[[Any], bool]
+    default_ok: bool  # the trainer's default gives the measured shapes: nothing to write
+    refuse: bool = False  # another value in the user's config is a conflict (--force takes
+    # `value`), not a setting to flip with a note
+
+
+@dataclass(frozen=True)
 class Adapter:
     """A trainer: where each knob goes (first key is where it is read back from), the
     companions written with the tuned keys, and the rules checked before writing."""
@@ -45,6 +61,10 @@ class Adapter:
     # the trial's directory, where its output goes)
     steps_per_rollout: Callable[[dict[str, Any]], int] | None = None
     derived_knobs: tuple[str, ...] = ()  # knobs written through `derive`, not `keys`
+    settings: tuple[Setting, ...] = ()
+    # the tree an export without a base config starts from, and how that file is used
+    skeleton: dict[str, Any] | None = None
+    skeleton_note: str = ""
 
     def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
         """Every dotted key this export writes, with its value."""

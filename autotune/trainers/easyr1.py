@@ -10,21 +10,26 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import Topology
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, Setting
 
 
 def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
-    """verl/trainer/ray_trainer.py and verl/workers/fsdp_workers.py of hiyouga/EasyR1."""
+    """verl/trainer/ray_trainer.py and verl/workers/fsdp_workers.py of hiyouga/EasyR1, and
+    the equal splits (DataProto.split) of a device's share in workers/actor/dp_actor.py."""
     world, n = topo.world_size, k["rollout_n"]
     rbs, gbs = k["rollout_batch_size"], k["global_batch_size"]
     mbu, mbe = k["micro_batch_size_update"], k["micro_batch_size_experience"]
     ulysses = get("worker.actor.ulysses_size", 1)
     tp = k.get("rollout_tensor_parallel") or get("worker.rollout.tensor_parallel_size", 2)
+    mini = get("data.mini_rollout_batch_size", 0)  # prompts per generation round when set
     problems = []
     if rbs % gbs:
         problems.append(f"data.rollout_batch_size={rbs} must be divisible by "
                         f"worker.actor.global_batch_size={gbs}")
-    if rbs % world or (rbs * n) % world:
+    if mini and mini % world:
+        problems.append(f"data.mini_rollout_batch_size={mini} must be divisible by the {world} "
+                        "GPUs (each generation round is chunked equally)")
+    if (not mini and rbs % world) or (rbs * n) % world:
         problems.append(f"data.rollout_batch_size={rbs} (and x rollout.n={n}) must be "
                         f"divisible by the {world} GPUs (batches are chunked equally)")
     if (rbs * n) % mbe:
@@ -38,6 +43,14 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
         problems.append(f"global batch size per device {per_device} (global_batch_size={gbs} "
                         f"x n={n} / {world} GPUs) must be divisible by "
                         f"worker.actor.micro_batch_size_per_device_for_update={mbu}")
+    shard = rbs * n // world * ulysses  # responses one device's actor sees (Ulysses gathers)
+    if not (rbs * n) % world and per_device and shard % per_device:
+        problems.append(f"the {shard} responses on each device must split into whole "
+                        f"mini-batches of {per_device} (global batch size per device)")
+    if not (rbs * n) % world and shard % mbe:  # DataProto.split, dynamic batching off
+        problems.append(f"the {shard} responses on each device must split into whole "
+                        f"micro-batches of worker.actor.micro_batch_size_per_device_for_"
+                        f"experience={mbe}")
     if get("worker.actor.fsdp.enable_cpu_offload", False) and per_device != mbu:
         problems.append(f"worker.actor.fsdp.enable_cpu_offload needs no gradient accumulation: "
                         f"micro_batch_size_per_device_for_update={mbu} must equal the global "
@@ -103,4 +116,15 @@ EASYR1 = Adapter(
               "offload_optimizer": True},
     share=_easyr1_share,
     short_run=_easyr1_short_run,
+    settings=(
+        # verl/workers/actor/config.py: dynamic_batching defaults to true (the example config
+        # sets it too); the reference follows the actor (workers/config.py)
+        Setting("worker.actor.dynamic_batching", False,
+                "with EasyR1's dynamic batching the micro-batch is a token budget (micro-batch "
+                "x the longest sequence), not the fixed micro-batch the probe measured",
+                ok=lambda value: value is False, default_ok=False),
+        Setting("algorithm.adv_estimator", "grpo",
+                "gae trains a critic model beside the actor, which the probe (GRPO, no "
+                "critic) never held", ok=lambda value: value != "gae", default_ok=True,
+                refuse=True)),
 )

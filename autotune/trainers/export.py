@@ -12,14 +12,14 @@ from __future__ import annotations
 import io
 import re
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from autotune.config import Topology, format_bytes
 from autotune.errors import ConfigError
 from autotune.trainers.adapter import Adapter
-
-_MISSING = object()
+from autotune.trainers.plan import ExportPlan, dotted_get, plan_export
 
 
 def _yaml() -> Any:
@@ -31,17 +31,6 @@ def _yaml() -> Any:
     yaml.representer.add_representer(type(None), lambda representer, _: (
         representer.represent_scalar("tag:yaml.org,2002:null", "null")))
     return yaml
-
-
-def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
-    """tree["a"]["b"] for "a.b"; `default` when a key is missing or holds null (a trainer
-    reads a null as its built-in default)."""
-    node = tree
-    for part in key.split("."):
-        if not hasattr(node, "get") or part not in node:
-            return default
-        node = node[part]
-    return default if node is None and default is not None else node
 
 
 def dotted_set(tree: Any, key: str, value: Any) -> None:
@@ -138,32 +127,41 @@ def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
 
 def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
            base: tuple[Any, str] | None, provenance: list[str],
-           extra: dict[str, Any] | None = None) -> str:
-    """The exported file's text; ConfigError naming every broken rule instead. `extra`:
-    more trainer keys to write as they are (a command probe's short-run settings and the
-    space's trainer keys)."""
+           extra: dict[str, Any] | None = None, searched: Collection[str] | None = None,
+           force: bool = False) -> str:
+    """The exported file's text; ConfigError naming every broken rule and every conflict
+    with the base config instead (plan.py). `extra`: more trainer keys to write as they are
+    (a command probe's short-run settings and the space's trainer keys)."""
+    plan = plan_export(adapter, knobs, topology, base[0] if base is not None else None,
+                       searched, force, extra)
+    if plan.problems:
+        raise ConfigError(plan.problems)
+    return render_plan(plan, adapter, base, provenance)
+
+
+def render_plan(plan: ExportPlan, adapter: Adapter, base: tuple[Any, str] | None,
+                provenance: list[str]) -> str:
+    """The text of a plan without problems: the user's file edited in place where it can
+    be (else re-serialised), or the trainer's skeleton with the keys; the header on top."""
     from ruamel.yaml.comments import CommentedMap
 
-    tree = base[0] if base is not None else CommentedMap()
-
-    def get(key: str, default: Any) -> Any:
-        return dotted_get(tree, key, default)
-
-    problems = adapter.check(knobs, topology, get)
-    if problems:
-        raise ConfigError(problems)
-    values = {key: value for key, value in adapter.tuned_values(knobs, topology).items()
-              # a companion that only clears a key the user's file does not have: skip it
-              if not (value is None and dotted_get(tree, key, _MISSING) is _MISSING)}
-    if adapter.topology_keys:
-        nodes_key, gpus_key = adapter.topology_keys
-        values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
-    values.update(extra or {})
-    header = "".join(f"# {line}\n" if line else "#\n" for line in provenance)
-    edited = edit_in_place(base[1], tree, values) if base is not None else None
+    lines = list(provenance)
+    tail = [lines.pop()] if lines and not lines[-1] else []
+    if base is not None:
+        lines += ["changed from your base config (every other key is as you wrote it):",
+                  *plan.changes] if plan.changes else ["nothing changed from your base config"]
+    else:
+        lines += [adapter.skeleton_note] if adapter.skeleton_note else []
+        lines += ["set so the trainer runs the measured shapes:", *plan.changes] \
+            if plan.changes else []
+    header = "".join(f"# {line}\n" if line else "#\n" for line in lines + tail)
+    edited = edit_in_place(base[1], base[0], plan.values) if base is not None else None
     if edited is not None:
         return header + edited
-    for key, value in values.items():
+    tree = base[0] if base is not None else CommentedMap()
+    for key, value in (adapter.skeleton or {}).items() if base is None else ():
+        tree[key] = value
+    for key, value in plan.values.items():
         dotted_set(tree, key, yaml_value(value))
     buffer = io.StringIO()
     _yaml().dump(tree, buffer)
@@ -192,7 +190,7 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
             *how,
             f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
-            f"{topology.gpus_per_node} GPU(s); only the tuned keys were changed", ""]
+            f"{topology.gpus_per_node} GPU(s)", ""]
 
 
 def ranks_lines(document: dict[str, Any]) -> list[str]:
@@ -212,29 +210,21 @@ def ranks_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def override_line(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
-                  extra: dict[str, Any] | None = None) -> str:
-    """The same keys as `key=value` overrides for a launch script."""
-    values = {**adapter.tuned_values(knobs, topology), **(extra or {})}
+def override_line(adapter: Adapter, values: dict[str, Any]) -> str:
+    """A plan's keys as `key=value` overrides for a launch script (`--key value` for TRL)."""
     if adapter.topology_keys is None:  # HfArgumentParser flags
         return " ".join(f"--{key} {scalar_text(value)}" for key, value in values.items()
                         if value is not None)
-    values.update({adapter.topology_keys[0]: topology.nnodes,
-                   adapter.topology_keys[1]: topology.gpus_per_node})
     return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
 
 
-def override_words(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
-                   extra: dict[str, Any]) -> list[str]:
-    """The tuned keys, the topology and `extra` as command-line words: `key=value` for the
-    Hydra and OmegaConf trainers, `--key value` for TRL's HfArgumentParser."""
-    values = {**adapter.tuned_values(knobs, topology), **extra}
+def override_words(adapter: Adapter, values: dict[str, Any]) -> list[str]:
+    """A plan's keys as command-line words: `key=value` for the Hydra and OmegaConf
+    trainers, `--key value` for TRL's HfArgumentParser."""
     if adapter.topology_keys is None:  # argv words: nothing to quote
         return [word for key, value in values.items() if value is not None
                 for word in (f"--{key}", str(value).lower() if isinstance(value, bool)
                              else str(value))]
-    values.update({adapter.topology_keys[0]: topology.nnodes,
-                   adapter.topology_keys[1]: topology.gpus_per_node})
     return [f"{key}={override_text(value)}" for key, value in values.items()]
 
 

@@ -2,7 +2,8 @@
 
 TRL counts per process: per_device_train_batch_size and gradient_accumulation_steps make the
 optimizer step, generation_batch_size the rollout; autotune derives them from the global
-batches and the number of processes.
+batches and the number of processes. GRPOConfig has no setting that turns the micro-batch into
+a token budget (no dynamic batching), so no setting is forced here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
     if per_generation % n:
         problems.append(f"generation_batch_size ({per_generation}) must be divisible by "
                         f"num_generations ({n})")
+    if get("eval_strategy", "no") != "no":  # TrainingArguments: then do_eval is true
+        eval_batch = get("per_device_eval_batch_size", 8)
+        generations = get("num_generations_eval", 0) or n
+        if (eval_batch * world) % generations:
+            problems.append(f"the global eval batch size ({eval_batch} * {world}) must be "
+                            f"divisible by the number of generations used for evaluation "
+                            f"({generations}): set per_device_eval_batch_size or "
+                            "num_generations_eval in your base config")
     for knob in ("offload_params", "offload_optimizer"):
         if k.get(knob):
             problems.append(f"{knob}=true has no GRPOConfig key: set it in your accelerate "

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import Topology
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, Setting
 
 
 def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -79,17 +79,44 @@ VERL = Adapter(
           "max_num_batched_tokens": ("actor_rollout_ref.rollout.max_num_batched_tokens",),
           "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
-    # per-GPU micro-batches are read only without dynamic batch size, and must not be set
-    # together with the deprecated global micro-batch keys
-    companions={"actor_rollout_ref.actor.use_dynamic_bsz": False,
-                "actor_rollout_ref.actor.ppo_micro_batch_size": None,
+    # the per-GPU micro-batches must not be set together with the deprecated global ones
+    companions={"actor_rollout_ref.actor.ppo_micro_batch_size": None,
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size": None,
                 "actor_rollout_ref.ref.log_prob_micro_batch_size": None},
     rules=_verl_rules,
-    launch="python3 -m verl.trainer.main_ppo {overrides}",
+    launch="python3 -m verl.trainer.main_ppo --config-path {folder} --config-name {name}",
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False},
     share=_verl_share,
     short_run=_verl_short_run,
+    settings=(
+        *(Setting(key, False, f"with {key.rsplit('.', 1)[-1]} the micro-batch is a token "
+                  "budget, not the fixed micro-batch the probe measured",
+                  # ppo_trainer.yaml's log-prob keys follow the actor's through ${oc.select}
+                  ok=lambda value: value is False or (isinstance(value, str) and
+                                                      "actor.use_dynamic_bsz" in value),
+                  default_ok=True)
+          for key in ("actor_rollout_ref.actor.use_dynamic_bsz",
+                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+                      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz")),
+        # verl/trainer/ppo/utils.py need_critic: critic.enable when set, else gae (the
+        # default of ppo_trainer.yaml) trains a critic
+        Setting("algorithm.adv_estimator", "grpo",
+                "gae trains a critic model beside the actor, which the probe (GRPO, no "
+                "critic) never held; verl's own default is gae", ok=lambda value: value != "gae",
+                default_ok=False, refuse=True),
+        Setting("critic.enable", False, "the probe (GRPO) held no critic model",
+                ok=lambda value: value is not True, default_ok=True, refuse=True),
+        # ppo_trainer.yaml leaves the engine mandatory (???): a file composed on it must name one
+        Setting("actor_rollout_ref.rollout.name", "vllm",
+                "verl's ppo_trainer.yaml leaves the rollout engine to set (???); vllm is what "
+                "the probe's vllm-like engine models", ok=lambda value: value != "???",
+                default_ok=False)),
+    # without the user's config, the file composes on verl's own defaults (Hydra)
+    skeleton={"hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+              "defaults": ["ppo_trainer", "_self_"]},
+    skeleton_note="composed on verl's own ppo_trainer.yaml through the defaults list below: "
+                  "launch with --config-path <this file's folder> --config-name <its name "
+                  "without .yaml>, not as overrides",
 )

@@ -1,0 +1,173 @@
+"""What an export writes into the user's trainer config, and what it must not do silently.
+
+The plan of one export: every key written with its value, the trainer's rules the config
+breaks, the conflicts with the user's base config, and the lines that say what changed (the
+file's header) and what was flipped (the terminal). A knob the study searched replaces the
+user's value: that is what was tuned. A knob the study held fixed at another value than the
+user's is a conflict: the study measured other shapes than the user runs, so the export is
+refused (one line per key, both values) unless `--force` takes the study's. A trainer setting
+the measured shapes need (Adapter.settings: dynamic batching off, no critic) is written with a
+note, or refused where flipping it would change the algorithm. No YAML library here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config import Topology
+from autotune.trainers.adapter import Adapter, Setting
+
+MISSING = object()
+# knobs only the vllm-like engine reads: the hf engine's probe never measured them
+ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep")
+FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing")  # said when flipped
+
+
+def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+    """tree["a"]["b"] for "a.b"; `default` when a key is missing or holds null (a trainer
+    reads a null as its built-in default)."""
+    node = tree
+    for part in key.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return default
+        node = node[part]
+    return default if node is None and default is not None else node
+
+
+def same(have: Any, value: Any) -> bool:
+    """Whether the user's value is the study's (true is not 1 here, 0.6 is 0.6)."""
+    return have == value and isinstance(have, bool) == isinstance(value, bool)
+
+
+def shown(value: Any) -> str:
+    """A value as the user wrote it in YAML."""
+    if value is None or value is MISSING:
+        return "null" if value is None else "(not set)"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass
+class ExportPlan:
+    values: dict[str, Any] = field(default_factory=dict)  # every key written, in order
+    problems: list[str] = field(default_factory=list)  # rules broken, conflicts: not written
+    changes: list[str] = field(default_factory=list)  # the header's account of the edit
+    notes: list[str] = field(default_factory=list)  # settings flipped, for the terminal
+
+
+def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs the probe measured: the engine's reservation knobs only with an engine that
+    reserves (a study probed with the hf engine never ran them)."""
+    if knobs.get("rollout_engine") != "hf":
+        return dict(knobs)
+    return {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
+
+
+def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
+                searched: Collection[str] | None = None, force: bool = False,
+                extra: dict[str, Any] | None = None) -> ExportPlan:
+    """The plan of writing `knobs` for `topology` into `tree` (the user's config, or None).
+    `searched`: the knobs the study searched (None: every knob is the caller's to set, as for
+    a trial's config, and nothing the study held fixed is compared with the base)."""
+    knobs = measured_knobs(knobs)
+    plan, base = ExportPlan(), tree if tree is not None else {}
+
+    def get(key: str, default: Any) -> Any:
+        return dotted_get(base, key, default)
+
+    plan.problems = adapter.check(knobs, topology, get)
+    why: dict[str, str] = {}
+    for key, value in adapter.tuned_values(knobs, topology).items():
+        if value is None and dotted_get(base, key, MISSING) is MISSING:
+            continue  # a companion that only clears a key the user's file does not have
+        plan.values[key] = value
+    for knob in knobs:
+        for key in adapter.keys.get(knob, ()):
+            why[key] = "searched" if searched is None or knob in searched else "held fixed"
+    if searched is not None and tree is not None:
+        plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
+    for setting in adapter.settings:
+        have = dotted_get(base, setting.key, MISSING)
+        if have is MISSING or have is None:
+            if setting.default_ok:
+                continue
+        elif setting.ok(have):
+            continue
+        elif setting.refuse and not force:
+            plan.problems.append(refusal(setting, have))
+            continue
+        plan.values[setting.key] = setting.value
+        why[setting.key] = setting.why
+        plan.notes.append(f"{setting.key}: {shown(have)} -> {shown(setting.value)}, because "
+                          f"{setting.why}")
+    if adapter.topology_keys:
+        nodes_key, gpus_key = adapter.topology_keys
+        plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+        why.update({nodes_key: "topology", gpus_key: "topology"})
+    plan.values.update(extra or {})
+    if tree is not None:
+        flags = {key for knob in FLAGS for key in adapter.keys.get(knob, ())}
+        for key, value in plan.values.items():
+            have = dotted_get(tree, key, MISSING)
+            if same(have, value):
+                continue
+            plan.changes.append(f"  {key}: {shown(have)} -> {shown(value)}"
+                                f"{f' ({why[key]})' if key in why else ''}")
+            if key in flags:
+                plan.notes.append(f"{key}: {shown(have)} -> {shown(value)} (searched)")
+    else:
+        plan.changes = [f"  {key}: {shown(value)} ({why[key]})"
+                        for key, value in plan.values.items() if key in why and why[key]
+                        not in ("searched", "held fixed", "topology")]
+    return plan
+
+
+def refusal(setting: Setting, have: Any, force: str = ", or pass --force to export it") -> str:
+    return (f"{setting.key} is {shown(have)} in your base config: {setting.why}; set "
+            f"{setting.key}: {shown(setting.value)} there{force}")
+
+
+def refused_settings(adapter: Adapter, tree: Any) -> list[str]:
+    """The settings in the user's config that the probe cannot stand for (a critic): a sweep
+    on such a base config would measure another algorithm than the user runs."""
+    lines = []
+    for setting in adapter.settings:
+        have = dotted_get(tree, setting.key, MISSING)
+        if setting.refuse and have is not MISSING and have is not None and not setting.ok(have):
+            lines.append(refusal(setting, have, force=""))
+    return lines
+
+
+def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
+                    searched: Collection[str], force: bool) -> list[str]:
+    """One line per key the study held fixed at another value than the user's config has
+    (none with --force: the study's values are then taken and listed in the header)."""
+    if force:
+        return []
+
+    def get(key: str, default: Any) -> Any:
+        return dotted_get(tree, key, default)
+
+    stated: dict[str, tuple[str, Any]] = {}  # knob -> (where the user's value is, the value)
+    for knob, keys in adapter.keys.items():
+        have = dotted_get(tree, keys[0], MISSING)
+        if have is not MISSING and have is not None:
+            stated[knob] = (keys[0], have)
+    if adapter.derive and adapter.underive:  # TRL: whole-run batches from per-process keys
+        written = adapter.derive(knobs, topology)
+        if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in written):
+            read = adapter.underive(get, topology)
+            where = " and ".join(written)
+            stated.update({knob: (f"{knob} (from {where})", read[knob])
+                           for knob in adapter.derived_knobs})
+    lines = []
+    for knob, (where, have) in stated.items():
+        value = knobs.get(knob)
+        if knob in searched or value is None or same(have, value):
+            continue
+        lines.append(f"{where} is {shown(have)} in your base config but the study measured "
+                     f"{shown(value)} (held fixed, not searched): re-run the sweep with this "
+                     "--base-config so it measures your shapes, or pass --force to export the "
+                     "study's")
+    return lines

@@ -1,0 +1,247 @@
+"""What an export must not do silently (issue 18): overwrite values the user's base config
+holds for knobs the study never searched, leave the trainer's dynamic batching on, or write a
+config the trainer rejects for a rule the adapters missed (TRL's evaluation batch, EasyR1's
+generation rounds, verl's critic). The bases are the trainers' real default configs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.config import Topology
+from autotune.errors import ConfigError
+from autotune.trainers.easyr1 import EASYR1
+from autotune.trainers.export import dotted_get, load_trainer_yaml, render
+from autotune.trainers.plan import plan_export
+from autotune.trainers.trl import TRL
+from autotune.trainers.verl import VERL
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EASYR1_BASE, VERL_BASE = FIXTURES / "easyr1-config.yaml", FIXTURES / "verl-ppo-trainer.yaml"
+# a cpu-demo study's best: its shapes are fixed, only the memory knobs were searched
+STUDY = {"rollout_batch_size": 4, "rollout_n": 4, "global_batch_size": 2,
+         "micro_batch_size_update": 2, "micro_batch_size_experience": 4,
+         "gradient_checkpointing": True, "offload_params": False, "offload_optimizer": False,
+         "max_prompt_length": 64, "max_response_length": 64, "rollout_tensor_parallel": 1,
+         "rollout_engine": "hf", "gpu_memory_utilization": 0.6, "val_batch_size": None}
+SEARCHED = ("micro_batch_size_update", "micro_batch_size_experience", "gradient_checkpointing",
+            "offload_params", "offload_optimizer")
+
+
+def one_gpu(path: Path, tmp_path: Path, **replace: str) -> tuple:
+    text = path.read_text()
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    copy = tmp_path / path.name
+    copy.write_text(text)
+    return load_trainer_yaml(str(copy))
+
+
+def test_values_the_study_held_fixed_are_never_overwritten_silently(tmp_path):
+    base = one_gpu(EASYR1_BASE, tmp_path, **{"tensor_parallel_size: 2": "tensor_parallel_size: 1",
+                                             "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
+    with pytest.raises(ConfigError) as err:
+        render(EASYR1, STUDY, Topology(1, 1), base, ["p", ""], searched=SEARCHED)
+    fixed = [line for line in err.value.problems if "held fixed" in line]
+    assert fixed[0] == (
+        "data.rollout_batch_size is 512 in your base config but the study measured 4 (held "
+        "fixed, not searched): re-run the sweep with this --base-config so it measures your "
+        "shapes, or pass --force to export the study's")
+    assert {line.split(" is ")[0] for line in fixed} == {
+        "data.rollout_batch_size", "worker.rollout.n", "worker.actor.global_batch_size",
+        "data.max_prompt_length", "data.max_response_length"}
+    # --force takes the study's values, and the header says so, key by key
+    text = render(EASYR1, STUDY, Topology(1, 1), base, ["p", ""], searched=SEARCHED,
+                  force=True)
+    assert "#   data.rollout_batch_size: 512 -> 4 (held fixed)\n" in text
+    assert "#   worker.actor.micro_batch_size_per_device_for_update: 1 -> 2 (searched)\n" in text
+    assert yaml.safe_load(text)["data"]["rollout_batch_size"] == 4
+    # the hf engine's probe never ran vLLM's reservation: the user's is kept, not "0.6"
+    assert "gpu_memory_utilization" not in text.split("#\n", 1)[0]
+    # a base holding the study's own shapes is no conflict (what `run --base-config` makes)
+    same = one_gpu(EASYR1_BASE, tmp_path, **{"tensor_parallel_size: 2": "tensor_parallel_size: 1",
+                                             "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
+    mine = {**STUDY, "rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
+            "micro_batch_size_update": 2, "micro_batch_size_experience": 2,
+            "max_prompt_length": 2048, "max_response_length": 2048}
+    plan = plan_export(EASYR1, mine, Topology(1, 1), same[0], searched=SEARCHED)
+    assert plan.problems == []
+
+
+def test_trl_and_verl_fixed_values_are_conflicts_too(tmp_path):
+    trl_base = tmp_path / "grpo.yaml"
+    trl_base.write_text("num_generations: 8\nmax_completion_length: 1024\n"
+                        "per_device_train_batch_size: 8\ngradient_accumulation_steps: 4\n")
+    with pytest.raises(ConfigError) as err:
+        render(TRL, STUDY, Topology(1, 1), load_trainer_yaml(str(trl_base)), ["p"],
+               searched=SEARCHED)
+    assert [line.split(" is ")[0] for line in err.value.problems] == [
+        "num_generations", "max_completion_length",
+        # 8 per device x 4 accumulation / 8 generations = 4 prompts per optimizer step (the
+        # rollout, 32 completions = 4 prompts by default, is the study's own 4)
+        "global_batch_size (from gradient_accumulation_steps and generation_batch_size)"]
+    assert "global_batch_size (from gradient_accumulation_steps and generation_batch_size) " \
+        "is 4 in your base config but the study measured 2" in err.value.problems[2]
+    base = one_gpu(VERL_BASE, tmp_path, **{"n_gpus_per_node: 8": "n_gpus_per_node: 1"})
+    with pytest.raises(ConfigError) as err:
+        render(VERL, STUDY, Topology(1, 1), base, ["p"], searched=SEARCHED)
+    assert err.value.problems[0].startswith("data.train_batch_size is 1024 in your base "
+                                            "config but the study measured 4")
+
+
+def test_easyr1_dynamic_batching_is_turned_off_and_said(tmp_path):
+    knobs = {**STUDY, "rollout_engine": "vllm-like"}
+    # without a base: EasyR1's default is on, so the file turns it off and says why
+    plan = plan_export(EASYR1, knobs, Topology(1, 1), None)
+    assert plan.values["worker.actor.dynamic_batching"] is False
+    assert plan.notes == ["worker.actor.dynamic_batching: (not set) -> false, because with "
+                          "EasyR1's dynamic batching the micro-batch is a token budget "
+                          "(micro-batch x the longest sequence), not the fixed micro-batch "
+                          "the probe measured"]
+    text = render(EASYR1, knobs, Topology(1, 1), None, ["p", ""])
+    assert "# set so the trainer runs the measured shapes:\n#   worker.actor.dynamic_" \
+        "batching: false (with EasyR1's dynamic batching" in text
+    assert yaml.safe_load(text.split("#\n", 1)[1])["worker"]["actor"]["dynamic_batching"] \
+        is False
+    # the example config turns it on: flipped in place, in the header and the notes
+    base = one_gpu(EASYR1_BASE, tmp_path, **{"tensor_parallel_size: 2": "tensor_parallel_size: 1",
+                                             "n_gpus_per_node: 8": "n_gpus_per_node: 1",
+                                             "offload_params: true": "offload_params: true"})
+    plan = plan_export(EASYR1, knobs, Topology(1, 1), base[0], force=True)
+    assert plan.notes[0].startswith("worker.actor.dynamic_batching: true -> false")
+    # offload the example turns on, and the searched config turns off: said too
+    assert "worker.actor.offload.offload_params: true -> false (searched)" in plan.notes
+    off = one_gpu(EASYR1_BASE, tmp_path, **{"dynamic_batching: true": "dynamic_batching: false"})
+    assert not any("dynamic" in note
+                   for note in plan_export(EASYR1, knobs, Topology(1, 8), off[0]).notes)
+
+
+def test_verl_dynamic_batch_size_set_by_the_user_is_turned_off(tmp_path):
+    base = one_gpu(VERL_BASE, tmp_path, **{
+        "    use_dynamic_bsz: false": "    use_dynamic_bsz: true",
+        "adv_estimator: gae": "adv_estimator: grpo",
+        "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
+    plan = plan_export(VERL, STUDY, Topology(1, 1), base[0])
+    assert plan.problems == []
+    # the actor's own key flipped; the log-prob keys follow it through ${oc.select:...}
+    assert [note.split(",")[0] for note in plan.notes] == [
+        "actor_rollout_ref.actor.use_dynamic_bsz: true -> false",
+        "actor_rollout_ref.rollout.name: ??? -> vllm"]  # the fixture leaves it mandatory
+    explicit = tmp_path / "explicit.yaml"
+    explicit.write_text("actor_rollout_ref:\n  rollout:\n    log_prob_use_dynamic_bsz: true\n"
+                        "  ref:\n    log_prob_use_dynamic_bsz: true\n"
+                        "algorithm:\n  adv_estimator: rloo\n")
+    plan = plan_export(VERL, STUDY, Topology(1, 1), load_trainer_yaml(str(explicit))[0])
+    assert plan.values["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"] is False
+    assert plan.values["actor_rollout_ref.ref.log_prob_use_dynamic_bsz"] is False
+    assert "algorithm.adv_estimator" not in plan.values  # rloo has no critic: kept
+
+
+def test_verl_with_a_critic_is_refused_or_forced_to_grpo(tmp_path):
+    base = one_gpu(VERL_BASE, tmp_path, **{"n_gpus_per_node: 8": "n_gpus_per_node: 1"})
+    with pytest.raises(ConfigError) as err:
+        render(VERL, STUDY, Topology(1, 1), base, ["p"])
+    assert err.value.problems == [
+        "algorithm.adv_estimator is gae in your base config: gae trains a critic model beside "
+        "the actor, which the probe (GRPO, no critic) never held; verl's own default is gae; "
+        "set algorithm.adv_estimator: grpo there, or pass --force to export it"]
+    forced = yaml.safe_load(render(VERL, STUDY, Topology(1, 1), base, ["p"], force=True))
+    assert forced["algorithm"]["adv_estimator"] == "grpo"
+    # no base: verl's defaults would train a critic, so the estimator is written
+    plain = plan_export(VERL, STUDY, Topology(1, 1), None)
+    assert plain.values["algorithm.adv_estimator"] == "grpo" and plain.problems == []
+    critic = tmp_path / "critic.yaml"
+    critic.write_text("algorithm: {adv_estimator: grpo}\ncritic: {enable: true}\n")
+    with pytest.raises(ConfigError, match="critic.enable is true in your base config"):
+        render(VERL, STUDY, Topology(1, 1), load_trainer_yaml(str(critic)), ["p"])
+
+
+def test_verl_without_a_base_composes_on_verls_own_defaults():
+    text = render(VERL, STUDY, Topology(1, 4), None, ["p", ""])
+    header, body = text.split("#\n", 1)
+    assert "# composed on verl's own ppo_trainer.yaml through the defaults list below: " \
+        "launch with --config-path" in header
+    tree = yaml.safe_load(body)
+    assert list(tree)[:2] == ["hydra", "defaults"]
+    assert tree["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}
+    assert tree["defaults"] == ["ppo_trainer", "_self_"]
+    assert dotted_get(tree, "trainer.n_gpus_per_node") == 4
+    # ppo_trainer.yaml leaves the engine mandatory (???): the whole config must name one
+    assert dotted_get(tree, "actor_rollout_ref.rollout.name") == "vllm"
+
+
+def test_easyr1_generation_rounds_are_chunked_over_the_gpus(tmp_path):
+    knobs = {**STUDY, "rollout_batch_size": 16, "global_batch_size": 8}
+    rounds = tmp_path / "rounds.yaml"
+    rounds.write_text("data:\n  mini_rollout_batch_size: 4\n")
+    problems = EASYR1.check(knobs, Topology(1, 8), lambda key, default: dotted_get(
+        load_trainer_yaml(str(rounds))[0], key, default))
+    assert problems == ["easyr1: data.mini_rollout_batch_size=4 must be divisible by the 8 "
+                        "GPUs (each generation round is chunked equally)"]
+    rounds.write_text("data:\n  mini_rollout_batch_size: 8\n")
+    assert EASYR1.check(knobs, Topology(1, 8), lambda key, default: dotted_get(
+        load_trainer_yaml(str(rounds))[0], key, default)) == []
+
+
+@pytest.mark.parametrize("eval_batch, generations_eval, world", [
+    (3, None, 1), (4, None, 1), (3, 3, 1), (2, None, 2), (3, None, 2), (8, 6, 2)])
+def test_trl_eval_batch_rule_agrees_with_grpo_config(tmp_path, eval_batch, generations_eval,
+                                                     world):
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    settings = {"eval_strategy": "steps", "per_device_eval_batch_size": eval_batch,
+                "num_generations_eval": generations_eval}
+    knobs = {**STUDY, "micro_batch_size_update": 4 // world}
+    problems = TRL.check(knobs, Topology(1, world), lambda key, default: (
+        settings.get(key) if settings.get(key) is not None else default))
+    values = TRL.tuned_values(knobs, Topology(1, world))
+
+    class Processes(GRPOConfig):  # GRPOConfig reads the process count from accelerate
+        @property
+        def world_size(self):
+            return world
+
+    try:
+        Processes(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                  **{k: v for k, v in {**values, **settings}.items() if v is not None})
+        accepted = True
+    except ValueError as err:
+        accepted = False
+        assert "eval batch size" in str(err)
+    assert (not problems) == accepted, problems
+
+
+def test_export_command_refuses_conflicts_one_line_each_and_force_takes_the_study(tmp_path):
+    from scripted_runner import model_study
+
+    model_study(tmp_path, "x", trials=4)
+    base = tmp_path / "easyr1.yaml"
+    base.write_text(EASYR1_BASE.read_text().replace("tensor_parallel_size: 2",
+                                                    "tensor_parallel_size: 1")
+                    .replace("n_gpus_per_node: 8", "n_gpus_per_node: 1"))
+    out = tmp_path / "best.yaml"
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "autotune", "export", "--study", "x",
+                               "--results-dir", str(tmp_path), "--trainer", "easyr1",
+                               "--base-config", str(base), "--out", str(out), *args],
+                              capture_output=True, text=True)
+
+    refused = export()
+    assert refused.returncode == 2 and not out.exists()
+    lines = refused.stderr.strip().splitlines()  # one line, naming each key
+    assert len(lines) == 1 and lines[0].startswith("Error: data.rollout_batch_size is 512 in "
+                                                   "your base config but the study measured 4")
+    assert [part.split(" is ")[0] for part in lines[0][7:].split("; ") if " is " in part] == [
+        "data.rollout_batch_size", "worker.rollout.n", "worker.actor.global_batch_size",
+        "data.max_prompt_length", "data.max_response_length"] and "--force" in lines[0]
+    forced = export("--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "set worker.actor.dynamic_batching: true -> false, because" in forced.stdout
+    assert "#   data.rollout_batch_size: 512 -> 4 (held fixed)" in out.read_text()

@@ -1,31 +1,296 @@
-"""Compose verl's own config with an export's override line and run verl's validate_config,
-as verl/trainer/main_ppo.py does before building workers (Hydra, ppo_trainer.yaml, the
-dataclass conversion with its __post_init__ checks).
+"""Run verl's own start-up checks on an exported config, with no GPU, Ray cluster or vLLM.
 
-    git clone https://github.com/volcengine/verl && pip install hydra-core ray tensordict
-    line=$(autotune export --trainer verl --gpus-per-node 2 | sed -n 's/^launch: .*main_ppo //p')
-    python scripts/check_verl_load.py path/to/verl actor_rollout_ref.rollout.name=vllm $line
+    python scripts/check_verl_load.py VERL_ROOT EXPORT.yaml [key=value ...]
+    python scripts/check_verl_load.py VERL_ROOT -- key=value ...
 
-verl (b178a3c) pins transformers 4.x; with transformers 5 the one class it imports under its
-old name is aliased here.
+EXPORT.yaml is a whole Hydra primary config (a full one like verl's _generated_ppo_trainer.yaml,
+or a small one whose defaults list `ppo_trainer` with `hydra.searchpath: [pkg://verl.trainer.config]`),
+composed from its own folder with the overrides; `--` composes verl's ppo_trainer with the words of
+a launch line `python3 -m verl.trainer.main_ppo key=value ...`. VERL_ROOT goes first on sys.path,
+so `pkg://verl.trainer.config` is that checkout. W = trainer.nnodes * trainer.n_gpus_per_node.
+ppo_trainer leaves actor_rollout_ref.rollout.name at ??? : a small export must set it (vllm),
+or verl rejects it at stage rollout (MissingMandatoryValue), as a real launch would.
+
+Stages, in verl's order (verl's code raises; this script only calls it):
+  compose          Hydra composition.
+  main_ppo         TaskRunner.run up to the workers: add_*_worker (strategy, worker class, roles),
+                   OmegaConf.resolve, validate_config(config, need_reference_policy(config),
+                   need_critic(config)) with the actor/critic dataclasses' __post_init__/validate
+                   (train_batch_size * rollout.n divisible by W, mini <= train batch, micro-batch
+                   settings), init_resource_pool_mgr.
+  trainer          RayPPOTrainer.__init__ (hybrid engine, role mapping, KL controller).
+  worker:ROLE      __init__ of each worker init_workers spawns in the pool, as rank 0 of W
+                   (actor_rollout; critic if need_critic; ref if need_reference_policy): FSDP and
+                   Ulysses device meshes, ppo_mini_batch_size * rollout.n // (W / sp) > 0 and
+                   divisible by the per-GPU micro-batch, the log-prob micro-batch normalisation.
+  rollout          ActorRolloutRefWorker._build_rollout: RolloutConfig checks, W divisible by
+                   tensor * data * pipeline parallel, the (dp, infer_tp, infer_pp) mesh; then
+                   RolloutReplica.__init__ as AgentLoopManager builds it (replica vs GPUs/node).
+verl checks the train batch against W at start-up only in validate_config (stage main_ppo).
+
+Stubbed, and why:
+  GPU     torch.distributed is torch's fake process group (FakeStore, rank 0 of W; no collective
+          runs), set up first so the workers skip their NCCL init_process_group;
+          fsdp_workers.device_name is "cpu" so init_device_mesh needs no CUDA.
+  Ray     no ray.init: workers are the classes ray.remote wrapped (__ray_actor_class__, as verl's
+          create_colocated_worker_cls does), built here with the env RayWorkerGroup gives rank 0
+          (WORLD_SIZE, RANK, MASTER_ADDR/PORT), each on its own copy of the config as Ray pickles.
+  weights HFModelConfig.__post_init__ (reads the HF config and tokenizer, maybe from the hub) does
+          nothing, HF_HUB_OFFLINE=1; init_model (model, optimizer, FSDP wrap) is not run, so
+          _build_rollout gets a bare nn.Module as actor module; RayPPOTrainer._create_dataloader
+          (reads data.train_files), tokenizer and reward manager are skipped. Checks that need the
+          model (architectures) or the data (empty dataloader) do not run.
+  vLLM    verl's get_rollout_class still checks (name, mode) is registered but gets a stub engine
+          class instead of importing vLLM/SGLang; RolloutReplica's server methods are stubs.
+          validate_config's LoRA-rank check reads vLLM's own table: it needs vllm (else exit 2).
+  transformers 5: verl b178a3c imports AutoModelForVision2Seq, since renamed
+          AutoModelForImageTextToText; the old name is aliased to it.
+Only the legacy FSDP workers (trainer.use_legacy_worker_impl auto/enable, the default) are built.
+
+Setup: git clone https://github.com/volcengine/verl && git -C verl checkout b178a3c
+       pip install torch transformers hydra-core omegaconf tensordict codetiming ray peft pillow
+       pip install --no-deps torchdata
+Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes; exit 1
+`verl rejected: STAGE: Type: message` (for InstantiationException its root cause); exit 2 usage
+error or missing dependency.
 """
 
+import contextlib
+import copy
+import io
+import os
 import sys
+import types
+import warnings
+from pathlib import Path
 
-import transformers
-from hydra import compose, initialize_config_dir
+PIP = {
+    "hydra": "hydra-core",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "zmq": "pyzmq",
+    "megatron": "megatron-core",
+}
+USAGE = "usage: check_verl_load.py VERL_ROOT (EXPORT.yaml [key=value ...] | -- key=value ...)"
 
-root = sys.argv[1]  # a checkout of volcengine/verl
-sys.path.insert(0, root)
-if not hasattr(transformers, "AutoModelForVision2Seq"):
-    transformers.AutoModelForVision2Seq = transformers.AutoModelForImageTextToText
-with initialize_config_dir(config_dir=f"{root}/verl/trainer/config", version_base=None):
-    config = compose(config_name="ppo_trainer", overrides=sys.argv[2:])
 
-from verl.utils.config import validate_config  # noqa: E402
+def done(code, line):
+    print(" ".join(line.split()), flush=True)
+    sys.exit(code)
 
-validate_config(config, use_reference_policy=True, use_critic=False)
-actor = config.actor_rollout_ref.actor
-print("verl accepted it: train_batch_size", config.data.train_batch_size, "ppo_mini_batch_size",
-      actor.ppo_mini_batch_size, "ppo_micro_batch_size_per_gpu",
-      actor.ppo_micro_batch_size_per_gpu)
+
+def missing(e, where):
+    name = e.name if e.name and " " not in e.name else "vllm"  # PackageNotFoundError: a sentence
+    top = name.split(".")[0]
+    done(2, f"missing dependency{where}: {e}; pip install {PIP.get(top, top)}")
+
+
+def stage(name, fn, *args):
+    """Run fn quietly; verl's exceptions become the `verl rejected:` line."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            return fn(*args)
+    except ModuleNotFoundError as e:
+        missing(e, f" (stage {name})")
+    except Exception as e:  # noqa: BLE001 - whatever verl raises is its verdict
+        while type(e).__name__ == "InstantiationException" and e.__cause__ is not None:
+            e = e.__cause__
+        where = e.__traceback__
+        while where.tb_next is not None:
+            where = where.tb_next
+        msg = str(e) or f"at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}"
+        done(1, f"verl rejected: {name}: {type(e).__name__}: {msg}")
+
+
+def compose(config_dir, name, overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+def import_verl():
+    import transformers.processing_utils  # noqa: F401 - settles sys.modules["transformers"]
+
+    tf = sys.modules["transformers"]
+    if not hasattr(tf, "AutoModelForVision2Seq"):
+        tf.AutoModelForVision2Seq = tf.AutoModelForImageTextToText
+    import verl.trainer.main_ppo as main_ppo
+    import verl.workers.fsdp_workers as fsdp_workers
+    from verl.workers.config.model import HFModelConfig
+
+    HFModelConfig.__post_init__ = lambda self: None  # stub: no HF config/tokenizer/weights
+    fsdp_workers.device_name = "cpu"  # stub: device meshes on the fake process group
+    return main_ppo
+
+
+def main_ppo_checks(main_ppo, config):
+    from omegaconf import OmegaConf
+
+    runner = main_ppo.TaskRunner()
+    OmegaConf.resolve(config)
+    actor_rollout_cls, _ = runner.add_actor_rollout_worker(config)
+    runner.add_critic_worker(config)
+    runner.add_reward_model_worker(config)
+    runner.add_ref_policy_worker(config, actor_rollout_cls)
+    main_ppo.validate_config(
+        config=config,
+        use_reference_policy=main_ppo.need_reference_policy(config),
+        use_critic=main_ppo.need_critic(config),
+    )
+    return runner, runner.init_resource_pool_mgr(config)
+
+
+def build_trainer(main_ppo, config, runner, pool_manager):
+    from verl.single_controller.ray import RayWorkerGroup
+
+    class Trainer(main_ppo.RayPPOTrainer):
+        def _create_dataloader(self, *args):  # stub: reads data.train_files with a tokenizer
+            pass
+
+    return Trainer(
+        config=config,
+        tokenizer=None,
+        role_worker_mapping=runner.role_worker_mapping,
+        resource_pool_manager=pool_manager,
+        ray_worker_group_cls=RayWorkerGroup,
+    )
+
+
+def worker_specs(trainer):
+    """(role, class) as RayPPOTrainer.init_workers puts them in the colocated pool."""
+    from verl.trainer.ppo.ray_trainer import Role
+
+    mapping = trainer.role_worker_mapping
+    actor_role = Role.ActorRolloutRef if Role.ActorRolloutRef in mapping else Role.ActorRollout
+    roles = [actor_role]
+    if trainer.use_critic:
+        roles.append(Role.Critic)
+    if trainer.use_reference_policy and Role.RefPolicy in mapping:
+        roles.append(Role.RefPolicy)
+    for role in roles:
+        yield str(role), mapping[role].__ray_actor_class__
+
+
+def make_worker(config, role, cls):
+    """Construct one worker as rank 0, on the config Ray would have unpickled for it."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    if role == "critic":
+        return cls(config=omega_conf_to_dataclass(config.critic))
+    return cls(config=copy.deepcopy(config.actor_rollout_ref), role=role)
+
+
+def build_rollout(config, worker):
+    import torch
+    import verl.workers.rollout.base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplica
+
+    class NoEngine:  # stub for vLLM/SGLang/TensorRT-LLM's ServerAdapter
+        def __init__(self, **kwargs):
+            pass
+
+    engines = types.ModuleType("stub_engines")
+    engines.__getattr__ = lambda name: NoEngine
+    rollout_base.importlib = types.SimpleNamespace(import_module=lambda name: engines)
+    worker.actor_module_fsdp = torch.nn.Module()  # stub: init_model's FSDP module, unbuilt
+    worker._build_rollout(
+        trust_remote_code=config.actor_rollout_ref.model.get("trust_remote_code")
+    )
+
+    class Replica(RolloutReplica):  # stub: the server side needs Ray and an engine
+        get_ray_class_with_init_args = launch_servers = None
+
+    rollout = config.actor_rollout_ref.rollout
+    tp_dp_pp = (
+        rollout.tensor_model_parallel_size
+        * rollout.data_parallel_size
+        * rollout.pipeline_model_parallel_size
+    )
+    Replica(
+        replica_rank=0,
+        config=rollout,
+        model_config=config.actor_rollout_ref.model,
+        gpus_per_node=config.trainer.n_gpus_per_node,
+    )
+    return tp_dp_pp
+
+
+def summary(world, config, workers, tp_dp_pp):
+    nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
+    parts = [f"world size {world} ({nodes}x{per_node})"]
+    actor = next(w for role, w in workers.items() if role.startswith("actor_rollout")).config
+    dynamic = " (use_dynamic_bsz)" if actor.actor.use_dynamic_bsz else ""
+    mini, micro = actor.actor.ppo_mini_batch_size, actor.actor.ppo_micro_batch_size_per_gpu
+    parts.append(f"actor ppo_mini_batch_size {mini}/gpu, ppo_micro_batch_size_per_gpu {micro}")
+    parts[-1] += dynamic
+    parts.append(
+        "rollout log_prob_micro_batch_size_per_gpu "
+        f"{actor.rollout.log_prob_micro_batch_size_per_gpu}, tp*dp*pp {tp_dp_pp}, "
+        f"{world // tp_dp_pp} replicas"
+    )
+    if "ref" in workers:
+        micro = workers["ref"].config.ref.log_prob_micro_batch_size_per_gpu
+        parts.append(f"ref log_prob_micro_batch_size_per_gpu {micro}")
+    if "critic" in workers:
+        critic = workers["critic"].config
+        parts.append(
+            f"critic ppo_mini_batch_size {critic.ppo_mini_batch_size}/gpu, "
+            f"ppo_micro_batch_size_per_gpu {critic.ppo_micro_batch_size_per_gpu}"
+        )
+    return "verl accepted: " + "; ".join(parts)
+
+
+def main(argv):
+    if len(argv) < 2 or argv[0].startswith("-"):
+        done(2, USAGE)
+    root = Path(argv[0]).resolve()
+    if not (root / "verl" / "trainer" / "main_ppo.py").is_file():
+        done(2, f"{USAGE}: {root} is not a verl checkout (no verl/trainer/main_ppo.py)")
+    if argv[1] == "--":
+        config_dir, name = root / "verl" / "trainer" / "config", "ppo_trainer"
+    else:
+        export = Path(argv[1]).resolve()
+        if not export.is_file() or export.suffix not in (".yaml", ".yml"):
+            done(2, f"{USAGE}: {argv[1]} is not a YAML file")
+        config_dir, name = export.parent, export.stem
+    overrides = argv[2:]
+    if any("=" not in word and not word.startswith("~") for word in overrides):
+        done(2, f"{USAGE}: overrides are key=value words")
+    sys.path.insert(0, str(root))
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    warnings.simplefilter("ignore")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            main_ppo = import_verl()
+            import torch.distributed as dist
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ModuleNotFoundError as e:
+        missing(e, "")
+
+    config = stage("compose", compose, config_dir, name, overrides)
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    runner, pool_manager = stage("main_ppo", main_ppo_checks, main_ppo, config)
+    trainer = stage("trainer", build_trainer, main_ppo, config, runner, pool_manager)
+    if trainer.use_legacy_worker_impl == "disable":
+        done(2, "trainer.use_legacy_worker_impl=disable (engine workers) is not covered here")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    os.environ.update(
+        WORLD_SIZE=str(world),
+        RANK="0",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29500",
+        LOCAL_WORLD_SIZE=str(config.trainer.n_gpus_per_node),
+    )
+    workers = {}
+    for role, cls in worker_specs(trainer):
+        workers[role] = stage(f"worker:{role}", make_worker, config, role, cls)
+    actor = next(w for role, w in workers.items() if role.startswith("actor_rollout"))
+    tp_dp_pp = stage("rollout", build_rollout, config, actor)
+    done(0, summary(world, config, workers, tp_dp_pp))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

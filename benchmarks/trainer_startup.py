@@ -1,0 +1,93 @@
+"""autotune's exports through EasyR1's and verl's own start-up, trainer x topology x base.
+
+For each trainer (EasyR1, verl), topology (1x2, 1x4, 1x6, 1x8, 2x8), base config (none, or the
+trainer's real default config) and micro-batch pair, the export is planned as `autotune export`
+plans it and written, even where autotune refuses it (then the file is what a silent export
+would have written); scripts/check_{easyr1,verl}_load.py runs the trainer's real start-up on
+it. The cases are tests/test_trainer_startup.py's. Target: every file autotune writes is
+accepted, every refusal is rejected by the trainer.
+
+    AUTOTUNE_EASYR1_SRC=path/to/EasyR1 AUTOTUNE_VERL_SRC=path/to/verl \\
+    AUTOTUNE_TRAINER_PYTHON=python-with-their-deps python benchmarks/trainer_startup.py
+
+Writes benchmarks/results/trainer_startup.txt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_trainer_startup import (  # noqa: E402  (the test's cases, run here with a table)
+    FIXTURES,
+    TOPOLOGIES,
+    cases,
+    exported,
+    trainer_verdict,
+)
+
+from autotune.config import Topology  # noqa: E402
+from autotune.trainers import get_adapter  # noqa: E402
+
+BASES = {"easyr1": "easyr1-config.yaml", "verl": "verl-ppo-trainer.yaml"}
+
+
+def rows_for(trainer: str, work: Path) -> list[dict]:
+    adapter, rows = get_adapter(trainer), []
+    for nnodes, gpus in TOPOLOGIES:
+        topology = Topology(nnodes, gpus)
+        for with_base in (False, True):
+            base_path = None
+            if with_base:  # the GRPO study's base: verl's estimator set to grpo
+                base_path = work / f"{trainer}-{nnodes}x{gpus}.yaml"
+                base_path.write_text((FIXTURES / BASES[trainer]).read_text().replace(
+                    "adv_estimator: gae", "adv_estimator: grpo"))
+            for index, knobs in enumerate(cases(trainer, with_base, topology)):
+                path, problems = exported(adapter, knobs, topology, base_path, work,
+                                          f"{trainer}-{nnodes}x{gpus}-{with_base}-{index}")
+                start_s = time.perf_counter()
+                accepted, line = trainer_verdict(trainer, path)
+                row = {"trainer": trainer, "gpus": f"{nnodes}x{gpus}",
+                       "base": "default config" if with_base else "none",
+                       "micro": f"{knobs['micro_batch_size_update']}/"
+                                f"{knobs['micro_batch_size_experience']}",
+                       "autotune": "refused" if problems else "written",
+                       "trainer_start": "accepted" if accepted else "rejected",
+                       "check_s": time.perf_counter() - start_s,
+                       "why": problems[0] if problems else line}
+                print(" | ".join(f"{v:.1f}" if isinstance(v, float) else str(v)[:100]
+                                 for v in row.values()), flush=True)
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    trainers = [t for t in ("easyr1", "verl") if os.environ.get(f"AUTOTUNE_{t.upper()}_SRC")]
+    if not trainers:
+        sys.exit("set AUTOTUNE_EASYR1_SRC and/or AUTOTUNE_VERL_SRC to the trainers' checkouts")
+    with tempfile.TemporaryDirectory() as work:
+        rows = [row for trainer in trainers for row in rows_for(trainer, Path(work))]
+    agree = sum((r["autotune"] == "written") == (r["trainer_start"] == "accepted") for r in rows)
+    written = sum(r["autotune"] == "written" for r in rows)
+    lines = [f"autotune's exports through the trainers' own start-up "
+             f"(scripts/check_*_load.py; EasyR1 b44b311, verl b178a3c), on a CPU: "
+             f"{len(rows)} exports, {written} written, {len(rows) - written} refused; "
+             f"the trainer agreed on {agree} of {len(rows)}", "",
+             "trainer | GPUs | base | micro update/experience | autotune | trainer's start-up "
+             "| check s | autotune's rule, or the trainer's line", "---|" * 7 + "---"]
+    lines += [f"{r['trainer']} | {r['gpus']} | {r['base']} | {r['micro']} | {r['autotune']} | "
+              f"{r['trainer_start']} | {r['check_s']:.1f} | {r['why'][:140]}" for r in rows]
+    out = ROOT / "benchmarks" / "results" / "trainer_startup.txt"
+    out.write_text("\n".join(lines) + "\n")
+    print(lines[0])
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,8 @@ from autotune.trainers.plan import plan_export
 @click.option("--trainer", "trainer", required=True,
               type=click.Choice(["easyr1", "verl", "trl"]))
 @click.option("--base-config", type=click.Path(dir_okay=False), default=None,
-              help="Your trainer YAML: only the tuned keys change, comments and order stay.")
+              help="Your trainer YAML: only the keys written change (the header lists them); "
+                   "comments and order stay.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Where to write (default: results/<study>/best.<trainer>.yaml).")
 @click.option("--nnodes", type=click.IntRange(1), default=None,

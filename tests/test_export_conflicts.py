@@ -110,8 +110,7 @@ def test_easyr1_dynamic_batching_is_turned_off_and_said(tmp_path):
         is False
     # the example config turns it on: flipped in place, in the header and the notes
     base = one_gpu(EASYR1_BASE, tmp_path, **{"tensor_parallel_size: 2": "tensor_parallel_size: 1",
-                                             "n_gpus_per_node: 8": "n_gpus_per_node: 1",
-                                             "offload_params: true": "offload_params: true"})
+                                             "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
     plan = plan_export(EASYR1, knobs, Topology(1, 1), base[0], force=True)
     assert plan.notes[0].startswith("worker.actor.dynamic_batching: true -> false")
     # offload the example turns on, and the searched config turns off: said too

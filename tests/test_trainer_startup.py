@@ -24,7 +24,7 @@ import yaml
 from autotune.config import Topology
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export import load_trainer_yaml, render_plan
-from autotune.trainers.plan import plan_export
+from autotune.trainers.plan import ExportPlan, plan_export
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -127,7 +127,7 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
     forced = plan_export(VERL, knobs, Topology(1, 8), base[0], searched=SEARCHED, force=True)
     as_is = tmp_path / "gae.yaml"  # what a silent export would have written: gae kept
     as_is.write_text(render_plan(
-        type(forced)({k: v for k, v in forced.values.items() if k != "algorithm.adv_estimator"}),
+        ExportPlan({k: v for k, v in forced.values.items() if k != "algorithm.adv_estimator"}),
         VERL, base, ["p", ""]))
     accepted, line = trainer_verdict("verl", as_is)
     assert not accepted and "critic" in line, line

@@ -5,7 +5,7 @@ breaks, the conflicts with the user's base config, and the lines that say what c
 file's header) and what was flipped (the terminal). A knob the study searched replaces the
 user's value: that is what was tuned. A knob the study held fixed at another value than the
 user's is a conflict: the study measured other shapes than the user runs, so the export is
-refused (one line per key, both values) unless `--force` takes the study's. A trainer setting
+refused (naming each key with both values) unless `--force` takes the study's. A trainer setting
 the measured shapes need (Adapter.settings: dynamic batching off, no critic) is written with a
 note, or refused where flipping it would change the algorithm. No YAML library here.
 """
@@ -114,8 +114,8 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
                 continue
             plan.changes.append(f"  {key}: {shown(have)} -> {shown(value)}"
                                 f"{f' ({why[key]})' if key in why else ''}")
-            if key in flags:
-                plan.notes.append(f"{key}: {shown(have)} -> {shown(value)} (searched)")
+            if key in flags:  # offload and checkpointing: said on the terminal too
+                plan.notes.append(f"{key}: {shown(have)} -> {shown(value)} ({why[key]})")
     else:
         plan.changes = [f"  {key}: {shown(value)} ({why[key]})"
                         for key, value in plan.values.items() if key in why and why[key]

@@ -118,5 +118,5 @@ VERL = Adapter(
               "defaults": ["ppo_trainer", "_self_"]},
     skeleton_note="composed on verl's own ppo_trainer.yaml through the defaults list below: "
                   "launch with --config-path <this file's folder> --config-name <its name "
-                  "without .yaml>, not as overrides",
+                  "without .yaml> (a whole config, not a list of overrides)",
 )

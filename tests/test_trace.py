@@ -50,6 +50,28 @@ def test_the_tracker_counts_allocations_frees_resizes_and_host_copies(tracing):
     assert (tracker.device_bytes, tracker.host_bytes) == (0, 0)
 
 
+def test_a_gathered_weight_is_counted_once(tracing):
+    """DTensor's all-gather over the fake group waits on its output: the same storage, not a
+    second copy (the fake kernel of wait_tensor makes a new tensor; counted, every weight the
+    rollout engine gathers showed twice in a sharded trace's rollout peak)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from autotune.probe.sharding import full_tensor, join_group, leave_group
+
+    tracker, torch = tracing
+    group = join_group(2, emulated=True, device=torch.device("cpu"))
+    try:
+        shard = distribute_tensor(torch.empty(1024, 256), group.mesh, [Shard(0)])
+        before = tracker.device_bytes
+        tracker.peak_device_bytes = before
+        whole = full_tensor(shard)
+        assert tuple(whole.shape) == (1024, 256)
+        assert tracker.device_bytes - before == 1 << 20  # the gathered weight, once
+        assert tracker.peak_device_bytes - before == 1 << 20
+    finally:
+        leave_group()
+
+
 def test_integers_are_computed_and_floats_are_fake(tracing):
     from torch._subclasses.fake_tensor import FakeTensor
 

@@ -45,6 +45,9 @@ from autotune.probe.result import ProbeRequest
 TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs (its peak is reached by then)
 _aten = torch.ops.aten
 _INIT_OPS = {_aten.uniform_.default, _aten.normal_.default}  # random init: nothing to count
+# A functional collective's wait returns its input, the same storage (its schema does not say
+# so, and the fake kernel makes a new tensor: a gathered weight would count twice).
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 
 
 @dataclass
@@ -125,7 +128,7 @@ class _TraceMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _INIT_OPS:
+        if func in _INIT_OPS or func is _WAIT_TENSOR:
             return args[0]
         if any(t not in (torch.Tensor, FakeTensor, torch.nn.Parameter) for t in types):
             return NotImplemented  # DTensor: it unwraps and calls back with local tensors

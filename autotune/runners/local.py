@@ -55,9 +55,10 @@ def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
     if tag:
         env[PROBE_TAG_ENV] = tag
-    # Blocks of 1 MiB and more come from mmap and go back to the OS when freed, so RSS tracks
-    # live tensors (64 KiB read peaks a few % lower but made CPU steps ~30% slower).
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))
+    # Blocks of 256 KiB and more come from mmap and go back to the OS when freed, so a CPU
+    # probe's RSS tracks its live tensors: repeated probes agree to 1.5 MiB (median; 1 MiB
+    # let fragmented arenas add up to 40 MiB) for 1.18x the step time (benchmarks/cpu_heap.py).
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 10))
     if request.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif request.gpu_ids is not None:

@@ -1,6 +1,6 @@
 """Fault injection: SIGKILL the real `autotune run` and its probes, resume, and check the study.
 
-Runs the CPU demo sweep (tiny-qwen2.5, cpu-demo space, 560 MiB device cap, real probes in
+Runs the CPU demo sweep (tiny-qwen2.5, cpu-demo space, 545 MiB device cap, real probes in
 subprocesses) and breaks it on purpose, with kill moments drawn from a seeded random.Random:
 
 1. driver kills: the driver's process group is SIGKILLed at a random moment (0.5-12 s after
@@ -308,7 +308,7 @@ def main() -> int:
     study_dir = out_dir / STUDY
     trials = result_kills + each_signal + (2 if args.quick else 6)
     command = [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5",
-               "--space", "cpu-demo", "--device", "cpu", "--gpu-memory-limit", "560MiB",
+               "--space", "cpu-demo", "--device", "cpu", "--gpu-memory-limit", "545MiB",
                "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2",
                "--study", STUDY, "--results-dir", str(out_dir), "--trials", str(trials),
                "--seed", str(args.seed)]

@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--space", default="cpu-demo")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/data/cpu_demo_grid.csv"))
     parser.add_argument("--model", default="tiny-qwen2.5")
-    parser.add_argument("--gpu-memory-limit", default="560MiB", help="or 'none': no cap")
+    parser.add_argument("--gpu-memory-limit", default="545MiB", help="or 'none': no cap")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per probe")
     args = parser.parse_args()

@@ -15,7 +15,7 @@ k = feasibility.MIN_CALIBRATION_PROBES, the point from which the sweep's pre-scr
 The pre-screen skips a config when its calibrated peak exceeds capacity x (1 + margin); a
 feasible config (measured peak <= capacity) can only be skipped if the estimate overstates its
 peak by more than the margin, so the largest out-of-sample overstatement is what the margin
-must cover. On the demo grid (560 MiB cap, 44 OOM configs) the benchmark also counts feasible
+must cover. On the demo grid (545 MiB cap, 44 OOM configs) the benchmark also counts feasible
 configs the pre-screen would skip, and OOM configs it would catch.
 
     python benchmarks/memory_accuracy.py [--record] [--draws 200]
@@ -251,7 +251,7 @@ def main() -> None:
               f"overstatement {worst_over:.1%}: "
               + ("no feasible config of these grids is skipped" if worst_over < PRESCREEN_MARGIN
                  else "feasible configs COULD be skipped"),
-              f"demo grid (560 MiB cap), {args.draws} calibrations: feasible configs predicted "
+              f"demo grid (545 MiB cap), {args.draws} calibrations: feasible configs predicted "
               f"infeasible {demo['feasible_skipped_total']} (target 0); OOM configs caught by "
               f"the estimate alone, median {demo['oom_caught_median']:.0f} of "
               f"{demo['oom_configs']}"]

@@ -195,7 +195,7 @@ def test_estimate_describes_a_cpu_probe_with_device_cpu():
 
     grid = Path(__file__).parent.parent / "benchmarks" / "data" / "cpu_demo_grid.csv"
     rows = [r for r in csv.DictReader(open(grid)) if r["status"] == "ok"][:6]
-    demo = ["--model", "tiny-qwen2.5", "--capacity", "560MiB", "--json", "--set",
+    demo = ["--model", "tiny-qwen2.5", "--capacity", "545MiB", "--json", "--set",
             "rollout_batch_size=4", "--set", "rollout_n=4", "--set", "global_batch_size=2",
             "--set", "max_prompt_length=64", "--set", "max_response_length=64"]
     for row in rows:

@@ -97,7 +97,7 @@ def estimate(model: str | None, model_path: str | None, nnodes: int,
     autotune estimate --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --model qwen2.5-vl-7b --nnodes 2 --gpus-per-node 8 \\
         --set gradient_checkpointing=true
-    autotune estimate --model tiny-qwen2.5 --device cpu --capacity 560MiB
+    autotune estimate --model tiny-qwen2.5 --device cpu --capacity 545MiB
     autotune estimate --trace --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
     """

@@ -1,6 +1,6 @@
 """`autotune run`: the sweep command, its embedded defaults, and the run it drives.
 
-Without --model it runs an embedded default (the tiny model on the CPU under a 560 MiB cap
+Without --model it runs an embedded default (the tiny model on the CPU under a 545 MiB cap
 when no NVIDIA GPU is visible). With --trainer it samples only configs that trainer accepts
 for the given nodes and GPUs, seeds the trainer's starting config as a trial, and writes
 results/<study>/best.<trainer>.yaml next to best.yaml.
@@ -26,7 +26,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import has_nvidia_gpu
 
 DEMO = {"model": "tiny-qwen2.5", "space": "cpu-demo", "device": "cpu",
-        "gpu_memory_limit": "560MiB", "timed_steps": 1, "trials": 12}
+        "gpu_memory_limit": "545MiB", "timed_steps": 1, "trials": 12}
 GPU_DEFAULT = {"model": "qwen2.5-0.5b", "space": "grpo", "trials": 40}
 
 
@@ -99,7 +99,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
     """Sweep: probe configurations with Optuna until a stop rule, keep the best that fits.
 
     Without --model it runs an embedded default: on a machine with no NVIDIA GPU, the tiny
-    model on the CPU with a 560 MiB device cap so that some configs run out of memory.
+    model on the CPU with a 545 MiB device cap so that some configs run out of memory.
     Kill it at any time; the same command resumes it. Writes results/<study>/: study.db,
     trials.csv, logs/ and best.yaml.
 
@@ -195,7 +195,7 @@ def run(ctx: click.Context, space: str | None, study: str | None, results_dir: s
 def embedded_default(ctx: click.Context, options: dict[str, Any], space: str | None,
                      trials: int | None, timeout_total: str | None, patience: int | None
                      ) -> tuple[str | None, str, int | None]:
-    """Without --model, the embedded default: the tiny model on the CPU under a 560 MiB cap
+    """Without --model, the embedded default: the tiny model on the CPU under a 545 MiB cap
     where no NVIDIA GPU is visible, qwen2.5-0.5b on the GPU otherwise. Fills `options` in
     place; returns the note to print once the sweep starts, the space and the budget."""
     note = None

@@ -1,7 +1,7 @@
 """How many probes a search needs to find a near-best config, replayed on a recorded grid.
 
 The grid of search_spaces/cpu-demo.yaml (128 configs) was probed once for real on a 2-core
-CPU with the 560 MiB device cap of the demo (benchmarks/landscape.py wrote
+CPU with the 545 MiB device cap of the demo (benchmarks/landscape.py wrote
 benchmarks/data/cpu_demo_grid.csv). Here the real sweep (tuner.Sweep, SQLite storage, the
 same ask/tell, dedupe and safe first trial) runs against a runner that answers from that
 table, for autotune's TPE and for random search, over many seeds; grid order is scanned once.
@@ -44,7 +44,7 @@ from autotune.sweep.tuner import Sweep  # noqa: E402
 
 GRID = Path(__file__).parent / "data" / "cpu_demo_grid.csv"
 TRACED = Path(__file__).parent / "data" / "cpu_demo_grid_traced.csv"
-CAP_BYTES = 560 << 20
+CAP_BYTES = 545 << 20
 OUT = Path(__file__).parent / "results"
 HEADROOM = 0.10
 WITHIN = 0.02
@@ -114,12 +114,14 @@ def replay(space, table, targets, sampler, mode, seed, objective, workdir, n_sta
     return runner.calls
 
 
-def skipped_by_trace(table, traced, space):
-    """Grid configs that ran without OOM but whose trace is past the cap by the margin."""
+def skipped_by_trace(table, traced, space, status="ok"):
+    """Grid configs of `status` whose trace, with the prior fixed term (cold: no probe yet),
+    is past the cap by the margin: what the traced pre-screen would skip from the first
+    trial on."""
     from autotune.sweep.traced import TRACE_MARGIN
 
     context = TableTracer(space, traced).context_bytes
-    return [key for key in traced if table[key].status.value == "ok"
+    return [key for key in traced if table[key].status.value == status
             and max(traced[key].values()) + context > CAP_BYTES * (1 + TRACE_MARGIN)]
 
 
@@ -208,7 +210,7 @@ def main() -> None:
     lines = [
         f"search efficiency on the recorded cpu-demo grid ({len(table)} configs, "
         f"{oom_configs} OOM, {sum(v is not None for v in values.values())} feasible at "
-        f"{HEADROOM:.0%} headroom; recorded on a 2-core CPU, tiny-qwen2.5, 560 MiB cap)",
+        f"{HEADROOM:.0%} headroom; recorded on a 2-core CPU, tiny-qwen2.5, 545 MiB cap)",
         f"objective {args.objective}; target: feasible and within {WITHIN:.0%} of the best "
         f"({best:.1f}); {len(targets)} configs qualify; seeds {args.first_seed} to "
         f"{args.first_seed + args.seeds - 1}",
@@ -249,7 +251,9 @@ def main() -> None:
         traced[key].values()) + TableTracer(space, traced).context_bytes > CAP_BYTES * 1.0]
     lines.append(f"feasible configs the traced pre-screen would skip (traced past the cap "
                  f"by its margin): {len(skipped_by_trace(table, traced, space))} (target 0); "
-                 f"traced past the cap at all: {len(skipped)}")
+                 f"traced past the cap at all: {len(skipped)}; OOM configs it would skip "
+                 f"before any probe: {len(skipped_by_trace(table, traced, space, 'gpu_oom'))} "
+                 f"of {oom_configs}")
     pairs, broken = dominance_check(table)
     lines.append(f"monotone memory on the grid: {pairs} (GPU OOM in a phase, at least as "
                  f"demanding on that phase's knobs) pairs, {broken} of which did not OOM")

@@ -13,7 +13,10 @@ beside it on the same rows. The grids are recorded by benchmarks/landscape.py:
 Then qwen2.5-7b and qwen2.5-vl-7b are traced as rank 0 of 8 GPUs (bf16, the vllm-like engine,
 `autotune estimate`'s defaults) and timed, beside memory.py's figures.
 
-    python benchmarks/trace_accuracy.py [--no-large]
+    python benchmarks/trace_accuracy.py [--record] [--no-large]
+
+`--record` probes the W = 2 grids' missing rows (two real ranks each, one probe at a time:
+about 12 min on 2 cores); the W = 1 grids are memory_accuracy.py's (`--record` there).
 
 Targets: median absolute error <= 3% per grid, cold; each 7B trace within 180 s.
 Traces are cached next to the grids (benchmarks/data/*_traced.csv).
@@ -32,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from landscape import trace_grid, typed_params  # noqa: E402
+from landscape import record, trace_grid, typed_params  # noqa: E402
 
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.memory.model import (  # noqa: E402
@@ -52,7 +55,7 @@ GRIDS = [("tiny-qwen2.5", 1, "memory-grid", "memory_grid_tiny"),
          ("tiny-qwen2.5", 2, "memory-grid-w2", "memory_grid_tiny_w2"),
          ("tiny-qwen2.5-vl", 2, "memory-grid-vl-w2", "memory_grid_tiny_vl_w2")]
 PHASES = ("rollout", "experience", "update")
-LARGE = [("qwen2.5-7b", {}), ("qwen2.5-vl-7b", {"image_size_px": 448})]
+LARGE = [("qwen2.5-7b", {}), ("qwen2.5-vl-7b", {"image_size_px": 448, "max_prompt_length": 512})]
 LARGE_GPUS, LARGE_CAPACITY = 8, 80 << 30
 
 
@@ -100,7 +103,17 @@ def large_trace(model: str, extra: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-large", action="store_true", help="skip the 7B traces")
+    parser.add_argument("--record", action="store_true",
+                        help="probe the W = 2 grids' rows not yet recorded (about 12 min)")
     args = parser.parse_args()
+    if args.record:
+        for model, world, space_name, data in GRIDS:
+            if world > 1:
+                request = ProbeRequest(model=model, device="cpu", cpu_threads=1,
+                                       gpus_per_node=world, warmup_steps=1, timed_steps=1,
+                                       timeout_s=300)
+                record(load_search_space(str(HERE / "spaces" / f"{space_name}.yaml")),
+                       DATA / f"{data}.csv", request, parallel=1)
     report = {"context_bytes": TRACE_CPU_CONTEXT_BYTES, "grids": {}, "large": []}
     lines = ["traced estimate vs measured peak per phase: real uncapped CPU probes, cold (no "
              f"calibration), fixed term {TRACE_CPU_CONTEXT_BYTES >> 20} MiB; memory.py's prior "

@@ -27,9 +27,14 @@ So the pre-screen waits for 6 probes and skips only past 1.25 x capacity.
 Traced pre-screen (traced.py): where the probe's step can be traced with fake tensors, a
 candidate the memory model puts near the wall is traced before it runs, from the first trial
 on; one whose traced peak (the tensors, exact, plus a small fixed term) exceeds the capacity
-by more than traced.TRACE_MARGIN is a predicted OOM. On the CPU grids the traced peak
-overstated a measured one by at most 11.2% (the spread of what glibc's heap and gloo hold
-beyond the tensors: benchmarks/trace_accuracy.py), so the margin is 15%.
+by more than traced.TRACE_MARGIN is a predicted OOM. The tensors being exact, only the fixed
+term can be wrong, and it is what a process holds beyond its tensors, not a share of them:
+over every phase of the CPU grids (W = 1 and 2, text and vision; benchmarks/trace_accuracy.py)
+it was 258 to 304 MiB, so the traced peak with the prior (264 MiB) overstated a measured one
+by at most 6 MiB, 1.1% of the demo's cap; the margin is 2%. On a GPU the caching allocator's
+rounding only adds to the tensors, and the prior context (1 GiB) overstates a real one (0.5
+to 2 GiB) by at most 0.5 GiB, 2% of a 24 GiB card, under 1% of an 80 GiB one, until the
+sweep's first traced probes refit it.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from autotune.probe.result import ProbeRequest
 from autotune.sweep.sharing import params_key
 
 TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
-TRACE_MARGIN = 0.15  # skip past capacity x (1 + margin): benchmarks/trace_accuracy.py
+TRACE_MARGIN = 0.02  # skip past capacity x (1 + margin): see feasibility.py
 TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time
 TRACE_TIMEOUT_S = 900.0
 

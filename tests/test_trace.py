@@ -104,6 +104,38 @@ def test_the_trace_matches_a_real_probe_of_the_same_step(make_request):
     assert traced.model_state_bytes == measured.model_state_bytes
 
 
+# Every loop runs 3 iterations or more: 12 responses in 3 mini-batches of 4, micro-batches of
+# 1 (4 a mini-batch), 3 log-prob chunks, 3 generation batches (hf: 5, 5 and 2) in 2 prefill
+# chunks each, 3 decode steps.
+LONG_LOOPS = {"rollout_batch_size": 6, "global_batch_size": 2, "micro_batch_size_update": 1,
+              "max_num_seqs": 4, "max_num_batched_tokens": 128, "max_response_length": 4}
+TWO_RANKS = {"gpus_per_node": 2, "rollout_batch_size": 12, "global_batch_size": 4}  # the same
+
+
+@pytest.mark.parametrize("model, knobs", [
+    ("tiny-qwen2.5", {"rollout_engine": "hf", "max_num_seqs": 5, "gradient_checkpointing": True,
+                      "val_batch_size": 4}),
+    ("tiny-qwen2.5", {"rollout_engine": "vllm-like", "offload_params": True,
+                      "offload_optimizer": True, "enable_sleep": False, **TWO_RANKS}),
+    ("tiny-qwen2.5-vl", {"rollout_engine": "vllm-like", "sleep_level": 2, **TWO_RANKS,
+                         "max_num_batched_tokens": 256}),
+])
+def test_the_traces_shortcuts_hold_the_bytes_of_every_iteration(make_request, model, knobs):
+    """A trace runs each repeated loop's first iterations (its first step, only the first):
+    every phase's peak and the host's are those of a trace that runs every iteration of both
+    steps, as a probe does."""
+    from autotune.probe.trace import trace_request
+
+    request = make_request(model=model, **{**LONG_LOOPS, **knobs})
+    capacity = 2 << 30
+    short = trace_request(request, 0, capacity)
+    full = trace_request(request, 0, capacity, every_iteration=True)
+    assert short.phase_peak_mem_bytes == full.phase_peak_mem_bytes
+    assert short.host_offload_bytes == full.host_offload_bytes
+    assert short.share == full.share and short.share["minibatches"] == 3
+    assert short.trace_s < full.trace_s
+
+
 @pytest.mark.parametrize("model", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])
 def test_a_rank_of_two_holds_half_the_states(make_request, model):
     from autotune.probe.trace import trace_request

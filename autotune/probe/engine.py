@@ -63,7 +63,6 @@ class RolloutEngine:
         self.vllm_like = config.rollout_engine == "vllm-like"
         self.capacity_bytes = capacity_bytes
         self.move, self.meter = move, meter  # the meter reads the device and profiles
-        self.repeats = meter.repeats  # a trace runs two batches and two decode steps
         text = getattr(model_config, "text_config", model_config)
         self.layers = int(text.num_hidden_layers)
         self.head_dim = int(getattr(text, "head_dim", None)
@@ -114,7 +113,8 @@ class RolloutEngine:
                 torch.empty(config.max_num_seqs, self.vocab_size, dtype=torch.float32,
                             device=self.device).zero_()
 
-        profile()  # once first: one-time allocations (thread pools, workspaces) are not it
+        if self.meter.runs(0, 2):  # a warm-up run first: one-time allocations (thread pools,
+            profile()  # workspaces) are not the profile's (a trace has none and skips it)
         activation = self.meter.measure_peak_bytes(profile)
         sequence = config.sequence_length
         blocks = (reserved - weights - activation) // (BLOCK_TOKENS * self.kv_bytes_per_token)
@@ -193,21 +193,19 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------------
 
-    def _runs(self, iteration: int) -> bool:
-        """Whether this iteration of a loop that repeats its shapes runs (a trace: the first
-        `repeats`; for a static cache every decode step holds the same memory)."""
-        return self.repeats is None or iteration < self.repeats
-
     def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
                  dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
         """Exactly max_response_length tokens for each prompt row, greedy, on the CPU: HF
         generation's memory (`max_num_seqs` rows at a time) or the pool's (vllm-like)."""
         size = self.figures["concurrency"] if self.vllm_like else self.config.max_num_seqs
         run = self._generate_batch if self.vllm_like else self._generate_growing
-        return torch.cat([run(prompt_ids, inputs_for, batch) if self._runs(i) else
-                          torch.zeros(len(batch), self.config.max_response_length,
-                                      dtype=torch.long)
-                          for i, batch in enumerate(rows.split(size))])
+        batches = rows.split(size)
+        last_full = len(batches) - 1 - (len(batches[-1]) < size)  # runs too, in a trace
+        return torch.cat([
+            run(prompt_ids, inputs_for, batch)
+            if self.meter.runs(i, len(batches)) or i == last_full else
+            torch.zeros(len(batch), self.config.max_response_length, dtype=torch.long)
+            for i, batch in enumerate(batches)])
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token as HF generation picks it without sampling: an fp32 copy of the last
@@ -232,10 +230,11 @@ class RolloutEngine:
                                         logits_to_keep=1, **inputs_for(batch)).logits)
         tokens = [token]
         for step in range(length - 1):
-            if not self._runs(step) and step < length - 2:
+            if not self.meter.runs(step, length - 1):  # a trace: this step's token only
+                token = torch.zeros_like(token)
                 tokens.append(token)
                 continue
-            if not self._runs(step):  # the last step: the cache at its full length
+            if cache.layers[0].keys.shape[2] < ids.shape[1] + step:  # skipped steps' growth
                 for layer in cache.layers:
                     shape = (*layer.keys.shape[:2], ids.shape[1] + step, layer.keys.shape[3])
                     layer.keys = torch.empty(shape, dtype=layer.keys.dtype, device=self.device)
@@ -254,8 +253,12 @@ class RolloutEngine:
         ids = prompt_ids[batch].to(self.device)
         token = torch.empty(len(batch), dtype=torch.long, device=self.device)
         step = self.prefill_rows()
-        for start in range(0, len(batch), step):
+        starts = range(0, len(batch), step)
+        for number, start in enumerate(starts):
             part = slice(start, start + step)
+            if not self.meter.runs(number, len(starts)):  # a trace: each chunk fills views
+                token[part] = 0  # of the pool and frees the rest, the same bytes
+                continue
             cache = self._static_cache([(k[part], v[part]) for k, v in views], filled=0)
             logits = self.model(input_ids=ids[part], past_key_values=cache, use_cache=True,
                                 logits_to_keep=1, **inputs_for(batch[part])).logits
@@ -264,11 +267,13 @@ class RolloutEngine:
         cache = self._static_cache(views, filled=prompt)
         tokens = [token]
         for step in range(response - 1):
-            if self._runs(step):
+            if self.meter.runs(step, response - 1):  # a static cache: the same bytes each step
                 logits = self.model(input_ids=token[:, None], past_key_values=cache,
                                     use_cache=True, logits_to_keep=1).logits
                 token = logits[:, -1].argmax(-1)
                 del logits
+            else:  # a trace: this step's token only
+                token = torch.zeros_like(token)
             tokens.append(token)
         return torch.stack(tokens, dim=1).cpu()
 

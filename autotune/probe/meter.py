@@ -109,7 +109,11 @@ class MemoryMeter:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
 
-    repeats: int | None = None  # a real probe runs every iteration of its loops (trace.py: 2)
+    @staticmethod
+    def runs(iteration: int, count: int) -> bool:
+        """Whether iteration `iteration` of a loop of `count` runs: every one in a probe (a
+        trace runs the first and the last: trace.py)."""
+        return True
 
     def measure_peak_bytes(self, run: Callable[[], None]) -> int:
         """Bytes `run` adds at its peak on this device (vLLM's profile run reads it so)."""

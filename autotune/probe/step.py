@@ -66,7 +66,6 @@ class TrainingProbe:
         wanted = request.dtype if request.dtype != "auto" else (
             "bf16" if self.gpu_kernels else "fp32")
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
-        self.repeats = self.meter.repeats  # a trace runs the first iterations of each loop
         self.share = device_share(self.config, request.world_size)  # this GPU's part
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
@@ -282,14 +281,9 @@ class TrainingProbe:
         log_probs = torch.log_softmax(response_logits, dim=-1)
         return log_probs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
 
-    def _runs(self, iteration: int) -> bool:
-        """Whether this iteration of a loop that repeats its shapes runs: all do in a probe; a
-        trace runs the first `repeats` (the loop's peak is reached by then: trace.py)."""
-        return self.repeats is None or iteration < self.repeats
-
     def _chunked_log_probs(self, model: Any, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return torch.cat([self._log_probs(model, chunk).cpu() if self._runs(i) else
-                          torch.zeros(len(chunk), self.responses.shape[1])
+        return torch.cat([self._log_probs(model, chunk).cpu() if self.meter.runs(i, len(chunks))
+                          else torch.zeros(len(chunk), self.responses.shape[1])
                           for i, chunk in enumerate(chunks)])
 
     def _experience(self) -> None:
@@ -322,9 +316,10 @@ class TrainingProbe:
         minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
-        for minibatch in (m for i, m in enumerate(minibatches) if self._runs(i)):
+        runs = self.meter.runs  # a trace: the first (grads, AdamW's state made) and the last
+        for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
             micros = minibatch.split(config.micro_batch_size_update)
-            for micro in (m for i, m in enumerate(micros) if self._runs(i)):
+            for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
                 log_probs = self._log_probs(self.model, micro)
                 old = self.old_log_probs[micro].to(self.device)
                 advantage = self.advantages[micro].to(self.device).unsqueeze(-1)

@@ -18,10 +18,16 @@ rounding on a GPU; the interpreter's own memory on a CPU.
 
 A GPU run is traced on the CPU with the GPU's kernels' memory where they differ: bf16 compute
 under autocast, and AdamW's foreach step (one fp32 temporary the size of the rank's shard).
-Loops that repeat the same shapes (generation batches, decode steps, log-prob chunks,
-micro-batches, mini-batches) run their first two iterations: a loop's peak is reached by its
-second (gradients and AdamW state exist from then on), so the trace is exact and takes
-seconds, not the step's length.
+Loops that repeat the same shapes (generation batches, prefill chunks, decode steps, log-prob
+chunks, micro-batches, mini-batches) run two iterations, the first and the last (with a
+generation's smaller last batch, the last full one too), and put a result of the same bytes
+in place of each other: the first holds what happens once (gradients made, AdamW's state,
+FSDP's first all-gathers), the last all that earlier iterations leave behind, so each phase's
+peak is exactly that of every iteration (tests compare the two). The first step runs only the
+first iteration of each loop: it brings AdamW's state and the last step's results into being
+for the second, which holds every phase's peak. So a trace takes seconds, not the step's
+length; what remains is Python's dispatch of each op, kept lean (C++ asks a fake tensor its
+device about four times an op: answered first thing).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autotune.probe.result import ProbeRequest
@@ -48,6 +54,10 @@ _INIT_OPS = {_aten.uniform_.default, _aten.normal_.default}  # random init: noth
 # A functional collective's wait returns its input, the same storage (its schema does not say
 # so, and the fake kernel makes a new tensor: a gathered weight would count twice).
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+# C++ asks a fake tensor its device through the dispatcher, several times an op (most of the
+# ops a trace sees): answered at once, since nothing is allocated.
+_PRIM_DEVICE = torch.ops.prim.device.default
+_PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)  # not a wrapper such as DTensor
 
 
 @dataclass
@@ -77,7 +87,7 @@ class AllocationTracker:
     def track(self, tensor: torch.Tensor) -> None:
         if self.paused:
             return
-        if type(tensor) not in (torch.Tensor, FakeTensor, torch.nn.Parameter):
+        if type(tensor) not in _PLAIN_TYPES:
             return  # a wrapper (DTensor): its local tensor was counted when it was made
         storage = tensor.untyped_storage()
         if storage in self._storages:
@@ -113,6 +123,18 @@ class AllocationTracker:
         return record is not None and record.on_host
 
 
+def _tensors(values: Any) -> list[torch.Tensor]:
+    """The tensors among an op's arguments or results (an op nests them in lists and tuples
+    only): pytree's general walk costs more than the op itself, at a million ops a trace."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += _tensors(value)
+    return found
+
+
 def _is_float(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and (tensor.is_floating_point()
                                                  or tensor.is_complex())
@@ -127,26 +149,27 @@ class _TraceMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
+        if func is _PRIM_DEVICE and isinstance(args[0], FakeTensor):
+            return args[0].fake_device
         kwargs = kwargs or {}
         if func in _INIT_OPS or func is _WAIT_TENSOR:
             return args[0]
-        if any(t not in (torch.Tensor, FakeTensor, torch.nn.Parameter) for t in types):
+        if any(t not in _PLAIN_TYPES for t in types):
             return NotImplemented  # DTensor: it unwraps and calls back with local tensors
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = _tensors(args) + _tensors(kwargs.values()) if kwargs else _tensors(args)
         fake_in = any(isinstance(t, FakeTensor) or _is_float(t) for t in inputs)
         if not fake_in and inputs:  # integers and booleans only: compute them
             with unset_fake_temporarily():
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)  # the fake mode beneath makes it fake
-            if not inputs and not any(_is_float(t) for t in tree_leaves(out)):
+            if not inputs and not any(_is_float(t) for t in _tensors((out,))):
                 with unset_fake_temporarily():  # an integer factory (arange, randint)
                     out = func(*args, **kwargs)
             elif not func._schema.is_mutable and not func.is_view:
                 out = tree_map(self._real_integers, out)
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self.tracker.track(tensor)
+        for tensor in _tensors((out,)):
+            self.tracker.track(tensor)
         return out
 
     @staticmethod
@@ -194,7 +217,7 @@ class TracedMeter:
     """The probe's meter for a trace: phase peaks of live bytes plus the fixed term, and host
     memory as a tag on storages (step.py moves offloaded tensors through it)."""
 
-    repeats = TRACE_REPEATS
+    repeats: int | None = TRACE_REPEATS  # None: every iteration, as a probe runs them
 
     def __init__(self, tracker: AllocationTracker, context_bytes: int,
                  device_limit_bytes: int | None, gpu_kernels: bool) -> None:
@@ -207,6 +230,12 @@ class TracedMeter:
         self.phase_allocator_peak_bytes: dict[str, int] = {}
         self.peak_host_bytes = 0
         self.host_peak_rss_bytes = 0
+
+    def runs(self, iteration: int, count: int) -> bool:
+        """Of a loop that repeats its shapes, the first iteration runs (what happens once:
+        gradients, AdamW's state, lazy buffers) and the last `repeats - 1` (all that earlier
+        iterations leave behind held); the step makes the others' results in their place."""
+        return self.repeats is None or iteration == 0 or iteration >= count - self.repeats + 1
 
     def read_device_bytes(self) -> int:
         return self.tracker.device_bytes + self.context_bytes
@@ -268,12 +297,15 @@ class TraceResult:
 
 
 def trace_request(request: ProbeRequest, context_bytes: int,
-                  capacity_bytes: int | None = None) -> TraceResult:
+                  capacity_bytes: int | None = None,
+                  every_iteration: bool = False) -> TraceResult:
     """Trace `request`'s probe as rank 0 of its world: two steps, every phase, no memory.
 
     `request.device` says what is modelled (cuda: bf16 and the GPU's kernels; cpu: the CPU
     probe); `capacity_bytes` is the device memory the probe may use (its limit, else the
-    device's), which a vllm-like engine reserves its share of.
+    device's), which a vllm-like engine reserves its share of. `every_iteration` runs every
+    iteration of every loop in both steps, as a probe does (the tests hold the shortcuts to
+    it: the same bytes).
     """
     from autotune.probe.sharding import leave_group
     from autotune.probe.step import TrainingProbe
@@ -289,7 +321,9 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     try:
         with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
             probe.build()
-            for _ in range(2):  # the second step starts with AdamW's state resident
+            # the first step brings AdamW's state and its results into being for the second
+            for repeats in (1, TRACE_REPEATS):
+                meter.repeats = None if every_iteration else repeats
                 probe.step()
     finally:
         leave_group()

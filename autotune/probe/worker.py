@@ -82,13 +82,20 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
 
 
 def quiet_libraries() -> None:
-    """Keep transformers' advisory warnings out of the probe's stderr tail."""
+    """Keep the libraries' advisory warnings out of the probe's stderr tail and a trace's
+    output: transformers' logging, its renamed keywords (`past_key_values` is `cache` from
+    5.x; 4.x knows only the old name), FSDP2's note on a model's output view."""
     import logging
+    import warnings
 
     import transformers
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
+                            category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view",
+                            category=UserWarning)
 
 
 def physical_gpu_index(device: object) -> int | None:

@@ -59,3 +59,22 @@ def test_eta_uses_mean_probe_time_and_timeout():
     state.started_s = time.monotonic() - 10
     assert 19 <= state.eta_s() <= 20
     assert format_duration(3725) == "1:02:05" and format_duration(65) == "1:05"
+
+
+def test_a_trace_is_shown_while_it_runs():
+    """A trace can take a minute before a probe starts: the live panel has a row for it while
+    it runs, the plain view a line when it starts."""
+    stream = io.StringIO()
+    state = SweepState("s", max_trials=4, timeout_s=None)
+    PlainProgress(stream).trace_started(state, "mbu=8 mbe=16")
+    assert stream.getvalue().rstrip().endswith("probe 0/4  tracing mbu=8 mbe=16")
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120)
+    live = LiveProgress(console)
+    live.state = state
+    state.tracing = {"micro_batch_size_update": 8}
+    console.print(live._render())
+    state.tracing = None
+    console.print(live._render())
+    first, second = buffer.getvalue().split("best")[:2]
+    assert "tracing" in first and "mbu=8" in first and "tracing" not in second

@@ -241,6 +241,10 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     assert len(feasibility.tracer.trace_wall_s) == traces
     assert feasibility.tracer.unavailable.startswith("a trace takes")
     assert feasibility.tracer.summary()["off"] == feasibility.tracer.unavailable
+    process = feasibility.tracer._process  # one process served every trace, then ends
+    assert process is not None and process.poll() is None
+    feasibility.tracer.close()
+    assert process.returncode == 0
 
 
 def test_run_measures_the_safe_config_then_skips_a_traced_oom(tmp_path):
@@ -264,3 +268,41 @@ def test_run_measures_the_safe_config_then_skips_a_traced_oom(tmp_path):
     assert fits and all(t.user_attrs["status"] == "ok" for t in fits)
     summary = study.user_attrs["memory_calibration"]["trace"]
     assert summary["traces"] >= len(traced) and summary["trace_wall_s"] > 0
+    shown = [line for line in out.stderr.splitlines() if "  tracing " in line]
+    assert len(shown) == summary["traces"]  # each trace is shown as it starts
+
+
+def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_request, monkeypatch):
+    """One trace process serves the sweep; a config it cannot trace, its death and a trace
+    past the timeout each turn tracing off with a reason, and nothing is left running."""
+    import os
+    import signal
+
+    import autotune.sweep.traced as traced_module
+    from autotune.sweep.traced import SubprocessTracer
+
+    requests = {"ok": make_request(), "broken": make_request(micro_batch_size_update=3)}
+    tracer = SubprocessTracer(lambda params: requests[params["kind"]], on_gpu=False)
+    assert tracer.traced_bytes({"kind": "ok"}, None) is not None
+    process = tracer._process
+    assert tracer.traced_bytes({"kind": "broken"}, None) is None
+    assert tracer.unavailable.startswith("the trace cannot follow this model or config: "
+                                         "ConfigError"), tracer.unavailable
+    assert process.poll() is None  # the process goes on: the sweep decides
+    tracer.close()
+    assert process.returncode == 0
+
+    tracer = SubprocessTracer(lambda params: requests["ok"], on_gpu=False)
+    assert tracer.traced_bytes({"n": 1}, None) is not None
+    process = tracer._process
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert tracer.traced_bytes({"n": 2}, None) is None
+    assert tracer.unavailable.startswith("the trace process failed"), tracer.unavailable
+    assert tracer._process is None
+
+    monkeypatch.setattr(traced_module, "TRACE_TIMEOUT_S", 0.05)
+    tracer = SubprocessTracer(lambda params: requests["ok"], on_gpu=False)
+    assert tracer.traced_bytes({"n": 1}, None) is None  # still importing torch: too late
+    assert tracer.unavailable == "a trace took over 0 s"
+    assert tracer._process is None and len(tracer.trace_wall_s) == 1

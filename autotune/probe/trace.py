@@ -336,29 +336,42 @@ def trace_request(request: ProbeRequest, context_bytes: int,
         trace_s=time.perf_counter() - started, share={"val_prompts": 0, **probe.ran})
 
 
-def main(argv: list[str]) -> int:
-    """`python -m autotune.probe.trace REQUEST.json RESULT.json CONTEXT_BYTES [CAPACITY_BYTES]`:
-    trace one request in a process of its own (the sweep's pre-screen) and write the result
-    as JSON; a failure writes {"error": one line}."""
+def serve(requests: Any, results: Any) -> None:
+    """Trace each request line of `requests` (JSON: {"request": ProbeRequest's dict,
+    "capacity_bytes": int or null}) and write one JSON line to `results`: the TraceResult, or
+    {"error": one line} for a model or config the trace cannot follow. Ends at end of input
+    (the sweep closed it, or died)."""
     import json
+
+    for line in requests:
+        asked = json.loads(line)
+        request = ProbeRequest.from_json(json.dumps(asked["request"]))
+        try:
+            result = dataclasses.asdict(trace_request(request, 0, asked["capacity_bytes"]))
+        except Exception as exc:  # the sweep goes on with its arithmetic pre-screen
+            result = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        results.write(json.dumps(result) + "\n")
+        results.flush()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m autotune.probe.trace`: the sweep's trace process, started once a sweep and
+    kept (torch and transformers load once, then a tiny model traces in about a second): one
+    request a line on standard input, one result a line on standard output."""
+    import os
     import sys
 
-    from autotune.files import write_text_atomic
     from autotune.probe.worker import quiet_libraries
 
-    if len(argv) not in (3, 4):
+    if argv:
         print(main.__doc__, file=sys.stderr)
         return 2
+    results = os.fdopen(os.dup(1), "w")  # the results' own stream: what libraries print
+    os.dup2(2, 1)  # goes to standard error
+    sys.stdout = sys.stderr
     quiet_libraries()
     torch.set_num_threads(1)
-    with open(argv[0]) as handle:
-        request = ProbeRequest.from_json(handle.read())
-    capacity = (int(argv[3]) or None) if len(argv) == 4 else None
-    try:
-        result = dataclasses.asdict(trace_request(request, int(argv[2]), capacity))
-    except Exception as exc:  # a model or config the trace cannot follow: the sweep goes on
-        result = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-    write_text_atomic(argv[1], json.dumps(result))
+    serve(sys.stdin, results)
     return 0
 
 

@@ -56,11 +56,11 @@ class Frontier:
         changed, self.checked_at = now != self.checked_at, now
         return changed
 
-    def nothing_fits(self, seen: Iterable[str], safe_oom: Any | None) -> str | None:
-        """Why the sweep must stop because nothing left could fit, or None. `safe_oom` is the
-        trial of the safe config if it ran out of device memory. In a space too large to list,
-        the safe config is the lightest value of every axis, so its OOM alone settles it."""
-        seen = set(seen)
+    def nothing_fits(self, seen: Iterable[str], trials: Iterable[Any]) -> str | None:
+        """Why the sweep must stop because nothing left could fit, or None. In a space too
+        large to list, the safe config is the lightest value of every axis, so its OOM among
+        the study's `trials` alone settles it."""
+        seen, safe_oom = set(seen), _safe_oom(trials)
         if self.valid_keys is not None:
             left = self.untried(seen)
             if not left or self.pick_untried(seen) is not None:
@@ -77,3 +77,13 @@ class Frontier:
             "the one config not yet tried is"
         return f"nothing left that could fit: {what} predicted to run out of memory; " \
             f"{WHAT_TO_CHANGE}"
+
+
+def _safe_oom(trials: Iterable[Any]) -> Any | None:
+    """The safe config's trial, if it was probed and ran out of device memory."""
+    for frozen in trials:
+        attrs = frozen.user_attrs
+        if attrs.get("origin") == "safe" and attrs.get("probed") and \
+                attrs.get("status") in ("gpu_oom", "cache_oom"):
+            return frozen
+    return None

@@ -30,6 +30,7 @@ class SweepState:
         "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0, "killed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
     running: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial number -> params
+    tracing: dict[str, Any] | None = None  # the candidate traced now (sweep/traced.py)
     best: str = "-"
     stop_reason: str | None = None
 
@@ -53,6 +54,7 @@ class Progress(Protocol):
 
     def started(self, state: SweepState) -> None: ...
     def trial_started(self, state: SweepState, line: str) -> None: ...
+    def trace_started(self, state: SweepState, line: str) -> None: ...
     def trial_finished(self, state: SweepState, line: str) -> None: ...
     def finished(self, state: SweepState) -> None: ...
 
@@ -62,6 +64,7 @@ class SilentProgress:
 
     def started(self, state: SweepState) -> None: ...
     def trial_started(self, state: SweepState, line: str) -> None: ...
+    def trace_started(self, state: SweepState, line: str) -> None: ...
     def trial_finished(self, state: SweepState, line: str) -> None: ...
     def finished(self, state: SweepState) -> None: ...
 
@@ -104,6 +107,9 @@ class PlainProgress:
     def trial_started(self, state: SweepState, line: str) -> None:
         self._line(state, f"probing {line}")
 
+    def trace_started(self, state: SweepState, line: str) -> None:
+        self._line(state, f"tracing {line}")
+
     def trial_finished(self, state: SweepState, line: str) -> None:
         eta = format_duration(state.eta_s())
         self._line(state, f"{line}   [{counts_text(state)}; eta {eta}]")
@@ -136,6 +142,8 @@ class LiveProgress:
                                f"   eta {format_duration(state.eta_s())}")
         for number, params in sorted(state.running.items()):
             table.add_row("probing", f"trial {number}: {describe_params(params)}")
+        if state.tracing is not None:
+            table.add_row("tracing", describe_params(state.tracing))
         table.add_row("trials", counts_text(state))
         table.add_row("best", state.best)
         return table
@@ -156,6 +164,9 @@ class LiveProgress:
 
     def trial_started(self, state: SweepState, line: str) -> None:
         self.state = state
+
+    def trace_started(self, state: SweepState, line: str) -> None:
+        self.state = state  # the panel shows state.tracing while it is set
 
     def trial_finished(self, state: SweepState, line: str) -> None:
         self.state = state

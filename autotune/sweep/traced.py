@@ -1,5 +1,5 @@
 """The pre-screen's traces: a candidate's probe step traced with fake tensors (probe/trace.py),
-each in a process of its own, cached by config.
+in a trace process of the sweep's own, cached by config.
 
 A trace counts every tensor the probe's step would allocate, per phase, on one rank; the
 sweep adds the fixed term (memory.model's prior for the device, then the median of what
@@ -7,25 +7,27 @@ measured probes held beyond their trace) and skips a candidate whose traced peak
 capacity by more than TRACE_MARGIN, from the first trial on (feasibility.py). Only
 candidates the memory model puts near the wall are traced (TRACE_FROM): far from it a trace
 could not change the decision. A trace must also cost less than the probe it may save: once
-both are timed, tracing stops when a trace's wall time (its process start included) passes
-TRACE_COST_SHARE of the median probe's (a tiny model on a CPU probes as fast as it traces; a
-7B probe on a GPU takes minutes, its trace about one). A trace that fails (a model the trace
+both are timed, tracing stops when the median trace (its own time: the process starts once)
+takes more than TRACE_COST_SHARE of the median probe's wall time (the CPU demo's tiny model
+traces in 1.5 s and probes in 8; a 7B probe on a GPU takes minutes, its trace under one). A trace that fails (a model the trace
 cannot follow) turns tracing off too. Either way the reason is kept with the study's
-calibration and the arithmetic pre-screen goes on. Imports no torch: the trace runs in its own
-process.
+calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in one
+process started at the first and kept for the next (torch and transformers load once: 2 to
+3 s, more than a tiny model's trace), which ends with the sweep, at the end of its input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
 from autotune.probe.result import ProbeRequest
@@ -41,15 +43,20 @@ class SubprocessTracer:
     """Traces of candidates (the tensors' bytes per phase, no fixed term), cached by config."""
 
     def __init__(self, request_for: Callable[[dict[str, Any]], ProbeRequest],
-                 on_gpu: bool, probe_wall_s: list[float] | None = None) -> None:
+                 on_gpu: bool, probe_wall_s: list[float] | None = None,
+                 on_trace: Callable[[dict[str, Any] | None], None] | None = None) -> None:
         self.request_for = request_for
+        self.on_trace = on_trace  # told the candidate a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
             TRACE_CPU_CONTEXT_BYTES
         self.traces: dict[str, dict[str, int]] = {}
         self.residuals: list[int] = []  # measured minus traced, per phase of each probe
         self.unavailable: str | None = None  # why tracing is off for this sweep
-        self.trace_wall_s: list[float] = []  # each trace process, start to end
+        self.trace_wall_s: list[float] = []  # each trace, asked to answered
+        self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
+        self._process: subprocess.Popen | None = None  # the trace process, once started
+        self._stderr: IO[str] | None = None  # where it writes what went wrong
 
     def summary(self) -> dict[str, Any]:
         """What tracing did in this sweep, as stored with the calibration."""
@@ -59,8 +66,8 @@ class SubprocessTracer:
 
     def weigh_cost(self) -> None:
         """Stop tracing once a trace costs more than TRACE_COST_SHARE of a probe."""
-        if self.unavailable is None and self.trace_wall_s and self.probe_wall_s:
-            trace_s, probe_s = statistics.median(self.trace_wall_s), \
+        if self.unavailable is None and self.trace_cost_s and self.probe_wall_s:
+            trace_s, probe_s = statistics.median(self.trace_cost_s), \
                 statistics.median(self.probe_wall_s)
             if trace_s > TRACE_COST_SHARE * probe_s:
                 self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "
@@ -78,7 +85,13 @@ class SubprocessTracer:
         key = params_key(params)
         self.weigh_cost()
         if key not in self.traces and self.unavailable is None:
-            traced = self._run(self.request_for(params), capacity_bytes)
+            if self.on_trace is not None:
+                self.on_trace(params)
+            try:
+                traced = self._run(self.request_for(params), capacity_bytes)
+            finally:
+                if self.on_trace is not None:
+                    self.on_trace(None)
             if traced is not None:
                 self.traces[key] = traced
         live = self.traces.get(key)
@@ -94,26 +107,63 @@ class SubprocessTracer:
                                if p in phase_peak_mem_bytes]
 
     def _run(self, request: ProbeRequest, capacity_bytes: int | None) -> dict[str, int] | None:
-        with tempfile.TemporaryDirectory(prefix="autotune-trace-") as folder:
-            request_path, result_path = Path(folder) / "request.json", Path(folder) / "out"
-            request_path.write_text(request.to_json())
-            argv = [sys.executable, "-m", "autotune.probe.trace", str(request_path),
-                    str(result_path), "0", str(capacity_bytes or 0)]
-            started_s = time.monotonic()
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True,
-                                      timeout=TRACE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.unavailable = f"a trace took over {TRACE_TIMEOUT_S:.0f} s"
-                return None
-            finally:
-                self.trace_wall_s.append(time.monotonic() - started_s)
-            if not result_path.exists():
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                self.unavailable = f"the trace process failed: {tail[:200]}"
-                return None
-            result = json.loads(result_path.read_text())
+        started_s = time.monotonic()
+        try:
+            result = self._ask(request, capacity_bytes)
+        finally:
+            self.trace_wall_s.append(time.monotonic() - started_s)
+        if result is None:
+            return None
         if "error" in result:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             return None
+        self.trace_cost_s.append(float(result["trace_s"]))
         return {phase: int(value) for phase, value in result["phase_peak_mem_bytes"].items()}
+
+    def _ask(self, request: ProbeRequest, capacity_bytes: int | None) -> dict[str, Any] | None:
+        """One trace from the trace process (started on the first); None, with the reason in
+        `unavailable`, when it died or ran past TRACE_TIMEOUT_S (then it is killed)."""
+        if self._process is None:
+            self._stderr = tempfile.TemporaryFile("w+")
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "autotune.probe.trace"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        process = self._process
+        asked = {"request": json.loads(request.to_json()), "capacity_bytes": capacity_bytes}
+        line, ended = "", False  # ended: its output closed, it died
+        try:
+            process.stdin.write(json.dumps(asked) + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], TRACE_TIMEOUT_S)
+            if ready:
+                line = process.stdout.readline()
+                ended = not line
+        except BrokenPipeError:
+            ended = True
+        if line:
+            return json.loads(line)
+        if not ended:
+            self.unavailable = f"a trace took over {TRACE_TIMEOUT_S:.0f} s"
+            process.kill()
+        else:
+            self._stderr.seek(0)
+            tail = (self._stderr.read().strip().splitlines() or ["no output"])[-1]
+            self.unavailable = f"the trace process failed: {tail[:200]}"
+        self.close()
+        return None
+
+    def close(self) -> None:
+        """End the trace process (at the end of its input; killed if it is mid-trace)."""
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None

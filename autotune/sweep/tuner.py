@@ -89,7 +89,8 @@ class Sweep:
         if settings.trace and settings.prescreen and settings.command is None and \
                 self.feasibility.estimator is not None:  # the built-in step can be traced
             self.feasibility.tracer = SubprocessTracer(  # weighed against the probes' time
-                settings.request_for, settings.request.device != "cpu", self.state.probe_wall_s)
+                settings.request_for, settings.request.device != "cpu", self.state.probe_wall_s,
+                on_trace=self.tracing)
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)
@@ -103,6 +104,12 @@ class Sweep:
         self.trials: list[Any] = []  # the study's trials as refresh() last read them
         self.study: Any = None  # the Optuna study, once opened
         self.where = ""  # where it lives: the SQLite file, journal or database URL
+
+    def tracing(self, params: dict[str, Any] | None) -> None:
+        """The tracer starts (params) or ends (None) a trace: shown, as a probe is."""
+        self.state.tracing = params
+        if params is not None:
+            self.progress.trace_started(self.state, describe_params(params))
 
     # -- study -----------------------------------------------------------------------------
 
@@ -202,6 +209,8 @@ class Sweep:
                 raise
             finally:
                 self.pool.close()
+                if self.feasibility.tracer is not None:
+                    self.feasibility.tracer.close()
                 if self.on_trial is not None:
                     with contextlib.suppress(Exception):  # never mask why the sweep stopped
                         self.on_trial(study)
@@ -213,7 +222,7 @@ class Sweep:
             self.settle_probes(study)
             self.refresh(study)
             if self.nothing_fits is None and self.frontier.learned_something():
-                self.nothing_fits = self.frontier.nothing_fits(self.seen, self.safe_oom())
+                self.nothing_fits = self.frontier.nothing_fits(self.seen, self.trials)
             reason = self.stop_reason()
             if reason is None and not self.pool.full():
                 self.step(study)
@@ -383,13 +392,4 @@ class Sweep:
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "unexplored"})
         else:
-            self.nothing_fits = self.frontier.nothing_fits(self.seen, self.safe_oom())
-
-    def safe_oom(self) -> Any | None:
-        """The safe config's trial, if it was probed and ran out of device memory."""
-        for frozen in self.trials:
-            attrs = frozen.user_attrs
-            if attrs.get("origin") == "safe" and attrs.get("probed") and \
-                    attrs.get("status") in ("gpu_oom", "cache_oom"):
-                return frozen
-        return None
+            self.nothing_fits = self.frontier.nothing_fits(self.seen, self.trials)

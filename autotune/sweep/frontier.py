@@ -45,7 +45,8 @@ class Frontier:
         left = self.untried(seen)
         self.rng.shuffle(left)
         for key in left:
-            params = json.loads(key)
+            stored = json.loads(key)  # the key sorts the names: the space's order back
+            params = {name: stored[name] for name in self.space.params if name in stored}
             if self.feasibility.predict(params) is None:
                 return params
         return None

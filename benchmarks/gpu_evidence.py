@@ -11,6 +11,11 @@ registry models, a real OOM, memory and throughput figures against the memory mo
   bf16 copy are real allocations; collectives move no data);
 - a real OOM: qwen2.5-7b's rank under a 24 GiB cap (--gpu-memory-limit), which its model
   states and engine copy alone exceed;
+- every case traced beside it (`autotune estimate --trace`: the probe's own step under fake
+  tensors, on this machine's CPU cores, in parallel with the probes): traced per phase (the
+  tensors plus memory.py's 1 GiB GPU fixed term) against measured, and what the GPU held
+  beyond the traced tensors (the fixed term a GPU really has: CUDA context, workspaces,
+  the caching allocator's rounding);
 - when trl is installed: a command sweep (`autotune run --trainer trl --launch ...`) of TRL's
   GRPOTrainer on the qwen2.5-0.5b architecture (random weights, a tokenizer built here), 3
   probes over per_device_train_batch_size 8, 32 and 256 with and without checkpointing, the
@@ -32,9 +37,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
 from autotune.config import ProbeConfig, format_bytes
-from autotune.hardware import has_nvidia_gpu
-from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
+from autotune.hardware import gpu_capacity_bytes, has_nvidia_gpu
+from autotune.memory.model import (
+    TRACE_GPU_CONTEXT_BYTES,
+    estimate_memory,
+    model_shape,
+    model_state_bytes,
+)
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
@@ -72,13 +85,58 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit)
 ]
 
 
+def case_request(case: tuple) -> ProbeRequest:
+    label, model, world, emulated, knobs, limit = case
+    return ProbeRequest(model=model, config=ProbeConfig(**{**SHAPES, **knobs}), device="cuda",
+                        gpu_ids=(0,), warmup_steps=1, timed_steps=1, timeout_s=240.0,
+                        nnodes=1, gpus_per_node=world, emulated=emulated,
+                        gpu_memory_limit_bytes=limit)
+
+
+def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
+    """The case's probe traced on the CPU (fake tensors), in a process of the pool's."""
+    import torch
+
+    from autotune.probe.trace import trace_request
+    from autotune.probe.worker import quiet_libraries
+
+    quiet_libraries()
+    torch.set_num_threads(1)
+    try:
+        traced = trace_request(case_request(case), TRACE_GPU_CONTEXT_BYTES,
+                               case[5] or capacity_bytes)
+    except Exception as exc:  # said in the table; the probes go on
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    return {"phase_peak_mem_bytes": traced.phase_peak_mem_bytes, "trace_s": traced.trace_s}
+
+
+def describe_trace(row: dict) -> str:
+    """Traced against measured per phase, and what the GPU held beyond the traced tensors."""
+    traced = row.get("traced") or {}
+    if "error" in traced or not traced:
+        return f"{row['label']:<17}trace: {traced.get('error', 'none')}"
+    if row["status"] != "ok":
+        peak = max(traced["phase_peak_mem_bytes"].values())
+        return (f"{row['label']:<17}trace {traced['trace_s']:.0f} s: peak "
+                f"{format_bytes(peak)} traced; the probe: {row['status']} in "
+                f"{row['failed_phase']}")
+    parts = []
+    for phase, measured in row["phase_peak_mem_bytes"].items():
+        ours = traced["phase_peak_mem_bytes"].get(phase)
+        if ours is None:
+            continue
+        reserved = row["phase_allocator_peak_bytes"].get(phase, 0)
+        parts.append(f"{phase} {format_bytes(ours)} vs {format_bytes(measured)} "
+                     f"({(ours - measured) / measured:+.1%}; held beyond the tensors "
+                     f"{format_bytes(measured - ours + TRACE_GPU_CONTEXT_BYTES)}, reserved "
+                     f"{format_bytes(reserved - ours + TRACE_GPU_CONTEXT_BYTES)})")
+    return f"{row['label']:<17}trace {traced['trace_s']:.0f} s: " + "  ".join(parts)
+
+
 def run_case(case: tuple, where: Path) -> dict:
     label, model, world, emulated, knobs, limit = case
-    config = ProbeConfig(**{**SHAPES, **knobs})
-    request = ProbeRequest(model=model, config=config, device="cuda", gpu_ids=(0,),
-                           warmup_steps=1, timed_steps=1, timeout_s=240.0, nnodes=1,
-                           gpus_per_node=world, emulated=emulated,
-                           gpu_memory_limit_bytes=limit)
+    request = case_request(case)
+    config = request.config
     result = SubprocessRunner().run(request, where / f"{label.replace(' ', '_')}.log")
     shape = model_shape(model)
     estimate = estimate_memory(shape, config, num_gpus=world, on_gpu=True,
@@ -165,16 +223,25 @@ def main() -> int:
         return 0
     started = time.monotonic()
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
+    capacity = gpu_capacity_bytes(0)
+    with tempfile.TemporaryDirectory() as scratch, ProcessPoolExecutor(
+            max_workers=len(CASES), mp_context=get_context("spawn")) as pool:
+        traces = [pool.submit(trace_case, case, capacity) for case in CASES]  # on the CPU
         for case in CASES:
             rows.append(run_case(case, Path(scratch)))
             print(describe(rows[-1]), flush=True)
+        for row, trace in zip(rows, traces, strict=True):
+            row["traced"] = trace.result()
+            print(describe_trace(row), flush=True)
     device = next((r["device"] for r in rows if r["device"]), "unknown GPU")
     lines = [f"gpu_evidence on {device}, {time.strftime('%Y-%m-%d')}, "
              f"{(time.monotonic() - started) / 60:.1f} min",
              f"machine: {platform.platform()}; versions {json.dumps(rows[0]['versions'])}",
              "benchmark: python benchmarks/gpu_evidence.py", ""]
     lines += [describe(row) for row in rows]
+    lines += ["", "traced (fake tensors on the CPU, + the 1 GiB GPU fixed term) vs measured "
+                  "per phase; what the GPU held beyond the traced tensors, by NVML and by "
+                  "torch's reserved peak:", *(describe_trace(row) for row in rows)]
     with tempfile.TemporaryDirectory() as scratch:
         lines += ["", *trl_command_sweep(Path(scratch))]
     args.out.mkdir(parents=True, exist_ok=True)

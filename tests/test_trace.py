@@ -105,8 +105,8 @@ def test_the_trace_matches_a_real_probe_of_the_same_step(make_request):
 
 
 # Every loop runs 3 iterations or more: 12 responses in 3 mini-batches of 4, micro-batches of
-# 1 (4 a mini-batch), 3 log-prob chunks, 3 generation batches (hf: 5, 5 and 2) in 2 prefill
-# chunks each, 3 decode steps.
+# 1 (4 a mini-batch; 2 in the cases that skip no micro-batch, to keep them short), 3 log-prob
+# chunks, 3 generation batches (hf: 5, 5 and 2) in 2 prefill chunks each, 3 decode steps.
 LONG_LOOPS = {"rollout_batch_size": 6, "global_batch_size": 2, "micro_batch_size_update": 1,
               "max_num_seqs": 4, "max_num_batched_tokens": 128, "max_response_length": 4}
 TWO_RANKS = {"gpus_per_node": 2, "rollout_batch_size": 12, "global_batch_size": 4}  # the same
@@ -116,9 +116,10 @@ TWO_RANKS = {"gpus_per_node": 2, "rollout_batch_size": 12, "global_batch_size": 
     ("tiny-qwen2.5", {"rollout_engine": "hf", "max_num_seqs": 5, "gradient_checkpointing": True,
                       "val_batch_size": 4}),
     ("tiny-qwen2.5", {"rollout_engine": "vllm-like", "offload_params": True,
-                      "offload_optimizer": True, "enable_sleep": False, **TWO_RANKS}),
-    ("tiny-qwen2.5-vl", {"rollout_engine": "vllm-like", "sleep_level": 2, **TWO_RANKS,
-                         "max_num_batched_tokens": 256}),
+                      "offload_optimizer": True, "enable_sleep": False, **TWO_RANKS,
+                      "micro_batch_size_update": 2}),
+    ("tiny-qwen2.5-vl", {"rollout_engine": "vllm-like", "sleep_level": 2,
+                         "max_num_batched_tokens": 256, "micro_batch_size_update": 2}),
 ])
 def test_the_traces_shortcuts_hold_the_bytes_of_every_iteration(make_request, model, knobs):
     """A trace runs each repeated loop's first iterations (its first step, only the first):

@@ -106,7 +106,8 @@ def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
         traced = trace_request(case_request(case), TRACE_GPU_CONTEXT_BYTES,
                                case[5] or capacity_bytes)
     except Exception as exc:  # said in the table; the probes go on
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        first = (str(exc).splitlines() or [""])[0]
+        return {"error": f"{type(exc).__name__}: {first[:200]}"}
     return {"phase_peak_mem_bytes": traced.phase_peak_mem_bytes, "trace_s": traced.trace_s}
 
 

@@ -48,7 +48,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from autotune.probe.result import ProbeRequest
 
-TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs (its peak is reached by then)
+TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs: its first and its last
 _aten = torch.ops.aten
 _INIT_OPS = {_aten.uniform_.default, _aten.normal_.default}  # random init: nothing to count
 # A functional collective's wait returns its input, the same storage (its schema does not say
@@ -337,7 +337,7 @@ def trace_request(request: ProbeRequest, context_bytes: int,
 
 
 def serve(requests: Any, results: Any) -> None:
-    """Trace each request line of `requests` (JSON: {"request": ProbeRequest's dict,
+    """Trace each request line of `requests` (JSON: {"request": ProbeRequest's JSON,
     "capacity_bytes": int or null}) and write one JSON line to `results`: the TraceResult, or
     {"error": one line} for a model or config the trace cannot follow. Ends at end of input
     (the sweep closed it, or died)."""
@@ -345,7 +345,7 @@ def serve(requests: Any, results: Any) -> None:
 
     for line in requests:
         asked = json.loads(line)
-        request = ProbeRequest.from_json(json.dumps(asked["request"]))
+        request = ProbeRequest.from_json(asked["request"])
         try:
             result = dataclasses.asdict(trace_request(request, 0, asked["capacity_bytes"]))
         except Exception as exc:  # the sweep goes on with its arithmetic pre-screen

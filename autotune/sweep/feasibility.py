@@ -32,9 +32,8 @@ term can be wrong, and it is what a process holds beyond its tensors, not a shar
 over every phase of the CPU grids (W = 1 and 2, text and vision; benchmarks/trace_accuracy.py)
 it was 258 to 304 MiB, so the traced peak with the prior (264 MiB) overstated a measured one
 by at most 6 MiB, 1.1% of the demo's cap; the margin is 2%. On a GPU the caching allocator's
-rounding only adds to the tensors, and the prior context (1 GiB) overstates a real one (0.5
-to 2 GiB) by at most 0.5 GiB, 2% of a 24 GiB card, under 1% of an 80 GiB one, until the
-sweep's first traced probes refit it.
+rounding only adds to the tensors; the prior context (1 GiB) is a guess until a GPU measures
+it (benchmarks/gpu_evidence.py), and the sweep's first traced probes refit it.
 """
 
 from __future__ import annotations

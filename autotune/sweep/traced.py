@@ -9,8 +9,9 @@ candidates the memory model puts near the wall are traced (TRACE_FROM): far from
 could not change the decision. A trace must also cost less than the probe it may save: once
 both are timed, tracing stops when the median trace (its own time: the process starts once)
 takes more than TRACE_COST_SHARE of the median probe's wall time (the CPU demo's tiny model
-traces in 1.5 s and probes in 8; a 7B probe on a GPU takes minutes, its trace under one). A trace that fails (a model the trace
-cannot follow) turns tracing off too. Either way the reason is kept with the study's
+traces in 1.5 s and probes in 8; a 7B traces in 20 to 90 s on a CPU core, its GPU probe time
+not measured yet). A trace that fails (a model the trace cannot follow) turns tracing off
+too. Either way the reason is kept with the study's
 calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in one
 process started at the first and kept for the next (torch and transformers load once: 2 to
 3 s, more than a tiny model's trace), which ends with the sweep, at the end of its input.
@@ -129,7 +130,7 @@ class SubprocessTracer:
                 [sys.executable, "-m", "autotune.probe.trace"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         process = self._process
-        asked = {"request": json.loads(request.to_json()), "capacity_bytes": capacity_bytes}
+        asked = {"request": request.to_json(), "capacity_bytes": capacity_bytes}
         line, ended = "", False  # ended: its output closed, it died
         try:
             process.stdin.write(json.dumps(asked) + "\n")

@@ -1,7 +1,7 @@
 """The canonical knobs of a GRPO run: one spelling, one type and one rule set for each.
 
 The names here are the ones used in search-space YAML, the Optuna param names, results tables,
-`--set key=value` and the trainer adapters' mapping tables (DESIGN.md section 3).
+`--set key=value` and the trainer adapters' mapping tables.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ _BYTE_UNITS = {
 
 MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.7 million
 MAX_BYTES = 2**60  # an exabyte: past it a size is a typo
+PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
+DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
+
+
+def compute_dtype(dtype: str, on_gpu: bool) -> str:
+    """--dtype resolved: auto is bf16 on a GPU (as the trainers compute), fp32 on a CPU."""
+    return dtype if dtype != "auto" else ("bf16" if on_gpu else "fp32")
 
 
 @dataclass(frozen=True)
@@ -137,9 +145,9 @@ _KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     if "choices" in f.metadata}
 
 
-def knob_help() -> dict[str, str]:
-    """Each knob's one-line meaning, in declaration order."""
-    return {f.name: f.metadata["help"] for f in dataclasses.fields(ProbeConfig)}
+def engine_choices() -> tuple[str, ...]:
+    """The rollout engines a probe has (the `rollout_engine` knob's choices)."""
+    return _KNOB_CHOICES["rollout_engine"]
 
 
 def parse_knob_value(key: str, raw: Any) -> Any:
@@ -338,7 +346,7 @@ def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str)
 
 # How each knob moves peak device memory when its value grows (True counts as 1): +1 needs
 # more, -1 needs less, 0 no monotone effect. Feasibility reasoning and the safe first trial
-# rest on this table (DESIGN.md section 4: memory is monotone along known axes).
+# rest on this table (memory is monotone along these axes).
 MEMORY_DIRECTION: dict[str, int] = {
     "rollout_batch_size": +1, "rollout_n": +1, "global_batch_size": 0,
     "micro_batch_size_update": +1, "micro_batch_size_experience": +1,

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from trl_fixture import make_trl_workspace  # noqa: E402
 
 from autotune.config import ProbeConfig, Topology, format_bytes  # noqa: E402
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest, ProbeResult  # noqa: E402
 from autotune.runners.local import SubprocessRunner  # noqa: E402
 from autotune.sweep.command_probe import command_template  # noqa: E402
@@ -49,13 +50,13 @@ def command_request(workspace, steps: int) -> ProbeRequest:
         get_adapter("trl"), f"{sys.executable} {workspace.script} --config {{config}}",
         Topology(1, 1), workspace.config.read_text(), steps=steps, validate=False)
     config = ProbeConfig(**SHAPES, max_prompt_length=PROMPT_TOKENS)
-    return ProbeRequest(model="trl-run", device="cpu", config=config, timeout_s=600,
+    return ProbeRequest(model="trl-run", device=Device("cpu"), config=config, timeout_s=600,
                         command=template.command_for(config, {}))
 
 
 def builtin_request(steps: int) -> ProbeRequest:
     config = ProbeConfig(**SHAPES, max_prompt_length=PROMPT_TOKENS)
-    return ProbeRequest(model="tiny-qwen2.5", device="cpu", config=config, timeout_s=600,
+    return ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), config=config, timeout_s=600,
                         warmup_steps=1, timed_steps=steps - 1)
 
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.probe.result import PHASES, ProbeRequest
 
 OUT = Path(__file__).parent / "results"
@@ -70,7 +71,7 @@ def traced(world: int, knobs: dict) -> dict[str, int]:
     from autotune.probe.trace import trace_request
 
     config = dataclasses.replace(ProbeConfig(), **BASE, **knobs)
-    request = ProbeRequest(model="tiny-qwen2.5", device="cpu", gpus_per_node=world,
+    request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), gpus_per_node=world,
                            emulated=world > 1, config=config)
     return trace_request(request, context_bytes=0).phase_peak_mem_bytes
 

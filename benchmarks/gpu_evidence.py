@@ -30,18 +30,18 @@ gpu_evidence.txt and .json, naming the device. Without an NVIDIA GPU it says so 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
-
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
-from autotune.hardware import gpu_capacity_bytes, has_nvidia_gpu
+from autotune.hardware import Device, gpu_capacity_bytes, has_nvidia_gpu
 from autotune.memory.model import (
     TRACE_GPU_CONTEXT_BYTES,
     estimate_memory,
@@ -87,10 +87,10 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit)
 
 def case_request(case: tuple) -> ProbeRequest:
     label, model, world, emulated, knobs, limit = case
-    return ProbeRequest(model=model, config=ProbeConfig(**{**SHAPES, **knobs}), device="cuda",
-                        gpu_ids=(0,), warmup_steps=1, timed_steps=1, timeout_s=240.0,
-                        nnodes=1, gpus_per_node=world, emulated=emulated,
-                        gpu_memory_limit_bytes=limit)
+    return ProbeRequest(model=model, config=ProbeConfig(**{**SHAPES, **knobs}),
+                        device=Device("cuda", limit_bytes=limit), gpu_ids=(0,), warmup_steps=1,
+                        timed_steps=1, timeout_s=240.0, nnodes=1, gpus_per_node=world,
+                        emulated=emulated)
 
 
 def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
@@ -103,8 +103,10 @@ def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
     quiet_libraries()
     torch.set_num_threads(1)
     try:
-        traced = trace_request(case_request(case), TRACE_GPU_CONTEXT_BYTES,
-                               case[5] or capacity_bytes)
+        request = case_request(case)
+        device = request.device.with_capacity(capacity_bytes)
+        traced = trace_request(dataclasses.replace(request, device=device),
+                               TRACE_GPU_CONTEXT_BYTES)
     except Exception as exc:  # said in the table; the probes go on
         first = (str(exc).splitlines() or [""])[0]
         return {"error": f"{type(exc).__name__}: {first[:200]}"}

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autotune.config import parse_bytes
+from autotune.hardware import Device
 from autotune.probe.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.tuner import params_key
@@ -85,6 +86,9 @@ class ReplayRunner:
 
     def stop(self) -> None:
         """Replayed probes end at once: nothing to kill."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) -> None:
@@ -163,10 +167,10 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per probe")
     args = parser.parse_args()
-    request = ProbeRequest(model=args.model, device="cpu", cpu_threads=args.threads,
-                           gpu_memory_limit_bytes=None if args.gpu_memory_limit == "none"
-                           else parse_bytes(args.gpu_memory_limit),
-                           warmup_steps=1, timed_steps=1, timeout_s=300)
+    cap = None if args.gpu_memory_limit == "none" else parse_bytes(args.gpu_memory_limit)
+    request = ProbeRequest(model=args.model, device=Device("cpu", limit_bytes=cap),
+                           cpu_threads=args.threads, warmup_steps=1, timed_steps=1,
+                           timeout_s=300)
     record(load_search_space(args.space), args.out, request, args.parallel)
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import record  # noqa: E402
 
+from autotune.hardware import Device
 from autotune.memory.calibration import fit_calibration  # noqa: E402
 from autotune.memory.model import (
     estimate_memory,  # noqa: E402
@@ -152,8 +153,8 @@ def engine_grid() -> list[dict]:
                     micro_batch_size_experience=8, max_response_length=32, max_num_seqs=8,
                     max_num_batched_tokens=512, **shapes)
                 result = runner.run(ProbeRequest(
-                    model=model, config=config, device="cpu", cpu_threads=2, warmup_steps=1,
-                    timed_steps=1, gpu_memory_limit_bytes=ENGINE_CAP_BYTES, timeout_s=300))
+                    model=model, config=config, device=Device("cpu", None, ENGINE_CAP_BYTES),
+                    cpu_threads=2, warmup_steps=1, timed_steps=1, timeout_s=300))
                 row = {"model": model, "util": util, "sleep": sleep,
                        "status": result.status.value}
                 if result.ok:
@@ -216,8 +217,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.record:
         for model, space_path, csv_path in GRIDS:
-            request = ProbeRequest(model=model, device="cpu", cpu_threads=1, warmup_steps=1,
-                                   timed_steps=1, timeout_s=300)
+            request = ProbeRequest(model=model, device=Device("cpu"), cpu_threads=1,
+                                   warmup_steps=1, timed_steps=1, timeout_s=300)
             record(load_search_space(str(space_path)), csv_path, request, parallel=2)
     lines = [f"memory model vs measured peak per phase: real CPU probes, no memory cap; "
              f"calibrated on {args.k} random probes, scored on the rest, {args.draws} draws",

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
@@ -73,7 +74,7 @@ def main() -> None:
     for model in ("tiny-qwen2.5", "tiny-qwen2.5-vl"):
         results = []
         for _ in range(args.repeats):
-            request = ProbeRequest(model=model, config=CONFIG, device="cpu")
+            request = ProbeRequest(model=model, config=CONFIG, device=Device("cpu"))
             result = runner.run(request)
             if not result.ok:
                 raise SystemExit(f"{model}: {result.status.value}: {result.message}")

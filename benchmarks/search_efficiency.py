@@ -1,6 +1,6 @@
 """How many probes a search needs to find a near-best config, replayed on a recorded grid.
 
-The grid of search_spaces/cpu-demo.yaml (128 configs) was probed once for real on a 2-core
+The grid of autotune/search_spaces/cpu-demo.yaml (128 configs) was probed once for real on a 2-core
 CPU with the 545 MiB device cap of the demo (benchmarks/landscape.py wrote
 benchmarks/data/cpu_demo_grid.csv). Here the real sweep (tuner.Sweep, SQLite storage, the
 same ask/tell, dedupe and safe first trial) runs against a runner that answers from that
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import ReplayRunner, load_landscape, params_key, trace_grid  # noqa: E402
 
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest  # noqa: E402
 from autotune.sweep.feasibility import at_least_as_demanding  # noqa: E402
 from autotune.sweep.objective import scalar, score  # noqa: E402
@@ -66,10 +67,10 @@ class TableTracer(SubprocessTracer):
     """The sweep's tracer, answering from the grid's recorded traces instead of a process."""
 
     def __init__(self, space, traced: dict[str, dict[str, int]]) -> None:
-        super().__init__(lambda params: params, on_gpu=False)
+        super().__init__(lambda params, device: params, on_gpu=False)
         self.space, self.table = space, traced
 
-    def _run(self, params, capacity_bytes):
+    def _run(self, params):
         return dict(self.table[params_key(params)])
 
 
@@ -99,14 +100,13 @@ def replay(space, table, targets, sampler, mode, seed, objective, workdir, n_sta
     settings = SweepSettings(
         study_name=f"{sampler}-{mode}-{seed}-{budget}",
         study_dir=Path(workdir) / f"{sampler}-{mode}-{seed}-{budget}",
-        space=space, request=ProbeRequest(model="tiny-qwen2.5", device="cpu",
-                                          gpu_memory_limit_bytes=CAP_BYTES),
+        space=space, request=ProbeRequest(model="tiny-qwen2.5",
+                                          device=Device("cpu", limit_bytes=CAP_BYTES)),
         objective=objective, headroom=HEADROOM, max_trials=budget or len(table), seed=seed,
         sampler=sampler, n_startup_trials=n_startup_trials, prune_dominated=MODES[mode][0],
         prescreen=MODES[mode][1], trace=False)
-    sweep = Sweep(settings, runner, on_trial=check)
-    if MODES[mode][2]:
-        sweep.feasibility.tracer = TableTracer(space, traced)
+    tracer = TableTracer(space, traced) if MODES[mode][2] else None
+    sweep = Sweep(settings, runner, on_trial=check, tracer=tracer)
     try:
         sweep.run()
     except Reached:
@@ -171,7 +171,7 @@ def main() -> None:
     args = parser.parse_args()
     space = load_search_space("cpu-demo")
     table = load_landscape(GRID, space)
-    traced = trace_grid(space, TRACED, ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+    traced = trace_grid(space, TRACED, ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
                         CAP_BYTES)
     values = objective_table(table, args.objective)
     best = max(v for v in values.values() if v is not None)

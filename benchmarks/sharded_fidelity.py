@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
+from autotune.hardware import Device
 from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
@@ -48,7 +49,7 @@ def grid(quick: bool) -> list[tuple[str, ProbeConfig]]:
 
 
 def probe(model: str, config: ProbeConfig, emulated: bool, where: Path) -> dict:
-    request = ProbeRequest(model=model, config=config, device="cpu", cpu_threads=2,
+    request = ProbeRequest(model=model, config=config, device=Device("cpu"), cpu_threads=2,
                            warmup_steps=1, timed_steps=1, timeout_s=600.0, nnodes=1,
                            gpus_per_node=WORLD, emulated=emulated)
     result = SubprocessRunner().run(request, where / f"{'emu' if emulated else 'real'}.log")

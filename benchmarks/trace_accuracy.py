@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from landscape import record, trace_grid, typed_params  # noqa: E402
 
 from autotune.config import ProbeConfig  # noqa: E402
+from autotune.hardware import Device
 from autotune.memory.model import (  # noqa: E402
     TRACE_CPU_CONTEXT_BYTES,
     TRACE_GPU_CONTEXT_BYTES,
@@ -61,7 +62,8 @@ LARGE_GPUS, LARGE_CAPACITY = 8, 80 << 30
 
 def grid_errors(model: str, world: int, space_name: str, data: str) -> dict:
     space = load_search_space(str(HERE / "spaces" / f"{space_name}.yaml"))
-    request = ProbeRequest(model=model, device="cpu", gpus_per_node=world, emulated=world > 1)
+    request = ProbeRequest(model=model, device=Device("cpu"), gpus_per_node=world,
+                           emulated=world > 1)
     traced = trace_grid(space, DATA / f"{data}_traced.csv", request)
     shape = model_shape(model)
     rows = {"traced": [], "model": []}
@@ -88,10 +90,10 @@ def large_trace(model: str, extra: dict) -> dict:
     world = LARGE_GPUS
     config = ProbeConfig(rollout_batch_size=8 * world, global_batch_size=4 * world,
                          rollout_engine="vllm-like", **extra)
-    request = ProbeRequest(model=model, device="cuda", config=config, gpus_per_node=world,
-                           emulated=True)
+    request = ProbeRequest(model=model, device=Device("cuda", LARGE_CAPACITY), config=config,
+                           gpus_per_node=world, emulated=True)
     started = time.perf_counter()
-    result = trace_request(request, TRACE_GPU_CONTEXT_BYTES, LARGE_CAPACITY)
+    result = trace_request(request, TRACE_GPU_CONTEXT_BYTES)
     wall_s = time.perf_counter() - started
     estimate = estimate_memory(model_shape(model), config, num_gpus=world, on_gpu=True,
                                engine_capacity_bytes=LARGE_CAPACITY)
@@ -109,7 +111,7 @@ def main() -> None:
     if args.record:
         for model, world, space_name, data in GRIDS:
             if world > 1:
-                request = ProbeRequest(model=model, device="cpu", cpu_threads=1,
+                request = ProbeRequest(model=model, device=Device("cpu"), cpu_threads=1,
                                        gpus_per_node=world, warmup_steps=1, timed_steps=1,
                                        timeout_s=300)
                 record(load_search_space(str(HERE / "spaces" / f"{space_name}.yaml")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 
 # Real servers on loopback: PostgreSQL for the shared-study tests (tests/postgres_server.py),
@@ -18,12 +19,16 @@ SMALL_CONFIG = ProbeConfig(rollout_batch_size=4, rollout_n=2, global_batch_size=
                            max_prompt_length=64, max_response_length=32, image_size_px=56)
 
 
-def small_request(model: str = "tiny-qwen2.5", **overrides: object) -> ProbeRequest:
+def small_request(model: str = "tiny-qwen2.5", gpu_memory_limit_bytes: int | None = None,
+                  **overrides: object) -> ProbeRequest:
+    """A small CPU probe; `gpu_memory_limit_bytes` caps its device (--gpu-memory-limit)."""
     config_changes = {k: overrides.pop(k) for k in list(overrides)
                       if k in ProbeConfig.__dataclass_fields__}
     config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), **config_changes})
-    fields = {"model": model, "config": config, "device": "cpu", "cpu_threads": 2,
-              "warmup_steps": 0, "timed_steps": 1, "timeout_s": 300.0, **overrides}
+    fields = {"model": model, "config": config, "device": Device("cpu", None,
+                                                                 gpu_memory_limit_bytes),
+              "cpu_threads": 2, "warmup_steps": 0, "timed_steps": 1, "timeout_s": 300.0,
+              **overrides}
     return ProbeRequest(**fields)  # type: ignore[arg-type]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 MiB = 2**20
@@ -23,12 +24,15 @@ def scripted_result(request: ProbeRequest) -> ProbeResult:
     offload = (100 * MiB if c.offload_params else 0) + (100 * MiB if c.offload_optimizer else 0)
     rollout = 500 * MiB - offload
     phases = {"rollout": rollout, "experience": experience - offload, "update": update}
-    limit = request.gpu_memory_limit_bytes or LIMIT_BYTES
+    # a device of LIMIT_BYTES, or a larger one under the request's cap
+    cap = request.device.limit_bytes
+    capacity = LIMIT_BYTES if cap is None else 4 * LIMIT_BYTES
+    limit = cap or LIMIT_BYTES
     for phase, peak in phases.items():
         if peak > limit:
             return ProbeResult(status=ProbeStatus.GPU_OOM, message="scripted OOM",
-                               failed_phase=phase, device_limit_bytes=limit,
-                               device_capacity_bytes=4 * LIMIT_BYTES, probe_wall_s=1.0)
+                               failed_phase=phase, device_limit_bytes=cap,
+                               device_capacity_bytes=capacity, probe_wall_s=1.0)
     tokens_per_s = 100.0 * (1 + c.micro_batch_size_update) ** 0.5 \
         * (1 + c.micro_batch_size_experience) ** 0.25 \
         * (0.7 if c.gradient_checkpointing else 1.0) \
@@ -36,8 +40,8 @@ def scripted_result(request: ProbeRequest) -> ProbeResult:
     return ProbeResult(status=ProbeStatus.OK, tokens_per_s=tokens_per_s, samples_per_s=1.0,
                        step_s=1.0, peak_mem_bytes=max(phases.values()),
                        phase_peak_mem_bytes=phases, host_peak_rss_bytes=2 * LIMIT_BYTES,
-                       device_name="scripted", device_capacity_bytes=4 * LIMIT_BYTES,
-                       device_limit_bytes=limit, probe_wall_s=2.0, startup_s=0.5, build_s=0.5)
+                       device_name="scripted", device_capacity_bytes=capacity,
+                       device_limit_bytes=cap, probe_wall_s=2.0, startup_s=0.5, build_s=0.5)
 
 
 class ScriptedRunner:
@@ -64,6 +68,9 @@ class ScriptedRunner:
     def stop(self) -> None:
         """Scripted probes end at once: nothing to kill."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 class ModelRunner:
     """Answers with the memory model's own prior plus a fixed context: a device on which the
@@ -89,15 +96,18 @@ class ModelRunner:
         for phase, peak in phases.items():
             if peak > self.limit_bytes:
                 return ProbeResult(status=ProbeStatus.GPU_OOM, message="model OOM",
-                                   failed_phase=phase, device_limit_bytes=self.limit_bytes,
+                                   failed_phase=phase, device_capacity_bytes=self.limit_bytes,
                                    probe_wall_s=1.0)
         return ProbeResult(status=ProbeStatus.OK, tokens_per_s=100.0 + len(self.calls),
                            samples_per_s=1.0, step_s=1.0, peak_mem_bytes=max(phases.values()),
                            phase_peak_mem_bytes=phases, device_name="model",
-                           device_limit_bytes=self.limit_bytes, probe_wall_s=1.0)
+                           device_capacity_bytes=self.limit_bytes, probe_wall_s=1.0)
 
     def stop(self) -> None:
         """Model probes end at once: nothing to kill."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def model_study(results_dir: Path, name: str, trials: int) -> None:
@@ -109,7 +119,7 @@ def model_study(results_dir: Path, name: str, trials: int) -> None:
 
     settings = SweepSettings(study_name=name, study_dir=Path(results_dir) / name,
                              space=load_search_space("cpu-demo"),
-                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
                              max_trials=trials, sampler="random")
     Sweep(settings, ModelRunner(limit_bytes=2**40)).run()
 

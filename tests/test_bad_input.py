@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.hardware import Device
 
 SPACE = """
 params:
@@ -69,7 +70,7 @@ def make_study(results: Path, name: str) -> None:
     space_file.write_text(SPACE)
     settings = SweepSettings(study_name=name, study_dir=results / name,
                              space=load_search_space(str(space_file)),
-                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
                              max_trials=2)
     from autotune.sweep.artifacts import write_artifacts
 
@@ -189,8 +190,12 @@ CASES: list[tuple[list[str], str]] = [
     (["estimate", "--model", "nope"], "unknown model 'nope'"),
     (["estimate", "--study", "missing"], "--study missing: no results"),
     (["estimate", "--model", "qwen2.5-7b", "--headroom", "2"], "--headroom '2'"),
-    (["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--gpus-per-node", "8"],
-     "give one of them"),
+    (["estimate", "--model", "qwen2.5-7b", "--gpus", "8"], "No such option '--gpus'"),
+    (["estimate", "--model", "qwen2.5-7b", "--gpu-memory-limit", "0"],
+     "--gpu-memory-limit '0': must be more than zero"),
+    (RUN + ["--seed", "-1"], "-1 is not in the range"),
+    (RUN + ["--seed", str(2**70)], "is not in the range"),
+    (["export"], "export: give --trainer"),
     (["estimate", "--model", "qwen2.5-7b", "--storage", "x.journal"], "only with --study"),
     (["estimate", "--model", "qwen2.5-7b", "--set", "micro_batch_size_update=3"],
      "not divisible by micro_batch_size_update=3"),
@@ -346,7 +351,7 @@ def test_a_disk_that_fills_mid_sweep_loses_nothing_once_space_is_back(small_fs):
 
     settings = SweepSettings(study_name="s", study_dir=small_fs / "s",
                              space=load_search_space("cpu-demo"),
-                             request=ProbeRequest(model="tiny-qwen2.5", device="cpu"),
+                             request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
                              max_trials=6, seed=4)
     first = FillsTheDisk()
     with pytest.raises(Exception) as stopped:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import ProbeConfig, Topology, device_share, validate_probe_config
+from autotune.hardware import Device
 from autotune.memory.model import estimate_memory, model_shape
 from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
@@ -47,7 +48,8 @@ def test_the_share_is_the_same_everywhere(world):
 def test_a_real_probe_runs_exactly_its_share(world, emulated):
     """Each rank runs its share (W = 2: two real gloo ranks; W = 8: one emulated rank); the
     rate is the whole run's, W shares per step."""
-    request = ProbeRequest(model="tiny-qwen2.5", config=CONFIG, device="cpu", cpu_threads=2,
+    request = ProbeRequest(model="tiny-qwen2.5", config=CONFIG, device=Device("cpu"),
+                           cpu_threads=2,
                            warmup_steps=0, timed_steps=1, timeout_s=300.0,
                            nnodes=1, gpus_per_node=world, emulated=emulated)
     result = SubprocessRunner().run(request)

@@ -81,7 +81,7 @@ def test_probe_oom_exit_1_and_summary():
 
 
 def test_validate_reports_ok_and_problems(tmp_path):
-    out = autotune("validate", "search_spaces/grpo.yaml", "search_spaces/cpu-demo.yaml")
+    out = autotune("validate", "grpo", "autotune/search_spaces/cpu-demo.yaml")
     assert out.returncode == 0, out.stderr
     assert "cpu-demo.yaml: ok, 5 searched knobs, 128 valid of 128 configs" in out.stdout
     bad = tmp_path / "bad.yaml"
@@ -97,7 +97,8 @@ def test_run_refuses_bad_input_in_one_line(tmp_path):
     results = str(tmp_path / "results")
     cases = [
         (["--space", "grp"], "unknown search space 'grp'"),
-        (["--set", "micro_batch_size_update=2"], "searched by search_spaces/cpu-demo.yaml"),
+        (["--set", "micro_batch_size_update=2"],
+         "searched by autotune/search_spaces/cpu-demo.yaml"),
         (["--headroom", "150%"], "--headroom '150%'"),
         (["--timeout", "soon"], "--timeout 'soon'"),
         (["--study", "a/b"], "--study 'a/b'"),
@@ -129,7 +130,7 @@ def test_estimate_every_registry_model_in_one_run_each():
     from autotune.registry import REGISTRY
 
     for name in REGISTRY:
-        out = autotune("estimate", "--model", name, "--gpus", "8", "--json")
+        out = autotune("estimate", "--model", name, "--gpus-per-node", "8", "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
         psi = model_shape(name).num_params
@@ -147,7 +148,8 @@ def test_estimate_every_registry_model_in_one_run_each():
                   "--set", "offload_optimizer=true", "--capacity", "80GB", "--engine", "hf")
     assert "host memory for offload and engine sleep: 99.30 GiB per GPU" in hf.stdout
     assert "largest micro_batch_size_update within the budget: none" in text.stdout
-    eight = autotune("estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--capacity", "80GB")
+    eight = autotune("estimate", "--model", "qwen2.5-7b", "--gpus-per-node", "8",
+                     "--capacity", "80GB")
     assert "(fits)" in eight.stdout and "largest micro_batch_size_update" in eight.stdout
 
 
@@ -214,37 +216,29 @@ def test_estimate_describes_a_cpu_probe_with_device_cpu():
 def test_the_run_defaults_to_the_gpus_here(monkeypatch):
     """No --nnodes/--gpus-per-node: the visible GPUs on one node, 1 on a CPU. (This machine
     has no GPU: NVML's answers are stood in for, nothing else.)"""
-    import autotune.hardware as hardware
-    from autotune.cli.options import default_topology
+    import autotune.sweep.placement as placement
+    from autotune.hardware import Device
 
-    def options(**given):
-        return {"nnodes": None, "gpus_per_node": None, "device": "auto", "gpus": None, **given}
-
-    monkeypatch.setattr(hardware, "has_nvidia_gpu", lambda: True)
-    monkeypatch.setattr(hardware, "visible_gpu_ids", lambda: tuple(range(8)))
-    for given, expected in (({}, 8), ({"gpus": "0,1"}, 2), ({"device": "cpu"}, 1),
-                            ({"gpus_per_node": 4}, 4)):
-        filled = options(**given)
-        default_topology(filled)
-        assert filled["gpus_per_node"] == expected, given
-    monkeypatch.setattr(hardware, "has_nvidia_gpu", lambda: False)
-    filled = options()
-    default_topology(filled)
-    assert (filled["nnodes"], filled["gpus_per_node"]) == (1, 1)
+    monkeypatch.setattr(placement, "visible_gpu_ids", lambda: tuple(range(8)))
+    gpu, cpu = Device("cuda"), Device("cpu")
+    assert placement.default_topology(None, None, gpu, None).gpus_per_node == 8
+    assert placement.default_topology(None, None, gpu, (0, 1)).gpus_per_node == 2
+    assert placement.default_topology(None, None, cpu, None).world_size == 1
+    assert placement.default_topology(None, 4, gpu, None).gpus_per_node == 4
+    assert placement.default_topology(2, None, gpu, None).world_size == 2
 
 
 def test_engine_auto_follows_the_device_and_the_trainer():
-    from autotune.cli.options import engine_knobs
+    from autotune.sweep.plan import engine_knobs
 
-    gpu = {"device": "cuda", "gpu_memory_limit": None, "engine": "auto"}
-    cpu = {"device": "cpu", "gpu_memory_limit": "1GiB", "engine": "auto"}
-    assert engine_knobs(gpu) == {"rollout_engine": "vllm-like"}
-    assert engine_knobs(gpu, "easyr1") == {"rollout_engine": "vllm-like"}
-    assert engine_knobs(gpu, "verl") == {"rollout_engine": "vllm-like", "sleep_level": 2}
-    assert engine_knobs(gpu, "trl") == {"rollout_engine": "hf"}  # TRL's HF generate
-    assert engine_knobs(cpu) == {"rollout_engine": "hf"}  # the stand-in device
-    assert engine_knobs({**cpu, "engine": "vllm-like"}) == {"rollout_engine": "vllm-like"}
+    assert engine_knobs("auto", on_gpu=True) == {"rollout_engine": "vllm-like"}
+    assert engine_knobs("auto", True, "easyr1") == {"rollout_engine": "vllm-like"}
+    assert engine_knobs("auto", True, "verl") == {"rollout_engine": "vllm-like",
+                                                  "sleep_level": 2}
+    assert engine_knobs("auto", True, "trl") == {"rollout_engine": "hf"}  # TRL's HF generate
+    assert engine_knobs("auto", on_gpu=False) == {"rollout_engine": "hf"}  # the stand-in device
+    assert engine_knobs("vllm-like", on_gpu=False) == {"rollout_engine": "vllm-like"}
     # a space that names the engine keeps it under auto; an explicit --engine wins
-    assert engine_knobs(gpu, space_names=frozenset({"rollout_engine"})) == {}
-    assert engine_knobs({**gpu, "engine": "hf"}, space_names=frozenset({"rollout_engine"})) \
+    assert engine_knobs("auto", True, named=frozenset({"rollout_engine"})) == {}
+    assert engine_knobs("hf", True, named=frozenset({"rollout_engine"})) \
         == {"rollout_engine": "hf"}

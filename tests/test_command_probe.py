@@ -22,6 +22,7 @@ import yaml
 
 from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
+from autotune.hardware import Device
 from autotune.probe.command import launch_argv
 from autotune.probe.oom import classify_exit
 from autotune.probe.process_tag import PROBE_TAG_ENV, kill_orphaned, tagged_processes
@@ -185,13 +186,13 @@ print("config:", open(sys.argv[1]).read().count("n_gpus_per_node"), flush=True)
 """
 
 
-def probe(tmp_path: Path, body: str, **request: object):
+def probe(tmp_path: Path, body: str, limit_bytes: int | None = None):
     script = tmp_path / "fake_verl.py"
     script.write_text(FAKE_VERL.format(body=textwrap.dedent(body)))
     command = TrainerCommand(trainer="verl", argv=(sys.executable, str(script), "{config}"),
                              config_text="trainer:\n  n_gpus_per_node: 1\n", steps=3)
-    req = ProbeRequest(model="verl-run", device="cpu", command=command,
-                       timeout_s=60, **request)
+    req = ProbeRequest(model="verl-run", device=Device("cpu", limit_bytes=limit_bytes),
+                       command=command, timeout_s=60)
     return SubprocessRunner().run(req, tmp_path / "logs" / "trial-00000.log")
 
 
@@ -222,7 +223,7 @@ def test_a_command_probe_times_the_steps_after_the_first_and_ends_the_run(tmp_pa
      "time.sleep(30)", ProbeStatus.GPU_OOM, "device memory limit exceeded"),
 ])
 def test_a_command_that_fails_is_classified(tmp_path, body, status, words):
-    result = probe(tmp_path, body, gpu_memory_limit_bytes=200 * 2**20)
+    result = probe(tmp_path, body, limit_bytes=200 * 2**20)
     assert result.status is status
     assert words in result.message
     assert (tmp_path / "logs" / "trial-00000.log").exists()  # its log is kept

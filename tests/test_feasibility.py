@@ -1,8 +1,13 @@
-"""Dominance over measured OOMs: which configs must run out of memory without running."""
+"""The feasibility rules: dominance over measured OOMs and the memory model's pre-screen, which
+configs must run out of memory without running."""
 
 from __future__ import annotations
 
-from autotune.sweep.feasibility import Feasibility, at_least_as_demanding, reason_for
+from autotune.hardware import Device
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.dominance import Dominance, at_least_as_demanding
+from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.prescreen import Prescreen
 
 BASE = {"micro_batch_size_update": 4, "micro_batch_size_experience": 8,
         "gradient_checkpointing": False, "offload_params": False, "offload_optimizer": True,
@@ -30,82 +35,92 @@ def test_host_dominance_flips_the_offload_axes():
                                  host=True)
 
 
+def dominance_only() -> Feasibility:
+    return Feasibility(Device("cpu"), Dominance())
+
+
 def test_only_gpu_and_host_oom_are_learned():
-    feasibility = Feasibility()
+    feasibility = dominance_only()
     feasibility.record(3, BASE, "cache_oom")  # two-sided in the engine's share: never used
     feasibility.record(4, BASE, "crash")
-    assert feasibility.predicted_oom(with_(micro_batch_size_update=8)) is None
-    feasibility.record(5, BASE, "gpu_oom", "update")
-    known = feasibility.predicted_oom(with_(micro_batch_size_update=8))
-    assert known is not None and known.trial_number == 5
-    assert reason_for(known) == ("predicted gpu_oom: needs at least the device memory of "
-                                 "trial 5 (gpu_oom in update)")
-    assert feasibility.predicted_oom(with_(micro_batch_size_update=2)) is None
+    feasibility.record(5, BASE, "interrupted")  # a trial's own word, not a probe's status
+    assert feasibility.predict(with_(micro_batch_size_update=8)) is None
+    feasibility.record(6, BASE, "gpu_oom", "update")
+    prediction = feasibility.predict(with_(micro_batch_size_update=8))
+    assert prediction is not None and prediction.source == "dominance"
+    assert prediction.reason == ("predicted gpu_oom: needs at least the device memory of "
+                                 "trial 6 (gpu_oom in update)")
+    assert feasibility.predict(with_(micro_batch_size_update=2)) is None
+    assert Feasibility(Device("cpu")).predict(with_(micro_batch_size_update=8)) is None
 
 
 def test_host_oom_predicts_more_offload_not_less():
-    feasibility = Feasibility()
+    feasibility = dominance_only()
     feasibility.record(1, BASE, "host_oom")
-    assert feasibility.predicted_oom(with_(offload_params=True)) is not None
-    assert feasibility.predicted_oom(with_(offload_optimizer=False)) is None
+    assert feasibility.predict(with_(offload_params=True)) is not None
+    assert feasibility.predict(with_(offload_optimizer=False)) is None
 
 
 def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
-    feasibility = Feasibility()
+    feasibility = dominance_only()
     feasibility.record(2, BASE, "gpu_oom", "experience")
     # the log-prob forward does not care about the update's micro-batch or checkpointing
     other = with_(micro_batch_size_update=1, gradient_checkpointing=True, offload_params=True)
-    assert feasibility.predicted_oom(other) is not None
-    assert feasibility.predicted_oom(with_(micro_batch_size_experience=4)) is None
-    assert feasibility.predicted_oom(with_(micro_batch_size_experience=16,
+    assert feasibility.predict(other) is not None
+    assert feasibility.predict(with_(micro_batch_size_experience=4)) is None
+    assert feasibility.predict(with_(micro_batch_size_experience=16,
                                            offload_optimizer=False)) is not None
     # an OOM in the update says nothing about a smaller update micro-batch
-    update = Feasibility()
+    update = dominance_only()
     update.record(3, BASE, "gpu_oom", "update")
-    assert update.predicted_oom(with_(micro_batch_size_experience=64)) is not None
-    assert update.predicted_oom(with_(micro_batch_size_update=2)) is None
+    assert update.predict(with_(micro_batch_size_experience=64)) is not None
+    assert update.predict(with_(micro_batch_size_update=2)) is None
 
 
-def _estimator(shape_name, on_gpu):
+def prescreened(model: str, device: Device) -> Feasibility:
+    """The estimate pre-screen of `model`'s probes on `device`, alone."""
     from autotune.config import ProbeConfig
-    from autotune.memory.model import estimate_memory, model_shape
 
-    shape = model_shape(shape_name)
-    return lambda params: estimate_memory(shape, ProbeConfig(**params), on_gpu=on_gpu)
+    request = ProbeRequest(model=model, device=device)
+    prescreen = Prescreen.for_request(request, lambda params: ProbeConfig(**params))
+    return Feasibility(device, prescreen=prescreen)
 
 
 def test_model_states_alone_past_capacity_are_predicted_before_any_calibration():
-    feasibility = Feasibility(estimator=_estimator("qwen2.5-7b", on_gpu=True))
-    feasibility.capacity_bytes = 80 * 10**9
+    feasibility = prescreened("qwen2.5-7b", Device("cuda", 80 * 10**9))
     prediction = feasibility.predict({"micro_batch_size_update": 1})
     assert prediction is not None and prediction.source == "estimate"
     assert "model states alone need" in prediction.reason and prediction.failed_phase == "update"
-    small = Feasibility(estimator=_estimator("qwen2.5-0.5b", on_gpu=True))
-    small.capacity_bytes = 80 * 10**9
-    assert small.predict({"micro_batch_size_update": 1}) is None
+    assert prescreened("qwen2.5-0.5b", Device("cuda", 80 * 10**9)).predict(
+        {"micro_batch_size_update": 1}) is None
+    # the capacity is what a probe may use: a cap on a larger device counts, not the device
+    capped = prescreened("qwen2.5-0.5b", Device("cuda", 80 * 10**9, limit_bytes=4 * 10**9))
+    assert capped.predict({"micro_batch_size_update": 1}) is not None
 
 
 def test_calibrated_prescreen_skips_only_well_past_capacity():
-    from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.config import ProbeConfig
+    from autotune.memory.model import estimate_memory, model_shape
+    from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
-    estimator = _estimator("tiny-qwen2.5", on_gpu=False)
-    feasibility = Feasibility(estimator=estimator)
+    shape = model_shape("tiny-qwen2.5")
 
     def measured(params):  # the prior itself, with a 250 MiB context: a perfect model
+        estimate = estimate_memory(shape, ProbeConfig(**params), on_gpu=False)
         return {name: p.states_bytes + 250 * 2**20 + p.transient_bytes
-                for name, p in estimator(params).phases.items()}
+                for name, p in estimate.phases.items()}
 
     capacity = int(1.05 * max(measured({"micro_batch_size_update": 4}).values()))
-
+    feasibility = prescreened("tiny-qwen2.5", Device("cpu", 2**40, limit_bytes=capacity))
     huge = {"micro_batch_size_update": 64, "micro_batch_size_experience": 8,
             "global_batch_size": 16, "rollout_n": 4, "rollout_batch_size": 16}
     for i, micro in enumerate([1, 2, 4, 1, 2, 4, 8][:MIN_CALIBRATION_PROBES]):
         assert feasibility.predict(huge) is None  # not trusted before enough probes
         params = {"micro_batch_size_update": micro}
-        feasibility.record(i, params, "ok", None, measured(params), capacity)
+        feasibility.record(i, params, "ok", None, measured(params), 2**40)
     prediction = feasibility.predict(huge)
     assert prediction is not None and "calibrated memory model" in prediction.reason
     peak = max(measured(huge).values())
     assert peak > capacity * (1 + PRESCREEN_MARGIN)
     assert feasibility.predict({"micro_batch_size_update": 2}) is None
-    assert Feasibility(dominance=True, estimator=None).predict(huge) is None
+    assert feasibility.calibration_record("cpu")["probes"] == MIN_CALIBRATION_PROBES

@@ -16,7 +16,6 @@ from autotune.memory.model import (
     estimate_memory,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
-    logits_bytes_per_token,
     model_shape,
     model_state_bytes,
 )
@@ -61,9 +60,7 @@ def test_activations_per_token_with_and_without_checkpointing():
     assert layer_activation_bytes_per_token(QWEN_7B, bytes_per_element=4) == 2 * 225_392
 
 
-def test_logits_and_kv_cache():
-    assert logits_bytes_per_token(QWEN_7B, backward=False) == 2 * 152064  # 0.304 MB bf16
-    assert logits_bytes_per_token(QWEN_7B, backward=True) == 4 * 152064  # + its gradient
+def test_kv_cache():
     assert kv_cache_bytes(QWEN_7B, tokens=1) == 57_344  # 56 KiB per token (reference 3)
     assert kv_cache_bytes(QWEN_7B, tokens=128 * 1024) == 57_344 * 131_072
 

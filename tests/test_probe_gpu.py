@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
@@ -19,7 +20,7 @@ CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
 
 def test_qwen_05b_probe_on_gpu():
     result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
-                                                 device="cuda"))
+                                                 device=Device("cuda")))
     assert result.status is ProbeStatus.OK, result.stderr_tail
     assert result.phase_allocator_peak_bytes["update"] > 16 * result.num_params
     assert result.tokens_per_s > 0
@@ -27,8 +28,8 @@ def test_qwen_05b_probe_on_gpu():
 
 def test_forced_gpu_oom_is_classified():
     # 2 GiB cannot hold the 16 bytes/param of a 0.5B model's update (7.9 GB).
-    request = ProbeRequest(model="qwen2.5-0.5b", config=CONFIG, device="cuda",
-                           gpu_memory_limit_bytes=2 * 2**30)
+    request = ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
+                           device=Device("cuda", limit_bytes=2 * 2**30))
     result = SubprocessRunner().run(request)
     assert result.status is ProbeStatus.GPU_OOM, (result.message, result.stderr_tail)
     assert "out of memory" in result.message.lower()
@@ -40,7 +41,7 @@ def test_memory_model_bounds_the_measured_gpu_peaks():
     from autotune.memory.model import estimate_memory, model_shape
 
     result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
-                                                 device="cuda"))
+                                                 device=Device("cuda")))
     assert result.status is ProbeStatus.OK, result.stderr_tail
     estimate = estimate_memory(model_shape("qwen2.5-0.5b"), CONFIG, on_gpu=True)
     for phase, measured in result.phase_peak_mem_bytes.items():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from autotune.config import ProbeConfig
 from autotune.files import write_text_atomic
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 
 def test_request_round_trip():
     request = ProbeRequest(model="qwen2.5-7b", config=ProbeConfig(rollout_n=8),
-                           gpu_ids=(0, 3), gpu_memory_limit_bytes=40 * 2**30)
+                           gpu_ids=(0, 3), device=Device("cuda", 80 * 2**30, 40 * 2**30))
     assert ProbeRequest.from_json(request.to_json()) == request
 
 

@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 from runner_contract import FAULTY, processes_mentioning, wait_until
 from scripted_runner import ScriptedRunner
 
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SCRATCH_PREFIX
 from autotune.sweep import trial_files
@@ -32,6 +33,7 @@ from autotune.sweep.tuner import Sweep
 DRIVER = """
 import sys
 from pathlib import Path
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 from autotune.sweep.search_space import load_search_space
@@ -41,14 +43,16 @@ from autotune.sweep.tuner import Sweep
 study_dir, worker = Path(sys.argv[1]), sys.argv[2:]
 settings = SweepSettings(study_name="s", study_dir=study_dir,
                          space=load_search_space("cpu-demo"),
-                         request=ProbeRequest(model="tiny-qwen2.5", device="cpu"), max_trials=2)
+                         request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
+                         max_trials=2)
 Sweep(settings, SubprocessRunner(worker)).run()
 """
 
 
 def settings(study_dir: Path, **changes) -> SweepSettings:
     return SweepSettings(study_name="s", study_dir=study_dir, space=load_search_space("cpu-demo"),
-                         request=ProbeRequest(model="tiny-qwen2.5", device="cpu"), **changes)
+                         request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
+                         **changes)
 
 
 def test_a_result_written_just_before_the_driver_died_is_told_on_resume(tmp_path):

@@ -11,7 +11,7 @@ from autotune.sweep.search_space import SPACES_DIR, check_search_space, load_sea
 @pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_spaces_load_and_have_a_valid_safe_config(path):
     space = load_search_space(path.stem)
-    assert space.source == f"search_spaces/{path.name}"
+    assert space.source == f"autotune/search_spaces/{path.name}"
     grid = space.valid_grid()
     # shipped choices never break a rule on one GPU, but a rollout engine spanning 2 or 4
     # GPUs, which needs a run of that many (the trainers' spaces search it)
@@ -145,6 +145,8 @@ fixed:
 
 
 def test_a_trainers_own_keys_are_searched_with_their_declared_direction(tmp_path):
+    from autotune.hardware import Device
+    from autotune.sweep.dominance import Dominance
     from autotune.sweep.feasibility import Feasibility
 
     path = tmp_path / "easyr1.yaml"
@@ -162,8 +164,7 @@ def test_a_trainers_own_keys_are_searched_with_their_declared_direction(tmp_path
         "worker.rollout.gpu_memory_utilization": 0.4,
         "worker.rollout.enforce_eager": safe["worker.rollout.enforce_eager"]}
     # a measured OOM at 0.6 proves 0.8 must OOM too, and says nothing about 0.4
-    feasibility = Feasibility()
-    feasibility.directions = space.directions
+    feasibility = Feasibility(Device("cpu"), Dominance(space.directions))
     oom = {**params, "worker.rollout.gpu_memory_utilization": 0.6}
     feasibility.record(3, oom, "gpu_oom")
     assert feasibility.predict({**oom, "worker.rollout.gpu_memory_utilization": 0.8})

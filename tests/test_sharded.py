@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.memory.model import model_shape, model_state_bytes
 from autotune.probe.launcher import FAULT_LIMIT_ENV
 from autotune.probe.result import ProbeRequest, ProbeStatus
@@ -34,7 +35,7 @@ VL = ProbeConfig(**{**TEXT.as_dict(), "max_prompt_length": 64, "image_size_px": 
 
 
 def request(model="tiny-qwen2.5", config=TEXT, world=2, emulated=False, **extra):
-    return ProbeRequest(model=model, config=config, device="cpu", cpu_threads=2,
+    return ProbeRequest(model=model, config=config, device=Device("cpu"), cpu_threads=2,
                         warmup_steps=0, timed_steps=1, timeout_s=300.0, nnodes=1,
                         gpus_per_node=world, emulated=emulated, **extra)
 

@@ -16,6 +16,7 @@ import pytest
 from optuna.trial import TrialState
 from scripted_runner import ScriptedRunner, SlowRunner
 
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.parallel import Slot
 from autotune.sweep.search_space import load_search_space
@@ -23,7 +24,7 @@ from autotune.sweep.settings import SweepSettings
 from autotune.sweep.sharing import WAIT, owner_of, params_key
 from autotune.sweep.tuner import Sweep
 
-REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
+REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
 TWO_SLOTS = (Slot(cpu_ids=(0,), cpu_threads=1), Slot(cpu_ids=(1,), cpu_threads=1))
 
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from autotune.config import PHASES
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
-from autotune.probe.result import PHASES
 from autotune.runners.local import SubprocessRunner
 
 pytestmark = pytest.mark.slow
@@ -127,10 +127,10 @@ def test_the_traces_shortcuts_hold_the_bytes_of_every_iteration(make_request, mo
     steps, as a probe does."""
     from autotune.probe.trace import trace_request
 
-    request = make_request(model=model, **{**LONG_LOOPS, **knobs})
-    capacity = 2 << 30
-    short = trace_request(request, 0, capacity)
-    full = trace_request(request, 0, capacity, every_iteration=True)
+    request = make_request(model=model, gpu_memory_limit_bytes=2 << 30,
+                           **{**LONG_LOOPS, **knobs})
+    short = trace_request(request, 0)
+    full = trace_request(request, 0, every_iteration=True)
     assert short.phase_peak_mem_bytes == full.phase_peak_mem_bytes
     assert short.host_offload_bytes == full.host_offload_bytes
     assert short.share == full.share and short.share["minibatches"] == 3
@@ -215,19 +215,19 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
 
     from autotune.config import ProbeConfig
     from autotune.sweep.feasibility import Feasibility
+    from autotune.sweep.prescreen import Prescreen
+    from autotune.sweep.traced import SubprocessTracer
 
     template = make_request(gpu_memory_limit_bytes=600 << 20)
 
     def config_for(params):
         return ProbeConfig(**{**template.config.as_dict(), **params})
 
-    def request_for(params):
-        return dataclasses.replace(template, config=config_for(params))
+    def request_for(params, device):
+        return dataclasses.replace(template, config=config_for(params), device=device)
 
-    feasibility = Feasibility.for_request(template, config_for)
-    from autotune.sweep.traced import SubprocessTracer
-
-    feasibility.tracer = SubprocessTracer(request_for, on_gpu=False)
+    feasibility = Feasibility(template.device, prescreen=Prescreen.for_request(
+        template, config_for), tracer=SubprocessTracer(request_for, on_gpu=False))
     assert feasibility.capacity_bytes == 600 << 20  # the cap, known before any probe
     huge = {"micro_batch_size_experience": 8, "max_response_length": 512}
     prediction = feasibility.predict(huge)
@@ -283,27 +283,28 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     from autotune.sweep.traced import SubprocessTracer
 
     requests = {"ok": make_request(), "broken": make_request(micro_batch_size_update=3)}
-    tracer = SubprocessTracer(lambda params: requests[params["kind"]], on_gpu=False)
-    assert tracer.traced_bytes({"kind": "ok"}, None) is not None
+    tracer = SubprocessTracer(lambda params, device: requests[params["kind"]], on_gpu=False)
+    assert tracer.traced_bytes({"kind": "ok"}, requests["ok"].device) is not None
     process = tracer._process
-    assert tracer.traced_bytes({"kind": "broken"}, None) is None
+    assert tracer.traced_bytes({"kind": "broken"}, requests["ok"].device) is None
     assert tracer.unavailable.startswith("the trace cannot follow this model or config: "
                                          "ConfigError"), tracer.unavailable
     assert process.poll() is None  # the process goes on: the sweep decides
     tracer.close()
     assert process.returncode == 0
 
-    tracer = SubprocessTracer(lambda params: requests["ok"], on_gpu=False)
-    assert tracer.traced_bytes({"n": 1}, None) is not None
+    tracer = SubprocessTracer(lambda params, device: requests["ok"], on_gpu=False)
+    assert tracer.traced_bytes({"n": 1}, requests["ok"].device) is not None
     process = tracer._process
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    assert tracer.traced_bytes({"n": 2}, None) is None
+    assert tracer.traced_bytes({"n": 2}, requests["ok"].device) is None
     assert tracer.unavailable.startswith("the trace process failed"), tracer.unavailable
     assert tracer._process is None
 
     monkeypatch.setattr(traced_module, "TRACE_TIMEOUT_S", 0.05)
-    tracer = SubprocessTracer(lambda params: requests["ok"], on_gpu=False)
-    assert tracer.traced_bytes({"n": 1}, None) is None  # still importing torch: too late
+    tracer = SubprocessTracer(lambda params, device: requests["ok"], on_gpu=False)
+    device = requests["ok"].device
+    assert tracer.traced_bytes({"n": 1}, device) is None  # still importing torch: too late
     assert tracer.unavailable == "a trace took over 0 s"
     assert tracer._process is None and len(tracer.trace_wall_s) == 1

@@ -22,7 +22,7 @@ DATA = Path(__file__).parent.parent / "benchmarks" / "data"
 PHASES = ("rollout", "experience", "update")
 GRIDS = ["memory_grid_tiny", "memory_grid_tiny_vl", "memory_grid_tiny_w2",
          "memory_grid_tiny_vl_w2", "cpu_demo_grid"]
-DEMO_CAP_BYTES = 545 << 20  # search_spaces/cpu-demo.yaml's cap, as the grid was recorded
+DEMO_CAP_BYTES = 545 << 20  # autotune/search_spaces/cpu-demo.yaml's cap, as the grid was recorded
 
 
 def measured_and_traced(grid: str) -> list[tuple[dict, dict]]:

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_result
 
 from autotune.errors import AutotuneError, ConfigError
+from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep import trial_files
 from autotune.sweep.artifacts import best_trial, write_artifacts
@@ -24,7 +25,7 @@ from autotune.sweep.settings import SweepSettings
 from autotune.sweep.storage import StudyLock
 from autotune.sweep.tuner import Sweep, params_key
 
-REQUEST = ProbeRequest(model="tiny-qwen2.5", device="cpu")
+REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
 
 
 def settings_for(tmp_path, space=None, **changes):
@@ -96,7 +97,7 @@ def test_headroom_makes_a_config_that_ran_infeasible(tmp_path):
                         {"gradient_checkpointing": False, "rollout_batch_size": 4,
                          "rollout_n": 4, "global_batch_size": 2,
                          "micro_batch_size_experience": 2})
-    request = ProbeRequest(model="m", gpu_memory_limit_bytes=800 * 2**20)
+    request = ProbeRequest(model="m", device=Device("cpu", limit_bytes=800 * 2**20))
     study, _ = sweep(tmp_path, space=space, request=request, max_trials=10)
     by_mbu = {t.params["micro_batch_size_update"]: t for t in probed(study)}
     assert by_mbu[2].user_attrs["status"] == "ok" and by_mbu[2].user_attrs["feasible"]
@@ -191,10 +192,10 @@ def test_changed_space_or_objective_is_refused(tmp_path):
         sweep(tmp_path, space=other, max_trials=2)
     with pytest.raises(ConfigError, match="objective"):
         sweep(tmp_path, objective="throughput", max_trials=2)
-    smaller = ProbeRequest(model="tiny-qwen2.5", device="cpu", gpu_memory_limit_bytes=2**29)
+    smaller = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu", limit_bytes=2**29))
     with pytest.raises(ConfigError, match="gpu_memory_limit_bytes was None, now 536870912"):
         sweep(tmp_path, request=smaller, max_trials=2)
-    sweep(tmp_path, request=ProbeRequest(model="tiny-qwen2.5", device="cpu", cpu_threads=1,
+    sweep(tmp_path, request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), cpu_threads=1,
                                          timeout_s=60), max_trials=2)  # these may change
 
 
@@ -271,7 +272,7 @@ def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
 
 @pytest.mark.parametrize("prescreen", [True, False])
 def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, prescreen):
-    from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     space = load_search_space("cpu-demo")
     probe = ModelRunner(limit_bytes=1)
@@ -321,8 +322,8 @@ def test_a_trainers_rules_keep_the_sweep_to_configs_it_accepts(tmp_path):
 def test_when_the_safe_config_runs_out_of_memory_the_sweep_stops_at_once(tmp_path):
     """Nothing in the space can fit: one probe, no spinning through predicted and reused
     trials past the budget (issue 12: 201 trials for --trials 2)."""
-    request = ProbeRequest(model="tiny-qwen2.5", device="cpu",
-                           gpu_memory_limit_bytes=200 * 2**20)  # below every scripted phase
+    # a cap below every scripted phase
+    request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu", limit_bytes=200 * 2**20))
     runner = ScriptedRunner()
     settings = settings_for(tmp_path, max_trials=2, request=request)
     sweeper = Sweep(settings, runner)
@@ -335,8 +336,8 @@ def test_when_the_safe_config_runs_out_of_memory_the_sweep_stops_at_once(tmp_pat
 def test_when_nothing_left_could_fit_the_sweep_stops_without_spinning(tmp_path):
     """Only a handful of configs fit; once they are probed and the rest is predicted, the
     sweep stops instead of asking until MAX_ASKS_WITHOUT_PROBE."""
-    request = ProbeRequest(model="tiny-qwen2.5", device="cpu",
-                           gpu_memory_limit_bytes=380 * 2**20)
+    request = ProbeRequest(model="tiny-qwen2.5",
+                           device=Device("cpu", limit_bytes=380 * 2**20))
     runner = ScriptedRunner()
     sweeper = Sweep(settings_for(tmp_path, max_trials=100, seed=2, request=request), runner)
     study = sweeper.run()

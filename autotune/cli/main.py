@@ -7,16 +7,15 @@ bad input). torch, transformers and ray are imported inside commands, never at i
 
 from __future__ import annotations
 
-import signal
 import sys
 from typing import Any
 
 import click
 
 from autotune import __version__
+from autotune.cli import options as opt
 from autotune.cli.estimate import estimate
 from autotune.cli.export import export
-from autotune.cli.options import build_probe_request, engine_knobs, probe_options, study_options
 from autotune.cli.report import report
 from autotune.cli.run import run
 from autotune.errors import AutotuneError, ConfigError
@@ -36,8 +35,9 @@ def cli(debug: bool) -> None:
     autotune run --model qwen2.5-vl-7b --timeout 8h  overnight sweep on this machine's GPUs
     autotune show                                    trials, Pareto front, best config
     autotune report                                  the study as one HTML page of plots
-    autotune estimate --model qwen2.5-7b --gpus 8    memory per phase, before probing
-    autotune validate search_spaces/grpo.yaml        check a search space
+    autotune estimate --model qwen2.5-7b --gpus-per-node 8   memory per phase, no probe
+    autotune spaces                                  the search spaces autotune ships
+    autotune validate grpo                           check a search space
     autotune models                                  the model registry
     autotune probe --model tiny-qwen2.5              one real GRPO step, measured
     autotune probe --model qwen2.5-0.5b --set micro_batch_size_update=8 --json
@@ -46,8 +46,7 @@ def cli(debug: bool) -> None:
 
 
 @cli.command()
-@click.option("--model-path", type=click.Path(file_okay=False), default=None,
-              help="Also count a local checkpoint or config directory.")
+@opt.model_path
 def models(model_path: str | None) -> None:
     """List the registry: each model's parameter count, built on the meta device.
 
@@ -73,14 +72,11 @@ def models(model_path: str | None) -> None:
 
 
 @cli.command()
-@probe_options()
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Set a knob, repeatable: --set micro_batch_size_update=8.")
+@opt.probe_options
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="Keep the probe's full output in this file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
-          **options: Any) -> None:
+@opt.as_json
+def probe(log_path: str | None, as_json: bool, **given: Any) -> None:
     """Run one probe: a real GRPO training step in its own process, measured.
 
     Exit code 0 when it fits, 1 when it failed (OOM, timeout, crash), 2 for bad input.
@@ -92,16 +88,13 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
     """
     from pathlib import Path
 
+    from autotune.cli.run import interrupt_on_sigterm
     from autotune.cli.text import format_probe_result
-    from autotune.config import parse_assignments
     from autotune.probe.result import ProbeStatus
     from autotune.runners.local import SubprocessRunner, probe_files
-    from autotune.sweep.preflight import check_model_on_device
+    from autotune.sweep.plan import plan_probe
 
-    knobs = parse_assignments(assignments)
-    request = build_probe_request(options, {**engine_knobs(options, space_names=frozenset(
-        knobs)), **knobs})
-    check_model_on_device(request, request.config, what="the probe")
+    request = plan_probe(opt.take_probe_options(given))
     if log_path is not None:
         for path in (Path(log_path), *probe_files(Path(log_path))):
             if path.exists():
@@ -109,8 +102,8 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
         if not Path(log_path).parent.is_dir():
             raise ConfigError(f"--log {log_path}: folder {Path(log_path).parent} does not "
                               "exist; create it first")
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # the probe dies with this command
-    click.echo(f"probing {request.model} on {request.device} ...", err=True)
+    interrupt_on_sigterm()  # the probe dies with this command
+    click.echo(f"probing {request.model} on {request.device.kind} ...", err=True)
     result = SubprocessRunner().run(request, Path(log_path) if log_path else None)
     click.echo(result.to_json() if as_json else format_probe_result(result, request.model))
     if result.status is ProbeStatus.INVALID:
@@ -119,7 +112,7 @@ def probe(assignments: tuple[str, ...], log_path: str | None, as_json: bool,
 
 
 @cli.command()
-@study_options
+@opt.study_options
 def show(study: str | None, results_dir: str, storage: str | None) -> None:
     """Print a study's trials, its Pareto front and its best configuration (read-only).
 
@@ -142,12 +135,14 @@ def show(study: str | None, results_dir: str, storage: str | None) -> None:
 
 
 @cli.command()
-@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.argument("files", nargs=-1, required=True, metavar="NAME|FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Check search-space files; report every problem with its file and key.
+    """Check search spaces (files, or names of those autotune ships); report every problem
+    with its file and key.
 
     \b
-    autotune validate search_spaces/grpo.yaml
+    autotune validate grpo
+    autotune validate my_space.yaml
     """
     from autotune.sweep.search_space import check_search_space
 
@@ -170,14 +165,29 @@ def validate(files: tuple[str, ...]) -> None:
     sys.exit(2 if failed else 0)
 
 
+@cli.command()
+def spaces() -> None:
+    """List the search spaces autotune ships: each one's name, what it searches, its size.
+
+    \b
+    autotune spaces
+    autotune run --space grpo-search-n
+    """
+    from autotune.cli.text import format_table
+    from autotune.sweep.search_space import load_search_space, shipped_spaces
+
+    rows = []
+    for name in shipped_spaces():
+        space = load_search_space(name)
+        rows.append({"space": name, "searched": ", ".join(space.params),
+                     "configs": space.grid_size, "file": space.source})
+    click.echo(format_table(rows, ["space", "configs", "searched", "file"]))
+
+
 cli.add_command(run)
 cli.add_command(estimate)
 cli.add_command(export)
 cli.add_command(report)
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,200 +1,199 @@
-"""The options every probing command shares, and the ProbeRequest they build.
+"""Every option of the `autotune` commands, declared once, and the typed values they give.
 
-`autotune probe` and `autotune run` take the same model, device, memory-limit and step
-options; this module is their one definition. No torch import.
+A command stacks the options it takes (pip-tools' options module): one spelling, one help
+text and one parser per option, so `run`, `probe` and `estimate` agree on every option they
+share. Choices are read from the library's own tables. Values are parsed as they are read
+(sizes, durations, shares, GPU ids, --set): a bad one is a ConfigError, one line and exit 2.
+No torch import.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from autotune.config import (
+    DTYPE_CHOICES,
+    engine_choices,
+    parse_assignments,
+    parse_bytes,
+    parse_duration_s,
+    parse_headroom,
+)
 from autotune.errors import ConfigError
+from autotune.hardware import DEVICE_CHOICES
+from autotune.runners import EXECUTORS
+from autotune.sweep.objective import OBJECTIVES
+from autotune.sweep.plan import ProbeOptions
+from autotune.sweep.settings import SAMPLERS
+from autotune.trainers import ADAPTERS
+
+Decorator = Callable[[Any], Any]
 
 
-def _size_option(name: str, help_text: str) -> Any:
-    return click.option(name, default=None, metavar="SIZE", help=help_text)
+class _Parsed(click.ParamType):
+    """A value parsed by one of the library's parsers, which names the flag when it refuses."""
+
+    def __init__(self, name: str, parse: Callable[[str, str], Any]) -> None:
+        self.name, self.parse = name, parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        if not isinstance(value, str):
+            return value  # a default already parsed
+        flag = param.opts[0] if param is not None and param.opts else self.name
+        return self.parse(value, flag)
 
 
-def probe_options(model_required: bool = True) -> Any:
-    """Options shared by every command that runs probes: model, device and memory limits."""
-    options = [
-        click.option("--model", "model", required=model_required, default=None, metavar="NAME",
-                     help="Registry model (see `autotune models`), e.g. qwen2.5-vl-7b."),
-        click.option("--model-path", type=click.Path(file_okay=False), default=None,
-                     help="Local HF checkpoint or config directory (overrides the registry)."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-                     show_default=True, help="Where probes run; auto = cuda when present."),
-        click.option("--gpus", default=None, metavar="IDS",
-                     help="GPU ids to pin probes to, e.g. 0 or 0,1 (default: all visible)."),
-        click.option("--threads", "cpu_threads", type=click.IntRange(1), default=None,
-                     help="CPU threads per probe (default: torch's choice)."),
-        _size_option("--gpu-memory-limit", "Cap on device memory per probe, e.g. 40GiB "
-                     "(emulates a smaller GPU; on CPU caps the probe's device RSS)."),
-        _size_option("--reserve-gpu-memory", "Device memory left free for a co-located "
-                     "process such as a retriever, e.g. 6GiB (default: 0)."),
-        _size_option("--host-memory-limit", "Cap on the probe tree's host RSS, e.g. 64GiB; "
-                     "past it the probe is killed and classified host_oom."),
-        click.option("--probe-timeout", "probe_timeout", default="15m", show_default=True,
-                     help="Wall-clock limit per probe: 90s, 15m, 2h."),
-        click.option("--nnodes", type=click.IntRange(1), default=None,
-                     help="Nodes of the training run being tuned (default 1; with --trainer, "
-                          "its base config's)."),
-        click.option("--gpus-per-node", type=click.IntRange(1), default=None,
-                     help="GPUs per node of that run (default: the GPUs visible here, 1 on a "
-                          "CPU): a probe runs one GPU's share of each batch."),
-        click.option("--ranks", type=click.Choice(["auto", "real", "emulated"]), default="auto",
-                     show_default=True,
-                     help="With more than one GPU in the run: real ranks (one process per GPU, "
-                          "needs them here) or one emulated rank (exact per-rank memory on one "
-                          "device, time without communication); auto: see the README."),
-        click.option("--warmup-steps", type=click.IntRange(0), default=1, show_default=True,
-                     help="Untimed steps before timing."),
-        click.option("--timed-steps", type=click.IntRange(1), default=2, show_default=True,
-                     help="Timed steps averaged into the figures."),
-        click.option("--engine", type=click.Choice(["auto", "vllm-like", "hf"]),
+def _gpu_ids(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected ids such as 0 or 0,1") from None
+
+
+SIZE = _Parsed("size", lambda text, flag: parse_bytes(text, flag))
+SIZE_OR_ZERO = _Parsed("size", lambda text, flag: parse_bytes(text, flag, allow_zero=True))
+DURATION = _Parsed("duration", parse_duration_s)
+SHARE = _Parsed("share", lambda text, flag: parse_headroom(text))
+GPU_IDS = _Parsed("ids", _gpu_ids)
+
+
+def _knobs(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+           ) -> dict[str, Any]:
+    return parse_assignments(value)
+
+
+# -- the model, the device, the run being tuned: every command that probes or estimates -----
+
+model = click.option("--model", default=None, metavar="NAME",
+                     help="Registry model (see `autotune models`), e.g. qwen2.5-vl-7b.")
+model_path = click.option("--model-path", type=click.Path(file_okay=False), default=None,
+                          help="A local Hugging Face checkpoint or config directory, instead "
+                               "of a registry model (its config.json is read, its weights "
+                               "loaded where a probe runs; `models` lists it too).")
+device = click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto",
+                      show_default=True,
+                      help="Where probes run; auto: cuda where an NVIDIA GPU is visible, else "
+                           "cpu (`estimate` plans a GPU run unless --device cpu).")
+gpu_memory_limit = click.option(
+    "--gpu-memory-limit", "gpu_memory_limit_bytes", type=SIZE, default=None, metavar="SIZE",
+    help="Cap on device memory per probe, e.g. 40GiB (tunes for a smaller GPU; on a CPU "
+         "caps the probe's device RSS).")
+reserve_gpu_memory = click.option(
+    "--reserve-gpu-memory", "reserve_gpu_memory_bytes", type=SIZE_OR_ZERO, default="0",
+    metavar="SIZE", help="Device memory left free for a co-located process such as a "
+                         "retriever, e.g. 6GiB (default: 0).")
+nnodes = click.option("--nnodes", type=click.IntRange(1), default=None,
+                      help="Nodes of the training run (default: a trainer base config's; "
+                           "else 1, or for `export` the study's).")
+gpus_per_node = click.option(
+    "--gpus-per-node", type=click.IntRange(1), default=None,
+    help="GPUs per node of that run (default: a trainer base config's; else the GPUs visible "
+         "here, 1 on a CPU, or for `export` the study's): each takes an equal share of every "
+         "batch.")
+engine = click.option("--engine", type=click.Choice(("auto", *engine_choices())),
+                      default="auto", show_default=True,
+                      help="Rollout engine's memory: vllm-like reserves gpu_memory_utilization "
+                           "of the device (EasyR1, verl); hf grows a KV cache with the batch "
+                           "(TRL). auto: vllm-like on a GPU, hf for --trainer trl and on a CPU.")
+dtype = click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto",
+                     show_default=True, help="Compute dtype; auto: bf16 on a GPU, fp32 on a CPU.")
+set_knobs = click.option("--set", "knobs", multiple=True, metavar="KEY=VALUE",
+                         callback=_knobs,
+                         help="Set a knob, repeatable: --set micro_batch_size_update=8.")
+headroom = click.option("--headroom", type=SHARE, default="10%", show_default=True,
+                        help="Device memory kept free in every phase of a feasible config.")
+
+# -- how a probe runs: `probe` and `run` --------------------------------------------------
+
+gpus = click.option("--gpus", type=GPU_IDS, default=None, metavar="IDS",
+                    help="GPU ids to pin probes to, e.g. 0 or 0,1 (default: all visible).")
+threads = click.option("--threads", "cpu_threads", type=click.IntRange(1), default=None,
+                       help="CPU threads per probe (default: torch's choice).")
+host_memory_limit = click.option(
+    "--host-memory-limit", "host_memory_limit_bytes", type=SIZE, default=None,
+    metavar="SIZE", help="Cap on the probe tree's host RSS, e.g. 64GiB; past it the probe is "
+                         "killed and classified host_oom.")
+probe_timeout = click.option("--probe-timeout", "probe_timeout_s", type=DURATION,
+                             default="15m", show_default=True,
+                             help="Wall-clock limit per probe: 90s, 15m, 2h.")
+ranks = click.option("--ranks", type=click.Choice(("auto", "real", "emulated")),
                      default="auto", show_default=True,
-                     help="Rollout engine's memory: vllm-like reserves "
-                          "gpu_memory_utilization of the device (EasyR1, verl); hf grows a KV "
-                          "cache with the batch (TRL). auto: vllm-like on a GPU, hf for "
-                          "--trainer trl and on a CPU."),
-        click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]), default="auto",
-                     show_default=True, help="Compute dtype; auto = bf16 on GPU, fp32 on CPU."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
-    ]
+                     help="With more than one GPU in the run: real ranks (one process per GPU, "
+                          "needs them here) or one emulated rank (exact per-rank memory on "
+                          "one device, time without communication); auto: see docs/sweep.md.")
+warmup_steps = click.option("--warmup-steps", type=click.IntRange(0), default=1,
+                            show_default=True, help="Untimed steps before timing.")
+timed_steps = click.option("--timed-steps", type=click.IntRange(1), default=None,
+                           help="Timed steps averaged into the figures (default 2; the CPU "
+                                "demo: 1).")
+seed = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+                    help="Random seed of the probes and the sampler.")
 
+# -- studies ----------------------------------------------------------------------------
+
+study = click.option("--study", default=None,
+                     help="Study name: `run` makes or resumes it (default MODEL-SPACE); `show`, "
+                          "`report` and `export` read it (default: the latest in "
+                          "--results-dir); `estimate` uses its calibration.")
+results_dir = click.option("--results-dir", type=click.Path(file_okay=False),
+                           default="results", show_default=True,
+                           help="Where results/<study>/ is.")
+storage = click.option("--storage", default=None, metavar="URL|FILE",
+                       help="A study several drivers share: a PostgreSQL URL or a journal file "
+                            "on a shared disk (default: SQLite in results/<study>/).")
+
+# -- the trainer --------------------------------------------------------------------------
+
+trainer = click.option("--trainer", type=click.Choice(tuple(ADAPTERS)), default=None,
+                       help="The trainer whose config is written (best.<trainer>.yaml, "
+                            "`export`: required) and whose rules every config must pass.")
+base_config = click.option(
+    "--base-config", type=click.Path(dir_okay=False), default=None,
+    help="Your config: with --trainer your trainer's own YAML (an export changes only the keys "
+         "it writes, listed in its header), else a YAML of knobs. A sweep holds its values "
+         "fixed, or tries them first where it searches them.")
+
+# -- output -------------------------------------------------------------------------------
+
+as_json = click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+out_path = click.option("--out", "out_path", type=click.Path(), default=None,
+                        metavar="FILE", help="Where to write it (default: in "
+                                             "results/<study>/; never over another file).")
+
+# -- `run` only: the search and where probes run -------------------------------------------
+
+objective = click.option("--objective", type=click.Choice(OBJECTIVES),
+                         default=OBJECTIVES[0], show_default=True)
+sampler = click.option("--sampler", type=click.Choice(SAMPLERS), default=SAMPLERS[0],
+                       show_default=True, help="Optuna sampler (seeded with --seed).")
+executor = click.option("--executor", type=click.Choice(EXECUTORS), default=EXECUTORS[0],
+                        show_default=True,
+                        help="Where probes run: subprocesses here, or Ray tasks on a Ray "
+                             "cluster (pip install 'autotune[ray]').")
+
+
+def stack(*options: Decorator) -> Decorator:
+    """The options as one decorator, in the order given (as --help lists them)."""
     def decorate(command: Any) -> Any:
         for option in reversed(options):
             command = option(command)
         return command
-
     return decorate
 
 
-def study_options(command: Any) -> Any:
-    """The options of every command that reads a finished or running study."""
-    for option in reversed([
-        click.option("--study", default=None,
-                     help="Study name (default: the latest in --results-dir)."),
-        click.option("--results-dir", type=click.Path(file_okay=False), default="results",
-                     show_default=True),
-        click.option("--storage", default=None, metavar="URL|FILE",
-                     help="A shared study's storage (as given to `run --storage`)."),
-    ]):
-        command = option(command)
-    return command
+# what `probe` and `run` take to make their probes (ProbeOptions' fields)
+probe_options = stack(model, model_path, device, gpus, threads, gpu_memory_limit,
+                      reserve_gpu_memory, host_memory_limit, probe_timeout, nnodes,
+                      gpus_per_node, ranks, warmup_steps, timed_steps, engine, dtype, seed,
+                      set_knobs)
+study_options = stack(study, results_dir, storage)  # every command that reads a study
 
 
-def build_probe_request(options: dict[str, Any], knob_values: dict[str, Any],
-                        local: bool = True, check_rules: bool = True,
-                        known_model: bool = True) -> Any:
-    """A ProbeRequest from the shared probe options and typed knob values, every option
-    checked before any probe starts. `local`: probes run on this machine (not a Ray cluster),
-    so --device cuda needs a GPU here. `check_rules`: the knobs must pass the batch rules (a
-    sweep's template config need not: each trial's config is checked as it is asked).
-    `known_model`: --model must be in the registry (a probe of the user's trainer runs the
-    model of the trainer's config; --model is then a label)."""
-    from pathlib import Path
-
-    from autotune.config import ProbeConfig, make_probe_config, parse_bytes, parse_duration_s
-    from autotune.hardware import has_nvidia_gpu
-    from autotune.probe.result import ProbeRequest
-    from autotune.registry import get_model_spec, read_model_path_config
-
-    if options["model_path"] is None:
-        if known_model:
-            get_model_spec(options["model"])
-    else:
-        read_model_path_config(options["model_path"])
-    if local and options["device"] == "cuda" and not has_nvidia_gpu():
-        raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
-                          "--device cpu, or run where a GPU is")
-    gpu_ids = None
-    if options["gpus"]:
-        try:
-            gpu_ids = tuple(int(x) for x in options["gpus"].split(","))
-        except ValueError:
-            raise ConfigError(f"--gpus {options['gpus']!r}: expected ids such as 0 or 0,1") \
-                from None
-
-    def size(flag: str) -> int | None:
-        raw = options[flag.lstrip("-").replace("-", "_")]
-        return parse_bytes(raw, flag, allow_zero=flag == "--reserve-gpu-memory") \
-            if raw is not None else None
-
-    default_topology(options)
-    nnodes, gpus_per_node = options["nnodes"] or 1, options["gpus_per_node"] or 1
-    return ProbeRequest(
-        model=options["model"] or Path(options["model_path"]).name,
-        config=make_probe_config(knob_values, nnodes * gpus_per_node) if check_rules
-        else ProbeConfig(**knob_values),
-        model_path=options["model_path"], device=options["device"], gpu_ids=gpu_ids,
-        cpu_threads=options["cpu_threads"], gpu_memory_limit_bytes=size("--gpu-memory-limit"),
-        reserve_gpu_memory_bytes=size("--reserve-gpu-memory") or 0,
-        host_memory_limit_bytes=size("--host-memory-limit"),
-        timeout_s=parse_duration_s(options["probe_timeout"], "--probe-timeout"),
-        warmup_steps=options["warmup_steps"], timed_steps=options["timed_steps"],
-        seed=options["seed"], dtype=options["dtype"], nnodes=nnodes,
-        gpus_per_node=gpus_per_node,
-        emulated=emulate_ranks(options.get("ranks", "auto"), nnodes * gpus_per_node,
-                               options["device"], gpu_ids, local))
-
-
-def engine_knobs(options: dict[str, Any], trainer: str | None = None,
-                 space_names: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
-    would); auto only where the space says nothing of the engine. auto is vllm-like on a
-    GPU (EasyR1's and verl's vLLM), hf for TRL (HF generation) and on a CPU (a stand-in
-    device whose interpreter alone takes a large share of a small cap); verl's vLLM
-    (>= 0.8.5) sleeps at level 2, EasyR1's at 1."""
-    from autotune.hardware import has_nvidia_gpu
-
-    engine = options.get("engine", "auto")
-    if engine == "auto":
-        if "rollout_engine" in space_names:
-            return {}
-        on_cpu = options["device"] == "cpu" or (options["device"] == "auto"
-                                                 and not has_nvidia_gpu())
-        engine = "hf" if trainer == "trl" or on_cpu else "vllm-like"
-    knobs: dict[str, Any] = {"rollout_engine": engine}
-    if engine == "vllm-like" and trainer == "verl" and "sleep_level" not in space_names:
-        knobs["sleep_level"] = 2
-    return knobs
-
-
-def default_topology(options: dict[str, Any]) -> None:
-    """--nnodes and --gpus-per-node both left out: the run is this machine's GPUs (the
-    --gpus given, else every visible one), or 1 on a CPU. Fills `options` in place."""
-    from autotune.hardware import has_nvidia_gpu, visible_gpu_ids
-
-    if options["nnodes"] is not None or options["gpus_per_node"] is not None:
-        return
-    options["nnodes"] = 1
-    on_gpu = options["device"] == "cuda" or (options["device"] == "auto" and has_nvidia_gpu())
-    ids = options["gpus"].split(",") if options.get("gpus") else visible_gpu_ids()
-    options["gpus_per_node"] = max(1, len(ids)) if on_gpu else 1
-
-
-def local_ranks(device: str, gpu_ids: tuple[object, ...] | None) -> int:
-    """How many real ranks this machine can run at once: its GPUs, or on a CPU its cores."""
-    from autotune.hardware import has_nvidia_gpu, usable_cpu_ids, visible_gpu_ids
-
-    if device == "cpu" or (device == "auto" and not has_nvidia_gpu()):
-        return len(usable_cpu_ids())
-    return len(gpu_ids) if gpu_ids is not None else len(visible_gpu_ids())
-
-
-def emulate_ranks(ranks: str, world_size: int, device: str, gpu_ids: tuple[int, ...] | None,
-                  local: bool = True) -> bool:
-    """Whether probes of a `world_size`-GPU run emulate their rank (--ranks): auto runs real
-    ranks when the run's GPUs are all here, and emulates one rank when they are not."""
-    if world_size == 1:
-        return False
-    fits = not local or world_size <= local_ranks(device, gpu_ids)
-    if ranks == "real" and not fits:
-        where = "cores" if device == "cpu" else "GPUs"
-        raise ConfigError(f"--ranks real: the run's {world_size} GPUs need {world_size} "
-                          f"{where} here, {local_ranks(device, gpu_ids)} found; use --ranks "
-                          "emulated (exact per-rank memory on one device)")
-    return ranks == "emulated" or (ranks == "auto" and not fits)
+def take_probe_options(given: dict[str, Any]) -> ProbeOptions:
+    """The ProbeOptions among a command's parsed options (removed from `given`)."""
+    fields = ProbeOptions.__dataclass_fields__
+    return ProbeOptions(**{name: given.pop(name) for name in list(given) if name in fields})

@@ -7,14 +7,13 @@ from typing import Any
 
 import click
 
-from autotune.cli.options import study_options
+from autotune.cli import options as opt
 from autotune.errors import AutotuneError
 
 
 @click.command()
-@study_options
-@click.option("--out", "out_path", type=click.Path(), default=None, metavar="FILE",
-              help="Where to write it (default: results/<study>/report.html).")
+@opt.study_options
+@opt.out_path
 def report(study: str | None, results_dir: str, storage: str | None,
            out_path: str | None) -> None:
     """Write a study's report: one self-contained HTML page of plots (opens offline).

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.config import describe_params, format_bytes
-from autotune.probe.result import PHASES, ProbeResult
+from autotune.config import PHASES, describe_params, format_bytes
+from autotune.probe.result import ProbeResult
+
+if TYPE_CHECKING:
+    from autotune.sweep.run import SweepOutcome
+    from autotune.sweep.settings import SweepSettings
 
 
 def format_probe_result(result: ProbeResult, model: str) -> str:
@@ -152,3 +156,28 @@ def _against_start(trials: list[Any], best: Any, identity: dict[str, Any]) -> li
     tuned = best.user_attrs["result"]
     return [f"  vs {what}: {tuned['tokens_per_s'] / result['tokens_per_s']:.2f}x the tokens/s "
             f"at {tuned['peak_mem_bytes'] / result['peak_mem_bytes']:.2f}x the peak memory"]
+
+
+def format_outcome(outcome: SweepOutcome, settings: SweepSettings, report_line: str
+                   ) -> tuple[str, str]:
+    """What `run` prints when a sweep ends: the study in brief, the report and the files
+    (standard output), and why nothing fits when nothing does (standard error)."""
+    study = outcome.study
+    lines = [format_study(study, brief=True), "", report_line]
+    best = outcome.best_path is not None
+    exported = f", {outcome.export_path.name}" if outcome.export_path and best else ""
+    files = f"trials.csv, logs/{', best.yaml' if best else ''}{exported}"
+    if settings.storage is None:
+        lines += ["", f"results in {settings.study_dir}/ ({files}, study.db)"]
+    else:
+        others = outcome.others_running
+        still = f"; {others} probe(s) of other drivers still running in it" if others else ""
+        lines += ["", f"study {settings.study_name} lives in {outcome.where}, shared by every "
+                  f"driver on it{still}. {settings.study_dir}/ holds this driver's logs and "
+                  f"{files}, rewritten from the study as it stood when this driver stopped; "
+                  f"`autotune show --study {settings.study_name} --storage {outcome.where}` "
+                  "reads it as it stands"]
+    why = "" if best else (outcome.nothing_fits or "no feasible configuration found: widen the "
+                           "space (offload, checkpointing, smaller micro-batches), lower "
+                           "--headroom or use more memory")
+    return "\n".join(lines), why

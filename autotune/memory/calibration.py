@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.memory.model import MemoryEstimate
+from autotune.memory.model import MemoryEstimate, PhaseEstimate
 
 MIN_SCALE, MAX_SCALE = 0.25, 4.0  # a fitted scale outside this is noise, not physics
 MIN_SPREAD = 0.05  # transient parts must differ by 5% of their mean to fit a scale
@@ -44,15 +44,16 @@ class Calibration:
     def samples(self) -> int:
         return max((fit.samples for fit in self.phases.values()), default=0)
 
+    def split(self, name: str, phase: PhaseEstimate) -> tuple[int, int]:
+        """Phase `name`'s calibrated transient and context bytes (a phase never measured
+        borrows the fallback)."""
+        fit = self.phases.get(name) or self.fallback()
+        return int(fit.transient_scale * phase.transient_bytes), fit.context_bytes
+
     def phase_bytes(self, estimate: MemoryEstimate) -> dict[str, int]:
         """Each phase's calibrated peak."""
-        fallback = self.fallback()
-        out = {}
-        for name, phase in estimate.phases.items():
-            fit = self.phases.get(name, fallback)
-            out[name] = phase.states_bytes + fit.context_bytes + int(
-                fit.transient_scale * phase.transient_bytes)
-        return out
+        return {name: phase.states_bytes + sum(self.split(name, phase))
+                for name, phase in estimate.phases.items()}
 
     def peak_bytes(self, estimate: MemoryEstimate) -> int:
         return max(self.phase_bytes(estimate).values())

@@ -32,7 +32,7 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
     phase = "update" if knob == "micro_batch_size_update" else "experience"
 
     def fits(micro: int) -> bool:
-        trial = dataclasses.replace(config, **{knob: micro})
+        trial = dataclasses.replace(config, **{knob: micro})  # type: ignore[arg-type]
         totals = phase_totals(estimate_memory(shape, trial, **model_args), calibration)
         return totals[phase] <= budget_bytes
 
@@ -63,8 +63,7 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
     for phase, part in estimate.phases.items():
         transient, context = part.transient_bytes, part.context_bytes
         if calibration is not None:
-            fit = calibration.phases.get(phase, calibration.fallback())
-            transient, context = int(fit.transient_scale * transient), fit.context_bytes
+            transient, context = calibration.split(phase, part)
         mark = "  <- binds" if phase == binding else ""
         lines.append(f"{phase:<12}{format_bytes(part.states_bytes):>14}"
                      f"{format_bytes(transient):>12}{format_bytes(context):>11}"

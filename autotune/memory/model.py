@@ -7,8 +7,9 @@ Model states follow the standard mixed-precision Adam accounting as verl and Eas
 (actor in fp32, FSDP full sharding over N GPUs): 4 bytes of fp32 params, 4 of fp32 grads and 8
 of Adam m and v per parameter, 16 in all, divided by N. Offload (verl/EasyR1 semantics) moves
 params and optimizer state to host *between* phases: it lowers the rollout and log-prob phases,
-never the update. Activations, logits and the KV cache follow
-shared/reference/memory-and-throughput.md sections 2 to 4; a vllm-like rollout engine is the
+never the update. Activations follow Korthikanti et al. 2022 (arXiv:2205.05198) adapted to
+Qwen2's SwiGLU, GQA and RMSNorm; logits are [tokens, vocabulary]; the KV cache is
+2 x layers x KV heads x head dim per token, as vLLM sizes it; a vllm-like rollout engine is the
 resident states plus its reservation, gpu_memory_utilization x the device (section 4.2).
 
 Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
@@ -31,8 +32,6 @@ from autotune.registry import get_model_spec, read_model_path_config
 PARAM_BYTES = 4  # fp32 master params
 GRAD_BYTES = 4  # fp32 grads (FSDP reduces in fp32)
 ADAM_BYTES = 8  # fp32 m and v
-STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + ADAM_BYTES  # 16: the ZeRO paper's 2+2+12
-PHASES = ("rollout", "experience", "update", "validation")
 
 # The knobs that move each phase's peak in this model (a test checks every other knob leaves
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
@@ -53,17 +52,16 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              *_SHAPE_KNOBS}),
 }
 
-# The fixed context of one probe process before calibration: CUDA context and allocator slack
-# on a GPU (reference section 0: 0.5 to 2 GiB), the anonymous RSS of Python, torch and
-# transformers on a CPU (measured: about 255 MiB with torch 2.x and transformers 5.x).
+# The fixed context of one probe process before calibration (the prior a study's calibration
+# replaces): CUDA context and allocator slack on a GPU, the anonymous RSS of Python, torch and
+# transformers on a CPU. Both priors and how they were set: docs/memory-and-trace.md.
 GPU_CONTEXT_BYTES = 1 << 30
 CPU_CONTEXT_BYTES = 255 << 20
 # The traced estimate's fixed term (probe/trace.py counts every tensor; this is the rest): on
 # a GPU the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's rounding; on
 # a CPU the interpreter with torch and transformers, and what glibc's heap holds beyond the
-# live tensors: 258 to 304 MiB over the CPU grids' phases, median 264 on the demo grid and
-# 265 to 274 on the others (benchmarks/trace_accuracy.py).
-# The sweep replaces it with what its own probes held beyond their traces.
+# live tensors (the median of benchmarks/trace_accuracy.py's grids). The sweep replaces it
+# with what its own probes held beyond their traces.
 TRACE_GPU_CONTEXT_BYTES = GPU_CONTEXT_BYTES
 TRACE_CPU_CONTEXT_BYTES = 264 << 20
 
@@ -93,7 +91,8 @@ class ModelShape:
         """From config.json-style dicts (a registry entry, or a local config.json)."""
         heads = int(text["num_attention_heads"])
         head_dim = text.get("head_dim") or int(text["hidden_size"]) // heads
-        shape = {"hidden": int(text["hidden_size"]), "layers": int(text["num_hidden_layers"]),
+        shape: dict[str, Any] = {
+                 "hidden": int(text["hidden_size"]), "layers": int(text["num_hidden_layers"]),
                  "heads": heads, "kv_heads": int(text.get("num_key_value_heads", heads)),
                  "head_dim": int(head_dim), "intermediate": int(text["intermediate_size"]),
                  "vocab": int(text["vocab_size"]), "tied_embeddings": bool(tied_embeddings)}
@@ -197,17 +196,11 @@ def activation_bytes_per_token(shape: ModelShape, checkpointing: bool,
 
 def vision_activation_bytes_per_patch(shape: ModelShape, checkpointing: bool,
                                       bytes_per_element: int = 2) -> int:
-    """Saved tensors of the ViT per patch: 24 hv + 8 Iv bytes per block in bf16 (reference 2.4)."""
+    """Saved tensors of the ViT per patch: 24 hv + 8 Iv bytes per block in bf16."""
     block = (24 * shape.vision_hidden + 8 * shape.vision_intermediate) * bytes_per_element // 2
     if checkpointing:
         return bytes_per_element * shape.vision_hidden * shape.vision_layers + block
     return shape.vision_layers * block
-
-
-def logits_bytes_per_token(shape: ModelShape, backward: bool,
-                           bytes_per_element: int = 2) -> int:
-    """The [tokens, vocab] logits: the tensor itself, plus its gradient in the update."""
-    return (2 if backward else 1) * bytes_per_element * shape.vocab
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, bytes_per_element: int = 2) -> int:

@@ -39,9 +39,8 @@ from typing import Any
 import psutil
 
 from autotune.files import describe_os_error
-from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, summarize
-from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, kill_tagged
+from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, die_with_parent, kill_tagged
 from autotune.probe.result import (
     TRIAL_DIR_TOKEN,
     ProbeRequest,
@@ -185,10 +184,10 @@ def run_command(request: ProbeRequest, result_path: str) -> ProbeResult:
 def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
          env: dict[str, str], gpu: GpuMemory, state: dict[str, Any]) -> ProbeResult:
     tag = os.environ.get(PROBE_TAG_ENV)
-    capacity = gpu.describe() if gpu.present else {
+    capacity: dict[str, Any] = gpu.describe() if gpu.present else {
         "device_name": "cpu (the run's RSS)",
         "device_capacity_bytes": int(psutil.virtual_memory().total)}
-    limit = request.device_limit_bytes(capacity["device_capacity_bytes"])
+    limit = request.device.with_capacity(capacity["device_capacity_bytes"]).cap_bytes
     log = StepLog(command.trainer, steps_per_cycle=command.steps_per_cycle)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     started = time.monotonic()

@@ -27,6 +27,8 @@ import torch
 
 from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
+from autotune.hardware import Device
+from autotune.probe.meter import Meter
 from autotune.probe.sharding import fill_storage, free_storage, local_bytes, local_tensor
 
 BLOCK_TOKENS = 16  # vLLM's default KV block
@@ -36,16 +38,18 @@ class KvCacheError(RuntimeError):
     """The engine cannot start: its words are vLLM's (oom.py reads them as cache_oom)."""
 
 
-def engine_capacity_bytes(config: ProbeConfig, device: Any, meter: Any) -> int | None:
-    """The device whose gpu_memory_utilization a vllm-like engine reserves: the probe's
-    device-memory limit when there is one, else the GPU's memory; a CPU needs a limit."""
-    limit = meter.device_limit_bytes
-    if limit is not None or config.rollout_engine != "vllm-like":
-        return limit
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    raise ConfigError("rollout_engine=vllm-like on the CPU reserves a share of the device "
-                      "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
+def engine_capacity_bytes(config: ProbeConfig, device: Device) -> int | None:
+    """The memory whose gpu_memory_utilization a vllm-like engine reserves: what the probe
+    may use of its device (its cap, else the device); on a CPU only under a cap."""
+    if config.rollout_engine != "vllm-like":
+        return None
+    if not device.on_gpu and device.cap_bytes is None:
+        raise ConfigError("rollout_engine=vllm-like on the CPU reserves a share of the device "
+                          "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
+    if device.usable_bytes is None:
+        raise ConfigError("rollout_engine=vllm-like needs the device's memory, which is not "
+                          "known yet; probe first, or give --gpu-memory-limit")
+    return device.usable_bytes
 
 
 def _gib(num_bytes: float) -> str:
@@ -57,7 +61,7 @@ class RolloutEngine:
 
     def __init__(self, model: Any, model_config: Any, config: ProbeConfig, device: Any,
                  dtype: torch.dtype, tensor_parallel: bool, capacity_bytes: int | None,
-                 move: Callable[[torch.Tensor, bool], torch.Tensor], meter: Any) -> None:
+                 move: Callable[[torch.Tensor, bool], torch.Tensor], meter: Meter) -> None:
         self.model, self.model_config, self.config = model, model_config, config
         self.device, self.dtype, self.tensor_parallel = device, dtype, tensor_parallel
         self.vllm_like = config.rollout_engine == "vllm-like"

@@ -18,32 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, Any
 
 from autotune.files import write_text_atomic
 from autotune.hardware import nvidia_gpu_count
 from autotune.probe.oom import classify_exit
+from autotune.probe.process_tag import die_with_parent
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 POLL_INTERVAL_S = 0.02
+RANK_ENV = "AUTOTUNE_PROBE_RANK"  # set in each rank's worker: it is a rank, not a launcher
 FAULT_LIMIT_ENV = "AUTOTUNE_FAULT_DEVICE_LIMIT"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In a child before exec: SIGKILL it when its parent (the driver, or a probe's launcher)
-    dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def free_port() -> int:
@@ -90,12 +80,13 @@ def rank_requests(request: ProbeRequest) -> list[ProbeRequest]:
     limits = fault_limits()
     return [dataclasses.replace(
         request, cpu_ids=groups[r], cpu_threads=threads,
-        gpu_memory_limit_bytes=limits.get(r, request.gpu_memory_limit_bytes))
+        device=dataclasses.replace(request.device,
+                                   limit_bytes=limits.get(r, request.device.limit_bytes)))
         for r in range(ranks)]
 
 
 def visible_gpus(request: ProbeRequest) -> list[str]:
-    if request.device == "cpu":
+    if not request.device.on_gpu:
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
@@ -104,9 +95,7 @@ def visible_gpus(request: ProbeRequest) -> list[str]:
 
 
 def start_rank(rank: int, request: ProbeRequest, request_path: Path, result_path: Path,
-               port: int, gpu: str | None, log: object) -> subprocess.Popen[bytes]:
-    from autotune.probe.worker import RANK_ENV
-
+               port: int, gpu: str | None, log: IO[Any] | int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), **{RANK_ENV: str(rank)},
                WORLD_SIZE=str(request.world_size), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), OMP_NUM_THREADS=str(request.cpu_threads))
@@ -118,8 +107,9 @@ def start_rank(rank: int, request: ProbeRequest, request_path: Path, result_path
     launcher_pid, cores = os.getpid(), request.cpu_ids
 
     def prepare() -> None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cores)
+        if cores:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, cores)
         die_with_parent(launcher_pid)
 
     return subprocess.Popen(
@@ -138,7 +128,7 @@ def launch_ranks(request: ProbeRequest, result_path: str) -> ProbeResult:
     """Run the W ranks of `request`; return the group's result or the first failure's."""
     ranks = request.world_size
     gpus = visible_gpus(request)
-    if request.device != "cpu" and gpus and len(gpus) < ranks:
+    if request.device.on_gpu and gpus and len(gpus) < ranks:
         return ProbeResult(
             status=ProbeStatus.INVALID, world_size=ranks,
             message=f"a real {ranks}-rank probe needs {ranks} GPUs, {len(gpus)} visible: "

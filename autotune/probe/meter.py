@@ -14,7 +14,8 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -73,8 +74,54 @@ class NvmlProcessMemory:
         return max(0, int(used) - int(self._baseline_used_bytes))
 
 
+class Meter(Protocol):
+    """What the GRPO step (step.py) and its rollout engine (engine.py) measure through and
+    hold host memory with: the probe's MemoryMeter, or the trace's TracedMeter (trace.py).
+
+    A meter also owns which iterations of a loop that repeats its shapes run (`runs`): a
+    probe runs them all; a trace runs the first and the last and the step puts a result of
+    the same bytes in place of each other.
+    """
+
+    device: Any  # the torch device the step's tensors live on
+    gpu_kernels: bool  # the step uses a GPU's kernels (dtype, AdamW's foreach step)
+    current_phase: str | None
+    phase_peak_mem_bytes: dict[str, int]
+    phase_allocator_peak_bytes: dict[str, int]
+    host_peak_rss_bytes: int
+
+    def runs(self, iteration: int, count: int) -> bool:
+        """Whether iteration `iteration` of a loop of `count` iterations runs."""
+        ...
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """Measure one phase of the step: its peak device memory."""
+        ...
+
+    def read_device_bytes(self) -> int:
+        """The device memory in use now (what vLLM's start-up check reads)."""
+        ...
+
+    def measure_peak_bytes(self, run: Callable[[], None]) -> int:
+        """Bytes `run` adds at its peak (vLLM's profile run)."""
+        ...
+
+    def to_host(self, tensor: Any) -> Any:
+        """A host copy of `tensor` (offload), counted as host memory."""
+        ...
+
+    def to_device(self, tensor: Any) -> Any:
+        """A device copy of a host tensor."""
+        ...
+
+    def on_host(self, tensor: Any) -> bool:
+        """Whether `tensor` is held in host memory."""
+        ...
+
+
 class MemoryMeter:
-    """Per-phase peaks of device memory and host RSS, sampled and read from the kernel."""
+    """Per-phase peaks of device memory and host RSS, sampled and read from the kernel: the
+    probe's Meter."""
 
     def __init__(self, device: Any, device_limit_bytes: int | None = None,
                  on_limit: Callable[[str, int], None] | None = None,
@@ -109,10 +156,8 @@ class MemoryMeter:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
 
-    @staticmethod
-    def runs(iteration: int, count: int) -> bool:
-        """Whether iteration `iteration` of a loop of `count` runs: every one in a probe (a
-        trace runs the first and the last: trace.py)."""
+    def runs(self, iteration: int, count: int) -> bool:
+        """Every iteration of every loop runs in a probe."""
         return True
 
     def measure_peak_bytes(self, run: Callable[[], None]) -> int:
@@ -227,17 +272,15 @@ def read_rss_bytes() -> int:
         return int(handle.read().split()[1]) * _PAGE_BYTES
 
 
-def resolve_device(name: str) -> Any:
-    """The torch device a probe runs on (auto: cuda when one is visible)."""
+def torch_device(kind: str) -> Any:
+    """The torch device of a Device's kind (cuda or cpu), checked to be there."""
     import torch
 
     from autotune.errors import ConfigError
 
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    return torch.device(name)
+    return torch.device(kind)
 
 
 def describe_device(device: Any, limit_bytes: int | None) -> dict[str, Any]:

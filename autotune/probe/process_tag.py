@@ -1,4 +1,9 @@
-"""Every process a probe starts carries a tag in its environment, and is found and ended by it.
+"""The lifetime of every process a probe starts: it dies with its parent, and it carries a tag
+in its environment by which it is found and ended.
+
+A child started by the driver (a probe's worker, the sweep's trace process) or by a probe's
+launcher (its ranks) gets its parent's death as a SIGKILL (`die_with_parent`), so nothing
+outlives a driver killed with SIGKILL.
 
 A trainer's run leaves processes that are not its children: Ray's raylet and its workers, a
 vLLM engine, anything that called setsid. Killing a process group misses them. So the runner
@@ -15,6 +20,7 @@ import contextlib
 import math
 import os
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 
@@ -24,6 +30,18 @@ PROBE_TAG_ENV = "AUTOTUNE_PROBE_TAG"
 KILL_WAIT_S = 5.0
 TREE_REFRESH_S = 0.25  # how often a watchdog looks for new processes in the probe's tree
 TAG_SCAN_S = 1.0  # how often it looks for the probe's processes outside its tree
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child before exec: SIGKILL it when its parent (the driver, or a probe's launcher)
+    dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
 
 
 def new_tag() -> str:

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import ProbeConfig
-
-PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
+from autotune.hardware import Device, usable_bytes
 
 
 class ProbeStatus(str, enum.Enum):
@@ -26,9 +25,23 @@ class ProbeStatus(str, enum.Enum):
     LOST = "lost"  # the probe's node went away (Ray): says nothing about the config; retried once
     KILLED = "killed"  # SIGKILLed from outside with no sign of OOM: as lost, retried once
 
+    @classmethod
+    def of(cls, value: str | None) -> ProbeStatus | None:
+        """The status a stored value names; None for the words a trial uses of its own run
+        (interrupted, duplicate) or none at all."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
     @property
     def is_oom(self) -> bool:
         return self in (ProbeStatus.GPU_OOM, ProbeStatus.HOST_OOM, ProbeStatus.CACHE_OOM)
+
+    @property
+    def is_device_oom(self) -> bool:
+        """Device memory ran out: the allocator, or the rollout engine's reservation."""
+        return self in (ProbeStatus.GPU_OOM, ProbeStatus.CACHE_OOM)
 
     @property
     def says_nothing(self) -> bool:
@@ -66,12 +79,10 @@ class ProbeRequest:
     model: str
     config: ProbeConfig = field(default_factory=ProbeConfig)
     model_path: str | None = None  # a local HF checkpoint or config directory
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = field(default_factory=Device)  # its kind, capacity and memory cap
     gpu_ids: tuple[int, ...] | None = None  # pinned through CUDA_VISIBLE_DEVICES
     cpu_threads: int | None = None
     cpu_ids: tuple[int, ...] | None = None  # CPU cores the probe is pinned to (parallel probes)
-    gpu_memory_limit_bytes: int | None = None  # per-process cap; on CPU a cap on device RSS
-    reserve_gpu_memory_bytes: int = 0  # room left for a co-located process
     host_memory_limit_bytes: int | None = None  # RSS of the whole probe tree
     timeout_s: float = 900.0
     warmup_steps: int = 1
@@ -89,22 +100,15 @@ class ProbeRequest:
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
 
-    def device_limit_bytes(self, capacity_bytes: int) -> int | None:
-        """The device memory the probe may use: --gpu-memory-limit, less
-        --reserve-gpu-memory."""
-        limits = [self.gpu_memory_limit_bytes] if self.gpu_memory_limit_bytes is not None \
-            else []
-        if self.reserve_gpu_memory_bytes:
-            limits.append(capacity_bytes - self.reserve_gpu_memory_bytes)
-        return min(limits) if limits else None
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+    def to_json(self, indent: int | None = 2) -> str:
+        """The request as JSON (`indent=None`: on one line)."""
+        return json.dumps(dataclasses.asdict(self), indent=indent, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ProbeRequest:
         data = json.loads(text)
         data["config"] = ProbeConfig(**data["config"])
+        data["device"] = Device(**data["device"])
         if data.get("command") is not None:
             command = data["command"]
             data["command"] = TrainerCommand(**{**command, "argv": tuple(command["argv"]),
@@ -158,6 +162,11 @@ class ProbeResult:
     @property
     def ok(self) -> bool:
         return self.status is ProbeStatus.OK
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """The device memory the probe could use: the cap it ran under, else the device's."""
+        return usable_bytes(self.device_capacity_bytes, self.device_limit_bytes)
 
     @property
     def fixed_cost_s(self) -> float | None:

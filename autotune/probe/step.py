@@ -26,6 +26,7 @@ import torch
 
 from autotune.config import (
     ProbeConfig,
+    compute_dtype,
     device_share,
     image_tokens,
     model_problems,
@@ -33,7 +34,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
-from autotune.probe.meter import MemoryMeter, describe_device, resolve_device
+from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
 from autotune.probe.models import build_model, is_vl_config, load_model_config
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.probe.sharding import (
@@ -56,15 +57,14 @@ _KL_COEF = 0.01
 class TrainingProbe:
     """Runs one ProbeRequest in this process; `meter.current_phase` says where a failure hit."""
 
-    def __init__(self, request: ProbeRequest, meter: MemoryMeter | None = None) -> None:
+    def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         self.request = request
         self.config: ProbeConfig = request.config
-        self.meter = meter or MemoryMeter(resolve_device(request.device))
+        self.meter = meter or MemoryMeter(torch_device(request.device.kind))
         self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
         self.gpu_kernels = self.meter.gpu_kernels  # a GPU's dtype and AdamW's foreach step
-        wanted = request.dtype if request.dtype != "auto" else (
-            "bf16" if self.gpu_kernels else "fp32")
+        wanted = compute_dtype(request.dtype, self.gpu_kernels)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.share = device_share(self.config, request.world_size)  # this GPU's part
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
@@ -72,17 +72,33 @@ class TrainingProbe:
         self.peak_host_offload_bytes = 0
         self.group: RankGroup | None = None  # the FSDP ranks when world_size > 1
         self.model_state_bytes: dict[str, int] = {}  # this rank's params, grads, AdamW
+        self.model_config = load_model_config(request.model, request.model_path)
+        self.is_vl = is_vl_config(self.model_config)
+        self.text_config = getattr(self.model_config, "text_config", self.model_config)
+        self.vocab_size = int(self.text_config.vocab_size)
+        self.image_tokens = image_tokens(self.config) if self.is_vl else 0
+        # made by build(): the actor, its AdamW, the reference, the engine, the prompts
+        self.model: Any = None
+        self.num_params = 0
+        self.optimizer: Any = None
+        self.ref_model: Any = None
+        self.engine: Any = None
+        self.engine_weight_bytes = 0
+        self.prompt_ids = torch.empty(0, dtype=torch.long)
+        self.pixel_values: torch.Tensor | None = None
+        self.grid_side = 0
+        # made by each step's phases: the responses, their log-probs and advantages
+        self.responses = torch.empty(0, dtype=torch.long)
+        self.response_rows = torch.empty(0, dtype=torch.long)
+        self.old_log_probs = torch.empty(0)
+        self.ref_log_probs = torch.empty(0)
+        self.advantages = torch.empty(0)
 
     # -- building ---------------------------------------------------------------------------
 
     def build(self) -> None:
         request, config = self.request, self.config
         problems = validate_probe_config(config, request.world_size)
-        self.model_config = load_model_config(request.model, request.model_path)
-        self.is_vl = is_vl_config(self.model_config)
-        self.text_config = getattr(self.model_config, "text_config", self.model_config)
-        self.vocab_size = int(self.text_config.vocab_size)
-        self.image_tokens = image_tokens(config) if self.is_vl else 0
         problems += model_problems(config, self.is_vl)
         heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
         if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
@@ -120,7 +136,7 @@ class TrainingProbe:
                 local_tensor(param).data = local_tensor(param).clone()
         self.engine = RolloutEngine(engine, self.model_config, config, self.device,
                                     self.compute_dtype, engine_tp,
-                                    engine_capacity_bytes(config, self.device, self.meter),
+                                    engine_capacity_bytes(config, request.device),
                                     self._move, self.meter)
         self.engine.start(self._profile_inputs)
 
@@ -392,4 +408,4 @@ class TrainingProbe:
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
             engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
-            **describe_device(self.device, self.meter.device_limit_bytes))
+            **describe_device(self.device, request.device.cap_bytes))

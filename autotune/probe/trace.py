@@ -214,16 +214,15 @@ def _patched(tracker: AllocationTracker) -> Iterator[None]:
 
 
 class TracedMeter:
-    """The probe's meter for a trace: phase peaks of live bytes plus the fixed term, and host
+    """The trace's Meter (meter.py): phase peaks of live bytes plus the fixed term, and host
     memory as a tag on storages (step.py moves offloaded tensors through it)."""
 
     repeats: int | None = TRACE_REPEATS  # None: every iteration, as a probe runs them
 
     def __init__(self, tracker: AllocationTracker, context_bytes: int,
-                 device_limit_bytes: int | None, gpu_kernels: bool) -> None:
+                 gpu_kernels: bool) -> None:
         self.tracker, self.context_bytes = tracker, context_bytes
         self.device = torch.device("cpu")
-        self.device_limit_bytes = device_limit_bytes  # what a vllm-like engine reserves from
         self.gpu_kernels = gpu_kernels
         self.current_phase: str | None = None
         self.phase_peak_mem_bytes: dict[str, int] = {}
@@ -297,13 +296,12 @@ class TraceResult:
 
 
 def trace_request(request: ProbeRequest, context_bytes: int,
-                  capacity_bytes: int | None = None,
                   every_iteration: bool = False) -> TraceResult:
     """Trace `request`'s probe as rank 0 of its world: two steps, every phase, no memory.
 
     `request.device` says what is modelled (cuda: bf16 and the GPU's kernels; cpu: the CPU
-    probe); `capacity_bytes` is the device memory the probe may use (its limit, else the
-    device's), which a vllm-like engine reserves its share of. `every_iteration` runs every
+    probe) and the memory the probe may use there, which a vllm-like engine reserves its
+    share of. `every_iteration` runs every
     iteration of every loop in both steps, as a probe does (the tests hold the shortcuts to
     it: the same bytes).
     """
@@ -313,10 +311,9 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     started = time.perf_counter()
     if request.world_size > 1:  # rank 0, its peers over the fake process group
         request = dataclasses.replace(request, emulated=True)
-    gpu = request.device != "cpu"
     tracker = AllocationTracker()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    meter = TracedMeter(tracker, context_bytes, capacity_bytes, gpu_kernels=gpu)
+    meter = TracedMeter(tracker, context_bytes, gpu_kernels=request.device.on_gpu)
     probe = TrainingProbe(request, meter)
     try:
         with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
@@ -337,17 +334,16 @@ def trace_request(request: ProbeRequest, context_bytes: int,
 
 
 def serve(requests: Any, results: Any) -> None:
-    """Trace each request line of `requests` (JSON: {"request": ProbeRequest's JSON,
-    "capacity_bytes": int or null}) and write one JSON line to `results`: the TraceResult, or
+    """Trace each request line of `requests` (a ProbeRequest's JSON on one line) and write
+    one JSON line to `results`: the TraceResult, or
     {"error": one line} for a model or config the trace cannot follow. Ends at end of input
     (the sweep closed it, or died)."""
     import json
 
     for line in requests:
-        asked = json.loads(line)
-        request = ProbeRequest.from_json(asked["request"])
+        request = ProbeRequest.from_json(line)
         try:
-            result = dataclasses.asdict(trace_request(request, 0, asked["capacity_bytes"]))
+            result = dataclasses.asdict(trace_request(request, 0))
         except Exception as exc:  # the sweep goes on with its arithmetic pre-screen
             first = (str(exc).splitlines() or [""])[0]
             result = {"error": f"{type(exc).__name__}: {first[:300]}"}
@@ -357,7 +353,7 @@ def serve(requests: Any, results: Any) -> None:
 
 def main(argv: list[str]) -> int:
     """`python -m autotune.probe.trace`: the sweep's trace process, started once a sweep and
-    kept (torch and transformers load once, then a tiny model traces in 1.5 s): one
+    kept (torch and transformers load once, then each trace is the trace alone): one
     request a line on standard input, one result a line on standard output."""
     import os
     import sys

@@ -9,16 +9,17 @@ written and the process exits at once, as an allocator failure would end it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 import traceback
 
 from autotune.files import write_text_atomic
+from autotune.probe.launcher import RANK_ENV, launch_ranks
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
-RANK_ENV = "AUTOTUNE_PROBE_RANK"  # set by launcher.py in each rank of a real multi-rank probe
 
 
 def process_age_s() -> float:
@@ -31,7 +32,7 @@ def process_age_s() -> float:
 def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     import torch
 
-    from autotune.probe.meter import MemoryMeter, describe_device, resolve_device
+    from autotune.probe.meter import MemoryMeter, describe_device, torch_device
     from autotune.probe.oom import classify_exception
     from autotune.probe.step import TrainingProbe
 
@@ -42,14 +43,15 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     device = None
     meter = None
     try:
-        device = resolve_device(request.device)
+        device = torch_device(request.device.kind)
         if device.type == "cuda":
             capacity = torch.cuda.get_device_properties(device).total_memory
         else:
             import psutil
 
             capacity = psutil.virtual_memory().total
-        limit = request.device_limit_bytes(capacity)
+        request = dataclasses.replace(request, device=request.device.with_capacity(capacity))
+        limit = request.device.cap_bytes
         if limit is not None and limit <= 0:
             raise MemoryError(f"device memory limit {limit} bytes leaves nothing for the probe")
         if device.type == "cuda" and limit is not None:
@@ -118,8 +120,6 @@ def main(argv: list[str]) -> int:
 
         result = run_command(request, result_path)
     elif request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:
-        from autotune.probe.launcher import launch_ranks
-
         result = launch_ranks(request, result_path)  # this process starts the W ranks
     else:
         result = run_request(request, result_path)

@@ -13,12 +13,11 @@ import json
 from collections.abc import Callable
 
 from autotune.config import ProbeConfig
-from autotune.errors import AutotuneError
 from autotune.memory.calibration import Calibration
-from autotune.memory.model import MemoryEstimate, estimate_memory, model_shape
+from autotune.memory.model import MemoryEstimate
 from autotune.probe.result import ProbeRequest
 from autotune.report.view import StudyView, TrialView
-from autotune.sweep.feasibility import engine_capacity_bytes, estimate_args
+from autotune.sweep.prescreen import memory_estimator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,17 +41,13 @@ def estimator(view: StudyView) -> Callable[[TrialView], MemoryEstimate] | None:
     (a trainer's checkpoint the model does not know) or its request is from another version."""
     try:
         request = ProbeRequest.from_json(json.dumps(view.request))
-        shape = model_shape(request.model, request.model_path)
-    except (AutotuneError, TypeError, KeyError, ValueError, OSError):
+    except (TypeError, KeyError, ValueError):
         return None
-    args = estimate_args(request)
-    engine_bytes = engine_capacity_bytes(request, view.capacity_bytes)
-
-    def estimate(trial: TrialView) -> MemoryEstimate:
-        config = ProbeConfig(**view.config_of(trial))
-        return estimate_memory(shape, config, **args, engine_capacity_bytes=engine_bytes)
-
-    return estimate
+    device = request.device.with_capacity(view.device_capacity_bytes)
+    model = memory_estimator(dataclasses.replace(request, device=device))
+    if model is None:
+        return None
+    return lambda trial: model(ProbeConfig(**view.config_of(trial)))
 
 
 def calibration_of(view: StudyView) -> Calibration | None:
@@ -67,7 +62,6 @@ def phase_parts(view: StudyView, trials: list[TrialView]) -> dict[int, dict[str,
     if estimate is None:
         return {}
     calibration = calibration_of(view)
-    fallback = calibration.fallback() if calibration is not None else None
     out: dict[int, dict[str, PhaseParts]] = {}
     for trial in trials:
         try:
@@ -78,8 +72,7 @@ def phase_parts(view: StudyView, trials: list[TrialView]) -> dict[int, dict[str,
         for name, phase in phases.items():
             transient, context = phase.transient_bytes, phase.context_bytes
             if calibration is not None:
-                fit = calibration.phases.get(name, fallback)
-                transient, context = int(fit.transient_scale * transient), fit.context_bytes
+                transient, context = calibration.split(name, phase)
             parts[name] = PhaseParts(phase.states_bytes, transient, context, phase.total_bytes,
                                      trial.phase_peak_mem_bytes.get(name))
         out[trial.number] = parts

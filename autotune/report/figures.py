@@ -66,7 +66,8 @@ def throughput_vs_memory(view: StudyView) -> Any:
         points = [t for t in ran if t.outcome == outcome]
         if points:
             fig.add_trace(go.Scatter(
-                x=[t.peak_mem_bytes / size for t in points], y=[t.tokens_per_s for t in points],
+                x=[(t.peak_mem_bytes or 0) / size for t in points],
+                y=[t.tokens_per_s for t in points],
                 mode="markers", name=f"{outcome} ({len(points)})",
                 marker={"color": COLORS[outcome], "symbol": SYMBOLS[outcome], "size": 10},
                 text=[hover(t, (size, unit)) for t in points], hoverinfo="text"))
@@ -81,7 +82,7 @@ def throughput_vs_memory(view: StudyView) -> Any:
                 text=[hover(t, (size, unit)) for t in points], hoverinfo="text"))
     front = [view.trial(n) for n in view.front]
     if len(front) > 1:
-        fig.add_trace(go.Scatter(x=[t.peak_mem_bytes / size for t in front],
+        fig.add_trace(go.Scatter(x=[(t.peak_mem_bytes or 0) / size for t in front],
                                  y=[t.tokens_per_s for t in front], mode="lines",
                                  name="Pareto front", line={"color": COLORS["fits"]},
                                  hoverinfo="skip"))
@@ -111,7 +112,7 @@ def phase_breakdown(view: StudyView, parts: dict[int, dict[str, PhaseParts]],
     trials = [t for t in trials if t.phase_peak_mem_bytes or t.number in parts]
     if not trials or not phases:
         return None
-    x = [[], []]
+    x: list[list[str]] = [[], []]
     for trial in trials:
         for phase in phases:
             x[0].append(f"#{trial.number}" + (" best" if trial.number == view.best else "")
@@ -163,9 +164,11 @@ def sweep_over_time(view: StudyView) -> Any | None:
 
     if not view.trials:
         return None
-    timed = sorted((t for t in view.trials if t.completed), key=lambda t: t.completed)
-    origin = min((t.started or t.completed for t in timed), default=None)
-    seconds = [(t.completed - origin).total_seconds() for t in timed] if origin else []
+    completed = [(t, t.completed) for t in view.trials if t.completed is not None]
+    completed.sort(key=lambda pair: pair[1])
+    timed = [t for t, _ in completed]
+    origin = min((t.started or end for t, end in completed), default=None)
+    seconds = [(end - origin).total_seconds() for _, end in completed] if origin else []
     unit_s, unit = (3600, "hours") if max(seconds, default=0) >= 2 * 3600 else (60, "minutes")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True,
                         subplot_titles=("by trial", f"by wall-clock {unit}"))
@@ -197,26 +200,26 @@ def model_vs_measured(view: StudyView, parts: dict[int, dict[str, PhaseParts]]
     has one); with the median errors for the caption."""
     import plotly.graph_objects as go
 
-    rows = [(number, phase, part) for number, phases in parts.items()
-            for phase, part in phases.items() if part.measured_bytes]
+    rows = [(number, phase, part, measured) for number, phases in parts.items()
+            for phase, part in phases.items() if (measured := part.measured_bytes)]
     if not rows:
         return None, ""
     fig = go.Figure()
     size, unit = view.memory_unit
     calibrated = bool(view.calibration)
-    prior = median_error([(p.prior_bytes, p.measured_bytes) for _, _, p in rows])
-    fitted = median_error([(p.total_bytes, p.measured_bytes) for _, _, p in rows])
+    prior = median_error([(p.prior_bytes, m) for _, _, p, m in rows])
+    fitted = median_error([(p.total_bytes, m) for _, _, p, m in rows])
     series = [(f"prior (median error {prior:.1%})", lambda p: p.prior_bytes, "#e76f51")]
     if calibrated:
         series.append((f"calibrated (median error {fitted:.1%})", lambda p: p.total_bytes,
                        "#2a9d8f"))
-    shapes = [PHASE_SYMBOLS.get(phase, "circle") for _, phase, _ in rows]
+    shapes = [PHASE_SYMBOLS.get(phase, "circle") for _, phase, _, _ in rows]
     for name, get, color in series:
         fig.add_trace(go.Scatter(
-            x=[p.measured_bytes / size for _, _, p in rows], y=[get(p) / size for _, _, p in rows],
+            x=[m / size for _, _, _, m in rows], y=[get(p) / size for _, _, p, _ in rows],
             mode="markers", name=name, marker={"color": color, "size": 9, "symbol": shapes},
-            text=[f"trial {n}, {phase}" for n, phase, _ in rows], hoverinfo="text+x+y"))
-    top = max(max(p.measured_bytes, p.prior_bytes, p.total_bytes) for _, _, p in rows) / size
+            text=[f"trial {n}, {phase}" for n, phase, _, _ in rows], hoverinfo="text+x+y"))
+    top = max(max(m, p.prior_bytes, p.total_bytes) for _, _, p, m in rows) / size
     fig.add_trace(go.Scatter(x=[0, top * 1.05], y=[0, top * 1.05], mode="lines",
                              name="estimate = measured", line={"dash": "dot", "color": "#999"}))
     fig.update_layout(**LAYOUT, xaxis_title=f"measured phase peak ({unit})",

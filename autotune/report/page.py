@@ -86,6 +86,7 @@ def gain_lines(view: StudyView) -> list[str]:
         lines.append(f"<p>{html.escape(what)} does not fit: {html.escape(start.outcome)}"
                      f"{', ' + html.escape(start.reason) if start.reason else ''}.</p>")
     else:
+        assert best.tokens_per_s and best.peak_mem_bytes  # the best was probed and fits
         lines.append(f"<p class='gain'>Against {html.escape(what)}: <b>"
                      f"{best.tokens_per_s / start.tokens_per_s:.2f}x the tokens/s</b> at <b>"
                      f"{best.peak_mem_bytes / start.peak_mem_bytes:.2f}x the peak memory</b> "

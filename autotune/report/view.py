@@ -12,11 +12,11 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from autotune.config import KNOB_NAMES, format_bytes
-from autotune.probe.result import PHASES
+from autotune.config import KNOB_NAMES, PHASES, format_bytes
+from autotune.hardware import usable_bytes
+from autotune.probe.result import ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
 
-OOM_STATUSES = ("gpu_oom", "host_oom", "cache_oom")
 OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
 
 
@@ -51,7 +51,8 @@ class StudyView:
     start_kind: str  # what the starting config is, for people
     front: list[int]  # Pareto front, by peak memory
     ranked: list[int]  # feasible probed trials, best first
-    capacity_bytes: int | None
+    capacity_bytes: int | None  # what a probe could use: the cap, else the device
+    device_capacity_bytes: int | None  # the device's own memory
     budget_bytes: int | None
     device_name: str | None
     calibration: dict[str, Any] | None
@@ -77,14 +78,15 @@ class StudyView:
 
 
 def outcome_of(attrs: dict[str, Any]) -> str:
-    status = attrs.get("status", "")
+    status = ProbeStatus.of(attrs.get("status"))
+    oom = status is not None and status.is_oom
     if attrs.get("predicted"):
-        return "predicted oom" if status in OOM_STATUSES else "invalid"
-    if status == "invalid":
+        return "predicted oom" if oom else "invalid"
+    if status is ProbeStatus.INVALID:
         return "invalid"
-    if status == "ok":
+    if status is ProbeStatus.OK:
         return "fits" if attrs.get("feasible") else "over headroom"
-    return "oom" if status in OOM_STATUSES else "failed"
+    return "oom" if oom else "failed"
 
 
 def trial_view(frozen: Any) -> TrialView:
@@ -120,9 +122,9 @@ def read_study(study: Any) -> StudyView:
     reused = sum(t.user_attrs.get("reused_from") is not None for t in frozen)
     trials = [trial_view(t) for t in frozen if t.user_attrs.get("reused_from") is None]
     results = [t.user_attrs.get("result") or {} for t in frozen]
-    capacity = next((r.get("device_limit_bytes") or r.get("device_capacity_bytes")
-                     for r in results if r.get("device_limit_bytes")
-                     or r.get("device_capacity_bytes")), None)
+    reported = next((r for r in results if r.get("device_capacity_bytes")), {})
+    device_capacity = reported.get("device_capacity_bytes")
+    capacity = usable_bytes(device_capacity, reported.get("device_limit_bytes"))
     budget = next((t.user_attrs["budget_bytes"] for t in frozen
                    if t.user_attrs.get("budget_bytes")), None)
     identity = attrs.get("identity", {})
@@ -138,6 +140,7 @@ def read_study(study: Any) -> StudyView:
         best=best.number if best is not None else None, start=start, start_kind=start_kind,
         front=[t.number for t in pareto_front(study)],
         ranked=[t.number for t in ranked_feasible(study)], capacity_bytes=capacity,
+        device_capacity_bytes=device_capacity,
         budget_bytes=budget,
         device_name=next((r["device_name"] for r in results if r.get("device_name")), None),
         calibration=attrs.get("memory_calibration"), reused=reused)

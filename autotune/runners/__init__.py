@@ -1,18 +1,21 @@
 """runners: where a probe runs (a local subprocess, a Ray task), and killing it whole.
 
 Each runner takes a ProbeRequest and returns a ProbeResult. May import config, errors, files,
-probe.result, probe.oom, probe.launcher (torch-free: its children die with their parent, as
-a probe dies with the driver) and probe.process_tag (every process a probe starts is tagged,
-found and killed by its tag); never torch (the probe runs in its own process); ray only inside
-ray_runner.py, and only when a RayRunner is made.
+hardware, probe.result, probe.oom and probe.process_tag (every process a probe starts dies
+with its parent, and is tagged, found and killed by its tag); never torch (the probe runs in
+its own process); ray only inside ray_runner.py, and only when a RayRunner is made.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.errors import ConfigError
 from autotune.probe.result import ProbeRequest, ProbeResult
+
+if TYPE_CHECKING:
+    from autotune.runners.ray_runner import RayRunner
 
 
 class Runner(Protocol):
@@ -31,6 +34,14 @@ class Runner(Protocol):
         it returns no longer matters: the sweep records those trials as interrupted)."""
         ...
 
+    def close(self) -> None:
+        """Release what the runner holds (a Ray runner disconnects, and stops a Ray it
+        started); called once, when the sweep is over."""
+        ...
+
+
+EXECUTORS = ("local", "ray")  # --executor: subprocesses here, or Ray tasks on a cluster
+
 
 def get_runner(kind: str = "local", **options: Any) -> Runner:
     """The runner for `kind`, made with `options`; imports its backend only when asked for.
@@ -42,14 +53,27 @@ def get_runner(kind: str = "local", **options: Any) -> Runner:
         from autotune.runners.local import SubprocessRunner
 
         return SubprocessRunner(**options)
-    from autotune.errors import ConfigError
-
     if kind == "ray":
-        try:
-            from autotune.runners.ray_runner import RayRunner
-        except ImportError:
-            raise ConfigError("--executor ray: Ray is not installed; pip install "
-                              "'autotune[ray]'") from None
-        return RayRunner(**options)
+        return connect_ray(**options)
+    raise ConfigError(f"unknown executor {kind!r}: valid: {', '.join(EXECUTORS)}")
 
-    raise ConfigError(f"unknown executor {kind!r}: valid: local, ray")
+
+def _ray_runner_module() -> Any:
+    try:
+        from autotune.runners import ray_runner
+    except ImportError:
+        raise ConfigError("--executor ray: Ray is not installed; pip install "
+                          "'autotune[ray]'") from None
+    return ray_runner
+
+
+def connect_ray(address: str | None = None, **options: Any) -> RayRunner:
+    """A RayRunner on the cluster at `address` (None: a Ray started on this machine)."""
+    runner: RayRunner = _ray_runner_module().RayRunner(address, **options)
+    return runner
+
+
+def ray_cluster_gpus(address: str | None) -> float:
+    """GPUs of the Ray cluster at `address` (connects to it; a RayRunner made next reuses
+    the connection)."""
+    return float(_ray_runner_module().cluster_gpus(address))

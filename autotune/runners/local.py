@@ -30,11 +30,11 @@ from pathlib import Path
 import psutil
 
 from autotune.files import write_text_atomic
-from autotune.probe.launcher import die_with_parent
 from autotune.probe.oom import classify_exit, classify_text
 from autotune.probe.process_tag import (
     PROBE_TAG_ENV,
     ProcessTree,
+    die_with_parent,
     kill_orphaned,
     kill_tagged,
     new_tag,
@@ -56,10 +56,10 @@ def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
     if tag:
         env[PROBE_TAG_ENV] = tag
     # Blocks of 256 KiB and more come from mmap and go back to the OS when freed, so a CPU
-    # probe's RSS tracks its live tensors: repeated probes agree to 1.5 MiB (median; 1 MiB
-    # let fragmented arenas add up to 40 MiB) for 1.18x the step time (benchmarks/cpu_heap.py).
+    # probe's RSS tracks its live tensors, not its heap's fragments (the threshold and its
+    # cost in step time: benchmarks/cpu_heap.py).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 10))
-    if request.device == "cpu":
+    if not request.device.on_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif request.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in request.gpu_ids)
@@ -143,6 +143,9 @@ class SubprocessRunner:
     def stop(self) -> None:
         """Kill every probe in flight (from any thread); their `run` calls return at once."""
         self.stopping.set()
+
+    def close(self) -> None:
+        """Nothing to release: every probe's processes end with its `run`."""
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
         if log_path is None:

@@ -52,6 +52,32 @@ LOST_ERROR_NAMES = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError
                     "ObjectLostError", "RaySystemError", "TaskUnschedulableError")
 
 _remote_probe: Any = None  # run_probe_on_node as a Ray remote function, made on first use
+_connected_here = False  # this module called ray.init (close() disconnects, and stops a Ray
+# it started)
+
+
+def connect(address: str | None) -> None:
+    """Connect this process to the Ray cluster at `address` (None: start one here), once."""
+    import ray
+
+    global _connected_here
+    if ray.is_initialized():
+        return
+    check_reachable(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RunnerError(f"cannot connect to Ray at {address or 'local'}: {exc}") from exc
+    _connected_here = True
+
+
+def cluster_gpus(address: str | None) -> float:
+    """GPUs of the alive nodes of the cluster at `address` (connecting to it)."""
+    import ray
+
+    connect(address)
+    return float(ray.cluster_resources().get("GPU", 0.0))
 
 
 def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None
@@ -111,7 +137,6 @@ class RayRunner:
     def __init__(self, address: str | None = None, num_cpus_per_probe: float = 1.0,
                  num_gpus_per_probe: float = 0.0, resources: dict[str, float] | None = None,
                  worker_argv: list[str] | None = None) -> None:
-        import ray
 
         self.num_cpus_per_probe = num_cpus_per_probe
         self.num_gpus_per_probe = num_gpus_per_probe
@@ -120,13 +145,7 @@ class RayRunner:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.in_flight: set[Any] = set()  # the probe tasks (ObjectRefGenerators) not returned
-        self.connected_ray = not ray.is_initialized()  # this runner connected: it disconnects
-        check_reachable(address)
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, ignore_reinit_error=True)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise RunnerError(f"cannot connect to Ray at {address or 'local'}: {exc}") from exc
+        connect(address)
         self.check_replies()
 
     def check_replies(self) -> None:
@@ -161,18 +180,14 @@ class RayRunner:
                     for name, amount in needs.items() if amount > 0)
         return max(1, slots)
 
-    def cluster_gpus(self) -> float:
-        """GPUs of the cluster's alive nodes."""
-        import ray
-
-        return ray.cluster_resources().get("GPU", 0.0)
-
     def close(self) -> None:
-        """Disconnect from Ray if this runner connected (a local Ray it started stops)."""
+        """Disconnect from Ray if this module connected (a local Ray it started stops)."""
         import ray
 
-        if self.connected_ray and ray.is_initialized():
+        global _connected_here
+        if _connected_here and ray.is_initialized():
             ray.shutdown()
+        _connected_here = False
 
     def stop(self) -> None:
         """Cancel every probe in flight (from any thread); their `run` calls return soon."""

@@ -1,10 +1,17 @@
-"""sweep: the driver. Optuna ask/tell over probes until a stop rule, resumable, shared.
+"""sweep: from what `autotune run` asked to a finished study. Optuna ask/tell over probes until
+a stop rule, resumable, shared.
 
-Owns the loop (tuner.py), how trials are told (record.py, objective.py) and counted
-(tally.py), what must not be run (feasibility.py, with the traces it asks for: traced.py),
-the search space (search_space.py), where the study lives and who may write it (storage.py,
-sharing.py), parallel slots (parallel.py), the files a study leaves (artifacts.py) and the
-progress view (progress.py). The driver alone talks to Optuna. May import config, errors,
-files, hardware, registry, probe.result, runners, memory and trainers; never torch (probes
-and traces run in their own processes), never the CLI.
+Owns the plan (plan.py: the options resolved once into a frozen SweepPlan; placement.py: the
+topology, real or emulated ranks, the runner and its slots; trainer_target.py; preflight.py),
+the run (run.py: a plan to its end), the loop (tuner.py), how trials are told (record.py,
+objective.py) and counted (tally.py), what must not be run (feasibility.py composing
+dominance.py, prescreen.py and traced.py), what is left to try (frontier.py), the search
+space (search_space.py, space_params.py), where the study lives and who may write it
+(storage.py, sharing.py), parallel slots (parallel.py), the files a study leaves
+(artifacts.py, export.py: the one export to a trainer's YAML), real-rank confirmations
+(confirm.py), a probe of the user's trainer (command_probe.py), what `autotune estimate` asks
+(estimate.py) and the progress view (progress.py). The driver alone talks to Optuna.
+May import config, errors, files, hardware, registry, probe.result, probe.oom,
+probe.process_tag, runners, memory and trainers; never torch (probes and traces run in
+their own processes), never the CLI.
 """

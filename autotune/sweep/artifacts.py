@@ -16,11 +16,9 @@ from typing import Any
 import yaml
 
 from autotune import __version__
-from autotune.config import KNOB_NAMES, Topology
+from autotune.config import KNOB_NAMES, PHASES
 from autotune.files import write_text_atomic
-from autotune.probe.result import PHASES
 from autotune.sweep.objective import scalar
-from autotune.trainers.adapter import Adapter
 
 FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
@@ -186,27 +184,4 @@ def write_artifacts(study: Any, study_dir: Path) -> Path | None:
               f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
     path = study_dir / "best.yaml"
     write_text_atomic(path, header + yaml.safe_dump(document, sort_keys=False))
-    return path
-
-
-def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
-                         base: tuple[Any, str] | None, topology: Topology) -> Path | None:
-    """Rewrite results/<study>/best.<trainer>.yaml from the study's best (a study artifact,
-    like best.yaml: replaced atomically as the best changes)."""
-    from autotune.trainers.export import load_trainer_yaml_text, provenance_lines, render
-
-    best = best_trial(study)
-    if best is None:
-        return None
-    document = best_document(study, best)
-    if base is not None:  # render edits the tree in place when it cannot edit the text
-        base = load_trainer_yaml_text(base[1])
-    # the study's fixed values are the base config's, or the run's own --set: taken as they
-    # are, and listed in the header
-    text = render(adapter, document["config"], topology, base,
-                  provenance_lines(document, adapter, topology),
-                  extra=document.get("trainer_keys"), searched=document["searched"],
-                  force=True)
-    path = study_dir / f"best.{adapter.name}.yaml"
-    write_text_atomic(path, text)
     return path

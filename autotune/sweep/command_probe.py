@@ -19,9 +19,11 @@ from typing import Any
 from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.probe.result import TRIAL_DIR_TOKEN, TrainerCommand
+from autotune.sweep.search_space import SearchSpace
+from autotune.sweep.trainer_target import TrainerTarget
 from autotune.trainers.adapter import Adapter
 from autotune.trainers.export import load_trainer_yaml_text, override_words, render_plan
-from autotune.trainers.plan import plan_export
+from autotune.trainers.plan import MISSING, dotted_get, plan_export
 
 PLACEHOLDERS = ("{config}", "{config_dir}", "{config_name}", "{overrides}")
 
@@ -88,7 +90,7 @@ def parse_launch(launch: str) -> tuple[str, ...]:
     return argv
 
 
-def check_command_space(space: Any, adapter: Adapter) -> list[str]:
+def check_command_space(space: SearchSpace, adapter: Adapter) -> list[str]:
     """Knobs the trainer's config cannot hold, searched in a command sweep: one line each."""
     writable = set(adapter.keys) | set(adapter.derived_knobs)
     problems = [f"{space.source}: params.{name}: {adapter.name} has no key for it, so a run "
@@ -104,3 +106,22 @@ def command_template(adapter: Adapter, launch: str, topology: Topology,
     return CommandTemplate(adapter=adapter, launch=launch, argv=parse_launch(launch),
                            topology=topology, base_text=base_text, steps=max(2, steps),
                            validate=validate, cwd=os.getcwd())
+
+
+def command_setup(target: TrainerTarget, launch: str, space: SearchSpace,
+                  steps: int) -> tuple[CommandTemplate, list[str]]:
+    """The trials' command template for `run --launch`: the launch line, the user's YAML and
+    the short run's steps (validation only when the space tunes it); and the lines to say (a
+    trainer key of the space that the base config lacks is added, which may be a typo)."""
+    problems = check_command_space(space, target.adapter)
+    if problems:
+        raise ConfigError(problems)
+    notes = [f"{space.source}: {name} is not in the base config; it is added to each trial's "
+             "config (check the spelling)" for name in space.trainer_keys
+             if target.base is not None and "." in name
+             and dotted_get(target.base[0], name, MISSING) is MISSING]
+    validate = "val_batch_size" in space.params or \
+        any("val" in name.rsplit(".", 1)[-1] for name in space.trainer_keys)
+    template = command_template(target.adapter, launch, target.topology,
+                                target.base[1] if target.base else None, steps, validate)
+    return template, notes

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.result import ProbeResult
+from autotune.runners import Runner
 from autotune.sweep import trial_files
 from autotune.sweep.artifacts import ranked_feasible
 from autotune.sweep.objective import score
+from autotune.sweep.settings import SweepSettings
 
 CONFIRMATIONS = "confirmations"  # study user attr: {"7": {...}, ...}
 
@@ -28,7 +30,8 @@ def confirm_log_path(study_dir: Path, number: int) -> Path:
     return trial_files.log_path(study_dir, number).with_suffix(".confirm.log")
 
 
-def record(result: ProbeResult, settings: Any, capacity_bytes: int | None) -> dict[str, Any]:
+def record(result: ProbeResult, settings: SweepSettings, capacity_bytes: int | None
+           ) -> dict[str, Any]:
     """What best.yaml and `show` need of a confirming probe."""
     scored = score(result, settings.objective, settings.headroom, capacity_bytes)
     return {"status": result.status.value, "feasible": scored.feasible,
@@ -40,7 +43,7 @@ def record(result: ProbeResult, settings: Any, capacity_bytes: int | None) -> di
             "message": result.message}
 
 
-def confirm_best(study: Any, settings: Any, runner: Any, capacity_bytes: int | None,
+def confirm_best(study: Any, settings: SweepSettings, runner: Runner, capacity_bytes: int | None,
                  say: Callable[[str], None] = lambda line: None) -> int:
     """Probe the best `settings.confirm` feasible configs with real ranks (more, down the
     ranking, while none has confirmed); returns how many probes ran."""

@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
+from autotune.probe.result import ProbeStatus
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.sharing import params_key
@@ -53,7 +54,7 @@ class Frontier:
 
     def learned_something(self) -> bool:
         """Whether a new OOM or calibration sample arrived since the last call."""
-        now = (len(self.feasibility.known), len(self.feasibility.samples))
+        now = self.feasibility.evidence()
         changed, self.checked_at = now != self.checked_at, now
         return changed
 
@@ -84,7 +85,8 @@ def _safe_oom(trials: Iterable[Any]) -> Any | None:
     """The safe config's trial, if it was probed and ran out of device memory."""
     for frozen in trials:
         attrs = frozen.user_attrs
-        if attrs.get("origin") == "safe" and attrs.get("probed") and \
-                attrs.get("status") in ("gpu_oom", "cache_oom"):
+        status = ProbeStatus.of(attrs.get("status"))
+        if attrs.get("origin") == "safe" and attrs.get("probed") and status is not None \
+                and status.is_device_oom:
             return frozen
     return None

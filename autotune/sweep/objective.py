@@ -1,6 +1,6 @@
 """What a sweep maximises, and how each probe outcome is told to Optuna.
 
-Objectives (DESIGN.md section 4):
+Objectives:
 - throughput_per_memory (default): tokens/s / peak GiB, maximised;
 - throughput: tokens/s, maximised;
 - pareto: tokens/s maximised and peak GiB minimised, two objectives.
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import format_bytes
-from autotune.probe.result import PHASES, ProbeResult, ProbeStatus
+from autotune.config import PHASES, format_bytes
+from autotune.probe.result import ProbeResult, ProbeStatus
 
 OBJECTIVES = ("throughput_per_memory", "throughput", "pareto")
 OOM_CONSTRAINT = 1.0  # the `memory` constraint of an OOM: as bad as 2x the budget
@@ -49,11 +49,6 @@ class Score:
     binding_phase: str | None = None  # the phase closest to (or over) the budget
 
 
-def capacity_bytes(result: ProbeResult) -> int | None:
-    """The device memory the probe could use: the limit in force, else the device's size."""
-    return result.device_limit_bytes or result.device_capacity_bytes
-
-
 def budget_bytes(capacity: int | None, headroom: float) -> int | None:
     return None if capacity is None else int((1.0 - headroom) * capacity)
 
@@ -77,7 +72,7 @@ def sentinel_values(objective: str, capacity: int | None) -> tuple[float, ...]:
 def score(result: ProbeResult, objective: str, headroom: float,
           fallback_capacity: int | None = None) -> Score:
     """How one probe result is told to Optuna under `objective` and `headroom`."""
-    capacity = capacity_bytes(result) or fallback_capacity
+    capacity = result.usable_bytes or fallback_capacity
     budget = budget_bytes(capacity, headroom)
     if result.status is ProbeStatus.INVALID:
         return Score("complete", sentinel_values(objective, capacity),

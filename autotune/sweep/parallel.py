@@ -13,10 +13,13 @@ import dataclasses
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.hardware import usable_cpu_ids, visible_gpu_ids
+from autotune.probe.result import ProbeRequest
+from autotune.runners import Runner
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class ProbePool:
     """Probes in flight, one per slot, each on a thread that only waits for its runner call
     (the runner isolates the probe itself: a subprocess, or a Ray task)."""
 
-    def __init__(self, runner: Any, slots: list[Slot]) -> None:
+    def __init__(self, runner: Runner, slots: list[Slot]) -> None:
         self.runner, self.slots = runner, slots
         self.executor = futures.ThreadPoolExecutor(max_workers=len(slots),
                                                    thread_name_prefix="probe")
@@ -108,7 +111,7 @@ class ProbePool:
     def tags(self) -> list[Any]:
         return [tag for _, tag in self.in_flight.values()]
 
-    def start(self, request: Any, log_path: Any, tag: Any) -> Slot:
+    def start(self, request: ProbeRequest, log_path: Path, tag: Any) -> Slot:
         """Run `request` on a free slot (its GPUs or cores); `tag` comes back with the result."""
         used = {index for index, _ in self.in_flight.values()}
         index = min(set(range(len(self.slots))) - used)

@@ -15,6 +15,7 @@ from typing import Any
 from autotune.config import format_bytes
 from autotune.probe.result import ProbeResult
 from autotune.sweep.objective import score
+from autotune.sweep.settings import SweepSettings
 
 # attrs of an earlier trial that describe that trial's own run, not its config's outcome
 OWN_ATTRS = ("origin", "requeued_from", "heartbeat_at", "waiting_on", "requeued")
@@ -27,7 +28,7 @@ def result_attrs(result: ProbeResult) -> dict[str, Any]:
     return data
 
 
-def tell_result(study: Any, trial: Any, result: ProbeResult, settings: Any,
+def tell_result(study: Any, trial: Any, result: ProbeResult, settings: SweepSettings,
                 capacity_bytes: int | None, probed: bool, predicted: bool = False) -> str:
     """Tell a probe's result (or a predicted or invalid one) under the sweep's objective and
     headroom; the one-line outcome for the progress view."""
@@ -35,7 +36,8 @@ def tell_result(study: Any, trial: Any, result: ProbeResult, settings: Any,
 
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
     log = Path(settings.study_dir) / "logs" / f"trial-{trial.number:05d}.log"
-    attrs = {"status": result.status.value, "probed": probed, "predicted": predicted,
+    attrs: dict[str, Any] = {
+             "status": result.status.value, "probed": probed, "predicted": predicted,
              "feasible": verdict.feasible,
              "reason": result.message if predicted else verdict.reason,
              "budget_bytes": verdict.budget_bytes,
@@ -49,7 +51,7 @@ def tell_result(study: Any, trial: Any, result: ProbeResult, settings: Any,
     if verdict.state == "fail":
         study.tell(trial, state=TrialState.FAIL)
     else:
-        study.tell(trial, list(verdict.values))
+        study.tell(trial, list(verdict.values or ()))
     if verdict.feasible:
         return (f"ok, {result.tokens_per_s:,.1f} tok/s, peak "
                 f"{format_bytes(result.peak_mem_bytes)} of "

@@ -1,6 +1,7 @@
 """Search spaces: which knobs a sweep varies, over which values, and which stay fixed.
 
-A space is a YAML file (see `search_spaces/`) in Optuna's vocabulary:
+A space is a YAML file (those autotune ships are in autotune/search_spaces/, listed by
+`autotune spaces`) in Optuna's vocabulary:
 
     params:
       micro_batch_size_update: {type: categorical, choices: [1, 2, 4, 8]}
@@ -53,8 +54,7 @@ from autotune.sweep.space_params import (
     value_order,
 )
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
-DEFAULT_SPACE = "grpo"
+SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"  # shipped with the package
 MAX_ENUMERATED_CONFIGS = 200_000  # larger spaces are sampled but never listed in full
 
 
@@ -185,12 +185,16 @@ class SearchSpace:
             rank += position if direction > 0 else (1 - position) if direction < 0 else 0
         return rank
 
+    def _lightness(self, name: str) -> Callable[[Any], float]:
+        """How much memory a value of `name` needs, for ordering (unordered values: equal)."""
+        direction = self.direction(name)
+        return lambda value: value_order(value) * direction if is_ordered(value) else 0.0
+
     def safe_params(self) -> dict[str, Any]:
         """The lightest valid combination: every memory saver on, smallest micro-batches."""
         candidates = self.valid_grid()
         if candidates is None:  # too large to list: take the lightest value of each axis
-            candidates = [{name: min(spec.values(), key=lambda v, n=name: value_order(v) *
-                                     self.direction(n) if is_ordered(v) else 0.0)
+            candidates = [{name: min(spec.values(), key=self._lightness(name))
                            for name, spec in self.params.items()}]
         if not candidates:
             first = self.problems_for(next(self.grid()))
@@ -199,12 +203,17 @@ class SearchSpace:
         return min(candidates, key=self.memory_rank)
 
 
+def shipped_spaces() -> list[str]:
+    """The names of the spaces autotune ships (`--space NAME`)."""
+    return sorted(path.stem for path in SPACES_DIR.glob("*.yaml"))
+
+
 def resolve_space_path(name_or_path: str) -> Path:
-    """A file path, or the name of a space shipped in search_spaces/ (e.g. 'grpo')."""
+    """A file path, or the name of a space autotune ships (e.g. 'grpo')."""
     path = Path(name_or_path)
     if path.is_dir():
-        raise ConfigError(f"search space {name_or_path}: is a directory; give a .yaml file "
-                          "such as search_spaces/grpo.yaml")
+        raise ConfigError(f"search space {name_or_path}: is a directory; give a .yaml file, "
+                          "or the name of a space autotune ships (`autotune spaces`)")
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"search space {name_or_path}: no such file")
@@ -212,8 +221,7 @@ def resolve_space_path(name_or_path: str) -> Path:
     shipped = SPACES_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
-    names = sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
-    raise ConfigError(unknown_key_message(name_or_path, names, "search space") +
+    raise ConfigError(unknown_key_message(name_or_path, shipped_spaces(), "search space") +
                       " (or give a path to a .yaml file)")
 
 
@@ -230,7 +238,7 @@ def check_search_space(name_or_path: str) -> tuple[SearchSpace | None, list[str]
     """The space and every problem found in it (for `autotune validate`)."""
     path = resolve_space_path(name_or_path)
     shipped = path.resolve().parent == SPACES_DIR and not Path(name_or_path).suffix
-    return _parse(path, f"search_spaces/{path.name}" if shipped else str(name_or_path))
+    return _parse(path, f"autotune/search_spaces/{path.name}" if shipped else str(name_or_path))
 
 
 def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:

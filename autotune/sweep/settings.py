@@ -13,6 +13,8 @@ from autotune.sweep.parallel import Slot
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.sharing import HEARTBEAT_S
 
+SAMPLERS = ("tpe", "random")  # Optuna's samplers a sweep may use, seeded (--sampler)
+
 
 @dataclass(frozen=True)
 class SweepSettings:
@@ -59,9 +61,9 @@ class SweepSettings:
         request = self.request
         return {"model": request.model, "model_path": request.model_path,
                 "objective": self.objective, "headroom": self.headroom,
-                "search_space_hash": self.space.space_hash, "device": request.device,
-                "gpu_memory_limit_bytes": request.gpu_memory_limit_bytes,
-                "reserve_gpu_memory_bytes": request.reserve_gpu_memory_bytes,
+                "search_space_hash": self.space.space_hash, "device": request.device.kind,
+                "gpu_memory_limit_bytes": request.device.limit_bytes,
+                "reserve_gpu_memory_bytes": request.device.reserve_bytes,
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
                 "timed_steps": request.timed_steps, "trainer": self.trainer,

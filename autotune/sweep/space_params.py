@@ -110,12 +110,13 @@ def parse_param(name: str, raw: Any, key: str) -> tuple[ParamSpec | None, list[s
         if len(set(typed)) != len(typed):
             problems.append(f"{key}.choices: a value is listed twice")
         return (None if problems else ParamSpec(name, "categorical", tuple(typed))), problems
-    values = {}
+    values: dict[str, int] = {}
     for field_name in ("low", "high", "step"):
         raw_value = raw.get(field_name, 1 if field_name == "step" else None)
         if not isinstance(raw_value, int) or isinstance(raw_value, bool) or raw_value < 1:
             problems.append(f"{key}.{field_name}: expected a positive integer, got {raw_value!r}")
-        values[field_name] = raw_value
+        else:
+            values[field_name] = raw_value
     log = raw.get("log", False)
     if not isinstance(log, bool):
         problems.append(f"{key}.log: expected true or false, got {log!r}")

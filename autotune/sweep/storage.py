@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, ConfigError
+from autotune.sweep.settings import SweepSettings
 
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -151,8 +152,8 @@ def sqlite_storage(db_path: Path) -> Any:
     """Optuna's storage on a local SQLite study, every connection in WAL mode with
     synchronous=NORMAL: a commit is in the log before it returns, so a killed driver (SIGKILL,
     OOM killer) loses nothing it told; only a power cut can lose the last commits, never
-    corrupt the file. It makes each write about 4x cheaper than an fsync per commit (1.3 vs
-    5.7 ms per trial attribute here), which is most of the driver's time per trial."""
+    corrupt the file, and no commit waits for an fsync of its own: the writes are most of
+    the driver's time per trial."""
     import optuna
     from sqlalchemy import event
 
@@ -229,7 +230,7 @@ class StudyLock:
         self.handle.close()
 
 
-def open_study(settings: Any) -> tuple[Any, StudyStorage]:
+def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
     """Create or load the study of `settings` (a SweepSettings) in its storage; a study that
     exists must have been started with the same identity (what a probe measures)."""
     import optuna
@@ -277,6 +278,8 @@ def open_study(settings: Any) -> tuple[Any, StudyStorage]:
     else:
         older = {"nnodes": 1, "gpus_per_node": 1,  # studies made before topology was asked
                  "emulated": False, "probe": "builtin"}
+        if stored.get("device") == "auto":  # made before the device was resolved at start:
+            stored = {**stored, "device": identity["device"]}  # it ran on this machine's
         changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
                    for k, v in identity.items() if stored.get(k, older.get(k)) != v]
         if changed:

@@ -48,9 +48,9 @@ class Tally:
             return
         self.state.probes += 1
         result = attrs.get("result") or {}
-        capacity = result.get("device_limit_bytes") or result.get("device_capacity_bytes")
         self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
-                                result.get("phase_peak_mem_bytes"), capacity)
+                                result.get("phase_peak_mem_bytes"),
+                                result.get("device_capacity_bytes"))
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":

@@ -4,23 +4,25 @@ in a trace process of the sweep's own, cached by config.
 A trace counts every tensor the probe's step would allocate, per phase, on one rank; the
 sweep adds the fixed term (memory.model's prior for the device, then the median of what
 measured probes held beyond their trace) and skips a candidate whose traced peak is past the
-capacity by more than TRACE_MARGIN, from the first trial on (feasibility.py). Only
+capacity by more than TRACE_MARGIN, from the first trial on. The tensors being exact, only
+the fixed term can be wrong, and it is what a process holds beyond its tensors, not a share of
+them: the margin is set from benchmarks/trace_accuracy.py (docs/benchmarks.md). Only
 candidates the memory model puts near the wall are traced (TRACE_FROM): far from it a trace
 could not change the decision. A trace must also cost less than the probe it may save: once
 both are timed, tracing stops when the median trace (its own time: the process starts once)
-takes more than TRACE_COST_SHARE of the median probe's wall time (the CPU demo's tiny model
-traces in 1.5 s and probes in 8; a 7B traces in 20 to 90 s on a CPU core, its GPU probe time
-not measured yet). A trace that fails (a model the trace cannot follow) turns tracing off
-too. Either way the reason is kept with the study's
-calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in one
-process started at the first and kept for the next (torch and transformers load once: 2 to
-3 s, more than a tiny model's trace), which ends with the sweep, at the end of its input.
+takes more than TRACE_COST_SHARE of the median probe's wall time. A trace that fails (a model
+the trace cannot follow), or a trace process that dies, turns tracing off too. Either way the
+reason is kept with the study's calibration and the arithmetic pre-screen goes on. Imports no
+torch: the traces run in one process started at the first and kept for the next (torch and
+transformers load once), which ends with the sweep, at the end of its input, or with the
+driver when it dies (its parent-death signal).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import statistics
 import subprocess
@@ -28,25 +30,72 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
+from autotune.config import format_bytes
+from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
+from autotune.probe.process_tag import die_with_parent
 from autotune.probe.result import ProbeRequest
+from autotune.sweep.prescreen import Prediction
 from autotune.sweep.sharing import params_key
 
 TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
-TRACE_MARGIN = 0.02  # skip past capacity x (1 + margin): see feasibility.py
+TRACE_MARGIN = 0.02  # skip past capacity x (1 + margin): only the fixed term can be wrong
 TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time
 TRACE_TIMEOUT_S = 900.0
+
+
+class Tracer(Protocol):
+    """Traces of candidates for the traced pre-screen: SubprocessTracer, or a recorded table
+    (benchmarks/search_efficiency.py)."""
+
+    unavailable: str | None  # why tracing is off for this sweep, once it is
+
+    def traced_bytes(self, params: dict[str, Any], device: Device) -> dict[str, int] | None:
+        """Per-phase traced bytes of `params`, the fixed term included; None when unavailable."""
+        ...
+
+    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int]) -> None:
+        """A probe measured `params`: what it held beyond its trace."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """What tracing did, as stored with the study's calibration."""
+        ...
+
+    def close(self) -> None:
+        """End whatever the tracer runs."""
+        ...
+
+
+def traced_prediction(tracer: Tracer, params: dict[str, Any], modelled_bytes: int,
+                      device: Device) -> Prediction | None:
+    """The traced pre-screen: a candidate the memory model puts near the wall
+    (`modelled_bytes` past TRACE_FROM of what the probe may use) is traced, and predicted to
+    run out of device memory when its traced peak is past that by more than TRACE_MARGIN."""
+    capacity = device.usable_bytes
+    if capacity is None or modelled_bytes < TRACE_FROM * capacity:
+        return None
+    traced = tracer.traced_bytes(params, device)
+    if traced is None:
+        return None
+    phase = max(traced, key=lambda name: traced[name])
+    if traced[phase] <= capacity * (1 + TRACE_MARGIN):
+        return None
+    return Prediction("gpu_oom", f"predicted gpu_oom: the traced step needs "
+                      f"{format_bytes(traced[phase])} in {phase}, more than "
+                      f"{1 + TRACE_MARGIN:.2f} x the {format_bytes(capacity)} the device has",
+                      phase, "trace")
 
 
 class SubprocessTracer:
     """Traces of candidates (the tensors' bytes per phase, no fixed term), cached by config."""
 
-    def __init__(self, request_for: Callable[[dict[str, Any]], ProbeRequest],
+    def __init__(self, request_for: Callable[[dict[str, Any], Device], ProbeRequest],
                  on_gpu: bool, probe_wall_s: list[float] | None = None,
                  on_trace: Callable[[dict[str, Any] | None], None] | None = None) -> None:
-        self.request_for = request_for
+        self.request_for = request_for  # a candidate's probe on the device as now known
         self.on_trace = on_trace  # told the candidate a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
@@ -56,7 +105,7 @@ class SubprocessTracer:
         self.unavailable: str | None = None  # why tracing is off for this sweep
         self.trace_wall_s: list[float] = []  # each trace, asked to answered
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
-        self._process: subprocess.Popen | None = None  # the trace process, once started
+        self._process: subprocess.Popen[str] | None = None  # the trace process, once started
         self._stderr: IO[str] | None = None  # where it writes what went wrong
 
     def summary(self) -> dict[str, Any]:
@@ -80,16 +129,16 @@ class SubprocessTracer:
         return int(statistics.median(self.residuals)) if self.residuals else \
             self.prior_context_bytes
 
-    def traced_bytes(self, params: dict[str, Any], capacity_bytes: int | None
-                     ) -> dict[str, int] | None:
-        """Per-phase traced bytes of `params`, with the fixed term; None when unavailable."""
+    def traced_bytes(self, params: dict[str, Any], device: Device) -> dict[str, int] | None:
+        """Per-phase traced bytes of `params` on `device`, with the fixed term; None when
+        unavailable."""
         key = params_key(params)
         self.weigh_cost()
         if key not in self.traces and self.unavailable is None:
             if self.on_trace is not None:
                 self.on_trace(params)
             try:
-                traced = self._run(self.request_for(params), capacity_bytes)
+                traced = self._run(self.request_for(params, device))
             finally:
                 if self.on_trace is not None:
                     self.on_trace(None)
@@ -107,10 +156,10 @@ class SubprocessTracer:
             self.residuals += [phase_peak_mem_bytes[p] - live[p] for p in live
                                if p in phase_peak_mem_bytes]
 
-    def _run(self, request: ProbeRequest, capacity_bytes: int | None) -> dict[str, int] | None:
+    def _run(self, request: ProbeRequest) -> dict[str, int] | None:
         started_s = time.monotonic()
         try:
-            result = self._ask(request, capacity_bytes)
+            result = self._ask(request)
         finally:
             self.trace_wall_s.append(time.monotonic() - started_s)
         if result is None:
@@ -121,19 +170,21 @@ class SubprocessTracer:
         self.trace_cost_s.append(float(result["trace_s"]))
         return {phase: int(value) for phase, value in result["phase_peak_mem_bytes"].items()}
 
-    def _ask(self, request: ProbeRequest, capacity_bytes: int | None) -> dict[str, Any] | None:
+    def _ask(self, request: ProbeRequest) -> dict[str, Any] | None:
         """One trace from the trace process (started on the first); None, with the reason in
         `unavailable`, when it died or ran past TRACE_TIMEOUT_S (then it is killed)."""
         if self._process is None:
             self._stderr = tempfile.TemporaryFile("w+")
+            driver_pid = os.getpid()
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "autotune.probe.trace"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+                stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                preexec_fn=lambda: die_with_parent(driver_pid))
         process = self._process
-        asked = {"request": request.to_json(), "capacity_bytes": capacity_bytes}
+        assert process.stdin is not None and process.stdout is not None
         line, ended = "", False  # ended: its output closed, it died
         try:
-            process.stdin.write(json.dumps(asked) + "\n")
+            process.stdin.write(request.to_json(indent=None) + "\n")
             process.stdin.flush()
             ready, _, _ = select.select([process.stdout], [], [], TRACE_TIMEOUT_S)
             if ready:
@@ -146,7 +197,7 @@ class SubprocessTracer:
         if not ended:
             self.unavailable = f"a trace took over {TRACE_TIMEOUT_S:.0f} s"
             process.kill()
-        else:
+        elif self._stderr is not None:
             self._stderr.seek(0)
             tail = (self._stderr.read().strip().splitlines() or ["no output"])[-1]
             self.unavailable = f"the trace process failed: {tail[:200]}"
@@ -158,13 +209,15 @@ class SubprocessTracer:
         process, self._process = self._process, None
         if process is not None:
             with contextlib.suppress(OSError):
-                process.stdin.close()
+                if process.stdin is not None:
+                    process.stdin.close()
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            process.stdout.close()
+            if process.stdout is not None:
+                process.stdout.close()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

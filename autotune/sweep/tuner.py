@@ -14,6 +14,7 @@ from its saved result, or fails it and queues its params again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -26,13 +27,15 @@ from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeResult, ProbeStatus
 from autotune.runners import Runner
 from autotune.sweep import trial_files
+from autotune.sweep.dominance import Dominance
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.frontier import Frontier
 from autotune.sweep.objective import OBJECTIVES
 from autotune.sweep.parallel import ProbePool
+from autotune.sweep.prescreen import Prescreen
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.record import tell_given_up, tell_result, tell_reused
-from autotune.sweep.settings import SweepSettings
+from autotune.sweep.settings import SAMPLERS, SweepSettings
 from autotune.sweep.sharing import (
     STALE_AFTER_HEARTBEATS,
     WAIT,
@@ -47,9 +50,8 @@ from autotune.sweep.sharing import (
 )
 from autotune.sweep.storage import StudyLock, open_study
 from autotune.sweep.tally import Tally
-from autotune.sweep.traced import SubprocessTracer
+from autotune.sweep.traced import SubprocessTracer, Tracer
 
-SAMPLERS = ("tpe", "random")
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
 MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only repeats itself
 
@@ -68,7 +70,8 @@ class Sweep:
 
     def __init__(self, settings: SweepSettings, runner: Runner,
                  progress: Progress | None = None,
-                 on_trial: Callable[[Any], None] | None = None) -> None:
+                 on_trial: Callable[[Any], object] | None = None,
+                 tracer: Tracer | None = None) -> None:
         if settings.objective not in OBJECTIVES:
             raise ConfigError(
                 f"--objective {settings.objective!r}: valid: {', '.join(OBJECTIVES)}")
@@ -83,14 +86,7 @@ class Sweep:
                                 slots=len(settings.slots))
         self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
         self.stuck_asks = 0  # asks in a row that probed nothing
-        self.feasibility = Feasibility.for_request(settings.request, self.space.config_for,
-                                                   settings.prune_dominated, settings.prescreen)
-        self.feasibility.directions = self.space.directions
-        if settings.trace and settings.prescreen and settings.command is None and \
-                self.feasibility.estimator is not None:  # the built-in step can be traced
-            self.feasibility.tracer = SubprocessTracer(  # weighed against the probes' time
-                settings.request_for, settings.request.device != "cpu", self.state.probe_wall_s,
-                on_trace=self.tracing)
+        self.feasibility = self.feasibility_rules(tracer)
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tally = Tally(self.state, self.feasibility, settings.objective)
@@ -104,6 +100,23 @@ class Sweep:
         self.trials: list[Any] = []  # the study's trials as refresh() last read them
         self.study: Any = None  # the Optuna study, once opened
         self.where = ""  # where it lives: the SQLite file, journal or database URL
+
+    def feasibility_rules(self, tracer: Tracer | None) -> Feasibility:
+        """The rules that skip what must not fit, as the settings turn them on: dominance,
+        the memory model's pre-screen, and traces of the built-in step (weighed against the
+        probes' time; `tracer` stands in for the trace process)."""
+        settings = self.settings
+        request = settings.request
+        dominance = Dominance(self.space.directions) if settings.prune_dominated else None
+        prescreen = Prescreen.for_request(request, self.space.config_for, settings.prescreen)
+        if prescreen is None or not settings.prescreen:
+            tracer = None
+        elif tracer is None and settings.trace and settings.command is None:
+            tracer = SubprocessTracer(
+                lambda params, device: dataclasses.replace(settings.request_for(params),
+                                                           device=device),
+                request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing)
+        return Feasibility(request.device, dominance, prescreen, tracer)
 
     def tracing(self, params: dict[str, Any] | None) -> None:
         """The tracer starts (params) or ends (None) a trace: shown, as a probe is."""
@@ -209,8 +222,7 @@ class Sweep:
                 raise
             finally:
                 self.pool.close()
-                if self.feasibility.tracer is not None:
-                    self.feasibility.tracer.close()
+                self.feasibility.close()
                 if self.on_trial is not None:
                     with contextlib.suppress(Exception):  # never mask why the sweep stopped
                         self.on_trial(study)
@@ -341,9 +353,9 @@ class Sweep:
                                                         "requeued_from": number})
                 line += "; queued once more"
             self.finish(study, number, line)
-            if result.ok and self.feasibility.calibration is not None:
-                study.set_user_attr("memory_calibration",
-                                    self.feasibility.calibration_record(result.device_name))
+            calibration = self.feasibility.calibration_record(result.device_name)
+            if result.ok and calibration is not None:
+                study.set_user_attr("memory_calibration", calibration)
 
     def tell(self, study: Any, trial: Any, result: ProbeResult, probed: bool,
              predicted: bool = False) -> str:

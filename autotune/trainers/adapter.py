@@ -1,6 +1,6 @@
 """The Adapter: how one trainer's config holds the canonical knobs, and its own rules.
 
-One mapping table per trainer (shared/reference/trainers.md, DESIGN.md section 3), with the
+One mapping table per trainer (the keys as each trainer's own config spells them), with the
 companions the trainer needs, and the divisibility and range rules it enforces at start-up,
 checked for a given number of nodes and GPUs per node so that a config the trainer would
 reject is never written. Pure data and arithmetic: no YAML library here.

@@ -21,6 +21,8 @@ from autotune.errors import ConfigError
 from autotune.trainers.adapter import Adapter
 from autotune.trainers.plan import ExportPlan, dotted_get, plan_export
 
+TrainerYaml = tuple[Any, str]  # a user's trainer YAML: its round-trip tree, and its text
+
 
 def _yaml() -> Any:
     from ruamel.yaml import YAML
@@ -45,7 +47,7 @@ def dotted_set(tree: Any, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_trainer_yaml(path: str) -> tuple[Any, str]:
+def load_trainer_yaml(path: str) -> TrainerYaml:
     """The user's trainer YAML, as a round-trip tree (with line numbers) and as text."""
     from ruamel.yaml.error import YAMLError
 
@@ -126,7 +128,7 @@ def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
 
 
 def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
-           base: tuple[Any, str] | None, provenance: list[str],
+           base: TrainerYaml | None, provenance: list[str],
            extra: dict[str, Any] | None = None, searched: Collection[str] | None = None,
            force: bool = False) -> str:
     """The exported file's text; ConfigError naming every broken rule and every conflict
@@ -139,7 +141,7 @@ def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
     return render_plan(plan, adapter, base, provenance)
 
 
-def render_plan(plan: ExportPlan, adapter: Adapter, base: tuple[Any, str] | None,
+def render_plan(plan: ExportPlan, adapter: Adapter, base: TrainerYaml | None,
                 provenance: list[str]) -> str:
     """The text of a plan without problems: the user's file edited in place where it can
     be (else re-serialised), or the trainer's skeleton with the keys; the header on top."""
@@ -218,6 +220,20 @@ def override_line(adapter: Adapter, values: dict[str, Any]) -> str:
     return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
 
 
+def launch_lines(adapter: Adapter, path: Path, values: dict[str, Any], topology: Topology,
+                 on_base: bool) -> list[str]:
+    """How to launch the trainer with an exported file: its launch line, and the same keys as
+    overrides where the launch line does not take them."""
+    overrides = override_line(adapter, values)
+    lines = ["launch: " + adapter.launch.format(
+        path=path, overrides=overrides, world=topology.world_size,
+        folder=path.resolve().parent, name=path.name.removesuffix(".yaml"))]
+    if "{overrides}" not in adapter.launch:
+        lines.append("or as overrides" + (" on your base config" if on_base else "") + ": "
+                     + overrides)
+    return lines
+
+
 def override_words(adapter: Adapter, values: dict[str, Any]) -> list[str]:
     """A plan's keys as command-line words: `key=value` for the Hydra and OmegaConf
     trainers, `--key value` for TRL's HfArgumentParser."""
@@ -236,7 +252,7 @@ def override_text(value: Any) -> str:
 
 
 def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
-                  gpus_per_node: int | None) -> tuple[tuple[Any, str] | None, Topology,
+                  gpus_per_node: int | None) -> tuple[TrainerYaml | None, Topology,
                                                       dict[str, Any]]:
     """What `run --trainer` starts from: the user's trainer YAML (or none), the topology,
     and the canonical knobs of the starting config (the YAML's, else the trainer's defaults)."""
@@ -259,7 +275,7 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
     return base, topology, knobs
 
 
-def load_trainer_yaml_text(text: str) -> tuple[Any, str]:
+def load_trainer_yaml_text(text: str) -> TrainerYaml:
     return _yaml().load(text), text
 
 

@@ -1,0 +1,127 @@
+"""What `autotune estimate` asks the memory model: the run planned as a probe would run it.
+
+The options are a probe's (the model, the device and its limits, the run's topology, the
+engine, the dtype, --set) plus the device's size to plan for; with a study, its calibration
+(fitted on its probes, one device) and its shapes replace the prior constants and the
+defaults. The plan is a ProbeRequest with its Device, so the memory model, the trace and the
+verdicts read the capacity as every other command does (hardware.usable_bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import (
+    DTYPE_BYTES,
+    ProbeConfig,
+    model_problems,
+    validate_probe_config,
+)
+from autotune.errors import ConfigError
+from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memory_bytes
+from autotune.memory.calibration import Calibration
+from autotune.memory.model import ModelShape, model_shape
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.placement import default_topology
+from autotune.sweep.plan import ProbeOptions, engine_knobs, probe_request
+
+DEFAULT_GPU_BYTES = 80 * 2**30  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
+
+
+@dataclass(frozen=True)
+class EstimatePlan:
+    """One config of a run to estimate: the probe that would measure it, the model's shape,
+    the calibration to use (None: the prior) and what it says about its constants."""
+
+    name: str
+    shape: ModelShape
+    request: ProbeRequest
+    calibration: Calibration | None
+    note: str
+    fitted: dict[str, Any]  # the study's calibration record ({} without --study)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What a probe may use of the planned device."""
+        usable = self.request.device.usable_bytes
+        assert usable is not None
+        return usable
+
+
+def load_calibration(study: str, results_dir: str, storage: str | None
+                     ) -> tuple[Calibration, dict[str, Any]]:
+    """A study's calibration and what it was fitted for (model, device, dtype, shapes)."""
+    from autotune.sweep.storage import load_study
+
+    loaded = load_study(results_dir, study, storage)
+    stored = loaded.user_attrs.get("memory_calibration")
+    if not stored:
+        raise ConfigError(f"study {study}: no calibration yet (it needs one successful probe); "
+                          "run the sweep first, or leave out --study for the prior")
+    identity = loaded.user_attrs.get("identity", {})
+    fixed = loaded.user_attrs.get("search_space", {}).get("fixed", {})
+    return Calibration.from_dict(stored["phases"]), {
+        **stored, "model": identity.get("model"), "model_path": identity.get("model_path"),
+        "fixed": fixed}
+
+
+def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
+                  study: str | None = None, results_dir: str = "results",
+                  storage: str | None = None) -> EstimatePlan:
+    """The estimate of the options' run: on a GPU of `capacity_bytes` (default: this
+    machine's, else 80 GiB) unless --device cpu; with `study`, calibrated on its probes.
+
+    Raises:
+        ConfigError: no model, a study without a calibration or of another model, or a config
+            that breaks a rule.
+    """
+    calibration: Calibration | None = None
+    fitted: dict[str, Any] = {}
+    note = "prior constants (no probe yet; --study S uses a calibration)"
+    kind = device_kind(options.device, gpu_here=True)  # estimate plans a GPU run
+    dtype = options.dtype
+    if study is not None:
+        calibration, fitted = load_calibration(study, results_dir, storage)
+        if options.model is not None and options.model != fitted["model"]:
+            raise ConfigError(f"--study {study} was calibrated on model {fitted['model']}, "
+                              f"not {options.model}; leave out --model or pick that model's "
+                              "study")
+        options = dataclasses.replace(options, model=fitted["model"],
+                                      model_path=options.model_path or fitted["model_path"])
+        kind = "cuda" if fitted["on_gpu"] else "cpu"
+        dtype = next(name for name, width in DTYPE_BYTES.items()
+                     if width == fitted["compute_bytes"])
+        note = f"calibrated on {fitted['probes']} probes of study {study} on {fitted['device']}"
+    elif storage is not None:
+        raise ConfigError("--storage: only with --study (the study whose calibration to use)")
+    if options.model is None and options.model_path is None:
+        raise ConfigError("estimate: give --model NAME (see `autotune models`) or "
+                          "--model-path DIR")
+    name = options.model or options.model_path or ""
+    shape = model_shape(options.model or "", options.model_path)
+    if capacity_bytes is None:
+        capacity_bytes = (gpu_capacity_bytes() or DEFAULT_GPU_BYTES) if kind == "cuda" \
+            else host_memory_bytes()
+    device = Device(kind, capacity_bytes, options.gpu_memory_limit_bytes,
+                    options.reserve_gpu_memory_bytes)
+    topology = default_topology(options.nnodes, options.gpus_per_node, device, None)
+    world = topology.world_size
+    knobs = fitted.get("fixed", {})  # the study's shapes, then --set
+    named = frozenset({*knobs, *options.knobs})
+    values = {**knobs, **engine_knobs(options.engine, device.on_gpu, named=named),
+              **options.knobs}
+    batches = ("rollout_batch_size", "global_batch_size")
+    if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's
+        values.update({k: getattr(ProbeConfig(), k) * world for k in batches})
+        note += (f"; batches: the defaults per GPU, rollout_batch_size="
+                 f"{values['rollout_batch_size']} and global_batch_size="
+                 f"{values['global_batch_size']} over {world} GPUs (--set your run's)")
+    config = ProbeConfig(**values)
+    problems = validate_probe_config(config, world) + model_problems(config, shape.is_vl)
+    if problems:
+        raise ConfigError(problems)
+    request = probe_request(dataclasses.replace(options, dtype=dtype), options.model or name,
+                            device, topology, config, emulated=world > 1)
+    return EstimatePlan(name, shape, request, calibration, note, fitted)

@@ -1,0 +1,307 @@
+"""What a command asked for, resolved once into what runs: the probe of `autotune probe`, the
+plan of `autotune run`.
+
+The options are what the user typed, typed and nothing more (`ProbeOptions`, `RunOptions`);
+`plan_probe` and `plan_sweep` resolve them once: the device (its kind, its capacity, the cap a
+probe runs under), the run's topology and how its ranks are probed, the rollout engine's
+defaults, the search space with the user's values, the trainer the sweep writes a config
+for, where probes run and how many at once, and the lines to say before it starts. Everything
+downstream reads these frozen objects; nothing re-derives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import ProbeConfig, Topology, load_knob_file, make_probe_config
+from autotune.errors import ConfigError
+from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device
+from autotune.probe.result import ProbeRequest
+from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
+from autotune.runners import Runner, ray_cluster_gpus
+from autotune.sweep.command_probe import command_setup
+from autotune.sweep.placement import (
+    default_topology,
+    emulate_ranks,
+    make_runner,
+    plan_command_ranks,
+    plan_ranks,
+)
+from autotune.sweep.preflight import check_model_on_device
+from autotune.sweep.search_space import SearchSpace, load_search_space
+from autotune.sweep.settings import SweepSettings
+from autotune.sweep.sharing import HEARTBEAT_S
+from autotune.sweep.storage import check_storage, check_study_name
+from autotune.sweep.trainer_target import TrainerTarget, trainer_target
+
+DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12
+GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
+TIMED_STEPS, DEMO_TIMED_STEPS = 2, 1
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How a command's probes run, as given: the model, the device and its limits, the run
+    being tuned, the steps, and knobs set with --set."""
+
+    model: str | None = None
+    model_path: str | None = None
+    device: str = "auto"  # auto | cpu | cuda
+    gpus: tuple[int, ...] | None = None  # GPU ids to pin probes to
+    cpu_threads: int | None = None
+    gpu_memory_limit_bytes: int | None = None
+    reserve_gpu_memory_bytes: int = 0
+    host_memory_limit_bytes: int | None = None
+    probe_timeout_s: float = 900.0
+    nnodes: int | None = None  # None: the base config's, else 1
+    gpus_per_node: int | None = None  # None: the base config's, else the GPUs here
+    ranks: str = "auto"  # auto | real | emulated
+    warmup_steps: int = 1
+    timed_steps: int | None = None  # None: TIMED_STEPS (the CPU demo: DEMO_TIMED_STEPS)
+    engine: str = "auto"  # auto | vllm-like | hf
+    dtype: str = "auto"
+    seed: int = 0
+    knobs: dict[str, Any] = field(default_factory=dict)  # --set, typed
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`autotune run` as given: its probes, the search, and where probes run."""
+
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
+    space: str | None = None  # a file or a shipped space's name; None: the default
+    study: str | None = None  # None: MODEL-SPACE
+    results_dir: str = "results"
+    objective: str = "throughput_per_memory"
+    headroom: float = 0.10
+    trials: int | None = None
+    timeout_s: float | None = None
+    patience: int | None = None
+    sampler: str = "tpe"
+    base_config: str | None = None
+    prune: bool = True
+    prescreen: bool = True
+    trace: bool = True
+    parallel: int | None = None
+    gpus_per_trial: int | None = None  # None: 1, or the run's ranks when they run for real
+    executor: str = "local"  # local | ray
+    address: str | None = None
+    storage: str | None = None
+    heartbeat_s: float = HEARTBEAT_S
+    confirm: int = 3
+    trainer: str | None = None
+    launch: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep ready to run: its settings, the runner its probes run on, the trainer config it
+    writes, and what to say before it starts."""
+
+    settings: SweepSettings
+    runner: Runner
+    trainer: TrainerTarget | None
+    notes: tuple[str, ...]
+
+
+def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
+                 named: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
+    would); auto only where the space and the user say nothing of the engine (`named`).
+    auto is vllm-like on a GPU (EasyR1's and verl's vLLM), hf for TRL (HF generation) and on
+    a CPU (a stand-in device whose interpreter alone takes a large share of a small cap);
+    verl's vLLM (>= 0.8.5) sleeps at level 2, EasyR1's at 1."""
+    if engine == "auto":
+        if "rollout_engine" in named:
+            return {}
+        engine = "hf" if trainer == "trl" or not on_gpu else "vllm-like"
+    knobs: dict[str, Any] = {"rollout_engine": engine}
+    if engine == "vllm-like" and trainer == "verl" and "sleep_level" not in named:
+        knobs["sleep_level"] = 2
+    return knobs
+
+
+def check_model(options: ProbeOptions, known_model: bool = True) -> str:
+    """The model's name (a registry model, or a local directory's name), checked before
+    anything runs. `known_model`: --model must be in the registry (a probe of the user's
+    trainer runs the model of the trainer's config: --model is then a label)."""
+    if options.model_path is not None:
+        read_model_path_config(options.model_path)
+        return options.model or Path(options.model_path).name
+    if options.model is None:
+        raise ConfigError("give --model NAME (see `autotune models`) or --model-path DIR")
+    if known_model:
+        get_model_spec(options.model)
+    return options.model
+
+
+def resolve_device(options: ProbeOptions, local: bool = True,
+                   gpu_here: bool | None = None) -> Device:
+    """--device and the memory limits as a Device: auto is cuda where an NVIDIA GPU is
+    (`gpu_here`: a Ray cluster's; by default this machine's); `local` probes run here, so
+    --device cuda needs a GPU here and the capacity is this machine's."""
+    if local and options.device == "cuda" and not has_nvidia_gpu():
+        raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
+                          "--device cpu, or run where a GPU is")
+    kind = device_kind(options.device, gpu_here)
+    if local:
+        return this_device(kind, options.gpu_memory_limit_bytes,
+                           options.reserve_gpu_memory_bytes)
+    return Device(kind, None, options.gpu_memory_limit_bytes, options.reserve_gpu_memory_bytes)
+
+
+def probe_request(options: ProbeOptions, model: str, device: Device, topology: Topology,
+                  config: ProbeConfig, emulated: bool) -> ProbeRequest:
+    """The ProbeRequest the options make for `config` (a sweep replaces it per trial)."""
+    return ProbeRequest(
+        model=model, config=config, model_path=options.model_path, device=device,
+        gpu_ids=options.gpus, cpu_threads=options.cpu_threads,
+        host_memory_limit_bytes=options.host_memory_limit_bytes,
+        timeout_s=options.probe_timeout_s, warmup_steps=options.warmup_steps,
+        timed_steps=options.timed_steps or TIMED_STEPS, seed=options.seed,
+        dtype=options.dtype, nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node,
+        emulated=emulated)
+
+
+def plan_probe(options: ProbeOptions) -> ProbeRequest:
+    """`autotune probe`: one probe of the options' model on this machine, every rule checked
+    before it starts."""
+    model = check_model(options)
+    device = resolve_device(options)
+    topology = default_topology(options.nnodes, options.gpus_per_node, device, options.gpus)
+    engine = engine_knobs(options.engine, device.on_gpu, named=frozenset(options.knobs))
+    config = make_probe_config({**engine, **options.knobs}, topology.world_size)
+    emulated = emulate_ranks(options.ranks, topology.world_size, device, options.gpus)
+    request = probe_request(options, model, device, topology, config, emulated)
+    check_model_on_device(request, config, what="the probe", device_asked=options.device)
+    return request
+
+
+def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
+    """Without --model, the embedded default: the tiny model on the CPU under a 545 MiB cap
+    where no NVIDIA GPU is visible, qwen2.5-0.5b on the GPU otherwise; and the note that says
+    so. Without --space, the CPU demo's space for a tiny model on a CPU, else grpo."""
+    probe, note = options.probe, None
+    budget_given = options.trials or options.timeout_s or options.patience
+    on_cpu = device_kind(probe.device) == "cpu"
+    if probe.model is None and probe.model_path is None:
+        if on_cpu:
+            probe = dataclasses.replace(
+                probe, model=DEMO_MODEL, device="cpu",
+                gpu_memory_limit_bytes=probe.gpu_memory_limit_bytes or DEMO_CAP_BYTES,
+                timed_steps=probe.timed_steps or DEMO_TIMED_STEPS)
+            options = dataclasses.replace(options, probe=probe, space=options.space or DEMO_SPACE,
+                                          trials=options.trials if budget_given else DEMO_TRIALS)
+        else:
+            probe = dataclasses.replace(probe, model=GPU_MODEL)
+            options = dataclasses.replace(options, probe=probe, space=options.space or GPU_SPACE)
+        note = (f"no --model: running the embedded default, {probe.model} on "
+                f"{device_kind(probe.device)} over search space {options.space}")
+    if options.trials is None and not budget_given:
+        options = dataclasses.replace(options, trials=GPU_TRIALS)
+    if options.space is None:  # GRPO's real shapes take minutes per probe on a CPU (a model
+        # that is not tiny, on a CPU found by itself, is refused by the preflight)
+        tiny = probe.model_path is None and probe.model in REGISTRY and REGISTRY[probe.model].tiny
+        demo = probe.device == "cpu" or (on_cpu and tiny)
+        options = dataclasses.replace(options, space=DEMO_SPACE if demo else GPU_SPACE)
+    return options, note
+
+
+def plan_sweep(options: RunOptions) -> SweepPlan:
+    """Resolve `autotune run`'s options into a SweepPlan, every input checked first (one
+    line each: nothing is made on bad input). A Ray runner connects to its cluster here."""
+    if options.address is not None and options.executor != "ray":
+        raise ConfigError("--address: only with --executor ray")
+    if options.storage is not None:  # a bad --storage is refused before anything is made
+        check_storage(options.storage)
+    if options.launch is not None:
+        if options.trainer is None:
+            raise ConfigError("--launch needs --trainer easyr1, verl or trl: it decides where "
+                              "each knob goes in the trainer's config and how its log is read")
+        if options.probe.model is None and options.probe.model_path is None:
+            options = dataclasses.replace(options, space=options.space or options.trainer,
+                                          probe=dataclasses.replace(
+                                              options.probe, model=f"{options.trainer}-run"))
+    options, default_note = embedded_default(options)
+    probe = options.probe
+    model = check_model(probe, known_model=options.launch is None)
+    assert options.space is not None
+    loaded = load_search_space(options.space)
+    if loaded.trainer_keys and options.launch is None:
+        raise ConfigError(f"{loaded.source}: searches the trainer's own keys "
+                          f"({', '.join(loaded.trainer_keys)}); only a run of your trainer can "
+                          "apply them: add --trainer and --launch")
+    local = options.executor == "local"
+    device = resolve_device(probe) if local else cluster_device(probe, options.address)
+    target, notes = None, [default_note] if default_note else []
+    if options.trainer is not None:  # its base config's topology is the default
+        target, base, loaded, said = trainer_target(options.trainer, options.base_config,
+                                                    loaded, probe.nnodes, probe.gpus_per_node)
+        topology = target.topology
+        notes += said
+    else:
+        topology = default_topology(probe.nnodes, probe.gpus_per_node, device, probe.gpus)
+        base = load_knob_file(options.base_config) if options.base_config is not None else {}
+    space, base_params = user_space(loaded, topology, probe, device, options, base)
+    name = check_study_name(options.study if options.study is not None
+                            else f"{model}-{space.name}")
+    if options.launch is not None:
+        assert target is not None
+        steps = probe.warmup_steps + (probe.timed_steps or TIMED_STEPS)
+        ranks = plan_command_ranks(topology, device, probe.gpus, steps, options.gpus_per_trial)
+        template, said = command_setup(target, options.launch, space, steps)
+        notes += said
+    else:
+        ranks = plan_ranks(topology, device, probe.ranks, probe.gpus, local, options.confirm,
+                           options.gpus_per_trial)
+        template = None
+    safe = space.config_for(space.safe_params())  # the template's config
+    request = probe_request(probe, model, device, topology, safe, ranks.emulated)
+    if template is None:
+        check_model_on_device(request, safe, device_checks=local, device_asked=probe.device)
+    notes += [ranks.note] if ranks.note else []
+    runner, slots = make_runner(options.executor, options.address, request, options.parallel,
+                                ranks.gpus_per_trial)
+    settings = SweepSettings(
+        study_name=name, study_dir=Path(options.results_dir) / name, space=space,
+        request=request, objective=options.objective, headroom=options.headroom,
+        max_trials=options.trials, timeout_s=options.timeout_s, patience=options.patience,
+        seed=probe.seed, sampler=options.sampler, base_params=base_params,
+        prune_dominated=options.prune, prescreen=options.prescreen, trace=options.trace,
+        trainer=f"{target.adapter.name} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
+        if target is not None else None, storage=options.storage, slots=tuple(slots),
+        heartbeat_s=options.heartbeat_s, confirm=ranks.confirm, command=template)
+    if len(slots) > 1:
+        notes.append(f"{len(slots)} probes at a time ({options.executor}): "
+                     f"{' | '.join(slot.describe() for slot in slots)}")
+    return SweepPlan(settings, runner, target, tuple(notes))
+
+
+def cluster_device(options: ProbeOptions, address: str | None) -> Device:
+    """The device of probes on a Ray cluster: auto is cuda when the cluster has GPUs; its
+    capacity is each probe's to report."""
+    gpus = ray_cluster_gpus(address)
+    if options.device == "cuda" and not gpus:
+        raise ConfigError("--device cuda: the Ray cluster has no GPUs; use --device cpu or "
+                          "start Ray on GPU nodes")
+    return resolve_device(options, local=False, gpu_here=gpus > 0)
+
+
+def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, device: Device,
+               options: RunOptions, base: dict[str, Any]
+               ) -> tuple[SearchSpace, dict[str, Any] | None]:
+    """The space for the run's topology with --set, the engine's defaults and the base
+    config's values fixed, and the base config's searched values as a trial (with --trainer
+    and no base config, the trainer's start is the safest config)."""
+    loaded = loaded.for_world(topology.world_size)
+    named = frozenset({*loaded.params, *loaded.fixed, *probe.knobs, *base})
+    engine = engine_knobs(probe.engine, device.on_gpu, options.trainer, named)
+    space, base_params = loaded.with_user_values({**engine, **probe.knobs}, base,
+                                                 options.base_config or options.trainer)
+    if options.trainer is not None and base_params is None:
+        base_params = space.safe_params()
+    return space, base_params
+

@@ -1,0 +1,76 @@
+"""A planned sweep run to its end: the probes, the files the study leaves, the confirmations.
+
+`run_sweep` runs the Sweep of a SweepPlan, rewrites trials.csv, best.yaml and (with
+--trainer) best.<trainer>.yaml from the study after every probe and when it stops, probes the
+best configs again with real ranks when the plan says so, and always releases the runner. A
+Ctrl-C (or SIGTERM, raised as one) leaves the files as the study stands and is said in the
+outcome: nothing is lost, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.sweep.artifacts import write_artifacts
+from autotune.sweep.confirm import confirm_best
+from autotune.sweep.export import write_trainer_export
+from autotune.sweep.plan import SweepPlan
+from autotune.sweep.progress import Progress
+from autotune.sweep.tuner import Sweep
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """How a sweep ended and what it left."""
+
+    study: Any  # the Optuna study, as the storage holds it (None: it never opened)
+    best_path: Path | None  # best.yaml, once a config fits
+    export_path: Path | None  # best.<trainer>.yaml, with --trainer
+    interrupted: bool
+    nothing_fits: str | None  # why nothing in the space can fit, when that is why it stopped
+    where: str  # where the study lives: its SQLite file, journal or database
+    others_running: int  # probes other drivers still run in a shared study
+
+    @property
+    def exit_code(self) -> int:
+        """130 when interrupted, 1 when nothing fits, else 0."""
+        if self.interrupted:
+            return 130
+        return 0 if self.best_path is not None else 1
+
+
+def run_sweep(plan: SweepPlan, progress: Progress | None = None,
+              say: Callable[[str], None] = lambda line: None) -> SweepOutcome:
+    """Run `plan` to a stop; `progress` shows it, `say` gets the lines of the confirmations."""
+    settings, target = plan.settings, plan.trainer
+    exported: list[Path | None] = [None]
+
+    def artifacts(study: Any) -> Path | None:
+        best = write_artifacts(study, settings.study_dir)
+        if target is not None:
+            exported[0] = write_trainer_export(study, settings.study_dir, target.adapter,
+                                               target.base, target.topology)
+        return best
+
+    try:
+        sweep = Sweep(settings, plan.runner, progress, on_trial=artifacts)
+        try:
+            study = sweep.run()
+            if settings.confirm and sweep.nothing_fits is None:
+                confirm_best(study, settings, plan.runner, sweep.feasibility.capacity_bytes,
+                             say)
+        except KeyboardInterrupt:
+            if sweep.study is not None:  # the files agree with the study as it was left
+                with contextlib.suppress(Exception):
+                    artifacts(sweep.study)
+            return SweepOutcome(sweep.study, None, None, True, None, sweep.where,
+                                sweep.others_running)
+    finally:
+        plan.runner.close()  # a Ray runner disconnects (and stops a Ray it started)
+    best = artifacts(study)  # rewritten from the storage, other drivers' trials included
+    return SweepOutcome(study, best, exported[0], False, sweep.nothing_fits, sweep.where,
+                        sweep.others_running)

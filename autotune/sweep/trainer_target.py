@@ -1,0 +1,50 @@
+"""`run --trainer T`: the trainer a sweep writes its best config for, and what it starts from.
+
+The trainer's rules (for the run's topology) join the space's, so a config the trainer would
+reject is recorded invalid and never run; the sweep starts from the user's trainer YAML (its
+knobs, snapped to the values the space searches) or the trainer's own defaults; and
+best.<trainer>.yaml is written from the study as it goes (export.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import Topology
+from autotune.errors import ConfigError
+from autotune.sweep.search_space import SearchSpace
+from autotune.trainers import get_adapter
+from autotune.trainers.adapter import Adapter
+from autotune.trainers.export import TrainerYaml, trainer_start
+from autotune.trainers.plan import dotted_get, refused_settings
+
+
+@dataclass(frozen=True)
+class TrainerTarget:
+    """The trainer of `run --trainer`: its adapter, the user's trainer YAML (None: the
+    trainer's defaults) and the topology of the run, from the flags or that YAML."""
+
+    adapter: Adapter
+    base: TrainerYaml | None
+    topology: Topology
+
+
+def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
+                   nnodes: int | None, gpus_per_node: int | None
+                   ) -> tuple[TrainerTarget, dict[str, Any], SearchSpace, list[str]]:
+    """The target, the knobs the sweep starts from, the space with the trainer's rules, and
+    the lines to say (starting values moved onto the space's)."""
+    adapter = get_adapter(trainer)
+    base, topology, start = trainer_start(adapter, base_config, nnodes, gpus_per_node)
+    refused = refused_settings(adapter, base[0]) if base else []
+    if refused:
+        raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
+    if base is None:  # the trainer's defaults seed the searched knobs only
+        start = {k: v for k, v in start.items() if k in space.params}
+    start, moved = space.snapped(start)
+    tree = base[0] if base else {}
+    ruled = space.with_rules(lambda config: adapter.check(
+        config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
+    notes = [f"{trainer} starting config: {line}" for line in moved]
+    return TrainerTarget(adapter, base, topology), start, ruled, notes

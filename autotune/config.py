@@ -204,9 +204,14 @@ def parse_assignments(assignments: list[str] | tuple[str, ...]) -> dict[str, Any
             problems.append(f"--set {item!r}: expected key=value, e.g. micro_batch_size_update=4")
             continue
         try:
-            values[key] = parse_knob_value(key, raw)
+            value = parse_knob_value(key, raw)
         except ConfigError as err:
             problems.extend(f"--set {p}" for p in err.problems)
+            continue
+        if key in values and values[key] != value:
+            problems.append(f"--set {key} given twice ({values[key]}, then {value}); give it "
+                            "once")
+        values[key] = value
     if problems:
         raise ConfigError(problems)
     return values

@@ -40,16 +40,22 @@ class DiskError(AutotuneError):
 def describe_os_error(exc: OSError, path: str | os.PathLike[str] | None = None) -> str:
     """`<path>: <what happened>; <what to do>`, one line."""
     where = path or exc.filename or "a file"
-    what = exc.strerror or type(exc).__name__
+    what = (exc.strerror or type(exc).__name__).lower()
     advice = _ADVICE.get(exc.errno or 0)
-    return f"{where}: {what.lower()}" + (f"; {advice}" if advice else "")
+    if exc.errno == errno.ENOENT and Path(where).parent.is_dir():  # /proc, /sys: a folder
+        what, advice = f"{Path(where).parent} takes no new files", "pick another path"
+    return f"{where}: {what}" + (f"; {advice}" if advice else "")
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write a file so that readers see either nothing or the whole of it. On failure (a full
     disk) the temporary file is removed and the old file, if any, is left as it was."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # said of the file asked for, not of a temporary name
+        exc.filename = str(path)
+        raise
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)

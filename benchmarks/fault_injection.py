@@ -16,7 +16,9 @@ How to read the figures (each target is 0):
   duplicated      a config probed to a finished result more than once (retries after
                   killed/lost and interrupted probes excepted)
   stuck           trials still RUNNING or WAITING after the final clean run
-  orphaned        probe workers of the study still alive 3 s after a driver kill
+  orphaned        processes of the sweep still alive 1 s after a driver kill: its probe
+                  workers and ranks, and its trace process (the driver's whole process tree
+                  just before the kill, and any worker of the study)
   false host_oom  worker kills recorded as host_oom (an outside kill is no memory evidence)
   misclassified   worker kills recorded as anything but killed (SIGKILL) / crash (SIGSEGV)
   scratch dirs    autotune-probe-<pid>-* temp dirs of our dead drivers left behind
@@ -51,8 +53,9 @@ import psutil
 OUT = Path(__file__).parent / "results"
 STUDY = "fi"
 POLL_S = 0.002  # how often logs/ is polled for a new result.json
-ORPHAN_WAIT_S = 3.0
+ORPHAN_WAIT_S = 1.0
 WORKER = "autotune.probe.worker"
+TRACER = "autotune.probe.trace"
 TRIAL_RE = re.compile(r"trial-(\d+)\.re(?:quest|sult)\.json")
 
 
@@ -110,6 +113,30 @@ def live_workers(study_dir: Path, parent: int | None = None) -> list[psutil.Proc
     return found
 
 
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def sweep_tree(driver_pid: int) -> list[tuple[psutil.Process, str]]:
+    """Every process under a driver now, each named worker, trace or other."""
+    try:
+        procs = psutil.Process(driver_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in procs:
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        kind = "worker" if WORKER in cmdline else "trace" if TRACER in cmdline else "other"
+        found.append((proc, kind))
+    return found
+
+
 def trial_state(study_dir: Path, number: int) -> str:
     """A trial's state read from the study (only while no driver runs)."""
     import optuna
@@ -122,7 +149,8 @@ def trial_state(study_dir: Path, number: int) -> str:
 def driver_kills(command, study_dir, plan, rng, runs, report) -> dict:
     """One driver per planned kill ("random" or "result"), SIGKILLed, orphans counted."""
     logs = study_dir / "logs"
-    kills = {"random": 0, "result": 0, "untold": 0, "orphaned": 0, "ended_alone": 0}
+    kills = {"random": 0, "result": 0, "untold": 0, "orphaned": 0, "ended_alone": 0,
+             "orphaned_traces": 0, "tree": 0, "traces_killed": 0}
     for index, kind in enumerate(plan):
         before = result_files(logs)
         driver = Driver(command)
@@ -142,6 +170,9 @@ def driver_kills(command, study_dir, plan, rng, runs, report) -> dict:
             kills["ended_alone"] += 1
             report(f"driver run {index + 1}: ended by itself (rc {driver.proc.returncode})")
             continue
+        tree = sweep_tree(driver.proc.pid)
+        kills["tree"] += len(tree)
+        kills["traces_killed"] += sum(kind == "trace" for _, kind in tree)
         driver.kill()
         what = f"{driver.lines[-1][1][:70] if driver.lines else '(no output)'}"
         if new:
@@ -153,8 +184,11 @@ def driver_kills(command, study_dir, plan, rng, runs, report) -> dict:
         else:
             kills["random"] += 1
         time.sleep(ORPHAN_WAIT_S)
-        orphans = live_workers(study_dir)
+        left = [(proc, kind) for proc, kind in tree if alive(proc)]
+        orphans = list({proc.pid: proc for proc in [*live_workers(study_dir),
+                                                     *(p for p, _ in left)]}.values())
         kills["orphaned"] += len(orphans)
+        kills["orphaned_traces"] += sum(kind == "trace" for _, kind in left)
         report(f"driver kill {index + 1}/{len(plan)} at "
                f"{time.monotonic() - driver.started_s - ORPHAN_WAIT_S:.1f} s: {what}"
                f"{f'; ORPHANS {[p.pid for p in orphans]}' if orphans else ''}")
@@ -358,6 +392,9 @@ def main() -> int:
         f"{kills['untold']} of them before the driver told it), worker SIGKILLs {n_kill}, "
         f"worker SIGSEGVs {n_segv}; driver runs {len(runs)}, "
         f"{kills['ended_alone']} ended before their kill",
+        f"processes under the killed drivers {kills['tree']} ({kills['traces_killed']} trace "
+        f"processes); alive {ORPHAN_WAIT_S:.0f} s after the kill: {kills['orphaned']} "
+        f"({kills['orphaned_traces']} trace processes)",
         "  ".join(f"{name} {value}" for name, value in figures.items()),
         f"misclassified worker kills {len(checked['misclassified'])}, SIGKILLed probes "
         f"retried {checked['retried']}/{checked['to_retry']}, predictions citing a "

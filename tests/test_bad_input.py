@@ -173,6 +173,18 @@ CASES: list[tuple[list[str], str]] = [
             "trainer_key.yaml"], "params.micro_batch_size_experience: trl has no key for it"),
     (["run", "--space", "trainer_key.yaml", "--trials", "1"], "only a run of your trainer"),
     (["nope"], "No such command 'nope'"),
+    # a study that is not one, or that another setup made: refused before anything is written
+    (RUN + ["--results-dir", "zero", "--study", "zero"], "empty (0 bytes), not a study"),
+    (RUN + ["--results-dir", "rand", "--study", "rand"], "not a study database"),
+    (RUN + ["--study", "s", "--headroom", "30%"], "was started with a different setup"),
+    # contradictions: refused, not silently resolved
+    (RUN + ["--set", "max_prompt_length=32", "--set", "max_prompt_length=128"],
+     "--set max_prompt_length given twice (32, then 128)"),
+    (RUN + ["--device", "cpu", "--gpus", "0"], "--gpus 0: GPU ids, but probes run on the CPU"),
+    (RUN + ["--device", "cpu", "--gpus-per-trial", "2"],
+     "--gpus-per-trial 2: probes run on the CPU"),
+    (RUN + ["--threads", "1000"], "--threads 1000: this machine lets autotune use"),
+    (["probe", "--model", "tiny-qwen2.5", "--threads", "1000"], "--threads 1000"),
     # probe
     (["probe", "--model", "tiny-qwen2.5", "--device", "cuda"], "--device cuda: no NVIDIA GPU"),
     (["probe", "--model", "tiny-qwen2.5", "--set", "max_num_seqs=9223372036854775808"],
@@ -203,10 +215,14 @@ CASES: list[tuple[list[str], str]] = [
     (["show", "--study", "missing"], "--study missing: no results"),
     (["show", "--results-dir", "noconfig"], "no study in noconfig"),
     (["show", "--results-dir", "zero"], "empty (0 bytes), not a study database"),
-    (["show", "--results-dir", "rand"], "not a study database (file is not a database)"),
+    (["show", "--results-dir", "rand"], "not a study database"),
     (["show", "--results-dir", "renamed"], "holds study s, not old"),
     (["show", "--study", "s", "--storage", "notjournal.txt"], "not an Optuna journal"),
     (["show", "--study", "s", "--storage", "missing.journal"], "no such journal file"),
+    (["show", "--study", "x" * 5000], "5000 characters; use at most 100"),
+    (["report", "--study", "../../etc"], "--study '../../etc'"),
+    (EXPORT[:1] + ["--study", "../../etc", "--trainer", "trl"], "--study '../../etc'"),
+    (["estimate", "--study", "a/b"], "--study 'a/b'"),
     # report
     (["report", "--study", "missing"], "--study missing: no results"),
     (["report", "--results-dir", "zero"], "empty (0 bytes), not a study database"),
@@ -291,6 +307,17 @@ def fill(mount: Path) -> None:
 
 def read_only(mount: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+
+
+def test_a_folder_that_takes_no_files_is_named_as_it_is(sandbox, capsys, monkeypatch):
+    """/proc exists and takes no new files: the line names the path given and says so, not
+    "no such file" about a folder that is there, nor a temporary file of ours."""
+    monkeypatch.chdir(sandbox)
+    for args, path in ((RUN + ["--results-dir", "/proc"], "/proc/"),
+                       (["report", "--study", "s", "--out", "/proc/r.html"], "/proc/r.html")):
+        code, err = invoke(args, capsys)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert path in err and "no such file" not in err and ".tmp" not in err, err
 
 
 def test_environment_errors_are_one_line_exit_1(small_fs, sandbox, capsys, monkeypatch):

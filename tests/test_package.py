@@ -20,24 +20,24 @@ def test_a_wheel_in_a_fresh_venv_runs_with_its_search_spaces(tmp_path):
     are this environment's, on the venv's path; the source tree is not): `--help`, the
     shipped spaces and `validate` on the default one all work from the installed package."""
     source, dist, venv = tmp_path / "source", tmp_path / "dist", tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the venv
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):  # built from a copy: the tree stays as it is
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "autotune", source / "autotune",
                     ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "-w", str(dist), str(source)], check=True, cwd=tmp_path)
+                    "--quiet", "-w", str(dist), str(source)], check=True, cwd=tmp_path, env=env)
     wheel = next(dist.glob("autotune-*.whl"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                    "--no-deps", "--no-index", "--quiet", str(wheel)], check=True)
+                    "--no-deps", "--no-index", "--force-reinstall", "--quiet", str(wheel)],
+                   check=True, cwd=tmp_path, env=env)
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
                                 "print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the venv
 
     def autotune(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(venv / "bin" / "autotune"), *args], capture_output=True,

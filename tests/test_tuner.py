@@ -346,3 +346,36 @@ def test_when_nothing_left_could_fit_the_sweep_stops_without_spinning(tmp_path):
     assert len(runner.calls) <= 12 and len(study.trials) < 60, len(study.trials)
     feasible = [t for t in study.trials if t.user_attrs.get("feasible")]
     assert feasible  # what fits was found before stopping
+
+
+def test_tracing_that_turns_itself_off_is_said_once(tmp_path):
+    """The trace process dies at the first trace (a stand-in tracer: the real process's
+    failures are in test_trace.py): the sweep says so in one line and goes on."""
+    import io
+
+    from autotune.sweep.progress import PlainProgress
+
+    class DyingTracer:
+        unavailable: str | None = None
+
+        def traced_bytes(self, params, device):
+            self.unavailable = "the trace process failed: Killed"
+            return None
+
+        def learn(self, params, phase_peak_mem_bytes):
+            pass
+
+        def summary(self):
+            return {"off": self.unavailable}
+
+        def close(self):
+            pass
+
+    stream = io.StringIO()
+    request = ProbeRequest(model="tiny-qwen2.5",
+                           device=Device("cpu", 4 * 2**30, limit_bytes=500 * 2**20))
+    settings = settings_for(tmp_path, max_trials=4, request=request)
+    Sweep(settings, ScriptedRunner(), PlainProgress(stream), tracer=DyingTracer()).run()
+    said = [line for line in stream.getvalue().splitlines() if "tracing off" in line]
+    assert len(said) == 1, stream.getvalue()
+    assert "the trace process failed: Killed" in said[0]

@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.config import ProbeConfig, Topology, load_knob_file, make_probe_config
 from autotune.errors import ConfigError
-from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device
+from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device, usable_cpu_ids
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
@@ -147,6 +147,14 @@ def resolve_device(options: ProbeOptions, local: bool = True,
         raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
                           "--device cpu, or run where a GPU is")
     kind = device_kind(options.device, gpu_here)
+    if kind == "cpu" and options.gpus is not None:
+        ids = ",".join(map(str, options.gpus))
+        raise ConfigError(f"--gpus {ids}: GPU ids, but probes run on the CPU here; leave out "
+                          "--gpus, or use --device cuda where a GPU is")
+    cores = len(usable_cpu_ids())
+    if local and options.cpu_threads is not None and options.cpu_threads > cores:
+        raise ConfigError(f"--threads {options.cpu_threads}: this machine lets autotune use "
+                          f"{cores} core(s); use --threads {cores} or less")
     if local:
         return this_device(kind, options.gpu_memory_limit_bytes,
                            options.reserve_gpu_memory_bytes)
@@ -236,6 +244,9 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
                           "apply them: add --trainer and --launch")
     local = options.executor == "local"
     device = resolve_device(probe) if local else cluster_device(probe, options.address)
+    if not device.on_gpu and (options.gpus_per_trial or 1) > 1:
+        raise ConfigError(f"--gpus-per-trial {options.gpus_per_trial}: probes run on the CPU, "
+                          "which has no GPUs to pin; split its cores with --parallel instead")
     target, notes = None, [default_note] if default_note else []
     if options.trainer is not None:  # its base config's topology is the default
         target, base, loaded, said = trainer_target(options.trainer, options.base_config,

@@ -56,6 +56,7 @@ class Progress(Protocol):
     def trial_started(self, state: SweepState, line: str) -> None: ...
     def trace_started(self, state: SweepState, line: str) -> None: ...
     def trial_finished(self, state: SweepState, line: str) -> None: ...
+    def note(self, state: SweepState, line: str) -> None: ...
     def finished(self, state: SweepState) -> None: ...
 
 
@@ -66,6 +67,7 @@ class SilentProgress:
     def trial_started(self, state: SweepState, line: str) -> None: ...
     def trace_started(self, state: SweepState, line: str) -> None: ...
     def trial_finished(self, state: SweepState, line: str) -> None: ...
+    def note(self, state: SweepState, line: str) -> None: ...
     def finished(self, state: SweepState) -> None: ...
 
 
@@ -113,6 +115,9 @@ class PlainProgress:
     def trial_finished(self, state: SweepState, line: str) -> None:
         eta = format_duration(state.eta_s())
         self._line(state, f"{line}   [{counts_text(state)}; eta {eta}]")
+
+    def note(self, state: SweepState, line: str) -> None:
+        self._line(state, line)
 
     def finished(self, state: SweepState) -> None:
         why = state.stop_reason or "interrupted"
@@ -171,6 +176,9 @@ class LiveProgress:
     def trial_finished(self, state: SweepState, line: str) -> None:
         self.state = state
         self.console.print(f"[{format_duration(time.monotonic() - state.started_s)}] {line}")
+
+    def note(self, state: SweepState, line: str) -> None:
+        self.trial_finished(state, line)
 
     def finished(self, state: SweepState) -> None:
         if self.live is not None:

@@ -57,6 +57,7 @@ def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
     if spec is None:
         study_dir.mkdir(parents=True, exist_ok=True)
         db_path = study_dir / "study.db"
+        check_study_file(db_path)
         use_wal(db_path)
         return StudyStorage(sqlite_storage(db_path), shared=False, where=str(db_path))
     import optuna
@@ -83,6 +84,27 @@ def open_storage(spec: str | None, study_dir: Path) -> StudyStorage:
 
     return StudyStorage(optuna.storages.JournalStorage(JournalFileBackend(str(path))),
                         shared=True, where=str(path))
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_study_file(path: Path) -> None:
+    """A study.db that is there must be a SQLite database (an empty or foreign file would be
+    taken as a new study, and written into); a missing one is a new study."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({(exc.strerror or '').lower()})") from None
+    if not head:
+        raise ConfigError(f"{path}: empty (0 bytes), not a study database; remove it and run "
+                          "the sweep again")
+    if head != SQLITE_HEADER:
+        raise ConfigError(f"{path}: not a study database (not SQLite); it may be damaged: "
+                          "keep a copy, and run the sweep again under another --study")
 
 
 def check_storage(spec: str) -> None:
@@ -205,12 +227,17 @@ def driver_running(study_dir: Path) -> bool:
 
 
 class StudyLock:
-    """One driver per study directory: a lock file the kernel releases when the driver dies."""
+    """One driver per study directory: a lock file the kernel releases when the driver dies.
+    The driver's pid is written only once the study opened (`claim`): a refused study keeps
+    its lock file as it was, or none if it had none."""
 
     def __init__(self, study_dir: Path) -> None:
         self.path = study_dir / ".driver.lock"
+        self.created = False
+        self.claimed = False
 
     def __enter__(self) -> StudyLock:
+        self.created = not self.path.exists()
         self.handle = open(self.path, "a+")
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -221,13 +248,19 @@ class StudyLock:
             raise AutotuneError(f"study {self.path.parent.name} is being run by another "
                                 f"autotune (pid {owner}); wait for it or pick another --study") \
                 from None
+        return self
+
+    def claim(self) -> None:
+        """Say which driver runs the study (another driver's refusal names it)."""
         self.handle.truncate(0)
         self.handle.write(str(os.getpid()))
         self.handle.flush()
-        return self
+        self.claimed = True
 
     def __exit__(self, *exc: object) -> None:
         self.handle.close()
+        if self.created and not self.claimed:
+            self.path.unlink(missing_ok=True)
 
 
 def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
@@ -296,6 +329,8 @@ def load_study(results_dir: str, name: str | None, storage: str | None = None) -
     the study `name` in a shared `--storage` (default: its only study)."""
     import optuna
 
+    if name is not None:
+        check_study_name(name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
         if not URL_SCHEME.match(storage) and not Path(storage).expanduser().is_file():
@@ -315,9 +350,7 @@ def load_study(results_dir: str, name: str | None, storage: str | None = None) -
             known = sorted(p.parent.name for p in root.glob("*/study.db"))
             raise ConfigError(f"--study {name}: no {path}; studies here: "
                               f"{', '.join(known) or 'none'}")
-        if path.stat().st_size == 0:
-            raise ConfigError(f"{path}: empty (0 bytes), not a study database; remove it and "
-                              "run the sweep again")
+        check_study_file(path)
         opened, where = StudyStorage(read_only_sqlite(path), shared=False, where=str(path)), \
             str(path)
     names = optuna.get_all_study_names(opened.storage)

@@ -89,6 +89,7 @@ class Sweep:
         self.feasibility = self.feasibility_rules(tracer)
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
+        self.tracing_stopped = False  # said that tracing turned itself off
         self.tally = Tally(self.state, self.feasibility, settings.objective)
         self.pool = ProbePool(runner, list(settings.slots))  # Pending trials probing now
         self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
@@ -117,6 +118,15 @@ class Sweep:
                                                            device=device),
                 request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing)
         return Feasibility(request.device, dominance, prescreen, tracer)
+
+    def say_if_tracing_stopped(self) -> None:
+        """Tracing turned itself off (its process died, a trace timed out, a config it cannot
+        follow, traces costlier than probes): said once, in one line."""
+        tracer = self.feasibility.tracer
+        if tracer is not None and tracer.unavailable and not self.tracing_stopped:
+            self.tracing_stopped = True
+            self.progress.note(self.state, f"tracing off: {tracer.unavailable}; the memory "
+                               "model's pre-screen goes on")
 
     def tracing(self, params: dict[str, Any] | None) -> None:
         """The tracer starts (params) or ends (None) a trace: shown, as a probe is."""
@@ -204,10 +214,13 @@ class Sweep:
         new = not study_dir.exists()  # a new study that cannot open leaves nothing behind
         with contextlib.ExitStack() as held:
             try:
+                lock = None
                 if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
                     study_dir.mkdir(parents=True, exist_ok=True)
-                    held.enter_context(StudyLock(study_dir))
+                    lock = held.enter_context(StudyLock(study_dir))
                 study, opened = open_study(self.settings)
+                if lock is not None:
+                    lock.claim()
             except BaseException:
                 if new:
                     shutil.rmtree(study_dir, ignore_errors=True)
@@ -295,6 +308,7 @@ class Sweep:
             return
         prediction = self.feasibility.predict(  # the safe config is measured: its OOM ends it
             params, measure=params_key(params) == params_key(self.space.safe_params()))
+        self.say_if_tracing_stopped()
         if prediction is not None:
             result = ProbeResult(status=ProbeStatus(prediction.status),
                                  message=prediction.reason, failed_phase=prediction.failed_phase)

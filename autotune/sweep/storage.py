@@ -111,10 +111,7 @@ def check_storage(spec: str) -> None:
     """Refuse a bad --storage before anything is made: a database is connected to (and
     closed); a journal path is checked without creating the file."""
     if URL_SCHEME.match(spec):
-        opened = open_storage(spec, Path("."))
-        engine = getattr(opened.storage, "engine", None)
-        if engine is not None:
-            engine.dispose()
+        close_storage(open_storage(spec, Path(".")))
     else:
         check_journal_file(Path(spec).expanduser(), spec)
 
@@ -316,11 +313,19 @@ def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
         changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
                    for k, v in identity.items() if stored.get(k, older.get(k)) != v]
         if changed:
+            close_storage(opened)  # SQLite's -wal and -shm go with the last connection
             raise ConfigError(
                 f"study {settings.study_name} in {opened.where} was started with a "
                 f"different setup ({'; '.join(changed)}); resume it with the original "
                 "search space and options, or pick a new --study")
     return study, opened
+
+
+def close_storage(opened: StudyStorage) -> None:
+    """Close a database storage's connections now, not when it is collected."""
+    engine = getattr(opened.storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
 
 
 def load_study(results_dir: str, name: str | None, storage: str | None = None) -> Any:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.batching import budget_problems
 from autotune.errors import ConfigError
 
 _BYTE_UNITS = {
@@ -53,6 +54,15 @@ class ProbeConfig:
         default=4, metadata={"help": "responses per device per forward/backward"})
     micro_batch_size_experience: int = field(
         default=8, metadata={"help": "responses per device per log-prob forward"})
+    dynamic_batching: bool = field(default=False, metadata={
+        "help": "cut micro-batches by a token budget, padding removed (verl use_dynamic_bsz, "
+                "EasyR1 dynamic_batching): batching.py"})
+    max_token_len_update: int | None = field(default=None, metadata={
+        "help": "dynamic batching: tokens per device per forward/backward (none: "
+                "micro_batch_size_update x the sequence length, EasyR1's rule)"})
+    max_token_len_experience: int | None = field(default=None, metadata={
+        "help": "dynamic batching: tokens per device per log-prob forward (none: "
+                "micro_batch_size_experience x the sequence length)"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations"})
     offload_params: bool = field(
         default=False, metadata={"help": "fp32 params to host between phases"})
@@ -235,6 +245,7 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     rbs, gbs = config.rollout_batch_size, config.global_batch_size
     mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
     on = "" if w == 1 else f"/{w} GPUs"
+    dynamic = config.dynamic_batching  # micro-batches cut by tokens: no whole-count rule
     if gbs > rbs:
         problems.append(
             f"global_batch_size={gbs} exceeds rollout_batch_size={rbs}: an optimizer step "
@@ -247,12 +258,13 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if (gbs * n) % w:
         problems.append(f"global_batch_size*rollout_n={gbs * n} responses per optimizer step "
                         f"are not divisible by the {w} GPUs of the run")
-    elif (gbs * n // w) % mbu:
+    elif not dynamic and (gbs * n // w) % mbu:
         problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
                         f"micro_batch_size_update={mbu}")
-    if (rbs * n) % w == 0 and (rbs * n // w) % mbe:
+    if not dynamic and (rbs * n) % w == 0 and (rbs * n // w) % mbe:
         problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
                         f"micro_batch_size_experience={mbe}")
+    problems += budget_problems(config.as_dict())
     tp = config.rollout_tensor_parallel
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
@@ -344,7 +356,9 @@ def format_bytes(num_bytes: float | None) -> str:
 
 def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str) -> str:
     """One line naming the unknown key, the closest valid ones, and where the full list is."""
-    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    holding = [name for name in valid if key and key in name]  # a prefix or a part first
+    close = (holding + [name for name in difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+                        if name not in holding])[:3]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return f"unknown {what} {key!r}: {hint}valid: {', '.join(valid)}"
 
@@ -355,6 +369,7 @@ def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str)
 MEMORY_DIRECTION: dict[str, int] = {
     "rollout_batch_size": +1, "rollout_n": +1, "global_batch_size": 0,
     "micro_batch_size_update": +1, "micro_batch_size_experience": +1,
+    "max_token_len_update": +1, "max_token_len_experience": +1, "dynamic_batching": 0,
     "gradient_checkpointing": -1, "offload_params": -1, "offload_optimizer": -1,
     "val_batch_size": +1, "max_prompt_length": +1, "max_response_length": +1,
     "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1, "rollout_tensor_parallel": -1,
@@ -402,7 +417,9 @@ def describe_params(params: dict[str, Any]) -> str:
              "global_batch_size": "gbs", "offload_params": "off_p",
              "offload_optimizer": "off_o", "val_batch_size": "vbs",
              "rollout_tensor_parallel": "tp", "gpu_memory_utilization": "util",
-             "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep"}
+             "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep",
+             "dynamic_batching": "dyn", "max_token_len_update": "tok_u",
+             "max_token_len_experience": "tok_e"}
     parts = []
     for name, value in params.items():
         label = short.get(name, name)

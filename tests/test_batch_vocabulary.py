@@ -54,7 +54,11 @@ def test_a_real_probe_runs_exactly_its_share(world, emulated):
                            nnodes=1, gpus_per_node=world, emulated=emulated)
     result = SubprocessRunner().run(request)
     assert result.status is ProbeStatus.OK, result.stderr_tail
-    assert result.share == device_share(CONFIG, world).as_dict()
+    share = dict(result.share)  # the share as it ran, and its largest micro-batches
+    rows = {phase: share.pop(f"{phase}_micro_batch_rows") for phase in ("update", "experience")}
+    assert share == device_share(CONFIG, world).as_dict()
+    assert rows == {"update": CONFIG.micro_batch_size_update,
+                    "experience": CONFIG.micro_batch_size_experience}
     assert (result.world_size, result.emulated) == (world, emulated)
     assert result.samples_per_s * result.step_s == pytest.approx(EXPECTED[world][1] * world)
 

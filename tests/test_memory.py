@@ -106,7 +106,9 @@ def test_each_phase_moves_only_with_its_knobs():
                "max_response_length": 512, "max_num_seqs": 32, "use_kl": False,
                "image_size_px": 224, "rollout_tensor_parallel": 2,
                "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3,
-               "enable_sleep": False, "max_num_batched_tokens": 4096, "sleep_level": 2}
+               "enable_sleep": False, "max_num_batched_tokens": 4096, "sleep_level": 2,
+               "dynamic_batching": True, "max_token_len_update": 6 * 512,
+               "max_token_len_experience": 6 * 512}
     device = {"engine_capacity_bytes": 80 * 2**30}
     # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held
     bases = [base, replace(base, rollout_engine="vllm-like"),
@@ -127,6 +129,10 @@ def test_each_phase_moves_only_with_its_knobs():
     # batches below max_num_seqs; a vllm-like engine that holds its reservation)
     shape = model_shape("tiny-qwen2.5-vl")
     wides = [replace(b, max_num_seqs=256) for b in (*bases, replace(base, enable_sleep=False))]
+    # token budgets move the batched phases with dynamic batching on; turning it on moves
+    # them where the budgets differ from micro-batch x length
+    wides += [replace(base, dynamic_batching=True),
+              replace(base, max_token_len_update=8 * 512, max_token_len_experience=8 * 512)]
     for phase, knobs in PHASE_KNOBS.items():
         for knob in knobs:
             value = 2 if knob == "max_num_seqs" else changes[knob]

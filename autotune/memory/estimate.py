@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from autotune.batching import BUDGET_KNOB
 from autotune.config import ProbeConfig, device_share, format_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory
@@ -31,8 +32,9 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
         else share.responses_per_step
     phase = "update" if knob == "micro_batch_size_update" else "experience"
 
-    def fits(micro: int) -> bool:
-        trial = dataclasses.replace(config, **{knob: micro})  # type: ignore[arg-type]
+    def fits(micro: int) -> bool:  # `micro` full-length responses in the largest micro-batch
+        trial = dataclasses.replace(config, dynamic_batching=False,
+                                    **{knob: micro})  # type: ignore[arg-type]
         totals = phase_totals(estimate_memory(shape, trial, **model_args), calibration)
         return totals[phase] <= budget_bytes
 
@@ -85,6 +87,15 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
         fits, per_gpu = largest_micro_batch(shape, config, knob, budget, calibration,
                                             **model_args)
         what = "per optimizer step" if knob == "micro_batch_size_update" else "per step"
+        if config.dynamic_batching:
+            budget_knob = BUDGET_KNOB["update" if knob == "micro_batch_size_update"
+                                      else "experience"]
+            tokens = fits * config.sequence_length
+            lines.append(f"largest {budget_knob} within the budget: " + (
+                f"{tokens:,} tokens ({fits} whole sequences of {config.sequence_length}; the "
+                "peak holds whatever lengths the responses reach)" if fits else
+                "none, not even one whole sequence fits"))
+            continue
         if fits == 0:
             lines.append(f"largest {knob} within the budget: none, even 1 does not fit")
         else:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.batching import worst_case_rows
 from autotune.config import DeviceShare, ProbeConfig, device_share
 from autotune.errors import ConfigError
 from autotune.registry import get_model_spec, read_model_path_config
@@ -44,8 +45,10 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
+                             "dynamic_batching", "max_token_len_experience",
                              *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", "offload_params",
+                         "dynamic_batching", "max_token_len_update",
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", "offload_params",
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
@@ -84,6 +87,7 @@ class ModelShape:
     vision_out_hidden: int = 0
     patch_px: int = 14
     merge: int = 2  # spatial merge: merge**2 patches make one LLM image token
+    context_tokens: int = 32768  # max_position_embeddings: the longest sequence it takes
 
     @classmethod
     def from_dicts(cls, text: dict[str, Any], vision: dict[str, Any] | None = None,
@@ -95,7 +99,8 @@ class ModelShape:
                  "hidden": int(text["hidden_size"]), "layers": int(text["num_hidden_layers"]),
                  "heads": heads, "kv_heads": int(text.get("num_key_value_heads", heads)),
                  "head_dim": int(head_dim), "intermediate": int(text["intermediate_size"]),
-                 "vocab": int(text["vocab_size"]), "tied_embeddings": bool(tied_embeddings)}
+                 "vocab": int(text["vocab_size"]), "tied_embeddings": bool(tied_embeddings),
+                 "context_tokens": int(text.get("max_position_embeddings") or 32768)}
         if vision:
             shape.update(vision_hidden=int(vision["hidden_size"]),
                          vision_layers=int(vision["depth"]),
@@ -320,7 +325,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
                                       context, {**rollout_states, **rollout})
 
-    mbe = config.micro_batch_size_experience
+    knobs = config.as_dict()  # rows of the largest micro-batch, every response at full length
+    mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
     exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
                   "reference": ref, **held}
     experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
@@ -328,7 +334,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
                                          context, {**exp_states, **experience})
 
-    mbu, ckpt = config.micro_batch_size_update, config.gradient_checkpointing
+    mbu = worst_case_rows(knobs, share.responses_per_minibatch, "update")
+    ckpt = config.gradient_checkpointing
     upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident,
                   **held}
     backward = {"cast_weights": cast,

@@ -99,3 +99,43 @@ def _instantiate(model_config: Any, dtype: Any) -> Any:
         return cls(model_config)
     finally:
         torch.set_default_dtype(previous)
+
+
+def special_token_ids(model_config: Any) -> set[int]:
+    """Every `*_token_id` the config names (its text config's too): BOS, EOS, padding, and a
+    VL model's image, video and vision frame tokens."""
+    ids: set[int] = set()
+    for config in (model_config, getattr(model_config, "text_config", None)):
+        for name, value in (vars(config).items() if config is not None else ()):
+            if not name.endswith("token_id"):
+                continue
+            for item in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                    ids.add(item)
+    return ids
+
+
+def synthetic_prompt_ids(model_config: Any, rows: int, length: int, generator: Any) -> Any:
+    """[rows, length] random prompt ids that are never a special token: drawn below the
+    added-token block at the top of the vocabulary (Qwen's start at <|endoftext|>), with a
+    special id lower down replaced (an image token in a prompt would make a VL model expect
+    image features for it)."""
+    import torch
+
+    vocab = int(getattr(model_config, "text_config", model_config).vocab_size)
+    high = min([s for s in special_token_ids(model_config) if s >= vocab // 2] + [vocab])
+    return without_special_ids(torch.randint(0, high, (rows, length), generator=generator),
+                               model_config)
+
+
+def without_special_ids(ids: Any, model_config: Any) -> Any:
+    """`ids` with every special token id replaced by the first ordinary id: what a
+    random-weight model generates can be an image token, which a real run's would not."""
+    import torch
+
+    specials = special_token_ids(model_config)
+    if not specials:
+        return ids
+    ordinary = next(i for i in range(len(specials) + 1) if i not in specials)
+    special = torch.isin(ids, torch.tensor(sorted(specials), device=ids.device))
+    return torch.where(special, torch.full_like(ids, ordinary), ids)

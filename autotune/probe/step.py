@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from autotune.batching import micro_batches
 from autotune.config import (
     ProbeConfig,
     compute_dtype,
@@ -35,7 +36,13 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
 from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
-from autotune.probe.models import build_model, is_vl_config, load_model_config
+from autotune.probe.models import (
+    build_model,
+    is_vl_config,
+    load_model_config,
+    synthetic_prompt_ids,
+    without_special_ids,
+)
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.probe.sharding import (
     RankGroup,
@@ -89,6 +96,7 @@ class TrainingProbe:
         self.grid_side = 0
         # made by each step's phases: the responses, their log-probs and advantages
         self.responses = torch.empty(0, dtype=torch.long)
+        self.response_lengths = torch.empty(0, dtype=torch.long)  # tokens before each EOS
         self.response_rows = torch.empty(0, dtype=torch.long)
         self.old_log_probs = torch.empty(0)
         self.ref_log_probs = torch.empty(0)
@@ -162,10 +170,9 @@ class TrainingProbe:
 
     def _make_prompts(self) -> None:
         config, generator = self.config, torch.Generator().manual_seed(self.request.seed)
-        high = self.vocab_size - 16  # keep clear of special and image tokens
         prompts = max(self.share.prompts_per_step, self.share.val_prompts)
-        ids = torch.randint(0, high, (prompts, config.max_prompt_length),
-                            generator=generator)
+        ids = synthetic_prompt_ids(self.model_config, prompts, config.max_prompt_length,
+                                   generator)
         self.pixel_values = None
         if self.is_vl:
             mc = self.model_config
@@ -267,12 +274,18 @@ class TrainingProbe:
         self._wake_engine()
         rows = torch.arange(self.share.prompts_per_step).repeat_interleave(config.rollout_n)
         with torch.no_grad():
-            self.responses = self._generate(rows)
+            self.responses = without_special_ids(self._generate(rows), self.model_config)
         self.response_rows = rows
+        self.response_lengths = self._response_lengths(len(rows))
         self.ran.update(world_size=self.request.world_size,
                         prompts_per_step=len(rows) // config.rollout_n,
                         responses_per_step=len(self.responses))
         self._sleep_engine()
+
+    def _response_lengths(self, responses: int) -> torch.Tensor:
+        """Each response's length: all at max_response_length, the worst case that memory
+        verdicts stand on (a benchmark of sampled lengths overrides this)."""
+        return torch.full((responses,), self.config.max_response_length, dtype=torch.long)
 
     def _validate(self) -> None:
         self._wake_engine()
@@ -283,10 +296,26 @@ class TrainingProbe:
         self._sleep_engine()
 
     def _log_probs(self, model: Any, index: torch.Tensor) -> torch.Tensor:
-        """Log-probs of the response tokens of sequences `index` (fp32 over the vocabulary)."""
+        """Log-probs of the response tokens of sequences `index`, [len(index), response
+        length]. Fixed micro-batches pad every sequence to the full length, as the trainers do
+        without padding removal; with dynamic batching the padding is removed: each sequence
+        runs at its own length (the tokens, activations and logits a packed flash-attention
+        varlen forward holds, without a packed mask) and positions past its end are 0."""
+        lengths = self.response_lengths[index]
+        full = self.responses.shape[1]
+        if not self.config.dynamic_batching or bool((lengths == full).all()):
+            return self._forward_log_probs(model, index, full)
+        rows = [torch.nn.functional.pad(self._forward_log_probs(model, index[i:i + 1], int(n)),
+                                        (0, full - int(n)))
+                for i, n in enumerate(lengths.tolist())]
+        return torch.cat(rows)
+
+    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
+        the vocabulary)."""
         rows = self.response_rows[index]
         prompt = self.prompt_ids[rows]
-        response = self.responses[index]
+        response = self.responses[index][:, :tokens]
         ids = torch.cat([prompt, response], dim=1).to(self.device)
         with self._autocast():
             logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
@@ -297,10 +326,23 @@ class TrainingProbe:
         log_probs = torch.log_softmax(response_logits, dim=-1)
         return log_probs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
 
-    def _chunked_log_probs(self, model: Any, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return torch.cat([self._log_probs(model, chunk).cpu() if self.meter.runs(i, len(chunks))
-                          else torch.zeros(len(chunk), self.responses.shape[1])
-                          for i, chunk in enumerate(chunks)])
+    def _micro_batches(self, index: torch.Tensor, phase: str) -> list[torch.Tensor]:
+        """`index` (responses) cut into `phase`'s micro-batches (batching.py), recording the
+        largest as it ran."""
+        lengths = (self.response_lengths[index] + self.config.max_prompt_length).tolist()
+        groups = [index[group] for group in
+                  micro_batches(lengths, self.config.as_dict(), phase)]
+        key = f"{phase}_micro_batch_rows"
+        self.ran[key] = max(self.ran.get(key, 0), max(len(group) for group in groups))
+        return groups
+
+    def _chunked_log_probs(self, model: Any, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """Log-probs of every response, forwarded micro-batch by micro-batch."""
+        out = torch.zeros(len(self.responses), self.responses.shape[1])
+        for i, chunk in enumerate(chunks):
+            if self.meter.runs(i, len(chunks)):
+                out[chunk] = self._log_probs(model, chunk).cpu()
+        return out
 
     def _experience(self) -> None:
         config = self.config
@@ -308,7 +350,7 @@ class TrainingProbe:
         if config.offload_params:
             self._place_module(self.model, True)
         with torch.no_grad():
-            chunks = torch.arange(total).split(config.micro_batch_size_experience)
+            chunks = self._micro_batches(torch.arange(total), "experience")
             self.old_log_probs = self._chunked_log_probs(self.model, chunks)
             if self.ref_model is not None:
                 if config.offload_params:
@@ -328,15 +370,19 @@ class TrainingProbe:
         self._place_actor(params_on_device=True, optimizer_on_device=True)
         self.model.train()
         per_minibatch = self.share.responses_per_minibatch
-        accumulation = per_minibatch // config.micro_batch_size_update
         minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
         runs = self.meter.runs  # a trace: the first (grads, AdamW's state made) and the last
         for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
-            micros = minibatch.split(config.micro_batch_size_update)
+            micros = self._micro_batches(minibatch, "update")
             for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
                 log_probs = self._log_probs(self.model, micro)
+                # token-mean over each response's own tokens; a micro-batch weighs as its
+                # share of the mini-batch (verl's scaling with dynamic batching, and the
+                # 1/accumulation of fixed micro-batches)
+                valid = (torch.arange(log_probs.shape[1], device=self.device)
+                         < self.response_lengths[micro].to(self.device).unsqueeze(-1))
                 old = self.old_log_probs[micro].to(self.device)
                 advantage = self.advantages[micro].to(self.device).unsqueeze(-1)
                 ratio = torch.exp(log_probs - old)
@@ -345,7 +391,8 @@ class TrainingProbe:
                 if self.ref_model is not None:
                     delta = self.ref_log_probs[micro].to(self.device) - log_probs
                     loss = loss + _KL_COEF * (torch.exp(delta) - delta - 1)  # k3 estimator
-                (loss.mean() / accumulation).backward()
+                weight = len(micro) / len(minibatch)
+                ((loss * valid).sum() / valid.sum() * weight).backward()
             self.optimizer.step()
             self._count_model_states()
             self.optimizer.zero_grad(set_to_none=True)

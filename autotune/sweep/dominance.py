@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.batching import ROW_COUNT_KNOBS
 from autotune.config import MEMORY_DIRECTION
 from autotune.memory.model import PHASE_KNOBS
 from autotune.probe.result import ProbeStatus
@@ -53,7 +54,8 @@ def _ordered(value: Any) -> float:
 
 def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
                           host: bool = False, phase: str | None = None,
-                          directions: dict[str, int] | None = None) -> bool:
+                          directions: dict[str, int] | None = None,
+                          token_batched: bool = False) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
@@ -62,14 +64,16 @@ def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
     With `phase` (where `known` ran out of device memory), only the knobs that move that
     phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
     needs at least as much there. `directions` adds the directions a search space declares
-    for a trainer's own keys.
+    for a trainer's own keys. With `token_batched` (dynamic batching on), the knobs that
+    count the responses cut into micro-batches must be equal (batching.ROW_COUNT_KNOBS).
     """
     directions = directions or MEMORY_DIRECTION
     for name, known_value in known.items():
-        if phase in PHASE_KNOBS and name not in PHASE_KNOBS[phase]:
+        counts_rows = token_batched and name in ROW_COUNT_KNOBS and phase != "rollout"
+        if phase in PHASE_KNOBS and name not in PHASE_KNOBS[phase] and not counts_rows:
             continue
         value = candidate[name]
-        direction = directions.get(name, 0)
+        direction = 0 if counts_rows else directions.get(name, 0)
         if host and name in OFFLOAD_KNOBS:
             direction = -direction
         if direction > 0 and _ordered(value) < _ordered(known_value):
@@ -84,8 +88,10 @@ def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
 class Dominance:
     """The measured OOMs of a sweep, and the configs they prove cannot fit."""
 
-    def __init__(self, directions: dict[str, int] | None = None) -> None:
+    def __init__(self, directions: dict[str, int] | None = None,
+                 token_batched: bool = False) -> None:
         self.directions = directions  # the space's, its trainer keys included
+        self.token_batched = token_batched  # dynamic batching on in some config
         self.known: list[KnownOOM] = []
 
     def record(self, trial_number: int, params: dict[str, Any], status: ProbeStatus,
@@ -100,6 +106,7 @@ class Dominance:
             host = known.status is ProbeStatus.HOST_OOM  # host RSS is the whole process
             phase = None if host else known.failed_phase
             if at_least_as_demanding(params, known.params, host=host, phase=phase,
-                                     directions=self.directions):
+                                     directions=self.directions,
+                                     token_batched=self.token_batched):
                 return known
         return None

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from autotune.batching import BUDGET_KNOB
 from autotune.config import (
     MEMORY_DIRECTION,
     ProbeConfig,
@@ -97,6 +98,27 @@ class SearchSpace:
         if spec is not None and spec.memory_direction is not None:
             return spec.memory_direction
         return MEMORY_DIRECTION.get(name, 0)
+
+    @property
+    def batches_by_tokens(self) -> bool:
+        """Whether some config of the space cuts micro-batches by a token budget."""
+        return "dynamic_batching" in self.params or bool(self.fixed.get("dynamic_batching"))
+
+    def with_token_budgets(self, sequence_tokens: int) -> SearchSpace:
+        """The space for a run that batches by tokens: each searched micro-batch becomes the
+        token budget of that many whole sequences of `sequence_tokens` (the same worst-case
+        peaks, in the trainer's unit), unless the space searches the budget already."""
+        params = {}
+        for name, spec in self.params.items():
+            phase = {"micro_batch_size_update": "update",
+                     "micro_batch_size_experience": "experience"}.get(name)
+            budget = BUDGET_KNOB.get(phase or "")
+            if budget is None or budget in self.params:
+                params[name] = spec
+                continue
+            choices = sorted({int(v) * sequence_tokens for v in spec.values()})
+            params[budget] = ParamSpec(budget, "categorical", choices=tuple(choices))
+        return dataclasses.replace(self, params=params)
 
     @property
     def directions(self) -> dict[str, int]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import Topology
+from autotune.batching import sequence_tokens
+from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.sweep.search_space import SearchSpace
 from autotune.trainers import get_adapter
@@ -40,11 +41,19 @@ def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
     refused = refused_settings(adapter, base[0]) if base else []
     if refused:
         raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
-    if base is None:  # the trainer's defaults seed the searched knobs only
-        start = {k: v for k, v in start.items() if k in space.params}
+    if base is None:  # the trainer's defaults seed the searched knobs, and how it batches
+        start = {k: v for k, v in start.items() if k in space.params or k == "dynamic_batching"}
+    notes = []
+    if start.get("dynamic_batching") and "max_token_len_update" in adapter.keys:
+        # the run batches by tokens: search the budgets the trainer takes (verl), in whole
+        # sequences of the run's length; EasyR1's budget is its micro-batch x that length
+        tokens = sequence_tokens({**ProbeConfig().as_dict(), **start})
+        space = space.with_token_budgets(tokens)
+        notes.append(f"{trainer} batches by tokens (dynamic batching on): searching "
+                     f"token budgets in whole {tokens}-token sequences")
     start, moved = space.snapped(start)
     tree = base[0] if base else {}
     ruled = space.with_rules(lambda config: adapter.check(
         config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
-    notes = [f"{trainer} starting config: {line}" for line in moved]
+    notes += [f"{trainer} starting config: {line}" for line in moved]
     return TrainerTarget(adapter, base, topology), start, ruled, notes

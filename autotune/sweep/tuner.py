@@ -108,7 +108,8 @@ class Sweep:
         probes' time; `tracer` stands in for the trace process)."""
         settings = self.settings
         request = settings.request
-        dominance = Dominance(self.space.directions) if settings.prune_dominated else None
+        dominance = Dominance(self.space.directions, self.space.batches_by_tokens) \
+            if settings.prune_dominated else None
         prescreen = Prescreen.for_request(request, self.space.config_for, settings.prescreen)
         if prescreen is None or not settings.prescreen:
             tracer = None

@@ -1,5 +1,5 @@
 """What an export must not do silently (issue 18): overwrite values the user's base config
-holds for knobs the study never searched, leave the trainer's dynamic batching on, or write a
+holds for knobs the study never searched, switch the trainer's batching silently, or write a
 config the trainer rejects for a rule the adapters missed (TRL's evaluation batch, EasyR1's
 generation rounds, verl's critic). The bases are the trainers' real default configs."""
 
@@ -54,7 +54,8 @@ def test_values_the_study_held_fixed_are_never_overwritten_silently(tmp_path):
         "shapes, or pass --force to export the study's")
     assert {line.split(" is ")[0] for line in fixed} == {
         "data.rollout_batch_size", "worker.rollout.n", "worker.actor.global_batch_size",
-        "data.max_prompt_length", "data.max_response_length"}
+        "data.max_prompt_length", "data.max_response_length",
+        "worker.actor.dynamic_batching"}  # the study ran fixed micro-batches, the base budgets
     # --force takes the study's values, and the header says so, key by key
     text = render(EASYR1, STUDY, Topology(1, 1), base, ["p", ""], searched=SEARCHED,
                   force=True)
@@ -68,7 +69,7 @@ def test_values_the_study_held_fixed_are_never_overwritten_silently(tmp_path):
                                              "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
     mine = {**STUDY, "rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
             "micro_batch_size_update": 2, "micro_batch_size_experience": 2,
-            "max_prompt_length": 2048, "max_response_length": 2048}
+            "max_prompt_length": 2048, "max_response_length": 2048, "dynamic_batching": True}
     plan = plan_export(EASYR1, mine, Topology(1, 1), same[0], searched=SEARCHED)
     assert plan.problems == []
 
@@ -94,51 +95,80 @@ def test_trl_and_verl_fixed_values_are_conflicts_too(tmp_path):
                                             "config but the study measured 4")
 
 
-def test_easyr1_dynamic_batching_is_turned_off_and_said(tmp_path):
+def test_easyr1_exports_batch_as_the_study_measured(tmp_path):
     knobs = {**STUDY, "rollout_engine": "vllm-like"}
-    # without a base: EasyR1's default is on, so the file turns it off and says why
-    plan = plan_export(EASYR1, knobs, Topology(1, 1), None)
-    assert plan.values["worker.actor.dynamic_batching"] is False
-    assert plan.notes == ["worker.actor.dynamic_batching: (not set) -> false, because with "
-                          "EasyR1's dynamic batching the micro-batch is a token budget "
-                          "(micro-batch x the longest sequence), not the fixed micro-batch "
-                          "the probe measured"]
+    # without a base, a study of fixed micro-batches turns EasyR1's default off, and says why
     text = render(EASYR1, knobs, Topology(1, 1), None, ["p", ""])
-    assert "# set so the trainer runs the measured shapes:\n#   worker.actor.dynamic_" \
-        "batching: false (with EasyR1's dynamic batching" in text
-    assert yaml.safe_load(text.split("#\n", 1)[1])["worker"]["actor"]["dynamic_batching"] \
-        is False
-    # the example config turns it on: flipped in place, in the header and the notes
+    assert yaml.safe_load(text)["worker"]["actor"]["dynamic_batching"] is False
+    assert "# batching: fixed micro-batches, as probed: the study measured fixed " \
+        "micro-batches (dynamic_batching=false); easyr1's default is on" in text
+    # a study of token budgets keeps it on: EasyR1's budget is micro-batch x padded length
+    dynamic = render(EASYR1, {**knobs, "dynamic_batching": True}, Topology(1, 1), None,
+                     ["p", ""])
+    assert yaml.safe_load(dynamic)["worker"]["actor"]["dynamic_batching"] is True
+    assert "token budgets (dynamic batching on, as probed): 256 tokens per GPU per update " \
+        "micro-batch, 512 tokens per GPU per experience micro-batch" in dynamic
+    # a budget EasyR1 cannot express is refused, not rounded
+    with pytest.raises(ConfigError, match="EasyR1's token budget is worker.actor.micro_"
+                                          "batch_size_per_device_for_update x the padded"):
+        render(EASYR1, {**knobs, "dynamic_batching": True, "max_token_len_update": 300},
+               Topology(1, 1), None, ["p"])
+    # the example config turns it on: a study of fixed micro-batches (held fixed) is a
+    # conflict, never switched off silently; --force switches it and says so
     base = one_gpu(EASYR1_BASE, tmp_path, **{"tensor_parallel_size: 2": "tensor_parallel_size: 1",
                                              "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
-    plan = plan_export(EASYR1, knobs, Topology(1, 1), base[0], force=True)
-    assert plan.notes[0].startswith("worker.actor.dynamic_batching: true -> false")
-    # offload the example turns on, and the searched config turns off: said too
-    assert "worker.actor.offload.offload_params: true -> false (searched)" in plan.notes
-    off = one_gpu(EASYR1_BASE, tmp_path, **{"dynamic_batching: true": "dynamic_batching: false"})
-    assert not any("dynamic" in note
-                   for note in plan_export(EASYR1, knobs, Topology(1, 8), off[0]).notes)
+    mine = {**knobs, "rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
+            "micro_batch_size_update": 2, "micro_batch_size_experience": 2,
+            "max_prompt_length": 2048, "max_response_length": 2048}
+    plan = plan_export(EASYR1, mine, Topology(1, 1), base[0], searched=SEARCHED)
+    assert plan.problems == ["worker.actor.dynamic_batching is true in your base config but "
+                             "the study measured false (held fixed, not searched): re-run the "
+                             "sweep with this --base-config so it measures your shapes, or "
+                             "pass --force to export the study's"]
+    plan = plan_export(EASYR1, mine, Topology(1, 1), base[0], searched=SEARCHED, force=True)
+    assert "worker.actor.dynamic_batching: true -> false (held fixed)" in plan.notes
+    # what `run --base-config` measures (dynamic on) exports with nothing switched
+    plan = plan_export(EASYR1, {**mine, "dynamic_batching": True}, Topology(1, 1), base[0],
+                       searched=SEARCHED)
+    assert plan.problems == [] and not any("dynamic" in note for note in plan.notes)
+    assert "offload_params: true -> false (searched)" in " ".join(plan.notes)
 
 
-def test_verl_dynamic_batch_size_set_by_the_user_is_turned_off(tmp_path):
+def test_verl_token_budgets_are_written_from_the_study(tmp_path):
     base = one_gpu(VERL_BASE, tmp_path, **{
         "    use_dynamic_bsz: false": "    use_dynamic_bsz: true",
         "adv_estimator: gae": "adv_estimator: grpo",
         "n_gpus_per_node: 8": "n_gpus_per_node: 1"})
-    plan = plan_export(VERL, STUDY, Topology(1, 1), base[0])
+    mine = {**STUDY, "rollout_batch_size": 1024, "rollout_n": 1, "global_batch_size": 256,
+            "max_prompt_length": 512, "max_response_length": 512, "dynamic_batching": True,
+            "rollout_tensor_parallel": 2,
+            "max_token_len_update": 4096, "max_token_len_experience": 8192}
+    plan = plan_export(VERL, mine, Topology(1, 2), base[0],
+                       searched=("max_token_len_update", "max_token_len_experience"))
     assert plan.problems == []
-    # the actor's own key flipped; the log-prob keys follow it through ${oc.select:...}
-    assert [note.split(",")[0] for note in plan.notes] == [
-        "actor_rollout_ref.actor.use_dynamic_bsz: true -> false",
-        "actor_rollout_ref.rollout.name: ??? -> vllm"]  # the fixture leaves it mandatory
-    explicit = tmp_path / "explicit.yaml"
-    explicit.write_text("actor_rollout_ref:\n  rollout:\n    log_prob_use_dynamic_bsz: true\n"
-                        "  ref:\n    log_prob_use_dynamic_bsz: true\n"
-                        "algorithm:\n  adv_estimator: rloo\n")
-    plan = plan_export(VERL, STUDY, Topology(1, 1), load_trainer_yaml(str(explicit))[0])
-    assert plan.values["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"] is False
-    assert plan.values["actor_rollout_ref.ref.log_prob_use_dynamic_bsz"] is False
-    assert "algorithm.adv_estimator" not in plan.values  # rloo has no critic: kept
+    assert {key: plan.values[key] for key in plan.values if "token_len" in key} == {
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 4096,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 8192,
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 8192}
+    # the log-prob keys follow the actor's through ${oc.select:...}: left to follow it
+    assert "actor_rollout_ref.ref.log_prob_use_dynamic_bsz" not in plan.values
+    assert not any("use_dynamic_bsz" in note for note in plan.notes)
+    # a study of fixed micro-batches against this base: refused, never switched off silently
+    fixed = {**mine, "dynamic_batching": False, "max_token_len_update": None,
+             "max_token_len_experience": None}
+    plan = plan_export(VERL, fixed, Topology(1, 2), base[0], searched=SEARCHED)
+    assert plan.problems[0].startswith("actor_rollout_ref.actor.use_dynamic_bsz is true in "
+                                       "your base config but the study measured false")
+    # without budgets given, dynamic batching runs micro-batch x length: that is written
+    derived = {**mine, "max_token_len_update": None, "max_token_len_experience": None}
+    plan = plan_export(VERL, derived, Topology(1, 2), None)
+    assert plan.values["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 2 * 1024
+    assert plan.values["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 4 * 1024
+    # TRL has no token budgets: refused, and its files say their micro-batches are fixed
+    with pytest.raises(ConfigError, match="TRL's GRPOConfig has no token budgets"):
+        render(TRL, {**STUDY, "dynamic_batching": True}, Topology(1, 1), None, ["p"])
+    assert "batching: fixed micro-batches, as probed: trl has no token budgets" in \
+        render(TRL, STUDY, Topology(1, 1), None, ["p"])
 
 
 def test_verl_with_a_critic_is_refused_or_forced_to_grpo(tmp_path):
@@ -239,8 +269,9 @@ def test_export_command_refuses_conflicts_one_line_each_and_force_takes_the_stud
                                                    "your base config but the study measured 4")
     assert [part.split(" is ")[0] for part in lines[0][7:].split("; ") if " is " in part] == [
         "data.rollout_batch_size", "worker.rollout.n", "worker.actor.global_batch_size",
-        "data.max_prompt_length", "data.max_response_length"] and "--force" in lines[0]
+        "worker.actor.dynamic_batching", "data.max_prompt_length",
+        "data.max_response_length"] and "--force" in lines[0]
     forced = export("--force")
     assert forced.returncode == 0, forced.stderr
-    assert "set worker.actor.dynamic_batching: true -> false, because" in forced.stdout
+    assert "set worker.actor.dynamic_batching: true -> false (held fixed)" in forced.stdout
     assert "#   data.rollout_batch_size: 512 -> 4 (held fixed)" in out.read_text()

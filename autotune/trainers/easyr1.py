@@ -47,7 +47,8 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     if not (rbs * n) % world and per_device and shard % per_device:
         problems.append(f"the {shard} responses on each device must split into whole "
                         f"mini-batches of {per_device} (global batch size per device)")
-    if not (rbs * n) % world and shard % mbe:  # DataProto.split, dynamic batching off
+    dynamic = bool(k.get("dynamic_batching"))
+    if not dynamic and not (rbs * n) % world and shard % mbe:  # DataProto.split
         problems.append(f"the {shard} responses on each device must split into whole "
                         f"micro-batches of worker.actor.micro_batch_size_per_device_for_"
                         f"experience={mbe}")
@@ -55,12 +56,19 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
         problems.append(f"worker.actor.fsdp.enable_cpu_offload needs no gradient accumulation: "
                         f"micro_batch_size_per_device_for_update={mbu} must equal the global "
                         f"batch size per device {per_device}")
+    length = k["max_prompt_length"] + k["max_response_length"]
+    for knob, micro, key in (("max_token_len_update", mbu, "update"),
+                             ("max_token_len_experience", mbe, "experience")):
+        if dynamic and k.get(knob) not in (None, micro * length):
+            problems.append(f"{knob}={k[knob]}: EasyR1's token budget is worker.actor.micro_"
+                            f"batch_size_per_device_for_{key} x the padded sequence length "
+                            f"({length}), so it can only be {micro * length} here; search "
+                            "micro-batches for EasyR1")
     if world % tp:
         problems.append(f"the {world} GPUs must be divisible by "
                         f"worker.rollout.tensor_parallel_size={tp}")
     tokens = k.get("max_num_batched_tokens") or get("worker.rollout.max_num_batched_tokens",
                                                     8192)
-    length = k["max_prompt_length"] + k["max_response_length"]
     if tokens < length:
         problems.append(f"worker.rollout.max_num_batched_tokens={tokens} must be at least "
                         f"max_prompt_length+max_response_length={length}")
@@ -98,6 +106,9 @@ EASYR1 = Adapter(
           "micro_batch_size_update": ("worker.actor.micro_batch_size_per_device_for_update",),
           "micro_batch_size_experience":
               ("worker.actor.micro_batch_size_per_device_for_experience",),
+          # with it on, each micro-batch is a token budget of micro-batch x padded length
+          # (dp_actor.py), padding removed where padding_free is on (its default)
+          "dynamic_batching": ("worker.actor.dynamic_batching",),
           "gradient_checkpointing": ("worker.actor.model.enable_gradient_checkpointing",),
           "offload_params": ("worker.actor.offload.offload_params",),
           "offload_optimizer": ("worker.actor.offload.offload_optimizer",),
@@ -113,18 +124,12 @@ EASYR1 = Adapter(
     launch="python3 -m verl.trainer.main config={path}",  # EasyR1's OmegaConf entry point
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
-              "offload_optimizer": True},
+              "offload_optimizer": True, "dynamic_batching": True},  # its default too
     share=_easyr1_share,
     short_run=_easyr1_short_run,
     settings=(
-        # verl/workers/actor/config.py: dynamic_batching defaults to true (the example config
-        # sets it too); the reference follows the actor (workers/config.py)
-        Setting("worker.actor.dynamic_batching", False,
-                "with EasyR1's dynamic batching the micro-batch is a token budget (micro-batch "
-                "x the longest sequence), not the fixed micro-batch the probe measured",
-                ok=lambda value: value is False, default_ok=False),
         Setting("algorithm.adv_estimator", "grpo",
                 "gae trains a critic model beside the actor, which the probe (GRPO, no "
                 "critic) never held", ok=lambda value: value != "gae", default_ok=True,
-                refuse=True)),
+                refuse=True),),
 )

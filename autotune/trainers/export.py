@@ -19,7 +19,7 @@ from typing import Any
 from autotune.config import Topology, format_bytes
 from autotune.errors import ConfigError
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.plan import ExportPlan, dotted_get, plan_export
+from autotune.trainers.plan import ExportPlan, dotted_get, plan_export, resolved_get
 
 TrainerYaml = tuple[Any, str]  # a user's trainer YAML: its round-trip tree, and its text
 
@@ -102,11 +102,15 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
                 or isinstance(parent[leaf], list) or isinstance(value, list | tuple):
             return None  # a mapping or a list: the tree is re-serialised
         line, column = parent.lc.value(leaf)
-        token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", lines[line][column:])
-        if token is None:
-            return None
-        lines[line] = (lines[line][:column] + scalar_text(value)
-                       + lines[line][column + token.end():])
+        current, rest = parent[leaf], lines[line][column:]
+        if isinstance(current, str) and current.startswith("${") and rest.startswith(current):
+            end = len(current)  # an interpolation, commas and all
+        else:
+            token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", rest)
+            if token is None:
+                return None
+            end = token.end()
+        lines[line] = lines[line][:column] + scalar_text(value) + rest[end:]
     return "".join(lines)
 
 
@@ -149,6 +153,7 @@ def render_plan(plan: ExportPlan, adapter: Adapter, base: TrainerYaml | None,
 
     lines = list(provenance)
     tail = [lines.pop()] if lines and not lines[-1] else []
+    lines += [plan.batching] if plan.batching else []
     if base is not None:
         lines += ["changed from your base config (every other key is as you wrote it):",
                   *plan.changes] if plan.changes else ["nothing changed from your base config"]
@@ -191,8 +196,19 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"{format_bytes(measured['budget_bytes'])} budget "
             f"({measured['headroom']:.0%} headroom, binds in {measured['binding_phase']})",
             *how,
+            *length_lines(document),
             f"checked against {adapter.name}'s rules for {topology.nnodes} node(s) x "
             f"{topology.gpus_per_node} GPU(s)", ""]
+
+
+def length_lines(document: dict[str, Any]) -> list[str]:
+    """How long responses may grow before this config runs out of memory (best.yaml's)."""
+    headroom = document.get("length_headroom")
+    if not headroom:
+        return []
+    probed = document["config"].get("max_response_length")
+    return [f"length headroom: {headroom['says']} (probed at {probed} tokens; "
+            f"{headroom['by']})"]
 
 
 def ranks_lines(document: dict[str, Any]) -> list[str]:
@@ -262,7 +278,8 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
     topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node)
     if base is None:
         return None, topology, dict(adapter.defaults or {})
-    read = adapter.read_knobs(lambda key, default: dotted_get(base[0], key, default), topology)
+    read = adapter.read_knobs(lambda key, default: resolved_get(base[0], key, default),
+                              topology)
     problems, knobs = [], {}
     for knob, value in read.items():
         try:

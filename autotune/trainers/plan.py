@@ -12,17 +12,20 @@ note, or refused where flipping it would change the algorithm. No YAML library h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.batching import BATCHED_PHASES, BUDGET_KNOB, with_token_budgets
 from autotune.config import Topology
 from autotune.trainers.adapter import Adapter, Setting
 
 MISSING = object()
 # knobs only the vllm-like engine reads: the hf engine's probe never measured them
 ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep")
-FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing")  # said when flipped
+FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing",  # said when flipped
+         "dynamic_batching")
 
 
 def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
@@ -54,14 +57,17 @@ class ExportPlan:
     problems: list[str] = field(default_factory=list)  # rules broken, conflicts: not written
     changes: list[str] = field(default_factory=list)  # the header's account of the edit
     notes: list[str] = field(default_factory=list)  # settings flipped, for the terminal
+    batching: str = ""  # how the file makes the trainer cut micro-batches, and why
 
 
 def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
-    reserves (a study probed with the hf engine never ran them)."""
+    reserves (a study probed with the hf engine never ran them); a study recorded before
+    dynamic batching was a knob ran fixed micro-batches."""
+    measured = {"dynamic_batching": False, **knobs}
     if knobs.get("rollout_engine") != "hf":
-        return dict(knobs)
-    return {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
+        return measured
+    return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}
 
 
 def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
@@ -70,8 +76,9 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
     """The plan of writing `knobs` for `topology` into `tree` (the user's config, or None).
     `searched`: the knobs the study searched (None: every knob is the caller's to set, as for
     a trial's config, and nothing the study held fixed is compared with the base)."""
-    knobs = measured_knobs(knobs)
+    knobs = with_token_budgets(measured_knobs(knobs))
     plan, base = ExportPlan(), tree if tree is not None else {}
+    plan.batching = batching_line(adapter, knobs, tree)
 
     def get(key: str, default: Any) -> Any:
         return dotted_get(base, key, default)
@@ -107,6 +114,8 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
         why.update({nodes_key: "topology", gpus_key: "topology"})
     plan.values.update(extra or {})
     if tree is not None:
+        for key in [key for key in plan.values if follows(tree, key, plan.values)]:
+            del plan.values[key]  # the user's file already makes it the written key's value
         flags = {key for knob in FLAGS for key in adapter.keys.get(knob, ())}
         for key, value in plan.values.items():
             have = dotted_get(tree, key, MISSING)
@@ -121,6 +130,62 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
                         for key, value in plan.values.items() if key in why and why[key]
                         not in ("searched", "held fixed", "topology")]
     return plan
+
+
+INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^{}]*))?\}")
+
+
+def resolved_get(tree: Any, key: str, default: Any = None, depth: int = 8) -> Any:
+    """dotted_get, with a whole-value interpolation `${key}` or `${oc.select:key,default}`
+    (how verl's ppo_trainer.yaml makes its log-prob keys follow the actor's) read through."""
+    value = dotted_get(tree, key, default)
+    match = INTERPOLATION.fullmatch(value) if isinstance(value, str) else None
+    if match is None or depth == 0:
+        return value
+    fallback = default if match.group(2) is None else plain_scalar(match.group(2))
+    return resolved_get(tree, match.group(1), fallback, depth - 1)
+
+
+def plain_scalar(text: str) -> Any:
+    """An interpolation's default as OmegaConf reads it: an int, a bool, null or a string."""
+    text = text.strip()
+    words = {"true": True, "false": False, "null": None, "": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def follows(tree: Any, key: str, values: dict[str, Any]) -> bool:
+    """Whether `key` holds an interpolation of another key written with the same value
+    (verl's log-prob keys are ${oc.select:actor_rollout_ref.actor....} by default)."""
+    have = dotted_get(tree, key, MISSING)
+    match = INTERPOLATION.fullmatch(have) if isinstance(have, str) else None
+    if match is None:
+        return False
+    source = match.group(1)
+    return source != key and source in values and same(values[source], values[key])
+
+
+def batching_line(adapter: Adapter, knobs: dict[str, Any], tree: Any) -> str:
+    """How the exported run cuts micro-batches, as measured: token budgets where the study
+    probed them, else fixed micro-batches and why (the trainer has none, or dynamic batching
+    is off in the user's config, the trainer's default, or the study's --set)."""
+    keys = adapter.keys.get("dynamic_batching")
+    if not keys:
+        return (f"batching: fixed micro-batches, as probed: {adapter.name} has no token "
+                "budgets (no dynamic batching)")
+    if knobs.get("dynamic_batching"):
+        budgets = ", ".join(f"{knobs[BUDGET_KNOB[phase]]:,} tokens per GPU per {phase} "
+                            "micro-batch" for phase in BATCHED_PHASES)
+        return (f"batching: token budgets (dynamic batching on, as probed): {budgets}, "
+                "probed with every response at its full length, so no micro-batch holds "
+                "more tokens than measured")
+    have = dotted_get(tree, keys[0], MISSING) if tree is not None else MISSING
+    why = ("your base config turns dynamic batching off" if have is False else
+           f"the study measured fixed micro-batches (dynamic_batching=false); {adapter.name}"
+           f"'s default is {'on' if (adapter.defaults or {}).get('dynamic_batching') else 'off'}"
+           "; sweep with dynamic_batching=true to tune token budgets")
+    return f"batching: fixed micro-batches, as probed: {why}"
 
 
 def refusal(setting: Setting, have: Any, force: str = ", or pass --force to export it") -> str:

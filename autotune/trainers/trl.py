@@ -40,6 +40,10 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
                             f"divisible by the number of generations used for evaluation "
                             f"({generations}): set per_device_eval_batch_size or "
                             "num_generations_eval in your base config")
+    if k.get("dynamic_batching"):
+        problems.append("dynamic_batching=true: TRL's GRPOConfig has no token budgets (its "
+                        "micro-batch is per_device_train_batch_size completions); sweep with "
+                        "dynamic_batching=false for TRL")
     for knob in ("offload_params", "offload_optimizer"):
         if k.get(knob):
             problems.append(f"{knob}=true has no GRPOConfig key: set it in your accelerate "

@@ -22,8 +22,9 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
               or get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2))
              * get("actor_rollout_ref.rollout.data_parallel_size", 1)
              * get("actor_rollout_ref.rollout.pipeline_model_parallel_size", 1))
+    dynamic = bool(k.get("dynamic_batching"))  # verl skips the batch-count checks then
     problems = []
-    if (rbs * n) % world:
+    if not dynamic and (rbs * n) % world:
         problems.append(f"real_train_batch_size data.train_batch_size*rollout.n={rbs * n} must "
                         f"be divisible by minimal possible batch size {world} (the GPUs)")
     if rbs < gbs:
@@ -33,9 +34,16 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     if normalized <= 0:
         problems.append(f"actor.ppo_mini_batch_size={gbs} x rollout.n={n} over {world} GPUs "
                         "should be larger than 0 after normalization")
-    elif normalized % mbu:
+    elif not dynamic and normalized % mbu:
         problems.append(f"normalized ppo_mini_batch_size {normalized} should be divisible by "
                         f"ppo_micro_batch_size_per_gpu {mbu}")
+    for knob, key in (("max_token_len_update", "actor.ppo_max_token_len_per_gpu"),
+                      ("max_token_len_experience", "rollout.log_prob_max_token_len_per_gpu")):
+        length = k["max_prompt_length"] + k["max_response_length"]
+        if dynamic and k.get(knob) is not None and k[knob] * sp < length:
+            problems.append(f"{key}={k[knob]} x ulysses_sequence_parallel_size={sp} must be "
+                            f"at least max_prompt_length+max_response_length={length} "
+                            "(seqlen_balancing: max_token_len must hold the sequence length)")
     if world % infer:
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
@@ -69,6 +77,15 @@ VERL = Adapter(
           "micro_batch_size_experience":
               ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+          # dynamic batching: per-GPU token budgets (ulysses sequence parallel multiplies them
+          # by its size for a micro-batch split over that many GPUs: per GPU, the same tokens)
+          "dynamic_batching": ("actor_rollout_ref.actor.use_dynamic_bsz",
+                               "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+                               "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"),
+          "max_token_len_update": ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",),
+          "max_token_len_experience":
+              ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
           "gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing",),
           "offload_params": ("actor_rollout_ref.actor.fsdp_config.param_offload",),
           "offload_optimizer": ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",),
@@ -87,19 +104,10 @@ VERL = Adapter(
     launch="python3 -m verl.trainer.main_ppo --config-path {folder} --config-name {name}",
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
-              "offload_optimizer": False},
+              "offload_optimizer": False, "dynamic_batching": False},
     share=_verl_share,
     short_run=_verl_short_run,
     settings=(
-        *(Setting(key, False, f"with {key.rsplit('.', 1)[-1]} the micro-batch is a token "
-                  "budget, not the fixed micro-batch the probe measured",
-                  # ppo_trainer.yaml's log-prob keys follow the actor's through ${oc.select}
-                  ok=lambda value: value is False or (isinstance(value, str) and
-                                                      "actor.use_dynamic_bsz" in value),
-                  default_ok=True)
-          for key in ("actor_rollout_ref.actor.use_dynamic_bsz",
-                      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-                      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz")),
         # verl/trainer/ppo/utils.py need_critic: critic.enable when set, else gae (the
         # default of ppo_trainer.yaml) trains a critic
         Setting("algorithm.adv_estimator", "grpo",

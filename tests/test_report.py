@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from browser import open_page
 from test_sweep_e2e import SPACE  # micro-batch 16 runs out of memory under the 600 MiB cap
 
@@ -36,7 +37,7 @@ STUDIES = {  # name: (space, extra options)
     "pareto": (PARETO_SPACE, ["--objective", "pareto", "--trials", "2"]),
 }
 EVERY_FIGURE = {"frontier", "phases", "timeline", "importance", "slice-speed", "slice-memory",
-                "model"}
+                "model", "length"}
 
 
 def autotune(*args: str) -> list[str]:
@@ -78,6 +79,11 @@ def test_every_sweep_writes_its_report_and_show_names_it(studies):
         show = subprocess.run(autotune("show", "--study", name, "--results-dir",
                                        str(study_dir.parent)), capture_output=True, text=True)
         assert show.returncode == 0 and f"report: {report}" in show.stdout
+        if name != "only-oom":  # how long responses may grow: each config, and the best's
+            assert "fits to" in show.stdout and "length headroom: " in show.stdout
+            best = yaml.safe_load((study_dir / "best.yaml").read_text())
+            assert best["length_headroom"]["fits_up_to_response_tokens"] >= \
+                best["config"]["max_response_length"]
 
 
 @pytest.mark.slow

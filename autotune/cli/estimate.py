@@ -18,6 +18,7 @@ from autotune.cli import options as opt
 from autotune.config import format_bytes
 
 if TYPE_CHECKING:
+    from autotune.memory.length import LengthHeadroom
     from autotune.sweep.estimate import EstimatePlan
 
 
@@ -39,13 +40,16 @@ if TYPE_CHECKING:
 @opt.study
 @opt.results_dir
 @opt.storage
+@click.option("--response-length", type=click.IntRange(1, 2**24), default=None, metavar="N",
+              help="Answer at responses of N tokens, the length the run's responses reach "
+                   "now (max_response_length is the worst case they may grow to).")
 @click.option("--trace", is_flag=True,
               help="Also trace the probe's own step with fake tensors, as rank 0 of the run "
                    "(no GPU, no weights; seconds for small models, about a minute for 7B).")
 @opt.as_json
 def estimate(capacity_bytes: int | None, headroom: float,
-             study: str | None, results_dir: str, storage: str | None, trace: bool,
-             as_json: bool, **given: Any) -> None:
+             study: str | None, results_dir: str, storage: str | None,
+             response_length: int | None, trace: bool, as_json: bool, **given: Any) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
 
     \b
@@ -55,32 +59,45 @@ def estimate(capacity_bytes: int | None, headroom: float,
     autotune estimate --model tiny-qwen2.5 --device cpu --capacity 545MiB
     autotune estimate --trace --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
+    autotune estimate --model qwen2.5-7b --gpus-per-node 8 --set max_response_length=2048 \
+        --response-length 512
     """
     from autotune.memory.estimate import format_estimate, format_traced, phase_totals
+    from autotune.memory.length import length_headroom
     from autotune.memory.model import estimate_memory
     from autotune.sweep.estimate import plan_estimate
     from autotune.sweep.prescreen import memory_model_args
 
     plan = plan_estimate(opt.take_probe_options(given), capacity_bytes, study, results_dir,
-                         storage)
+                         storage, response_length)
     request, capacity = plan.request, plan.capacity_bytes
     model_args = memory_model_args(request)
     est = estimate_memory(plan.shape, request.config, **model_args)
     totals = phase_totals(est, plan.calibration)
+    budget = int((1 - headroom) * capacity)
+    reach = length_headroom(request.config, lambda config: phase_totals(
+        estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
+        plan.shape.context_tokens, request.world_size)
     traced = run_trace(plan) if trace else None
+    traced_reach = traced_length(plan, traced, budget, reach) if traced else None
     if as_json:
         report: dict[str, Any] = {
             "model": plan.name, "num_params": plan.shape.num_params,
             "world_size": request.world_size, "device": request.device.kind,
             "capacity_bytes": capacity, "phase_bytes": totals,
-            "host_offload_bytes": est.host_offload_bytes}
+            "host_offload_bytes": est.host_offload_bytes,
+            "response_tokens": request.config.max_response_length,
+            "length_headroom": reach.as_dict()}
         if traced is not None:
             report["traced"] = {k: traced[k] for k in (
                 "phase_peak_mem_bytes", "context_bytes", "host_offload_bytes", "trace_s")}
+            report["traced"]["fits_up_to_response_tokens"] = traced_reach
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(format_estimate(plan.name, plan.shape, request.config, capacity, headroom,
                                plan.calibration, plan.note, **model_args))
+    click.echo(f"length headroom: {reach.describe('on this card')} (memory model, everything "
+               f"else held)")
     if traced is not None:
         what = (f"the probe's own step as rank 0 of {request.world_size} under fake tensors, "
                 f"build and 2 steps in {traced['trace_s']:.1f} s")
@@ -88,6 +105,10 @@ def estimate(capacity_bytes: int | None, headroom: float,
         click.echo(format_traced(traced["phase_peak_mem_bytes"], traced["context_bytes"],
                                  traced["context_note"], totals, capacity, headroom,
                                  traced["host_offload_bytes"], what))
+        click.echo(f"traced length headroom: fits up to {traced_reach:,}-token responses "
+                   f"within the budget (trace bisection, to {length_step(reach.searched_to)} "
+                   "tokens)" if traced_reach else "traced length headroom: not even "
+                   f"{length_step(reach.searched_to)}-token responses fit within the budget")
 
 
 def run_trace(plan: EstimatePlan) -> dict[str, Any]:
@@ -110,3 +131,35 @@ def run_trace(plan: EstimatePlan) -> dict[str, Any]:
 
     result = dataclasses.asdict(trace_request(request, context))
     return {**result, "context_note": f"{format_bytes(context)}, {context_note}"}
+
+
+def length_step(longest: int) -> int:
+    """The trace bisection's resolution: 1/64 of the longest length looked at, 16 at least."""
+    return max(16, longest // 64)
+
+
+def traced_length(plan: EstimatePlan, traced: dict[str, Any], budget_bytes: int,
+                  reach: LengthHeadroom) -> int:
+    """The longest response length whose traced peak (with the same fixed term) stays within
+    `budget_bytes`, in steps of length_step, everything else held: bisected where the peak
+    grows with the length; with a token budget (a saw of falling rows, memory/length.py) the
+    traces check the model's answer and the step above it instead."""
+    from autotune.memory.length import at_length, longest_fitting, row_breaks
+    from autotune.probe.trace import trace_request
+
+    request, step = plan.request, length_step(reach.searched_to)
+
+    def fits(steps: int) -> bool:
+        tokens = steps * step
+        click.echo(f"tracing at {tokens:,}-token responses ...", err=True)
+        at = dataclasses.replace(request, config=at_length(request.config, tokens))
+        peaks = trace_request(at, traced["context_bytes"]).phase_peak_mem_bytes
+        return max(peaks.values()) <= budget_bytes
+
+    if row_breaks(request.config, request.world_size, reach.searched_to):
+        answer = reach.fits_up_to // step
+        if not fits(answer):
+            return longest_fitting(fits, max(0, answer - 1)) * step
+        return (answer + 1 if answer * step < reach.searched_to and fits(answer + 1)
+                else answer) * step
+    return longest_fitting(fits, reach.searched_to // step) * step

@@ -84,6 +84,33 @@ def _trial_cells(trial: Any) -> dict[str, Any]:
             "probe s": f"{result['probe_wall_s']:.0f}" if result.get("probe_wall_s") else "-"}
 
 
+def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
+    """Each run or predicted config's length headroom, for the trials table."""
+    from autotune.config import KNOB_NAMES, ProbeConfig
+    from autotune.sweep.length import study_model
+
+    model = study_model(study)
+    budget = next((t.user_attrs["budget_bytes"] for t in trials
+                   if t.user_attrs.get("budget_bytes")), None)
+    if model is None or not budget:
+        return {}
+    base = {**(study.user_attrs.get("request") or {}).get("config", {}),
+            **study.user_attrs.get("search_space", {}).get("fixed", {})}
+    reach = {}
+    for trial in trials:
+        status = trial.user_attrs.get("status")
+        if status not in ("ok", "gpu_oom") and not trial.user_attrs.get("predicted"):
+            continue
+        merged = {**base, **trial.params}
+        config = ProbeConfig(**{k: merged[k] for k in KNOB_NAMES if k in merged})
+        measured = (trial.user_attrs.get("result") or {}).get("phase_peak_mem_bytes") \
+            if status == "ok" else None
+        headroom = model.headroom(config, budget, measured)
+        reach[trial.number] = f"{headroom.fits_up_to:,}" if headroom.bounded_by_memory \
+            else f">={headroom.searched_to:,}"
+    return reach
+
+
 def format_study(study: Any, brief: bool = False) -> str:
     """A study for people: its trials (unless brief), the Pareto front and the best config."""
     from autotune.sweep.artifacts import best_document, best_trial, pareto_front
@@ -114,7 +141,12 @@ def format_study(study: Any, brief: bool = False) -> str:
         lines.append(f"memory model calibrated on {calibration['probes']} probes: {fits}")
     columns = ["#", "status", "config", "tokens/s", "peak", "phase", "probe s"]
     if not brief and trials:
-        lines += ["", format_table([_trial_cells(t) for t in trials], columns)]
+        reach = response_reach(study, trials)
+        rows = [{**_trial_cells(t), "fits to": reach.get(t.number, "-")} for t in trials]
+        lines += ["", format_table(rows, [*columns, "fits to"]),
+                  "(fits to: the longest response, in tokens, each config fits its budget "
+                  "by the study's memory model; >= when no length up to the model's context "
+                  "or a token budget runs out)"]
     front = pareto_front(study)
     if front:
         lines += ["", "Pareto front (tokens/s up, peak memory down):",
@@ -136,6 +168,9 @@ def format_study(study: Any, brief: bool = False) -> str:
                      f"{describe(document['confirmed'])}")
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
+    if document.get("length_headroom"):
+        lines.append(f"  length headroom: {document['length_headroom']['says']} (probed at "
+                     f"{document['config'].get('max_response_length')} tokens)")
     lines += _against_start(trials, best, identity)
     return "\n".join(lines)
 

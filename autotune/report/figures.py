@@ -240,6 +240,44 @@ def model_vs_measured(view: StudyView, parts: dict[int, dict[str, PhaseParts]]
 MIN_TRIALS = 3  # fewer feasible probes than this say nothing about a knob's importance
 
 
+def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Any | None, str]:
+    """Peak memory against the response length, for each of `numbers` (the best configs):
+    the study's calibrated memory model, anchored on each probe's measured peaks; the probed
+    length is marked, and where a curve crosses the headroom budget is its length headroom."""
+    import plotly.graph_objects as go
+
+    from autotune.config import ProbeConfig
+    from autotune.sweep.length import StudyModel
+
+    model = StudyModel.of({"request": view.request, "memory_calibration": view.calibration},
+                          view.device_capacity_bytes)
+    if model is None or not view.budget_bytes or not numbers:
+        return None, "no memory model for this study's model, or no feasible config yet"
+    size, unit = view.memory_unit
+    fig = go.Figure()
+    for number in numbers:
+        trial = view.trial(number)
+        config = ProbeConfig(**view.config_of(trial))
+        reach = model.headroom(config, view.budget_bytes, trial.phase_peak_mem_bytes)
+        probed = config.max_response_length
+        longest = min(reach.searched_to, max(4 * probed, int(reach.fits_up_to * 1.25)))
+        lengths = sorted({max(1, longest * i // 40) for i in range(1, 41)} | {probed})
+        peaks = model.curve(config, lengths, trial.phase_peak_mem_bytes)
+        name = f"#{number} {describe_params(trial.params)}"[:60]
+        fig.add_trace(go.Scatter(
+            x=lengths, y=[p / size for p in peaks], mode="lines", name=name,
+            hovertemplate=f"{name}<br>%{{x}}-token responses: %{{y:.3g}} {unit}<br>"
+                          f"{reach.describe('within the budget')}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=[probed], y=[(trial.peak_mem_bytes or 0) / size],
+                                 mode="markers", marker={"symbol": "diamond", "size": 9},
+                                 showlegend=False, hovertemplate=f"{name}: probed at {probed}"
+                                 f" tokens<extra></extra>"))
+    memory_lines(fig, view, vertical=False)
+    fig.update_layout(**LAYOUT, xaxis_title="response length (tokens)",
+                      yaxis_title=f"peak memory ({unit})")
+    return fig, ""
+
+
 def feasible_study(view: StudyView) -> Any:
     """An in-memory Optuna study of the feasible probes: values (tokens/s, peak memory in the
     view's unit)."""

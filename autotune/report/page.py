@@ -144,6 +144,7 @@ def render(view: StudyView) -> str:
                                or t.number in bars_for])
     bars = figures.phase_breakdown(view, parts, bars_for, phases)
     model_fig, model_note = figures.model_vs_measured(view, parts)
+    length_fig, length_why = figures.length_headroom(view, view.ranked[:BEST_FEW])
     feasible = figures.feasible_study(view)
     importance_fig, importance_why = figures.importances(feasible)
     speed_fig, speed_why = figures.slices(feasible, 0)
@@ -161,6 +162,13 @@ def render(view: StudyView) -> str:
                 "study); diamonds are the measured peaks; a config binds where its tallest "
                 "diamond is, and must stay under the dashed headroom budget.", bars, "phases",
                 "no probe measured a phase yet"),
+        section("How long responses may grow", "Peak memory of the best configs against "
+                "the response length, everything else held (the study's memory model, "
+                "calibrated on its probes and anchored on each config's own measured peaks; "
+                "diamonds are the probes): RL responses grow as training goes on, and a "
+                "config runs out of memory where its line crosses the headroom budget. With "
+                "token budgets the update and log-prob peaks stay flat up to the budget.",
+                length_fig, "length", length_why),
         section("The sweep over time", "The line is the tokens/s of the best feasible config "
                 "so far (by the study's objective), by trial and by wall-clock time; markers "
                 "are each trial's outcome, at 0 when it has no throughput.",

@@ -135,6 +135,7 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
             "binding_phase": trial.user_attrs.get("binding_phase"),
             "probe_wall_s": result["probe_wall_s"],
         },
+        "length_headroom": length_headroom_record(study, config, trial),
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
         "pareto_front": [t.number for t in front],
         "provenance": {
@@ -158,6 +159,22 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
     }
+
+
+def length_headroom_record(study: Any, config: dict[str, Any], trial: Any
+                           ) -> dict[str, Any] | None:
+    """How long responses may grow before the best config runs out of its budget: the
+    study's calibrated memory model, anchored on this trial's measured peaks (length.py)."""
+    from autotune.config import ProbeConfig
+    from autotune.sweep.length import study_model
+
+    model, budget = study_model(study), trial.user_attrs.get("budget_bytes")
+    if model is None or not budget:
+        return None
+    measured = (trial.user_attrs.get("result") or {}).get("phase_peak_mem_bytes")
+    headroom = model.headroom(ProbeConfig(**config), budget, measured)
+    return {**headroom.as_dict(), "says": headroom.describe("within the budget"),
+            "by": f"{model.source}, anchored on this trial's measured peaks"}
 
 
 def write_artifacts(study: Any, study_dir: Path) -> Path | None:

@@ -69,9 +69,12 @@ def load_calibration(study: str, results_dir: str, storage: str | None
 
 def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                   study: str | None = None, results_dir: str = "results",
-                  storage: str | None = None) -> EstimatePlan:
+                  storage: str | None = None,
+                  response_length: int | None = None) -> EstimatePlan:
     """The estimate of the options' run: on a GPU of `capacity_bytes` (default: this
-    machine's, else 80 GiB) unless --device cpu; with `study`, calibrated on its probes.
+    machine's, else 80 GiB) unless --device cpu; with `study`, calibrated on its probes; with
+    `response_length`, at responses of that length (the run's max_response_length, checked
+    first, is where they may grow to).
 
     Raises:
         ConfigError: no model, a study without a calibration or of another model, or a config
@@ -122,6 +125,14 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     problems = validate_probe_config(config, world) + model_problems(config, shape.is_vl)
     if problems:
         raise ConfigError(problems)
+    if response_length is not None:
+        if response_length > config.max_response_length:
+            raise ConfigError(f"--response-length {response_length}: longer than "
+                              f"max_response_length={config.max_response_length}, where the "
+                              "run stops responses; --set max_response_length too")
+        note += (f"; at {response_length}-token responses (max_response_length="
+                 f"{config.max_response_length} is the worst case)")
+        config = dataclasses.replace(config, max_response_length=response_length)
     request = probe_request(dataclasses.replace(options, dtype=dtype), options.model or name,
                             device, topology, config, emulated=world > 1)
     return EstimatePlan(name, shape, request, calibration, note, fitted)

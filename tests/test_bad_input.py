@@ -211,6 +211,16 @@ CASES: list[tuple[list[str], str]] = [
     (["estimate", "--model", "qwen2.5-7b", "--storage", "x.journal"], "only with --study"),
     (["estimate", "--model", "qwen2.5-7b", "--set", "micro_batch_size_update=3"],
      "not divisible by micro_batch_size_update=3"),
+    # token budgets and response lengths
+    (["estimate", "--model", "qwen2.5-7b", "--response-length", "0"], "0 is not in the range"),
+    (["estimate", "--model", "qwen2.5-7b", "--response-length", "4096"],
+     "--response-length 4096: longer than max_response_length=256"),
+    (["estimate", "--model", "qwen2.5-7b", "--set", "dynamic_batching=true", "--set",
+      "max_token_len_update=100"], "max_token_len_update=100 is less than one sequence"),
+    (["estimate", "--model", "qwen2.5-7b", "--set", "max_token_len_update=4096"],
+     "read only with dynamic_batching=true"),
+    (["estimate", "--model", "qwen2.5-7b", "--set", "dynamic_batching=maybe"],
+     "dynamic_batching='maybe': expected true or false"),
     # show
     (["show", "--study", "missing"], "--study missing: no results"),
     (["show", "--results-dir", "noconfig"], "no study in noconfig"),

@@ -42,10 +42,10 @@ STUDY = {"rollout_batch_size": 16, "rollout_n": 4, "global_batch_size": 8,
 BASE_SHAPES = {
     "easyr1": {"rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
                "max_prompt_length": 2048, "max_response_length": 2048,
-               "rollout_tensor_parallel": 2},
+               "rollout_tensor_parallel": 2, "dynamic_batching": True},
     "verl": {"rollout_batch_size": 1024, "rollout_n": 1, "global_batch_size": 256,
              "max_prompt_length": 512, "max_response_length": 512,
-             "rollout_tensor_parallel": 2},
+             "rollout_tensor_parallel": 2, "dynamic_batching": False},
     # grpo.yaml below: 8 generations, 8 per device, 4 accumulation steps
     "trl": {"rollout_n": 8, "max_response_length": 256, "rollout_tensor_parallel": 1}}
 # (update, experience): the last two break a rule on some topologies (EasyR1 splits a
@@ -114,6 +114,34 @@ def test_the_trainers_start_up_accepts_every_export_and_rejects_every_refusal(
         verdicts.append((knobs["micro_batch_size_update"], not problems, accepted))
         assert accepted == (not problems), (knobs, problems, line)
     assert any(ours for _, ours, _ in verdicts) or (nnodes, gpus) == (1, 6), verdicts
+
+
+@pytest.mark.parametrize("trainer", ["easyr1", "verl"])
+def test_the_trainers_start_up_accepts_token_budget_exports(trainer, tmp_path):
+    """Dynamic batching kept on: EasyR1 without a base (its default), verl on its default
+    config turned to use_dynamic_bsz, with the budgets the study probed."""
+    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
+        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    adapter = {"easyr1": EASYR1, "verl": VERL}[trainer]
+    base_path = None
+    knobs = {**STUDY, "dynamic_batching": True, "micro_batch_size_update": 2,
+             "micro_batch_size_experience": 4}
+    if trainer == "verl":
+        base_path = tmp_path / "ppo.yaml"
+        base_path.write_text((FIXTURES / "verl-ppo-trainer.yaml").read_text()
+                             .replace("adv_estimator: gae", "adv_estimator: grpo")
+                             .replace("    use_dynamic_bsz: false", "    use_dynamic_bsz: true"))
+        # the base's own budget (held fixed, as a sweep on it without budgets searched has it)
+        knobs.update(BASE_SHAPES["verl"], dynamic_batching=True, max_token_len_update=16384,
+                     max_token_len_experience=16384)
+    for nnodes, gpus in ((1, 2), (1, 8)):
+        path, problems = exported(adapter, knobs, Topology(nnodes, gpus), base_path, tmp_path,
+                                  f"budget{gpus}")
+        assert problems == []
+        text = path.read_text()
+        assert "# batching: token budgets (dynamic batching on, as probed)" in text
+        accepted, line = trainer_verdict(trainer, path)
+        assert accepted, line
 
 
 def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):

@@ -13,7 +13,7 @@ The budget is `max_token_len_update` / `max_token_len_experience` tokens when se
 `ppo_max_token_len_per_gpu` and `log_prob_max_token_len_per_gpu`), else EasyR1's rule: the
 micro-batch size times the padded sequence length. Memory verdicts take every response at
 its full length (`worst_case_rows`): a token budget then bounds the peak whatever lengths the
-run reaches. Pure arithmetic: no torch here.
+run reaches. Pure arithmetic on plain mappings: imports no torch and nothing else of autotune.
 """
 
 from __future__ import annotations

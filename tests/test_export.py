@@ -302,9 +302,15 @@ def test_flow_style_and_quoted_values_are_edited_or_reserialised_safely(tmp_path
 def test_an_interpolated_setting_the_rules_read_is_one_clear_error(tmp_path):
     path = tmp_path / "interp.yaml"
     path.write_text("actor_rollout_ref:\n  rollout:\n"
-                    "    tensor_model_parallel_size: ${oc.select:foo,1}\n")
+                    "    tensor_model_parallel_size: ${oc.env:TP}\n")
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=.*needs a plain int"):
         render(VERL, KNOBS, Topology(1, 8), load_trainer_yaml(str(path)), ["p"])
+    # a key that follows another (or its default) is read through, as OmegaConf reads it
+    path.write_text("actor_rollout_ref:\n  rollout:\n"
+                    "    tensor_model_parallel_size: ${oc.select:foo,3}\n")
+    knobs = {k: v for k, v in KNOBS.items() if k != "rollout_tensor_parallel"}
+    with pytest.raises(ConfigError, match="infer_world_size 3"):
+        render(VERL, knobs, Topology(1, 8), load_trainer_yaml(str(path)), ["p"])
 
 
 @pytest.mark.parametrize("adapter, keys", [

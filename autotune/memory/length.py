@@ -129,8 +129,11 @@ def length_headroom(config: ProbeConfig, peaks: PhasePeaks, budget_bytes: int,
             fits_up_to = end
             continue
         start = fits_up_to  # the peak grows from here to `end`: the wall is between
-        fits_up_to = start + longest_fitting(lambda extra, at=start: fits(at + extra),
-                                             end - start)
+
+        def fits_past(extra: int, start: int = start) -> bool:
+            return fits(start + extra)
+
+        fits_up_to = start + longest_fitting(fits_past, end - start)
         break
     growth: dict[str, float] = {}
     if config.dynamic_batching and high > config.max_response_length:

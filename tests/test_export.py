@@ -334,3 +334,23 @@ def test_the_engine_knobs_land_on_the_trainers_vllm_keys(adapter, keys):
         render(EASYR1, {**knobs, "max_num_batched_tokens": 2048}, Topology(1, 8), None, ["p"])
     with pytest.raises(ConfigError, match="enable_sleep=false cannot be exported"):
         render(EASYR1, {**knobs, "enable_sleep": False}, Topology(1, 8), None, ["p"])
+
+
+@pytest.mark.parametrize("adapter", [EASYR1, VERL])
+def test_round_trip_reads_back_how_the_study_batched(adapter):
+    """Token budgets written from a study read back as the same knobs, with a base config
+    and without; nothing the probe ran is lost on the way (EasyR1's budget is micro-batch x
+    length, so it reads back as the micro-batches)."""
+    length = KNOBS["max_prompt_length"] + KNOBS["max_response_length"]
+    budgets = {"max_token_len_update": 3 * length, "max_token_len_experience": 5 * length} \
+        if adapter is VERL else {}
+    knobs = {**KNOBS, "dynamic_batching": True, **budgets}
+    for base in (load_trainer_yaml(str(BASES[adapter.name])), None):
+        topology = Topology(1, 8)
+        text = render(adapter, knobs, topology, base, ["p", ""], force=True)
+        assert "# batching: token budgets (dynamic batching on, as probed)" in text
+        tree = yaml.safe_load(text)
+        read = adapter.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default),
+                                  topology)
+        expected = {k: v for k, v in knobs.items() if v is not None and k in adapter.keys}
+        assert {k: read[k] for k in expected} == expected

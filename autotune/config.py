@@ -93,12 +93,21 @@ class ProbeConfig:
         "help": "vllm-like: 1 keeps the weights in host memory asleep (EasyR1), 2 drops them"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
+    offload_ref_params: bool | None = field(default=None, metadata={
+        "help": "the reference model's params to host between its forwards (none: as "
+                "offload_params)"})
     image_size_px: int = field(
         default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
                                         "tokens, room in the default 256-token prompt"})
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def ref_on_host(self) -> bool:
+        """Whether the reference model's params wait in host memory between its forwards."""
+        return self.offload_params if self.offload_ref_params is None \
+            else self.offload_ref_params
 
     @property
     def sequence_length(self) -> int:
@@ -166,6 +175,9 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
     kind = _KNOB_TYPES[key]
     text = str(raw).strip().lower()
+    if kind.endswith(" | None") and (raw is None or text in ("none", "null", "")):
+        return None
+    kind = kind.removesuffix(" | None")
     if kind == "bool":
         if isinstance(raw, bool):
             return raw
@@ -174,8 +186,6 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         if text in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{key}={raw!r}: expected true or false")
-    if kind == "int | None" and (raw is None or text in ("none", "null", "")):
-        return None
     if kind == "str":
         choices = _KNOB_CHOICES[key]
         if isinstance(raw, str) and text in choices:
@@ -378,6 +388,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     # reservation or on the host only; the engine kind is not ordered
     "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
     "sleep_level": 0, "rollout_engine": 0,
+    "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
 }
 
 
@@ -419,7 +430,7 @@ def describe_params(params: dict[str, Any]) -> str:
              "rollout_tensor_parallel": "tp", "gpu_memory_utilization": "util",
              "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep",
              "dynamic_batching": "dyn", "max_token_len_update": "tok_u",
-             "max_token_len_experience": "tok_e"}
+             "max_token_len_experience": "tok_e", "offload_ref_params": "off_ref"}
     parts = []
     for name, value in params.items():
         label = short.get(name, name)

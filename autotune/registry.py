@@ -130,3 +130,36 @@ def read_model_path_config(model_path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{config_json}: expected a JSON object of config keys")
     return data
+
+
+# the config numbers that decide a model's memory and speed: two models with the same are
+# the same run for autotune (a base model and its instruct tune)
+ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "vocab_size")
+
+
+def architecture_of(model: str) -> dict[str, Any] | None:
+    """The architecture numbers of a model as a trainer config names it: a registry name, a
+    Hugging Face id of a registry model (its base or instruct variant), or a local directory
+    with a config.json; None when autotune cannot tell."""
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        try:
+            data = json.loads((path / "config.json").read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        text = {**data, **(data.get("text_config") or {})}
+        return {key: text.get(key) for key in ARCHITECTURE_KEYS}
+    wanted = _variant(model)
+    for spec in REGISTRY.values():
+        if wanted in (spec.name, _variant(spec.hf_id)):
+            return {key: spec.text_config.get(key) for key in ARCHITECTURE_KEYS}
+    return None
+
+
+def _variant(name: str) -> str:
+    """'Qwen/Qwen2.5-7B-Instruct' -> 'qwen2.5-7b': the repository's name, lowercased, without
+    the instruct suffix (a tune keeps its base model's shapes)."""
+    return name.rstrip("/").rsplit("/", 1)[-1].lower().removesuffix("-instruct")

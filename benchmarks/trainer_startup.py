@@ -5,7 +5,9 @@ trainer's real default config) and micro-batch pair, the export is planned as `a
 plans it and written, even where autotune refuses it (then the file is what a silent export
 would have written); scripts/check_{easyr1,verl}_load.py runs the trainer's real start-up on
 it. The cases are tests/test_trainer_startup.py's. Target: every file autotune writes is
-accepted, every refusal is rejected by the trainer.
+accepted, every refusal is rejected by the trainer. Then the round trip (issue 30): a study's
+export, per topology and base, read back from the trainer's normalised worker config
+quantity by quantity against what the probe ran per GPU. Target: 0 differences.
 
     AUTOTUNE_EASYR1_SRC=path/to/EasyR1 AUTOTUNE_VERL_SRC=path/to/verl \\
     AUTOTUNE_TRAINER_PYTHON=python-with-their-deps python benchmarks/trainer_startup.py
@@ -29,6 +31,7 @@ from test_trainer_startup import (  # noqa: E402  (the test's cases, run here wi
     TOPOLOGIES,
     cases,
     exported,
+    round_trip,
     trainer_verdict,
 )
 
@@ -73,6 +76,9 @@ def main() -> None:
         sys.exit("set AUTOTUNE_EASYR1_SRC and/or AUTOTUNE_VERL_SRC to the trainers' checkouts")
     with tempfile.TemporaryDirectory() as work:
         rows = [row for trainer in trainers for row in rows_for(trainer, Path(work))]
+        trips = [(trainer, f"{n}x{g}", with_base, *round_trip(
+            trainer, Topology(n, g), with_base, Path(work))) for trainer in trainers
+            for n, g in TOPOLOGIES if g != 6 for with_base in (False, True)]
     agree = sum((r["autotune"] == "written") == (r["trainer_start"] == "accepted") for r in rows)
     written = sum(r["autotune"] == "written" for r in rows)
     lines = [f"autotune's exports through the trainers' own start-up "
@@ -83,9 +89,19 @@ def main() -> None:
              "| check s | autotune's rule, or the trainer's line", "---|" * 7 + "---"]
     lines += [f"{r['trainer']} | {r['gpus']} | {r['base']} | {r['micro']} | {r['autotune']} | "
               f"{r['trainer_start']} | {r['check_s']:.1f} | {r['why'][:140]}" for r in rows]
+    silent = sum(len(trip[5]) for trip in trips)
+    lines += ["", f"round trip: {len(trips)} exports of a study's best, read back from the "
+              f"trainer's normalised worker config: {sum(t[3] for t in trips)} accepted, "
+              f"{sum(t[6] for t in trips)} per-GPU quantities compared, {silent} differ from "
+              "what the probe ran", "",
+              "trainer | GPUs | base | accepted | quantities compared | differences",
+              "---|" * 5 + "---"]
+    lines += [f"{t[0]} | {t[1]} | {'default config' if t[2] else 'none'} | {t[3]} | {t[6]} | "
+              f"{t[5] or 'none'}" for t in trips]
     out = ROOT / "benchmarks" / "results" / "trainer_startup.txt"
     out.write_text("\n".join(lines) + "\n")
     print(lines[0])
+    print(next(line for line in lines if line.startswith("round trip")))
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -5,12 +5,14 @@
     python scripts/check_easyr1_load.py EASYR1_ROOT EXPORT.yaml [key=value ...]
 
 Prints one line and exits 0 (`easyr1 accepted: ...`, with the world size and the per-device
-batch sizes), 1 (`easyr1 rejected: STAGE: Type: message`, EasyR1's own exception) or 2 (usage
-error or missing dependency). EasyR1's stdout goes to stderr. Runs from any directory: it works
-in EASYR1_ROOT, as a launch from the checkout would; missing data, prompt, reward or model files
-are not needed, and nothing touches the network (HF_HUB_OFFLINE=1; no tokenizer or model is
-loaded). Needs omegaconf 2.3 (else exit 2): 2.4 rejects EasyR1's own default `trainer.logger`
-(`Tuple[str]` holding two names).
+batch sizes; with AUTOTUNE_CHECK_JSON=PATH set, every per-device quantity EasyR1 will run is
+written there as JSON, read from its own normalised config), 1 (`easyr1 rejected: STAGE:
+Type: message`, EasyR1's own exception) or 2 (usage error or missing dependency). EasyR1's
+stdout goes to stderr. Runs from any directory: it works in EASYR1_ROOT, as a launch from the
+checkout would; missing data, prompt, reward or model files are not needed, and nothing
+touches the network (HF_HUB_OFFLINE=1; no tokenizer or model is loaded). Needs omegaconf 2.3
+(else exit 2): 2.4 rejects EasyR1's own default `trainer.logger` (`Tuple[str]` holding two
+names).
 
 Stages, in EasyR1's order, each calling EasyR1's real code (W = nnodes x n_gpus_per_node):
   config   verl.trainer.main.main() itself, with sys.argv = [config=EXPORT.yaml, overrides...]:
@@ -227,6 +229,33 @@ def summary(config, workers, world_size: int, per_device) -> str:
     return "; ".join(parts)
 
 
+def quantities(config, trainer, workers, world_size: int, per_device) -> dict:
+    """Every per-device quantity EasyR1 will run, read from its own normalised config (for
+    autotune's round-trip test: written to $AUTOTUNE_CHECK_JSON when set)."""
+    worker = workers["actor_rollout_ref"].config
+    actor, ref, rollout, data = worker.actor, worker.ref, worker.rollout, config.data
+    length = data.max_prompt_length + data.max_response_length  # padded (dp_actor.py)
+    return {
+        "world_size": world_size, "responses_per_step": per_device[1],
+        "responses_per_minibatch": actor.global_batch_size_per_device,
+        "micro_batch_size_update": actor.micro_batch_size_per_device_for_update,
+        "micro_batch_size_experience": actor.micro_batch_size_per_device_for_experience,
+        "dynamic_batching": actor.dynamic_batching,
+        "max_token_len_update": actor.micro_batch_size_per_device_for_update * length,
+        "max_token_len_experience": actor.micro_batch_size_per_device_for_experience * length,
+        "rollout_n": rollout.n, "max_prompt_length": data.max_prompt_length,
+        "max_response_length": data.max_response_length,
+        "offload_params": actor.offload.offload_params,
+        "offload_optimizer": actor.offload.offload_optimizer,
+        "use_kl": trainer.use_reference_policy,
+        "offload_ref_params": ref.offload.offload_params or ref.fsdp.enable_cpu_offload,
+        "gradient_checkpointing": actor.model.enable_gradient_checkpointing,
+        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "rollout_tensor_parallel": rollout.tensor_parallel_size,
+        "max_num_batched_tokens": rollout.max_num_batched_tokens,
+        "sequence_parallel": actor.ulysses_size, "model": actor.model.model_path}
+
+
 def main(argv: list[str]):
     if len(argv) < 3 or any("=" not in arg for arg in argv[3:]):
         finish(2, USAGE)
@@ -268,6 +297,11 @@ def main(argv: list[str]):
         except Exception as error:  # EasyR1's own rejection, whatever its type
             message = " ".join(str(error).split())
             finish(1, f"easyr1 rejected: {stage}: {type(error).__name__}: {message}")
+    if os.environ.get("AUTOTUNE_CHECK_JSON"):
+        import json
+
+        with open(os.environ["AUTOTUNE_CHECK_JSON"], "w") as handle:
+            json.dump(quantities(config, trainer, workers, world_size, per_device), handle)
     finish(0, "easyr1 accepted: " + summary(config, workers, world_size, per_device))
 
 

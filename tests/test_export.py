@@ -196,11 +196,16 @@ def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
     one_gpu = tmp_path / "verl-1gpu.yaml"
     one_gpu.write_text("actor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 1\n"
                        "trainer:\n  nnodes: 1\n  n_gpus_per_node: 1\n")
+    # the study probed the hf engine: verl's vLLM is another engine, refused in one line
+    refused = export("--trainer", "verl", "--out", str(tmp_path / "plain.yaml"))
+    assert refused.returncode == 2 and not (tmp_path / "plain.yaml").exists()
+    assert refused.stderr.count("\n") == 1 and "--engine vllm-like" in refused.stderr
     # verl's default rollout TP of 2 needs 2 GPUs; the export writes the TP the study measured
-    plain = export("--trainer", "verl", "--out", str(tmp_path / "plain.yaml"))
+    plain = export("--trainer", "verl", "--out", str(tmp_path / "plain.yaml"), "--force")
     assert plain.returncode == 0, plain.stderr
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in plain.stdout
-    out = export("--trainer", "verl", "--base-config", str(one_gpu))
+    assert "# UNMEASURED (exported with --force" in (tmp_path / "plain.yaml").read_text()
+    out = export("--trainer", "verl", "--base-config", str(one_gpu), "--force")
     assert out.returncode == 0, out.stderr
     written = tmp_path / "x" / "best.verl.yaml"
     assert f"wrote {written}" in out.stdout
@@ -212,7 +217,7 @@ def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
     assert "or as overrides on your base config: data.train_batch_size=4" in out.stdout
     text = written.read_text()
     assert text.startswith("# exported by autotune") and "study x, trial" in text
-    again = export("--trainer", "verl", "--base-config", str(one_gpu))
+    again = export("--trainer", "verl", "--base-config", str(one_gpu), "--force")
     assert again.returncode == 2 and "file exists" in again.stderr
     assert written.read_text() == text  # nothing already there is overwritten
     easy = export("--trainer", "easyr1", "--base-config", str(BASES["easyr1"]),

@@ -85,9 +85,10 @@ def test_trl_and_verl_fixed_values_are_conflicts_too(tmp_path):
         "num_generations", "max_completion_length",
         # 8 per device x 4 accumulation / 8 generations = 4 prompts per optimizer step (the
         # rollout, 32 completions = 4 prompts by default, is the study's own 4)
-        "global_batch_size (from gradient_accumulation_steps and generation_batch_size)"]
-    assert "global_batch_size (from gradient_accumulation_steps and generation_batch_size) " \
-        "is 4 in your base config but the study measured 2" in err.value.problems[2]
+        "global_batch_size (from generation_batch_size and steps_per_generation and "
+        "gradient_accumulation_steps)"]
+    assert "gradient_accumulation_steps) is 4 in your base config but the study measured 2" \
+        in err.value.problems[2]
     base = one_gpu(VERL_BASE, tmp_path, **{"n_gpus_per_node: 8": "n_gpus_per_node: 1"})
     with pytest.raises(ConfigError) as err:
         render(VERL, STUDY, Topology(1, 1), base, ["p"], searched=SEARCHED)
@@ -265,9 +266,16 @@ def test_export_command_refuses_conflicts_one_line_each_and_force_takes_the_stud
     refused = export()
     assert refused.returncode == 2 and not out.exists()
     lines = refused.stderr.strip().splitlines()  # one line, naming each key
-    assert len(lines) == 1 and lines[0].startswith("Error: data.rollout_batch_size is 512 in "
-                                                   "your base config but the study measured 4")
-    assert [part.split(" is ")[0] for part in lines[0][7:].split("; ") if " is " in part] == [
+    # the study probed the hf engine (EasyR1 runs vLLM): that first, then each key
+    assert len(lines) == 1 and lines[0].startswith("Error: rollout engine: the study probed "
+                                                   "the hf engine, but easyr1 generates with")
+    assert "; data.rollout_batch_size is 512 in your base config but the study measured 4" \
+        in lines[0]
+    # and the model: the base trains Qwen2.5-7B, the study measured tiny-qwen2.5
+    assert "; worker.actor.model.model_path=Qwen/Qwen2.5-7B-Instruct in your base config is " \
+        "another model, but the study measured tiny-qwen2.5: re-run the sweep" in lines[0]
+    assert [part.split(" is ")[0] for part in lines[0][7:].split("; ") if " is " in part
+            and not part.startswith(("rollout engine", "worker.actor.model"))] == [
         "data.rollout_batch_size", "worker.rollout.n", "worker.actor.global_batch_size",
         "worker.actor.dynamic_batching", "data.max_prompt_length",
         "data.max_response_length"] and "--force" in lines[0]

@@ -108,7 +108,7 @@ def test_each_phase_moves_only_with_its_knobs():
                "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3,
                "enable_sleep": False, "max_num_batched_tokens": 4096, "sleep_level": 2,
                "dynamic_batching": True, "max_token_len_update": 6 * 512,
-               "max_token_len_experience": 6 * 512}
+               "max_token_len_experience": 6 * 512, "offload_ref_params": True}
     device = {"engine_capacity_bytes": 80 * 2**30}
     # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held
     bases = [base, replace(base, rollout_engine="vllm-like"),

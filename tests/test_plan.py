@@ -72,8 +72,14 @@ def test_a_trainer_sweep_writes_what_autotune_export_writes(tmp_path):
     outcome = run_sweep(scripted(plan))
     assert outcome.export_path is not None and outcome.export_path.name == "best.verl.yaml"
     study = load_study(str(tmp_path), "verl")
-    exported = export_best(study, plan.trainer.adapter, None)
+    # probed with the hf engine on the CPU: verl's vLLM was never measured, so `export`
+    # refuses it; the sweep's own file is the --force export, saying so in its header
+    with pytest.raises(ConfigError, match="rollout engine: the study probed the hf engine"):
+        export_best(study, plan.trainer.adapter, None)
+    exported = export_best(study, plan.trainer.adapter, None, force=True)
     assert outcome.export_path.read_text() == exported.text
+    assert "#   rollout engine: the study probed the hf engine; verl's vLLM reserves its own " \
+        "gpu_memory_utilization, which no probe measured" in exported.text
     assert exported.topology == plan.trainer.topology
 
 

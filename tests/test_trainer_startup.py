@@ -13,6 +13,7 @@ b178a3c) and AUTOTUNE_TRAINER_PYTHON to a python with their dependencies; skippe
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import yaml
 from autotune.config import Topology
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export import load_trainer_yaml, render_plan
-from autotune.trainers.plan import ExportPlan, plan_export
+from autotune.trainers.plan import ExportPlan, plan_export, resolved_get
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -207,3 +208,155 @@ def test_trl_grpo_config_accepts_every_export_and_rejects_every_refusal(nnodes, 
     # 6 processes do not divide the demo's 64 completions: all refused there
     assert any(ours for _, ours, _ in verdicts) or (nnodes, gpus, with_base) == (1, 6, False)
     assert not all(ours for _, ours, _ in verdicts), verdicts  # a refusal tried too
+
+
+# -- round trip (issue 30): what the trainer's own config code will run is what was probed ----
+
+ROUND_TRIP = {**STUDY, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.55,
+              "enable_sleep": True, "max_num_batched_tokens": 8192, "max_num_seqs": 128,
+              "sleep_level": 1, "use_kl": True, "offload_ref_params": None,
+              "offload_params": True, "micro_batch_size_update": 2,
+              "micro_batch_size_experience": 4}
+
+
+def probed(knobs: dict, topology: Topology) -> dict:
+    """Every per-GPU quantity the probe ran for `knobs` on `topology`: the share the probe
+    splits (config.device_share) and the knobs as the export resolves them."""
+    from autotune.batching import with_token_budgets
+    from autotune.config import KNOB_NAMES, ProbeConfig, device_share
+    from autotune.trainers.plan import measured_knobs
+
+    resolved = with_token_budgets(measured_knobs(knobs))
+    config = ProbeConfig(**{k: v for k, v in resolved.items() if k in KNOB_NAMES})
+    share = device_share(config, topology.world_size)
+    budgets = ("max_token_len_update", "max_token_len_experience", "ref_max_token_len")
+    values = {**resolved, "world_size": topology.world_size,
+              "responses_per_step": share.responses_per_step,
+              "responses_per_minibatch": share.responses_per_minibatch,
+              "ref_micro_batch_size": config.micro_batch_size_experience,
+              "ref_max_token_len": resolved.get("max_token_len_experience"),
+              "offload_ref_params": config.ref_on_host, "sequence_parallel": 1,
+              "model": "Qwen/Qwen2.5-7B-Instruct"}
+    return {k: v for k, v in values.items() if config.dynamic_batching or k not in budgets}
+
+
+def round_trip_base(trainer: str, tmp_path: Path) -> Path:
+    """The trainer's default config as a study's base: GRPO, Qwen2.5-7B, KL on (so the study
+    held a reference model, as these bases run it)."""
+    if trainer == "easyr1":
+        text = (FIXTURES / "easyr1-config.yaml").read_text()
+    else:
+        text = ((FIXTURES / "verl-ppo-trainer.yaml").read_text()
+                .replace("adv_estimator: gae", "adv_estimator: grpo")
+                .replace("use_kl_loss: false", "use_kl_loss: true")
+                .replace("path: ~/models/deepseek-llm-7b-chat", "path: Qwen/Qwen2.5-7B-Instruct"))
+    path = tmp_path / f"{trainer}-base.yaml"
+    path.write_text(text)
+    return path
+
+
+def round_trip(trainer: str, topology: Topology, with_base: bool, tmp_path: Path
+               ) -> tuple[bool, str, dict, int]:
+    """Export a study's knobs (a study run on the trainer's default config when `with_base`),
+    load the file through the trainer's own start-up, and read back every per-GPU quantity
+    from its normalised worker config: (accepted, its line, the quantities that differ from
+    what the probe ran, how many were compared)."""
+    from autotune.trainers.measured import MeasuredRun
+
+    adapter = {"easyr1": EASYR1, "verl": VERL}[trainer]
+    base_path = round_trip_base(trainer, tmp_path) if with_base else None
+    base = load_trainer_yaml(str(base_path)) if base_path else None
+    knobs = {**ROUND_TRIP, "rollout_tensor_parallel": 2}
+    if base:  # a study run on the base holds what it reads there, and searched the rest
+        read = adapter.read_knobs(lambda key, default: resolved_get(base[0], key, default),
+                                  topology)
+        knobs.update({k: v for k, v in read.items() if k not in SEARCHED},
+                     offload_params=False)
+    run = MeasuredRun(topology, "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct",
+                      "Qwen/Qwen2.5-7B-Instruct" if base else None, True if base else None)
+    plan = plan_export(adapter, knobs, topology, base[0] if base else None,
+                       searched=SEARCHED, run=run)
+    assert plan.problems == []
+    path = tmp_path / f"{trainer}-{topology.nnodes}x{topology.gpus_per_node}-{with_base}.yaml"
+    path.write_text(render_plan(plan, adapter, base, ["round trip", ""]))
+    quantities = path.with_suffix(".json")
+    os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
+    try:
+        accepted, line = trainer_verdict(trainer, path)
+    finally:
+        del os.environ["AUTOTUNE_CHECK_JSON"]
+    if not accepted:
+        return False, line, {}, 0
+    ran, expected = json.loads(quantities.read_text()), probed(knobs, topology)
+    compared = [key for key in ran if key in expected]
+    return True, line, {key: (ran[key], expected[key]) for key in compared
+                        if ran[key] != expected[key]}, len(compared)
+
+
+@pytest.mark.parametrize("with_base", [False, True], ids=["defaults", "base"])
+@pytest.mark.parametrize("nnodes, gpus", [(1, 2), (1, 8), (2, 8)], ids=["1x2", "1x8", "2x8"])
+@pytest.mark.parametrize("trainer", ["easyr1", "verl"])
+def test_the_trainer_runs_every_per_gpu_quantity_the_probe_ran(trainer, nnodes, gpus,
+                                                                with_base, tmp_path):
+    """Export, load through the trainer's own start-up (its normalised worker config), read
+    back every per-GPU quantity, compare with what the probe ran: equal."""
+    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
+        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    accepted, line, differ, compared = round_trip(trainer, Topology(nnodes, gpus), with_base,
+                                                  tmp_path)
+    assert accepted, line
+    assert differ == {}, differ
+    assert compared >= 18  # every quantity the probe ran
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm-like"])
+@pytest.mark.parametrize("with_base", [False, True], ids=["defaults", "base"])
+@pytest.mark.parametrize("nnodes, gpus", [(1, 1), (1, 2), (2, 8)], ids=["1x1", "1x2", "2x8"])
+def test_trl_runs_every_per_gpu_quantity_the_probe_ran(nnodes, gpus, with_base, engine,
+                                                       tmp_path):
+    """The same round trip through TRL's own GRPOConfig (its __post_init__ does the batch
+    arithmetic): per-process batches, generations, lengths, reference model, engine."""
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    topology = Topology(nnodes, gpus)
+
+    class Processes(GRPOConfig):  # GRPOConfig reads the process count from accelerate
+        @property
+        def world_size(self):
+            return topology.world_size
+
+    base = None
+    if with_base:  # TRL's batches spelled with steps_per_generation, no reference model
+        path = tmp_path / "grpo.yaml"
+        path.write_text(TRL_BASE.replace("eval_strategy: steps", "eval_strategy: 'no'")
+                        + "steps_per_generation: 8\nbeta: 0.0\n")
+        base = load_trainer_yaml(str(path))
+    knobs = {**ROUND_TRIP, "rollout_engine": engine, "offload_params": False,
+             "rollout_n": 8, "max_response_length": 256, "micro_batch_size_update": 4,
+             "use_kl": not with_base,  # the base's 8 per device x 4 accumulation and
+             # 8 steps per generation, over 8 generations
+             "global_batch_size": 4 * topology.world_size,
+             "rollout_batch_size": 8 * topology.world_size}
+    plan = plan_export(TRL, knobs, topology, base[0] if base else None, searched=SEARCHED)
+    assert plan.problems == []
+    values = yaml.safe_load(render_plan(plan, TRL, base, ["round trip", ""]))
+    config = Processes(**{"output_dir": str(tmp_path / "out"), "report_to": "none",
+                          "use_cpu": True, "bf16": False,
+                          **{k: v for k, v in values.items() if v is not None}})
+    world = topology.world_size
+    ran = {"micro_batch_size_update": config.per_device_train_batch_size,
+           "responses_per_minibatch": config.per_device_train_batch_size
+           * config.gradient_accumulation_steps,
+           "responses_per_step": config.generation_batch_size // world,
+           "rollout_n": config.num_generations, "max_response_length":
+           config.max_completion_length, "use_kl": config.beta != 0,
+           "gradient_checkpointing": config.gradient_checkpointing,
+           "rollout_engine": "vllm-like" if config.use_vllm and config.vllm_mode == "colocate"
+           else "hf"}
+    if config.use_vllm:
+        ran.update(gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                   enable_sleep=config.vllm_enable_sleep_mode,
+                   rollout_tensor_parallel=config.vllm_tensor_parallel_size)
+    expected = probed(knobs, topology)
+    assert {key: (ran[key], expected[key]) for key in ran if ran[key] != expected[key]} == {}

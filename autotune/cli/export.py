@@ -18,15 +18,18 @@ from autotune.errors import ConfigError
 @opt.nnodes
 @opt.gpus_per_node
 @click.option("--force", is_flag=True,
-              help="Take the study's values where your base config has others for knobs the "
-                   "study held fixed (by default such conflicts are refused).")
+              help="Export even where the file would not be the measured run: take the "
+                   "study's values for knobs it held fixed where your base config has others, "
+                   "and write another topology, model or engine than the study's (listed "
+                   "under UNMEASURED in the header). By default each is refused.")
 def export(study: str | None, results_dir: str, storage: str | None, trainer: str | None,
            base_config: str | None, out_path: str | None, nnodes: int | None,
            gpus_per_node: int | None, force: bool) -> None:
     """Write a study's best config as trainer YAML, checked against the trainer's rules.
 
     With --base-config, the knobs the study searched replace yours; a knob it held fixed at
-    another value than yours is refused (re-run the sweep with --base-config, or --force).
+    another value than yours is refused (re-run the sweep with --base-config, or --force), as
+    is another topology, model or rollout engine than the study measured.
 
     \b
     autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
@@ -50,6 +53,8 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
         Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
     write_new(path, exported.text)
     click.echo(f"wrote {path}")
+    if exported.chosen:
+        click.echo(exported.chosen)
     for note in exported.plan.notes:
         click.echo(f"set {note}")
     for line in launch_lines(adapter, path, exported.plan.values, topology, base is not None):

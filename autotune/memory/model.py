@@ -38,19 +38,20 @@ ADAM_BYTES = 8  # fp32 m and v
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
 # the update, which loads them back; the log-prob forwards load the actor params back too.
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px")
+_REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
 _ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization")  # the reservation
 _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
 PHASE_KNOBS: dict[str, frozenset[str]] = {
-    "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", "offload_params",
+    "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
                              "dynamic_batching", "max_token_len_experience",
                              *_HELD_KNOBS, *_SHAPE_KNOBS}),
-    "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", "offload_params",
+    "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
                          "dynamic_batching", "max_token_len_update",
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
-    "validation": frozenset({"val_batch_size", "max_num_seqs", "offload_params",
+    "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                              *_SHAPE_KNOBS}),
 }
@@ -270,7 +271,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     actor = PARAM_BYTES * psi // n
     adam = ADAM_BYTES * psi // n
     ref = c * psi // n if config.use_kl else 0
-    ref_resident = 0 if config.offload_params else ref
+    ref_resident = 0 if config.ref_on_host else ref
     tp = config.rollout_tensor_parallel
     engine = c * shape.engine_params(tp)
     # Compute-dtype weights the actor's forward uses: autocast's cast cache on one GPU, the
@@ -352,7 +353,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation})
-    offload_host = states.host_offload_bytes + (ref if config.offload_params else 0) \
+    offload_host = states.host_offload_bytes + (ref if config.ref_on_host else 0) \
         + engine_host
     return MemoryEstimate(phases, offload_host, share)
 

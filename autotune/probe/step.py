@@ -218,7 +218,7 @@ class TrainingProbe:
                 if torch.is_tensor(value) and value.dim() > 0:
                     state[key] = map_local(value,
                                            lambda local: self._move(local, optimizer_on_device))
-        if self.ref_model is not None and self.config.offload_params:
+        if self.ref_model is not None and self.config.ref_on_host:
             self._place_module(self.ref_model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 

@@ -99,6 +99,16 @@ def pareto_front(study: Any) -> list[Any]:
     return sorted(front, key=lambda t: t.user_attrs["result"]["peak_mem_bytes"])
 
 
+def trial_knobs(study: Any, trial: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A trial's canonical knobs, and the trainer's own keys a command sweep searched or
+    fixed (as the trainer spells them)."""
+    space = study.user_attrs["search_space"]
+    fixed = {**space["fixed"], **trial.params}
+    merged = {**study.user_attrs.get("request", {}).get("config", {}), **fixed}
+    return ({name: merged[name] for name in KNOB_NAMES if name in merged},
+            {name: value for name, value in fixed.items() if name not in KNOB_NAMES})
+
+
 def best_document(study: Any, trial: Any) -> dict[str, Any]:
     """best.yaml's content: the canonical knobs, what was measured, and where it came from."""
     attrs = study.user_attrs
@@ -106,11 +116,7 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
     space = attrs["search_space"]
     request = attrs.get("request", {})
     identity = attrs["identity"]
-    merged = {**request.get("config", {}), **space["fixed"], **trial.params}
-    config = {name: merged[name] for name in KNOB_NAMES if name in merged}
-    # the trainer's own keys a command sweep searched or fixed, as the trainer spells them
-    trainer_keys = {name: value for name, value in {**space["fixed"], **trial.params}.items()
-                    if name not in KNOB_NAMES}
+    config, trainer_keys = trial_knobs(study, trial)
     objective = identity["objective"]
     front = pareto_front(study)
     return {

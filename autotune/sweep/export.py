@@ -15,7 +15,8 @@ from typing import Any
 from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
-from autotune.sweep.artifacts import best_document, best_trial
+from autotune.registry import REGISTRY, architecture_of
+from autotune.sweep.artifacts import best_document, best_trial, ranked_feasible, trial_knobs
 from autotune.trainers.adapter import Adapter
 from autotune.trainers.export import (
     TrainerYaml,
@@ -24,7 +25,8 @@ from autotune.trainers.export import (
     render_plan,
     topology_for,
 )
-from autotune.trainers.plan import ExportPlan, plan_export
+from autotune.trainers.measured import MeasuredRun
+from autotune.trainers.plan import ExportPlan, dotted_get, plan_export
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class TrainerExport:
     topology: Topology
     plan: ExportPlan
     text: str
+    chosen: str = ""  # why another trial than the study's best was exported, if one was
 
 
 def measured_topology(study: Any) -> Topology:
@@ -43,30 +46,66 @@ def measured_topology(study: Any) -> Topology:
     return Topology(request.get("nnodes", 1), request.get("gpus_per_node", 1))
 
 
+def measured_run(study: Any, adapter: Adapter, base: TrainerYaml | None) -> MeasuredRun:
+    """What the study's probes ran besides the knobs, and the model the base config names
+    compared with it (the registry's or a local checkpoint's shapes)."""
+    identity = study.user_attrs["identity"]
+    model, path = identity["model"], identity.get("model_path")
+    spec = REGISTRY.get(model)
+    model_id = path if path else (spec.hf_id if spec is not None and not spec.tiny else None)
+    named = dotted_get(base[0], adapter.model_key) if base and adapter.model_key else None
+    same = None
+    if named is not None:
+        ours, theirs = architecture_of(path or model), architecture_of(str(named))
+        same = None if ours is None or theirs is None else ours == theirs
+    return MeasuredRun(measured_topology(study), model, model_id, named, same,
+                       command=identity.get("probe") == "command")
+
+
 def export_best(study: Any, adapter: Adapter, base: TrainerYaml | None,
                 topology: Topology | None = None, force: bool = False) -> TrainerExport:
     """The study's best config for `adapter`, merged into `base` (the user's trainer YAML),
     checked for `topology` (default: the base config's, else the study's). A knob the study
-    held fixed at another value than the base config's is refused unless `force`.
+    held fixed at another value than the base config's, or another topology, model or engine
+    than the study's, is refused unless `force`. Where the best breaks a rule of the trainer
+    (TRL has no offload keys), the best trial the trainer can run is exported, and the
+    header says so.
 
     Raises:
-        ConfigError: no feasible config yet, a rule of the trainer broken, or a conflict.
+        ConfigError: no feasible config yet, a rule broken by every trial, or a conflict.
     """
-    best = best_trial(study)
-    if best is None:
+    confirmed = study.user_attrs.get("confirmations") or {}
+    trials = [t for t in ranked_feasible(study)
+              if confirmed.get(str(t.number), {}).get("feasible", True)]
+    if not trials:
         raise ConfigError(f"study {study.study_name}: no feasible config to export yet")
-    document = best_document(study, best)
     if base is not None:  # a fresh tree: rendering may edit it
         base = load_trainer_yaml_text(base[1])
     if topology is None:
         topology = topology_for(adapter, base[0] if base else None, None, None,
                                 measured_topology(study))
-    plan = plan_export(adapter, document["config"], topology, base[0] if base else None,
-                       document["searched"], force, document.get("trainer_keys"))
-    if plan.problems:
-        raise ConfigError(plan.problems)
-    text = render_plan(plan, adapter, base, provenance_lines(document, adapter, topology))
-    return TrainerExport(adapter, topology, plan, text)
+    run = measured_run(study, adapter, base)
+    searched, refused = list(study.user_attrs["search_space"]["params"]), list[str]()
+    for trial in trials:
+        config, trainer_keys = trial_knobs(study, trial)
+        plan = plan_export(adapter, config, topology, base[0] if base else None, searched,
+                           force, trainer_keys or None, run)
+        if not plan.problems:
+            break
+        if any(not line.startswith(f"{adapter.name}: ") for line in plan.problems):
+            raise ConfigError(plan.problems)  # a conflict: the same for every trial
+        refused = refused or plan.problems
+    else:
+        raise ConfigError(refused)
+    document = best_document(study, trial)
+    provenance = provenance_lines(document, adapter, topology)
+    if trial is not trials[0]:
+        why = "; ".join(line.removeprefix(f"{adapter.name}: ") for line in refused)
+        line = (f"the study's best, trial {trials[0].number}, cannot run on {adapter.name} "
+                f"({why}): this is the best trial it can run, trial {trial.number}")
+        provenance.insert(-1, line)
+    text = render_plan(plan, adapter, base, provenance)
+    return TrainerExport(adapter, topology, plan, text, line if trial is not trials[0] else "")
 
 
 def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,

@@ -41,8 +41,10 @@ def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
     refused = refused_settings(adapter, base[0]) if base else []
     if refused:
         raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
-    if base is None:  # the trainer's defaults seed the searched knobs, and how it batches
-        start = {k: v for k, v in start.items() if k in space.params or k == "dynamic_batching"}
+    if base is None:  # the trainer's defaults seed the searched knobs, how it batches and
+        # whether (and where) it holds a reference model
+        start = {k: v for k, v in start.items()
+                 if k in space.params or k in ("dynamic_batching", "use_kl", "offload_ref_params")}
     notes = []
     if start.get("dynamic_batching") and "max_token_len_update" in adapter.keys:
         # the run batches by tokens: search the budgets the trainer takes (verl), in whole

@@ -36,6 +36,23 @@ class Setting:
     # `value`), not a setting to flip with a note
 
 
+Getter = Callable[[str, Any], Any]  # a dotted key of the trainer's config, and its default
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Knobs a trainer holds in several keys at once, or in keys of its own arithmetic (TRL's
+    per-process batches, whether a reference model is built): `write` gives every key for the
+    knobs' values, `read` the knobs back from a config. Where a base config already reads back
+    as the knobs' values, nothing is written (the user's own spelling is kept)."""
+
+    knobs: tuple[str, ...]
+    write: Callable[[dict[str, Any], Topology], dict[str, Any]]
+    read: Callable[[Getter, Topology], dict[str, Any]]
+    keys: tuple[str, ...]  # the config keys `read` reads: a base config that sets one states
+    # the knobs (compared with a study's held-fixed values)
+
+
 @dataclass(frozen=True)
 class Adapter:
     """A trainer: where each knob goes (first key is where it is read back from), the
@@ -47,9 +64,8 @@ class Adapter:
     companions: dict[str, Any]
     rules: Callable[[dict[str, Any], Topology, Callable[[str, Any], Any]], list[str]]
     launch: str  # the launch line: {path} the exported file, {overrides}, {world}
-    # keys computed from several knobs and the topology, and their inverse for reading back
-    derive: Callable[[dict[str, Any], Topology], dict[str, Any]] | None = None
-    underive: Callable[[Callable[[str, Any], Any], Topology], dict[str, Any]] | None = None
+    # knobs written through several keys, or keys computed with the topology (TRL's batches)
+    derived: tuple[Derived, ...] = ()
     # the knobs the trainer's own default or example config sets: the sweep's starting point
     defaults: dict[str, Any] | None = None
     # one GPU's share of the batches, computed as the trainer's own code normalises them
@@ -60,28 +76,57 @@ class Adapter:
     short_run: Callable[[int, bool, str], dict[str, Any]] | None = None  # (steps, validate,
     # the trial's directory, where its output goes)
     steps_per_rollout: Callable[[dict[str, Any]], int] | None = None
-    derived_knobs: tuple[str, ...] = ()  # knobs written through `derive`, not `keys`
     settings: tuple[Setting, ...] = ()
     # the tree an export without a base config starts from, and how that file is used
     skeleton: dict[str, Any] | None = None
     skeleton_note: str = ""
+    model_key: str | None = None  # where the config names the model it trains
+    # what the trainer runs as measured but its config cannot say (no key): header lines
+    unheld: Callable[[dict[str, Any]], list[str]] | None = None
+    engines: tuple[str, ...] = ("vllm-like",)  # the probe engines that stand for its rollout
 
-    def tuned_values(self, knobs: dict[str, Any], topology: Topology) -> dict[str, Any]:
-        """Every dotted key this export writes, with its value."""
+    @property
+    def derived_knobs(self) -> tuple[str, ...]:
+        return tuple(knob for part in self.derived for knob in part.knobs)
+
+    def derived_values(self, knobs: dict[str, Any], topology: Topology,
+                       get: Getter | None = None) -> dict[str, Any]:
+        """The keys of every derived part whose knobs are all given; with `get` (the user's
+        config), none of a part that already reads back as the knobs' values."""
+        values: dict[str, Any] = {}
+        for part in self.derived:
+            if any(knobs.get(knob) is None for knob in part.knobs):
+                continue
+            if get is not None and part.read(get, topology) == {
+                    knob: knobs[knob] for knob in part.knobs}:
+                continue
+            values.update(part.write(knobs, topology))
+        return values
+
+    def tuned_values(self, knobs: dict[str, Any], topology: Topology,
+                     get: Getter | None = None) -> dict[str, Any]:
+        """Every dotted key this export writes, with its value (`get`: the user's config)."""
         values = {}
         for knob, keys in self.keys.items():
             if knobs.get(knob) is None:
                 continue
             for key in keys:
                 values[key] = knobs[knob]
-        derived = self.derive(knobs, topology) if self.derive else {}
-        return {**values, **derived, **self.companions}
+        written = None
+        if get is not None:  # the user's config as it will be, the tuned keys written
+            base = get
 
-    def read_knobs(self, get: Callable[[str, Any], Any], topology: Topology) -> dict[str, Any]:
+            def written(key: str, default: Any) -> Any:
+                return values[key] if key in values else base(key, default)
+        return {**values, **self.derived_values(knobs, topology, written), **self.companions}
+
+    def read_knobs(self, get: Getter, topology: Topology) -> dict[str, Any]:
         """The canonical knobs a trainer config holds (for the round trip)."""
         knobs = {knob: get(keys[0], None) for knob, keys in self.keys.items()
                  if get(keys[0], None) is not None}
-        return {**knobs, **(self.underive(get, topology) if self.underive else {})}
+        for part in self.derived:
+            knobs.update(part.read(get, topology))
+        return knobs
 
     def check(self, knobs: dict[str, Any], topology: Topology,
               get: Callable[[str, Any], Any] = lambda key, default: default) -> list[str]:

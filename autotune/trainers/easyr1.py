@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import Topology
-from autotune.trainers.adapter import Adapter, Setting
+from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
 def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -88,6 +88,28 @@ def _easyr1_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
             "responses_per_minibatch": k["global_batch_size"] * n // world}
 
 
+REF_OFFLOAD = "worker.ref.offload.offload_params"
+REF_CPU_OFFLOAD = "worker.ref.fsdp.enable_cpu_offload"
+
+
+def _easyr1_ref_offload(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    on = k["offload_ref_params"]
+    return {REF_OFFLOAD: True} if on else {REF_OFFLOAD: False, REF_CPU_OFFLOAD: False}
+
+
+def _easyr1_unheld(k: dict[str, Any]) -> list[str]:
+    """What EasyR1's config has no key for: vLLM's max_num_seqs, and its sleep level (1)."""
+    if k.get("rollout_engine") != "vllm-like":
+        return []
+    lines = [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "
+             f"{k.get('max_num_seqs', 256)}); vLLM's own default applies, inside the same "
+             "gpu_memory_utilization"]
+    if k.get("sleep_level") not in (None, 1):
+        lines.append(f"rollout: the study's engine slept at level {k['sleep_level']}; EasyR1 "
+                     "sleeps at level 1 (weights kept in host memory)")
+    return lines
+
+
 def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
     """verl/trainer/config.py TrainerConfig of EasyR1: stop after `steps` steps, validate
     only before training when asked, log to the console, keep checkpoints out of the way."""
@@ -122,14 +144,30 @@ EASYR1 = Adapter(
     companions={},
     rules=_easyr1_rules,
     launch="python3 -m verl.trainer.main config={path}",  # EasyR1's OmegaConf entry point
+    derived=(
+        # ray_trainer.py: a reference model unless algorithm.disable_kl (false by default)
+        Derived(("use_kl",), lambda k, topo: {"algorithm.disable_kl": not k["use_kl"]},
+                lambda get, topo: {"use_kl": not get("algorithm.disable_kl", False)},
+                ("algorithm.disable_kl",)),
+        # the reference's params are off the GPU with its offload, or with FSDP's CPU offload
+        # (fsdp_workers.py: CPUOffload(offload_params=True)), as examples/config.yaml has it
+        Derived(("offload_ref_params",), _easyr1_ref_offload, lambda get, topo: {
+            "offload_ref_params": bool(get(REF_OFFLOAD, False) or get(REF_CPU_OFFLOAD, False))},
+            (REF_OFFLOAD, REF_CPU_OFFLOAD)),),
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
-              "offload_optimizer": True, "dynamic_batching": True},  # its default too
+              "offload_optimizer": True, "dynamic_batching": True,  # its default too
+              "use_kl": True, "offload_ref_params": True},
     share=_easyr1_share,
     short_run=_easyr1_short_run,
     settings=(
         Setting("algorithm.adv_estimator", "grpo",
                 "gae trains a critic model beside the actor, which the probe (GRPO, no "
                 "critic) never held", ok=lambda value: value != "gae", default_ok=True,
-                refuse=True),),
+                refuse=True),
+        Setting("worker.actor.ulysses_size", 1, "sequence parallelism (Ulysses) splits each "
+                "sequence over GPUs, which no probe ran", ok=lambda value: value == 1,
+                default_ok=True, refuse=True)),
+    model_key="worker.actor.model.model_path",
+    unheld=_easyr1_unheld,
 )

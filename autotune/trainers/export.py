@@ -154,6 +154,9 @@ def render_plan(plan: ExportPlan, adapter: Adapter, base: TrainerYaml | None,
     lines = list(provenance)
     tail = [lines.pop()] if lines and not lines[-1] else []
     lines += [plan.batching] if plan.batching else []
+    lines += plan.run
+    lines += ["UNMEASURED (exported with --force; not the run the study measured):",
+              *(f"  {line}" for line in plan.unmeasured)] if plan.unmeasured else []
     if base is not None:
         lines += ["changed from your base config (every other key is as you wrote it):",
                   *plan.changes] if plan.changes else ["nothing changed from your base config"]

@@ -20,6 +20,7 @@ from typing import Any
 from autotune.batching import BATCHED_PHASES, BUDGET_KNOB, with_token_budgets
 from autotune.config import Topology
 from autotune.trainers.adapter import Adapter, Setting
+from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
 MISSING = object()
 # knobs only the vllm-like engine reads: the hf engine's probe never measured them
@@ -58,13 +59,20 @@ class ExportPlan:
     changes: list[str] = field(default_factory=list)  # the header's account of the edit
     notes: list[str] = field(default_factory=list)  # settings flipped, for the terminal
     batching: str = ""  # how the file makes the trainer cut micro-batches, and why
+    run: list[str] = field(default_factory=list)  # the header's account of the model, and
+    # of what the trainer runs as measured but cannot be told in its config
+    unmeasured: list[str] = field(default_factory=list)  # what --force exported unlike the
+    # measured run: the header says so
 
 
 def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
     reserves (a study probed with the hf engine never ran them); a study recorded before
-    dynamic batching was a knob ran fixed micro-batches."""
+    dynamic batching was a knob ran fixed micro-batches; a reference whose offload was not
+    set waited where the actor's params did."""
     measured = {"dynamic_batching": False, **knobs}
+    if measured.get("offload_ref_params") is None and "offload_params" in measured:
+        measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
     if knobs.get("rollout_engine") != "hf":
         return measured
     return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}
@@ -72,26 +80,47 @@ def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
 
 def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
                 searched: Collection[str] | None = None, force: bool = False,
-                extra: dict[str, Any] | None = None) -> ExportPlan:
+                extra: dict[str, Any] | None = None,
+                run: MeasuredRun | None = None) -> ExportPlan:
     """The plan of writing `knobs` for `topology` into `tree` (the user's config, or None).
     `searched`: the knobs the study searched (None: every knob is the caller's to set, as for
-    a trial's config, and nothing the study held fixed is compared with the base)."""
+    a trial's config, and nothing the study held fixed is compared with the base). `run`: what
+    the study measured besides its knobs (topology, model, engine); another is a conflict."""
+    if searched is not None and knobs.get("offload_ref_params") is None \
+            and "offload_params" in searched:  # the reference followed the searched offload
+        searched = {*searched, "offload_ref_params"}
     knobs = with_token_budgets(measured_knobs(knobs))
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
+    plan.run = adapter.unheld(knobs) if adapter.unheld else []
+    if run is not None:
+        for difference in differences(adapter, run, knobs, topology):
+            if force:
+                plan.unmeasured.append(difference.unmeasured)
+            else:
+                plan.problems.append(difference.conflict)
+        model_values, model_text = model_lines(adapter, run, tree is not None)
+        plan.run = model_text + plan.run
+        extra = {**model_values, **(extra or {})}
 
     def get(key: str, default: Any) -> Any:
         return resolved_get(base, key, default)
 
-    plan.problems = adapter.check(knobs, topology, get)
+    plan.problems += adapter.check(knobs, topology, get)
     why: dict[str, str] = {}
-    for key, value in adapter.tuned_values(knobs, topology).items():
+    for key, value in adapter.tuned_values(knobs, topology,
+                                           get if tree is not None else None).items():
         if value is None and dotted_get(base, key, MISSING) is MISSING:
             continue  # a companion that only clears a key the user's file does not have
         plan.values[key] = value
     for knob in knobs:
         for key in adapter.keys.get(knob, ()):
             why[key] = "searched" if searched is None or knob in searched else "held fixed"
+    for part in adapter.derived:
+        if all(knobs.get(knob) is not None for knob in part.knobs):
+            tuned = searched is None or any(knob in searched for knob in part.knobs)
+            why.update({key: "searched" if tuned else "held fixed"
+                        for key in part.write(knobs, topology)})
     if searched is not None and tree is not None:
         plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
     for setting in adapter.settings:
@@ -219,13 +248,11 @@ def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
         have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
         if have is not MISSING and have is not None:
             stated[knob] = (keys[0], have)
-    if adapter.derive and adapter.underive:  # TRL: whole-run batches from per-process keys
-        written = adapter.derive(knobs, topology)
-        if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in written):
-            read = adapter.underive(get, topology)
-            where = " and ".join(written)
+    for part in adapter.derived:  # knobs the config holds in several keys (TRL's batches)
+        if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in part.keys):
+            read, where = part.read(get, topology), " and ".join(part.keys)
             stated.update({knob: (f"{knob} (from {where})", read[knob])
-                           for knob in adapter.derived_knobs})
+                           for knob in part.knobs})
     lines = []
     for knob, (where, have) in stated.items():
         value = knobs.get(knob)

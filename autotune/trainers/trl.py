@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import Topology
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, Derived, Getter
 
 
 def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -44,38 +44,72 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
         problems.append("dynamic_batching=true: TRL's GRPOConfig has no token budgets (its "
                         "micro-batch is per_device_train_batch_size completions); sweep with "
                         "dynamic_batching=false for TRL")
-    for knob in ("offload_params", "offload_optimizer"):
-        if k.get(knob):
-            problems.append(f"{knob}=true has no GRPOConfig key: set it in your accelerate "
-                            "DeepSpeed/FSDP config, or sweep with offload off for TRL")
-    if (k.get("rollout_tensor_parallel") or 1) > 1:
+    for knob in ("offload_params", "offload_optimizer", "offload_ref_params"):
+        if k.get(knob) and not (knob == "offload_ref_params" and k.get("offload_params")):
+            problems.append(f"{knob}=true has no GRPOConfig key (offload is your accelerate "
+                            f"DeepSpeed/FSDP config's): re-run the sweep with --set {knob}="
+                            "false to hold it off for TRL")
+    if (k.get("rollout_tensor_parallel") or 1) > 1 and k.get("rollout_engine") != "vllm-like":
         problems.append(f"rollout_tensor_parallel={k['rollout_tensor_parallel']}: TRL generates "
                         "with the trained model on each process here (no engine to split); "
                         "sweep with rollout_tensor_parallel=1 for TRL")
     return problems
 
 
-def _trl_derive(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _trl_batches(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """The whole-run batches as GRPOConfig's per-process keys; the generation batch set
+    directly, so steps_per_generation (exclusive with it) is cleared."""
     per_step = k["micro_batch_size_update"] * topo.world_size
     return {"gradient_accumulation_steps": k["global_batch_size"] * k["rollout_n"] // per_step,
-            "generation_batch_size": k["rollout_batch_size"] * k["rollout_n"]}
+            "generation_batch_size": k["rollout_batch_size"] * k["rollout_n"],
+            "steps_per_generation": None}
 
 
 def _trl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
     """GRPOTrainer: each process generates generation_batch_size / processes completions and
     steps the optimizer every per_device_train_batch_size x gradient_accumulation_steps."""
-    derived = _trl_derive(k, topo)
+    derived = _trl_batches(k, topo)
     return {"responses_per_step": derived["generation_batch_size"] // topo.world_size,
             "responses_per_minibatch": k["micro_batch_size_update"]
             * derived["gradient_accumulation_steps"]}
 
 
-def _trl_underive(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, Any]:
+def _trl_read_batches(get: Getter, topo: Topology) -> dict[str, Any]:
+    """GRPOConfig.__post_init__: the generation batch is generation_batch_size, else
+    per_device_train_batch_size x processes x steps_per_generation (which defaults to
+    gradient_accumulation_steps)."""
     n, mbu = get("num_generations", 8), get("per_device_train_batch_size", 8)
     accumulation = get("gradient_accumulation_steps", 1)
-    generation = get("generation_batch_size", None) or mbu * topo.world_size * accumulation
+    steps = get("steps_per_generation", None) or accumulation
+    generation = get("generation_batch_size", None) or mbu * topo.world_size * steps
     return {"global_batch_size": mbu * topo.world_size * accumulation // n,
             "rollout_batch_size": generation // n}
+
+
+def _trl_engine(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """vllm-like stands for TRL's colocated vLLM (vllm_mode colocate: the engine on the
+    training GPUs, split over vllm_tensor_parallel_size); hf for generation by the trained
+    model (TRL's default)."""
+    if k["rollout_engine"] == "hf":
+        return {"use_vllm": False}
+    return {"use_vllm": True, "vllm_mode": "colocate",
+            "vllm_tensor_parallel_size": k["rollout_tensor_parallel"]}
+
+
+def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
+    if not get("use_vllm", False):
+        return {"rollout_engine": "hf", "rollout_tensor_parallel": 1}
+    mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own, not probed
+    return {"rollout_engine": "vllm-like" if mode == "colocate" else f"vllm {mode} mode",
+            "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1)}
+
+
+def _trl_unheld(k: dict[str, Any]) -> list[str]:
+    reference = ["reference model: held by the probe; GRPOTrainer builds one when beta != 0 "
+                 "(0.04, its default before TRL 0.19, is written where your config has none)"]
+    prompts = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
+               f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
+    return (reference if k.get("use_kl") else []) + prompts
 
 
 def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
@@ -93,17 +127,31 @@ TRL = Adapter(
     keys={"micro_batch_size_update": ("per_device_train_batch_size",),
           "rollout_n": ("num_generations",),
           "gradient_checkpointing": ("gradient_checkpointing",),
-          "max_response_length": ("max_completion_length",)},
+          "max_response_length": ("max_completion_length",),
+          # the colocated vLLM (vllm-like studies only: measured_knobs drops them for hf)
+          "gpu_memory_utilization": ("vllm_gpu_memory_utilization",),
+          "enable_sleep": ("vllm_enable_sleep_mode",)},
     topology_keys=None,  # the process count comes from `accelerate launch`
-    companions={"steps_per_generation": None},  # set through generation_batch_size instead
+    companions={},
     rules=_trl_rules,
     launch="accelerate launch --num_processes {world} your_grpo_script.py --config {path}",
-    derive=_trl_derive,
-    underive=_trl_underive,
-    defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True},  # GRPOConfig
+    derived=(
+        Derived(("global_batch_size", "rollout_batch_size"), _trl_batches, _trl_read_batches,
+                ("generation_batch_size", "steps_per_generation",
+                 "gradient_accumulation_steps")),
+        # GRPOTrainer builds a reference model when beta != 0 (0.0 by default since TRL
+        # 0.19); 0.04 was its default before
+        Derived(("use_kl",), lambda k, topo: {"beta": 0.04 if k["use_kl"] else 0.0},
+                lambda get, topo: {"use_kl": get("beta", 0.0) != 0}, ("beta",)),
+        Derived(("rollout_engine", "rollout_tensor_parallel"), _trl_engine, _trl_read_engine,
+                ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size")),
+    ),
+    defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True,  # GRPOConfig
+              "use_kl": False, "rollout_engine": "hf", "rollout_tensor_parallel": 1},
     share=_trl_share,
     short_run=_trl_short_run,
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
     steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
-    derived_knobs=("global_batch_size", "rollout_batch_size"),
+    engines=("hf", "vllm-like"),
+    unheld=_trl_unheld,
 )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import Topology
-from autotune.trainers.adapter import Adapter, Setting
+from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
 def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -58,6 +58,24 @@ def _verl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
             "responses_per_minibatch": k["global_batch_size"] * n // world}
 
 
+KL_LOSS, KL_REWARD = "actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"
+
+
+def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """A reference model as the probe held it: the KL loss turns it on (GRPO's way); off,
+    both switches off."""
+    return {KL_LOSS: True} if k["use_kl"] else {KL_LOSS: False, KL_REWARD: False}
+
+
+def _verl_unheld(k: dict[str, Any]) -> list[str]:
+    """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change."""
+    level = k.get("sleep_level")
+    if k.get("rollout_engine") != "vllm-like" or level in (None, 2):
+        return []
+    return [f"rollout: the study's engine slept at level {level}; verl's vLLM (>= 0.8.5) sleeps "
+            "at level 2 (weights dropped, not kept in host memory)"]
+
+
 def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
     """verl/trainer/config/ppo_trainer.yaml's trainer section: stop after `steps` steps,
     validate only before training when asked, log to the console, never resume or save."""
@@ -88,12 +106,14 @@ VERL = Adapter(
                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
           "gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing",),
           "offload_params": ("actor_rollout_ref.actor.fsdp_config.param_offload",),
+          "offload_ref_params": ("actor_rollout_ref.ref.fsdp_config.param_offload",),
           "offload_optimizer": ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",),
           "max_prompt_length": ("data.max_prompt_length",),
           "max_response_length": ("data.max_response_length",),
           "rollout_tensor_parallel": ("actor_rollout_ref.rollout.tensor_model_parallel_size",),
           "gpu_memory_utilization": ("actor_rollout_ref.rollout.gpu_memory_utilization",),
           "max_num_batched_tokens": ("actor_rollout_ref.rollout.max_num_batched_tokens",),
+          "max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs",),
           "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # the per-GPU micro-batches must not be set together with the deprecated global ones
@@ -102,9 +122,14 @@ VERL = Adapter(
                 "actor_rollout_ref.ref.log_prob_micro_batch_size": None},
     rules=_verl_rules,
     launch="python3 -m verl.trainer.main_ppo --config-path {folder} --config-name {name}",
+    derived=(
+        # verl/trainer/ppo/utils.py need_reference_policy: a reference model is built when
+        # the actor's KL loss or the reward's KL penalty is on (both off by default)
+        Derived(("use_kl",), _verl_reference, lambda get, topo: {"use_kl": bool(
+            get(KL_LOSS, False) or get(KL_REWARD, False))}, (KL_LOSS, KL_REWARD)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
-              "offload_optimizer": False, "dynamic_batching": False},
+              "offload_optimizer": False, "dynamic_batching": False, "use_kl": False},
     share=_verl_share,
     short_run=_verl_short_run,
     settings=(
@@ -116,6 +141,11 @@ VERL = Adapter(
                 default_ok=False, refuse=True),
         Setting("critic.enable", False, "the probe (GRPO) held no critic model",
                 ok=lambda value: value is not True, default_ok=True, refuse=True),
+        *(Setting(key, 1, "sequence parallelism (Ulysses) splits each sequence over GPUs, "
+                  "which no probe ran", ok=lambda value: value == 1, default_ok=True,
+                  refuse=True)
+          for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                      "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size")),
         # ppo_trainer.yaml leaves the engine mandatory (???): a file composed on it must name one
         Setting("actor_rollout_ref.rollout.name", "vllm",
                 "verl's ppo_trainer.yaml leaves the rollout engine to set (???); vllm is what "
@@ -127,4 +157,6 @@ VERL = Adapter(
     skeleton_note="composed on verl's own ppo_trainer.yaml through the defaults list below: "
                   "launch with --config-path <this file's folder> --config-name <its name "
                   "without .yaml> (a whole config, not a list of overrides)",
+    model_key="actor_rollout_ref.model.path",
+    unheld=_verl_unheld,
 )

@@ -1,0 +1,260 @@
+"""The export is the run that was measured (issue 30): another topology, model, rollout engine,
+reference-model setting or sequence-parallel size than the study's is a conflict, or with
+--force a line under UNMEASURED in the file's header; the reference model and its offload are
+written as probed; TRL's generation-batch arithmetic is followed. Bases are the trainers' real
+default configs (tests/fixtures) or small files written here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.config import Topology
+from autotune.errors import ConfigError
+from autotune.registry import architecture_of
+from autotune.trainers.easyr1 import EASYR1
+from autotune.trainers.export import load_trainer_yaml, render_plan
+from autotune.trainers.measured import MeasuredRun
+from autotune.trainers.plan import plan_export
+from autotune.trainers.trl import TRL
+from autotune.trainers.verl import VERL
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+KNOBS = {"rollout_batch_size": 8, "rollout_n": 4, "global_batch_size": 4,
+         "micro_batch_size_update": 2, "micro_batch_size_experience": 4,
+         "gradient_checkpointing": True, "offload_params": False, "offload_optimizer": False,
+         "max_prompt_length": 64, "max_response_length": 64, "rollout_tensor_parallel": 1,
+         "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.5, "enable_sleep": True,
+         "max_num_batched_tokens": 8192, "max_num_seqs": 256, "sleep_level": 1,
+         "use_kl": True, "offload_ref_params": None, "val_batch_size": None}
+SEARCHED = ("micro_batch_size_update", "micro_batch_size_experience", "offload_params")
+RUN = MeasuredRun(Topology(1, 8), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct")
+
+
+def written(text: str) -> dict:
+    return yaml.safe_load(text) or {}
+
+
+def base_file(tmp_path: Path, text: str, name: str = "base.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return load_trainer_yaml(str(path))
+
+
+def test_another_topology_is_refused_and_forced_it_is_said_unmeasured():
+    for adapter in (VERL, EASYR1, TRL):
+        plan = plan_export(adapter, KNOBS, Topology(1, 1), None, SEARCHED, run=RUN)
+        assert plan.problems[0].startswith(
+            "topology: the study measured 1 node(s) x 8 GPU(s) but the export is for 1 x 1"), \
+            adapter.name
+        assert "--nnodes 1 --gpus-per-node 1" in plan.problems[0]
+        forced = plan_export(adapter, KNOBS, Topology(1, 1), None, SEARCHED, force=True,
+                             run=RUN)
+        text = render_plan(forced, adapter, None, ["p", ""])
+        assert "# UNMEASURED (exported with --force; not the run the study measured):\n" \
+               "#   topology 1 x 1: the study measured 1 x 8" in text
+        same = plan_export(adapter, KNOBS, Topology(1, 8), None, SEARCHED, run=RUN)
+        assert not any(line.startswith("topology") for line in same.problems)
+
+
+def test_the_reference_model_and_its_offload_are_exported_as_probed(tmp_path):
+    knobs = {**KNOBS, "offload_params": True}  # the reference followed the actor to the host
+    verl = written(render_plan(plan_export(VERL, knobs, Topology(1, 8), None, SEARCHED,
+                                           run=RUN), VERL, None, ["p", ""]))
+    actor_ref = verl["actor_rollout_ref"]
+    assert actor_ref["actor"]["use_kl_loss"] is True  # verl builds no reference otherwise
+    assert actor_ref["ref"]["fsdp_config"]["param_offload"] is True
+    easy = written(render_plan(plan_export(EASYR1, knobs, Topology(1, 8), None, SEARCHED,
+                                           run=RUN), EASYR1, None, ["p", ""]))
+    assert easy["worker"]["ref"]["offload"]["offload_params"] is True
+    assert easy["algorithm"]["disable_kl"] is False
+    trl = written(render_plan(plan_export(TRL, {**KNOBS, "rollout_engine": "hf"},
+                                          Topology(1, 8), None, SEARCHED, run=RUN),
+                              TRL, None, ["p", ""]))
+    assert trl["beta"] == 0.04  # TRL's default 0.0 builds no reference model
+    no_ref = plan_export(VERL, {**KNOBS, "use_kl": False}, Topology(1, 8), None, SEARCHED)
+    assert no_ref.values["actor_rollout_ref.actor.use_kl_loss"] is False
+    assert no_ref.values["algorithm.use_kl_in_reward"] is False
+    # a base without KL (verl's default) while the study held a reference: a conflict
+    base = base_file(tmp_path, "actor_rollout_ref:\n  actor:\n    use_kl_loss: false\n")
+    plan = plan_export(VERL, knobs, Topology(1, 8), base[0], SEARCHED)
+    assert any(line.startswith("use_kl (from actor_rollout_ref.actor.use_kl_loss and "
+                               "algorithm.use_kl_in_reward) is false in your base config but "
+                               "the study measured true") for line in plan.problems)
+    # EasyR1's example keeps the reference on the host through FSDP's CPU offload: a study
+    # that did the same writes nothing there, one that did not turns both off, and says so
+    easy_base = load_trainer_yaml(str(FIXTURES / "easyr1-config.yaml"))
+    plan = plan_export(EASYR1, knobs, Topology(1, 8), easy_base[0], None)
+    assert not any(key.startswith("worker.ref.") for key in plan.values)
+    plan = plan_export(EASYR1, {**knobs, "offload_params": False}, Topology(1, 8),
+                       easy_base[0], None)
+    assert plan.values["worker.ref.fsdp.enable_cpu_offload"] is False
+    assert "  worker.ref.fsdp.enable_cpu_offload: true -> false (searched)" in plan.changes
+
+
+def test_the_engine_is_the_one_probed():
+    hf = {**KNOBS, "rollout_engine": "hf"}
+    for adapter in (VERL, EASYR1):
+        plan = plan_export(adapter, hf, Topology(1, 8), None, SEARCHED, run=RUN)
+        assert plan.problems == [
+            f"rollout engine: the study probed the hf engine, but {adapter.name} generates "
+            "with vLLM, which the vllm-like engine stands for: re-run the sweep for that run "
+            "with --engine vllm-like (on a CPU with --gpu-memory-limit), or pass --force to "
+            "export it anyway (the file's header then says it is unmeasured)"]
+        forced = plan_export(adapter, hf, Topology(1, 8), None, SEARCHED, force=True, run=RUN)
+        assert forced.unmeasured == [f"rollout engine: the study probed the hf engine; "
+                                     f"{adapter.name}'s vLLM reserves its own "
+                                     "gpu_memory_utilization, which no probe measured"]
+        # a vllm-like study writes its reservation, whatever the base says
+        plan = plan_export(adapter, KNOBS, Topology(1, 8), None, SEARCHED, run=RUN)
+        assert 0.5 in [value for key, value in plan.values.items()
+                       if key.endswith("gpu_memory_utilization")]
+    # TRL: the hf engine is its default generation; vllm-like is its colocated vLLM
+    assert plan_export(TRL, hf, Topology(1, 8), None, SEARCHED, run=RUN).values["use_vllm"] \
+        is False
+    trl = plan_export(TRL, {**KNOBS, "rollout_tensor_parallel": 2}, Topology(1, 8), None,
+                      SEARCHED, run=RUN)
+    assert trl.problems == []
+    assert {key: trl.values[key] for key in ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size",
+                                             "vllm_gpu_memory_utilization",
+                                             "vllm_enable_sleep_mode")} == {
+        "use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2,
+        "vllm_gpu_memory_utilization": 0.5, "vllm_enable_sleep_mode": True}
+
+
+def test_another_model_in_the_base_is_a_conflict(tmp_path):
+    # the registry knows a model by its name and by its Hugging Face ids, base or instruct
+    assert architecture_of("Qwen/Qwen2.5-7B") == architecture_of("qwen2.5-7b") \
+        == architecture_of("Qwen/Qwen2.5-7B-Instruct")
+    assert architecture_of("Qwen/Qwen2.5-3B-Instruct") != architecture_of("qwen2.5-7b")
+    assert architecture_of("meta-llama/Llama-3.1-8B") is None  # not known here
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    local.joinpath("config.json").write_text(json.dumps(
+        {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064}))
+    assert architecture_of(str(local)) == architecture_of("qwen2.5-7b")
+    base = load_trainer_yaml(str(FIXTURES / "easyr1-config.yaml"))
+    for named, same, verdict in (("Qwen/Qwen2.5-7B-Instruct", True, None),
+                                 ("Qwen/Qwen2.5-3B-Instruct", False, "is another model"),
+                                 ("org/unknown-7b", None, "a model autotune cannot compare")):
+        run = MeasuredRun(Topology(1, 8), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", named,
+                          same)
+        plan = plan_export(EASYR1, {**KNOBS, "rollout_batch_size": 512, "rollout_n": 5,
+                                    "global_batch_size": 128, "max_prompt_length": 2048,
+                                    "max_response_length": 2048, "rollout_tensor_parallel": 2},
+                           Topology(1, 8), base[0], None, run=run)
+        model_lines = [line for line in plan.problems if line.startswith("worker.actor.model")]
+        if verdict is None:
+            assert model_lines == []
+        else:
+            assert len(model_lines) == 1 and verdict in model_lines[0]
+            assert "but the study measured qwen2.5-7b: re-run the sweep" in model_lines[0]
+    # without a base, the file names the study's model; a tiny one has no checkpoint to name
+    plan = plan_export(VERL, KNOBS, Topology(1, 8), None, SEARCHED, run=RUN)
+    assert plan.values["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-7B-Instruct"
+    tiny = plan_export(VERL, KNOBS, Topology(1, 8), None, SEARCHED,
+                       run=MeasuredRun(Topology(1, 8), "tiny-qwen2.5", None))
+    assert "actor_rollout_ref.model.path" not in tiny.values
+    assert tiny.run[0] == ("model: the study measured tiny-qwen2.5, built with random weights: "
+                           "set actor_rollout_ref.model.path to a checkpoint of its shapes")
+
+
+def test_sequence_parallelism_is_refused_and_forced_it_is_turned_off(tmp_path):
+    easy = base_file(tmp_path, (FIXTURES / "easyr1-config.yaml").read_text()
+                     .replace("ulysses_size: 1", "ulysses_size: 2"), "easy.yaml")
+    knobs = {**KNOBS, "rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
+             "max_prompt_length": 2048, "max_response_length": 2048,
+             "rollout_tensor_parallel": 2, "dynamic_batching": True}
+    plan = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], None)
+    assert plan.problems == [
+        "worker.actor.ulysses_size is 2 in your base config: sequence parallelism (Ulysses) "
+        "splits each sequence over GPUs, which no probe ran; set worker.actor.ulysses_size: 1 "
+        "there, or pass --force to export it"]
+    forced = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], None, force=True)
+    assert forced.values["worker.actor.ulysses_size"] == 1
+    verl = base_file(tmp_path, "actor_rollout_ref:\n  actor:\n    "
+                     "ulysses_sequence_parallel_size: 2\nalgorithm:\n  adv_estimator: grpo\n",
+                     "verl.yaml")
+    plan = plan_export(VERL, KNOBS, Topology(1, 8), verl[0], None)
+    assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size is 2")
+               for line in plan.problems)
+    # and a sweep on such a base is refused before it starts: it would measure another run
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.trainer_target import trainer_target
+
+    with pytest.raises(ConfigError, match="ulysses_size is 2 in your base config"):
+        trainer_target("easyr1", str(tmp_path / "easy.yaml"), load_search_space("easyr1"),
+                       None, None)
+
+
+def test_trl_follows_its_generation_batch_arithmetic(tmp_path):
+    # steps_per_generation 4 x 8 per device x 1 process = 32 completions per generation: the
+    # study's 8 prompts x 4; the optimizer step 8 x 2 accumulation / 4 = 4 prompts
+    base = base_file(tmp_path, "num_generations: 4\nmax_completion_length: 64\n"
+                     "per_device_train_batch_size: 8\ngradient_accumulation_steps: 2\n"
+                     "steps_per_generation: 4\n")
+    knobs = {**KNOBS, "rollout_engine": "hf", "micro_batch_size_update": 8, "use_kl": False}
+    plan = plan_export(TRL, knobs, Topology(1, 1), base[0], SEARCHED)
+    assert plan.problems == []
+    assert "generation_batch_size" not in plan.values  # the base's spelling is kept
+    # another micro-batch: the accumulation follows, and steps_per_generation gives way to
+    # generation_batch_size (TRL refuses both set)
+    plan = plan_export(TRL, {**knobs, "micro_batch_size_update": 4}, Topology(1, 1), base[0],
+                       SEARCHED)
+    assert plan.problems == []
+    assert (plan.values["gradient_accumulation_steps"], plan.values["generation_batch_size"],
+            plan.values["steps_per_generation"]) == (4, 32, None)
+    # GRPOConfig has no prompt length: the header says what the data must hold
+    assert plan.run == ["prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed "
+                        "prompts of 64 tokens: keep your data set's prompts within that"]
+    # offload has no GRPOConfig key: the line names the knob to hold in a re-run
+    refused = plan_export(TRL, {**knobs, "offload_params": True}, Topology(1, 1), None,
+                          SEARCHED)
+    assert "re-run the sweep with --set offload_params=false to hold it off for TRL" \
+        in refused.problems[0]
+
+
+def test_the_demo_study_exports_for_every_trainer(tmp_path):
+    """The CPU demo's study (cpu-demo, hf engine, no reference offload key in TRL): TRL takes
+    the best trial it can run and says why the best cannot; verl and EasyR1 generate with
+    vLLM, which the hf engine did not measure: refused in one line, forced with UNMEASURED."""
+    import subprocess
+    import sys
+
+    from scripted_runner import model_study
+
+    from autotune.sweep.artifacts import ranked_feasible
+    from autotune.sweep.storage import load_study
+
+    model_study(tmp_path, "demo", trials=12)
+    ranked = ranked_feasible(load_study(str(tmp_path), "demo"))
+
+    def export(trainer, *args):
+        out = tmp_path / f"{trainer}{len(args)}.yaml"
+        done = subprocess.run([sys.executable, "-m", "autotune", "export", "--study", "demo",
+                               "--results-dir", str(tmp_path), "--trainer", trainer,
+                               "--out", str(out), *args], capture_output=True, text=True)
+        return done, out
+
+    done, out = export("trl")
+    assert done.returncode == 0, done.stderr
+    runnable = next(t for t in ranked if not t.params["offload_params"]
+                    and not t.params["offload_optimizer"])
+    text = out.read_text()
+    assert f"# study demo, trial {runnable.number}:" in text
+    assert written(text)["per_device_train_batch_size"] == \
+        runnable.params["micro_batch_size_update"]
+    if runnable is not ranked[0]:
+        assert f"# the study's best, trial {ranked[0].number}, cannot run on trl (" in text
+        assert f"this is the best trial it can run, trial {runnable.number}" in done.stdout
+    for trainer in ("verl", "easyr1"):
+        done, out = export(trainer)
+        assert done.returncode == 2 and not out.exists()
+        assert done.stderr.startswith("Error: rollout engine: the study probed the hf engine")
+        done, out = export(trainer, "--force")
+        assert done.returncode == 0, done.stderr
+        assert "# UNMEASURED (exported with --force" in out.read_text()

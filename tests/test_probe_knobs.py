@@ -35,3 +35,19 @@ def test_offload_moves_states_from_device_to_host(make_request):
     # The update phase loads everything back: it does not get cheaper (verl/EasyR1 semantics).
     assert on.phase_peak_mem_bytes["update"] > 0.8 * off.phase_peak_mem_bytes["update"]
     assert on.status is ProbeStatus.OK
+
+
+def test_the_reference_waits_where_offload_ref_params_puts_it(make_request):
+    """The reference model's params go to the host with offload_ref_params, apart from the
+    actor's; unset, the reference follows offload_params (as every study before the knob)."""
+    runner = SubprocessRunner()
+    ref_only = runner.run(make_request(offload_ref_params=True))
+    actor_only = runner.run(make_request(offload_params=True, offload_ref_params=False))
+    both = runner.run(make_request(offload_params=True))
+    assert ref_only.ok and actor_only.ok and both.ok
+    ref_bytes = 4 * ref_only.num_params  # the fp32 reference of a CPU probe
+    assert ref_only.host_offload_bytes == ref_bytes
+    assert both.host_offload_bytes == actor_only.host_offload_bytes + ref_bytes
+    # on the device, the rollout holds the reference unless it waits on the host
+    assert ref_only.phase_peak_mem_bytes["rollout"] < \
+        runner.run(make_request()).phase_peak_mem_bytes["rollout"] - 0.6 * ref_bytes

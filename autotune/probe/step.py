@@ -353,10 +353,10 @@ class TrainingProbe:
             chunks = self._micro_batches(torch.arange(total), "experience")
             self.old_log_probs = self._chunked_log_probs(self.model, chunks)
             if self.ref_model is not None:
-                if config.offload_params:
+                if config.ref_on_host:
                     self._place_module(self.ref_model, True)
                 self.ref_log_probs = self._chunked_log_probs(self.ref_model, chunks)
-                if config.offload_params:
+                if config.ref_on_host:
                     self._place_module(self.ref_model, False)
         if config.offload_params:
             self._place_module(self.model, False)

@@ -148,8 +148,8 @@ VERL = Adapter(
                       "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size")),
         # ppo_trainer.yaml leaves the engine mandatory (???): a file composed on it must name one
         Setting("actor_rollout_ref.rollout.name", "vllm",
-                "verl's ppo_trainer.yaml leaves the rollout engine to set (???); vllm is what "
-                "the probe's vllm-like engine models", ok=lambda value: value != "???",
+                "verl's ppo_trainer.yaml leaves the rollout engine to set (???); vllm is the "
+                "engine autotune's vllm-like probe stands for", ok=lambda value: value != "???",
                 default_ok=False)),
     # without the user's config, the file composes on verl's own defaults (Hydra)
     skeleton={"hydra": {"searchpath": ["pkg://verl.trainer.config"]},

@@ -81,6 +81,21 @@ def exported(adapter, knobs, topology, base_path, tmp_path, name, force=False):
     return path, plan.problems
 
 
+def grpo_config(topology: Topology, values: dict, tmp_path: Path):
+    """TRL's own GRPOConfig of an export's values, for `topology`'s processes (GRPOConfig
+    reads the count from accelerate); ValueError where TRL refuses it."""
+    from trl import GRPOConfig
+
+    class Processes(GRPOConfig):
+        @property
+        def world_size(self):
+            return topology.world_size
+
+    return Processes(**{"output_dir": str(tmp_path / "out"), "report_to": "none",
+                        "use_cpu": True, "bf16": False,
+                        **{k: v for k, v in values.items() if v is not None}})
+
+
 def trainer_verdict(trainer: str, path: Path) -> tuple[bool, str]:
     source = os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC")
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
@@ -172,15 +187,7 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
 def test_trl_grpo_config_accepts_every_export_and_rejects_every_refusal(nnodes, gpus,
                                                                         with_base, tmp_path):
     pytest.importorskip("trl")
-    from trl import GRPOConfig
-
     topology = Topology(nnodes, gpus)
-
-    class Processes(GRPOConfig):  # GRPOConfig reads the process count from accelerate
-        @property
-        def world_size(self):
-            return topology.world_size
-
     base_path = None
     if with_base:
         base_path = tmp_path / "grpo.yaml"
@@ -195,11 +202,8 @@ def test_trl_grpo_config_accepts_every_export_and_rejects_every_refusal(nnodes, 
             assert problems  # no whole gradient_accumulation_steps (GRPOConfig takes a 0)
             verdicts.append((knobs["micro_batch_size_update"], False, False))
             continue
-        values = yaml.safe_load(path.read_text())
-        values = {k: v for k, v in values.items() if v is not None}
         try:
-            Processes(**{"output_dir": str(tmp_path / "out"), "report_to": "none",
-                         "use_cpu": True, "bf16": False, **values})
+            grpo_config(topology, yaml.safe_load(path.read_text()), tmp_path)
             accepted = True
         except ValueError:
             accepted = False
@@ -317,15 +321,7 @@ def test_trl_runs_every_per_gpu_quantity_the_probe_ran(nnodes, gpus, with_base, 
     """The same round trip through TRL's own GRPOConfig (its __post_init__ does the batch
     arithmetic): per-process batches, generations, lengths, reference model, engine."""
     pytest.importorskip("trl")
-    from trl import GRPOConfig
-
     topology = Topology(nnodes, gpus)
-
-    class Processes(GRPOConfig):  # GRPOConfig reads the process count from accelerate
-        @property
-        def world_size(self):
-            return topology.world_size
-
     base = None
     if with_base:  # TRL's batches spelled with steps_per_generation, no reference model
         path = tmp_path / "grpo.yaml"
@@ -341,10 +337,13 @@ def test_trl_runs_every_per_gpu_quantity_the_probe_ran(nnodes, gpus, with_base, 
     plan = plan_export(TRL, knobs, topology, base[0] if base else None, searched=SEARCHED)
     assert plan.problems == []
     values = yaml.safe_load(render_plan(plan, TRL, base, ["round trip", ""]))
-    config = Processes(**{"output_dir": str(tmp_path / "out"), "report_to": "none",
-                          "use_cpu": True, "bf16": False,
-                          **{k: v for k, v in values.items() if v is not None}})
-    world = topology.world_size
+    ran = trl_quantities(grpo_config(topology, values, tmp_path), topology.world_size)
+    expected = probed(knobs, topology)
+    assert {key: (ran[key], expected[key]) for key in ran if ran[key] != expected[key]} == {}
+
+
+def trl_quantities(config, world: int) -> dict:
+    """Every per-process quantity GRPOTrainer will run, from its normalised GRPOConfig."""
     ran = {"micro_batch_size_update": config.per_device_train_batch_size,
            "responses_per_minibatch": config.per_device_train_batch_size
            * config.gradient_accumulation_steps,
@@ -358,5 +357,4 @@ def test_trl_runs_every_per_gpu_quantity_the_probe_ran(nnodes, gpus, with_base, 
         ran.update(gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                    enable_sleep=config.vllm_enable_sleep_mode,
                    rollout_tensor_parallel=config.vllm_tensor_parallel_size)
-    expected = probed(knobs, topology)
-    assert {key: (ran[key], expected[key]) for key in ran if ran[key] != expected[key]} == {}
+    return ran

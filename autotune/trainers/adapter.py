@@ -62,7 +62,7 @@ class Adapter:
     keys: dict[str, tuple[str, ...]]
     topology_keys: tuple[str, str] | None  # (nnodes, gpus per node) where the config has them
     companions: dict[str, Any]
-    rules: Callable[[dict[str, Any], Topology, Callable[[str, Any], Any]], list[str]]
+    rules: Callable[[dict[str, Any], Topology, Getter], list[str]]
     launch: str  # the launch line: {path} the exported file, {overrides}, {world}
     # knobs written through several keys, or keys computed with the topology (TRL's batches)
     derived: tuple[Derived, ...] = ()
@@ -129,7 +129,7 @@ class Adapter:
         return knobs
 
     def check(self, knobs: dict[str, Any], topology: Topology,
-              get: Callable[[str, Any], Any] = lambda key, default: default) -> list[str]:
+              get: Getter = lambda key, default: default) -> list[str]:
         """Every rule of this trainer the knobs break, one line each naming rule and values.
         A setting the rules read from the user's config must be a plain value of the trainer
         default's type (an interpolation such as ${oc.select:...} cannot be checked)."""

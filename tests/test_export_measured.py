@@ -258,3 +258,32 @@ def test_the_demo_study_exports_for_every_trainer(tmp_path):
         done, out = export(trainer, "--force")
         assert done.returncode == 0, done.stderr
         assert "# UNMEASURED (exported with --force" in out.read_text()
+
+
+def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
+    """TRL's colocated vLLM prefills 4,096 tokens, sleeps at level 2 and runs
+    per_device_train_batch_size x TP x steps_per_generation sequences: where the study's
+    engine ran otherwise, the header says so (GRPOConfig has no key to set them)."""
+    knobs = {**KNOBS, "rollout_engine": "vllm-like", "use_kl": False, "offload_params": False}
+    plan = plan_export(TRL, knobs, Topology(1, 1), None, SEARCHED)
+    # 8 prompts x 4 / (2 per device x 1 process) = 16 steps per generation: 32 sequences
+    assert [line for line in plan.run if line.startswith("rollout:")] == [
+        "rollout: TRL's colocated vLLM runs max_num_batched_tokens=4096 (no GRPOConfig key); "
+        "the study's engine ran 8192",
+        "rollout: TRL's colocated vLLM runs max_num_seqs=32 (no GRPOConfig key); the study's "
+        "engine ran 256",
+        "rollout: TRL's colocated vLLM runs sleep_level=2 (no GRPOConfig key); the study's "
+        "engine ran 1"]
+    same = plan_export(TRL, {**knobs, "max_num_batched_tokens": 4096, "max_num_seqs": 32,
+                             "sleep_level": 2}, Topology(1, 1), None, SEARCHED)
+    assert not any(line.startswith("rollout:") for line in same.run)
+    # a base whose vLLM runs on GPUs of its own (server mode) cannot be probed: one line
+    from autotune.trainers.export import trainer_start
+
+    server = tmp_path / "grpo.yaml"
+    server.write_text("use_vllm: true\nvllm_mode: server\n")
+    with pytest.raises(ConfigError) as err:
+        trainer_start(TRL, str(server), None, None)
+    assert err.value.problems == [
+        f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: "
+        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like"]

@@ -97,15 +97,15 @@ def export_best(study: Any, adapter: Adapter, base: TrainerYaml | None,
         refused = refused or plan.problems
     else:
         raise ConfigError(refused)
-    document = best_document(study, trial)
-    provenance = provenance_lines(document, adapter, topology)
+    provenance = provenance_lines(best_document(study, trial), adapter, topology)
+    chosen = ""
     if trial is not trials[0]:
         why = "; ".join(line.removeprefix(f"{adapter.name}: ") for line in refused)
-        line = (f"the study's best, trial {trials[0].number}, cannot run on {adapter.name} "
-                f"({why}): this is the best trial it can run, trial {trial.number}")
-        provenance.insert(-1, line)
+        chosen = (f"the study's best, trial {trials[0].number}, cannot run on {adapter.name} "
+                  f"({why}): this is the best trial it can run, trial {trial.number}")
+        provenance.insert(-1, chosen)
     text = render_plan(plan, adapter, base, provenance)
-    return TrainerExport(adapter, topology, plan, text, line if trial is not trials[0] else "")
+    return TrainerExport(adapter, topology, plan, text, chosen)
 
 
 def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,

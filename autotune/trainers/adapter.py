@@ -82,7 +82,7 @@ class Adapter:
     skeleton_note: str = ""
     model_key: str | None = None  # where the config names the model it trains
     # what the trainer runs as measured but its config cannot say (no key): header lines
-    unheld: Callable[[dict[str, Any]], list[str]] | None = None
+    unheld: Callable[[dict[str, Any], Topology], list[str]] | None = None
     engines: tuple[str, ...] = ("vllm-like",)  # the probe engines that stand for its rollout
 
     @property

@@ -97,7 +97,7 @@ def _easyr1_ref_offload(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
     return {REF_OFFLOAD: True} if on else {REF_OFFLOAD: False, REF_CPU_OFFLOAD: False}
 
 
-def _easyr1_unheld(k: dict[str, Any]) -> list[str]:
+def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     """What EasyR1's config has no key for: vLLM's max_num_seqs, and its sleep level (1)."""
     if k.get("rollout_engine") != "vllm-like":
         return []

@@ -288,8 +288,9 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
         try:
             knobs[knob] = parse_knob_value(knob, value)
         except ConfigError as err:
-            problems += [f"{base_config}: {adapter.keys.get(knob, (knob,))[0]}: {p}"
-                         for p in err.problems]
+            where = adapter.keys[knob][0] if knob in adapter.keys else " and ".join(
+                next(part.keys for part in adapter.derived if knob in part.knobs))
+            problems += [f"{base_config}: {where}: {p}" for p in err.problems]
     if problems:
         raise ConfigError(problems)
     return base, topology, knobs

@@ -92,7 +92,7 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
     knobs = with_token_budgets(measured_knobs(knobs))
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
-    plan.run = adapter.unheld(knobs) if adapter.unheld else []
+    plan.run = adapter.unheld(knobs, topology) if adapter.unheld else []
     if run is not None:
         for difference in differences(adapter, run, knobs, topology):
             if force:

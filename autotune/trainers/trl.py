@@ -100,16 +100,33 @@ def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
     if not get("use_vllm", False):
         return {"rollout_engine": "hf", "rollout_tensor_parallel": 1}
     mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own, not probed
-    return {"rollout_engine": "vllm-like" if mode == "colocate" else f"vllm {mode} mode",
+    return {"rollout_engine": "vllm-like" if mode == "colocate" else f"vllm_mode={mode}",
             "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1)}
 
 
-def _trl_unheld(k: dict[str, Any]) -> list[str]:
-    reference = ["reference model: held by the probe; GRPOTrainer builds one when beta != 0 "
-                 "(0.04, its default before TRL 0.19, is written where your config has none)"]
-    prompts = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
-               f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
-    return (reference if k.get("use_kl") else []) + prompts
+def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
+    """What GRPOConfig has no key for. Its colocated vLLM (trl/generation/vllm_generation.py)
+    always prefills 4,096 tokens, sleeps at level 2, and runs per_device_train_batch_size x
+    vllm_tensor_parallel_size x steps_per_generation sequences at once."""
+    lines = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
+             f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
+    if k.get("use_kl"):
+        lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
+                        "!= 0 (0.04, its default before TRL 0.19, is written where your config "
+                        "has none)")
+    if k.get("rollout_engine") != "vllm-like":
+        return lines
+    tp = k.get("rollout_tensor_parallel") or 1
+    steps = k["rollout_batch_size"] * k["rollout_n"] // (k["micro_batch_size_update"]
+                                                          * topo.world_size)
+    trl = {"max_num_batched_tokens": 4096,
+           "max_num_seqs": k["micro_batch_size_update"] * tp * steps,
+           **({"sleep_level": 2} if k.get("enable_sleep") else {})}
+    for knob, value in trl.items():
+        if k.get(knob) is not None and k[knob] != value:
+            lines.append(f"rollout: TRL's colocated vLLM runs {knob}={value} (no GRPOConfig "
+                         f"key); the study's engine ran {k[knob]}")
+    return lines
 
 
 def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:

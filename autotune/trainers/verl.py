@@ -67,7 +67,7 @@ def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
     return {KL_LOSS: True} if k["use_kl"] else {KL_LOSS: False, KL_REWARD: False}
 
 
-def _verl_unheld(k: dict[str, Any]) -> list[str]:
+def _verl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change."""
     level = k.get("sleep_level")
     if k.get("rollout_engine") != "vllm-like" or level in (None, 2):

@@ -7,6 +7,7 @@ threads. Real probes across real processes, PostgreSQL and Ray are in test_distr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -14,14 +15,15 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
-from scripted_runner import ScriptedRunner, SlowRunner
+from scripted_runner import ScriptedRunner, SlowRunner, scripted_result
 
 from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.parallel import Slot
+from autotune.sweep.record import tell_result
 from autotune.sweep.search_space import load_search_space
 from autotune.sweep.settings import SweepSettings
-from autotune.sweep.sharing import WAIT, owner_of, params_key
+from autotune.sweep.sharing import ASK_GRACE_S, WAIT, owner_of, params_key, scan
 from autotune.sweep.tuner import Sweep
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
@@ -122,7 +124,10 @@ def test_two_drivers_on_one_journal_share_the_work(tmp_path):
     assert len(numbers) == len(set(numbers))
 
 
-def test_a_dead_drivers_trial_is_taken_over_a_live_ones_is_left_alone(tmp_path):
+def test_a_dead_drivers_trial_is_taken_over_a_live_ones_is_waited_for(tmp_path):
+    """A dead driver's probe is failed and its config run here; a live driver's probe is never
+    run twice: a trial asked its config waits for it, and the sweep does not end (its --trials
+    counts that probe) until the live driver has told it."""
     journal = str(tmp_path / "study.journal")
     settings = settings_for(tmp_path, max_trials=2, storage=journal, heartbeat_s=0.5)
     Sweep(settings, ScriptedRunner()).run()
@@ -131,24 +136,44 @@ def test_a_dead_drivers_trial_is_taken_over_a_live_ones_is_left_alone(tmp_path):
     space = settings.space
     grid = [p for p in space.valid_grid() if params_key(p) not in set(probed_keys(study))]
     dead, live = grid[0], grid[1]
-    for params, beat in ((dead, time.time() - 3600), (live, time.time() + 3600)):
+    beats = {}
+    for params, beat in ((dead, time.time() - 3600), (live, time.time())):
         study.enqueue_trial(params)
-        trial = study.ask(space.distributions())
-        trial.set_user_attr("heartbeat_at", beat)  # a live driver's beat stays fresh
+        beats[params_key(params)] = trial = study.ask(space.distributions())
+        trial.set_user_attr("heartbeat_at", beat)
+    live_trial = beats[params_key(live)]
     study.enqueue_trial(live)  # this driver will be asked the live driver's config
+    told_s = []
+
+    def live_driver() -> None:  # beats until this driver waits on its trial, then tells it
+        while not [t for t in study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("waiting_on") == live_trial.number]:
+            live_trial.set_user_attr("heartbeat_at", time.time())
+            time.sleep(0.1)
+        for _ in range(10):
+            live_trial.set_user_attr("heartbeat_at", time.time())
+            time.sleep(0.1)
+        request = dataclasses.replace(REQUEST, config=space.config_for(live))
+        tell_result(study, live_trial, scripted_result(request), settings, None, probed=True)
+        told_s.append(time.monotonic())
+
+    thread = threading.Thread(target=live_driver)
+    thread.start()
     runner = ScriptedRunner()
     Sweep(settings_for(tmp_path, max_trials=6, storage=journal, heartbeat_s=0.5),
           runner).run()
+    ended_s = time.monotonic()
+    thread.join(timeout=30)
+    assert told_s and told_s[0] <= ended_s  # the sweep ended after the live probe was told
     trials = study.get_trials(deepcopy=False)
     dead_trial = next(t for t in trials if t.params == dead)
     assert dead_trial.state == TrialState.FAIL and dead_trial.user_attrs["requeued"]
     ran = [json.dumps({k: c[k] for k in dead}, sort_keys=True) for c in runner.calls]
     assert ran.count(params_key(dead)) == 1  # its config was queued again and run once
-    live_trial = next(t for t in trials if t.params == live)
-    assert live_trial.state == TrialState.RUNNING  # still the live driver's
     assert params_key(live) not in ran  # waited for, never run by this driver
     waited = [t for t in trials if t.user_attrs.get("waiting_on") == live_trial.number]
-    assert waited and waited[0].user_attrs["status"] == "duplicate"
+    assert waited and waited[0].user_attrs["reused_from"] == live_trial.number
+    assert not study.get_trials(states=(TrialState.RUNNING,))
 
 
 def test_owner_waits_for_a_lower_trial_still_being_asked(tmp_path):
@@ -161,3 +186,33 @@ def test_owner_waits_for_a_lower_trial_still_being_asked(tmp_path):
     assert owner_of(trials, full.number, key, n) == WAIT
     assert owner_of(trials, full.number, key, n, now_s=time.time() + 60) is None  # died asking
     assert half.number < full.number
+
+
+def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(tmp_path):
+    """A driver killed while one trial waited for another's result (or while asking one) leaves
+    them RUNNING; a live driver's scan fails them once their heartbeat is stale, re-queuing
+    nothing: the waited-for config is its owner's, a half-asked trial has no config."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'w.db'}")
+    space = load_search_space("cpu-demo")
+    owner = study.ask(space.distributions())
+    waiting = study.ask(space.distributions())
+    waiting.set_user_attr("waiting_on", owner.number)
+    half = study.ask()  # died asking: no params
+    now_s = time.time()
+    for trial in (owner, waiting):
+        trial.set_user_attr("heartbeat_at", now_s - 60)
+    n = len(space.params)
+    trials = study.get_trials(deepcopy=False)
+    scan(study, trials, mine=set(), n_params=n, now_s=now_s - 58, stale_after_s=4.0)
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * 3  # all still fresh
+    _, others_running = scan(study, study.get_trials(deepcopy=False), mine=set(), n_params=n,
+                             now_s=now_s + ASK_GRACE_S + 1, stale_after_s=4.0)
+    assert others_running == 0
+    by_number = {t.number: t for t in study.get_trials()}
+    assert by_number[waiting.number].state == TrialState.FAIL
+    assert by_number[waiting.number].user_attrs["status"] == "duplicate"
+    assert by_number[half.number].state == TrialState.FAIL
+    assert by_number[half.number].user_attrs["status"] == "abandoned"
+    assert not by_number[half.number].user_attrs.get("requeued")
+    queued = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in queued] == [owner.params]  # only the probe's

@@ -28,6 +28,9 @@ from typing import Any
 ASK_GRACE_S = 30.0  # a trial still being asked after this long belongs to a driver that died
 HEARTBEAT_S = 10.0  # default seconds between heartbeats of a running trial
 STALE_AFTER_HEARTBEATS = 4  # heartbeats missed before a running trial is declared dead
+# a finished trial with one of these statuses has no result: re-queued after a cut, deferred to
+# another trial with its config, or abandoned by a driver that died asking it
+NO_RESULT_STATUSES = (None, "interrupted", "duplicate", "abandoned")
 WAIT = -1  # owner_of: a lower-numbered trial is still being asked; ask again shortly
 
 
@@ -83,7 +86,7 @@ def holds_config(frozen: Any, n_params: int) -> bool:
     if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL):
         return False
     attrs = frozen.user_attrs
-    return attrs.get("status") not in (None, "interrupted", "duplicate") and \
+    return attrs.get("status") not in NO_RESULT_STATUSES and \
         not attrs.get("requeued")
 
 
@@ -109,24 +112,27 @@ def is_stale(frozen: Any, now_s: float, stale_after_s: float) -> bool:
     return is_running(frozen) and now_s - last_sign_of_life_s(frozen) > stale_after_s
 
 
-def take_over(study: Any, frozen: Any, reason: str) -> bool:
+def take_over(study: Any, frozen: Any, reason: str, asked: bool = True) -> bool:
     """Fail a running trial a dead driver left behind and re-queue its config (a waiting trial's
-    config is its owner's business). True when this driver won the race to do it."""
+    config is its owner's business; a trial that died being asked has no config to re-queue).
+    True when this driver won the race to do it."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     storage, trial_id = study._storage, frozen._trial_id
     waiting = "waiting_on" in frozen.user_attrs
+    requeue = bool(frozen.params) and asked and not waiting
+    status = "duplicate" if waiting else "interrupted" if asked else "abandoned"
     try:
-        storage.set_trial_user_attr(trial_id, "status", "duplicate" if waiting else "interrupted")
+        storage.set_trial_user_attr(trial_id, "status", status)
         storage.set_trial_user_attr(trial_id, "reason", reason)
-        if frozen.params and not waiting:
+        if requeue:
             storage.set_trial_user_attr(trial_id, "requeued", True)
         if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
             return False
     except UpdateFinishedTrialError:
         return False  # another driver finished or took it over first
-    if frozen.params and not waiting:
+    if requeue:
         study.enqueue_trial(frozen.params, user_attrs={"origin": "requeued",
                                                        "requeued_from": frozen.number})
     return True
@@ -142,11 +148,14 @@ def scan(study: Any, trials: list[Any], mine: set[int], n_params: int, now_s: fl
     for frozen in trials:
         if holds_config(frozen, n_params):
             seen.setdefault(params_key(trial_params(frozen)), frozen.number)
-        if frozen.number in mine or not is_running(frozen) or \
-                not is_asked(frozen, n_params) or frozen.user_attrs.get("waiting_on") is not None:
+        if frozen.number in mine or not is_running(frozen):
             continue
-        if stale_after_s is not None and is_stale(frozen, now_s, stale_after_s):
-            take_over(study, frozen, "its driver stopped sending heartbeats")
-        else:
+        asked = is_asked(frozen, n_params)
+        # a trial another driver waits in or is still asking is beaten like a probing one; left
+        # RUNNING by a dead driver, it would stay so for good: it is taken over, never counted
+        grace_s = stale_after_s if asked else ASK_GRACE_S
+        if stale_after_s is not None and is_stale(frozen, now_s, max(stale_after_s, grace_s)):
+            take_over(study, frozen, "its driver stopped sending heartbeats", asked)
+        elif asked and frozen.user_attrs.get("waiting_on") is None:
             others_running += 1
     return seen, others_running

@@ -14,6 +14,7 @@ from autotune.probe.result import ProbeStatus
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.objective import scalar
 from autotune.sweep.progress import SweepState
+from autotune.sweep.sharing import NO_RESULT_STATUSES
 
 
 class Tally:
@@ -37,7 +38,7 @@ class Tally:
         attrs = frozen.user_attrs
         status = attrs.get("status")
         if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL) or \
-                status in (None, "interrupted", "duplicate"):
+                status in NO_RESULT_STATUSES:
             return
         if status in ("lost", "killed"):  # says nothing about the config
             self.state.counts[status] += 1

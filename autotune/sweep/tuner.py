@@ -95,6 +95,7 @@ class Sweep:
         self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
         self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
         self.others_running = 0  # probes other drivers run in this study now
+        self.said_waiting = False  # said the sweep waits for other drivers' probes to end
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
         self.last_beat_s = 0.0
@@ -159,7 +160,8 @@ class Sweep:
                               probed=True)
                 continue
             trial_files.remove_partial_files(study_dir, frozen.number)
-            take_over(study, frozen, "the driver stopped while this trial ran")
+            take_over(study, frozen, "the driver stopped while this trial ran",
+                      is_asked(frozen, self.n_params))
         self.refresh(study)
         if not study.trials:
             study.enqueue_trial(self.space.safe_params(), user_attrs={"origin": "safe"})
@@ -249,33 +251,42 @@ class Sweep:
             self.refresh(study)
             if self.nothing_fits is None and self.frontier.learned_something():
                 self.nothing_fits = self.frontier.nothing_fits(self.seen, self.trials)
-            reason = self.stop_reason()
+            reason, counts_others = self.stop_reason()
             if reason is None and not self.pool.full():
                 self.step(study)
                 continue
             if reason is not None and not self.pool:
-                self.state.stop_reason = reason
-                self.release(study)
-                return
+                if not (counts_others and self.others_running):
+                    self.state.stop_reason = reason
+                    self.release(study)
+                    return
+                if not self.said_waiting:
+                    self.said_waiting = True
+                    self.progress.note(self.state, f"{reason}; waiting for the "
+                                       f"{self.others_running} probe(s) other drivers run")
             self.pool.wait(timeout_s=min(1.0, self.settings.heartbeat_s))
 
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> tuple[str | None, bool]:
+        """Why the sweep stops now, if it does, and whether that counts other drivers' running
+        probes. Such a stop waits for them: a probe whose driver died is taken over once its
+        heartbeat is stale and run here, so the study never ends with a trial left RUNNING."""
         s, state = self.settings, self.state
         if self.nothing_fits is not None:
-            return self.nothing_fits
+            return self.nothing_fits, False
         started = state.probes + len(self.pool) + self.others_running
         if s.max_trials is not None and started >= s.max_trials:
-            return f"reached --trials {s.max_trials}"
+            return f"reached --trials {s.max_trials}", True
         if s.timeout_s is not None and time.monotonic() - state.started_s >= s.timeout_s:
-            return f"reached --timeout {s.timeout_s:.0f} s"
+            return f"reached --timeout {s.timeout_s:.0f} s", False
         if s.patience is not None and self.tally.since_improvement >= s.patience:
-            return f"no better config in the last {s.patience} probes (--patience)"
+            return f"no better config in the last {s.patience} probes (--patience)", False
         valid_keys = self.frontier.valid_keys
         if valid_keys is not None and valid_keys <= self.seen.keys() and not self.ready:
-            return f"space exhausted: all {len(valid_keys)} valid configs tried"
+            return f"space exhausted: all {len(valid_keys)} valid configs tried", True
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
-            return f"the sampler proposed only known or invalid configs {self.stuck_asks} times"
-        return None
+            return (f"the sampler proposed only known or invalid configs {self.stuck_asks} "
+                    "times", False)
+        return None, False
 
     def step(self, study: Any) -> None:
         """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""

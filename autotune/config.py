@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,25 +214,44 @@ def parse_knob_value(key: str, raw: Any) -> Any:
     return value
 
 
-def parse_assignments(assignments: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Parse `key=value` strings from `--set` into typed knob values; report every problem."""
+def parse_assignments(assignments: list[str] | tuple[str, ...],
+                      translate: Callable[[str, Any], dict[str, Any] | None] | None = None
+                      ) -> dict[str, Any]:
+    """Parse `key=value` strings from `--set` into typed knob values; report every problem.
+    `translate` turns a key that is not a knob (a trainer's own key) into the knobs it sets,
+    or None when it is not one either."""
+    import yaml
+
     values: dict[str, Any] = {}
     problems: list[str] = []
     for item in assignments:
         key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
+        key = key.strip()
+        if key.replace("-", "_") in _KNOB_TYPES or translate is None:
+            key = key.replace("-", "_")
         if not sep or not key:
             problems.append(f"--set {item!r}: expected key=value, e.g. micro_batch_size_update=4")
             continue
         try:
-            value = parse_knob_value(key, raw)
-        except ConfigError as err:
-            problems.extend(f"--set {p}" for p in err.problems)
+            knobs = None
+            if translate is not None and key not in _KNOB_TYPES:
+                knobs = translate(key, yaml.safe_load(raw))
+                if knobs is None:
+                    raise ConfigError(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; or a "
+                                      "key of the trainer's table (docs/trainers-and-export.md)"
+                                      ", spelled in full or by its last part")
+            given = {k: parse_knob_value(k, v) for k, v in knobs.items()} \
+                if knobs is not None else {key: parse_knob_value(key, raw)}
+        except (ConfigError, yaml.YAMLError) as err:
+            lines = err.problems if isinstance(err, ConfigError) else [f"{key}: {raw!r} is "
+                                                                      "not a YAML value"]
+            problems.extend(f"--set {p}" for p in lines)
             continue
-        if key in values and values[key] != value:
-            problems.append(f"--set {key} given twice ({values[key]}, then {value}); give it "
-                            "once")
-        values[key] = value
+        for knob, value in given.items():
+            if knob in values and values[knob] != value:
+                problems.append(f"--set {knob} given twice ({values[knob]}, then {value}); "
+                                "give it once")
+            values[knob] = value
     if problems:
         raise ConfigError(problems)
     return values

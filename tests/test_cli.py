@@ -142,11 +142,17 @@ def test_estimate_every_registry_model_in_one_run_each():
     assert text.returncode == 0
     assert "update" in text.stdout and "<- binds" in text.stdout
     assert "does not fit" in text.stdout  # 16 B/param of 7.6B on one 80 GB GPU
-    # (4+8+2) B x 7.6B offloaded, and 2 B x 7.6B of engine weights asleep at level 1
-    assert "host memory for offload and engine sleep: 113.48 GiB per GPU" in text.stdout
+    # the node's host memory: (4+8) B x 7.6B offloaded, the reference (2 B) and the engine's
+    # weights asleep at level 1 (2 B), each pinned block rounded up to a power of two
+    assert "node host memory (1 rank on the node" in text.stdout
+    assert "engine_weights_asleep x1" in text.stdout
     hf = autotune("estimate", "--model", "qwen2.5-7b", "--set", "offload_params=true",
-                  "--set", "offload_optimizer=true", "--capacity", "80GB", "--engine", "hf")
-    assert "host memory for offload and engine sleep: 99.30 GiB per GPU" in hf.stdout
+                  "--set", "offload_optimizer=true", "--capacity", "80GB", "--engine", "hf",
+                  "--json")
+    held = json.loads(hf.stdout)["node_host"]["terms"]["rollout"]
+    assert 12 * 7_615_616_512 < held["offloaded_params x1"] + held["offloaded_optimizer x1"] \
+        < 2 * 12 * 7_615_616_512
+    assert "engine_weights_asleep x1" not in held  # the hf engine never sleeps
     assert "largest micro_batch_size_update within the budget: none" in text.stdout
     eight = autotune("estimate", "--model", "qwen2.5-7b", "--gpus-per-node", "8",
                      "--capacity", "80GB")

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
                    "80GiB; host RAM with --device cpu).")
 @opt.gpu_memory_limit
 @opt.reserve_gpu_memory
+@opt.host_memory
+@opt.host_memory_limit
+@opt.trainer
 @opt.headroom
 @opt.dtype
 @opt.engine
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
               help="Also trace the probe's own step with fake tensors, as rank 0 of the run "
                    "(no GPU, no weights; seconds for small models, about a minute for 7B).")
 @opt.as_json
-def estimate(capacity_bytes: int | None, headroom: float,
+def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom: float,
              study: str | None, results_dir: str, storage: str | None,
              response_length: int | None, trace: bool, as_json: bool, **given: Any) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
@@ -61,15 +64,18 @@ def estimate(capacity_bytes: int | None, headroom: float,
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
     autotune estimate --model qwen2.5-7b --gpus-per-node 8 --set max_response_length=2048 \
         --response-length 512
+    autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \
+        --host-memory 760GB --set offload_params=true --set offload_optimizer=true
     """
     from autotune.memory.estimate import format_estimate, format_traced, phase_totals
+    from autotune.memory.host import format_node_host
     from autotune.memory.length import length_headroom
     from autotune.memory.model import estimate_memory
     from autotune.sweep.estimate import plan_estimate
     from autotune.sweep.prescreen import memory_model_args
 
     plan = plan_estimate(opt.take_probe_options(given), capacity_bytes, study, results_dir,
-                         storage, response_length)
+                         storage, response_length, host_memory_bytes, given["trainer"])
     request, capacity = plan.request, plan.capacity_bytes
     model_args = memory_model_args(request)
     est = estimate_memory(plan.shape, request.config, **model_args)
@@ -78,6 +84,8 @@ def estimate(capacity_bytes: int | None, headroom: float,
     reach = length_headroom(request.config, lambda config: phase_totals(
         estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
         plan.shape.context_tokens, request.world_size)
+    host = plan.node_host(est)
+    binding = plan.binding_constraint(max(totals.values()), headroom)
     traced = run_trace(plan) if trace else None
     traced_reach = traced_length(plan, traced, budget, reach) if traced else None
     if as_json:
@@ -87,7 +95,12 @@ def estimate(capacity_bytes: int | None, headroom: float,
             "capacity_bytes": capacity, "phase_bytes": totals,
             "host_offload_bytes": est.host_offload_bytes,
             "response_tokens": request.config.max_response_length,
-            "length_headroom": reach.as_dict()}
+            "length_headroom": reach.as_dict(),
+            "node_host": {"phase_bytes": {p: host.total(p) for p in host.phases},
+                          "terms": host.phases, "host_bytes": host.host_bytes,
+                          "threshold": host.threshold, "kill_bytes": host.kill_bytes,
+                          "rank_bytes": host.rank_bytes, "host_oom": host.host_oom},
+            "binding_constraint": binding}
         if traced is not None:
             report["traced"] = {k: traced[k] for k in (
                 "phase_peak_mem_bytes", "context_bytes", "host_offload_bytes", "trace_s")}
@@ -98,6 +111,9 @@ def estimate(capacity_bytes: int | None, headroom: float,
                                plan.calibration, plan.note, **model_args))
     click.echo(f"length headroom: {reach.describe('on this card')} (memory model, everything "
                f"else held)")
+    click.echo("")
+    click.echo(format_node_host(host, request.gpus_per_node))
+    click.echo(binding)
     if traced is not None:
         what = (f"the probe's own step as rank 0 of {request.world_size} under fake tensors, "
                 f"build and 2 steps in {traced['trace_s']:.1f} s")

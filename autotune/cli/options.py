@@ -61,11 +61,6 @@ SHARE = _Parsed("share", lambda text, flag: parse_headroom(text))
 GPU_IDS = _Parsed("ids", _gpu_ids)
 
 
-def _knobs(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
-           ) -> dict[str, Any]:
-    return parse_assignments(value)
-
-
 # -- the model, the device, the run being tuned: every command that probes or estimates -----
 
 model = click.option("--model", default=None, metavar="NAME",
@@ -102,8 +97,9 @@ engine = click.option("--engine", type=click.Choice(("auto", *engine_choices()))
 dtype = click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto",
                      show_default=True, help="Compute dtype; auto: bf16 on a GPU, fp32 on a CPU.")
 set_knobs = click.option("--set", "knobs", multiple=True, metavar="KEY=VALUE",
-                         callback=_knobs,
-                         help="Set a knob, repeatable: --set micro_batch_size_update=8.")
+                         help="Set a knob, repeatable: --set micro_batch_size_update=8; with "
+                              "--trainer, also the trainer's own keys (num_generations, "
+                              "ppo_micro_batch_size_per_gpu, ...).")
 headroom = click.option("--headroom", type=SHARE, default="10%", show_default=True,
                         help="Device memory kept free in every phase of a feasible config.")
 
@@ -117,6 +113,11 @@ host_memory_limit = click.option(
     "--host-memory-limit", "host_memory_limit_bytes", type=SIZE, default=None,
     metavar="SIZE", help="Cap on the probe tree's host RSS, e.g. 64GiB; past it the probe is "
                          "killed and classified host_oom.")
+host_memory = click.option(
+    "--host-memory", "host_memory_bytes", type=SIZE, default=None, metavar="SIZE",
+    help="RAM of one node of the run, e.g. 1TiB (default: this machine's): a config whose "
+         "node's host memory passes where the OOM killer acts (Ray's memory monitor at "
+         "RAY_memory_usage_threshold, 0.95) is predicted host_oom.")
 probe_timeout = click.option("--probe-timeout", "probe_timeout_s", type=DURATION,
                              default="15m", show_default=True,
                              help="Wall-clock limit per probe: 90s, 15m, 2h.")
@@ -194,6 +195,19 @@ study_options = stack(study, results_dir, storage)  # every command that reads a
 
 
 def take_probe_options(given: dict[str, Any]) -> ProbeOptions:
-    """The ProbeOptions among a command's parsed options (removed from `given`)."""
+    """The ProbeOptions among a command's parsed options (removed from `given`); --set is
+    read as knobs, and as the trainer's own keys where the command has --trainer."""
     fields = ProbeOptions.__dataclass_fields__
-    return ProbeOptions(**{name: given.pop(name) for name in list(given) if name in fields})
+    values = {name: given.pop(name) for name in list(given) if name in fields}
+    translate = None
+    if given.get("trainer") is not None:
+        from autotune.config import Topology
+        from autotune.trainers import get_adapter
+
+        adapter = get_adapter(given["trainer"])
+        topology = Topology(values.get("nnodes") or 1, values.get("gpus_per_node") or 1)
+
+        def translate(key: str, value: Any) -> dict[str, Any] | None:
+            return adapter.knobs_of_key(key, value, topology)
+    values["knobs"] = parse_assignments(values.get("knobs", ()), translate)
+    return ProbeOptions(**values)

@@ -1,5 +1,6 @@
 """The memory model's answer for one config as people read it: the per-phase table, the
-phase that binds, host memory for offload, and the largest micro-batches that fit.
+phase that binds, and the largest micro-batches that fit (the node's host memory is
+memory/host.py's).
 
 Pure arithmetic over memory/model.py (and a calibration when a study has one): no torch.
 """
@@ -76,13 +77,6 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
     verdict = "fits" if totals[binding] <= budget else (
         "over the headroom budget" if totals[binding] <= capacity_bytes else "does not fit")
     lines += ["", f"binding phase: {binding} ({verdict}); prior terms: {terms}"]
-    if estimate.host_offload_bytes:
-        lines.append(f"host memory for offload and engine sleep: "
-                     f"{format_bytes(estimate.host_offload_bytes)} per "
-                     f"GPU, {format_bytes(estimate.host_offload_bytes * num_gpus)} for "
-                     f"{num_gpus} GPU{'s' if num_gpus > 1 else ''}")
-    else:
-        lines.append("host memory for offload: none (offload_params and offload_optimizer off)")
     for knob in ("micro_batch_size_update", "micro_batch_size_experience"):
         fits, per_gpu = largest_micro_batch(shape, config, knob, budget, calibration,
                                             **model_args)

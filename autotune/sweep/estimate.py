@@ -16,16 +16,19 @@ from typing import Any
 from autotune.config import (
     DTYPE_BYTES,
     ProbeConfig,
+    format_bytes,
     model_problems,
     validate_probe_config,
 )
 from autotune.errors import ConfigError
 from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memory_bytes
 from autotune.memory.calibration import Calibration
-from autotune.memory.model import ModelShape, model_shape
+from autotune.memory.host import NodeHost, NodeRun, node_host
+from autotune.memory.model import MemoryEstimate, ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.placement import default_topology
 from autotune.sweep.plan import ProbeOptions, engine_knobs, probe_request
+from autotune.sweep.prescreen import memory_model_args
 
 DEFAULT_GPU_BYTES = 80 * 2**30  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
 
@@ -41,6 +44,34 @@ class EstimatePlan:
     calibration: Calibration | None
     note: str
     fitted: dict[str, Any]  # the study's calibration record ({} without --study)
+    host_bytes: int = 0  # one node's RAM, for the node's host-memory verdict
+    trainer: str | None = None  # whose run holds the node's host memory (None: the probe's)
+
+    def node_host(self, estimate: MemoryEstimate | None = None) -> NodeHost:
+        """The node's host memory for this plan's config (memory/host.py)."""
+        request = self.request
+        run = NodeRun(request.gpus_per_node, request.world_size, request.device.on_gpu,
+                      memory_model_args(request)["compute_bytes"], self.trainer)
+        return node_host(self.shape, request.config, run, self.host_bytes, estimate)
+
+    def binding_constraint(self, gpu_peak_bytes: int, headroom: float) -> str:
+        """Which constraint the config is closest to (or past): the GPU's budget, the node's
+        RAM where its OOM killer acts, or --host-memory-limit on one rank's host memory."""
+        host = self.node_host()
+        budget = int((1 - headroom) * self.capacity_bytes)
+        shares = {f"the GPU's budget ({gpu_peak_bytes / budget:.0%} of "
+                  f"{format_bytes(budget)})": gpu_peak_bytes / budget,
+                  f"the node's host memory ({host.peak_bytes / host.kill_bytes:.0%} of the "
+                  f"{format_bytes(host.kill_bytes)} {host.killer} allows)":
+                  host.peak_bytes / host.kill_bytes}
+        limit = self.request.host_memory_limit_bytes
+        if limit is not None:
+            rank = host.rank_bytes
+            shares[f"--host-memory-limit on one rank ({rank / limit:.0%} of "
+                   f"{format_bytes(limit)})"] = rank / limit
+        binding = max(shares, key=lambda name: shares[name])
+        past = shares[binding] > 1
+        return f"{'past' if past else 'closest'} constraint: {binding}"
 
     @property
     def capacity_bytes(self) -> int:
@@ -70,7 +101,8 @@ def load_calibration(study: str, results_dir: str, storage: str | None
 def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                   study: str | None = None, results_dir: str = "results",
                   storage: str | None = None,
-                  response_length: int | None = None) -> EstimatePlan:
+                  response_length: int | None = None, host_bytes: int | None = None,
+                  trainer: str | None = None) -> EstimatePlan:
     """The estimate of the options' run: on a GPU of `capacity_bytes` (default: this
     machine's, else 80 GiB) unless --device cpu; with `study`, calibrated on its probes; with
     `response_length`, at responses of that length (the run's max_response_length, checked
@@ -113,7 +145,7 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     world = topology.world_size
     knobs = fitted.get("fixed", {})  # the study's shapes, then --set
     named = frozenset({*knobs, *options.knobs})
-    values = {**knobs, **engine_knobs(options.engine, device.on_gpu, named=named),
+    values = {**knobs, **engine_knobs(options.engine, device.on_gpu, trainer, named),
               **options.knobs}
     batches = ("rollout_batch_size", "global_batch_size")
     if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's
@@ -135,4 +167,5 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
         config = dataclasses.replace(config, max_response_length=response_length)
     request = probe_request(dataclasses.replace(options, dtype=dtype), options.model or name,
                             device, topology, config, emulated=world > 1)
-    return EstimatePlan(name, shape, request, calibration, note, fitted)
+    return EstimatePlan(name, shape, request, calibration, note, fitted,
+                        host_bytes or host_memory_bytes(), trainer)

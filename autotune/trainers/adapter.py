@@ -142,3 +142,21 @@ class Adapter:
             return value
 
         return [f"{self.name}: {line}" for line in self.rules(knobs, topology, plain)]
+
+    def knobs_of_key(self, key: str, value: Any, topology: Topology) -> dict[str, Any] | None:
+        """The knobs one of this trainer's own keys sets (`--set num_generations=8`): a key of
+        its table, spelled in full or by its last part where that names one knob; None when
+        the trainer has no such key. Keys it reads through several knobs (TRL's batches)
+        take the trainer's defaults for the keys not given."""
+        owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
+                                             for k in keys}
+        owners.update({k: part for part in self.derived for k in part.keys})
+        found = [k for k in owners if k == key] or \
+            [k for k in owners if k.rsplit(".", 1)[-1] == key]
+        if not found or len({id(owners[k]) for k in found}) > 1:
+            return None
+        owner = owners[found[0]]
+        if isinstance(owner, str):
+            return {owner: value}
+        return owner.read(lambda k, default: value if k in found else default, topology)
+

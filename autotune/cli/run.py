@@ -17,6 +17,7 @@ from autotune.cli import options as opt
 @click.option("--space", default=None, metavar="NAME|FILE",
               help="Search space: a file, or a space autotune ships (`autotune spaces`; "
                    "default: grpo on a GPU, cpu-demo on a CPU, the trainer's own with --launch).")
+@opt.host_memory
 @opt.study
 @opt.results_dir
 @opt.objective

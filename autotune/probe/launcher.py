@@ -201,6 +201,7 @@ def merge_ranks(results: list[ProbeResult]) -> ProbeResult:
         phase_allocator_peak_bytes=most("phase_allocator_peak_bytes"),
         host_peak_rss_bytes=sum(r.host_peak_rss_bytes or 0 for r in results),
         host_offload_bytes=sum(r.host_offload_bytes or 0 for r in results),
+        host_held_peak_bytes=sum(r.host_held_peak_bytes or 0 for r in results),
         startup_s=max(r.startup_s or 0.0 for r in results),
         build_s=max(r.build_s or 0.0 for r in results),
         rank_peak_mem_bytes=[r.peak_mem_bytes or 0 for r in results],

@@ -36,6 +36,15 @@ def read_rss_hwm_bytes() -> int:
     return 0
 
 
+def read_shmem_rss_bytes() -> int:
+    """Resident shared memory of this process (RssShmem): a CPU probe's offloaded tensors."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def reset_rss_hwm() -> None:
     """Reset the RSS high-water mark (Linux >= 4.0); harmless where not permitted."""
     with contextlib.suppress(OSError):
@@ -89,6 +98,7 @@ class Meter(Protocol):
     phase_peak_mem_bytes: dict[str, int]
     phase_allocator_peak_bytes: dict[str, int]
     host_peak_rss_bytes: int
+    host_held_peak_bytes: int  # what the process holds in host memory for the step at most
 
     def runs(self, iteration: int, count: int) -> bool:
         """Whether iteration `iteration` of a loop of `count` iterations runs."""
@@ -135,6 +145,7 @@ class MemoryMeter:
         self.phase_peak_mem_bytes: dict[str, int] = {}
         self.phase_allocator_peak_bytes: dict[str, int] = {}
         self.host_peak_rss_bytes = 0
+        self.host_held_peak_bytes = 0
         self.nvml: NvmlProcessMemory | None = None
         self._interval_s = interval_s or (0.01 if self.is_cuda else 0.002)
         self._lock = threading.Lock()
@@ -184,6 +195,16 @@ class MemoryMeter:
     def on_host(self, tensor: Any) -> bool:
         return tensor.device.type == "cpu" if self.is_cuda else tensor.is_shared()
 
+    def read_host_held_bytes(self) -> int:
+        """Host memory the step holds now, measured: beside a GPU, the pinned blocks PyTorch's
+        caching host allocator owns (each rounded up to a power of two, cached ones included);
+        on a CPU device, the shared memory offloaded tensors live in."""
+        if self.is_cuda:
+            import torch
+
+            return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+        return read_shmem_rss_bytes()
+
     def read_device_bytes(self) -> int:
         """The device figure now: NVML's process figure on NVIDIA, anonymous RSS on CPU."""
         if self.is_cuda:
@@ -222,6 +243,7 @@ class MemoryMeter:
 
             torch.cuda.reset_peak_memory_stats(self.device)
         reset_rss_hwm()
+        self.host_held_peak_bytes = max(self.host_held_peak_bytes, self.read_host_held_bytes())
         self.current_phase = name
         self._record(name, self.read_device_bytes())
         yield
@@ -235,6 +257,7 @@ class MemoryMeter:
             previous = self.phase_allocator_peak_bytes.get(name, 0)
             self.phase_allocator_peak_bytes[name] = max(previous, reserved)
         self.host_peak_rss_bytes = max(self.host_peak_rss_bytes, read_rss_hwm_bytes())
+        self.host_held_peak_bytes = max(self.host_held_peak_bytes, self.read_host_held_bytes())
         self.current_phase = None
 
     def _settle(self) -> None:

@@ -137,6 +137,8 @@ class ProbeResult:
     phase_allocator_peak_bytes: dict[str, int] = field(default_factory=dict)  # torch reserved
     host_peak_rss_bytes: int | None = None  # peak RSS of the probe's process tree
     host_offload_bytes: int | None = None  # tensors held in host memory by offload
+    host_held_peak_bytes: int | None = None  # host memory measured holding them (pinned
+    # blocks with the allocator's rounding beside a GPU; shared memory on a CPU device)
     device_name: str | None = None
     device_capacity_bytes: int | None = None
     device_limit_bytes: int | None = None  # the cap the probe ran under, if any

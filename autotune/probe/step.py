@@ -450,6 +450,7 @@ class TrainingProbe:
             phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
             host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
             host_offload_bytes=self.peak_host_offload_bytes,
+            host_held_peak_bytes=self.meter.host_held_peak_bytes,
             num_params=self.num_params, startup_s=startup_s, build_s=build_s,
             share={"val_prompts": 0, **self.ran}, world_size=request.world_size,
             emulated=request.emulated and request.world_size > 1,

@@ -229,6 +229,7 @@ class TracedMeter:
         self.phase_allocator_peak_bytes: dict[str, int] = {}
         self.peak_host_bytes = 0
         self.host_peak_rss_bytes = 0
+        self.host_held_peak_bytes = 0  # what a probe measures; the trace has peak_host_bytes
 
     def runs(self, iteration: int, count: int) -> bool:
         """Of a loop that repeats its shapes, the first iteration runs (what happens once:

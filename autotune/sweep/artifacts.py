@@ -22,7 +22,8 @@ from autotune.sweep.objective import scalar
 
 FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
-                  "host_peak_rss_bytes", "host_offload_bytes", "budget_bytes", "probe_wall_s"]
+                  "host_peak_rss_bytes", "host_offload_bytes", "host_held_peak_bytes",
+                  "budget_bytes", "probe_wall_s"]
 
 
 def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 are asked, and the device they are asked against.
 
 1. Dominance over measured OOMs (dominance.py): proven, so also for the safe config.
-2. Model states alone past the capacity (prescreen.py, the exact part): proven too.
+2. The node's host memory past where its OOM killer acts (memory/host.py), and model states
+   alone past the capacity (prescreen.py, the exact part): arithmetic, for every config.
 3. The traced pre-screen (traced.py): the probe's own step under fake tensors, from the
    first trial on, for a candidate the memory model puts near the wall.
 4. The calibrated memory model (prescreen.py), once enough probes have fitted it.
@@ -77,8 +78,11 @@ class Feasibility:
             return Prediction(proof.status.value, proof.reason, proof.failed_phase, "dominance")
         capacity = self.capacity_bytes
         prescreen = self.prescreen
-        if prescreen is None or not prescreen.skip or capacity is None:
+        if prescreen is None or not prescreen.skip:
             return None
+        host = prescreen.host_past(params)
+        if host is not None or capacity is None:
+            return host
         estimate = prescreen.estimate(params, self.device)
         proven = prescreen.states_past(estimate, capacity)
         if proven is not None or measure:

@@ -22,6 +22,7 @@ from autotune.config import DTYPE_BYTES, ProbeConfig, compute_dtype, format_byte
 from autotune.errors import AutotuneError
 from autotune.hardware import Device
 from autotune.memory.calibration import Calibration, fit_calibration
+from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory, model_shape
 from autotune.probe.result import ProbeRequest
 
@@ -65,23 +66,44 @@ class Prescreen:
 
     def __init__(self, shape: ModelShape, request: ProbeRequest,
                  config_for: Callable[[dict[str, Any]], ProbeConfig], skip: bool = True,
-                 margin: float = PRESCREEN_MARGIN) -> None:
+                 margin: float = PRESCREEN_MARGIN, node_host_bytes: int | None = None,
+                 node_trainer: str | None = None) -> None:
         self.shape, self.request, self.config_for = shape, request, config_for
         self.skip = skip  # off (--no-prescreen): it still calibrates, never skips
         self.margin = margin
+        self.node_host_bytes = node_host_bytes  # the node's RAM (None: no host verdict)
+        self.node_run = NodeRun(request.gpus_per_node, request.world_size,
+                                request.device.on_gpu,
+                                memory_model_args(request)["compute_bytes"], node_trainer)
         self.samples: list[tuple[MemoryEstimate, dict[str, int]]] = []
         self.calibration: Calibration | None = None
 
     @classmethod
     def for_request(cls, request: ProbeRequest,
                     config_for: Callable[[dict[str, Any]], ProbeConfig],
-                    skip: bool = True) -> Prescreen | None:
+                    skip: bool = True, node_host_bytes: int | None = None,
+                    node_trainer: str | None = None) -> Prescreen | None:
         """The pre-screen of `request`'s model, or None when its config cannot be read."""
         try:
             shape = model_shape(request.model, request.model_path)
         except AutotuneError:
             return None
-        return cls(shape, request, config_for, skip)
+        return cls(shape, request, config_for, skip, node_host_bytes=node_host_bytes,
+                   node_trainer=node_trainer)
+
+    def host_past(self, params: dict[str, Any]) -> Prediction | None:
+        """The node's host memory (memory/host.py) past where its OOM killer acts: every
+        rank on the node with what it holds on the host, from the trainers' own terms."""
+        if self.node_host_bytes is None:
+            return None
+        host = node_host(self.shape, self.config_for(params), self.node_run,
+                         self.node_host_bytes)
+        if not host.host_oom:
+            return None
+        return Prediction("host_oom", f"predicted host_oom: the node's host memory reaches "
+                          f"{format_bytes(host.peak_bytes)} at {host.binding_phase}, past the "
+                          f"{format_bytes(host.kill_bytes)} where {host.killer} acts",
+                          None, "estimate")
 
     def estimate(self, params: dict[str, Any], device: Device) -> MemoryEstimate:
         """The uncalibrated estimate of a trial's config on `device` as the sweep knows it."""

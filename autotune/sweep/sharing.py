@@ -153,8 +153,8 @@ def scan(study: Any, trials: list[Any], mine: set[int], n_params: int, now_s: fl
         asked = is_asked(frozen, n_params)
         # a trial another driver waits in or is still asking is beaten like a probing one; left
         # RUNNING by a dead driver, it would stay so for good: it is taken over, never counted
-        grace_s = stale_after_s if asked else ASK_GRACE_S
-        if stale_after_s is not None and is_stale(frozen, now_s, max(stale_after_s, grace_s)):
+        if stale_after_s is not None and is_stale(
+                frozen, now_s, stale_after_s if asked else max(stale_after_s, ASK_GRACE_S)):
             take_over(study, frozen, "its driver stopped sending heartbeats", asked)
         elif asked and frozen.user_attrs.get("waiting_on") is None:
             others_running += 1

@@ -111,7 +111,8 @@ class Sweep:
         request = settings.request
         dominance = Dominance(self.space.directions, self.space.batches_by_tokens) \
             if settings.prune_dominated else None
-        prescreen = Prescreen.for_request(request, self.space.config_for, settings.prescreen)
+        prescreen = Prescreen.for_request(request, self.space.config_for, settings.prescreen,
+                                          settings.node_host_bytes, settings.node_trainer)
         if prescreen is None or not settings.prescreen:
             tracer = None
         elif tracer is None and settings.trace and settings.command is None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
@@ -186,5 +187,10 @@ def test_a_sweep_never_probes_a_config_the_node_cannot_hold(tmp_path):
     probed = [r for r in rows if r["predicted"] == "False" and not r["reused_from"]]
     assert len(probed) == 2 and all(r["offload_params"] == "False" and
                                     r["offload_optimizer"] == "False" for r in probed)
-    best = (tmp_path / "node" / "best.yaml").read_text()
-    assert "offload_params: false" in best and "offload_optimizer: false" in best
+    best = yaml.safe_load((tmp_path / "node" / "best.yaml").read_text())
+    assert not best["config"]["offload_params"] and not best["config"]["offload_optimizer"]
+    assert best["node_host"]["host_oom"] is False
+    assert best["node_host"]["kill_bytes"] == int(0.95 * host_bytes)
+    show = subprocess.run([sys.executable, "-m", "autotune", "show", "--results-dir",
+                           str(tmp_path), "--study", "node"], capture_output=True, text=True)
+    assert "node host memory: fits" in show.stdout, show.stdout + show.stderr

@@ -171,6 +171,8 @@ def format_study(study: Any, brief: bool = False) -> str:
     if document.get("length_headroom"):
         lines.append(f"  length headroom: {document['length_headroom']['says']} (probed at "
                      f"{document['config'].get('max_response_length')} tokens)")
+    if document.get("node_host"):
+        lines.append(f"  {document['node_host']['says']}")
     lines += _against_start(trials, best, identity)
     return "\n".join(lines)
 

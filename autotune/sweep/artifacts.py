@@ -143,6 +143,7 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
             "probe_wall_s": result["probe_wall_s"],
         },
         "length_headroom": length_headroom_record(study, config, trial),
+        "node_host": node_host_record(study, config),
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
         "pareto_front": [t.number for t in front],
         "provenance": {
@@ -182,6 +183,37 @@ def length_headroom_record(study: Any, config: dict[str, Any], trial: Any
     headroom = model.headroom(ProbeConfig(**config), budget, measured)
     return {**headroom.as_dict(), "says": headroom.describe("within the budget"),
             "by": f"{model.source}, anchored on this trial's measured peaks"}
+
+
+def node_host_record(study: Any, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The node's host memory for the best config (memory/host.py), on the node the latest
+    run was for (--host-memory, else its machine's RAM); None when the study has no node or
+    its model cannot be read."""
+    import json
+
+    from autotune.config import ProbeConfig
+    from autotune.errors import AutotuneError
+    from autotune.memory.host import NodeRun, node_host
+    from autotune.memory.model import model_shape
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.prescreen import memory_model_args
+
+    node = study.user_attrs.get("node") or {}
+    if not node.get("host_bytes"):
+        return None
+    try:
+        request = ProbeRequest.from_json(json.dumps(study.user_attrs.get("request") or {}))
+        shape = model_shape(request.model, request.model_path)
+        host = node_host(shape, ProbeConfig(**config), NodeRun(
+            request.gpus_per_node, request.world_size, request.device.on_gpu,
+            memory_model_args(request)["compute_bytes"], node.get("trainer")),
+            int(node["host_bytes"]))
+    except (TypeError, KeyError, ValueError, AutotuneError):
+        return None
+    return {"peak_bytes": host.peak_bytes, "binding_phase": host.binding_phase,
+            "kill_bytes": host.kill_bytes, "host_oom": host.host_oom, "says": host.verdict(),
+            "by": "memory/host.py: every rank on the node, the trainer's own terms"
+                  + ("; rank processes a prior" if request.device.on_gpu else "")}
 
 
 def write_artifacts(study: Any, study_dir: Path) -> Path | None:

@@ -291,6 +291,9 @@ def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
             directions=directions(settings.objective), load_if_exists=True)
     identity = settings.identity()
     stored = study.user_attrs.get("identity")
+    if settings.node_host_bytes is not None:  # the node the latest run was for (not identity)
+        study.set_user_attr("node", {"host_bytes": settings.node_host_bytes,
+                                     "trainer": settings.node_trainer})
     if stored is None:
         study.set_user_attr("identity", identity)
         study.set_user_attr("objective_names", objective_names(settings.objective))

@@ -11,6 +11,7 @@ registry models, a real OOM, memory and throughput figures against the memory mo
   bf16 copy are real allocations; collectives move no data);
 - a real OOM: qwen2.5-7b's rank under a 24 GiB cap (--gpu-memory-limit), which its model
   states and engine copy alone exceed;
+- what each probe pins on the host against the node model's held terms (memory/host.py);
 - every case traced beside it (`autotune estimate --trace`: the probe's own step under fake
   tensors, on this machine's CPU cores, in parallel with the probes): traced per phase (the
   tensors plus memory.py's 1 GiB GPU fixed term) against measured, and what the GPU held
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device, gpu_capacity_bytes, has_nvidia_gpu
+from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import (
     TRACE_GPU_CONTEXT_BYTES,
     estimate_memory,
@@ -153,6 +155,11 @@ def run_case(case: tuple, where: Path) -> dict:
             "engine": result.engine,
             "estimate_bytes": {p: e.total_bytes for p, e in estimate.phases.items()},
             "model_state_bytes": result.model_state_bytes,
+            # what the probe pinned on the host (PyTorch's host allocator, power-of-two blocks)
+            # against the node model's held terms for this rank (memory/host.py)
+            "host_held_peak_bytes": result.host_held_peak_bytes,
+            "host_held_model_bytes": node_host(shape, config, NodeRun(1, world, True, 2),
+                                               2**50).rank_held_bytes,
             "states_model_bytes": model_state_bytes(shape.num_params, world).update_bytes,
             "build_s": result.build_s, "probe_wall_s": result.probe_wall_s,
             "device": result.device_name, "versions": result.versions,
@@ -174,9 +181,12 @@ def describe(row: dict) -> str:
                  f"{format_bytes(row['phase_allocator_peak_bytes'].get('rollout'))}, states at "
                  f"wake + reservation "
                  f"{format_bytes(engine['wake_used_bytes'] + engine['reserved_bytes'])}]  ")
+    host = (f"  host held {format_bytes(row['host_held_peak_bytes'])} (host.py "
+            f"{format_bytes(row['host_held_model_bytes'])})"
+            if row.get("host_held_model_bytes") else "")
     return (head + f"{row['tokens_per_s']:,.0f} tok/s  {phases}  states "
             f"{format_bytes(states)} (memory.py {format_bytes(row['states_model_bytes'])})  "
-            f"build {row['build_s']:.0f} s")
+            f"build {row['build_s']:.0f} s{host}")
 
 
 TRL_SPACE = """\

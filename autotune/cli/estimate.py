@@ -84,7 +84,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     reach = length_headroom(request.config, lambda config: phase_totals(
         estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
         plan.shape.context_tokens, request.world_size)
-    host = plan.node_host(est)
+    host = plan.node_host()
     binding = plan.binding_constraint(max(totals.values()), headroom)
     traced = run_trace(plan) if trace else None
     traced_reach = traced_length(plan, traced, budget, reach) if traced else None

@@ -44,12 +44,7 @@ from dataclasses import dataclass, field
 
 from autotune.config import ProbeConfig, device_share, format_bytes
 from autotune.errors import ConfigError
-from autotune.memory.model import (
-    ADAM_BYTES,
-    PARAM_BYTES,
-    MemoryEstimate,
-    ModelShape,
-)
+from autotune.memory.model import ADAM_BYTES, PARAM_BYTES, ModelShape
 
 RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
 RAY_DEFAULT_THRESHOLD = 0.95  # ray_config_def.h: RAY_CONFIG(float, memory_usage_threshold, 0.95)
@@ -208,12 +203,10 @@ class NodeHost:
 
 
 def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: int,
-              estimate: MemoryEstimate | None = None, threshold: float | None = None
-              ) -> NodeHost:
+              threshold: float | None = None) -> NodeHost:
     """The node's host memory for `config` on `run`'s node of `host_bytes` RAM: each phase of
-    a step and the start-up, every rank on the node counted. `estimate` is the memory
-    model's for one rank (memory/model.estimate_memory): its engine reservation decides
-    nothing here, only what the ranks place on the host."""
+    a step and the start-up, every rank on the node counted, against `threshold` of it
+    (default: Ray's, read from the environment, or the whole of it without Ray)."""
     profile = run.profile
     r, w, c = run.ranks_per_node, run.world_size, run.compute_bytes
     units = fsdp_unit_params(shape)

@@ -24,7 +24,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memory_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.host import NodeHost, NodeRun, node_host
-from autotune.memory.model import MemoryEstimate, ModelShape, model_shape
+from autotune.memory.model import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.placement import default_topology
 from autotune.sweep.plan import ProbeOptions, engine_knobs, probe_request
@@ -47,12 +47,12 @@ class EstimatePlan:
     host_bytes: int = 0  # one node's RAM, for the node's host-memory verdict
     trainer: str | None = None  # whose run holds the node's host memory (None: the probe's)
 
-    def node_host(self, estimate: MemoryEstimate | None = None) -> NodeHost:
+    def node_host(self) -> NodeHost:
         """The node's host memory for this plan's config (memory/host.py)."""
         request = self.request
         run = NodeRun(request.gpus_per_node, request.world_size, request.device.on_gpu,
                       memory_model_args(request)["compute_bytes"], self.trainer)
-        return node_host(self.shape, request.config, run, self.host_bytes, estimate)
+        return node_host(self.shape, request.config, run, self.host_bytes)
 
     def binding_constraint(self, gpu_peak_bytes: int, headroom: float) -> str:
         """Which constraint the config is closest to (or past): the GPU's budget, the node's

@@ -193,14 +193,8 @@ def parse_knob_value(key: str, raw: Any) -> Any:
             return text
         raise ConfigError(f"{key}={raw!r}: expected one of {', '.join(choices)}")
     if kind == "float":
-        try:
-            value = float(str(raw).strip()) if not isinstance(raw, bool) else -1.0
-        except ValueError:
-            value = -1.0
-        if not 0.0 < value <= 1.0:
-            raise ConfigError(f"{key}={raw!r}: expected a share of the device, more than 0 "
-                              "and at most 1, e.g. 0.6")
-        return value
+        return parse_share(raw, f"{key}={raw!r}: expected a share of the device, more than 0 "
+                                "and at most 1, e.g. 0.6")
     if isinstance(raw, bool):
         raise ConfigError(f"{key}={raw!r}: expected a positive integer")
     try:
@@ -211,6 +205,17 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         raise ConfigError(f"{key}={value}: must be at least 1")
     if value > MAX_KNOB_VALUE:
         raise ConfigError(f"{key}={value}: must be at most {MAX_KNOB_VALUE}")
+    return value
+
+
+def parse_share(raw: Any, problem: str) -> float:
+    """A share in (0, 1] (of a device, of a node's memory); ConfigError(`problem`) else."""
+    try:
+        value = float(str(raw).strip()) if not isinstance(raw, bool) else -1.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(problem)
     return value
 
 

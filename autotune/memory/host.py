@@ -42,8 +42,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from autotune.config import ProbeConfig, device_share, format_bytes
-from autotune.errors import ConfigError
+from autotune.config import ProbeConfig, device_share, format_bytes, parse_share
 from autotune.memory.model import ADAM_BYTES, PARAM_BYTES, ModelShape
 
 RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
@@ -64,14 +63,9 @@ def ray_threshold() -> float:
     raw = os.environ.get(RAY_THRESHOLD_ENV)
     if raw is None or not raw.strip():
         return RAY_DEFAULT_THRESHOLD
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise ConfigError(f"{RAY_THRESHOLD_ENV}={raw!r} in the environment: expected a share "
-                          "of the node's memory in (0, 1], as Ray reads it (default 0.95)")
-    return value
+    return parse_share(raw, f"{RAY_THRESHOLD_ENV}={raw!r} in the environment: expected a "
+                            "share of the node's memory in (0, 1], as Ray reads it "
+                            "(default 0.95)")
 
 
 @dataclass(frozen=True)

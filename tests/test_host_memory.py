@@ -99,11 +99,11 @@ def test_offload_and_sleep_are_on_the_host_once_pinned_blocks_are_cached():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2])
-def test_a_probe_holds_on_the_host_what_the_node_model_says(tmp_path, world):
-    """A real CPU probe with every offload on (real FSDP ranks for W = 2): the host memory its
-    ranks hold, measured (the shared memory the offloaded tensors live in), within 10% of the
-    node model's held terms for the ranks on the node."""
+def test_two_ranks_hold_on_the_host_what_the_node_model_says(tmp_path):
+    """A real CPU probe of two real FSDP ranks with every offload on: the host memory they
+    hold, measured (the shared memory the offloaded tensors live in), within 10% of the node
+    model's held terms for the ranks on the node (W = 1: test_probe_knobs.py)."""
+    world = 2
     request = ProbeRequest(model="tiny-qwen2.5", config=OFFLOADED, device=Device("cpu"),
                            cpu_threads=2, warmup_steps=1, timed_steps=1, timeout_s=300.0,
                            nnodes=1, gpus_per_node=world)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from autotune.memory.host import NodeRun, node_host
+from autotune.memory.model import model_shape
 from autotune.probe.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
@@ -35,6 +39,13 @@ def test_offload_moves_states_from_device_to_host(make_request):
     # The update phase loads everything back: it does not get cheaper (verl/EasyR1 semantics).
     assert on.phase_peak_mem_bytes["update"] > 0.8 * off.phase_peak_mem_bytes["update"]
     assert on.status is ProbeStatus.OK
+    # what it holds on the host, measured (the shared memory of its offloaded tensors), is the
+    # node model's held terms for its one rank within 10% (W = 2: test_host_memory.py)
+    request = make_request(offload_params=True, offload_optimizer=True)
+    host = node_host(model_shape(request.model), request.config, NodeRun(1, 1, False, 4),
+                     2**40)
+    assert on.host_held_peak_bytes == pytest.approx(host.rank_held_bytes, rel=0.10)
+    assert off.host_held_peak_bytes < 0.1 * host.rank_held_bytes
 
 
 def test_the_reference_waits_where_offload_ref_params_puts_it(make_request):

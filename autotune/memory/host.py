@@ -79,6 +79,8 @@ class HostProfile:
     ref_load_bytes: int  # bytes per parameter the reference is loaded (and offloaded) in
     ref_pinned_copies: int  # FSDP1 CPUOffload pins the flat parameter and a gradient buffer
     source: str  # where these come from
+    ref_loaded_beside_actor: bool = False  # start-up: the reference read while the actor's
+    # host copy is still held (TRL builds both before preparing either)
 
 
 HOST_PROFILES: dict[str | None, HostProfile] = {
@@ -98,7 +100,7 @@ HOST_PROFILES: dict[str | None, HostProfile] = {
     "trl": HostProfile("TRL", ray=False, load_on_every_rank=True, ref_load_bytes=4,
                        ref_pinned_copies=0,
                        source="TRL grpo_trainer.py (from_pretrained in every process, fp32; "
-                              "the reference on the GPU)"),
+                              "the reference on the GPU)", ref_loaded_beside_actor=True),
 }
 
 
@@ -288,7 +290,7 @@ def startup_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dict[
     actor = PARAM_BYTES * shape.num_params
     reference = (profile.ref_load_bytes or run.compute_bytes) * shape.num_params \
         if config.use_kl else 0
-    if profile.name == "TRL" and config.use_kl:  # each process holds both before moving them
+    if profile.ref_loaded_beside_actor:
         return {f"checkpoint_load x{loaders}": loaders * (actor + reference)}
     return {f"checkpoint_load x{loaders}": loaders * max(actor, reference)}
 

@@ -220,15 +220,23 @@ def parse_share(raw: Any, problem: str) -> float:
 
 
 def parse_assignments(assignments: list[str] | tuple[str, ...],
-                      translate: Callable[[str, Any], dict[str, Any] | None] | None = None
+                      translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
                       ) -> dict[str, Any]:
     """Parse `key=value` strings from `--set` into typed knob values; report every problem.
-    `translate` turns a key that is not a knob (a trainer's own key) into the knobs it sets,
-    or None when it is not one either."""
+    `translate` turns the keys that are not knobs (a trainer's own keys, their values read as
+    YAML) into the knobs they set, all at once, or raises ConfigError naming what it cannot."""
     import yaml
 
     values: dict[str, Any] = {}
+    foreign: dict[str, Any] = {}  # keys that are not knobs, for `translate`
     problems: list[str] = []
+
+    def add(knob: str, value: Any) -> None:
+        if knob in values and values[knob] != value:
+            problems.append(f"--set {knob} given twice ({values[knob]}, then {value}); give "
+                            "it once")
+        values[knob] = value
+
     for item in assignments:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -238,25 +246,20 @@ def parse_assignments(assignments: list[str] | tuple[str, ...],
             problems.append(f"--set {item!r}: expected key=value, e.g. micro_batch_size_update=4")
             continue
         try:
-            knobs = None
             if translate is not None and key not in _KNOB_TYPES:
-                knobs = translate(key, yaml.safe_load(raw))
-                if knobs is None:
-                    raise ConfigError(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; or a "
-                                      "key of the trainer's table (docs/trainers-and-export.md)"
-                                      ", spelled in full or by its last part")
-            given = {k: parse_knob_value(k, v) for k, v in knobs.items()} \
-                if knobs is not None else {key: parse_knob_value(key, raw)}
+                foreign[key] = yaml.safe_load(raw)
+            else:
+                add(key, parse_knob_value(key, raw))
         except (ConfigError, yaml.YAMLError) as err:
             lines = err.problems if isinstance(err, ConfigError) else [f"{key}: {raw!r} is "
                                                                       "not a YAML value"]
             problems.extend(f"--set {p}" for p in lines)
-            continue
-        for knob, value in given.items():
-            if knob in values and values[knob] != value:
-                problems.append(f"--set {knob} given twice ({values[knob]}, then {value}); "
-                                "give it once")
-            values[knob] = value
+    if foreign and translate is not None:
+        try:
+            for knob, value in translate(foreign).items():
+                add(knob, parse_knob_value(knob, value))
+        except ConfigError as err:
+            problems.extend(f"--set {p}" for p in err.problems)
     if problems:
         raise ConfigError(problems)
     return values

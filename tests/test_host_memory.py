@@ -152,11 +152,29 @@ def test_estimate_takes_every_constraint_run_takes():
     for args, needle in ((["--host-memory", "lots"], "--host-memory 'lots'"),
                          (["--host-memory-limit", "0"], "--host-memory-limit"),
                          (["--trainer", "verl", "--set", "nonsense=1"], "nonsense"),
+                         # a key TRL reads with others: all of them, or the knobs
+                         (["--trainer", "trl", "--set", "vllm_tensor_parallel_size=2"],
+                          "use_vllm, vllm_mode; give those too"),
                          (["--trainer", "nope"], "--trainer")):
         bad = estimate(*args)
         assert bad.returncode == 2, (args, bad.stderr)
         assert needle in bad.stderr and "Traceback" not in bad.stderr
         assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
+    # TRL's batch keys are per process: without the run's topology they say nothing
+    batches = ["--set", "per_device_train_batch_size=4", "--set", "steps_per_generation=4",
+               "--set", "generation_batch_size=128", "--set", "gradient_accumulation_steps=4"]
+    alone = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model",
+                            "qwen2.5-7b", "--trainer", "trl", *batches], capture_output=True,
+                           text=True)
+    assert alone.returncode == 2 and "give --nnodes and --gpus-per-node" in alone.stderr
+    read = json.loads(estimate("--trainer", "trl", *batches, "--set", "num_generations=8",
+                               "--json").stdout)
+    # 4 responses x 8 processes x 4 steps = 128 responses, 16 prompts of 8, a step and an
+    # optimizer step alike
+    assert read["phase_bytes"] == json.loads(estimate(
+        "--trainer", "trl", "--set", "rollout_n=8", "--set", "rollout_batch_size=16", "--set",
+        "global_batch_size=16", "--set", "micro_batch_size_update=4", "--json").stdout
+                                             )["phase_bytes"]
 
 
 @pytest.mark.slow

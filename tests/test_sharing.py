@@ -198,13 +198,16 @@ def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(t
     waiting = study.ask(space.distributions())
     waiting.set_user_attr("waiting_on", owner.number)
     half = study.ask()  # died asking: no params
+    queued = dict(owner.params, micro_batch_size_update=1)
+    study.enqueue_trial(queued)
+    popped = study.ask()  # died asking a config popped from the queue: no params yet
     now_s = time.time()
     for trial in (owner, waiting):
         trial.set_user_attr("heartbeat_at", now_s - 60)
     n = len(space.params)
     trials = study.get_trials(deepcopy=False)
     scan(study, trials, mine=set(), n_params=n, now_s=now_s - 58, stale_after_s=4.0)
-    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * 3  # all still fresh
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * 4  # all still fresh
     _, others_running = scan(study, study.get_trials(deepcopy=False), mine=set(), n_params=n,
                              now_s=now_s + ASK_GRACE_S + 1, stale_after_s=4.0)
     assert others_running == 0
@@ -214,5 +217,8 @@ def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(t
     assert by_number[half.number].state == TrialState.FAIL
     assert by_number[half.number].user_attrs["status"] == "abandoned"
     assert not by_number[half.number].user_attrs.get("requeued")
-    queued = study.get_trials(states=(TrialState.WAITING,))
-    assert [t.system_attrs["fixed_params"] for t in queued] == [owner.params]  # only the probe's
+    assert by_number[popped.number].user_attrs["status"] == "interrupted"
+    again = study.get_trials(states=(TrialState.WAITING,))
+    # the probing trial's config and the popped one's are queued again; nothing else
+    assert sorted(params_key(t.system_attrs["fixed_params"]) for t in again) == \
+        sorted([params_key(owner.params), params_key(queued)])

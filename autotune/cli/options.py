@@ -115,9 +115,10 @@ host_memory_limit = click.option(
                          "killed and classified host_oom.")
 host_memory = click.option(
     "--host-memory", "host_memory_bytes", type=SIZE, default=None, metavar="SIZE",
-    help="RAM of one node of the run, e.g. 1TiB (default: this machine's): a config whose "
-         "node's host memory passes where the OOM killer acts (Ray's memory monitor at "
-         "RAY_memory_usage_threshold, 0.95) is predicted host_oom.")
+    help="RAM of one node of the run, e.g. 1TiB: a config whose node's host memory passes "
+         "where the OOM killer acts (Ray's memory monitor at RAY_memory_usage_threshold, "
+         "0.95) is predicted host_oom; `run` then never probes it (without it, the verdict "
+         "is stated for this machine's RAM).")
 probe_timeout = click.option("--probe-timeout", "probe_timeout_s", type=DURATION,
                              default="15m", show_default=True,
                              help="Wall-clock limit per probe: 90s, 15m, 2h.")
@@ -206,8 +207,9 @@ def take_probe_options(given: dict[str, Any]) -> ProbeOptions:
 
         adapter = get_adapter(given["trainer"])
         topology = Topology(values.get("nnodes") or 1, values.get("gpus_per_node") or 1)
+        topology_given = values.get("gpus_per_node") is not None
 
-        def translate(key: str, value: Any) -> dict[str, Any] | None:
-            return adapter.knobs_of_key(key, value, topology)
+        def translate(keys: dict[str, Any]) -> dict[str, Any]:
+            return adapter.knobs_of_keys(keys, topology, topology_given)
     values["knobs"] = parse_assignments(values.get("knobs", ()), translate)
     return ProbeOptions(**values)

@@ -11,8 +11,8 @@ A node runs R = gpus_per_node ranks of a run of W ranks. Each term below is what
 own code allocates, with its source; `HostProfile` holds what differs between trainers.
 
 - Rank processes: R x what one rank's process holds beyond its tensors (the CUDA runtime,
-  Python, torch, transformers and the rollout engine's host side). A prior on a GPU,
-  replaced by what a study's probes measured; on a CPU device the whole process is the
+  Python, torch, transformers and the rollout engine's host side). A prior on a GPU (a
+  caller that measured it passes NodeRun.process_bytes); on a CPU device the whole process is the
   emulated GPU's (its device figure), so nothing is counted here.
 - Offload, per rank: fp32 params 4 Psi / W and AdamW's m and v 8 Psi / W between phases
   (verl and EasyR1 fsdp_utils.offload_fsdp_model_to_cpu / offload_fsdp_optimizer). Both copy
@@ -49,7 +49,7 @@ RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
 RAY_DEFAULT_THRESHOLD = 0.95  # ray_config_def.h: RAY_CONFIG(float, memory_usage_threshold, 0.95)
 # One GPU rank's process beyond its tensors: the CUDA runtime with lazy module loading, cuBLAS
 # and NCCL host buffers, Python with torch, transformers and vLLM imported. A prior, stated as
-# such wherever it is used; a study's GPU probes replace it with what they measured.
+# such wherever it is used (not yet measured on a GPU).
 GPU_RANK_PROCESS_BYTES = 4 << 30
 # Ray's node processes (raylet, GCS, dashboard agent) and the trainer's driver (TaskRunner)
 # beyond the batch it holds: a prior.
@@ -249,7 +249,7 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
     notes = []
     if run.process_bytes is None and run.on_gpu:
         notes.append(f"rank processes: the prior {format_bytes(GPU_RANK_PROCESS_BYTES)} per "
-                     "rank (a study's GPU probes measure it)")
+                     "rank, not yet measured on a GPU")
     elif run.process_note:
         notes.append(f"rank processes: {run.process_note}")
     if threshold is None:

@@ -210,8 +210,10 @@ def node_host_record(study: Any, config: dict[str, Any]) -> dict[str, Any] | Non
             int(node["host_bytes"]))
     except (TypeError, KeyError, ValueError, AutotuneError):
         return None
+    node_is = "--host-memory" if node.get("given") else "this machine's RAM, as --host-memory"
     return {"peak_bytes": host.peak_bytes, "binding_phase": host.binding_phase,
-            "kill_bytes": host.kill_bytes, "host_oom": host.host_oom, "says": host.verdict(),
+            "kill_bytes": host.kill_bytes, "host_oom": host.host_oom,
+            "says": f"{host.verdict()}; the node: {node_is}",
             "by": "memory/host.py: every rank on the node, the trainer's own terms"
                   + ("; rank processes a prior" if request.device.on_gpu else "")}
 

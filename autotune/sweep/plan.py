@@ -18,14 +18,7 @@ from typing import Any
 
 from autotune.config import ProbeConfig, Topology, load_knob_file, make_probe_config
 from autotune.errors import ConfigError
-from autotune.hardware import (
-    Device,
-    device_kind,
-    has_nvidia_gpu,
-    host_memory_bytes,
-    this_device,
-    usable_cpu_ids,
-)
+from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device, usable_cpu_ids
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
@@ -293,7 +286,7 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
         trainer=f"{target.adapter.name} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if target is not None else None, storage=options.storage, slots=tuple(slots),
         heartbeat_s=options.heartbeat_s, confirm=ranks.confirm, command=template,
-        node_host_bytes=options.host_memory_bytes or host_memory_bytes(),
+        node_host_bytes=options.host_memory_bytes,
         node_trainer=target.adapter.name if target is not None else None)
     if len(slots) > 1:
         notes.append(f"{len(slots)} probes at a time ({options.executor}): "

@@ -42,7 +42,8 @@ class SweepSettings:
     heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
     confirm: int = 0  # emulated sweeps: probe the best K again with real ranks at the end
     command: CommandTemplate | None = None  # probes are short runs of the user's trainer
-    node_host_bytes: int | None = None  # one node's RAM: the node's host-memory verdict
+    node_host_bytes: int | None = None  # --host-memory: one node's RAM; configs the node
+    # cannot hold are skipped (None: stated for this machine's RAM, never skipped)
     node_trainer: str | None = None  # whose run holds the node's host memory (memory/host.py)
 
     @property

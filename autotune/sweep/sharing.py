@@ -114,15 +114,17 @@ def is_stale(frozen: Any, now_s: float, stale_after_s: float) -> bool:
 
 def take_over(study: Any, frozen: Any, reason: str, asked: bool = True) -> bool:
     """Fail a running trial a dead driver left behind and re-queue its config (a waiting trial's
-    config is its owner's business; a trial that died being asked has no config to re-queue).
-    True when this driver won the race to do it."""
+    config is its owner's business; a trial that died being asked has none, unless it was
+    popped from the queue with one). True when this driver won the race to do it."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     storage, trial_id = study._storage, frozen._trial_id
     waiting = "waiting_on" in frozen.user_attrs
-    requeue = bool(frozen.params) and asked and not waiting
-    status = "duplicate" if waiting else "interrupted" if asked else "abandoned"
+    # a half-asked trial popped from the queue holds the config it was queued with
+    params = frozen.params if asked else dict(frozen.system_attrs.get("fixed_params") or {})
+    requeue = bool(params) and not waiting
+    status = "duplicate" if waiting else "interrupted" if asked or params else "abandoned"
     try:
         storage.set_trial_user_attr(trial_id, "status", status)
         storage.set_trial_user_attr(trial_id, "reason", reason)
@@ -133,8 +135,8 @@ def take_over(study: Any, frozen: Any, reason: str, asked: bool = True) -> bool:
     except UpdateFinishedTrialError:
         return False  # another driver finished or took it over first
     if requeue:
-        study.enqueue_trial(frozen.params, user_attrs={"origin": "requeued",
-                                                       "requeued_from": frozen.number})
+        study.enqueue_trial(params, user_attrs={"origin": "requeued",
+                                                "requeued_from": frozen.number})
     return True
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.errors import AutotuneError, ConfigError
+from autotune.hardware import host_memory_bytes
 from autotune.sweep.settings import SweepSettings
 
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -291,9 +292,6 @@ def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
             directions=directions(settings.objective), load_if_exists=True)
     identity = settings.identity()
     stored = study.user_attrs.get("identity")
-    if settings.node_host_bytes is not None:  # the node the latest run was for (not identity)
-        study.set_user_attr("node", {"host_bytes": settings.node_host_bytes,
-                                     "trainer": settings.node_trainer})
     if stored is None:
         study.set_user_attr("identity", identity)
         study.set_user_attr("objective_names", objective_names(settings.objective))
@@ -321,6 +319,11 @@ def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
                 f"study {settings.study_name} in {opened.where} was started with a "
                 f"different setup ({'; '.join(changed)}); resume it with the original "
                 "search space and options, or pick a new --study")
+    # the node the latest run was for (--host-memory, else this machine's): the best config's
+    # host-memory verdict is stated for it; not part of the identity
+    study.set_user_attr("node", {"host_bytes": settings.node_host_bytes or host_memory_bytes(),
+                                 "given": settings.node_host_bytes is not None,
+                                 "trainer": settings.node_trainer})
     return study, opened
 
 

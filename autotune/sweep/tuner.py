@@ -191,6 +191,8 @@ class Sweep:
 
     def settle_waiting(self, study: Any, trials: list[Any], number: int,
                        pending: Pending) -> None:
+        import optuna
+
         assert pending.owner is not None
         owner = trials[pending.owner]
         if not owner.state.is_finished():
@@ -203,7 +205,11 @@ class Sweep:
         if new_owner == WAIT:
             return
         pending.owner = new_owner
-        pending.trial.set_user_attr("waiting_on", new_owner)
+        try:
+            pending.trial.set_user_attr("waiting_on", new_owner)
+        except optuna.exceptions.UpdateFinishedTrialError:  # taken over while this driver
+            del self.waiting[number]  # was blocked past its heartbeat: the config is
+            return  # its owner's business
         if new_owner is None:  # the owner died without a result: this trial probes it
             del self.waiting[number]
             self.ready.append(pending)
@@ -261,6 +267,9 @@ class Sweep:
                     self.state.stop_reason = reason
                     self.release(study)
                     return
+                for pending in self.ready:  # never probed here now: queued again for whoever
+                    self.give_up(study, pending, "interrupted", requeue=True)  # goes on, so
+                self.ready = []  # two stopping drivers never wait on each other's
                 if not self.said_waiting:
                     self.said_waiting = True
                     self.progress.note(self.state, f"{reason}; waiting for the "
@@ -390,7 +399,12 @@ class Sweep:
                            self.feasibility.capacity_bytes, probed, predicted)
 
     def reuse(self, study: Any, trial: Any, earlier: Any) -> None:
-        tell_reused(study, trial, earlier)
+        import optuna
+
+        try:
+            tell_reused(study, trial, earlier)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another driver took it over
+            return  # while this one was blocked past its heartbeat: nothing to tell
         self.finish(study, trial.number, f"same as trial {earlier.number}, result reused")
 
     def give_up(self, study: Any, pending: Pending, status: str, requeue: bool) -> None:

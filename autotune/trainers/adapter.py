@@ -143,20 +143,56 @@ class Adapter:
 
         return [f"{self.name}: {line}" for line in self.rules(knobs, topology, plain)]
 
-    def knobs_of_key(self, key: str, value: Any, topology: Topology) -> dict[str, Any] | None:
-        """The knobs one of this trainer's own keys sets (`--set num_generations=8`): a key of
-        its table, spelled in full or by its last part where that names one knob; None when
-        the trainer has no such key. Keys it reads through several knobs (TRL's batches)
-        take the trainer's defaults for the keys not given."""
+    def knobs_of_keys(self, given: dict[str, Any], topology: Topology,
+                      topology_given: bool = True) -> dict[str, Any]:
+        """The knobs this trainer's own keys set (`--set num_generations=8`): keys of its
+        table, spelled in full or by their last part where that names one knob. Keys it reads
+        through several knobs together (TRL's batches, its engine) are read as a group: every
+        key of the group must be given, and the topology too where the group reads it.
+
+        Raises:
+            ConfigError: a key the trainer's table does not have, or a group given in part.
+        """
+        from autotune.config import KNOB_NAMES, unknown_key_message
+
         owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
                                              for k in keys}
         owners.update({k: part for part in self.derived for k in part.keys})
-        found = [k for k in owners if k == key] or \
-            [k for k in owners if k.rsplit(".", 1)[-1] == key]
-        if not found or len({id(owners[k]) for k in found}) > 1:
-            return None
-        owner = owners[found[0]]
-        if isinstance(owner, str):
-            return {owner: value}
-        return owner.read(lambda k, default: value if k in found else default, topology)
+        knobs: dict[str, Any] = {}
+        groups: dict[int, tuple[Derived, dict[str, Any]]] = {}
+        by_key: dict[str, Any] = {}  # every given key by its full name: what a group reads
+        problems = []
+        for key, value in given.items():
+            found = [k for k in owners if k == key] or \
+                [k for k in owners if k.rsplit(".", 1)[-1] == key]
+            if not found or len({id(owners[k]) for k in found}) > 1:
+                problems.append(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; nor a key of "
+                                f"{self.name}'s table (docs/trainers-and-export.md), spelled in "
+                                "full or by its last part")
+                continue
+            owner = owners[found[0]]
+            by_key.update({k: value for k in found})
+            if isinstance(owner, str):
+                knobs[owner] = value
+            else:
+                groups.setdefault(id(owner), (owner, {}))[1].update(
+                    {k: value for k in found})
+        for part, values in groups.values():
+            missing = [k for k in part.keys if k not in values]
+            if missing:
+                problems.append(f"{', '.join(values)}: {self.name} reads it with "
+                                f"{', '.join(missing)}; give those too, or set the knobs "
+                                f"({', '.join(part.knobs)})")
+                continue
 
+            def get(key: str, default: Any) -> Any:
+                return by_key.get(key, default)
+            read = part.read(get, topology)
+            if not topology_given and read != part.read(get, Topology(topology.nnodes, 2)):
+                problems.append(f"{', '.join(values)}: {self.name} reads it per process; "
+                                "give --nnodes and --gpus-per-node too")
+                continue
+            knobs.update(read)
+        if problems:
+            raise ConfigError(problems)
+        return knobs

@@ -155,6 +155,14 @@ def test_estimate_takes_every_constraint_run_takes():
                          # a key TRL reads with others: all of them, or the knobs
                          (["--trainer", "trl", "--set", "vllm_tensor_parallel_size=2"],
                           "use_vllm, vllm_mode; give those too"),
+                         # values TRL reads into no knob autotune can probe: one line too
+                         (["--trainer", "trl", "--set", "use_vllm=true", "--set",
+                           "vllm_mode=server", "--set", "vllm_tensor_parallel_size=1"],
+                          "autotune cannot probe"),
+                         (["--trainer", "trl", "--set", "per_device_train_batch_size=4",
+                           "--set", "generation_batch_size=abc", "--set",
+                           "steps_per_generation=4", "--set", "gradient_accumulation_steps=4"],
+                          "check the values"),
                          (["--trainer", "nope"], "--trainer")):
         bad = estimate(*args)
         assert bad.returncode == 2, (args, bad.stderr)

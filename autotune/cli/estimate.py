@@ -85,7 +85,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
         plan.shape.context_tokens, request.world_size)
     host = plan.node_host()
-    binding = plan.binding_constraint(max(totals.values()), headroom)
+    binding = plan.binding_constraint(max(totals.values()), host, headroom)
     traced = run_trace(plan) if trace else None
     traced_reach = traced_length(plan, traced, budget, reach) if traced else None
     if as_json:

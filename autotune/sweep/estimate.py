@@ -54,10 +54,10 @@ class EstimatePlan:
                       memory_model_args(request)["compute_bytes"], self.trainer)
         return node_host(self.shape, request.config, run, self.host_bytes)
 
-    def binding_constraint(self, gpu_peak_bytes: int, headroom: float) -> str:
+    def binding_constraint(self, gpu_peak_bytes: int, host: NodeHost, headroom: float) -> str:
         """Which constraint the config is closest to (or past): the GPU's budget, the node's
-        RAM where its OOM killer acts, or --host-memory-limit on one rank's host memory."""
-        host = self.node_host()
+        RAM where its OOM killer acts (`host`: node_host()), or --host-memory-limit on one
+        rank's host memory."""
         budget = int((1 - headroom) * self.capacity_bytes)
         shares = {f"the GPU's budget ({gpu_peak_bytes / budget:.0%} of "
                   f"{format_bytes(budget)})": gpu_peak_bytes / budget,

@@ -153,7 +153,7 @@ class Adapter:
         Raises:
             ConfigError: a key the trainer's table does not have, or a group given in part.
         """
-        from autotune.config import KNOB_NAMES, unknown_key_message
+        from autotune.config import KNOB_NAMES, parse_knob_value, unknown_key_message
 
         owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
                                              for k in keys}
@@ -187,7 +187,15 @@ class Adapter:
 
             def get(key: str, default: Any) -> Any:
                 return by_key.get(key, default)
-            read = part.read(get, topology)
+            try:
+                read = part.read(get, topology)
+                for knob, value in read.items():
+                    parse_knob_value(knob, value)
+            except (ConfigError, TypeError, ValueError, ZeroDivisionError):
+                problems.append(f"{', '.join(values)}: {self.name} reads them as knobs "
+                                f"autotune cannot probe ({', '.join(part.knobs)}); check the "
+                                "values, or set the knobs")
+                continue
             if not topology_given and read != part.read(get, Topology(topology.nnodes, 2)):
                 problems.append(f"{', '.join(values)}: {self.name} reads it per process; "
                                 "give --nnodes and --gpus-per-node too")

@@ -202,7 +202,10 @@ class MemoryMeter:
         if self.is_cuda:
             import torch
 
-            return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+            stats = getattr(torch.cuda, "host_memory_stats", None)  # torch >= 2.6
+            if stats is None:
+                return 0
+            return int(stats().get("allocated_bytes.current", 0))
         return read_shmem_rss_bytes()
 
     def read_device_bytes(self) -> int:

@@ -9,9 +9,10 @@ The count is what bounds a micro-batch: a balanced one can hold more tokens than
 (three 100-token sequences under a 150-token budget make two micro-batches, one of 200
 tokens), and the probe, the memory model and the trace all run the micro-batches cut here.
 
-The budget is `max_token_len_update` / `max_token_len_experience` tokens when set (verl's
-`ppo_max_token_len_per_gpu` and `log_prob_max_token_len_per_gpu`), else EasyR1's rule: the
-micro-batch size times the padded sequence length. Memory verdicts take every response at
+The budget is `max_token_len_update` / `max_token_len_experience` /
+`critic_max_token_len_update` tokens when set (verl's `ppo_max_token_len_per_gpu`,
+`log_prob_max_token_len_per_gpu` and the critic's `ppo_max_token_len_per_gpu`), else EasyR1's
+rule: the micro-batch size times the padded sequence length. Memory verdicts take every response at
 its full length (`worst_case_rows`): a token budget then bounds the peak whatever lengths the
 run reaches. Pure arithmetic on plain mappings: imports no torch and nothing else of autotune.
 """
@@ -22,14 +23,25 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-BATCHED_PHASES = ("update", "experience")  # the phases cut into micro-batches
-_MICRO_KNOB = {"update": "micro_batch_size_update",
-               "experience": "micro_batch_size_experience"}
-BUDGET_KNOB = {"update": "max_token_len_update", "experience": "max_token_len_experience"}
+# the phases cut into micro-batches; PPO's critic cuts its value forwards and its update by
+# one micro-batch (verl's critic.forward_micro_batch_size_per_gpu follows its update's)
+BATCHED_PHASES = ("update", "experience", "critic_update")
+MICRO_KNOB = {"update": "micro_batch_size_update",
+               "experience": "micro_batch_size_experience",
+               "critic_update": "critic_micro_batch_size_update"}
+BUDGET_KNOB = {"update": "max_token_len_update", "experience": "max_token_len_experience",
+               "critic_update": "critic_max_token_len_update"}
 # how many responses there are to cut: with a token budget the largest micro-batch's rows
 # are not monotone in them (3 under a budget of 3 sequences make one micro-batch of 3, 4 make
 # two of 2), so memory reasoning must hold them equal
 ROW_COUNT_KNOBS = ("rollout_batch_size", "rollout_n", "global_batch_size")
+
+
+def batched_phases(knobs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The phases `knobs` cut into micro-batches: the critic's only where there is one."""
+    if knobs.get("algorithm") == "ppo":
+        return BATCHED_PHASES
+    return tuple(phase for phase in BATCHED_PHASES if phase != "critic_update")
 
 
 def token_budget(knobs: Mapping[str, Any], phase: str) -> int | None:
@@ -39,7 +51,7 @@ def token_budget(knobs: Mapping[str, Any], phase: str) -> int | None:
     budget = knobs.get(BUDGET_KNOB[phase])
     if budget is not None:
         return int(budget)
-    return int(knobs[_MICRO_KNOB[phase]]) * sequence_tokens(knobs)
+    return int(knobs[MICRO_KNOB[phase]]) * sequence_tokens(knobs)
 
 
 def sequence_tokens(knobs: Mapping[str, Any]) -> int:
@@ -52,7 +64,7 @@ def micro_batches(lengths: Sequence[int], knobs: Mapping[str, Any],
     """The indices of `lengths` (each sequence's tokens) in each micro-batch of `phase`."""
     budget = token_budget(knobs, phase)
     if budget is None:
-        size = int(knobs[_MICRO_KNOB[phase]])
+        size = int(knobs[MICRO_KNOB[phase]])
         return [list(range(start, min(start + size, len(lengths))))
                 for start in range(0, len(lengths), size)]
     count = min(len(lengths), -(-sum(lengths) // budget))
@@ -83,7 +95,7 @@ def worst_case_rows(knobs: Mapping[str, Any], sequences: int, phase: str) -> int
         return 0
     budget = token_budget(knobs, phase)
     if budget is None:  # not capped at `sequences`: the rules make it divide them
-        return int(knobs[_MICRO_KNOB[phase]])
+        return int(knobs[MICRO_KNOB[phase]])
     count = min(sequences, -(-sequences * sequence_tokens(knobs) // budget))
     return -(-sequences // count)  # equal lengths: balanced groups differ by one at most
 
@@ -91,7 +103,7 @@ def worst_case_rows(knobs: Mapping[str, Any], sequences: int, phase: str) -> int
 def budget_problems(knobs: Mapping[str, Any]) -> list[str]:
     """A token budget must hold one whole sequence (verl asserts it in seqlen_balancing)."""
     problems = []
-    for phase in BATCHED_PHASES:
+    for phase in batched_phases(knobs):
         budget = token_budget(knobs, phase)
         if budget is not None and budget < sequence_tokens(knobs):
             problems.append(f"{BUDGET_KNOB[phase]}={budget} is less than one sequence "
@@ -108,7 +120,7 @@ def with_token_budgets(knobs: Mapping[str, Any]) -> dict[str, Any]:
     """`knobs` with each token budget written out as the probe ran it (dynamic batching on:
     the budget given, or micro-batch x sequence length), for an export to set."""
     out = dict(knobs)
-    for phase in BATCHED_PHASES:
+    for phase in batched_phases(knobs):
         budget = token_budget(knobs, phase) if "max_prompt_length" in knobs else None
         if budget is not None:
             out[BUDGET_KNOB[phase]] = budget

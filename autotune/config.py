@@ -26,7 +26,15 @@ _BYTE_UNITS = {
 
 MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.7 million
 MAX_BYTES = 2**60  # an exabyte: past it a size is a typo
-PHASES = ("rollout", "experience", "update", "validation")  # the phases of one GRPO step
+# the phases of one step, in the trainers' order: PPO's critic is updated before the actor
+# (verl's and EasyR1's RayPPOTrainer.fit: update_critic, then update_actor)
+PHASES = ("rollout", "experience", "critic_update", "update", "validation")
+# grpo: no critic, group-relative advantages; ppo: GAE with a critic (a value model of the
+# actor's architecture, trained on the same GPUs)
+ALGORITHMS = ("grpo", "ppo")
+CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
+                "critic_gradient_checkpointing", "critic_offload_params",
+                "critic_offload_optimizer")  # read only where the algorithm has a critic
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
 
@@ -97,6 +105,22 @@ class ProbeConfig:
     offload_ref_params: bool | None = field(default=None, metadata={
         "help": "the reference model's params to host between its forwards (none: as "
                 "offload_params)"})
+    algorithm: str = field(default="grpo", metadata={
+        "help": "grpo: no critic; ppo: GAE with a critic of the actor's architecture (a value "
+                "head), trained on the same GPUs", "choices": ALGORITHMS})
+    critic_micro_batch_size_update: int = field(default=4, metadata={
+        "help": "ppo: responses per device per critic forward/backward, and per value forward "
+                "(verl's critic forward micro-batch follows it by default)"})
+    critic_max_token_len_update: int | None = field(default=None, metadata={
+        "help": "ppo, dynamic batching: tokens per device per critic micro-batch (none: "
+                "critic_micro_batch_size_update x the sequence length)"})
+    critic_gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "ppo: recompute the critic's activations"})
+    critic_offload_params: bool = field(
+        default=False, metadata={"help": "ppo: the critic's fp32 params to host between phases"})
+    critic_offload_optimizer: bool = field(
+        default=False, metadata={"help": "ppo: the critic's optimizer state to host between "
+                                         "phases"})
     image_size_px: int = field(
         default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
                                         "tokens, room in the default 256-token prompt"})
@@ -109,6 +133,10 @@ class ProbeConfig:
         """Whether the reference model's params wait in host memory between its forwards."""
         return self.offload_params if self.offload_ref_params is None \
             else self.offload_ref_params
+
+    @property
+    def has_critic(self) -> bool:
+        return self.algorithm == "ppo"
 
     @property
     def sequence_length(self) -> int:
@@ -303,6 +331,7 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
         problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
                         f"micro_batch_size_experience={mbe}")
     problems += budget_problems(config.as_dict())
+    problems += critic_problems(config, w)
     tp = config.rollout_tensor_parallel
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
@@ -314,6 +343,42 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
             "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
     return problems
+
+
+def critic_problems(config: ProbeConfig, world_size: int = 1) -> list[str]:
+    """The critic's rules: its mini-batch is the actor's (verl's critic.ppo_mini_batch_size
+    follows the actor's), split into whole critic micro-batches on each GPU; a GRPO config
+    sets no critic knob (nothing would read it)."""
+    defaults = ProbeConfig()
+    if not config.has_critic:
+        set_knobs = [k for k in CRITIC_KNOBS if getattr(config, k) != getattr(defaults, k)]
+        return [f"{', '.join(set_knobs)}: critic knobs, but algorithm={config.algorithm} "
+                "trains no critic; set algorithm=ppo (--algorithm ppo) or remove them"] \
+            if set_knobs else []
+    w, n, gbs = world_size, config.rollout_n, config.global_batch_size
+    mbc = config.critic_micro_batch_size_update
+    if config.dynamic_batching or (gbs * n) % w:
+        return []
+    on = "" if w == 1 else f"/{w} GPUs"
+    problems = []
+    if (gbs * n // w) % mbc:
+        problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
+                        f"critic_micro_batch_size_update={mbc} (the critic's mini-batch is "
+                        "the actor's)")
+    rbs = config.rollout_batch_size
+    if (rbs * n) % w == 0 and (rbs * n // w) % mbc:
+        problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible "
+                        f"by critic_micro_batch_size_update={mbc} (the critic's value "
+                        "forward micro-batch)")
+    return problems
+
+
+def algorithm_defaults(named: dict[str, Any]) -> dict[str, Any]:
+    """The knobs an algorithm sets when nothing else names them: PPO's rollout.n is 1 (one
+    response per prompt, the value model is the baseline; verl's ppo_trainer.yaml)."""
+    if named.get("algorithm") == "ppo" and "rollout_n" not in named:
+        return {"rollout_n": 1}
+    return {}
 
 
 def engine_problems(config: ProbeConfig) -> list[str]:
@@ -417,6 +482,11 @@ MEMORY_DIRECTION: dict[str, int] = {
     "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
     "sleep_level": 0, "rollout_engine": 0,
     "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
+    # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's
+    "critic_micro_batch_size_update": +1, "critic_max_token_len_update": +1,
+    "critic_gradient_checkpointing": -1, "critic_offload_params": -1,
+    "critic_offload_optimizer": -1,
+    "algorithm": 0,  # not ordered (a critic adds memory, but the values name algorithms)
 }
 
 
@@ -458,7 +528,10 @@ def describe_params(params: dict[str, Any]) -> str:
              "rollout_tensor_parallel": "tp", "gpu_memory_utilization": "util",
              "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep",
              "dynamic_batching": "dyn", "max_token_len_update": "tok_u",
-             "max_token_len_experience": "tok_e", "offload_ref_params": "off_ref"}
+             "max_token_len_experience": "tok_e", "offload_ref_params": "off_ref",
+             "critic_micro_batch_size_update": "c_mbu", "critic_max_token_len_update": "c_tok",
+             "critic_gradient_checkpointing": "c_gc", "critic_offload_params": "c_off_p",
+             "critic_offload_optimizer": "c_off_o"}
     parts = []
     for name, value in params.items():
         label = short.get(name, name)

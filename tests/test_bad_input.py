@@ -34,7 +34,6 @@ def make_sandbox(root: Path) -> None:
     files = {
         "space.yaml": SPACE, "not_utf8.yaml": NOT_UTF8, "binary.yaml": os.urandom(3000),
         "list.yaml": "- 1\n- 2\n", "broken.yaml": "params: {a: [1, 2\n",
-        "ppo.yaml": "algorithm: {adv_estimator: gae}\ntrainer: {nnodes: 1, n_gpus_per_node: 1}\n",
         "unknown_knob.yaml": "params:\n  micro_batch: {type: bool}\n",
         "deep.yaml": "[" * 5000, "notjournal.txt": "hello\n", "existing.log": "keep me\n",
         "a_file": "not a folder\n", "badjson/config.json": "{oops", "noconfig/.keep": "",
@@ -157,9 +156,11 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--storage", "new.journal", "--study", ""], "--study ''"),  # no journal made
     (RUN + ["--trainer", "easyr1", "--base-config", "not_utf8.yaml"], "not UTF-8 text"),
     (RUN + ["--trainer", "verl", "--base-config", "list.yaml"], "expected a mapping of trainer"),
-    # a base config that trains a critic: the probe (GRPO) would measure another algorithm
-    (RUN + ["--trainer", "verl", "--base-config", "ppo.yaml"],
-     "--base-config ppo.yaml: algorithm.adv_estimator is gae in your base config: gae trains"),
+    # PPO for a trainer whose PPO autotune does not write
+    (RUN + ["--trainer", "trl", "--algorithm", "ppo"],
+     "trl: PPO (a critic) is not supported: autotune writes this trainer's GRPO config"),
+    (RUN + ["--algorithm", "ppo", "--set", "algorithm=grpo"],
+     "--algorithm ppo but --set algorithm=grpo; give one"),
     (RUN + ["--no-such-flag"], "No such option '--no-such-flag'"),
     # run --launch: the user's own trainer
     (RUN + ["--launch", "python3 t.py --config {config}"], "--launch needs --trainer"),

@@ -210,8 +210,8 @@ def test_export_command_writes_once_and_prints_the_launch_line(tmp_path):
     written = tmp_path / "x" / "best.verl.yaml"
     assert f"wrote {written}" in out.stdout
     # the base names no estimator: verl's default (gae, with a critic) is replaced, and said
-    assert "set algorithm.adv_estimator: (not set) -> grpo, because gae trains a critic" \
-        in out.stdout
+    assert ("algorithm.adv_estimator and critic.enable: not set in your base config, where "
+            "verl's default trains ppo; set to the study's algorithm, grpo") in out.stdout
     assert (f"launch: python3 -m verl.trainer.main_ppo --config-path {written.parent} "
             "--config-name best.verl\n") in out.stdout
     assert "or as overrides on your base config: data.train_batch_size=4" in out.stdout

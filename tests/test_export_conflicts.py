@@ -177,9 +177,9 @@ def test_verl_with_a_critic_is_refused_or_forced_to_grpo(tmp_path):
     with pytest.raises(ConfigError) as err:
         render(VERL, STUDY, Topology(1, 1), base, ["p"])
     assert err.value.problems == [
-        "algorithm.adv_estimator is gae in your base config: gae trains a critic model beside "
-        "the actor, which the probe (GRPO, no critic) never held; verl's own default is gae; "
-        "set algorithm.adv_estimator: grpo there, or pass --force to export it"]
+        "algorithm.adv_estimator in your base config train ppo but the study measured grpo "
+        "(no critic): set them for grpo there, re-run the sweep with --algorithm ppo, or pass "
+        "--force to export the study's"]
     forced = yaml.safe_load(render(VERL, STUDY, Topology(1, 1), base, ["p"], force=True))
     assert forced["algorithm"]["adv_estimator"] == "grpo"
     # no base: verl's defaults would train a critic, so the estimator is written
@@ -187,7 +187,7 @@ def test_verl_with_a_critic_is_refused_or_forced_to_grpo(tmp_path):
     assert plain.values["algorithm.adv_estimator"] == "grpo" and plain.problems == []
     critic = tmp_path / "critic.yaml"
     critic.write_text("algorithm: {adv_estimator: grpo}\ncritic: {enable: true}\n")
-    with pytest.raises(ConfigError, match="critic.enable is true in your base config"):
+    with pytest.raises(ConfigError, match="critic.enable in your base config train ppo"):
         render(VERL, STUDY, Topology(1, 1), load_trainer_yaml(str(critic)), ["p"])
 
 

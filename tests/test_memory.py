@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.memory.model import (
+    CRITIC_PHASE_KNOBS,
     PHASE_KNOBS,
     ModelShape,
     activation_bytes_per_token,
@@ -18,6 +19,7 @@ from autotune.memory.model import (
     layer_activation_bytes_per_token,
     model_shape,
     model_state_bytes,
+    phase_knobs,
 )
 from autotune.probe.models import count_params, load_model_config
 from autotune.registry import REGISTRY
@@ -108,23 +110,32 @@ def test_each_phase_moves_only_with_its_knobs():
                "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3,
                "enable_sleep": False, "max_num_batched_tokens": 4096, "sleep_level": 2,
                "dynamic_batching": True, "max_token_len_update": 6 * 512,
-               "max_token_len_experience": 6 * 512, "offload_ref_params": True}
+               "max_token_len_experience": 6 * 512, "offload_ref_params": True,
+               "algorithm": "ppo", "critic_micro_batch_size_update": 4,
+               "critic_max_token_len_update": 6 * 512, "critic_gradient_checkpointing": True,
+               "critic_offload_params": True, "critic_offload_optimizer": True}
     device = {"engine_capacity_bytes": 80 * 2**30}
-    # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held
+    # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held; and
+    # PPO (a critic) with each
     bases = [base, replace(base, rollout_engine="vllm-like"),
              replace(base, rollout_engine="vllm-like", enable_sleep=False)]
+    bases += [replace(b, algorithm="ppo") for b in bases]
     for name in ("tiny-qwen2.5", "tiny-qwen2.5-vl", "qwen2.5-7b"):
         shape = model_shape(name)
         for on_gpu, start in ((True, bases[0]), (False, bases[0]), (True, bases[1]),
-                              (True, bases[2])):
+                              (True, bases[2]), (True, bases[3]), (False, bases[3]),
+                              (True, bases[4]), (True, bases[5])):
             before = estimate_memory(shape, start, on_gpu=on_gpu, **device).phases
+            moving = phase_knobs(start.has_critic)
             for knob, value in changes.items():
                 after = estimate_memory(shape, replace(start, **{knob: value}), on_gpu=on_gpu,
                                         **device).phases
                 for phase in before:
-                    moved = after[phase].total_bytes != before[phase].total_bytes
-                    if knob not in PHASE_KNOBS[phase]:
-                        assert not moved, (name, knob, phase, start.rollout_engine)
+                    moved = phase not in after or \
+                        after[phase].total_bytes != before[phase].total_bytes
+                    if knob not in moving[phase]:
+                        assert not moved, (name, knob, phase, start.rollout_engine,
+                                           start.algorithm)
     # and the listed knobs do move their phase, with one engine or the other (HF engine
     # batches below max_num_seqs; a vllm-like engine that holds its reservation)
     shape = model_shape("tiny-qwen2.5-vl")
@@ -133,12 +144,26 @@ def test_each_phase_moves_only_with_its_knobs():
     # them where the budgets differ from micro-batch x length
     wides += [replace(base, dynamic_batching=True),
               replace(base, max_token_len_update=8 * 512, max_token_len_experience=8 * 512)]
-    for phase, knobs in PHASE_KNOBS.items():
+    wides += [replace(wide, algorithm="ppo") for wide in wides]
+    wides += [replace(wides[-1], dynamic_batching=True, critic_max_token_len_update=8 * 512),
+              # the value forward binds the experience phase: the actor's offload moves it
+              replace(wides[-1], critic_micro_batch_size_update=32, micro_batch_size_experience=1)]
+    wides += [replace(base, algorithm="ppo", micro_batch_size_experience=1,
+                      dynamic_batching=True, critic_max_token_len_update=32 * 512)]
+
+    def total(config: ProbeConfig, phase: str) -> int | None:
+        phases = estimate_memory(shape, config, **device).phases
+        return phases[phase].total_bytes if phase in phases else None
+
+    for phase, knobs in CRITIC_PHASE_KNOBS.items():
         for knob in knobs:
             value = 2 if knob == "max_num_seqs" else changes[knob]
-            assert any(estimate_memory(shape, replace(wide, **{knob: value}), **device)
-                       .phases[phase].total_bytes != estimate_memory(shape, wide, **device)
-                       .phases[phase].total_bytes for wide in wides), (knob, phase)
+            assert any(total(replace(wide, **{knob: value}), phase) != total(wide, phase)
+                       for wide in wides), (knob, phase)
+    # without a critic, only PPO's own knobs are told apart
+    assert {phase: knobs - PHASE_KNOBS[phase] for phase, knobs in CRITIC_PHASE_KNOBS.items()
+            if knobs != PHASE_KNOBS[phase]} == {
+        "experience": {"offload_params", "offload_ref_params"}}
 
 
 def test_vision_tower_adds_patch_activations_in_the_update():

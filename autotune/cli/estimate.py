@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 @opt.nnodes
 @opt.gpus_per_node
 @opt.device
+@opt.algorithm
 @opt.set_knobs
 @click.option("--capacity", "capacity_bytes", type=opt.SIZE, default=None, metavar="SIZE",
               help="Memory of the device planned for (default: this machine's GPU, else "
@@ -93,6 +94,9 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
             "model": plan.name, "num_params": plan.shape.num_params,
             "world_size": request.world_size, "device": request.device.kind,
             "capacity_bytes": capacity, "phase_bytes": totals,
+            "algorithm": request.config.algorithm,
+            "critic_phase_bytes": {p: est.critic_bytes(p) for p in est.phases}
+            if request.config.has_critic else {},
             "host_offload_bytes": est.host_offload_bytes,
             "response_tokens": request.config.max_response_length,
             "length_headroom": reach.as_dict(),

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from autotune.config import (
+    ALGORITHMS,
     DTYPE_CHOICES,
     engine_choices,
     parse_assignments,
@@ -100,6 +101,11 @@ set_knobs = click.option("--set", "knobs", multiple=True, metavar="KEY=VALUE",
                          help="Set a knob, repeatable: --set micro_batch_size_update=8; with "
                               "--trainer, also the trainer's own keys (num_generations, "
                               "ppo_micro_batch_size_per_gpu, ...).")
+algorithm = click.option(
+    "--algorithm", type=click.Choice(ALGORITHMS), default=None,
+    help="grpo (no critic) or ppo (GAE with a critic on the same GPUs; rollout_n 1 unless "
+         "set). Default: a trainer base config's estimator, else the space's, else grpo; the "
+         "same as --set algorithm=...")
 headroom = click.option("--headroom", type=SHARE, default="10%", show_default=True,
                         help="Device memory kept free in every phase of a feasible config.")
 
@@ -191,7 +197,7 @@ def stack(*options: Decorator) -> Decorator:
 probe_options = stack(model, model_path, device, gpus, threads, gpu_memory_limit,
                       reserve_gpu_memory, host_memory_limit, probe_timeout, nnodes,
                       gpus_per_node, ranks, warmup_steps, timed_steps, engine, dtype, seed,
-                      set_knobs)
+                      algorithm, set_knobs)
 study_options = stack(study, results_dir, storage)  # every command that reads a study
 
 
@@ -199,6 +205,7 @@ def take_probe_options(given: dict[str, Any]) -> ProbeOptions:
     """The ProbeOptions among a command's parsed options (removed from `given`); --set is
     read as knobs, and as the trainer's own keys where the command has --trainer."""
     fields = ProbeOptions.__dataclass_fields__
+    chosen = given.pop("algorithm", None)
     values = {name: given.pop(name) for name in list(given) if name in fields}
     translate = None
     if given.get("trainer") is not None:
@@ -212,4 +219,9 @@ def take_probe_options(given: dict[str, Any]) -> ProbeOptions:
         def translate(keys: dict[str, Any]) -> dict[str, Any]:
             return adapter.knobs_of_keys(keys, topology, topology_given)
     values["knobs"] = parse_assignments(values.get("knobs", ()), translate)
+    if chosen is not None:
+        if values["knobs"].get("algorithm", chosen) != chosen:
+            raise ConfigError(f"--algorithm {chosen} but --set algorithm="
+                              f"{values['knobs']['algorithm']}; give one")
+        values["knobs"]["algorithm"] = chosen
     return ProbeOptions(**values)

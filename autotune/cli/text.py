@@ -29,17 +29,21 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
                      "(the whole run, validation excluded)")
     if result.model_state_bytes and result.world_size > 1:
         states = result.model_state_bytes
-        lines.append(f"  model states per rank {format_bytes(sum(states.values()))} (params "
-                     f"{format_bytes(states['params'])}, grads {format_bytes(states['grads'])}, "
-                     f"optimizer {format_bytes(states['optimizer'])})")
+        for model, prefix in (("model", ""), ("critic", "critic_")):
+            if f"{prefix}params" not in states:
+                continue
+            parts = [states[f"{prefix}{k}"] for k in ("params", "grads", "optimizer")]
+            lines.append(f"  {model} states per rank {format_bytes(sum(parts))} (params "
+                         f"{format_bytes(parts[0])}, grads {format_bytes(parts[1])}, "
+                         f"optimizer {format_bytes(parts[2])})")
     phases = [p for p in PHASES if p in result.phase_peak_mem_bytes or p in result.phase_s]
     if phases:
-        lines.append(f"  {'phase':<12}{'seconds':>9}{'peak device memory':>21}")
+        lines.append(f"  {'phase':<14}{'seconds':>9}{'peak device memory':>21}")
         for phase in phases:
             seconds = result.phase_s.get(phase)
             shown = f"{seconds:.2f}" if seconds is not None else "-"
             peak = format_bytes(result.phase_peak_mem_bytes.get(phase))
-            lines.append(f"  {phase:<12}{shown:>9}{peak:>21}"
+            lines.append(f"  {phase:<14}{shown:>9}{peak:>21}"
                          f"{'  (max over ranks)' if result.rank_peak_mem_bytes else ''}")
     capacity = format_bytes(result.device_capacity_bytes)
     limit = result.device_limit_bytes

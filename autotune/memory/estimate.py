@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autotune.batching import BUDGET_KNOB
+from autotune.batching import BUDGET_KNOB, MICRO_KNOB
 from autotune.config import ProbeConfig, device_share, format_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory
 
 MAX_MICRO_BATCH = 1 << 16
+PHASE_COLUMN = 15  # the widest phase name, critic_update, and two spaces
 
 
 def phase_totals(estimate: MemoryEstimate, calibration: Calibration | None) -> dict[str, int]:
@@ -29,15 +30,17 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
     """The largest value of micro-batch `knob` whose phase fits `budget_bytes` (0: not even
     1), searched past the batch, and how many responses the batch gives one GPU there."""
     share = device_share(config, model_args.get("num_gpus", 1))
-    per_gpu = share.responses_per_minibatch if knob == "micro_batch_size_update" \
-        else share.responses_per_step
-    phase = "update" if knob == "micro_batch_size_update" else "experience"
+    phase = {micro: phase for phase, micro in MICRO_KNOB.items()}[knob]
+    per_gpu = share.responses_per_step if phase == "experience" \
+        else share.responses_per_minibatch
+    # the critic's micro-batch also cuts its value forwards, in the experience phase
+    phases = (phase, "experience") if phase == "critic_update" else (phase,)
 
     def fits(micro: int) -> bool:  # `micro` full-length responses in the largest micro-batch
         trial = dataclasses.replace(config, dynamic_batching=False,
                                     **{knob: micro})  # type: ignore[arg-type]
         totals = phase_totals(estimate_memory(shape, trial, **model_args), calibration)
-        return totals[phase] <= budget_bytes
+        return all(totals[p] <= budget_bytes for p in phases)
 
     low, high = 0, MAX_MICRO_BATCH  # memory grows with the micro-batch: bisect
     while low < high:
@@ -61,14 +64,15 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
              f"capacity {format_bytes(capacity_bytes)} per device, budget "
              f"{format_bytes(budget)} at {headroom:.0%} headroom",
              f"memory model: {calibration_note}", "",
-             f"{'phase':<12}{'model states':>14}{'transient':>12}{'context':>11}{'total':>12}"
+             f"{'phase':<{PHASE_COLUMN}}{'model states':>14}{'transient':>12}{'context':>11}"
+             f"{'total':>12}"
              f"{'of capacity':>13}"]
     for phase, part in estimate.phases.items():
         transient, context = part.transient_bytes, part.context_bytes
         if calibration is not None:
             transient, context = calibration.split(phase, part)
         mark = "  <- binds" if phase == binding else ""
-        lines.append(f"{phase:<12}{format_bytes(part.states_bytes):>14}"
+        lines.append(f"{phase:<{PHASE_COLUMN}}{format_bytes(part.states_bytes):>14}"
                      f"{format_bytes(transient):>12}{format_bytes(context):>11}"
                      f"{format_bytes(totals[phase]):>12}{totals[phase] / capacity_bytes:>12.0%}"
                      f"{mark}")
@@ -77,13 +81,20 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
     verdict = "fits" if totals[binding] <= budget else (
         "over the headroom budget" if totals[binding] <= capacity_bytes else "does not fit")
     lines += ["", f"binding phase: {binding} ({verdict}); prior terms: {terms}"]
-    for knob in ("micro_batch_size_update", "micro_batch_size_experience"):
+    if config.has_critic:
+        lines.append("critic (ppo), per GPU: " + ", ".join(
+            f"{phase} {format_bytes(estimate.critic_bytes(phase))}" for phase in estimate.phases
+            if estimate.critic_bytes(phase)) + " (its states, and its activations where it "
+            "runs: the value forward in experience, its own update)")
+    phases = ("update", "experience", "critic_update") if config.has_critic else (
+        "update", "experience")
+    for phase in phases:
+        knob = MICRO_KNOB[phase]
         fits, per_gpu = largest_micro_batch(shape, config, knob, budget, calibration,
                                             **model_args)
-        what = "per optimizer step" if knob == "micro_batch_size_update" else "per step"
+        what = "per step" if phase == "experience" else "per optimizer step"
         if config.dynamic_batching:
-            budget_knob = BUDGET_KNOB["update" if knob == "micro_batch_size_update"
-                                      else "experience"]
+            budget_knob = BUDGET_KNOB[phase]
             tokens = fits * config.sequence_length
             lines.append(f"largest {budget_knob} within the budget: " + (
                 f"{tokens:,} tokens ({fits} whole sequences of {config.sequence_length}; the "
@@ -107,12 +118,13 @@ def format_traced(traced_phase_bytes: dict[str, int], context_bytes: int, contex
     budget = int((1 - headroom) * capacity_bytes)
     binding = max(traced_phase_bytes, key=lambda phase: traced_phase_bytes[phase])
     lines = [f"traced: {what}", "",
-             f"{'phase':<12}{'tensors':>12}{'fixed term':>12}{'total':>12}{'of capacity':>13}"
+             f"{'phase':<{PHASE_COLUMN}}{'tensors':>12}{'fixed term':>12}{'total':>12}"
+             f"{'of capacity':>13}"
              f"{'memory model':>14}{'model - traced':>16}"]
     for phase, total in traced_phase_bytes.items():
         model = model_totals.get(phase)
         mark = "  <- binds" if phase == binding else ""
-        lines.append(f"{phase:<12}{format_bytes(total - context_bytes):>12}"
+        lines.append(f"{phase:<{PHASE_COLUMN}}{format_bytes(total - context_bytes):>12}"
                      f"{format_bytes(context_bytes):>12}{format_bytes(total):>12}"
                      f"{total / capacity_bytes:>12.0%}"
                      f"{format_bytes(model) if model else '-':>14}"

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.batching import BATCHED_PHASES, BUDGET_KNOB
+from autotune.batching import BUDGET_KNOB, batched_phases
 from autotune.config import ProbeConfig, device_share
 
 PhasePeaks = Callable[[ProbeConfig], dict[str, int]]  # a config's peak bytes per phase
@@ -67,7 +67,7 @@ def response_length_limit(config: ProbeConfig, context_tokens: int) -> tuple[int
     prompt = config.max_prompt_length
     limits = [(context_tokens - prompt, f"the model's context of {context_tokens:,} tokens")]
     if config.dynamic_batching:
-        for phase in BATCHED_PHASES:
+        for phase in batched_phases(config.as_dict()):
             budget = getattr(config, BUDGET_KNOB[phase])
             if budget is not None:
                 limits.append((budget - prompt, f"{BUDGET_KNOB[phase]}={budget:,}"))
@@ -100,8 +100,10 @@ def row_breaks(config: ProbeConfig, world_size: int, high: int) -> list[int]:
         return []
     share = device_share(config, world_size)
     breaks: set[int] = set()
-    for phase, count in (("update", share.responses_per_minibatch),
-                         ("experience", share.responses_per_step)):
+    counts = {"update": share.responses_per_minibatch, "experience": share.responses_per_step,
+              "critic_update": share.responses_per_step}  # the critic's value forwards
+    for phase in batched_phases(config.as_dict()):
+        count = counts[phase]
         budget = getattr(config, BUDGET_KNOB[phase])
         if budget is None:
             continue
@@ -138,6 +140,6 @@ def length_headroom(config: ProbeConfig, peaks: PhasePeaks, budget_bytes: int,
     growth: dict[str, float] = {}
     if config.dynamic_batching and high > config.max_response_length:
         here, there = peaks(config), peaks(at_length(config, high))
-        growth = {phase: round(there[phase] / here[phase] - 1, 4) for phase in BATCHED_PHASES
-                  if here.get(phase)}
+        growth = {phase: round(there[phase] / here[phase] - 1, 4)
+                  for phase in batched_phases(config.as_dict()) if here.get(phase)}
     return LengthHeadroom(fits_up_to, high, limit, growth)

@@ -11,6 +11,10 @@ never the update. Activations follow Korthikanti et al. 2022 (arXiv:2205.05198) 
 Qwen2's SwiGLU, GQA and RMSNorm; logits are [tokens, vocabulary]; the KV cache is
 2 x layers x KV heads x head dim per token, as vLLM sizes it; a vllm-like rollout engine is the
 resident states plus its reservation, gpu_memory_utilization x the device (section 4.2).
+PPO's critic (probe/critic.py) is the decoder without the LM head plus a scalar head, with
+the same 16 bytes per parameter in its own update phase (`critic_update`, before the actor's)
+and its own offload between phases; its value forward in the experience phase holds its
+params and no vocabulary logits.
 
 Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
 states, the reference model, the rollout engine's weights), `transient_bytes` (what grows with
@@ -37,24 +41,40 @@ ADAM_BYTES = 8  # fp32 m and v
 # The knobs that move each phase's peak in this model (a test checks every other knob leaves
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
 # the update, which loads them back; the log-prob forwards load the actor params back too.
-_SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px")
+_SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
+                "algorithm")  # a critic is one more model on the GPU in every phase
+_CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
+_CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
 _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
 _ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization")  # the reservation
 _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
+                          *_CRITIC_HELD,
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
-                             "dynamic_batching", "max_token_len_experience",
-                             *_HELD_KNOBS, *_SHAPE_KNOBS}),
+                             "dynamic_batching", "max_token_len_experience", *_CRITIC_HELD,
+                             *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
+    "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
+                                "offload_params", "offload_optimizer", *_REF_KNOBS,
+                                "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
-                         "dynamic_batching", "max_token_len_update",
+                         "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
-                             *_SHAPE_KNOBS}),
+                             *_CRITIC_HELD, *_SHAPE_KNOBS}),
 }
+# With a critic, the experience phase's value forward runs after the actor's params and the
+# reference went back to where they wait: their offload moves that phase too.
+CRITIC_PHASE_KNOBS: dict[str, frozenset[str]] = {
+    **PHASE_KNOBS, "experience": PHASE_KNOBS["experience"] | set(_REF_KNOBS)}
+
+
+def phase_knobs(critic: bool) -> dict[str, frozenset[str]]:
+    """The knobs that move each phase's peak, for a run with or without a critic."""
+    return CRITIC_PHASE_KNOBS if critic else PHASE_KNOBS
 
 # The fixed context of one probe process before calibration (the prior a study's calibration
 # replaces): CUDA context and allocator slack on a GPU, the anonymous RSS of Python, torch and
@@ -147,6 +167,13 @@ class ModelShape:
         if not self.tied_embeddings:
             split += 2 * self.embedding_params
         return self.num_params - split + split // tensor_parallel
+
+    @property
+    def critic_params(self) -> int:
+        """PPO's value model: every parameter but an untied LM head, plus hidden x 1 and a
+        bias (AutoModelForTokenClassification's score)."""
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.num_params - head + self.hidden + 1
 
     @property
     def num_params(self) -> int:
@@ -247,6 +274,17 @@ class MemoryEstimate:
     def binding_phase(self) -> str:
         return max(self.phases, key=lambda name: self.phases[name].total_bytes)
 
+    def critic_bytes(self, phase: str) -> int:
+        """PPO's critic's share of `phase`'s peak: its states there, and in its own update
+        (and its value forward, where that binds the experience phase) what it runs."""
+        part = self.phases[phase]
+        states = sum(v for k, v in part.parts.items()
+                     if k.startswith("critic") and not k.endswith(("_step", "_activations",
+                                                                   "_cast_weights", "_values")))
+        if phase == "critic_update" or "critic_params" in part.parts:
+            return states + part.transient_bytes
+        return states
+
 
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                     on_gpu: bool = True, compute_bytes: int | None = None,
@@ -285,6 +323,18 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     # per-tensor loop, one of the largest tensor.
     step_temp = 4 * psi // n if on_gpu else 4 * shape.embedding_params
     context = GPU_CONTEXT_BYTES if on_gpu else CPU_CONTEXT_BYTES
+    # PPO's critic: its own 16 bytes per parameter in its update, where its offload puts it
+    # between phases; its forward gathers FSDP units as the actor's does (no LM head)
+    psi_c = shape.critic_params if config.has_critic else 0
+    critic = model_state_bytes(psi_c, n, config.critic_offload_params,
+                               config.critic_offload_optimizer)
+    critic_params = PARAM_BYTES * psi_c // n
+    critic_adam = 0 if config.critic_offload_optimizer else ADAM_BYTES * psi_c // n
+    if n == 1:
+        critic_cast = c * psi_c if c < PARAM_BYTES else 0
+    else:
+        critic_cast = c * (shape.embedding_params + 2 * shape.layer_params) if psi_c else 0
+    critic_held = {"critic": critic.resident_bytes} if psi_c else {}
 
     prompt, response = config.max_prompt_length, config.max_response_length
     seq = prompt + response
@@ -306,7 +356,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         return micro * max(c * seq + 4 * response, 8 * response) * vocab
 
     phases: dict[str, PhaseEstimate] = {}
-    rollout_states = {"resident": states.resident_bytes + ref_resident, "engine_weights": engine}
+    rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
+                      "engine_weights": engine}
     rollout = generation(share.responses_per_step)
     held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
     engine_host = 0
@@ -316,7 +367,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
             raise ValueError("a vllm-like engine reserves a share of the device: pass "
                              "engine_capacity_bytes")
         reservation = int(config.gpu_memory_utilization * engine_capacity_bytes)
-        rollout_states = {"resident": states.resident_bytes + ref_resident,
+        rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
                           "engine_reservation": reservation}
         rollout = {}
         if not config.enable_sleep:
@@ -329,16 +380,42 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     knobs = config.as_dict()  # rows of the largest micro-batch, every response at full length
     mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
     exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
-                  "reference": ref, **held}
+                  "reference": ref, **critic_held, **held}
     experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
                                          context, {**exp_states, **experience})
+    if psi_c:  # the critic's value forward, after the actor's and the reference's
+        mbc = worst_case_rows(knobs, share.responses_per_step, "critic_update")
+        values_states = {"resident": states.resident_bytes + ref_resident,
+                         "critic_params": critic_params, "critic_adam": critic_adam, **held}
+        values = {"critic_cast_weights": critic_cast,
+                  "critic_activations": mbc * (seq * forward_bytes_per_token(shape, c)
+                                               + vision_fwd) + mbc * seq * (c + 4)}
+        values_phase = PhaseEstimate(sum(values_states.values()), sum(values.values()),
+                                     context, {**values_states, **values})
+        if values_phase.total_bytes > phases["experience"].total_bytes:
+            phases["experience"] = values_phase
 
     mbu = worst_case_rows(knobs, share.responses_per_minibatch, "update")
     ckpt = config.gradient_checkpointing
+    if psi_c:
+        mbc = worst_case_rows(knobs, share.responses_per_minibatch, "critic_update")
+        ckpt_c = config.critic_gradient_checkpointing
+        critic_states = {"critic_params_grads_adam": critic.update_bytes,
+                         "resident": states.resident_bytes + ref_resident, **held}
+        critic_backward = {
+            "critic_cast_weights": critic_cast,
+            "critic_activations": mbc * seq * activation_bytes_per_token(shape, ckpt_c, c),
+            "critic_vision_activations": mbc * patches * vision_activation_bytes_per_patch(
+                shape, ckpt_c, c),
+            "critic_values": mbc * seq * (c + 3 * 4)}
+        critic_step = 4 * psi_c // n if on_gpu else 4 * shape.embedding_params
+        phases["critic_update"] = PhaseEstimate(
+            sum(critic_states.values()), max(sum(critic_backward.values()), critic_step),
+            context, {**critic_states, **critic_backward, "critic_optimizer_step": critic_step})
     upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident,
-                  **held}
+                  **critic_held, **held}
     backward = {"cast_weights": cast,
                 "activations": mbu * seq * activation_bytes_per_token(shape, ckpt, c),
                 "vision_activations": mbu * patches * vision_activation_bytes_per_patch(
@@ -354,7 +431,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation})
     offload_host = states.host_offload_bytes + (ref if config.ref_on_host else 0) \
-        + engine_host
+        + engine_host + critic.host_offload_bytes
     return MemoryEstimate(phases, offload_host, share)
 
 

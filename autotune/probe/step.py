@@ -13,6 +13,14 @@ reports the share it ran. With W > 1 the actor and reference are FSDP2-sharded o
 (sharding.py), real peers or emulated ones; the rollout engine holds a compute-dtype copy on
 each rank, whole or split over `rollout_tensor_parallel` ranks, gathered from the actor's
 shards at each wake-up.
+
+PPO (`algorithm=ppo`) adds the critic on the same GPUs, as verl's and EasyR1's trainers run it
+(critic.py): built and sharded like the actor, with its own AdamW; the experience phase
+forwards it for the values (its params loaded from the host first where it offloads them,
+its optimizer state left where it is), and its own phase, `critic_update`, trains it before
+the actor's update (RayPPOTrainer.fit: update_critic, then update_actor) with the actor's
+mini-batches cut into its own micro-batches or token budget; between phases its params and
+optimizer state sit where its own offload switches put them.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
+from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
 from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
 from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
 from autotune.probe.models import (
@@ -89,6 +98,8 @@ class TrainingProbe:
         self.num_params = 0
         self.optimizer: Any = None
         self.ref_model: Any = None
+        self.critic: ValueModel | None = None  # PPO's value model, and its AdamW
+        self.critic_optimizer: Any = None
         self.engine: Any = None
         self.engine_weight_bytes = 0
         self.prompt_ids = torch.empty(0, dtype=torch.long)
@@ -100,7 +111,9 @@ class TrainingProbe:
         self.response_rows = torch.empty(0, dtype=torch.long)
         self.old_log_probs = torch.empty(0)
         self.ref_log_probs = torch.empty(0)
-        self.advantages = torch.empty(0)
+        self.advantages = torch.empty(0)  # [responses] (GRPO) or [responses, tokens] (PPO)
+        self.old_values = torch.empty(0)  # PPO: the critic's values and the returns
+        self.returns = torch.empty(0)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -131,11 +144,17 @@ class TrainingProbe:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01,
                                            foreach=True if self.gpu_kernels else None)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
+        if config.has_critic:
+            self._build_critic()
         self._make_prompts()
         # Start as the trainer does between steps: states where the offload flags put them,
         # then the rollout engine (vLLM's start-up check sees what the trainer holds).
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
+        if self.critic is not None:
+            self._place_states(self.critic, self.critic_optimizer,
+                               not config.critic_offload_params,
+                               not config.critic_offload_optimizer)
         engine = self._build_copy(shard=False)
         engine_tp = config.rollout_tensor_parallel > 1
         if engine_tp:
@@ -147,6 +166,22 @@ class TrainingProbe:
                                     engine_capacity_bytes(config, request.device),
                                     self._move, self.meter)
         self.engine.start(self._profile_inputs)
+
+    def _build_critic(self) -> None:
+        """The value model: the actor's architecture in fp32 with a scalar head (critic.py),
+        its own checkpointing, FSDP-sharded like the actor, with its own AdamW."""
+        torch.manual_seed(self.request.seed + 1)
+        lm = build_model(self.model_config, self.device, torch.float32, self.request.model_path)
+        self.critic = ValueModel(lm)
+        del lm
+        if self.config.critic_gradient_checkpointing:
+            enable_checkpointing(self.critic)
+        if self.group is not None:
+            shard_model(self.critic, self.group, self.compute_dtype)
+        self.critic.eval()
+        self.critic_optimizer = torch.optim.AdamW(
+            self.critic.parameters(), lr=1e-5, weight_decay=0.01,
+            foreach=True if self.gpu_kernels else None)
 
     def _build_copy(self, shard: bool) -> Any:
         """A compute-dtype model that holds the actor's weights (reference or rollout engine);
@@ -211,13 +246,19 @@ class TrainingProbe:
 
         module._apply(place)  # FSDP2's _apply re-reads every moved shard
 
-    def _place_actor(self, params_on_device: bool, optimizer_on_device: bool) -> None:
-        self._place_module(self.model, params_on_device)
-        for state in self.optimizer.state.values():
+    def _place_states(self, model: Any, optimizer: Any, params_on_device: bool,
+                      optimizer_on_device: bool) -> None:
+        """A trained model's params and its optimizer's state, each where it is asked."""
+        self._place_module(model, params_on_device)
+        for state in optimizer.state.values():
             for key, value in state.items():
                 if torch.is_tensor(value) and value.dim() > 0:
                     state[key] = map_local(value,
                                            lambda local: self._move(local, optimizer_on_device))
+        self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
+
+    def _place_actor(self, params_on_device: bool, optimizer_on_device: bool) -> None:
+        self._place_states(self.model, self.optimizer, params_on_device, optimizer_on_device)
         if self.ref_model is not None and self.config.ref_on_host:
             self._place_module(self.ref_model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
@@ -301,25 +342,49 @@ class TrainingProbe:
         without padding removal; with dynamic batching the padding is removed: each sequence
         runs at its own length (the tokens, activations and logits a packed flash-attention
         varlen forward holds, without a packed mask) and positions past its end are 0."""
+        return self._padding_removed(
+            index, lambda rows, tokens: self._forward_log_probs(model, rows, tokens))
+
+    def _values(self, index: torch.Tensor) -> torch.Tensor:
+        """The critic's values of the response tokens of sequences `index`, batched as the
+        log-probs are (fp32, [len(index), response length])."""
+        return self._padding_removed(index, self._forward_values)
+
+    def _padding_removed(self, index: torch.Tensor, forward: Any) -> torch.Tensor:
+        """`forward(index, tokens)` over the full response, or with dynamic batching each
+        sequence at its own length, padded with 0 past its end."""
         lengths = self.response_lengths[index]
         full = self.responses.shape[1]
         if not self.config.dynamic_batching or bool((lengths == full).all()):
-            return self._forward_log_probs(model, index, full)
-        rows = [torch.nn.functional.pad(self._forward_log_probs(model, index[i:i + 1], int(n)),
-                                        (0, full - int(n)))
+            return forward(index, full)
+        rows = [torch.nn.functional.pad(forward(index[i:i + 1], int(n)), (0, full - int(n)))
                 for i, n in enumerate(lengths.tolist())]
         return torch.cat(rows)
 
-    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int) -> torch.Tensor:
-        """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
-        the vocabulary)."""
+    def _sequences(self, index: torch.Tensor, tokens: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Prompt rows, token ids (on the device) and response tokens of sequences `index`
+        cut to `tokens` response tokens, and where the response's predictions start."""
         rows = self.response_rows[index]
         prompt = self.prompt_ids[rows]
         response = self.responses[index][:, :tokens]
         ids = torch.cat([prompt, response], dim=1).to(self.device)
+        return rows, ids, response, prompt.shape[1] - 1
+
+    def _forward_values(self, index: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The critic's value of each of the first `tokens` response tokens (verl slices
+        values[:, -response_length - 1:-1])."""
+        rows, ids, response, start = self._sequences(index, tokens)
+        with self._autocast():
+            values = self.critic(ids, **self._vl_inputs(rows))
+        return values[:, start:start + response.shape[1]].to(torch.float32)
+
+    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
+        the vocabulary)."""
+        rows, ids, response, start = self._sequences(index, tokens)
         with self._autocast():
             logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
-        start = prompt.shape[1] - 1
         # an fp32 copy of the response positions (a CPU kernel would copy the slice unseen)
         response_logits = logits[:, start:start + response.shape[1]].to(torch.float32, copy=True)
         del logits
@@ -336,13 +401,18 @@ class TrainingProbe:
         self.ran[key] = max(self.ran.get(key, 0), max(len(group) for group in groups))
         return groups
 
-    def _chunked_log_probs(self, model: Any, chunks: list[torch.Tensor]) -> torch.Tensor:
-        """Log-probs of every response, forwarded micro-batch by micro-batch."""
+    def _chunked(self, forward: Any, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """`forward` (log-probs or values) of every response, micro-batch by micro-batch."""
         out = torch.zeros(len(self.responses), self.responses.shape[1])
         for i, chunk in enumerate(chunks):
             if self.meter.runs(i, len(chunks)):
-                out[chunk] = self._log_probs(model, chunk).cpu()
+                out[chunk] = forward(chunk).cpu()
         return out
+
+    def _valid(self, index: torch.Tensor) -> torch.Tensor:
+        """[len(index), response length]: whether each position is in its response."""
+        return (torch.arange(self.responses.shape[1], device=self.device)
+                < self.response_lengths[index].to(self.device).unsqueeze(-1))
 
     def _experience(self) -> None:
         config = self.config
@@ -351,19 +421,35 @@ class TrainingProbe:
             self._place_module(self.model, True)
         with torch.no_grad():
             chunks = self._micro_batches(torch.arange(total), "experience")
-            self.old_log_probs = self._chunked_log_probs(self.model, chunks)
+            self.old_log_probs = self._chunked(lambda c: self._log_probs(self.model, c), chunks)
             if self.ref_model is not None:
                 if config.ref_on_host:
                     self._place_module(self.ref_model, True)
-                self.ref_log_probs = self._chunked_log_probs(self.ref_model, chunks)
+                self.ref_log_probs = self._chunked(lambda c: self._log_probs(self.ref_model, c),
+                                                   chunks)
                 if config.ref_on_host:
                     self._place_module(self.ref_model, False)
         if config.offload_params:
             self._place_module(self.model, False)
         rewards = torch.randn(self.share.prompts_per_step, config.rollout_n)
-        advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True)
-                                                                  + 1e-6)
-        self.advantages = advantages.reshape(-1)
+        if self.critic is None:  # GRPO: each response against its group
+            advantages = (rewards - rewards.mean(1, keepdim=True)) / (
+                rewards.std(1, keepdim=True) + 1e-6)
+            self.advantages = advantages.reshape(-1)
+            return
+        # PPO: the critic's values (verl's compute_values loads its params, not its
+        # optimizer), then GAE
+        if config.critic_offload_params:
+            self._place_module(self.critic, True)
+        with torch.no_grad():
+            chunks = self._micro_batches(torch.arange(total), "critic_update")
+            self.old_values = self._chunked(self._values, chunks)
+        if config.critic_offload_params:
+            self._place_module(self.critic, False)
+        valid = (torch.arange(self.responses.shape[1])  # on the host, as the trainers
+                 < self.response_lengths.unsqueeze(-1)).float()  # compute advantages
+        self.advantages, self.returns = gae_advantages(rewards.reshape(-1), self.old_values,
+                                                       valid)
 
     def _update(self) -> None:
         config = self.config
@@ -381,10 +467,11 @@ class TrainingProbe:
                 # token-mean over each response's own tokens; a micro-batch weighs as its
                 # share of the mini-batch (verl's scaling with dynamic batching, and the
                 # 1/accumulation of fixed micro-batches)
-                valid = (torch.arange(log_probs.shape[1], device=self.device)
-                         < self.response_lengths[micro].to(self.device).unsqueeze(-1))
+                valid = self._valid(micro)
                 old = self.old_log_probs[micro].to(self.device)
-                advantage = self.advantages[micro].to(self.device).unsqueeze(-1)
+                advantage = self.advantages[micro].to(self.device)
+                if advantage.dim() == 1:  # GRPO: one advantage per response
+                    advantage = advantage.unsqueeze(-1)
                 ratio = torch.exp(log_probs - old)
                 clipped = torch.clamp(ratio, 1 - _CLIP_EPS, 1 + _CLIP_EPS)
                 loss = -torch.min(ratio * advantage, clipped * advantage)
@@ -394,26 +481,53 @@ class TrainingProbe:
                 weight = len(micro) / len(minibatch)
                 ((loss * valid).sum() / valid.sum() * weight).backward()
             self.optimizer.step()
-            self._count_model_states()
+            self._count_model_states(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
 
-    def _count_model_states(self) -> None:
-        """This rank's fp32 params, grads and AdamW state, as the update holds them."""
-        params = list(self.model.parameters())
-        optimizer = [value for state in self.optimizer.state.values()
-                     for value in state.values() if torch.is_tensor(value) and value.dim() > 0]
-        self.model_state_bytes = {"params": local_bytes(params),
-                                  "grads": local_bytes(p.grad for p in params),
-                                  "optimizer": local_bytes(optimizer)}
+    def _update_critic(self) -> None:
+        """PPO's critic update: the actor's mini-batches in the critic's micro-batches (or
+        token budget), verl's clipped value loss, an AdamW step each."""
+        config = self.config
+        assert self.critic is not None
+        self._place_states(self.critic, self.critic_optimizer, True, True)
+        self.critic.train()
+        minibatches = torch.randperm(len(self.responses)).split(
+            self.share.responses_per_minibatch)
+        runs = self.meter.runs
+        for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
+            micros = self._micro_batches(minibatch, "critic_update")
+            for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
+                values = self._values(micro)
+                loss = value_loss(values, self.old_values[micro].to(self.device),
+                                  self.returns[micro].to(self.device), self._valid(micro))
+                (loss * len(micro) / len(minibatch)).backward()
+            self.critic_optimizer.step()
+            self._count_model_states(self.critic, self.critic_optimizer, "critic_")
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        self.critic.eval()
+        self._place_states(self.critic, self.critic_optimizer, not config.critic_offload_params,
+                           not config.critic_offload_optimizer)
+
+    def _count_model_states(self, model: Any, optimizer: Any, prefix: str = "") -> None:
+        """This rank's fp32 params, grads and AdamW state of `model`, as its update holds
+        them (the critic's under critic_*)."""
+        params = list(model.parameters())
+        state = [value for entry in optimizer.state.values()
+                 for value in entry.values() if torch.is_tensor(value) and value.dim() > 0]
+        self.model_state_bytes.update({f"{prefix}params": local_bytes(params),
+                                       f"{prefix}grads": local_bytes(p.grad for p in params),
+                                       f"{prefix}optimizer": local_bytes(state)})
 
     def step(self) -> dict[str, float]:
         """One training step; returns seconds per phase (validation included when set)."""
         seconds = {}
-        phases = [("rollout", self._rollout), ("experience", self._experience),
-                  ("update", self._update)]
+        phases = [("rollout", self._rollout), ("experience", self._experience)]
+        if self.critic is not None:
+            phases.append(("critic_update", self._update_critic))
+        phases.append(("update", self._update))
         if self.config.val_batch_size:
             phases.append(("validation", self._validate))
         for name, run in phases:

@@ -18,7 +18,8 @@ COLORS = {"fits": "#2a9d8f", "over headroom": "#e9c46a", "oom": "#d62828",
           "predicted oom": "#9d4edd", "invalid": "#6c757d", "failed": "#343a40"}
 SYMBOLS = {"fits": "circle", "over headroom": "circle-open", "oom": "x",
            "predicted oom": "x-open", "invalid": "square-open", "failed": "triangle-down"}
-PHASE_SYMBOLS = {"rollout": "circle", "experience": "square", "update": "diamond",
+PHASE_SYMBOLS = {"rollout": "circle", "experience": "square", "critic_update": "cross",
+                 "update": "diamond",
                  "validation": "triangle-up"}
 # where the configs without a throughput stand on the memory axis, as multiples of capacity
 WALL_COLUMNS = {"oom": 1.0, "predicted oom": 1.04, "invalid": 1.08, "failed": 1.08}

@@ -4,7 +4,7 @@ must run out too, and is never run.
 Peak device memory is monotone along known axes (config.MEMORY_DIRECTION): larger
 micro-batches, batch sizes, rollout_n and lengths need more; gradient checkpointing and
 offload need less. So once config A has run out of device memory in phase P, any config B at
-least as demanding as A on every axis that moves P's peak (memory.PHASE_KNOBS: the update
+least as demanding as A on every axis that moves P's peak (memory.phase_knobs: the update
 does not care about the log-prob micro-batch, the log-prob forwards not about checkpointing)
 must too.
 
@@ -23,10 +23,11 @@ from typing import Any
 
 from autotune.batching import ROW_COUNT_KNOBS
 from autotune.config import MEMORY_DIRECTION
-from autotune.memory.model import PHASE_KNOBS
+from autotune.memory.model import phase_knobs
 from autotune.probe.result import ProbeStatus
 
-OFFLOAD_KNOBS = ("offload_params", "offload_optimizer")
+OFFLOAD_KNOBS = ("offload_params", "offload_optimizer", "critic_offload_params",
+                 "critic_offload_optimizer")
 LEARNED = (ProbeStatus.GPU_OOM, ProbeStatus.HOST_OOM)  # the OOMs dominance reasons from
 
 
@@ -55,22 +56,24 @@ def _ordered(value: Any) -> float:
 def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
                           host: bool = False, phase: str | None = None,
                           directions: dict[str, int] | None = None,
-                          token_batched: bool = False) -> bool:
+                          token_batched: bool = False, critic: bool = False) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
     offload axes. Knobs without a monotone effect must be equal. Both configs must share the
     same knob names (those of one search space; fixed knobs are equal by construction).
     With `phase` (where `known` ran out of device memory), only the knobs that move that
-    phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
+    phase's peak (memory.phase_knobs) are compared: the candidate reaches that phase and
     needs at least as much there. `directions` adds the directions a search space declares
     for a trainer's own keys. With `token_batched` (dynamic batching on), the knobs that
     count the responses cut into micro-batches must be equal (batching.ROW_COUNT_KNOBS).
+    `critic`: some config trains a critic (PPO), whose phases move with more knobs.
     """
     directions = directions or MEMORY_DIRECTION
+    moving = phase_knobs(critic)
     for name, known_value in known.items():
         counts_rows = token_batched and name in ROW_COUNT_KNOBS and phase != "rollout"
-        if phase in PHASE_KNOBS and name not in PHASE_KNOBS[phase] and not counts_rows:
+        if phase in moving and name not in moving[phase] and not counts_rows:
             continue
         value = candidate[name]
         direction = 0 if counts_rows else directions.get(name, 0)
@@ -89,9 +92,10 @@ class Dominance:
     """The measured OOMs of a sweep, and the configs they prove cannot fit."""
 
     def __init__(self, directions: dict[str, int] | None = None,
-                 token_batched: bool = False) -> None:
+                 token_batched: bool = False, critic: bool = False) -> None:
         self.directions = directions  # the space's, its trainer keys included
         self.token_batched = token_batched  # dynamic batching on in some config
+        self.critic = critic  # some config trains a critic
         self.known: list[KnownOOM] = []
 
     def record(self, trial_number: int, params: dict[str, Any], status: ProbeStatus,
@@ -107,6 +111,7 @@ class Dominance:
             phase = None if host else known.failed_phase
             if at_least_as_demanding(params, known.params, host=host, phase=phase,
                                      directions=self.directions,
-                                     token_batched=self.token_batched):
+                                     token_batched=self.token_batched,
+                                     critic=self.critic):
                 return known
         return None

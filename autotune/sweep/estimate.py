@@ -16,6 +16,7 @@ from typing import Any
 from autotune.config import (
     DTYPE_BYTES,
     ProbeConfig,
+    algorithm_defaults,
     format_bytes,
     model_problems,
     validate_probe_config,
@@ -146,7 +147,7 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     knobs = fitted.get("fixed", {})  # the study's shapes, then --set
     named = frozenset({*knobs, *options.knobs})
     values = {**knobs, **engine_knobs(options.engine, device.on_gpu, trainer, named),
-              **options.knobs}
+              **algorithm_defaults({**knobs, **options.knobs}), **options.knobs}
     batches = ("rollout_batch_size", "global_batch_size")
     if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's
         values.update({k: getattr(ProbeConfig(), k) * world for k in batches})

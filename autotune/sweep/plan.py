@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ProbeConfig, Topology, load_knob_file, make_probe_config
+from autotune.config import (
+    ProbeConfig,
+    Topology,
+    algorithm_defaults,
+    load_knob_file,
+    make_probe_config,
+)
 from autotune.errors import ConfigError
 from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device, usable_cpu_ids
 from autotune.probe.result import ProbeRequest
@@ -39,6 +45,7 @@ from autotune.sweep.trainer_target import TrainerTarget, trainer_target
 
 DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12
 GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
+PPO_SPACES = {"cpu-demo": "cpu-demo-ppo", "grpo": "ppo"}  # the defaults with --algorithm ppo
 TIMED_STEPS, DEMO_TIMED_STEPS = 2, 1
 
 
@@ -182,7 +189,8 @@ def plan_probe(options: ProbeOptions) -> ProbeRequest:
     device = resolve_device(options)
     topology = default_topology(options.nnodes, options.gpus_per_node, device, options.gpus)
     engine = engine_knobs(options.engine, device.on_gpu, named=frozenset(options.knobs))
-    config = make_probe_config({**engine, **options.knobs}, topology.world_size)
+    config = make_probe_config({**engine, **algorithm_defaults(options.knobs), **options.knobs},
+                               topology.world_size)
     emulated = emulate_ranks(options.ranks, topology.world_size, device, options.gpus)
     request = probe_request(options, model, device, topology, config, emulated)
     check_model_on_device(request, config, what="the probe", device_asked=options.device)
@@ -195,6 +203,11 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
     so. Without --space, the CPU demo's space for a tiny model on a CPU, else grpo."""
     probe, note = options.probe, None
     budget_given = options.trials or options.timeout_s or options.patience
+    ppo = probe.knobs.get("algorithm") == "ppo"
+
+    def default(space: str) -> str:
+        return PPO_SPACES[space] if ppo else space
+
     on_cpu = device_kind(probe.device) == "cpu"
     if probe.model is None and probe.model_path is None:
         if on_cpu:
@@ -202,11 +215,13 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
                 probe, model=DEMO_MODEL, device="cpu",
                 gpu_memory_limit_bytes=probe.gpu_memory_limit_bytes or DEMO_CAP_BYTES,
                 timed_steps=probe.timed_steps or DEMO_TIMED_STEPS)
-            options = dataclasses.replace(options, probe=probe, space=options.space or DEMO_SPACE,
+            options = dataclasses.replace(options, probe=probe,
+                                          space=options.space or default(DEMO_SPACE),
                                           trials=options.trials if budget_given else DEMO_TRIALS)
         else:
             probe = dataclasses.replace(probe, model=GPU_MODEL)
-            options = dataclasses.replace(options, probe=probe, space=options.space or GPU_SPACE)
+            options = dataclasses.replace(options, probe=probe,
+                                          space=options.space or default(GPU_SPACE))
         note = (f"no --model: running the embedded default, {probe.model} on "
                 f"{device_kind(probe.device)} over search space {options.space}")
     if options.trials is None and not budget_given:
@@ -215,7 +230,7 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
         # that is not tiny, on a CPU found by itself, is refused by the preflight)
         tiny = probe.model_path is None and probe.model in REGISTRY and REGISTRY[probe.model].tiny
         demo = probe.device == "cpu" or (on_cpu and tiny)
-        options = dataclasses.replace(options, space=DEMO_SPACE if demo else GPU_SPACE)
+        options = dataclasses.replace(options, space=default(DEMO_SPACE if demo else GPU_SPACE))
     return options, note
 
 
@@ -313,7 +328,9 @@ def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, dev
     loaded = loaded.for_world(topology.world_size)
     named = frozenset({*loaded.params, *loaded.fixed, *probe.knobs, *base})
     engine = engine_knobs(probe.engine, device.on_gpu, options.trainer, named)
-    space, base_params = loaded.with_user_values({**engine, **probe.knobs}, base,
+    algorithm = algorithm_defaults({**dict.fromkeys(loaded.params), **loaded.fixed, **base,
+                                    **probe.knobs})  # PPO's rollout_n, where none is named
+    space, base_params = loaded.with_user_values({**engine, **algorithm, **probe.knobs}, base,
                                                  options.base_config or options.trainer)
     if options.trainer is not None and base_params is None:
         base_params = space.safe_params()

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from autotune.batching import BUDGET_KNOB
+from autotune.batching import BUDGET_KNOB, MICRO_KNOB
 from autotune.config import (
     MEMORY_DIRECTION,
     ProbeConfig,
@@ -104,14 +104,18 @@ class SearchSpace:
         """Whether some config of the space cuts micro-batches by a token budget."""
         return "dynamic_batching" in self.params or bool(self.fixed.get("dynamic_batching"))
 
+    @property
+    def trains_critic(self) -> bool:
+        """Whether some config of the space trains a critic (PPO)."""
+        return "algorithm" in self.params or self.fixed.get("algorithm") == "ppo"
+
     def with_token_budgets(self, sequence_tokens: int) -> SearchSpace:
         """The space for a run that batches by tokens: each searched micro-batch becomes the
         token budget of that many whole sequences of `sequence_tokens` (the same worst-case
         peaks, in the trainer's unit), unless the space searches the budget already."""
         params = {}
         for name, spec in self.params.items():
-            phase = {"micro_batch_size_update": "update",
-                     "micro_batch_size_experience": "experience"}.get(name)
+            phase = {knob: phase for phase, knob in MICRO_KNOB.items()}.get(name)
             budget = BUDGET_KNOB.get(phase or "")
             if budget is None or budget in self.params:
                 params[name] = spec

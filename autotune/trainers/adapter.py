@@ -84,6 +84,20 @@ class Adapter:
     # what the trainer runs as measured but its config cannot say (no key): header lines
     unheld: Callable[[dict[str, Any], Topology], list[str]] | None = None
     engines: tuple[str, ...] = ("vllm-like",)  # the probe engines that stand for its rollout
+    # PPO: where the critic's knobs go (and the actor's knobs it shares: its mini-batch,
+    # dynamic batching), written only for a config that trains a critic; None: the trainer's
+    # PPO is not supported
+    critic_keys: dict[str, tuple[str, ...]] | None = None
+    critic_model_key: str | None = None  # where the config names the critic's model
+
+    def keys_for(self, knobs: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        """Where each knob of `knobs` goes: the critic's keys too when it trains one."""
+        if knobs.get("algorithm") != "ppo" or not self.critic_keys:
+            return self.keys
+        merged = dict(self.keys)
+        for knob, keys in self.critic_keys.items():
+            merged[knob] = (*merged.get(knob, ()), *keys)
+        return merged
 
     @property
     def derived_knobs(self) -> tuple[str, ...]:
@@ -107,7 +121,7 @@ class Adapter:
                      get: Getter | None = None) -> dict[str, Any]:
         """Every dotted key this export writes, with its value (`get`: the user's config)."""
         values = {}
-        for knob, keys in self.keys.items():
+        for knob, keys in self.keys_for(knobs).items():
             if knobs.get(knob) is None:
                 continue
             for key in keys:
@@ -126,6 +140,10 @@ class Adapter:
                  if get(keys[0], None) is not None}
         for part in self.derived:
             knobs.update(part.read(get, topology))
+        if knobs.get("algorithm") == "ppo":  # the critic's own knobs, where it has them
+            knobs.update({knob: get(keys[0], None) for knob, keys in
+                          (self.critic_keys or {}).items()
+                          if knob not in knobs and get(keys[0], None) is not None})
         return knobs
 
     def check(self, knobs: dict[str, Any], topology: Topology,
@@ -141,7 +159,11 @@ class Adapter:
                                   f"{type(default).__name__}; write the value out")
             return value
 
-        return [f"{self.name}: {line}" for line in self.rules(knobs, topology, plain)]
+        lines = []
+        if knobs.get("algorithm") == "ppo" and not self.critic_keys:
+            lines.append("PPO (a critic) is not supported: autotune writes this trainer's GRPO "
+                         "config only; sweep with --algorithm grpo, or export for verl or easyr1")
+        return [f"{self.name}: {line}" for line in [*lines, *self.rules(knobs, topology, plain)]]
 
     def knobs_of_keys(self, given: dict[str, Any], topology: Topology,
                       topology_given: bool = True) -> dict[str, Any]:
@@ -155,8 +177,9 @@ class Adapter:
         """
         from autotune.config import KNOB_NAMES, parse_knob_value, unknown_key_message
 
-        owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
-                                             for k in keys}
+        owners: dict[str, str | Derived] = {
+            k: knob for knob, keys in (*(self.critic_keys or {}).items(), *self.keys.items())
+            for k in keys}
         owners.update({k: part for part in self.derived for k in part.keys})
         knobs: dict[str, Any] = {}
         groups: dict[int, tuple[Derived, dict[str, Any]]] = {}

@@ -75,8 +75,33 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     if k.get("enable_sleep") is False:
         problems.append("EasyR1 always puts vLLM to sleep after rollout (enable_sleep_mode="
                         "True, no key to turn it off): enable_sleep=false cannot be exported")
-    if get("algorithm.adv_estimator", "grpo") in ("grpo", "rloo") and n <= 1:
+    estimator = "gae" if k.get("algorithm") == "ppo" else get("algorithm.adv_estimator", "grpo")
+    if estimator in ("grpo", "rloo") and n <= 1:
         problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {n})")
+    if k.get("algorithm") == "ppo":
+        problems += _easyr1_critic_rules(k, world, ulysses, length)
+    return problems
+
+
+def _easyr1_critic_rules(k: dict[str, Any], world: int, ulysses: int, length: int
+                         ) -> list[str]:
+    """ray_trainer.py's critic checks and fsdp_workers.py's for the critic role: the critic's
+    global batch (written as the actor's) and its micro-batch (update and experience, both
+    written as critic_micro_batch_size_update)."""
+    n, rbs, gbs = k["rollout_n"], k["rollout_batch_size"], k["global_batch_size"]
+    mbc, problems = k.get("critic_micro_batch_size_update") or 4, []
+    if (rbs * n) % mbc:
+        problems.append(f"Rollout batch size * rollout.n ({rbs * n}) must be divisible by "
+                        f"worker.critic.micro_batch_size_per_device_for_experience={mbc}")
+    per_device = gbs * n // max(1, world // ulysses)
+    if per_device and per_device % mbc:
+        problems.append(f"critic global batch size per device {per_device} must be divisible "
+                        f"by worker.critic.micro_batch_size_per_device_for_update={mbc}")
+    budget = k.get("critic_max_token_len_update")
+    if k.get("dynamic_batching") and budget not in (None, mbc * length):
+        problems.append(f"critic_max_token_len_update={budget}: EasyR1's critic budget is its "
+                        f"micro-batch x the padded sequence length ({mbc * length}); search "
+                        "critic micro-batches for EasyR1")
     return problems
 
 
@@ -153,7 +178,12 @@ EASYR1 = Adapter(
         # (fsdp_workers.py: CPUOffload(offload_params=True)), as examples/config.yaml has it
         Derived(("offload_ref_params",), _easyr1_ref_offload, lambda get, topo: {
             "offload_ref_params": bool(get(REF_OFFLOAD, False) or get(REF_CPU_OFFLOAD, False))},
-            (REF_OFFLOAD, REF_CPU_OFFLOAD)),),
+            (REF_OFFLOAD, REF_CPU_OFFLOAD)),
+        # ray_trainer.py: a critic exactly when the estimator is gae
+        Derived(("algorithm",), lambda k, topo: {
+            "algorithm.adv_estimator": "gae" if k["algorithm"] == "ppo" else "grpo"},
+            lambda get, topo: {"algorithm": "ppo" if get("algorithm.adv_estimator", "grpo")
+                               == "gae" else "grpo"}, ("algorithm.adv_estimator",)),),
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True, "dynamic_batching": True,  # its default too
@@ -161,13 +191,21 @@ EASYR1 = Adapter(
     share=_easyr1_share,
     short_run=_easyr1_short_run,
     settings=(
-        Setting("algorithm.adv_estimator", "grpo",
-                "gae trains a critic model beside the actor, which the probe (GRPO, no "
-                "critic) never held", ok=lambda value: value != "gae", default_ok=True,
-                refuse=True),
         Setting("worker.actor.ulysses_size", 1, "sequence parallelism (Ulysses) splits each "
                 "sequence over GPUs, which no probe ran", ok=lambda value: value == 1,
-                default_ok=True, refuse=True)),
+                default_ok=True, refuse=True),),
     model_key="worker.actor.model.model_path",
     unheld=_easyr1_unheld,
+    # verl/workers/critic/config.py of EasyR1: nothing follows the actor's (post_init fills
+    # only the reference), so the critic's batch, micro-batches and batching are all written
+    critic_keys={
+        "critic_micro_batch_size_update": (
+            "worker.critic.micro_batch_size_per_device_for_update",
+            "worker.critic.micro_batch_size_per_device_for_experience"),
+        "critic_gradient_checkpointing": ("worker.critic.model.enable_gradient_checkpointing",),
+        "critic_offload_params": ("worker.critic.offload.offload_params",),
+        "critic_offload_optimizer": ("worker.critic.offload.offload_optimizer",),
+        "global_batch_size": ("worker.critic.global_batch_size",),
+        "dynamic_batching": ("worker.critic.dynamic_batching",)},
+    critic_model_key="worker.critic.model.model_path",
 )

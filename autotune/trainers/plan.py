@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.batching import BATCHED_PHASES, BUDGET_KNOB, with_token_budgets
+from autotune.batching import BUDGET_KNOB, batched_phases, with_token_budgets
 from autotune.config import Topology
 from autotune.trainers.adapter import Adapter, Setting
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
@@ -26,7 +26,8 @@ MISSING = object()
 # knobs only the vllm-like engine reads: the hf engine's probe never measured them
 ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep")
 FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing",  # said when flipped
-         "dynamic_batching")
+         "dynamic_batching", "critic_offload_params", "critic_offload_optimizer",
+         "critic_gradient_checkpointing")
 
 
 def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
@@ -68,9 +69,9 @@ class ExportPlan:
 def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
     reserves (a study probed with the hf engine never ran them); a study recorded before
-    dynamic batching was a knob ran fixed micro-batches; a reference whose offload was not
-    set waited where the actor's params did."""
-    measured = {"dynamic_batching": False, **knobs}
+    dynamic batching was a knob ran fixed micro-batches, and one before PPO ran GRPO; a
+    reference whose offload was not set waited where the actor's params did."""
+    measured = {"dynamic_batching": False, "algorithm": "grpo", **knobs}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
     if knobs.get("rollout_engine") != "hf":
@@ -100,6 +101,9 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
             else:
                 plan.problems.append(difference.conflict)
         model_values, model_text = model_lines(adapter, run, tree is not None)
+        if knobs.get("algorithm") == "ppo" and adapter.critic_model_key \
+                and adapter.model_key in model_values:  # the critic: the actor's model
+            model_values[adapter.critic_model_key] = model_values[adapter.model_key]
         plan.run = model_text + plan.run
         extra = {**model_values, **(extra or {})}
 
@@ -113,8 +117,9 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
         if value is None and dotted_get(base, key, MISSING) is MISSING:
             continue  # a companion that only clears a key the user's file does not have
         plan.values[key] = value
+    table = adapter.keys_for(knobs)
     for knob in knobs:
-        for key in adapter.keys.get(knob, ()):
+        for key in table.get(knob, ()):
             why[key] = "searched" if searched is None or knob in searched else "held fixed"
     for part in adapter.derived:
         if all(knobs.get(knob) is not None for knob in part.knobs):
@@ -123,6 +128,11 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
                         for key in part.write(knobs, topology)})
     if searched is not None and tree is not None:
         plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
+    if tree is not None:
+        problems, notes = algorithm_lines(adapter, knobs, topology, tree, searched is None,
+                                          force)
+        plan.problems += problems
+        plan.notes += notes
     for setting in adapter.settings:
         have = dotted_get(base, setting.key, MISSING)
         if have is MISSING or have is None:
@@ -145,7 +155,7 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
     if tree is not None:
         for key in [key for key in plan.values if follows(tree, key, plan.values)]:
             del plan.values[key]  # the user's file already makes it the written key's value
-        flags = {key for knob in FLAGS for key in adapter.keys.get(knob, ())}
+        flags = {key for knob in FLAGS for key in table.get(knob, ())}
         for key, value in plan.values.items():
             have = dotted_get(tree, key, MISSING)
             if same(have, value):
@@ -205,7 +215,7 @@ def batching_line(adapter: Adapter, knobs: dict[str, Any], tree: Any) -> str:
                 "budgets (no dynamic batching)")
     if knobs.get("dynamic_batching"):
         budgets = ", ".join(f"{knobs[BUDGET_KNOB[phase]]:,} tokens per GPU per {phase} "
-                            "micro-batch" for phase in BATCHED_PHASES)
+                            "micro-batch" for phase in batched_phases(knobs))
         return (f"batching: token budgets (dynamic batching on, as probed): {budgets}, "
                 "probed with every response at its full length, so no micro-batch holds "
                 "more tokens than measured")
@@ -233,6 +243,36 @@ def refused_settings(adapter: Adapter, tree: Any) -> list[str]:
     return lines
 
 
+def algorithm_lines(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
+                    compare: bool, force: bool) -> tuple[list[str], list[str]]:
+    """The user's config trains another algorithm than the study measured (a critic, or
+    none): refused where the config says so (`compare`: not already a held-fixed conflict;
+    --force writes the study's), said on the terminal where only the trainer's default
+    does (verl's is gae: a critic)."""
+    want = knobs.get("algorithm")
+    problems, notes = [], []
+    for part in adapter.derived:
+        if "algorithm" not in part.knobs or want is None:
+            continue
+        have = part.read(lambda key, default: resolved_get(tree, key, default),
+                         topology)["algorithm"]
+        if have == want:
+            continue
+        stated = [key for key in part.keys if dotted_get(tree, key, MISSING) not in (MISSING,
+                                                                                    None)]
+        where = " and ".join(part.keys)
+        if not stated:
+            notes.append(f"{where}: not set in your base config, where {adapter.name}'s "
+                         f"default trains {have}; set to the study's algorithm, {want}")
+        elif compare and not force:
+            held = "a critic beside the actor" if want == "ppo" else "no critic"
+            problems.append(f"{' and '.join(stated)} in your base config train {have} but the "
+                            f"study measured {want} ({held}): set them for {want} there, "
+                            f"re-run the sweep with --algorithm {have}, or pass --force to "
+                            "export the study's")
+    return problems, notes
+
+
 def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
                     searched: Collection[str], force: bool) -> list[str]:
     """One line per key the study held fixed at another value than the user's config has
@@ -244,7 +284,7 @@ def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
         return resolved_get(tree, key, default)
 
     stated: dict[str, tuple[str, Any]] = {}  # knob -> (where the user's value is, the value)
-    for knob, keys in adapter.keys.items():
+    for knob, keys in adapter.keys_for(knobs).items():
         have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
         if have is not MISSING and have is not None:
             stated[knob] = (keys[0], have)

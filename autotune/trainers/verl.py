@@ -47,6 +47,24 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     if world % infer:
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
+    if k.get("algorithm") == "ppo":
+        problems += _verl_critic_rules(k, normalized, dynamic, sp)
+    return problems
+
+
+def _verl_critic_rules(k: dict[str, Any], normalized: int, dynamic: bool, sp: int) -> list[str]:
+    """fsdp_workers.py CriticWorker: its mini-batch (the actor's, ppo_trainer.yaml) normalised
+    as the actor's and split into whole micro-batches; seqlen_balancing's budget rule."""
+    mbc, problems = k.get("critic_micro_batch_size_update"), []
+    if not dynamic and mbc and normalized > 0 and normalized % mbc:
+        problems.append(f"normalized critic ppo_mini_batch_size {normalized} should be "
+                        f"divisible by critic.ppo_micro_batch_size_per_gpu {mbc}")
+    length = k["max_prompt_length"] + k["max_response_length"]
+    budget = k.get("critic_max_token_len_update")
+    if dynamic and budget is not None and budget * sp < length:
+        problems.append(f"critic.ppo_max_token_len_per_gpu={budget} x ulysses_sequence_"
+                        f"parallel_size={sp} must be at least max_prompt_length+"
+                        f"max_response_length={length}")
     return problems
 
 
@@ -59,6 +77,15 @@ def _verl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
 
 
 KL_LOSS, KL_REWARD = "actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"
+ESTIMATOR, CRITIC_ENABLE = "algorithm.adv_estimator", "critic.enable"
+
+
+def _verl_algorithm(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, Any]:
+    """verl/trainer/ppo/utils.py need_critic: critic.enable when set, else whether the
+    estimator is gae (ppo_trainer.yaml's default)."""
+    enable = get(CRITIC_ENABLE, None)
+    critic = enable if enable is not None else get(ESTIMATOR, "gae") == "gae"
+    return {"algorithm": "ppo" if critic else "grpo"}
 
 
 def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
@@ -126,21 +153,18 @@ VERL = Adapter(
         # verl/trainer/ppo/utils.py need_reference_policy: a reference model is built when
         # the actor's KL loss or the reward's KL penalty is on (both off by default)
         Derived(("use_kl",), _verl_reference, lambda get, topo: {"use_kl": bool(
-            get(KL_LOSS, False) or get(KL_REWARD, False))}, (KL_LOSS, KL_REWARD)),),
+            get(KL_LOSS, False) or get(KL_REWARD, False))}, (KL_LOSS, KL_REWARD)),
+        # PPO is GAE with the critic on; GRPO, no critic
+        Derived(("algorithm",), lambda k, topo: {
+            ESTIMATOR: "gae" if k["algorithm"] == "ppo" else "grpo",
+            CRITIC_ENABLE: k["algorithm"] == "ppo"}, _verl_algorithm,
+            (ESTIMATOR, CRITIC_ENABLE)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False},
     share=_verl_share,
     short_run=_verl_short_run,
     settings=(
-        # verl/trainer/ppo/utils.py need_critic: critic.enable when set, else gae (the
-        # default of ppo_trainer.yaml) trains a critic
-        Setting("algorithm.adv_estimator", "grpo",
-                "gae trains a critic model beside the actor, which the probe (GRPO, no "
-                "critic) never held; verl's own default is gae", ok=lambda value: value != "gae",
-                default_ok=False, refuse=True),
-        Setting("critic.enable", False, "the probe (GRPO) held no critic model",
-                ok=lambda value: value is not True, default_ok=True, refuse=True),
         *(Setting(key, 1, "sequence parallelism (Ulysses) splits each sequence over GPUs, "
                   "which no probe ran", ok=lambda value: value == 1, default_ok=True,
                   refuse=True)
@@ -159,4 +183,17 @@ VERL = Adapter(
                   "without .yaml> (a whole config, not a list of overrides)",
     model_key="actor_rollout_ref.model.path",
     unheld=_verl_unheld,
+    # critic.yaml / dp_critic.yaml: its forward micro-batch and budget follow its update's
+    # by default, written the same; its mini-batch and dynamic batching follow the actor's
+    critic_keys={
+        "critic_micro_batch_size_update": ("critic.ppo_micro_batch_size_per_gpu",
+                                           "critic.forward_micro_batch_size_per_gpu"),
+        "critic_max_token_len_update": ("critic.ppo_max_token_len_per_gpu",
+                                        "critic.forward_max_token_len_per_gpu"),
+        "critic_gradient_checkpointing": ("critic.model.enable_gradient_checkpointing",),
+        "critic_offload_params": ("critic.model.fsdp_config.param_offload",),
+        "critic_offload_optimizer": ("critic.model.fsdp_config.optimizer_offload",),
+        "global_batch_size": ("critic.ppo_mini_batch_size",),
+        "dynamic_batching": ("critic.use_dynamic_bsz",)},
+    critic_model_key="critic.model.path",
 )

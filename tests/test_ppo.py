@@ -151,6 +151,11 @@ def test_estimate_algorithm_ppo_states_the_critics_share_per_phase():
                         "--set", "critic_offload_params=true",
                         "--set", "critic_offload_optimizer=true")
     assert big["critic_phase_bytes"]["rollout"] == 0  # offloaded between phases
+    # ... to the node's host memory: the critic's fp32 params and AdamW state, every rank's
+    host = big["node_host"]["terms"]["rollout"]
+    psi_7b = model_shape("qwen2.5-7b").critic_params
+    assert host["critic_offloaded_params x8"] >= 8 * 4 * psi_7b // 8
+    assert host["critic_offloaded_optimizer x8"] >= 8 * 8 * psi_7b // 8
     assert big["critic_phase_bytes"]["critic_update"] > 16 * model_shape(
         "qwen2.5-7b").critic_params // 8
     text = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--algorithm", "ppo",

@@ -68,12 +68,13 @@ def cases(trainer: str, with_base: bool, topology: Topology) -> list[dict]:
             for update, exp in MICRO_BATCHES]
 
 
-def exported(adapter, knobs, topology, base_path, tmp_path, name, force=False):
+def exported(adapter, knobs, topology, base_path, tmp_path, name, force=False,
+             searched=SEARCHED):
     """The file an export writes (written even where autotune refuses it), and the rules it
     breaks (none: autotune writes it; some: autotune refuses it)."""
     base = load_trainer_yaml(str(base_path)) if base_path else None
     plan = plan_export(adapter, knobs, topology, base[0] if base else None,
-                       searched=SEARCHED, force=force)
+                       searched=searched, force=force)
     conflicts = [p for p in plan.problems if not p.startswith(f"{adapter.name}: ")]
     assert not conflicts, conflicts  # the study's shapes are the base's: no conflict
     path = tmp_path / f"{name}.yaml"
@@ -167,11 +168,13 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
     knobs = {**STUDY, **BASE_SHAPES["verl"], "micro_batch_size_update": 4,
              "micro_batch_size_experience": 8}
     refused = plan_export(VERL, knobs, Topology(1, 8), base[0], searched=SEARCHED)
-    assert [p.split(" is ")[0] for p in refused.problems] == ["algorithm.adv_estimator"]
+    assert [p.split(" is ")[0] for p in refused.problems] == [
+        "algorithm (from algorithm.adv_estimator and critic.enable)"]
     forced = plan_export(VERL, knobs, Topology(1, 8), base[0], searched=SEARCHED, force=True)
     as_is = tmp_path / "gae.yaml"  # what a silent export would have written: gae kept
     as_is.write_text(render_plan(
-        ExportPlan({k: v for k, v in forced.values.items() if k != "algorithm.adv_estimator"}),
+        ExportPlan({k: v for k, v in forced.values.items()
+                    if k not in ("algorithm.adv_estimator", "critic.enable")}),
         VERL, base, ["p", ""]))
     accepted, line = trainer_verdict("verl", as_is)
     assert not accepted and "critic" in line, line
@@ -180,6 +183,47 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
         str(FIXTURES / "verl-ppo-trainer.yaml")), ["p", ""]))
     accepted, line = trainer_verdict("verl", path)
     assert accepted, line
+
+
+PPO_TOPOLOGIES = [(1, 2), (1, 4), (1, 8), (2, 8)]
+# a PPO study's searched critic knobs; a critic micro-batch of 3 splits no GPU's share
+PPO_KNOBS = {"algorithm": "ppo", "critic_gradient_checkpointing": True,
+             "critic_offload_params": True, "critic_offload_optimizer": False}
+PPO_SEARCHED = (*SEARCHED, "critic_micro_batch_size_update", "critic_gradient_checkpointing",
+                "critic_offload_params", "critic_offload_optimizer")
+
+
+def ppo_cases(trainer: str) -> tuple[dict, Path | None]:
+    """verl: a PPO study of verl's own ppo_trainer.yaml (gae, its critic) as the base, with
+    its shapes; EasyR1: without a base (its default estimator is grpo), the demo's shapes."""
+    if trainer == "verl":
+        return {**STUDY, **BASE_SHAPES["verl"], **PPO_KNOBS, "micro_batch_size_update": 4,
+                "micro_batch_size_experience": 8}, FIXTURES / "verl-ppo-trainer.yaml"
+    return {**STUDY, **PPO_KNOBS, "micro_batch_size_update": 2,
+            "micro_batch_size_experience": 4}, None
+
+
+@pytest.mark.parametrize("nnodes, gpus", PPO_TOPOLOGIES,
+                         ids=[f"{n}x{g}" for n, g in PPO_TOPOLOGIES])
+@pytest.mark.parametrize("trainer", ["easyr1", "verl"])
+def test_the_trainers_start_up_accepts_ppo_exports_with_their_critic(trainer, nnodes, gpus,
+                                                                    tmp_path):
+    """A PPO study's exports through the trainers' start-up with a critic (verl's
+    validate_config with use_critic and its CriticWorker; EasyR1's critic checks and worker):
+    written ones accepted, refused ones (a critic micro-batch that splits no share) rejected."""
+    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
+        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    adapter, topology = {"easyr1": EASYR1, "verl": VERL}[trainer], Topology(nnodes, gpus)
+    knobs, base_path = ppo_cases(trainer)
+    for critic_micro in (2, 3):
+        path, problems = exported(adapter, {**knobs, "critic_micro_batch_size_update":
+                                            critic_micro}, topology, base_path, tmp_path,
+                                  f"ppo{critic_micro}", searched=PPO_SEARCHED)
+        assert (critic_micro == 2) == (not problems), problems
+        accepted, line = trainer_verdict(trainer, path)
+        assert accepted == (not problems), (critic_micro, problems, line)
+        if critic_micro == 2:
+            assert "critic" in path.read_text()
 
 
 @pytest.mark.parametrize("with_base", [False, True], ids=["defaults", "base"])

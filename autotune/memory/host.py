@@ -220,14 +220,27 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
     if config.use_kl and config.ref_on_host:
         copies = profile.ref_pinned_copies if pinned else 1
         reference = copies * held(shard_blocks(units, ref_bytes, w))
+    critic_params = critic_optimizer = 0  # PPO: the critic's offload, its own FSDP units
+    if config.has_critic:
+        critic_units = [shape.critic_params - sum(units[1:]), *units[1:]]
+        if config.critic_offload_params:
+            critic_params = held(shard_blocks(critic_units, PARAM_BYTES, w))
+        if config.critic_offload_optimizer:
+            critic_optimizer = held(2 * shard_blocks(critic_units, ADAM_BYTES // 2, w))
     engine = 0
     if config.rollout_engine == "vllm-like" and config.enable_sleep and config.sleep_level == 1:
         engine = held(engine_blocks(shape, c, config.rollout_tensor_parallel))
+    # the critic's params come back for its value forward (experience) and its update (its
+    # own phase, where no more is on the host than in rollout), its optimizer for the update
     on_host = {"rollout": {"offloaded_params": params, "offloaded_optimizer": optimizer,
-                           "reference": reference},
+                           "reference": reference, "critic_offloaded_params": critic_params,
+                           "critic_offloaded_optimizer": critic_optimizer},
                "experience": {"offloaded_optimizer": optimizer, "reference": reference,
-                              "engine_weights_asleep": engine},
-               "update": {"reference": reference, "engine_weights_asleep": engine}}
+                              "engine_weights_asleep": engine,
+                              "critic_offloaded_optimizer": critic_optimizer},
+               "update": {"reference": reference, "engine_weights_asleep": engine,
+                          "critic_offloaded_params": critic_params,
+                          "critic_offloaded_optimizer": critic_optimizer}}
     if pinned:  # freed pinned blocks stay cached: from the second step on, all at once
         union: dict[str, int] = {}
         for terms in on_host.values():

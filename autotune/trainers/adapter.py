@@ -177,17 +177,21 @@ class Adapter:
         """
         from autotune.config import KNOB_NAMES, parse_knob_value, unknown_key_message
 
-        owners: dict[str, str | Derived] = {
-            k: knob for knob, keys in (*(self.critic_keys or {}).items(), *self.keys.items())
-            for k in keys}
+        owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
+                                             for k in keys}
         owners.update({k: part for part in self.derived for k in part.keys})
+        critic = {k: knob for knob, keys in (self.critic_keys or {}).items() for k in keys}
         knobs: dict[str, Any] = {}
         groups: dict[int, tuple[Derived, dict[str, Any]]] = {}
         by_key: dict[str, Any] = {}  # every given key by its full name: what a group reads
         problems = []
         for key, value in given.items():
-            found = [k for k in owners if k == key] or \
-                [k for k in owners if k.rsplit(".", 1)[-1] == key]
+            # the actor's keys by their last part before the critic's (which share them:
+            # ppo_micro_batch_size_per_gpu is the actor's, critic.ppo_... the critic's)
+            found = [k for k in (*owners, *critic) if k == key] or \
+                [k for k in owners if k.rsplit(".", 1)[-1] == key] or \
+                [k for k in critic if k.rsplit(".", 1)[-1] == key]
+            owners.update({k: critic[k] for k in found if k in critic and k not in owners})
             if not found or len({id(owners[k]) for k in found}) > 1:
                 problems.append(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; nor a key of "
                                 f"{self.name}'s table (docs/trainers-and-export.md), spelled in "

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import PHASES, ProbeRequest
+from autotune.probe.result import ProbeRequest
 
 OUT = Path(__file__).parent / "results"
 THRESHOLDS = {"1 MiB": 1 << 20, "256 KiB": 256 << 10}
@@ -46,7 +46,7 @@ CONFIGS = [  # (ranks, knobs)
     (2, {"micro_batch_size_update": 1, "micro_batch_size_experience": 8,
          "gradient_checkpointing": True, "offload_params": True}),
 ]
-PHASE_NAMES = PHASES[:3]
+PHASE_NAMES = ("rollout", "experience", "update")  # GRPO: no critic
 
 
 def probe(world: int, knobs: dict, threshold_bytes: int) -> dict:

@@ -18,20 +18,32 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from autotune.config import parse_bytes
+from autotune.config import PHASES, parse_bytes
 from autotune.hardware import Device
-from autotune.probe.result import PHASES, ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.tuner import params_key
 
-FIGURES = ["status", "failed_phase", "tokens_per_s", "samples_per_s", "step_s",
-           "peak_mem_bytes", *(f"peak_mem_{p}_bytes" for p in PHASES[:3]),
-           "host_peak_rss_bytes", "device_limit_bytes", "device_capacity_bytes", "probe_wall_s"]
+GRPO_PHASES = ("rollout", "experience", "update")  # a step's phases without a critic
 
 
-def result_row(params: dict, result: ProbeResult) -> dict:
+def step_phases(space: SearchSpace) -> tuple[str, ...]:
+    """The phases of the grid's step: PPO's critic_update too where it trains a critic."""
+    return tuple(p for p in PHASES if p != "validation") if space.trains_critic \
+        else GRPO_PHASES
+
+
+def figures(space: SearchSpace) -> list[str]:
+    """A recorded grid's columns after its params (a GRPO grid's as they always were)."""
+    return ["status", "failed_phase", "tokens_per_s", "samples_per_s", "step_s",
+            "peak_mem_bytes", *(f"peak_mem_{p}_bytes" for p in step_phases(space)),
+            "host_peak_rss_bytes", "device_limit_bytes", "device_capacity_bytes",
+            "probe_wall_s"]
+
+
+def result_row(params: dict, result: ProbeResult, columns: list[str]) -> dict:
     row = {**params, "status": result.status.value, "failed_phase": result.failed_phase or ""}
-    for name in FIGURES[2:]:
+    for name in columns[2:]:
         if name.startswith("peak_mem_") and name != "peak_mem_bytes":
             phase = name[len("peak_mem_"):-len("_bytes")]
             row[name] = result.phase_peak_mem_bytes.get(phase, "")
@@ -46,7 +58,7 @@ def row_result(row: dict) -> ProbeResult:
     def num(name: str, kind: type = float):
         return kind(float(row[name])) if row.get(name, "") != "" else None
 
-    phases = {p: num(f"peak_mem_{p}_bytes", int) for p in PHASES[:3]}
+    phases = {p: num(f"peak_mem_{p}_bytes", int) for p in PHASES if p != "validation"}
     return ProbeResult(
         status=ProbeStatus(row["status"]), failed_phase=row["failed_phase"] or None,
         message="" if row["status"] == "ok" else f"recorded {row['status']}",
@@ -106,7 +118,7 @@ def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) 
     lock = threading.Lock()
     runner = SubprocessRunner()
     started = time.monotonic()
-    columns = [*space.params, *FIGURES]
+    columns = [*space.params, *figures(space)]
 
     def one(params: dict) -> None:
         result = runner.run(ProbeRequest(**{**request.__dict__,
@@ -117,7 +129,7 @@ def record(space: SearchSpace, out: Path, request: ProbeRequest, parallel: int) 
                 writer = csv.DictWriter(handle, columns)
                 if new:
                     writer.writeheader()
-                writer.writerow(result_row(params, result))
+                writer.writerow(result_row(params, result, figures(space)))
             print(f"[{time.monotonic() - started:6.0f} s] {params} -> {result.status.value} "
                   f"{result.tokens_per_s or 0:.1f} tok/s {result.peak_mem_bytes or 0} B",
                   flush=True)
@@ -137,22 +149,26 @@ def trace_grid(space: SearchSpace, out: Path, request: ProbeRequest,
         with open(out, newline="") as handle:
             for row in csv.DictReader(handle):
                 table[params_key(typed_params(space, row))] = {
-                    p: int(row[f"traced_{p}_bytes"]) for p in PHASES[:3]}
-    columns = [*space.params, *(f"traced_{p}_bytes" for p in PHASES[:3]), "trace_s"]
+                    p: int(row[f"traced_{p}_bytes"]) for p in step_phases(space)}
+    columns = [*space.params, *(f"traced_{p}_bytes" for p in step_phases(space)), "trace_s"]
     todo = [p for p in space.grid() if params_key(p) not in table]
     for number, params in enumerate(todo):
-        result = trace_request(ProbeRequest(**{**request.__dict__,
+        device = request.device if capacity_bytes is None \
+            else request.device.with_capacity(capacity_bytes)
+        result = trace_request(ProbeRequest(**{**request.__dict__, "device": device,
                                                 "config": space.config_for(params)}),
-                               context_bytes=0, capacity_bytes=capacity_bytes)
+                               context_bytes=0)
         row = {**params, "trace_s": round(result.trace_s, 2),
-               **{f"traced_{p}_bytes": result.phase_peak_mem_bytes[p] for p in PHASES[:3]}}
+               **{f"traced_{p}_bytes": result.phase_peak_mem_bytes[p]
+                  for p in step_phases(space)}}
         new = not out.exists()
         with open(out, "a", newline="") as handle:
             writer = csv.DictWriter(handle, columns)
             if new:
                 writer.writeheader()
             writer.writerow(row)
-        table[params_key(params)] = {p: result.phase_peak_mem_bytes[p] for p in PHASES[:3]}
+        table[params_key(params)] = {p: result.phase_peak_mem_bytes[p]
+                                     for p in step_phases(space)}
         print(f"traced {number + 1}/{len(todo)} in {result.trace_s:.1f} s", file=sys.stderr,
               flush=True)
     return table

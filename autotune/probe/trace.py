@@ -227,6 +227,7 @@ class TracedMeter:
         self.current_phase: str | None = None
         self.phase_peak_mem_bytes: dict[str, int] = {}
         self.phase_allocator_peak_bytes: dict[str, int] = {}
+        self.phase_tensor_peak_bytes = self.phase_allocator_peak_bytes  # no caching here
         self.peak_host_bytes = 0
         self.host_peak_rss_bytes = 0
         self.host_held_peak_bytes = 0  # what a probe measures; the trace has peak_host_bytes

@@ -120,7 +120,7 @@ def skipped_by_trace(table, traced, space, status="ok"):
     trial on."""
     from autotune.sweep.traced import TRACE_MARGIN
 
-    context = TableTracer(space, traced).context_bytes
+    context = TableTracer(space, traced).prior_context_bytes
     return [key for key in traced if table[key].status.value == status
             and max(traced[key].values()) + context > CAP_BYTES * (1 + TRACE_MARGIN)]
 
@@ -248,7 +248,7 @@ def main() -> None:
                      f"{target:.0%} with no loss: "
                      f"{'met' if saved[mode] >= target and lossless else 'MISSED'})")
     skipped = [key for key in traced if table[key].status.value == "ok" and max(
-        traced[key].values()) + TableTracer(space, traced).context_bytes > CAP_BYTES * 1.0]
+        traced[key].values()) + TableTracer(space, traced).prior_context_bytes > CAP_BYTES * 1.0]
     lines.append(f"feasible configs the traced pre-screen would skip (traced past the cap "
                  f"by its margin): {len(skipped_by_trace(table, traced, space))} (target 0); "
                  f"traced past the cap at all: {len(skipped)}; OOM configs it would skip "

@@ -4,13 +4,17 @@ same step, and the sweep's traced pre-screen (sweep/traced.py) with a real trace
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+from autotune.hardware import Device
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
 from autotune.runners.local import SubprocessRunner
+from autotune.sweep.traced import TRACE_MARGIN, SubprocessTracer, traced_prediction
 
 pytestmark = pytest.mark.slow
 
@@ -199,6 +203,7 @@ def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
     for phase, modelled in report["phase_bytes"].items():  # the prior is within 25% of it
         assert abs(modelled / traced["phase_peak_mem_bytes"][phase] - 1) < 0.25, phase
     assert traced["context_bytes"] == TRACE_CPU_CONTEXT_BYTES
+    assert set(traced["phase_context_bytes"].values()) == {TRACE_CPU_CONTEXT_BYTES}
     text = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace", "--model",
                            "tiny-qwen2.5", "--device", "cpu", "--set",
                            "max_response_length=64"], capture_output=True, text=True,
@@ -307,3 +312,51 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     assert tracer.traced_bytes({"n": 1}, device) is None  # still importing torch: too late
     assert tracer.unavailable == "a trace took over 0 s"
     assert tracer._process is None and len(tracer.trace_wall_s) == 1
+
+
+GPU_EVIDENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu" / \
+    "gpu_evidence_allocated.json"
+
+
+class RecordedTracer(SubprocessTracer):
+    """The sweep's tracer answering from recorded traces (no trace process)."""
+
+    def __init__(self, traces: dict[str, dict[str, int]]) -> None:
+        super().__init__(lambda params, device: params, on_gpu=True)
+        self.recorded = traces
+
+    def _run(self, request):
+        return dict(self.recorded[request["label"]])
+
+
+def test_each_phase_learns_its_own_fixed_term_from_the_gpu_probes():
+    """On a GPU what a probe holds beyond its tensors differs by phase (the caching
+    allocator's slack: about 1 GiB in a 7B rank's rollout, 12 GiB in its update, measured on
+    an H200 in benchmarks/results/gpu). One term for all phases (their median) would skip a
+    rollout-bound config that fits; each phase's own least residual does not."""
+    row = next(r for r in json.loads(GPU_EVIDENCE.read_text()) if r["label"] == "7b rank0/8 ckpt")
+    measured = row["phase_peak_mem_bytes"]
+    tensors = {p: v - TRACE_GPU_CONTEXT_BYTES
+               for p, v in row["traced"]["phase_peak_mem_bytes"].items()}
+    residual = {p: measured[p] - tensors[p] for p in tensors}
+    assert residual["update"] > 8 * residual["rollout"] > 0  # what the test is about
+    # a candidate 1.5 GiB past the probed config in the rollout, 6 GiB below it in the update
+    candidate = {**tensors, "rollout": tensors["rollout"] + (3 << 29),
+                 "update": tensors["update"] - (6 << 30)}
+    tracer = RecordedTracer({"probed": tensors, "candidate": candidate})
+    device = Device("cuda", capacity_bytes=measured["rollout"] + (2 << 30))
+    probed, other = {"label": "probed"}, {"label": "candidate"}
+
+    assert tracer.traced_bytes(probed, device) == {p: v + TRACE_GPU_CONTEXT_BYTES
+                                                   for p, v in tensors.items()}  # the prior
+    tracer.learn(probed, measured)
+    assert tracer.traced_bytes(probed, device) == measured  # each phase its own term
+    held = {p: candidate[p] + residual[p] for p in candidate}
+    assert max(held.values()) < device.usable_bytes  # the candidate really fits ...
+    median = statistics.median(residual.values())
+    assert candidate["rollout"] + median > device.usable_bytes * (1 + TRACE_MARGIN)  # (old rule)
+    assert traced_prediction(tracer, other, 2 * device.usable_bytes, device) is None  # ... kept
+    # a second probe holding less in a phase lowers that phase's term: the least is kept
+    tracer.learn(other, {**held, "update": held["update"] - (1 << 30)})
+    assert tracer.summary()["phase_context_bytes"] == {
+        **residual, "update": residual["update"] - (1 << 30)}

@@ -68,7 +68,13 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \
         --host-memory 760GB --set offload_params=true --set offload_optimizer=true
     """
-    from autotune.memory.estimate import format_estimate, format_traced, phase_totals
+    from autotune.memory.estimate import (
+        format_estimate,
+        format_savings,
+        format_traced,
+        phase_totals,
+        switch_savings,
+    )
     from autotune.memory.host import format_node_host
     from autotune.memory.length import length_headroom
     from autotune.memory.model import estimate_memory
@@ -87,6 +93,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         plan.shape.context_tokens, request.world_size)
     host = plan.node_host()
     binding = plan.binding_constraint(max(totals.values()), host, headroom)
+    savings = switch_savings(plan.shape, request.config, plan.calibration, **model_args)
     traced = run_trace(plan) if trace else None
     traced_reach = traced_length(plan, traced, budget, reach) if traced else None
     if as_json:
@@ -104,10 +111,11 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
                           "terms": host.phases, "host_bytes": host.host_bytes,
                           "threshold": host.threshold, "kill_bytes": host.kill_bytes,
                           "rank_bytes": host.rank_bytes, "host_oom": host.host_oom},
-            "binding_constraint": binding}
+            "binding_constraint": binding, "switch_savings": savings}
         if traced is not None:
             report["traced"] = {k: traced[k] for k in (
-                "phase_peak_mem_bytes", "context_bytes", "host_offload_bytes", "trace_s")}
+                "phase_peak_mem_bytes", "context_bytes", "phase_context_bytes",
+                "host_offload_bytes", "trace_s")}
             report["traced"]["fits_up_to_response_tokens"] = traced_reach
         click.echo(json.dumps(report, indent=2))
         return
@@ -115,6 +123,8 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
                                plan.calibration, plan.note, **model_args))
     click.echo(f"length headroom: {reach.describe('on this card')} (memory model, everything "
                f"else held)")
+    for line in format_savings(savings):
+        click.echo(line)
     click.echo("")
     click.echo(format_node_host(host, request.gpus_per_node))
     click.echo(binding)
@@ -122,7 +132,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         what = (f"the probe's own step as rank 0 of {request.world_size} under fake tensors, "
                 f"build and 2 steps in {traced['trace_s']:.1f} s")
         click.echo("")
-        click.echo(format_traced(traced["phase_peak_mem_bytes"], traced["context_bytes"],
+        click.echo(format_traced(traced["phase_peak_mem_bytes"], traced["phase_context_bytes"],
                                  traced["context_note"], totals, capacity, headroom,
                                  traced["host_offload_bytes"], what))
         click.echo(f"traced length headroom: fits up to {traced_reach:,}-token responses "
@@ -141,16 +151,27 @@ def run_trace(plan: EstimatePlan) -> dict[str, Any]:
     context, context_note = (TRACE_GPU_CONTEXT_BYTES, "prior (CUDA context, cuBLAS and "
                              "NCCL workspaces, allocator rounding)") if request.device.on_gpu \
         else (TRACE_CPU_CONTEXT_BYTES, "prior (the interpreter with torch and transformers)")
-    fitted_context_bytes = (plan.fitted.get("trace") or {}).get("context_bytes")
-    if fitted_context_bytes:
-        context = int(fitted_context_bytes)
-        context_note = f"fitted on the probes of the study ({plan.fitted['device']})"
+    fitted = fitted_phase_terms(plan.fitted.get("trace") or {})
+    if fitted:
+        context = min(fitted.values())
+        context_note = f"fitted per phase on the probes of the study ({plan.fitted['device']})"
     click.echo(f"tracing {plan.name} as rank 0 of {request.world_size} ...", err=True)
     quiet_libraries()
     from autotune.probe.trace import trace_request
 
     result = dataclasses.asdict(trace_request(request, context))
-    return {**result, "context_note": f"{format_bytes(context)}, {context_note}"}
+    peaks = result["phase_peak_mem_bytes"]
+    terms = {phase: fitted.get(phase, context) for phase in peaks}
+    result["phase_peak_mem_bytes"] = {p: v - context + terms[p] for p, v in peaks.items()}
+    return {**result, "phase_context_bytes": terms,
+            "context_note": f"{format_bytes(context)}, {context_note}" if not fitted else
+            context_note}
+
+
+def fitted_phase_terms(trace: dict[str, Any]) -> dict[str, int]:
+    """The fixed term per phase a study's traced pre-screen fitted (a study from before the
+    terms were per phase stored one for all phases: it has no phase names, so none is used)."""
+    return {phase: int(value) for phase, value in (trace.get("phase_context_bytes") or {}).items()}
 
 
 def length_step(longest: int) -> int:
@@ -174,7 +195,9 @@ def traced_length(plan: EstimatePlan, traced: dict[str, Any], budget_bytes: int,
         click.echo(f"tracing at {tokens:,}-token responses ...", err=True)
         at = dataclasses.replace(request, config=at_length(request.config, tokens))
         peaks = trace_request(at, traced["context_bytes"]).phase_peak_mem_bytes
-        return max(peaks.values()) <= budget_bytes
+        extra = {p: term - traced["context_bytes"]
+                 for p, term in traced["phase_context_bytes"].items()}
+        return max(v + extra.get(p, 0) for p, v in peaks.items()) <= budget_bytes
 
     if row_breaks(request.config, request.world_size, reach.searched_to):
         answer = reach.fits_up_to // step

@@ -25,6 +25,33 @@ def phase_totals(estimate: MemoryEstimate, calibration: Calibration | None) -> d
     return calibration.phase_bytes(estimate)
 
 
+SAVING_SWITCHES = ("fused_logprob",)  # switches that only ever take memory away
+
+
+def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibration | None,
+                   **model_args: Any) -> dict[str, dict[str, int]]:
+    """Per switch of SAVING_SWITCHES that `config` has off: what turning it on would take
+    off each phase's total (the phases it changes)."""
+    now = phase_totals(estimate_memory(shape, config, **model_args), calibration)
+    savings = {}
+    for switch in SAVING_SWITCHES:
+        if getattr(config, switch):
+            continue
+        switched: dict[str, Any] = {switch: True}
+        on = phase_totals(estimate_memory(shape, dataclasses.replace(config, **switched),
+                                          **model_args), calibration)
+        savings[switch] = {phase: now[phase] - on[phase] for phase in now
+                           if now[phase] != on[phase]}
+    return savings
+
+
+def format_savings(savings: dict[str, dict[str, int]]) -> list[str]:
+    """One line per switch: what it would save, phase by phase."""
+    return [f"{switch}=true would save " + ", ".join(
+        f"{format_bytes(saved)} in {phase}" for phase, saved in by_phase.items())
+        + " (memory model)" for switch, by_phase in savings.items() if by_phase]
+
+
 def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budget_bytes: int,
                         calibration: Calibration | None, **model_args: Any) -> tuple[int, int]:
     """The largest value of micro-batch `knob` whose phase fits `budget_bytes` (0: not even
@@ -111,9 +138,9 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
     return "\n".join(lines)
 
 
-def format_traced(traced_phase_bytes: dict[str, int], context_bytes: int, context_note: str,
-                  model_totals: dict[str, int], capacity_bytes: int, headroom: float,
-                  host_offload_bytes: int, what: str) -> str:
+def format_traced(traced_phase_bytes: dict[str, int], phase_context_bytes: dict[str, int],
+                  context_note: str, model_totals: dict[str, int], capacity_bytes: int,
+                  headroom: float, host_offload_bytes: int, what: str) -> str:
     """The traced estimate (probe/trace.py) as a table beside the memory model's totals."""
     budget = int((1 - headroom) * capacity_bytes)
     binding = max(traced_phase_bytes, key=lambda phase: traced_phase_bytes[phase])
@@ -124,6 +151,7 @@ def format_traced(traced_phase_bytes: dict[str, int], context_bytes: int, contex
     for phase, total in traced_phase_bytes.items():
         model = model_totals.get(phase)
         mark = "  <- binds" if phase == binding else ""
+        context_bytes = phase_context_bytes[phase]
         lines.append(f"{phase:<{PHASE_COLUMN}}{format_bytes(total - context_bytes):>12}"
                      f"{format_bytes(context_bytes):>12}{format_bytes(total):>12}"
                      f"{total / capacity_bytes:>12.0%}"

@@ -2,11 +2,16 @@
 in a trace process of the sweep's own, cached by config.
 
 A trace counts every tensor the probe's step would allocate, per phase, on one rank; the
-sweep adds the fixed term (memory.model's prior for the device, then the median of what
-measured probes held beyond their trace) and skips a candidate whose traced peak is past the
-capacity by more than TRACE_MARGIN, from the first trial on. The tensors being exact, only
-the fixed term can be wrong, and it is what a process holds beyond its tensors, not a share of
-them: the margin is set from benchmarks/trace_accuracy.py (docs/benchmarks.md). Only
+sweep adds the fixed term (memory.model's prior for the device; once probes have measured a
+phase, the least any of them held beyond its trace in that phase) and skips a candidate whose
+traced peak is past the capacity by more than TRACE_MARGIN, from the first trial on. The
+tensors being exact (on a GPU within 1.2% of torch's allocated peak,
+benchmarks/results/gpu), only the fixed term can be wrong, and it is what a process holds
+beyond its tensors, not a share of them: the CUDA context and the caching allocator's slack,
+which on a GPU differs by phase (0.1 GiB in a 7B rank's rollout, 11 GiB in its update), so
+each phase learns its own; the least, not the median, so a config that holds less than the
+probes seen is not skipped. The margin is set from benchmarks/trace_accuracy.py
+(docs/benchmarks.md). Only
 candidates the memory model puts near the wall are traced (TRACE_FROM): far from it a trace
 could not change the decision. A trace must also cost less than the probe it may save: once
 both are timed, tracing stops when the median trace (its own time: the process starts once)
@@ -101,7 +106,7 @@ class SubprocessTracer:
         self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
             TRACE_CPU_CONTEXT_BYTES
         self.traces: dict[str, dict[str, int]] = {}
-        self.residuals: list[int] = []  # measured minus traced, per phase of each probe
+        self.residuals: dict[str, list[int]] = {}  # per phase: each probe's measured - traced
         self.unavailable: str | None = None  # why tracing is off for this sweep
         self.trace_wall_s: list[float] = []  # each trace, asked to answered
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
@@ -111,7 +116,8 @@ class SubprocessTracer:
     def summary(self) -> dict[str, Any]:
         """What tracing did in this sweep, as stored with the calibration."""
         return {"traces": len(self.trace_wall_s), "trace_wall_s": round(sum(self.trace_wall_s), 1),
-                "context_bytes": self.context_bytes if self.residuals else None,
+                "phase_context_bytes": {phase: self.context_bytes(phase)
+                                        for phase in self.residuals} or None,
                 "off": self.unavailable}
 
     def weigh_cost(self) -> None:
@@ -123,11 +129,11 @@ class SubprocessTracer:
                 self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "
                                     "tracing would cost more than the probes it could save")
 
-    @property
-    def context_bytes(self) -> int:
-        """The fixed term: the prior, then the median of what probes held beyond the trace."""
-        return int(statistics.median(self.residuals)) if self.residuals else \
-            self.prior_context_bytes
+    def context_bytes(self, phase: str) -> int:
+        """The phase's fixed term: the prior, then the least a probe held beyond its trace in
+        that phase."""
+        seen = self.residuals.get(phase)
+        return min(seen) if seen else self.prior_context_bytes
 
     def traced_bytes(self, params: dict[str, Any], device: Device) -> dict[str, int] | None:
         """Per-phase traced bytes of `params` on `device`, with the fixed term; None when
@@ -147,14 +153,16 @@ class SubprocessTracer:
         live = self.traces.get(key)
         if live is None:
             return None
-        return {phase: value + self.context_bytes for phase, value in live.items()}
+        return {phase: value + self.context_bytes(phase) for phase, value in live.items()}
 
     def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int]) -> None:
-        """A probe measured `params`: what it held beyond its trace fits the fixed term."""
-        live = self.traces.get(params_key(params))
-        if live is not None:
-            self.residuals += [phase_peak_mem_bytes[p] - live[p] for p in live
-                               if p in phase_peak_mem_bytes]
+        """A probe measured `params`: what it held beyond its trace, per phase, fits that
+        phase's fixed term."""
+        live = self.traces.get(params_key(params)) or {}
+        for phase in live:
+            if phase in phase_peak_mem_bytes:
+                self.residuals.setdefault(phase, []).append(
+                    phase_peak_mem_bytes[phase] - live[phase])
 
     def _run(self, request: ProbeRequest) -> dict[str, int] | None:
         started_s = time.monotonic()

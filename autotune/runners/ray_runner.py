@@ -80,6 +80,18 @@ def cluster_gpus(address: str | None) -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
+def cancel_in_background(probe: Any, force: bool = True) -> None:
+    """Cancel a task on a thread of its own: `ray.cancel` is a call to the task's owner and
+    its node that can block under load, and neither `stop` nor a deadline may wait on it."""
+    import ray
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):
+            ray.cancel(probe, force=force)
+
+    threading.Thread(target=cancel, name="autotune-ray-cancel", daemon=True).start()
+
+
 def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None
                       ) -> Iterator[dict[str, Any]]:
     """The Ray task: say where it runs, then run one probe (if any) with the local runner."""
@@ -191,14 +203,11 @@ class RayRunner:
 
     def stop(self) -> None:
         """Cancel every probe in flight (from any thread); their `run` calls return soon."""
-        import ray
-
         with self.lock:
             self.stopping.set()
             probes = list(self.in_flight)
-        for probe in probes:
-            with contextlib.suppress(Exception):
-                ray.cancel(probe, force=False)  # KeyboardInterrupt in the task: tree killed
+        for probe in probes:  # KeyboardInterrupt in the task: its probe's tree killed
+            cancel_in_background(probe, force=False)
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
         import ray
@@ -263,8 +272,7 @@ class RayRunner:
             if self.stopping.is_set():
                 stop_seen_at = stop_seen_at or now
                 if forced_at is None and now - stop_seen_at > STOP_GRACE_S:
-                    with contextlib.suppress(Exception):
-                        ray.cancel(probe, force=True)
+                    cancel_in_background(probe)  # its RPC may block under load: not here
                     forced_at = now
                 elif forced_at is not None and now - forced_at > STOP_GRACE_S:
                     raise ProbeLost("stopped: the task did not end after a forced cancel")

@@ -35,6 +35,9 @@ ALGORITHMS = ("grpo", "ppo")
 CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
                 "critic_gradient_checkpointing", "critic_offload_params",
                 "critic_offload_optimizer")  # read only where the algorithm has a critic
+# fused_logprob: tokens per chunk of the LM head's logits (verl's FusedLinearForPPO, torch
+# backend: verl/utils/experimental/torch_functional.py chunk_size=512)
+FUSED_CHUNK_TOKENS = 512
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
 
@@ -100,6 +103,12 @@ class ProbeConfig:
         "help": "vllm-like: free the KV pool and weights after rollout (vLLM sleep mode)"})
     sleep_level: int = field(default=1, metadata={
         "help": "vllm-like: 1 keeps the weights in host memory asleep (EasyR1), 2 drops them"})
+    fused_logprob: bool = field(default=False, metadata={
+        "help": "log-probs from the hidden states and the LM head in chunks of 512 tokens, "
+                "never the whole logits (verl's use_fused_kernels)"})
+    expandable_segments: bool = field(default=False, metadata={
+        "help": "GPU: the CUDA caching allocator's expandable segments outside the rollout "
+                "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
     offload_ref_params: bool | None = field(default=None, metadata={
@@ -481,6 +490,10 @@ MEMORY_DIRECTION: dict[str, int] = {
     # reservation or on the host only; the engine kind is not ordered
     "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
     "sleep_level": 0, "rollout_engine": 0,
+    # the allocator's slack, not the tensors: less on every GPU measured so far (an H200,
+    # benchmarks/results/gpu), but one card is no order
+    "expandable_segments": 0,
+    "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
     "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
     # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's
     "critic_micro_batch_size_update": +1, "critic_max_token_len_update": +1,

@@ -11,6 +11,11 @@ registry models, a real OOM, memory and throughput figures against the memory mo
   bf16 copy are real allocations; collectives move no data);
 - a real OOM: qwen2.5-7b's rank under a 24 GiB cap (--gpu-memory-limit), which its model
   states and engine copy alone exceed;
+- the 7B rank with verl's allocator (expandable_segments: on outside the rollout), with
+  fused_logprob (against "7b rank0/8 mbu8", the same micro-batches unfused), and a PPO probe
+  of qwen2.5-0.5b (the critic's states and its update phase);
+- per phase, NVML's peak, torch's reserved peak and torch's allocated peak: the traced
+  tensors are held to the last, the rest is the CUDA context and the allocator's slack;
 - what each probe pins on the host against the node model's held terms (memory/host.py);
 - every case traced beside it (`autotune estimate --trace`: the probe's own step under fake
   tensors, on this machine's CPU cores, in parallel with the probes): traced per phase (the
@@ -24,8 +29,10 @@ registry models, a real OOM, memory and throughput figures against the memory mo
 
 Each row: status, the phase an OOM hit, tokens/s, per-phase peaks against memory.py's prior
 estimate for the same rank, and model states against memory.py's exact term. Writes
-gpu_evidence.txt and .json, naming the device. Without an NVIDIA GPU it says so and exits 0
-(it is not part of CI).
+gpu_evidence.txt and .json, naming the device, after every case: a run cut short by
+--deadline-s (default 540 s: no case starts later, each probe's timeout ends by it) keeps
+every case it finished; --cases picks some by label. Without an NVIDIA GPU it says so and
+exits 0 (it is not part of CI).
 """
 
 from __future__ import annotations
@@ -64,10 +71,17 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit); most want
     ("7b rank0/8 ckpt", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2}, None),
     ("7b rank0/8 OOM", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2},
      24 * 2**30),
+    # verl's allocator (the knob): expandable segments outside the rollout
+    ("7b rank0/8 verl alloc", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 2, "expandable_segments": True}, None),
     # PPO: the critic's states and its own update phase on a real GPU
     ("0.5b ppo", "qwen2.5-0.5b", 1, False,
      {**SMALL, "algorithm": "ppo", "rollout_n": 1, "critic_micro_batch_size_update": 8,
       "critic_gradient_checkpointing": True}, None),
+    # fused_logprob: the 7B rank's micro-batch of 8 with a 512-token chunk of logits at a time
+    ("7b rank0/8 fused", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 8, "micro_batch_size_experience": 8,
+      "fused_logprob": True}, None),
     # the vllm-like engine at two utilisations: rollout peak against torch.cuda's reserved
     # peak and against the trainer's states at wake-up plus the reservation
     ("0.5b vllm 0.3", "qwen2.5-0.5b", 1, False,

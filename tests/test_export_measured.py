@@ -287,3 +287,35 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
     assert err.value.problems == [
         f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: "
         "rollout_engine='vllm_mode=server': expected one of hf, vllm-like"]
+
+
+def test_the_allocator_the_study_trained_with_is_stated_where_the_trainer_differs():
+    """verl trains with the CUDA allocator's expandable segments on (a verl study on a GPU
+    probes so); EasyR1's runtime env and TRL's default run without. No key sets it, so where
+    the study's differs the header says so, and where it matches nothing is said. On an H200
+    the segments took a 7B rank's update from 36.0 to 30.8 GiB (benchmarks/results/gpu)."""
+    def allocator_lines(adapter, segments):
+        plan = plan_export(adapter, {**KNOBS, "expandable_segments": segments}, Topology(1, 1),
+                           None, SEARCHED)
+        return [line for line in plan.run if line.startswith("allocator:")]
+
+    assert allocator_lines(VERL, True) == [] and allocator_lines(EASYR1, False) == [] \
+        and allocator_lines(TRL, False) == []
+    assert "verl trains with the CUDA allocator's expandable segments on" in \
+        allocator_lines(VERL, False)[0]
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False" in allocator_lines(EASYR1, True)[0]
+    assert "launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in \
+        allocator_lines(TRL, True)[0]
+    # a study that never named the allocator (a CPU study, one from before the knob): silent
+    plan = plan_export(VERL, KNOBS, Topology(1, 1), None, SEARCHED)
+    assert not any(line.startswith("allocator:") for line in plan.run)
+
+
+def test_a_verl_study_on_a_gpu_trains_with_expandable_segments_unless_named():
+    from autotune.sweep.plan import allocator_knobs
+
+    assert allocator_knobs("verl", on_gpu=True) == {"expandable_segments": True}
+    assert allocator_knobs("verl", True, frozenset({"expandable_segments"})) == {}
+    assert allocator_knobs("verl", on_gpu=False) == {}  # a CPU probe has no CUDA allocator
+    assert allocator_knobs("easyr1", True) == {} and allocator_knobs("trl", True) == {} \
+        and allocator_knobs(None, True) == {}

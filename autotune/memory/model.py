@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.batching import worst_case_rows
-from autotune.config import DeviceShare, ProbeConfig, device_share
+from autotune.config import FUSED_CHUNK_TOKENS, DeviceShare, ProbeConfig, device_share
 from autotune.errors import ConfigError
 from autotune.registry import get_model_spec, read_model_path_config
 
@@ -344,9 +344,15 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 "prefill": batch * (prompt * forward_bytes_per_token(shape, c) + vision_fwd),
                 "sampling_logits": batch * vocab * (c + 4)}
 
+    def fused_chunk(micro: int) -> int:
+        return min(FUSED_CHUNK_TOKENS, micro * seq)
+
     def logprob_logits(micro: int) -> int:
         # the full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
-        # logits are freed once their fp32 response slice exists
+        # logits are freed once their fp32 response slice exists. Fused: one chunk's logits
+        # in the compute dtype and fp32, then its fp32 log-softmax
+        if config.fused_logprob:
+            return fused_chunk(micro) * vocab * max(c + 4, 8)
         if c >= 4:
             return micro * (c * seq + 4 * response) * vocab
         return micro * max(c * seq + 4 * response, 8 * response) * vocab
@@ -419,7 +425,11 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 "activations": mbu * seq * activation_bytes_per_token(shape, ckpt, c),
                 "vision_activations": mbu * patches * vision_activation_bytes_per_patch(
                     shape, ckpt, c),
-                "logits": logprob_logits(mbu) + mbu * 4 * response * vocab}
+                # unfused, the fp32 log-softmax is kept for the backward; fused, the backward
+                # recomputes one chunk at a time: its logits, softmax and gradient
+                "logits": fused_chunk(mbu) * vocab * (max(c + 4, 8) + c)
+                if config.fused_logprob else
+                logprob_logits(mbu) + mbu * 4 * response * vocab}
     transient = max(sum(backward.values()), step_temp)
     parts = {**upd_states, **backward, "optimizer_step": step_temp}
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts,

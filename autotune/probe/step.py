@@ -44,6 +44,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
 from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
+from autotune.probe.logprob import fused_head
 from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
 from autotune.probe.models import (
     build_model,
@@ -381,8 +382,12 @@ class TrainingProbe:
 
     def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int) -> torch.Tensor:
         """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
-        the vocabulary)."""
+        the vocabulary): from the whole logits, or fused (probe/logprob.py)."""
         rows, ids, response, start = self._sequences(index, tokens)
+        if self.config.fused_logprob:  # every position's next token, as verl's fused forward
+            with self._autocast(), fused_head(model, torch.roll(ids, -1, dims=1)):
+                log_probs = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
+            return log_probs[:, start:start + response.shape[1]]
         with self._autocast():
             logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
         # an fp32 copy of the response positions (a CPU kernel would copy the slice unseen)
@@ -531,6 +536,9 @@ class TrainingProbe:
         if self.config.val_batch_size:
             phases.append(("validation", self._validate))
         for name, run in phases:
+            if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
+                torch.cuda.memory._set_allocator_settings(
+                    f"expandable_segments:{self.config.expandable_segments and name != 'rollout'}")
             with self.meter.phase(name):
                 started = time.perf_counter()
                 run()

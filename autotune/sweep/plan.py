@@ -132,6 +132,18 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
     return knobs
 
 
+def allocator_knobs(trainer: str | None, on_gpu: bool,
+                    named: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The CUDA allocator the trainer trains with, where nothing names it: verl turns
+    expandable segments on outside the rollout (verl/workers/fsdp_workers.py rollout_mode,
+    via verl/utils/device.py set_expandable_segments); EasyR1's Ray runtime env sets
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (verl/trainer/main.py), and TRL sets
+    nothing (the default, off)."""
+    if trainer == "verl" and on_gpu and "expandable_segments" not in named:
+        return {"expandable_segments": True}
+    return {}
+
+
 def check_model(options: ProbeOptions, known_model: bool = True) -> str:
     """The model's name (a registry model, or a local directory's name), checked before
     anything runs. `known_model`: --model must be in the registry (a probe of the user's
@@ -327,7 +339,8 @@ def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, dev
     and no base config, the trainer's start is the safest config)."""
     loaded = loaded.for_world(topology.world_size)
     named = frozenset({*loaded.params, *loaded.fixed, *probe.knobs, *base})
-    engine = engine_knobs(probe.engine, device.on_gpu, options.trainer, named)
+    engine = {**engine_knobs(probe.engine, device.on_gpu, options.trainer, named),
+              **allocator_knobs(options.trainer, device.on_gpu, named)}
     algorithm = algorithm_defaults({**dict.fromkeys(loaded.params), **loaded.fixed, **base,
                                     **probe.knobs})  # PPO's rollout_n, where none is named
     space, base_params = loaded.with_user_values({**engine, **algorithm, **probe.knobs}, base,

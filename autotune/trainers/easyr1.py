@@ -23,6 +23,10 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     tp = k.get("rollout_tensor_parallel") or get("worker.rollout.tensor_parallel_size", 2)
     mini = get("data.mini_rollout_batch_size", 0)  # prompts per generation round when set
     problems = []
+    if k.get("fused_logprob"):
+        problems.append("fused_logprob: EasyR1 has no fused log-prob kernel (its "
+                        "models/monkey_patch.py leaves linear cross-entropy a TODO): probe "
+                        "with fused_logprob=false")
     if rbs % gbs:
         problems.append(f"data.rollout_batch_size={rbs} must be divisible by "
                         f"worker.actor.global_batch_size={gbs}")
@@ -123,12 +127,17 @@ def _easyr1_ref_offload(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
 
 
 def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
-    """What EasyR1's config has no key for: vLLM's max_num_seqs, and its sleep level (1)."""
+    """What EasyR1's config has no key for: vLLM's max_num_seqs, its sleep level (1), and
+    the CUDA allocator (its Ray runtime env turns expandable segments off)."""
+    lines = ["allocator: the study trained with the CUDA allocator's expandable segments; "
+             "EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
+             "(verl/trainer/main.py), so its training phases may hold more than measured: set "
+             "it to True there to run as probed"] if k.get("expandable_segments") else []
     if k.get("rollout_engine") != "vllm-like":
-        return []
-    lines = [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "
-             f"{k.get('max_num_seqs', 256)}); vLLM's own default applies, inside the same "
-             "gpu_memory_utilization"]
+        return lines
+    lines += [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "
+              f"{k.get('max_num_seqs', 256)}); vLLM's own default applies, inside the same "
+              "gpu_memory_utilization"]
     if k.get("sleep_level") not in (None, 1):
         lines.append(f"rollout: the study's engine slept at level {k['sleep_level']}; EasyR1 "
                      "sleeps at level 1 (weights kept in host memory)")

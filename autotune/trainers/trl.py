@@ -20,6 +20,10 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
     world, n, mbu = topo.world_size, k["rollout_n"], k["micro_batch_size_update"]
     per_step, per_generation = mbu * world, k["rollout_batch_size"] * n
     problems = []
+    if k.get("fused_logprob"):
+        problems.append("fused_logprob: TRL's use_liger_kernel fuses only the loss (its old and "
+                        "reference log-probs take the whole logits), not what the probe ran: "
+                        "probe with fused_logprob=false")
     if n < 2:
         problems.append(f"GRPO requires at least 2 generations per prompt (num_generations={n})")
     if (k["global_batch_size"] * n) % per_step:
@@ -110,6 +114,11 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     vllm_tensor_parallel_size x steps_per_generation sequences at once."""
     lines = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
              f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
+    if k.get("expandable_segments"):
+        lines.append("allocator: the study trained with the CUDA allocator's expandable "
+                     "segments; GRPOConfig has no key: launch with PYTORCH_CUDA_ALLOC_CONF="
+                     "expandable_segments:True, or the training phases may hold more than "
+                     "measured")
     if k.get("use_kl"):
         lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
                         "!= 0 (0.04, its default before TRL 0.19, is written where your config "

@@ -95,12 +95,18 @@ def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
 
 
 def _verl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
-    """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change."""
+    """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change;
+    verl trains with the CUDA allocator's expandable segments on, with no key either."""
+    lines = []
+    if k.get("expandable_segments") is False:
+        lines.append("allocator: verl trains with the CUDA allocator's expandable segments on "
+                     "(off only for the rollout); the study probed without them, so verl's "
+                     "training phases may hold less than measured")
     level = k.get("sleep_level")
     if k.get("rollout_engine") != "vllm-like" or level in (None, 2):
-        return []
-    return [f"rollout: the study's engine slept at level {level}; verl's vLLM (>= 0.8.5) sleeps "
-            "at level 2 (weights dropped, not kept in host memory)"]
+        return lines
+    return [*lines, f"rollout: the study's engine slept at level {level}; verl's vLLM "
+            "(>= 0.8.5) sleeps at level 2 (weights dropped, not kept in host memory)"]
 
 
 def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
@@ -141,7 +147,10 @@ VERL = Adapter(
           "gpu_memory_utilization": ("actor_rollout_ref.rollout.gpu_memory_utilization",),
           "max_num_batched_tokens": ("actor_rollout_ref.rollout.max_num_batched_tokens",),
           "max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs",),
-          "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",)},
+          "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",),
+          # the actor's fused linear + log-prob (the reference inherits it: fsdp_workers.py);
+          # torch backend, as the probe computes it (fused_kernel_options.impl_backend)
+          "fused_logprob": ("actor_rollout_ref.model.use_fused_kernels",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # the per-GPU micro-batches must not be set together with the deprecated global ones
     companions={"actor_rollout_ref.actor.ppo_micro_batch_size": None,

@@ -1,0 +1,162 @@
+"""fused_logprob: log-probs from the hidden states in chunks (probe/logprob.py), as verl's
+fused kernels compute them: the same numbers and gradients as the whole logits, a chunk's
+logits at a time, measured and traced, and exported as verl's key (refused elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from autotune.config import FUSED_CHUNK_TOKENS, ProbeConfig, Topology
+from autotune.errors import ConfigError
+from autotune.memory.model import estimate_memory, model_shape
+from autotune.probe.logprob import fused_head, fused_log_probs
+from autotune.probe.models import build_model, load_model_config
+from autotune.trainers.easyr1 import EASYR1
+from autotune.trainers.export import dotted_get, render
+from autotune.trainers.trl import TRL
+from autotune.trainers.verl import VERL
+
+MiB = 1 << 20
+
+
+def unfused(hidden, weight, labels):
+    return (hidden @ weight.T).float().log_softmax(-1).gather(-1, labels[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("tokens, chunk", [(37, 5), (40, 8), (3, 512), (1, 1)])
+def test_fused_log_probs_and_gradients_equal_the_whole_logits(tokens, chunk):
+    """Every chunk boundary (37 tokens in chunks of 5 ends on a short chunk; 40 in 8 on a
+    full one): a token left out, counted twice or shifted across a boundary fails here."""
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = torch.randn(tokens, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(50, 16, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 50, (tokens,), generator=generator)
+    upstream = torch.randn(tokens, generator=generator)
+    expected = unfused(hidden, weight, labels)
+    (expected * upstream).sum().backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    got = fused_log_probs(hidden, weight, labels, chunk_tokens=chunk)
+    (got * upstream).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, grads[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad, grads[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_head_gives_a_models_log_probs_without_its_logits():
+    """Through a real (tiny) Qwen2: the head swapped in for one forward returns every
+    position's log-prob of the next token, equal to the log-softmax of the model's logits,
+    and the model's own head is back afterwards."""
+    config = load_model_config("tiny-qwen2.5")
+    torch.manual_seed(0)
+    model = build_model(config, torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, 1000, (2, 24))
+    labels = torch.roll(ids, -1, dims=1)
+    logits = model(input_ids=ids, use_cache=False).logits
+    expected = logits.float().log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    head = model.get_output_embeddings()
+    with fused_head(model, labels, chunk_tokens=7):
+        got = model(input_ids=ids, use_cache=False).logits
+    assert got.shape == (2, 24) and model.get_output_embeddings() is head
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def run_json(*args):
+    done = subprocess.run([sys.executable, "-m", "autotune", *args, "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+SHAPES = ["--model", "tiny-qwen2.5", "--device", "cpu", "--set", "max_response_length=128",
+          "--set", "micro_batch_size_update=4", "--set", "micro_batch_size_experience=8"]
+
+
+@pytest.mark.slow
+def test_fused_logprob_cuts_the_logits_measured_and_traced():
+    """Real CPU probes with the knob off and on: the experience and update peaks fall by
+    about what memory.py says the logits took (within 10%), and the trace follows the probe
+    within 3% in every phase both ways."""
+    shape = model_shape("tiny-qwen2.5")
+    peaks, traced, modelled = {}, {}, {}
+    for fused in (False, True):
+        knobs = ["--set", f"fused_logprob={str(fused).lower()}"]
+        peaks[fused] = run_json("probe", *SHAPES, *knobs)["phase_peak_mem_bytes"]
+        traced[fused] = run_json("estimate", "--trace", *SHAPES,
+                                 *knobs)["traced"]["phase_peak_mem_bytes"]
+        config = ProbeConfig(max_response_length=128, micro_batch_size_update=4,
+                             micro_batch_size_experience=8, fused_logprob=fused)
+        modelled[fused] = estimate_memory(shape, config, on_gpu=False).phases
+    for fused in (False, True):
+        for phase, measured in peaks[fused].items():
+            assert abs(traced[fused][phase] / measured - 1) < 0.03, (fused, phase)
+    saved, said = {}, {}
+    for phase in ("experience", "update"):
+        saved[phase] = peaks[False][phase] - peaks[True][phase]
+        said[phase] = modelled[False][phase].parts["logits"] - \
+            modelled[True][phase].parts["logits"]
+    # the experience phase's peak is its logits: the saving is memory.py's to 10%; the
+    # update's peak holds the logits beside the backward's activations, which memory.py adds
+    # as if all were live at once: it saves less than the term (47 of 64 MiB here)
+    assert saved["experience"] > 100 * MiB, saved
+    assert abs(saved["experience"] / said["experience"] - 1) < 0.10, (saved, said)
+    assert 0.5 * said["update"] < saved["update"] < 1.1 * said["update"], (saved, said)
+    assert abs(peaks[True]["rollout"] - peaks[False]["rollout"]) < 16 * MiB  # no logits there
+
+
+def test_the_memory_model_holds_one_chunk_of_logits_when_fused():
+    """qwen2.5-7b with 4k responses, micro-batch 8: unfused the experience phase holds the
+    micro-batch's whole logits (37 GiB), fused one 512-token chunk's (0.6 GiB)."""
+    shape = model_shape("qwen2.5-7b")
+    base = {"max_prompt_length": 1024, "max_response_length": 4096, "rollout_batch_size": 64,
+            "global_batch_size": 64, "rollout_n": 8, "micro_batch_size_experience": 8,
+            "micro_batch_size_update": 8}
+    off = estimate_memory(shape, ProbeConfig(**base), num_gpus=8, on_gpu=True,
+                          engine_capacity_bytes=80 << 30).phases
+    on = estimate_memory(shape, ProbeConfig(**base, fused_logprob=True), num_gpus=8,
+                         on_gpu=True, engine_capacity_bytes=80 << 30).phases
+    vocab, seq = shape.vocab, 1024 + 4096
+    # bf16 logits of the whole sequence and the fp32 response log-softmax, or on a GPU the
+    # fp32 slice and its log-softmax once the bf16 logits are freed, whichever is larger
+    assert off["experience"].parts["logits"] == 8 * max(2 * seq + 4 * 4096, 8 * 4096) * vocab
+    assert on["experience"].parts["logits"] == FUSED_CHUNK_TOKENS * vocab * 8
+    assert on["update"].parts["logits"] == FUSED_CHUNK_TOKENS * vocab * 10
+    assert off["experience"].total_bytes - on["experience"].total_bytes > 32 << 30
+    # `estimate` states the saving per phase for the config as given (knob off)
+    report = run_json("estimate", "--model", "qwen2.5-7b", "--gpus-per-node", "8",
+                      "--capacity", "80GiB",
+                      *(arg for knob, value in base.items()
+                        for arg in ("--set", f"{knob}={value}")))
+    saved = report["switch_savings"]["fused_logprob"]
+    assert saved == {phase: off[phase].total_bytes - on[phase].total_bytes
+                     for phase in ("experience", "update")}
+
+
+KNOBS = {"rollout_batch_size": 64, "rollout_n": 8, "global_batch_size": 32,
+         "micro_batch_size_update": 4, "micro_batch_size_experience": 8,
+         "gradient_checkpointing": True, "offload_params": False, "offload_optimizer": False,
+         "max_prompt_length": 1024, "max_response_length": 1024, "val_batch_size": None}
+
+
+def test_verl_writes_its_fused_kernels_key_and_the_others_refuse():
+    topology = Topology(1, 8)
+    text = render(VERL, {**KNOBS, "fused_logprob": True}, topology, None, ["p"],
+                  searched=["fused_logprob"])
+    tree = yaml.safe_load(text)
+    assert tree["actor_rollout_ref"]["model"]["use_fused_kernels"] is True
+    read = VERL.read_knobs(lambda key, default: dotted_get(tree, key, default), topology)
+    assert read["fused_logprob"] is True
+    for adapter, why in ((EASYR1, "EasyR1 has no fused log-prob kernel"),
+                         (TRL, "TRL's use_liger_kernel fuses only the loss")):
+        with pytest.raises(ConfigError) as err:
+            render(adapter, {**KNOBS, "fused_logprob": True}, topology, None, ["p"],
+                   searched=["fused_logprob"])
+        assert any(why in problem for problem in err.value.problems), err.value.problems
+        render(adapter, {**KNOBS, "fused_logprob": False}, topology, None, ["p"],
+               searched=["fused_logprob"])  # off: what each runs

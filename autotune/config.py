@@ -35,9 +35,14 @@ ALGORITHMS = ("grpo", "ppo")
 CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
                 "critic_gradient_checkpointing", "critic_offload_params",
                 "critic_offload_optimizer")  # read only where the algorithm has a critic
+# float knobs that are a loss coefficient (0 or more), not a share of the device
+COEFFICIENT_KNOBS = ("entropy_coeff",)
 # fused_logprob: tokens per chunk of the LM head's logits (verl's FusedLinearForPPO, torch
 # backend: verl/utils/experimental/torch_functional.py chunk_size=512)
 FUSED_CHUNK_TOKENS = 512
+# entropy_chunking: positions per chunk of the entropy (verl's entropy_from_logits_with_chunking,
+# verl/utils/torch_functional.py chunk_size=2048)
+ENTROPY_CHUNK_ROWS = 2048
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
 
@@ -106,6 +111,18 @@ class ProbeConfig:
     fused_logprob: bool = field(default=False, metadata={
         "help": "log-probs from the hidden states and the LM head in chunks of 512 tokens, "
                 "never the whole logits (verl's use_fused_kernels)"})
+    entropy_metric: bool = field(default=False, metadata={
+        "help": "the old-log-prob forward also takes every response position's entropy (verl's "
+                "actor/entropy metric: a --trainer verl study turns it on)"})
+    entropy_coeff: float = field(default=0.0, metadata={
+        "help": "entropy bonus in the actor's loss (verl's actor.entropy_coeff): non-zero, the "
+                "update takes every position's entropy with its gradient"})
+    entropy_chunking: bool = field(default=False, metadata={
+        "help": "the entropy 2048 positions at a time (verl's "
+                "entropy_from_logits_with_chunking)"})
+    entropy_checkpointing: bool = field(default=False, metadata={
+        "help": "the update's entropy recomputed in the backward, not kept (verl's "
+                "entropy_checkpointing)"})
     expandable_segments: bool = field(default=False, metadata={
         "help": "GPU: the CUDA caching allocator's expandable segments outside the rollout "
                 "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
@@ -229,6 +246,14 @@ def parse_knob_value(key: str, raw: Any) -> Any:
         if isinstance(raw, str) and text in choices:
             return text
         raise ConfigError(f"{key}={raw!r}: expected one of {', '.join(choices)}")
+    if kind == "float" and key in COEFFICIENT_KNOBS:
+        try:
+            coefficient = float(str(raw).strip())
+        except ValueError:
+            coefficient = -1.0
+        if isinstance(raw, bool) or not 0 <= coefficient < float("inf"):
+            raise ConfigError(f"{key}={raw!r}: expected a coefficient of 0 or more, e.g. 0.001")
+        return coefficient
     if kind == "float":
         return parse_share(raw, f"{key}={raw!r}: expected a share of the device, more than 0 "
                                 "and at most 1, e.g. 0.6")
@@ -351,6 +376,11 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
             "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    if config.entropy_coeff < 0:
+        problems.append(f"entropy_coeff={config.entropy_coeff}: a bonus is 0 or more")
+    if config.entropy_coeff and config.fused_logprob:
+        problems.append("entropy_coeff with fused_logprob: the probe's fused head gives no "
+                        "entropy gradient (not modelled yet); set one of them off")
     return problems
 
 
@@ -494,6 +524,8 @@ MEMORY_DIRECTION: dict[str, int] = {
     # benchmarks/results/gpu), but one card is no order
     "expandable_segments": 0,
     "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
+    "entropy_metric": +1, "entropy_chunking": -1, "entropy_checkpointing": -1,
+    "entropy_coeff": 0,  # zero or not decides; the value does not order memory
     "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
     # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's
     "critic_micro_batch_size_update": +1, "critic_max_token_len_update": +1,

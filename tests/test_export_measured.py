@@ -209,8 +209,11 @@ def test_trl_follows_its_generation_batch_arithmetic(tmp_path):
     assert (plan.values["gradient_accumulation_steps"], plan.values["generation_batch_size"],
             plan.values["steps_per_generation"]) == (4, 32, None)
     # GRPOConfig has no prompt length: the header says what the data must hold
-    assert plan.run == ["prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed "
-                        "prompts of 64 tokens: keep your data set's prompts within that"]
+    assert plan.run[0] == ("prompts: GRPOConfig (TRL 1.x) has no prompt length; the study "
+                           "probed prompts of 64 tokens: keep your data set's prompts within "
+                           "that")
+    # and GRPOTrainer's entropy in its loss, which the probe's update does not take
+    assert [line.split(":")[0] for line in plan.run] == ["prompts", "entropy"]
     # offload has no GRPOConfig key: the line names the knob to hold in a re-run
     refused = plan_export(TRL, {**knobs, "offload_params": True}, Topology(1, 1), None,
                           SEARCHED)

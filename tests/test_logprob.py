@@ -42,7 +42,7 @@ def test_fused_log_probs_and_gradients_equal_the_whole_logits(tokens, chunk):
     (expected * upstream).sum().backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
-    got = fused_log_probs(hidden, weight, labels, chunk_tokens=chunk)
+    got, _ = fused_log_probs(hidden, weight, labels, chunk_tokens=chunk)
     (got * upstream).sum().backward()
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(hidden.grad, grads[0], rtol=1e-5, atol=1e-5)
@@ -160,3 +160,62 @@ def test_verl_writes_its_fused_kernels_key_and_the_others_refuse():
         assert any(why in problem for problem in err.value.problems), err.value.problems
         render(adapter, {**KNOBS, "fused_logprob": False}, topology, None, ["p"],
                searched=["fused_logprob"])  # off: what each runs
+
+
+def test_the_entropy_terms_follow_the_trace():
+    """entropy_metric (the experience phase's entropy, verl's actor/entropy), entropy_chunking
+    and entropy_coeff (the update's entropy with its gradient), each traced (in this process)
+    against the memory model: every knob moves both by the same bytes (within 2 MiB). With
+    4,096 response positions per experience micro-batch, chunks of 2,048 keep the entropy's
+    temporaries under the logits' own peak: chunked, the phase does not move at all."""
+    from autotune.hardware import Device
+    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+    from autotune.probe.result import ProbeRequest
+    from autotune.probe.trace import trace_request
+
+    shape = model_shape("tiny-qwen2.5")
+    base = {"max_prompt_length": 16, "max_response_length": 512, "rollout_batch_size": 4,
+            "global_batch_size": 4, "rollout_n": 4, "micro_batch_size_update": 2,
+            "micro_batch_size_experience": 8}
+
+    def peaks(**knobs):
+        config = ProbeConfig(**{**base, **knobs})
+        request = ProbeRequest(model="tiny-qwen2.5", config=config, device=Device("cpu"))
+        traced = trace_request(request, TRACE_CPU_CONTEXT_BYTES).phase_peak_mem_bytes
+        modelled = estimate_memory(shape, config, on_gpu=False).phases
+        return traced, {phase: estimate.total_bytes for phase, estimate in modelled.items()}
+
+    plain, fused = peaks(), peaks(fused_logprob=True)
+    for knobs, phase, against, moves in (
+            ({"entropy_metric": True}, "experience", plain, True),
+            ({"entropy_metric": True, "entropy_chunking": True}, "experience", plain, False),
+            ({"entropy_coeff": 0.01}, "update", plain, True),
+            ({"entropy_coeff": 0.01, "entropy_chunking": True}, "update", plain, True),
+            ({"fused_logprob": True, "entropy_metric": True}, "experience", fused, True)):
+        traced, modelled = peaks(**knobs)
+        moved_trace = traced[phase] - against[0][phase]
+        moved_model = modelled[phase] - against[1][phase]
+        assert (moved_trace > 16 * MiB) == moves, (knobs, moved_trace)
+        assert abs(moved_trace - moved_model) < 2 * MiB, (knobs, moved_trace, moved_model)
+
+
+def test_verl_writes_the_entropy_keys_and_says_what_it_takes_that_the_study_did_not():
+    topology = Topology(1, 8)
+    knobs = {**KNOBS, "entropy_coeff": 0.001, "entropy_chunking": True,
+             "entropy_checkpointing": True}
+    tree = yaml.safe_load(render(VERL, knobs, topology, None, ["p"]))
+    actor = tree["actor_rollout_ref"]["actor"]
+    assert (actor["entropy_coeff"], actor["entropy_from_logits_with_chunking"],
+            actor["entropy_checkpointing"]) == (0.001, True, True)
+    read = VERL.read_knobs(lambda key, default: dotted_get(tree, key, default), topology)
+    assert {k: read[k] for k in ("entropy_coeff", "entropy_chunking",
+                                 "entropy_checkpointing")} == {
+        "entropy_coeff": 0.001, "entropy_chunking": True, "entropy_checkpointing": True}
+    header = render(VERL, KNOBS, topology, None, ["p"])
+    assert "entropy: verl takes every response position's entropy" in header
+    assert "entropy: verl" not in render(VERL, {**KNOBS, "entropy_metric": True}, topology,
+                                         None, ["p"])
+    for adapter in (EASYR1, TRL):  # no entropy bonus the probe's arithmetic stands for
+        with pytest.raises(ConfigError) as err:
+            render(adapter, {**KNOBS, "entropy_coeff": 0.01}, topology, None, ["p"])
+        assert "entropy_coeff=0.01" in err.value.problems[0]

@@ -402,3 +402,19 @@ def trl_quantities(config, world: int) -> dict:
                    enable_sleep=config.vllm_enable_sleep_mode,
                    rollout_tensor_parallel=config.vllm_tensor_parallel_size)
     return ran
+
+
+def test_verl_start_up_accepts_the_fused_log_prob_and_entropy_keys(tmp_path):
+    """use_fused_kernels and the actor's entropy keys, as a study with them on exports them,
+    pass verl's own config checks."""
+    if not os.environ.get("AUTOTUNE_VERL_SRC"):
+        pytest.skip("AUTOTUNE_VERL_SRC: no verl checkout to run its start-up")
+    knobs = {**STUDY, "micro_batch_size_update": 1, "micro_batch_size_experience": 1,
+             "fused_logprob": True, "entropy_coeff": 0.001, "entropy_chunking": True,
+             "entropy_checkpointing": True}
+    searched = (*SEARCHED, "fused_logprob", "entropy_chunking", "entropy_checkpointing")
+    path, problems = exported(VERL, knobs, Topology(1, 8), None, tmp_path, "fused",
+                              searched=searched)
+    assert problems == []
+    accepted, line = trainer_verdict("verl", path)
+    assert accepted, line

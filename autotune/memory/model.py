@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune.batching import worst_case_rows
-from autotune.config import FUSED_CHUNK_TOKENS, DeviceShare, ProbeConfig, device_share
+from autotune.config import (
+    ENTROPY_CHUNK_ROWS,
+    FUSED_CHUNK_TOKENS,
+    DeviceShare,
+    ProbeConfig,
+    device_share,
+)
 from autotune.errors import ConfigError
 from autotune.registry import get_model_spec, read_model_path_config
 
@@ -347,15 +353,30 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     def fused_chunk(micro: int) -> int:
         return min(FUSED_CHUNK_TOKENS, micro * seq)
 
-    def logprob_logits(micro: int) -> int:
+    def logprob_logits(micro: int, with_entropy: bool = False) -> int:
         # the full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
-        # logits are freed once their fp32 response slice exists. Fused: one chunk's logits
-        # in the compute dtype and fp32, then its fp32 log-softmax
+        # logits are freed once their fp32 response slice exists. With the entropy (no
+        # gradient), its softmax and logsumexp's exponentials beside the fp32 slice, or a
+        # chunk's of them. Fused: one chunk's logits in the compute dtype and fp32, then its
+        # fp32 log-softmax (and the entropy's two)
         if config.fused_logprob:
-            return fused_chunk(micro) * vocab * max(c + 4, 8)
-        if c >= 4:
-            return micro * (c * seq + 4 * response) * vocab
-        return micro * max(c * seq + 4 * response, 8 * response) * vocab
+            return fused_chunk(micro) * vocab * max(c + 4, 12 if with_entropy else 8)
+        entropy = 0
+        if with_entropy:
+            positions = micro * response
+            entropy = 4 * vocab * (positions + 2 * (min(ENTROPY_CHUNK_ROWS, positions)
+                                                    if config.entropy_chunking else positions))
+        return max(micro * (c * seq + 4 * response) * vocab, micro * 8 * response * vocab,
+                   entropy)
+
+    def entropy_grad(micro: int) -> int:
+        # entropy_coeff: the entropy's fp32 softmax, product and exponentials kept for the
+        # backward and its gradient (recomputed, checkpointed, at the same point: the same
+        # peak), one more fp32 tensor with chunks (each chunk's copies); measured by the
+        # trace (tests/test_logprob.py)
+        if not config.entropy_coeff:
+            return 0
+        return micro * response * vocab * (20 if config.entropy_chunking else 16)
 
     phases: dict[str, PhaseEstimate] = {}
     rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
@@ -383,7 +404,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
     exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
                   "reference": ref, **critic_held, **held}
-    experience = {"cast_weights": cast, "logits": logprob_logits(mbe),
+    experience = {"cast_weights": cast, "logits": logprob_logits(mbe, config.entropy_metric),
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
                                          context, {**exp_states, **experience}, resting)
@@ -429,7 +450,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 # recomputes one chunk at a time: its logits, softmax and gradient
                 "logits": fused_chunk(mbu) * vocab * (max(c + 4, 8) + c)
                 if config.fused_logprob else
-                logprob_logits(mbu) + mbu * 4 * response * vocab}
+                logprob_logits(mbu) + mbu * 4 * response * vocab + entropy_grad(mbu)}
     transient = max(sum(backward.values()), step_temp)
     parts = {**upd_states, **backward, "optimizer_step": step_temp}
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts,

@@ -22,29 +22,65 @@ from typing import Any
 
 import torch
 
-from autotune.config import FUSED_CHUNK_TOKENS
+from autotune.config import ENTROPY_CHUNK_ROWS, FUSED_CHUNK_TOKENS
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Each position's entropy over the vocabulary (verl/utils/torch_functional.py
+    entropy_from_logits): logsumexp(logits) - sum(softmax(logits) * logits)."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.sum(probs * logits, dim=-1)
+
+
+def entropy(logits: torch.Tensor, chunked: bool, checkpointed: bool) -> torch.Tensor:
+    """[..., V] logits: [...] fp32 entropy. `chunked`: ENTROPY_CHUNK_ROWS positions at a
+    time, each cast to fp32 (verl's entropy_from_logits_with_chunking); `checkpointed`: under
+    torch.utils.checkpoint, the softmax recomputed in the backward (verl's
+    entropy_checkpointing)."""
+    def compute(values: torch.Tensor) -> torch.Tensor:
+        if not chunked:
+            return entropy_from_logits(values.float())
+        flat = values.reshape(-1, values.shape[-1])
+        out = torch.empty(flat.shape[0], dtype=torch.float32, device=values.device)
+        for start in range(0, flat.shape[0], ENTROPY_CHUNK_ROWS):
+            out[start:start + ENTROPY_CHUNK_ROWS] = entropy_from_logits(
+                flat[start:start + ENTROPY_CHUNK_ROWS].float())
+        return out.reshape(values.shape[:-1])
+
+    if checkpointed and torch.is_grad_enabled() and logits.requires_grad:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(compute, logits, use_reentrant=False)
+    return compute(logits)
 
 
 class FusedLinearLogProb(torch.autograd.Function):
-    """log_softmax(hidden @ weight.T)[label] per token, [N] fp32, chunk by chunk; backward
-    recomputes each chunk's logits from the saved hidden states and weight."""
+    """log_softmax(hidden @ weight.T)[label] per token, [N] fp32, chunk by chunk, and with
+    `with_entropy` each token's entropy from the same chunk's logits (verl's fused forward
+    returns both; the entropy carries no gradient here); backward recomputes each chunk's
+    logits from the saved hidden states and weight."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                chunk_tokens: int) -> torch.Tensor:
+                chunk_tokens: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        entropies = torch.empty(hidden.shape[0] if with_entropy else 0, dtype=torch.float32,
+                                device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
             end = start + chunk_tokens
             logits = (hidden[start:end] @ weight.T).float()
             out[start:end] = logits.log_softmax(-1).gather(
                 -1, labels[start:end].unsqueeze(-1)).squeeze(-1)
+            if with_entropy:
+                entropies[start:end] = entropy_from_logits(logits)
             del logits
         ctx.save_for_backward(hidden, weight, labels)
         ctx.chunk_tokens = chunk_tokens
-        return out
+        ctx.mark_non_differentiable(entropies)
+        return out, entropies
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: Any) -> tuple[Any, ...]:
         hidden, weight, labels = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -61,24 +97,31 @@ class FusedLinearLogProb(torch.autograd.Function):
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.T, hidden[start:end])
             del grad_logits
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 def fused_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                    chunk_tokens: int = FUSED_CHUNK_TOKENS) -> torch.Tensor:
-    """[..., H] hidden states, [V, H] weight, [...] labels: [...] fp32 log-probs."""
-    flat = FusedLinearLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                    labels.reshape(-1), chunk_tokens)
-    return flat.reshape(labels.shape)
+                    chunk_tokens: int = FUSED_CHUNK_TOKENS, with_entropy: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[..., H] hidden states, [V, H] weight, [...] labels: [...] fp32 log-probs, and with
+    `with_entropy` the [...] entropies (else None)."""
+    flat, entropies = FusedLinearLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                               labels.reshape(-1), chunk_tokens, with_entropy)
+    return flat.reshape(labels.shape), \
+        entropies.reshape(labels.shape) if with_entropy else None
 
 
 class FusedHead(torch.nn.Module):
     """Stands in for a model's LM head for one forward: from the hidden states of every
-    position, the log-prob of the next token (`labels`, [batch, tokens]), not the logits."""
+    position, the log-prob of the next token (`labels`, [batch, tokens]), not the logits;
+    with `with_entropy`, each position's entropy is left in `entropy`."""
 
-    def __init__(self, head: torch.nn.Module, labels: torch.Tensor, chunk_tokens: int) -> None:
+    def __init__(self, head: torch.nn.Module, labels: torch.Tensor, chunk_tokens: int,
+                 with_entropy: bool = False) -> None:
         super().__init__()
         self.head, self.labels, self.chunk_tokens = head, labels, chunk_tokens
+        self.with_entropy = with_entropy
+        self.entropy: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.head.weight  # gathered: the model's forward runs this
@@ -86,17 +129,21 @@ class FusedHead(torch.nn.Module):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) \
             else weight.dtype  # the dtype the model's own head would compute in
         with torch.autocast(kind, enabled=False):
-            return fused_log_probs(hidden.to(dtype), weight.to(dtype), self.labels,
-                                   self.chunk_tokens)
+            log_probs, self.entropy = fused_log_probs(
+                hidden.to(dtype), weight.to(dtype), self.labels, self.chunk_tokens,
+                self.with_entropy)
+        return log_probs
 
 
 @contextlib.contextmanager
-def fused_head(model: Any, labels: torch.Tensor,
-               chunk_tokens: int = FUSED_CHUNK_TOKENS) -> Iterator[None]:
-    """Within: `model(...)`'s `.logits` are the [batch, tokens] log-probs of `labels`."""
+def fused_head(model: Any, labels: torch.Tensor, chunk_tokens: int = FUSED_CHUNK_TOKENS,
+               with_entropy: bool = False) -> Iterator[FusedHead]:
+    """Within: `model(...)`'s `.logits` are the [batch, tokens] log-probs of `labels` (and
+    the head it yields holds their entropy, with `with_entropy`)."""
     head = model.get_output_embeddings()
-    model.set_output_embeddings(FusedHead(head, labels, chunk_tokens))
+    fused = FusedHead(head, labels, chunk_tokens, with_entropy)
+    model.set_output_embeddings(fused)
     try:
-        yield
+        yield fused
     finally:
         model.set_output_embeddings(head)

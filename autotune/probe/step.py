@@ -44,7 +44,7 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
 from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
-from autotune.probe.logprob import fused_head
+from autotune.probe.logprob import entropy, fused_head
 from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
 from autotune.probe.models import (
     build_model,
@@ -101,6 +101,7 @@ class TrainingProbe:
         self.ref_model: Any = None
         self.critic: ValueModel | None = None  # PPO's value model, and its AdamW
         self.critic_optimizer: Any = None
+        self.mean_entropy: torch.Tensor | None = None  # entropy_metric: the last experience's
         self.engine: Any = None
         self.engine_weight_bytes = 0
         self.prompt_ids = torch.empty(0, dtype=torch.long)
@@ -337,6 +338,14 @@ class TrainingProbe:
             self._generate(rows)
         self._sleep_engine()
 
+    def _log_probs_and_entropy(self, model: Any, index: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and each position's entropy from the same logits (as `_log_probs`;
+        entropy_chunking and entropy_checkpointing say how the entropy is taken)."""
+        both = self._padding_removed(
+            index, lambda rows, tokens: self._forward_log_probs(model, rows, tokens, True))
+        return both[..., 0], both[..., 1]
+
     def _log_probs(self, model: Any, index: torch.Tensor) -> torch.Tensor:
         """Log-probs of the response tokens of sequences `index`, [len(index), response
         length]. Fixed micro-batches pad every sequence to the full length, as the trainers do
@@ -358,9 +367,10 @@ class TrainingProbe:
         full = self.responses.shape[1]
         if not self.config.dynamic_batching or bool((lengths == full).all()):
             return forward(index, full)
-        rows = [torch.nn.functional.pad(forward(index[i:i + 1], int(n)), (0, full - int(n)))
-                for i, n in enumerate(lengths.tolist())]
-        return torch.cat(rows)
+        rows = [forward(index[i:i + 1], int(n)) for i, n in enumerate(lengths.tolist())]
+        # pad the token dimension (the second; a trailing one, [..., 2], is left as it is)
+        return torch.cat([torch.nn.functional.pad(row, (0, 0) * (row.dim() - 2)
+                                                  + (0, full - row.shape[1])) for row in rows])
 
     def _sequences(self, index: torch.Tensor, tokens: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -380,21 +390,34 @@ class TrainingProbe:
             values = self.critic(ids, **self._vl_inputs(rows))
         return values[:, start:start + response.shape[1]].to(torch.float32)
 
-    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int) -> torch.Tensor:
+    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int,
+                           with_entropy: bool = False) -> torch.Tensor:
         """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
-        the vocabulary): from the whole logits, or fused (probe/logprob.py)."""
+        the vocabulary): from the whole logits, or fused (probe/logprob.py); `with_entropy`:
+        [..., 2], each position's entropy beside its log-prob."""
         rows, ids, response, start = self._sequences(index, tokens)
-        if self.config.fused_logprob:  # every position's next token, as verl's fused forward
-            with self._autocast(), fused_head(model, torch.roll(ids, -1, dims=1)):
+        end = start + response.shape[1]
+        config = self.config
+        if config.fused_logprob:  # every position's next token, as verl's fused forward
+            with self._autocast(), fused_head(model, torch.roll(ids, -1, dims=1),
+                                              with_entropy=with_entropy) as head:
                 log_probs = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
-            return log_probs[:, start:start + response.shape[1]]
+            if not with_entropy:
+                return log_probs[:, start:end]
+            assert head.entropy is not None
+            return torch.stack([log_probs[:, start:end], head.entropy[:, start:end]], dim=-1)
         with self._autocast():
             logits = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
         # an fp32 copy of the response positions (a CPU kernel would copy the slice unseen)
-        response_logits = logits[:, start:start + response.shape[1]].to(torch.float32, copy=True)
+        response_logits = logits[:, start:end].to(torch.float32, copy=True)
         del logits
-        log_probs = torch.log_softmax(response_logits, dim=-1)
-        return log_probs.gather(-1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
+        entropies = entropy(response_logits, config.entropy_chunking,
+                            config.entropy_checkpointing) if with_entropy else None
+        log_probs = torch.log_softmax(response_logits, dim=-1).gather(
+            -1, response.to(self.device).unsqueeze(-1)).squeeze(-1)
+        if entropies is None:
+            return log_probs
+        return torch.stack([log_probs, entropies], dim=-1)
 
     def _micro_batches(self, index: torch.Tensor, phase: str) -> list[torch.Tensor]:
         """`index` (responses) cut into `phase`'s micro-batches (batching.py), recording the
@@ -419,6 +442,17 @@ class TrainingProbe:
         return (torch.arange(self.responses.shape[1], device=self.device)
                 < self.response_lengths[index].to(self.device).unsqueeze(-1))
 
+    def _old_log_probs(self, index: torch.Tensor) -> torch.Tensor:
+        """The actor's log-probs before the update, with entropy_metric each position's
+        entropy from the same logits too (verl's compute_log_prob, calculate_entropy: its
+        actor/entropy metric, the token-mean over the responses)."""
+        if not self.config.entropy_metric:
+            return self._log_probs(self.model, index)
+        log_probs, entropies = self._log_probs_and_entropy(self.model, index)
+        valid = self._valid(index)
+        self.mean_entropy = (entropies * valid).sum() / valid.sum()  # a tensor: a trace's
+        return log_probs
+
     def _experience(self) -> None:
         config = self.config
         total = len(self.responses)
@@ -426,7 +460,7 @@ class TrainingProbe:
             self._place_module(self.model, True)
         with torch.no_grad():
             chunks = self._micro_batches(torch.arange(total), "experience")
-            self.old_log_probs = self._chunked(lambda c: self._log_probs(self.model, c), chunks)
+            self.old_log_probs = self._chunked(self._old_log_probs, chunks)
             if self.ref_model is not None:
                 if config.ref_on_host:
                     self._place_module(self.ref_model, True)
@@ -468,7 +502,11 @@ class TrainingProbe:
         for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
             micros = self._micro_batches(minibatch, "update")
             for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
-                log_probs = self._log_probs(self.model, micro)
+                entropies = None
+                if config.entropy_coeff:
+                    log_probs, entropies = self._log_probs_and_entropy(self.model, micro)
+                else:
+                    log_probs = self._log_probs(self.model, micro)
                 # token-mean over each response's own tokens; a micro-batch weighs as its
                 # share of the mini-batch (verl's scaling with dynamic batching, and the
                 # 1/accumulation of fixed micro-batches)
@@ -483,6 +521,8 @@ class TrainingProbe:
                 if self.ref_model is not None:
                     delta = self.ref_log_probs[micro].to(self.device) - log_probs
                     loss = loss + _KL_COEF * (torch.exp(delta) - delta - 1)  # k3 estimator
+                if entropies is not None:  # verl's entropy bonus: policy_loss - coeff * H
+                    loss = loss - config.entropy_coeff * entropies
                 weight = len(micro) / len(minibatch)
                 ((loss * valid).sum() / valid.sum() * weight).backward()
             self.optimizer.step()

@@ -23,6 +23,9 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     tp = k.get("rollout_tensor_parallel") or get("worker.rollout.tensor_parallel_size", 2)
     mini = get("data.mini_rollout_batch_size", 0)  # prompts per generation round when set
     problems = []
+    if k.get("entropy_coeff"):
+        problems.append(f"entropy_coeff={k['entropy_coeff']}: EasyR1 has no entropy bonus (its "
+                        "loss never takes the entropy): probe with entropy_coeff=0")
     if k.get("fused_logprob"):
         problems.append("fused_logprob: EasyR1 has no fused log-prob kernel (its "
                         "models/monkey_patch.py leaves linear cross-entropy a TODO): probe "
@@ -133,6 +136,9 @@ def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
              "EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
              "(verl/trainer/main.py), so its training phases may hold more than measured: set "
              "it to True there to run as probed"] if k.get("expandable_segments") else []
+    if k.get("entropy_metric"):
+        lines.append("entropy: the study took every position's entropy in its experience phase; "
+                     "EasyR1 never does, so its experience phase holds less than measured")
     if k.get("rollout_engine") != "vllm-like":
         return lines
     lines += [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "

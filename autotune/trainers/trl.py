@@ -20,6 +20,10 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
     world, n, mbu = topo.world_size, k["rollout_n"], k["micro_batch_size_update"]
     per_step, per_generation = mbu * world, k["rollout_batch_size"] * n
     problems = []
+    if k.get("entropy_coeff"):
+        problems.append(f"entropy_coeff={k['entropy_coeff']}: TRL's entropy_coef takes the "
+                        "entropy in its own 128-row chunks, not what the probe ran: probe with "
+                        "entropy_coeff=0")
     if k.get("fused_logprob"):
         problems.append("fused_logprob: TRL's use_liger_kernel fuses only the loss (its old and "
                         "reference log-probs take the whole logits), not what the probe ran: "
@@ -114,6 +118,10 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     vllm_tensor_parallel_size x steps_per_generation sequences at once."""
     lines = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
              f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
+    lines.append("entropy: GRPOTrainer takes every completion token's entropy in its loss, "
+                 "128 rows at a time without a gradient (trl/trainer/utils.py "
+                 "entropy_from_logits): a few fp32 [128, vocabulary] tensors more in the update "
+                 "than the probe held")
     if k.get("expandable_segments"):
         lines.append("allocator: the study trained with the CUDA allocator's expandable "
                      "segments; GRPOConfig has no key: launch with PYTORCH_CUDA_ALLOC_CONF="

@@ -96,8 +96,14 @@ def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
 
 def _verl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change;
-    verl trains with the CUDA allocator's expandable segments on, with no key either."""
+    verl trains with the CUDA allocator's expandable segments on, and takes the entropy in
+    its old-log-prob pass (fsdp_workers.py compute_log_prob: calculate_entropy unless LoRA),
+    with no key either."""
     lines = []
+    if not k.get("entropy_metric"):
+        lines.append("entropy: verl takes every response position's entropy in its old-log-prob "
+                     "pass (its actor/entropy metric); the study's experience phase did not, so "
+                     "verl's may hold more than measured (probe with --set entropy_metric=true)")
     if k.get("expandable_segments") is False:
         lines.append("allocator: verl trains with the CUDA allocator's expandable segments on "
                      "(off only for the rollout); the study probed without them, so verl's "
@@ -150,7 +156,11 @@ VERL = Adapter(
           "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",),
           # the actor's fused linear + log-prob (the reference inherits it: fsdp_workers.py);
           # torch backend, as the probe computes it (fused_kernel_options.impl_backend)
-          "fused_logprob": ("actor_rollout_ref.model.use_fused_kernels",)},
+          "fused_logprob": ("actor_rollout_ref.model.use_fused_kernels",),
+          # the entropy bonus and how the actor takes the entropy (dp_actor.py)
+          "entropy_coeff": ("actor_rollout_ref.actor.entropy_coeff",),
+          "entropy_chunking": ("actor_rollout_ref.actor.entropy_from_logits_with_chunking",),
+          "entropy_checkpointing": ("actor_rollout_ref.actor.entropy_checkpointing",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # the per-GPU micro-batches must not be set together with the deprecated global ones
     companions={"actor_rollout_ref.actor.ppo_micro_batch_size": None,

@@ -14,7 +14,7 @@ import yaml
 
 from autotune.config import FUSED_CHUNK_TOKENS, ProbeConfig, Topology
 from autotune.errors import ConfigError
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory, model_shape
 from autotune.probe.logprob import fused_head, fused_log_probs
 from autotune.probe.models import build_model, load_model_config
 from autotune.trainers.easyr1 import EASYR1
@@ -74,28 +74,30 @@ def run_json(*args):
     return json.loads(done.stdout)
 
 
-SHAPES = ["--model", "tiny-qwen2.5", "--device", "cpu", "--set", "max_response_length=128",
-          "--set", "micro_batch_size_update=4", "--set", "micro_batch_size_experience=8"]
-
-
 @pytest.mark.slow
-def test_fused_logprob_cuts_the_logits_measured_and_traced():
+def test_fused_logprob_cuts_the_logits_measured_and_traced(make_request):
     """Real CPU probes with the knob off and on: the experience and update peaks fall by
     about what memory.py says the logits took (within 10%), and the trace follows the probe
-    within 3% in every phase both ways."""
+    within 3% in every phase both ways. One micro-batch of 8 responses per phase, one step."""
+    from autotune.probe.trace import trace_request
+    from autotune.runners.local import SubprocessRunner
+
     shape = model_shape("tiny-qwen2.5")
     peaks, traced, modelled = {}, {}, {}
     for fused in (False, True):
-        knobs = ["--set", f"fused_logprob={str(fused).lower()}"]
-        peaks[fused] = run_json("probe", *SHAPES, *knobs)["phase_peak_mem_bytes"]
-        traced[fused] = run_json("estimate", "--trace", *SHAPES,
-                                 *knobs)["traced"]["phase_peak_mem_bytes"]
-        config = ProbeConfig(max_response_length=128, micro_batch_size_update=4,
-                             micro_batch_size_experience=8, fused_logprob=fused)
-        modelled[fused] = estimate_memory(shape, config, on_gpu=False).phases
+        request = make_request(rollout_batch_size=2, rollout_n=4, global_batch_size=2,
+                               max_prompt_length=256,
+                               max_response_length=128, micro_batch_size_update=4,
+                               micro_batch_size_experience=8, fused_logprob=fused,
+                               cpu_threads=None, warmup_steps=1)
+        measured = SubprocessRunner().run(request)
+        assert measured.ok, measured.message
+        peaks[fused] = measured.phase_peak_mem_bytes
+        traced[fused] = trace_request(request, TRACE_CPU_CONTEXT_BYTES).phase_peak_mem_bytes
+        modelled[fused] = estimate_memory(shape, request.config, on_gpu=False).phases
     for fused in (False, True):
-        for phase, measured in peaks[fused].items():
-            assert abs(traced[fused][phase] / measured - 1) < 0.03, (fused, phase)
+        for phase, measured_bytes in peaks[fused].items():
+            assert abs(traced[fused][phase] / measured_bytes - 1) < 0.03, (fused, phase)
     saved, said = {}, {}
     for phase in ("experience", "update"):
         saved[phase] = peaks[False][phase] - peaks[True][phase]

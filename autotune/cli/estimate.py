@@ -185,7 +185,7 @@ def traced_length(plan: EstimatePlan, traced: dict[str, Any], budget_bytes: int,
     `budget_bytes`, in steps of length_step, everything else held: bisected where the peak
     grows with the length; with a token budget (a saw of falling rows, memory/length.py) the
     traces check the model's answer and the step above it instead."""
-    from autotune.memory.length import at_length, longest_fitting, row_breaks
+    from autotune.memory.length import at_length, longest_fitting, longest_fitting_near, row_breaks
     from autotune.probe.trace import trace_request
 
     request, step = plan.request, length_step(reach.searched_to)
@@ -205,4 +205,4 @@ def traced_length(plan: EstimatePlan, traced: dict[str, Any], budget_bytes: int,
             return longest_fitting(fits, max(0, answer - 1)) * step
         return (answer + 1 if answer * step < reach.searched_to and fits(answer + 1)
                 else answer) * step
-    return longest_fitting(fits, reach.searched_to // step) * step
+    return longest_fitting_near(fits, reach.fits_up_to // step, reach.searched_to // step) * step

@@ -4,7 +4,10 @@ share `gpu_memory_utilization` is (engine.py). Each probe is a real subprocess."
 from __future__ import annotations
 
 import pytest
+from conftest import SMALL_CONFIG
 
+from autotune.config import ProbeConfig
+from autotune.hardware import Device
 from autotune.probe.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
@@ -134,3 +137,30 @@ def test_the_pool_decode_generates_what_hf_generate_does(model_name):
                                 .vocab_size - 1)[:, config.max_prompt_length:]
     assert len(set(theirs[0].tolist())) > 4  # not one token repeated
     assert torch.equal(ours, theirs)
+
+
+def test_a_traced_rollout_at_high_concurrency_stays_inside_the_reservation():
+    """256 sequences at once in the pool (tiny-qwen2.5 under a 1 GiB cap, half of it
+    reserved): the traced rollout holds the trainer's states plus the reservation, no more,
+    as vLLM stays inside gpu_memory_utilization: the decode's logits fit in what the profile
+    run took, and the cache transformers builds on the meta device before it is pointed at
+    the pool holds nothing (counted, as before, the trace held 226 MB more here: the
+    batch's whole cache a second time)."""
+    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+    from autotune.probe.result import ProbeRequest
+    from autotune.probe.trace import trace_request
+
+    config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), "rollout_engine": "vllm-like",
+                            "gpu_memory_utilization": 0.5, "max_num_seqs": 256,
+                            "rollout_batch_size": 64, "rollout_n": 4, "global_batch_size": 64,
+                            "max_response_length": 256, "micro_batch_size_update": 1})
+    request = ProbeRequest(model="tiny-qwen2.5", config=config,
+                           device=Device("cpu", None, CAP_BYTES))
+    traced = trace_request(request, TRACE_CPU_CONTEXT_BYTES)
+    engine = traced.engine
+    assert engine["concurrency"] == 256, engine  # every sequence at once
+    states = engine["wake_used_bytes"] - TRACE_CPU_CONTEXT_BYTES
+    held = traced.phase_peak_mem_bytes["rollout"] - TRACE_CPU_CONTEXT_BYTES
+    # (within 1 MiB: the batch's token ids, the trainer's tensors beside the engine)
+    assert held <= states + engine["reserved_bytes"] + (1 << 20), (held, states, engine)
+    assert held >= states + engine["reserved_bytes"] - engine["profile_bytes"], engine

@@ -89,6 +89,9 @@ class AllocationTracker:
             return
         if type(tensor) not in _PLAIN_TYPES:
             return  # a wrapper (DTensor): its local tensor was counted when it was made
+        if tensor.device.type == "meta":
+            return  # no memory anywhere (the engine's StaticCache is built on meta, then
+            # pointed at views of the pool: counted, it would add a whole cache per batch)
         storage = tensor.untyped_storage()
         if storage in self._storages:
             return

@@ -43,6 +43,12 @@ FUSED_CHUNK_TOKENS = 512
 # entropy_chunking: positions per chunk of the entropy (verl's entropy_from_logits_with_chunking,
 # verl/utils/torch_functional.py chunk_size=2048)
 ENTROPY_CHUNK_ROWS = 2048
+# fused_logprob_kernel=triton: verl's Triton linear cross-entropy
+# (verl/utils/kernel/kernels.py): the forward reduces the vocabulary in splits of 1,024
+# ([tokens, splits] fp32 partials of the max, the sum and the entropy's b), the backward
+# (its default _Split_Dlogits_N) writes the logits' gradient 9,504 vocabulary columns at a time
+TRITON_VOCAB_SPLIT = 1024
+TRITON_DLOGITS_COLUMNS = 9504
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
 
@@ -111,9 +117,13 @@ class ProbeConfig:
     fused_logprob: bool = field(default=False, metadata={
         "help": "log-probs from the hidden states and the LM head in chunks of 512 tokens, "
                 "never the whole logits (verl's use_fused_kernels)"})
+    fused_logprob_kernel: str = field(default="torch", metadata={
+        "help": "fused_logprob's kernel: torch (512-token chunks, verl's default backend), or "
+                "triton (verl's Triton linear cross-entropy: a CUDA device and verl installed; "
+                "verl's fused_kernel_options.impl_backend)", "choices": ("torch", "triton")})
     entropy_metric: bool = field(default=False, metadata={
         "help": "the old-log-prob forward also takes every response position's entropy (verl's "
-                "actor/entropy metric: a --trainer verl study turns it on)"})
+                "actor/entropy metric: a --trainer verl study has it on unless named)"})
     entropy_coeff: float = field(default=0.0, metadata={
         "help": "entropy bonus in the actor's loss (verl's actor.entropy_coeff): non-zero, the "
                 "update takes every position's entropy with its gradient"})
@@ -524,7 +534,10 @@ MEMORY_DIRECTION: dict[str, int] = {
     # benchmarks/results/gpu), but one card is no order
     "expandable_segments": 0,
     "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
-    "entropy_metric": +1, "entropy_chunking": -1, "entropy_checkpointing": -1,
+    "fused_logprob_kernel": 0,  # the values name kernels
+    # chunking saves in experience what it adds to an update with an entropy bonus (each
+    # chunk's copies kept for the backward): no order across phases
+    "entropy_metric": +1, "entropy_chunking": 0, "entropy_checkpointing": -1,
     "entropy_coeff": 0,  # zero or not decides; the value does not order memory
     "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
     # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's

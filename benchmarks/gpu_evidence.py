@@ -12,7 +12,8 @@ registry models, a real OOM, memory and throughput figures against the memory mo
 - a real OOM: qwen2.5-7b's rank under a 24 GiB cap (--gpu-memory-limit), which its model
   states and engine copy alone exceed;
 - the 7B rank with verl's allocator (expandable_segments: on outside the rollout), with
-  fused_logprob (against "7b rank0/8 mbu8", the same micro-batches unfused), and a PPO probe
+  fused_logprob (against "7b rank0/8 mbu8", the same micro-batches unfused; with the torch
+  chunks and with verl's Triton kernel where verl is installed), and a PPO probe
   of qwen2.5-0.5b (the critic's states and its update phase);
 - per phase, NVML's peak, torch's reserved peak and torch's allocated peak: the traced
   tensors are held to the last, the rest is the CUDA context and the allocator's slack;
@@ -82,6 +83,11 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit); most want
     ("7b rank0/8 fused", "qwen2.5-7b", 8, True,
      {**BIG, "micro_batch_size_update": 8, "micro_batch_size_experience": 8,
       "fused_logprob": True}, None),
+    # the same with verl's Triton kernel (fused_logprob_kernel=triton): runs where verl and
+    # Triton are installed on the device; elsewhere the probe fails saying so
+    ("7b rank0/8 fused triton", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 8, "micro_batch_size_experience": 8,
+      "fused_logprob": True, "fused_logprob_kernel": "triton"}, None),
     # the vllm-like engine at two utilisations: rollout peak against torch.cuda's reserved
     # peak and against the trainer's states at wake-up plus the reservation
     ("0.5b vllm 0.3", "qwen2.5-0.5b", 1, False,

@@ -314,11 +314,15 @@ def test_the_allocator_the_study_trained_with_is_stated_where_the_trainer_differ
     assert not any(line.startswith("allocator:") for line in plan.run)
 
 
-def test_a_verl_study_on_a_gpu_trains_with_expandable_segments_unless_named():
-    from autotune.sweep.plan import allocator_knobs
+def test_a_verl_study_takes_the_entropy_and_on_a_gpu_expandable_segments_unless_named():
+    from autotune.sweep.plan import trainer_knobs, verl_triton_installed
 
-    assert allocator_knobs("verl", on_gpu=True) == {"expandable_segments": True}
-    assert allocator_knobs("verl", True, frozenset({"expandable_segments"})) == {}
-    assert allocator_knobs("verl", on_gpu=False) == {}  # a CPU probe has no CUDA allocator
-    assert allocator_knobs("easyr1", True) == {} and allocator_knobs("trl", True) == {} \
-        and allocator_knobs(None, True) == {}
+    kernel = {"fused_logprob_kernel": "triton"} if verl_triton_installed() else {}
+    assert trainer_knobs("verl", on_gpu=True) == {"expandable_segments": True,
+                                                  "entropy_metric": True, **kernel}
+    assert trainer_knobs("verl", True, frozenset({"expandable_segments", "entropy_metric",
+                                                  "fused_logprob_kernel"})) == {}
+    # a CPU probe has no CUDA allocator; verl's old-log-prob pass takes the entropy anywhere
+    assert trainer_knobs("verl", on_gpu=False) == {"entropy_metric": True}
+    assert trainer_knobs("easyr1", True) == {} and trainer_knobs("trl", True) == {} \
+        and trainer_knobs(None, True) == {}

@@ -140,6 +140,26 @@ def test_the_memory_model_holds_one_chunk_of_logits_when_fused():
                      for phase in ("experience", "update")}
 
 
+def test_estimate_states_what_the_entropy_switches_save_or_add_where_an_entropy_is_taken():
+    """qwen2.5-7b, 4k responses, micro-batches of 8: without an entropy the entropy switches
+    change nothing and are not listed; with verl's metric and a bonus, chunking saves in
+    experience what it adds in the update (chunks kept for the backward), as memory.py has
+    it, and the text says both."""
+    args = ["estimate", "--model", "qwen2.5-7b", "--gpus-per-node", "8", "--capacity",
+            "80GiB", *(arg for knob, value in {
+                "max_prompt_length": 1024, "max_response_length": 4096,
+                "rollout_batch_size": 64, "global_batch_size": 64, "rollout_n": 8,
+                "micro_batch_size_experience": 8, "micro_batch_size_update": 8}.items()
+                for arg in ("--set", f"{knob}={value}"))]
+    assert set(run_json(*args)["switch_savings"]) == {"fused_logprob"}
+    entropy = ["--set", "entropy_metric=true", "--set", "entropy_coeff=0.01"]
+    saved = run_json(*args, *entropy)["switch_savings"]["entropy_chunking"]
+    assert saved["experience"] > 10 << 30 and saved["update"] < -(10 << 30), saved
+    text = subprocess.run([sys.executable, "-m", "autotune", *args, *entropy],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "entropy_chunking=true would save" in text and "add " in text, text
+
+
 KNOBS = {"rollout_batch_size": 64, "rollout_n": 8, "global_batch_size": 32,
          "micro_batch_size_update": 4, "micro_batch_size_experience": 8,
          "gradient_checkpointing": True, "offload_params": False, "offload_optimizer": False,
@@ -221,3 +241,68 @@ def test_verl_writes_the_entropy_keys_and_says_what_it_takes_that_the_study_did_
         with pytest.raises(ConfigError) as err:
             render(adapter, {**KNOBS, "entropy_coeff": 0.01}, topology, None, ["p"])
         assert "entropy_coeff=0.01" in err.value.problems[0]
+
+
+def test_the_triton_kernels_allocations_are_traced_and_modelled():
+    """fused_logprob_kernel=triton (verl's Triton linear cross-entropy): a trace cannot run
+    Triton, so it allocates what the kernel does (per-split partials, a band of the logits'
+    gradient); the memory model has the same terms (each phase within 3% of the trace), and
+    both hold less than the torch chunks in the phases that take log-probs."""
+    from autotune.hardware import Device
+    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+    from autotune.probe.result import ProbeRequest
+    from autotune.probe.trace import trace_request
+
+    shape = model_shape("tiny-qwen2.5")
+    base = {"max_prompt_length": 16, "max_response_length": 512, "rollout_batch_size": 4,
+            "global_batch_size": 4, "rollout_n": 4, "micro_batch_size_update": 2,
+            "micro_batch_size_experience": 8, "fused_logprob": True, "entropy_metric": True}
+    traced, modelled = {}, {}
+    for kernel in ("torch", "triton"):
+        config = ProbeConfig(**base, fused_logprob_kernel=kernel)
+        request = ProbeRequest(model="tiny-qwen2.5", config=config, device=Device("cpu"))
+        traced[kernel] = trace_request(request, TRACE_CPU_CONTEXT_BYTES).phase_peak_mem_bytes
+        modelled[kernel] = {phase: estimate.total_bytes for phase, estimate in
+                            estimate_memory(shape, config, on_gpu=False).phases.items()}
+    for phase, peak in traced["triton"].items():
+        assert abs(modelled["triton"][phase] / peak - 1) < 0.03, (phase, modelled, traced)
+    for phase in ("experience", "update"):
+        assert traced["triton"][phase] < traced["torch"][phase], (phase, traced)
+        assert modelled["triton"][phase] < modelled["torch"][phase], (phase, modelled)
+
+
+def test_the_triton_kernel_is_refused_in_one_line_where_it_cannot_run():
+    """On a CPU tensor the probe's fused head says where the kernel runs and what to do; verl
+    writes the backend it runs with, and reads it back."""
+    hidden, weight = torch.randn(6, 8), torch.randn(11, 8)
+    with pytest.raises(RuntimeError, match="runs on a CUDA device only.*fused_logprob_kernel"
+                                           "=torch"):
+        fused_log_probs(hidden, weight, torch.zeros(6, dtype=torch.long), kernel="triton")
+    topology = Topology(1, 8)
+    knobs = {**KNOBS, "fused_logprob": True, "fused_logprob_kernel": "triton"}
+    tree = yaml.safe_load(render(VERL, knobs, topology, None, ["p"]))
+    assert tree["actor_rollout_ref"]["model"]["fused_kernel_options"]["impl_backend"] == \
+        "triton"
+    read = VERL.read_knobs(lambda key, default: dotted_get(tree, key, default), topology)
+    assert read["fused_logprob_kernel"] == "triton"
+
+
+def test_a_verl_study_on_a_gpu_runs_verls_triton_kernel_where_it_is_installed(
+        tmp_path, monkeypatch):
+    """Found from the installed files (nothing imported): verl with its kernel module and
+    Triton beside it; either one missing, the torch chunks."""
+    from autotune.sweep.plan import trainer_knobs, verl_triton_installed
+
+    kernel = tmp_path / "verl" / "utils" / "kernel"
+    kernel.mkdir(parents=True)
+    (tmp_path / "verl" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not verl_triton_installed()  # no kernel module yet, and no Triton
+    (kernel / "linear_cross_entropy.py").write_text("")
+    assert not verl_triton_installed()  # no Triton
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    assert verl_triton_installed()
+    assert trainer_knobs("verl", True)["fused_logprob_kernel"] == "triton"
+    assert "fused_logprob_kernel" not in trainer_knobs("verl", False)  # a CPU has no Triton
+    assert "fused_logprob_kernel" not in trainer_knobs("easyr1", True)

@@ -405,13 +405,13 @@ def trl_quantities(config, world: int) -> dict:
 
 
 def test_verl_start_up_accepts_the_fused_log_prob_and_entropy_keys(tmp_path):
-    """use_fused_kernels and the actor's entropy keys, as a study with them on exports them,
-    pass verl's own config checks."""
+    """use_fused_kernels with the Triton backend and the actor's entropy keys, as a study with
+    them on exports them, pass verl's own config checks."""
     if not os.environ.get("AUTOTUNE_VERL_SRC"):
         pytest.skip("AUTOTUNE_VERL_SRC: no verl checkout to run its start-up")
     knobs = {**STUDY, "micro_batch_size_update": 1, "micro_batch_size_experience": 1,
-             "fused_logprob": True, "entropy_coeff": 0.001, "entropy_chunking": True,
-             "entropy_checkpointing": True}
+             "fused_logprob": True, "fused_logprob_kernel": "triton", "entropy_coeff": 0.001,
+             "entropy_chunking": True, "entropy_checkpointing": True}
     searched = (*SEARCHED, "fused_logprob", "entropy_chunking", "entropy_checkpointing")
     path, problems = exported(VERL, knobs, Topology(1, 8), None, tmp_path, "fused",
                               searched=searched)

@@ -25,13 +25,18 @@ def phase_totals(estimate: MemoryEstimate, calibration: Calibration | None) -> d
     return calibration.phase_bytes(estimate)
 
 
-SAVING_SWITCHES = ("fused_logprob",)  # switches that only ever take memory away
+# the memory switches `estimate` weighs for a config that has them off: the logits' and the
+# entropy's (the entropy's change a phase only where the config takes an entropy:
+# entropy_metric in experience, entropy_coeff in the update, where chunks kept for the
+# backward cost one more fp32 copy than the whole)
+SAVING_SWITCHES = ("fused_logprob", "entropy_chunking", "entropy_checkpointing")
 
 
 def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibration | None,
                    **model_args: Any) -> dict[str, dict[str, int]]:
     """Per switch of SAVING_SWITCHES that `config` has off: what turning it on would take
-    off each phase's total (the phases it changes)."""
+    off each phase's total (negative where it adds; the phases it changes; a switch that
+    changes none is left out)."""
     now = phase_totals(estimate_memory(shape, config, **model_args), calibration)
     savings = {}
     for switch in SAVING_SWITCHES:
@@ -40,16 +45,18 @@ def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibrat
         switched: dict[str, Any] = {switch: True}
         on = phase_totals(estimate_memory(shape, dataclasses.replace(config, **switched),
                                           **model_args), calibration)
-        savings[switch] = {phase: now[phase] - on[phase] for phase in now
-                           if now[phase] != on[phase]}
+        saved = {phase: now[phase] - on[phase] for phase in now if now[phase] != on[phase]}
+        if saved:
+            savings[switch] = saved
     return savings
 
 
 def format_savings(savings: dict[str, dict[str, int]]) -> list[str]:
-    """One line per switch: what it would save, phase by phase."""
-    return [f"{switch}=true would save " + ", ".join(
-        f"{format_bytes(saved)} in {phase}" for phase, saved in by_phase.items())
-        + " (memory model)" for switch, by_phase in savings.items() if by_phase]
+    """One line per switch: what it would save (or add), phase by phase."""
+    return [f"{switch}=true would " + ", ".join(
+        f"{'save' if saved > 0 else 'add'} {format_bytes(abs(saved))} in {phase}"
+        for phase, saved in by_phase.items()) + " (memory model)"
+        for switch, by_phase in savings.items()]
 
 
 def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budget_bytes: int,

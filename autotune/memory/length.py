@@ -92,19 +92,23 @@ def longest_fitting_near(fits: Callable[[int], bool], guess: int, high: int) -> 
     then bisection inside the bracket; two calls when the guess is right, three when it is one
     off, about 2 log2 of the miss otherwise, against log2(high) from scratch."""
     guess = min(max(guess, 1), high)
+
+    def fits_in(low: int, top: int) -> int:  # low fits, top + 1 does not: bisect between
+        return low + longest_fitting(lambda n: fits(low + n), top - low)
+
     if fits(guess):
         low, stride = guess, 1
         while low < high:
             probe = min(low + stride, high)
             if not fits(probe):
-                return low + longest_fitting(lambda n, base=low: fits(base + n), probe - 1 - low)
+                return fits_in(low, probe - 1)
             low, stride = probe, stride * 2 if probe - guess > 1 else 1
         return low
     top, stride = guess - 1, 1
     while top > 0:
         probe = max(top - stride + 1, 1)
         if fits(probe):
-            return probe + longest_fitting(lambda n, base=probe: fits(base + n), top - probe)
+            return fits_in(probe, top)
         top, stride = probe - 1, stride * 2 if guess - probe > 1 else 1
     return 0
 

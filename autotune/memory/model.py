@@ -33,6 +33,8 @@ from autotune.batching import worst_case_rows
 from autotune.config import (
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
+    TRITON_DLOGITS_COLUMNS,
+    TRITON_VOCAB_SPLIT,
     DeviceShare,
     ProbeConfig,
     device_share,
@@ -353,12 +355,27 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     def fused_chunk(micro: int) -> int:
         return min(FUSED_CHUNK_TOKENS, micro * seq)
 
+    triton = config.fused_logprob and config.fused_logprob_kernel == "triton"
+    splits = -(-vocab // TRITON_VOCAB_SPLIT)
+
+    def triton_forward(micro: int) -> int:
+        # every position's fp32 partials per vocabulary split (max, sum, entropy's b), then
+        # the log-prob, entropy, max and the two reduced sums per position
+        return micro * seq * (12 * splits + 20)
+
+    def triton_backward(micro: int) -> int:
+        # the logits' gradient for one band of vocabulary columns in the compute dtype, and
+        # the three fp32 per-position values the forward saved
+        return micro * seq * (min(TRITON_DLOGITS_COLUMNS, vocab) * c + 12)
+
     def logprob_logits(micro: int, with_entropy: bool = False) -> int:
         # the full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
         # logits are freed once their fp32 response slice exists. With the entropy (no
         # gradient), its softmax and logsumexp's exponentials beside the fp32 slice, or a
         # chunk's of them. Fused: one chunk's logits in the compute dtype and fp32, then its
         # fp32 log-softmax (and the entropy's two)
+        if triton:  # the entropy comes with the log-probs at no extra memory
+            return triton_forward(micro)
         if config.fused_logprob:
             return fused_chunk(micro) * vocab * max(c + 4, 12 if with_entropy else 8)
         entropy = 0
@@ -448,8 +465,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                     shape, ckpt, c),
                 # unfused, the fp32 log-softmax is kept for the backward; fused, the backward
                 # recomputes one chunk at a time: its logits, softmax and gradient
-                "logits": fused_chunk(mbu) * vocab * (max(c + 4, 8) + c)
-                if config.fused_logprob else
+                "logits": max(triton_forward(mbu), triton_backward(mbu)) if triton else
+                fused_chunk(mbu) * vocab * (max(c + 4, 8) + c) if config.fused_logprob else
                 logprob_logits(mbu) + mbu * 4 * response * vocab + entropy_grad(mbu)}
     transient = max(sum(backward.values()), step_temp)
     parts = {**upd_states, **backward, "optimizer_step": step_temp}

@@ -21,8 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
-from autotune.config import ENTROPY_CHUNK_ROWS, FUSED_CHUNK_TOKENS
+from autotune.config import (
+    ENTROPY_CHUNK_ROWS,
+    FUSED_CHUNK_TOKENS,
+    TRITON_DLOGITS_COLUMNS,
+    TRITON_VOCAB_SPLIT,
+)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -100,13 +106,67 @@ class FusedLinearLogProb(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
+class TritonShapedLogProb(torch.autograd.Function):
+    """What verl's Triton linear cross-entropy allocates, for a trace (fake tensors cannot
+    run a Triton kernel): [tokens, splits] fp32 partials in the forward, the logits' gradient
+    TRITON_DLOGITS_COLUMNS columns wide in the backward (verl/utils/kernel/kernels.py
+    efficient_entropy_forward / _backward). The values are not the log-probs."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, splits = hidden.shape[0], -(-weight.shape[0] // TRITON_VOCAB_SPLIT)
+        partials = [torch.empty(tokens, splits, dtype=torch.float32, device=hidden.device)
+                    for _ in range(3)]  # max, sum, entropy's b per split
+        out, entropies = (torch.zeros(tokens, dtype=torch.float32, device=hidden.device)
+                          for _ in range(2))
+        kept = torch.empty(tokens * 3, dtype=torch.float32, device=hidden.device)
+        del partials
+        ctx.save_for_backward(hidden, weight, kept)
+        return out, entropies
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: Any) -> tuple[Any, ...]:
+        hidden, weight, _ = ctx.saved_tensors
+        columns = min(TRITON_DLOGITS_COLUMNS, weight.shape[0])
+        d_logits = torch.empty(hidden.shape[0], columns, dtype=hidden.dtype,
+                               device=hidden.device)
+        del d_logits
+        return torch.zeros_like(hidden), torch.zeros_like(weight), None
+
+
+def verl_triton_kernel() -> Any:
+    """verl's Triton linear cross-entropy (verl/utils/kernel/linear_cross_entropy.py): where
+    verl, Triton and a CUDA device are; else a RuntimeError that says what to do."""
+    try:
+        from verl.utils.kernel.linear_cross_entropy import linear_cross_entropy
+    except ImportError as err:
+        raise RuntimeError(f"fused_logprob_kernel=triton: verl's Triton kernel does not "
+                           f"import where the probe runs ({err}); install verl there, or "
+                           "probe with fused_logprob_kernel=torch") from None
+    return linear_cross_entropy
+
+
 def fused_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                    chunk_tokens: int = FUSED_CHUNK_TOKENS, with_entropy: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    chunk_tokens: int = FUSED_CHUNK_TOKENS, with_entropy: bool = False,
+                    kernel: str = "torch") -> tuple[torch.Tensor, torch.Tensor | None]:
     """[..., H] hidden states, [V, H] weight, [...] labels: [...] fp32 log-probs, and with
-    `with_entropy` the [...] entropies (else None)."""
-    flat, entropies = FusedLinearLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                               labels.reshape(-1), chunk_tokens, with_entropy)
+    `with_entropy` the [...] entropies (else None). `kernel`: torch (chunks of
+    `chunk_tokens`), triton (verl's kernel on a CUDA device; its allocations' stand-in under
+    a trace's fake tensors)."""
+    flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    if kernel == "triton":
+        if isinstance(hidden, FakeTensor):
+            flat, entropies = TritonShapedLogProb.apply(flat_hidden, weight, flat_labels)
+        elif hidden.device.type != "cuda":
+            raise RuntimeError("fused_logprob_kernel=triton runs on a CUDA device only; "
+                               "probe on a GPU, or with fused_logprob_kernel=torch")
+        else:
+            flat, entropies = verl_triton_kernel()(flat_hidden, weight, flat_labels, 1.0,
+                                                   "none")
+    else:
+        flat, entropies = FusedLinearLogProb.apply(flat_hidden, weight, flat_labels,
+                                                   chunk_tokens, with_entropy)
     return flat.reshape(labels.shape), \
         entropies.reshape(labels.shape) if with_entropy else None
 
@@ -117,10 +177,10 @@ class FusedHead(torch.nn.Module):
     with `with_entropy`, each position's entropy is left in `entropy`."""
 
     def __init__(self, head: torch.nn.Module, labels: torch.Tensor, chunk_tokens: int,
-                 with_entropy: bool = False) -> None:
+                 with_entropy: bool = False, kernel: str = "torch") -> None:
         super().__init__()
         self.head, self.labels, self.chunk_tokens = head, labels, chunk_tokens
-        self.with_entropy = with_entropy
+        self.with_entropy, self.kernel = with_entropy, kernel
         self.entropy: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -131,17 +191,17 @@ class FusedHead(torch.nn.Module):
         with torch.autocast(kind, enabled=False):
             log_probs, self.entropy = fused_log_probs(
                 hidden.to(dtype), weight.to(dtype), self.labels, self.chunk_tokens,
-                self.with_entropy)
+                self.with_entropy, self.kernel)
         return log_probs
 
 
 @contextlib.contextmanager
 def fused_head(model: Any, labels: torch.Tensor, chunk_tokens: int = FUSED_CHUNK_TOKENS,
-               with_entropy: bool = False) -> Iterator[FusedHead]:
+               with_entropy: bool = False, kernel: str = "torch") -> Iterator[FusedHead]:
     """Within: `model(...)`'s `.logits` are the [batch, tokens] log-probs of `labels` (and
     the head it yields holds their entropy, with `with_entropy`)."""
     head = model.get_output_embeddings()
-    fused = FusedHead(head, labels, chunk_tokens, with_entropy)
+    fused = FusedHead(head, labels, chunk_tokens, with_entropy, kernel)
     model.set_output_embeddings(fused)
     try:
         yield fused

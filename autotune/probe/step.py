@@ -400,7 +400,8 @@ class TrainingProbe:
         config = self.config
         if config.fused_logprob:  # every position's next token, as verl's fused forward
             with self._autocast(), fused_head(model, torch.roll(ids, -1, dims=1),
-                                              with_entropy=with_entropy) as head:
+                                              with_entropy=with_entropy,
+                                              kernel=config.fused_logprob_kernel) as head:
                 log_probs = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
             if not with_entropy:
                 return log_probs[:, start:end]

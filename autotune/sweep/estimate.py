@@ -28,7 +28,7 @@ from autotune.memory.host import NodeHost, NodeRun, node_host
 from autotune.memory.model import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.placement import default_topology
-from autotune.sweep.plan import ProbeOptions, allocator_knobs, engine_knobs, probe_request
+from autotune.sweep.plan import ProbeOptions, engine_knobs, probe_request, trainer_knobs
 from autotune.sweep.prescreen import memory_model_args
 
 DEFAULT_GPU_BYTES = 80 * 2**30  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
@@ -147,7 +147,7 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     knobs = fitted.get("fixed", {})  # the study's shapes, then --set
     named = frozenset({*knobs, *options.knobs})
     values = {**knobs, **engine_knobs(options.engine, device.on_gpu, trainer, named),
-              **allocator_knobs(trainer, device.on_gpu, named),
+              **trainer_knobs(trainer, device.on_gpu, named),
               **algorithm_defaults({**knobs, **options.knobs}), **options.knobs}
     batches = ("rollout_batch_size", "global_batch_size")
     if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's

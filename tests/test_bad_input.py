@@ -90,8 +90,14 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--set", "gpu_memory_utilization=1.5"],
      "gpu_memory_utilization='1.5': expected a share of the device, more than 0 and at most 1"),
     (RUN + ["--set", "gpu_memory_utilization=lots"], "expected a share of the device"),
-    (RUN + ["--set", "rollout_engine=vllm"], "rollout_engine='vllm': expected one of hf, "
-                                              "vllm-like"),
+    (RUN + ["--set", "rollout_engine=sglang"], "rollout_engine='sglang': expected one of hf, "
+                                                "vllm-like, vllm"),
+    (RUN + ["--engine", "vllm", "--gpu-memory-limit", "1GiB"],
+     "rollout_engine=vllm: vLLM is not installed next to autotune"),  # not in the test venv
+    (RUN + ["--set", "kv_cache_memory_bytes=lots"], "kv_cache_memory_bytes 'lots': expected a "
+                                                     "size such as 40GiB"),
+    (RUN + ["--set", "fused_logprob=true", "--set", "fused_logprob_kernel=triton"],
+     "fused_logprob_kernel=triton runs on a CUDA device only"),
     (RUN + ["--device", "cpu", "--engine", "vllm-like"],
      "rollout_engine=vllm-like on the CPU reserves a share of the device cap: add "
      "--gpu-memory-limit"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import PHASES, describe_params, format_bytes
+from autotune.config import PHASES, describe_engine, describe_params, format_bytes
 from autotune.probe.result import ProbeResult
 
 if TYPE_CHECKING:
@@ -165,6 +165,9 @@ def format_study(study: Any, brief: bool = False) -> str:
                   f"{format_bytes(measured['peak_mem_bytes'])} of budget "
                   f"{format_bytes(measured['budget_bytes'])} (binds in "
                   f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    if "rollout_engine" in document["config"]:
+        lines.append("  rollout: " + describe_engine(document["config"]["rollout_engine"],
+                                                     document["provenance"].get("versions")))
     if document["confirmed"]:
         from autotune.sweep.confirm import describe
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from autotune.config import ProbeConfig, device_share, format_bytes, parse_share
+from autotune.config import VLLM_ENGINES, ProbeConfig, device_share, format_bytes, parse_share
 from autotune.memory.model import ADAM_BYTES, PARAM_BYTES, ModelShape
 
 RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
@@ -228,7 +228,7 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
         if config.critic_offload_optimizer:
             critic_optimizer = held(2 * shard_blocks(critic_units, ADAM_BYTES // 2, w))
     engine = 0
-    if config.rollout_engine == "vllm-like" and config.enable_sleep and config.sleep_level == 1:
+    if config.rollout_engine in VLLM_ENGINES and config.enable_sleep and config.sleep_level == 1:
         engine = held(engine_blocks(shape, c, config.rollout_tensor_parallel))
     # the critic's params come back for its value forward (experience) and its update (its
     # own phase, where no more is on the host than in rollout), its optimizer for the update

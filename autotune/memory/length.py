@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.batching import BUDGET_KNOB, batched_phases
-from autotune.config import ProbeConfig, device_share
+from autotune.config import VLLM_ENGINES, ProbeConfig, device_share
 
 PhasePeaks = Callable[[ProbeConfig], dict[str, int]]  # a config's peak bytes per phase
 
@@ -71,7 +71,7 @@ def response_length_limit(config: ProbeConfig, context_tokens: int) -> tuple[int
             budget = getattr(config, BUDGET_KNOB[phase])
             if budget is not None:
                 limits.append((budget - prompt, f"{BUDGET_KNOB[phase]}={budget:,}"))
-    if config.rollout_engine == "vllm-like":
+    if config.rollout_engine in VLLM_ENGINES:
         limits.append((config.max_num_batched_tokens - prompt,
                        f"max_num_batched_tokens={config.max_num_batched_tokens:,}"))
     return min(limits)

@@ -31,6 +31,7 @@ from typing import Any
 
 from autotune.batching import worst_case_rows
 from autotune.config import (
+    VLLM_ENGINES,
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
     TRITON_DLOGITS_COLUMNS,
@@ -401,12 +402,19 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     rollout = generation(share.responses_per_step)
     held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
     engine_host = 0
-    vllm_like = config.rollout_engine == "vllm-like"
+    vllm_like = config.rollout_engine in VLLM_ENGINES
     if vllm_like:
-        if engine_capacity_bytes is None:
+        if config.kv_cache_memory_bytes is not None:  # the pool in bytes: what it takes
+            rows = max(1, min(config.max_num_seqs,
+                              config.max_num_batched_tokens // config.max_prompt_length))
+            profile = (rows * (prompt * forward_bytes_per_token(shape, c) + vision_fwd)
+                       + config.max_num_seqs * vocab * 4)  # a prefill chunk, the sampler
+            reservation = engine + config.kv_cache_memory_bytes + profile
+        elif engine_capacity_bytes is None:
             raise ValueError("a vllm-like engine reserves a share of the device: pass "
                              "engine_capacity_bytes")
-        reservation = int(config.gpu_memory_utilization * engine_capacity_bytes)
+        else:
+            reservation = int(config.gpu_memory_utilization * engine_capacity_bytes)
         rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
                           "engine_reservation": reservation}
         rollout = {}

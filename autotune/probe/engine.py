@@ -21,15 +21,21 @@ Failures use vLLM's own words, so oom.py classifies them `cache_oom` as it does 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from autotune.config import ProbeConfig
+from autotune.config import VLLM_ENGINES, ProbeConfig
 from autotune.errors import ConfigError
 from autotune.hardware import Device
 from autotune.probe.meter import Meter
-from autotune.probe.sharding import fill_storage, free_storage, local_bytes, local_tensor
+from autotune.probe.sharding import (
+    engine_part,
+    fill_storage,
+    free_storage,
+    local_bytes,
+    local_tensor,
+)
 
 BLOCK_TOKENS = 16  # vLLM's default KV block
 
@@ -39,17 +45,38 @@ class KvCacheError(RuntimeError):
 
 
 def engine_capacity_bytes(config: ProbeConfig, device: Device) -> int | None:
-    """The memory whose gpu_memory_utilization a vllm-like engine reserves: what the probe
-    may use of its device (its cap, else the device); on a CPU only under a cap."""
-    if config.rollout_engine != "vllm-like":
+    """The memory whose gpu_memory_utilization a vLLM engine reserves: what the probe may use
+    of its device (its cap, else the device); on a CPU only under a cap. None where nothing
+    reserves a share: hf, or a KV pool of kv_cache_memory_bytes (vLLM then ignores the
+    utilisation)."""
+    if config.rollout_engine not in VLLM_ENGINES:
         return None
+    if config.kv_cache_memory_bytes is not None:
+        return device.usable_bytes
     if not device.on_gpu and device.cap_bytes is None:
-        raise ConfigError("rollout_engine=vllm-like on the CPU reserves a share of the device "
-                          "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
+        raise ConfigError(f"rollout_engine={config.rollout_engine} on the CPU reserves a share "
+                          "of the device cap: add --gpu-memory-limit (e.g. 1GiB), set "
+                          "kv_cache_memory_bytes, or use --engine hf")
     if device.usable_bytes is None:
-        raise ConfigError("rollout_engine=vllm-like needs the device's memory, which is not "
-                          "known yet; probe first, or give --gpu-memory-limit")
+        raise ConfigError(f"rollout_engine={config.rollout_engine} needs the device's memory, "
+                          "which is not known yet; probe first, or give --gpu-memory-limit")
     return device.usable_bytes
+
+
+class Rollout(Protocol):
+    """A probe's rollout engine: the stand-in here (hf, vllm-like) or the real vLLM
+    (vllm_engine.py). `figures` says what a vLLM engine reserved (the result's `engine`)."""
+
+    figures: dict[str, int]
+
+    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None: ...
+    def weight_names(self) -> list[str]: ...
+    def part(self, name: str, whole: torch.Tensor) -> torch.Tensor: ...
+    def held_weight_bytes(self) -> int: ...
+    def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def sleep(self) -> None: ...
+    def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
+                 dict[str, Any]], rows: torch.Tensor) -> torch.Tensor: ...
 
 
 def _gib(num_bytes: float) -> str:
@@ -64,7 +91,7 @@ class RolloutEngine:
                  move: Callable[[torch.Tensor, bool], torch.Tensor], meter: Meter) -> None:
         self.model, self.model_config, self.config = model, model_config, config
         self.device, self.dtype, self.tensor_parallel = device, dtype, tensor_parallel
-        self.vllm_like = config.rollout_engine == "vllm-like"
+        self.vllm_like = config.rollout_engine == "vllm-like"  # else hf
         self.capacity_bytes = capacity_bytes
         self.move, self.meter = move, meter  # the meter reads the device and profiles
         text = getattr(model_config, "text_config", model_config)
@@ -76,7 +103,8 @@ class RolloutEngine:
         self.element_bytes = torch.empty(0, dtype=dtype).element_size()
         self.kv_bytes_per_token = (2 * self.element_bytes * self.layers * self.kv_heads
                                    * self.head_dim)
-        self.shapes = {name: p.shape for name, p in model.named_parameters()}
+        self.params = dict(model.named_parameters())  # the same objects, whatever they hold
+        self.shapes = {name: p.shape for name, p in self.params.items()}
         self.host_weights: dict[str, torch.Tensor] = {}
         self.pool: torch.Tensor | None = None
         self.awake = True  # built with its weights; `start` or `sleep` puts it to sleep
@@ -94,19 +122,17 @@ class RolloutEngine:
 
     def _size_pool(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
         config, capacity = self.config, self.capacity_bytes
-        assert capacity is not None
-        util = config.gpu_memory_utilization
-        reserved = int(util * capacity)
+        util, kv_bytes = config.gpu_memory_utilization, config.kv_cache_memory_bytes
         weights = local_bytes(self.model.parameters())
         if self.device.type == "cuda":  # vLLM empties torch's cache before it looks
             torch.cuda.empty_cache()
         used = self.meter.read_device_bytes() - weights  # the trainer's states and the context
-        free = capacity - used
-        if free < reserved:
+        reserved = int(util * capacity) if kv_bytes is None and capacity is not None else 0
+        if capacity is not None and capacity - used < reserved:
             raise KvCacheError(
-                f"Free memory on device ({_gib(free)}/{_gib(capacity)}) on startup is less "
-                f"than desired GPU memory utilization ({util}, {_gib(reserved)}). Decrease "
-                "GPU memory utilization or reduce GPU memory used by other processes.")
+                f"Free memory on device ({_gib(capacity - used)}/{_gib(capacity)}) on startup "
+                f"is less than desired GPU memory utilization ({util}, {_gib(reserved)}). "
+                "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
         rows = self.prefill_rows()
 
         def profile() -> None:  # vLLM's profile_run: a prefill chunk, then its sampler
@@ -121,6 +147,8 @@ class RolloutEngine:
             profile()  # workspaces) are not the profile's (a trace has none and skips it)
         activation = self.meter.measure_peak_bytes(profile)
         sequence = config.sequence_length
+        if kv_bytes is not None:  # vLLM's kv_cache_memory_bytes: the pool, whatever is free
+            reserved = weights + activation + kv_bytes
         blocks = (reserved - weights - activation) // (BLOCK_TOKENS * self.kv_bytes_per_token)
         if blocks <= 0:
             raise KvCacheError("No available memory for the cache blocks. Try increasing "
@@ -137,7 +165,7 @@ class RolloutEngine:
                 "increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
                 "initializing the engine.")
         self.figures = {
-            "capacity_bytes": capacity, "reserved_bytes": reserved, "weight_bytes": weights,
+            "capacity_bytes": capacity or 0, "reserved_bytes": reserved, "weight_bytes": weights,
             "profile_bytes": activation, "kv_pool_bytes": pool_tokens * self.kv_bytes_per_token,
             "kv_pool_tokens": pool_tokens, "start_used_bytes": used,
             "concurrency": min(config.max_num_seqs, pool_tokens // per_sequence)}
@@ -146,6 +174,20 @@ class RolloutEngine:
         """Prompts per prefill forward: as many as `max_num_batched_tokens` holds."""
         per_chunk = self.config.max_num_batched_tokens // self.config.max_prompt_length
         return max(1, min(self.config.max_num_seqs, per_chunk))
+
+    def weight_names(self) -> list[str]:
+        """The engine's weights by name, the order they are loaded in."""
+        return list(self.shapes)
+
+    def part(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a gathered actor tensor (all of it without tensor parallel)."""
+        if not self.tensor_parallel:
+            return whole
+        return engine_part(whole, self.params[name])
+
+    def held_weight_bytes(self) -> int:
+        """The engine's weights held on the device now (this rank's shards)."""
+        return local_bytes(self.model.parameters())
 
     def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Allocate the weights (back from host memory after a level-1 sleep) and the pool,

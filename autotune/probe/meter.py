@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -327,6 +328,9 @@ def describe_device(device: Any, limit_bytes: int | None) -> dict[str, Any]:
 
     versions = {"autotune": __version__, "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version()}
+    vllm = sys.modules.get("vllm")  # imported only by the real engine (rollout_engine=vllm)
+    if vllm is not None:
+        versions["vllm"] = str(getattr(vllm, "__version__", "?"))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         versions["cuda"] = str(torch.version.cuda)

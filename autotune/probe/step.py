@@ -36,6 +36,7 @@ from autotune.batching import micro_batches
 from autotune.config import (
     ProbeConfig,
     compute_dtype,
+    device_problems,
     device_share,
     image_tokens,
     model_problems,
@@ -54,9 +55,9 @@ from autotune.probe.models import (
     without_special_ids,
 )
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.vllm_engine import VllmEngine
 from autotune.probe.sharding import (
     RankGroup,
-    engine_part,
     full_tensor,
     join_group,
     leave_group,
@@ -102,7 +103,7 @@ class TrainingProbe:
         self.critic: ValueModel | None = None  # PPO's value model, and its AdamW
         self.critic_optimizer: Any = None
         self.mean_entropy: torch.Tensor | None = None  # entropy_metric: the last experience's
-        self.engine: Any = None
+        self.engine: Any = None  # an engine.Rollout once built
         self.engine_weight_bytes = 0
         self.prompt_ids = torch.empty(0, dtype=torch.long)
         self.pixel_values: torch.Tensor | None = None
@@ -123,6 +124,8 @@ class TrainingProbe:
         request, config = self.request, self.config
         problems = validate_probe_config(config, request.world_size)
         problems += model_problems(config, self.is_vl)
+        problems += device_problems(config, self.on_gpu, self.is_vl,
+                                    request.device.cap_bytes is not None)
         heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
         if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
             problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel} must "
@@ -157,16 +160,22 @@ class TrainingProbe:
             self._place_states(self.critic, self.critic_optimizer,
                                not config.critic_offload_params,
                                not config.critic_offload_optimizer)
-        engine = self._build_copy(shard=False)
-        engine_tp = config.rollout_tensor_parallel > 1
-        if engine_tp:
-            tensor_parallel_engine(engine, self.group, config.rollout_tensor_parallel)
-            for param in engine.parameters():  # each shard owns its memory
-                local_tensor(param).data = local_tensor(param).clone()
-        self.engine = RolloutEngine(engine, self.model_config, config, self.device,
-                                    self.compute_dtype, engine_tp,
-                                    engine_capacity_bytes(config, request.device),
-                                    self._move, self.meter)
+        capacity = engine_capacity_bytes(config, request.device)
+        if config.rollout_engine == "vllm":
+            self.engine = VllmEngine(self.model_config, config, self.device, self.compute_dtype,
+                                     capacity, self.meter,
+                                     [name for name, _ in self.model.named_parameters()],
+                                     self.num_params, request.seed)
+        else:
+            engine = self._build_copy(shard=False)
+            engine_tp = config.rollout_tensor_parallel > 1
+            if engine_tp:
+                tensor_parallel_engine(engine, self.group, config.rollout_tensor_parallel)
+                for param in engine.parameters():  # each shard owns its memory
+                    local_tensor(param).data = local_tensor(param).clone()
+            self.engine = RolloutEngine(engine, self.model_config, config, self.device,
+                                        self.compute_dtype, engine_tp, capacity, self._move,
+                                        self.meter)
         self.engine.start(self._profile_inputs)
 
     def _build_critic(self) -> None:
@@ -273,16 +282,15 @@ class TrainingProbe:
         if sharded_offload:
             self._place_module(self.model, True)
         actor = dict(self.model.named_parameters())
-        engine = dict(self.engine.model.named_parameters())
 
         def weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, param in engine.items():
+            for name in self.engine.weight_names():
                 whole = full_tensor(actor[name].data)
-                yield name, engine_part(whole, param) if self.engine.tensor_parallel else whole
+                yield name, self.engine.part(name, whole)
                 del whole
 
         self.engine.wake(weights())
-        self.engine_weight_bytes = local_bytes(self.engine.model.parameters())
+        self.engine_weight_bytes = self.engine.held_weight_bytes()
         if sharded_offload:
             self._place_module(self.model, False)
 

@@ -306,7 +306,8 @@ def trace_request(request: ProbeRequest, context_bytes: int,
 
     `request.device` says what is modelled (cuda: bf16 and the GPU's kernels; cpu: the CPU
     probe) and the memory the probe may use there, which a vllm-like engine reserves its
-    share of. `every_iteration` runs every
+    share of; the real vLLM (rollout_engine=vllm) cannot run on fake tensors, so its rollout is
+    traced as the stand-in with vLLM's memory (vllm-like). `every_iteration` runs every
     iteration of every loop in both steps, as a probe does (the tests hold the shortcuts to
     it: the same bytes).
     """
@@ -314,6 +315,9 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     from autotune.probe.step import TrainingProbe
 
     started = time.perf_counter()
+    if request.config.rollout_engine == "vllm":
+        request = dataclasses.replace(request, config=dataclasses.replace(
+            request.config, rollout_engine="vllm-like"))
     if request.world_size > 1:  # rank 0, its peers over the fake process group
         request = dataclasses.replace(request, emulated=True)
     tracker = AllocationTracker()

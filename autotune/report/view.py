@@ -12,7 +12,7 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from autotune.config import KNOB_NAMES, PHASES, format_bytes
+from autotune.config import KNOB_NAMES, PHASES, describe_engine, format_bytes
 from autotune.hardware import usable_bytes
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
@@ -57,6 +57,7 @@ class StudyView:
     device_name: str | None
     calibration: dict[str, Any] | None
     reused: int
+    versions: dict[str, str]  # what the probes ran with (vLLM's, where the real engine ran)
 
     def trial(self, number: int) -> TrialView:
         return next(t for t in self.trials if t.number == number)
@@ -143,7 +144,9 @@ def read_study(study: Any) -> StudyView:
         device_capacity_bytes=device_capacity,
         budget_bytes=budget,
         device_name=next((r["device_name"] for r in results if r.get("device_name")), None),
-        calibration=attrs.get("memory_calibration"), reused=reused)
+        calibration=attrs.get("memory_calibration"), reused=reused,
+        versions=next((r["versions"] for r in results if (r.get("versions") or {}).get("vllm")),
+                      next((r["versions"] for r in results if r.get("versions")), {})))
 
 
 def headline(view: StudyView) -> dict[str, str]:
@@ -165,6 +168,11 @@ def headline(view: StudyView) -> dict[str, str]:
     if view.capacity_bytes:
         budget = (f"{format_bytes(view.budget_bytes)} of {format_bytes(view.capacity_bytes)} "
                   f"per device ({identity.get('headroom', 0.1):.0%} headroom kept free)")
+    base = {**view.request.get("config", {}), **view.fixed}
+    engines = sorted({str(t.params.get("rollout_engine", base.get("rollout_engine")))
+                      for t in view.trials if not view.command} - {"None"})
+    rollout = {"rollout": "; ".join(describe_engine(e, view.versions) for e in engines)} \
+        if engines else {}
     return {
         "model": str(identity.get("model")) + (f" ({identity['model_path']})"
                                                if identity.get("model_path") else ""),
@@ -173,6 +181,7 @@ def headline(view: StudyView) -> dict[str, str]:
                     f"{'s' if gpus > 1 else ''}" + (f", as {identity['trainer']}"
                                                     if identity.get("trainer") else ""),
         "probe": probe,
+        **rollout,
         "memory budget": budget,
         "objective": str(identity.get("objective")),
         "trials": (f"{len(probed)} probed ({view.count('fits')} fit, "

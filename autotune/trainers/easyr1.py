@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import Topology
+from autotune.config import VLLM_ENGINES, Topology
 from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
@@ -139,7 +139,7 @@ def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     if k.get("entropy_metric"):
         lines.append("entropy: the study took every position's entropy in its experience phase; "
                      "EasyR1 never does, so its experience phase holds less than measured")
-    if k.get("rollout_engine") != "vllm-like":
+    if k.get("rollout_engine") not in VLLM_ENGINES:
         return lines
     lines += [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "
               f"{k.get('max_num_seqs', 256)}); vLLM's own default applies, inside the same "

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from autotune.config import Topology, format_bytes
+from autotune.config import Topology, describe_engine, format_bytes
 from autotune.errors import ConfigError
 from autotune.trainers.adapter import Adapter
 from autotune.trainers.plan import ExportPlan, dotted_get, plan_export, resolved_get
@@ -191,6 +191,9 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
         how = [f"per phase: {phases}", *ranks_lines(document),
                f"measured on {prov.get('device')} with model {prov.get('model')}; torch "
                f"{versions.get('torch', '?')}, transformers {versions.get('transformers', '?')}"]
+        if "rollout_engine" in document["config"]:
+            how.append("rollout: " + describe_engine(document["config"]["rollout_engine"],
+                                                     versions))
     return [f"exported by autotune {versions.get('autotune', '?')} for {adapter.name} on "
             f"{time.strftime('%Y-%m-%d')}",
             f"study {document['study']}, trial {document['trial']}: "

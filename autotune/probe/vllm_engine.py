@@ -103,10 +103,7 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
-        try:
-            self.llm = LLM(**kwargs)
-        except (ValueError, RuntimeError) as err:
-            raise KvCacheError(str(err)) from None  # vLLM's own words: oom.py reads them
+        self.llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
         cache = self.llm.llm_engine.vllm_config.cache_config
         pool_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
         per_sequence = -(-config.sequence_length // cache.block_size) * cache.block_size

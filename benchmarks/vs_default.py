@@ -1,0 +1,174 @@
+"""Tuned against the trainer's own default, with the real trainer, side by side (issue 35).
+
+TRL's GRPOTrainer on the CPU, set up as a TRL user sets it up (tests/trl_fixture.py: the
+registry's tiny-qwen2.5 numbers with random weights and a 16,384-token vocabulary, a tokenizer
+built here, a length reward, `python train_grpo.py --config grpo.yaml`). The run the user
+fixes: 8 generations of 64 tokens per prompt, 32 completions per optimizer step, no reference
+model (beta 0, TRL's default). The default is GRPOConfig's own for what autotune tunes:
+per_device_train_batch_size 8 (with gradient accumulation 4 for the 32 completions) and
+gradient_checkpointing on.
+
+1. `autotune run --trainer trl --launch "python train_grpo.py --config {config}"
+   --base-config default.yaml` under a device cap (the run's RSS on a CPU), the space below:
+   every probe is a short run of TRL itself; the run exports best.trl.yaml.
+2. The default and the exported config each train STEPS steps, alternating, REPEATS times:
+   tokens/s is TRL's own (num_tokens over train_runtime in its log), peak memory the run's
+   process tree RSS, sampled every 20 ms.
+
+    python benchmarks/vs_default.py [--repeats 3] [--steps 6] [--trials 8] [--out DIR]
+
+Writes vs_default.{txt,json} to benchmarks/results/ (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from trl_fixture import make_trl_workspace, parse_log_dicts  # noqa: E402
+
+CAP = "1GiB"
+SPACE = {"params": {
+    "micro_batch_size_update": {"type": "categorical", "choices": [2, 4, 8, 16, 32]},
+    "gradient_checkpointing": {"type": "bool"}}}
+RUN = {"num_generations": 8, "max_completion_length": 64, "beta": 0.0,
+       "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
+       "gradient_checkpointing": True}  # GRPOConfig's defaults for what is tuned
+
+
+def tree_rss_bytes(root: psutil.Process) -> int:
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def train(workspace, config: Path, env: dict[str, str]) -> dict:
+    """One training run of `config`: TRL's tokens/s and the tree's peak RSS."""
+    proc = subprocess.Popen(workspace.command(config), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak, done = [0], threading.Event()
+
+    def watch() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss_bytes(root))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    out, err = proc.communicate(timeout=1800)
+    done.set()
+    watcher.join()
+    if proc.returncode:
+        raise SystemExit(f"{config.name} failed:\n{err[-3000:]}")
+    logs = parse_log_dicts(out)
+    tokens = max(log["num_tokens"] for log in logs if "num_tokens" in log)
+    runtime = next(log["train_runtime"] for log in logs if "train_runtime" in log)
+    return {"tokens_per_s": tokens / runtime, "peak_rss_bytes": peak[0],
+            "train_runtime_s": runtime}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        workspace = make_trl_workspace(root, vocab_size=16384, **RUN)
+        env = workspace.env()
+        default = workspace.write_config("default.yaml", **RUN, max_steps=args.steps)
+        space = root / "space.yaml"
+        space.write_text(yaml.safe_dump(SPACE))
+        launch = f"{sys.executable} {workspace.script} --config {{config}}"
+        started = time.perf_counter()
+        sweep = subprocess.run(
+            [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
+             str(default), "--launch", launch, "--device", "cpu", "--gpu-memory-limit", CAP,
+             "--space", str(space), "--trials", str(args.trials), "--results-dir",
+             str(root / "results"), "--study", "vs-default"],
+            env=env, capture_output=True, text=True, timeout=3600, cwd=root)
+        sweep_s = time.perf_counter() - started
+        if sweep.returncode:
+            raise SystemExit(f"the sweep failed:\n{sweep.stderr[-3000:]}")
+        study = root / "results" / "vs-default"
+        tuned = study / "best.trl.yaml"
+        best = yaml.safe_load((study / "best.yaml").read_text())
+        with open(study / "trials.csv") as handle:
+            probes = sum(1 for row in csv.DictReader(handle)
+                         if row["status"] and not row["reused_from"]
+                         and row["predicted"] != "True")
+        runs: dict[str, list[dict]] = {"default": [], "tuned": []}
+        for repeat in range(args.repeats):  # alternating, the order swapped each repeat
+            order = ("default", "tuned") if repeat % 2 == 0 else ("tuned", "default")
+            for name in order:
+                runs[name].append(train(workspace, default if name == "default" else tuned,
+                                        env))
+                print(f"repeat {repeat + 1}/{args.repeats} {name}: "
+                      f"{runs[name][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr,
+                      flush=True)
+        tuned_keys = {k: v for k, v in yaml.safe_load(tuned.read_text()).items()
+                      if k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                               "gradient_checkpointing", "steps_per_generation",
+                               "generation_batch_size")}
+    document = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
+                "machine": platform.machine(), "cap": CAP, "run": RUN, "steps": args.steps,
+                "repeats": args.repeats, "sweep_s": sweep_s, "sweep_probes": probes,
+                "trials": args.trials, "best_trial": best["trial"], "tuned": tuned_keys,
+                "runs": runs}
+    text = report(document)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vs_default.json").write_text(json.dumps(document, indent=2) + "\n")
+    (args.out / "vs_default.txt").write_text(text + "\n")
+    print(text)
+
+
+def report(doc: dict) -> str:
+    def median(name: str, key: str) -> float:
+        return statistics.median(run[key] for run in doc["runs"][name])
+
+    speed = median("tuned", "tokens_per_s") / median("default", "tokens_per_s")
+    memory = median("tuned", "peak_rss_bytes") / median("default", "peak_rss_bytes")
+    lines = [f"tuned vs TRL's default, TRL's GRPOTrainer on the CPU ({doc['cores']} cores, "
+             f"{doc['machine']}), {doc['date']}: tiny-qwen2.5 numbers, random weights, "
+             f"{doc['run']['num_generations']} generations x "
+             f"{doc['run']['max_completion_length']} tokens, 32 completions per step, "
+             f"{doc['steps']} steps per run, {doc['repeats']} repeats alternating",
+             f"default (GRPOConfig's): per_device_train_batch_size 8, gradient accumulation 4, "
+             f"gradient checkpointing on",
+             f"tuned (trial {doc['best_trial']} of a {doc['sweep_probes']}-probe sweep under a "
+             f"{doc['cap']} cap, {doc['sweep_s'] / 60:.1f} min): "
+             + ", ".join(f"{k} {v}" for k, v in doc["tuned"].items()), "",
+             f"{'':>8} | {'tokens/s (each run)':>28} | {'median':>7} | {'peak RSS MiB (median)':>21}"]
+    for name in ("default", "tuned"):
+        each = " ".join(f"{run['tokens_per_s']:>6.0f}" for run in doc["runs"][name])
+        lines.append(f"{name:>8} | {each:>28} | {median(name, 'tokens_per_s'):>7.0f} | "
+                     f"{median(name, 'peak_rss_bytes') / 2**20:>21.0f}")
+    lines += ["", f"tuned / default: {speed:.2f}x the tokens/s at {memory:.2f}x the peak RSS"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -95,6 +95,7 @@ class Meter(Protocol):
 
     device: Any  # the torch device the step's tensors live on
     gpu_kernels: bool  # the step uses a GPU's kernels (dtype, AdamW's foreach step)
+    runs_kernels: bool  # the step's kernels really run (a trace only allocates their outputs)
     current_phase: str | None
     phase_peak_mem_bytes: dict[str, int]
     phase_allocator_peak_bytes: dict[str, int]
@@ -141,6 +142,7 @@ class MemoryMeter:
         self.device = device
         self.is_cuda = getattr(device, "type", str(device)) == "cuda"
         self.gpu_kernels = self.is_cuda  # whose kernels' memory the step has (trace.py: set)
+        self.runs_kernels = True
         self.device_limit_bytes = device_limit_bytes
         self.on_limit = on_limit
         self.current_phase: str | None = None

@@ -124,8 +124,9 @@ class TrainingProbe:
         request, config = self.request, self.config
         problems = validate_probe_config(config, request.world_size)
         problems += model_problems(config, self.is_vl)
-        problems += device_problems(config, self.on_gpu, self.is_vl,
-                                    request.device.cap_bytes is not None)
+        if self.meter.runs_kernels:  # a trace runs neither Triton nor vLLM
+            problems += device_problems(config, self.on_gpu, self.is_vl,
+                                        request.device.cap_bytes is not None)
         heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
         if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
             problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel} must "

@@ -227,6 +227,7 @@ class TracedMeter:
         self.tracker, self.context_bytes = tracker, context_bytes
         self.device = torch.device("cpu")
         self.gpu_kernels = gpu_kernels
+        self.runs_kernels = False  # fake tensors: Triton and vLLM are modelled, never run
         self.current_phase: str | None = None
         self.phase_peak_mem_bytes: dict[str, int] = {}
         self.phase_allocator_peak_bytes: dict[str, int] = {}

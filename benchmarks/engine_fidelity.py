@@ -194,18 +194,27 @@ def write(rows: list[dict], out: Path, version: str) -> str:
              f"({platform.machine()}); {len(rows)} of {len(ALL_CASES)} cases", "",
              "at start (MiB): what the engine holds once built (vLLM: anonymous RSS over the "
              "process before it; the stand-in: its weights and pool)",
-             "in generation (MiB): what generation adds on top of that, at its peak", "",
+             "in generation (MiB): what generation adds on top of that, at its peak",
+             "peak (MiB): the two together, the engine's peak over the process's other memory "
+             "(what decides an OOM); stand/probe: the stand-in's over the real engine's in the "
+             "probe", "",
              f"{'kv budget':>9} {'seqs':>4} {'n':>2} | {'pool tokens':>20} | {'at once':>11} | "
-             f"{'at start':>20} | {'in generation':>20} | {'tokens/s':>17}",
+             f"{'at start':>20} | {'in generation':>20} | {'peak':>20} | {'stand/':>6} | "
+             f"{'tokens/s':>17}",
              f"{'':>9} {'':>4} {'':>2} | {'vllm  probe  stand':>20} | {'vllm pr st':>11} | "
              f"{'vllm  probe  stand':>20} | {'vllm  probe  stand':>20} | "
-             f"{'vllm probe stand':>17}"]
+             f"{'vllm  probe  stand':>20} | {'probe':>6} | {'vllm probe stand':>17}"]
     for row in rows:
+        for engine in ENGINES:
+            row[engine]["peak_bytes"] = (row[engine]["start_bytes"]
+                                         + row[engine]["generation_bytes"])
+        ratio = row["stand_in"]["peak_bytes"] / row["probe"]["peak_bytes"]
         lines.append(
             f"{format_bytes(row['kv_cache_memory_bytes']):>9} {row['max_num_seqs']:>4} "
             f"{row['n']:>2} | {trio(row, 'pool_tokens', lambda v: f'{v:>6}')} | "
             f"{trio(row, 'concurrency', lambda v: f'{v:>3}')} | "
             f"{trio(row, 'start_bytes', mib)} | {trio(row, 'generation_bytes', mib)} | "
+            f"{trio(row, 'peak_bytes', mib)} | {ratio:>6.3f} | "
             f"{trio(row, 'tokens_per_s', lambda v: f'{v:>5.0f}')}")
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,10 @@ per_device_train_batch_size 8 (with gradient accumulation 4 for the 32 completio
 gradient_checkpointing on.
 
 1. `autotune run --trainer trl --launch "python train_grpo.py --config {config}"
-   --base-config default.yaml` under a device cap (the run's RSS on a CPU), the space below:
-   every probe is a short run of TRL itself; the run exports best.trl.yaml.
-2. The default and the exported config each train STEPS steps, alternating, REPEATS times:
+   --base-config default.yaml` under a device cap (the run's RSS on a CPU), the space below,
+   once for each objective (throughput_per_memory, the default, and throughput): every probe
+   is a short run of TRL itself; each run exports its best.trl.yaml.
+2. The default and the exported configs each train STEPS steps, round robin, REPEATS times:
    tokens/s is TRL's own (num_tokens over train_runtime in its log), peak memory the run's
    process tree RSS, sampled every 20 ms.
 
@@ -82,10 +83,41 @@ def train(workspace, config: Path, env: dict[str, str]) -> dict:
     if proc.returncode:
         raise SystemExit(f"{config.name} failed:\n{err[-3000:]}")
     logs = parse_log_dicts(out)
-    tokens = max(log["num_tokens"] for log in logs if "num_tokens" in log)
-    runtime = next(log["train_runtime"] for log in logs if "train_runtime" in log)
+    tokens = max(float(log["num_tokens"]) for log in logs if "num_tokens" in log)
+    runtime = next(float(log["train_runtime"]) for log in logs if "train_runtime" in log)
     return {"tokens_per_s": tokens / runtime, "peak_rss_bytes": peak[0],
             "train_runtime_s": runtime}
+
+
+OBJECTIVES = ("throughput_per_memory", "throughput")  # the run's default first
+
+
+def sweep(workspace, default: Path, root: Path, objective: str, trials: int,
+          env: dict[str, str]) -> dict:
+    """`autotune run` of the TRL launch line for `objective`: its exported config and cost."""
+    space = root / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    launch = f"{sys.executable} {workspace.script} --config {{config}}"
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
+         str(default), "--launch", launch, "--device", "cpu", "--gpu-memory-limit", CAP,
+         "--space", str(space), "--trials", str(trials), "--objective", objective,
+         "--results-dir", str(root / "results"), "--study", objective],
+        env=env, capture_output=True, text=True, timeout=3600, cwd=root)
+    if done.returncode:
+        raise SystemExit(f"the {objective} sweep failed:\n{done.stderr[-3000:]}")
+    study = root / "results" / objective
+    with open(study / "trials.csv") as handle:
+        probes = sum(1 for row in csv.DictReader(handle)
+                     if row["status"] and not row["reused_from"] and row["predicted"] != "True")
+    exported = study / "best.trl.yaml"
+    keys = {k: v for k, v in yaml.safe_load(exported.read_text()).items()
+            if k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                     "gradient_checkpointing")}
+    return {"config": exported, "sweep_s": time.perf_counter() - started, "probes": probes,
+            "best_trial": yaml.safe_load((study / "best.yaml").read_text())["trial"],
+            "tuned": keys}
 
 
 def main() -> None:
@@ -100,44 +132,20 @@ def main() -> None:
         workspace = make_trl_workspace(root, vocab_size=16384, **RUN)
         env = workspace.env()
         default = workspace.write_config("default.yaml", **RUN, max_steps=args.steps)
-        space = root / "space.yaml"
-        space.write_text(yaml.safe_dump(SPACE))
-        launch = f"{sys.executable} {workspace.script} --config {{config}}"
-        started = time.perf_counter()
-        sweep = subprocess.run(
-            [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
-             str(default), "--launch", launch, "--device", "cpu", "--gpu-memory-limit", CAP,
-             "--space", str(space), "--trials", str(args.trials), "--results-dir",
-             str(root / "results"), "--study", "vs-default"],
-            env=env, capture_output=True, text=True, timeout=3600, cwd=root)
-        sweep_s = time.perf_counter() - started
-        if sweep.returncode:
-            raise SystemExit(f"the sweep failed:\n{sweep.stderr[-3000:]}")
-        study = root / "results" / "vs-default"
-        tuned = study / "best.trl.yaml"
-        best = yaml.safe_load((study / "best.yaml").read_text())
-        with open(study / "trials.csv") as handle:
-            probes = sum(1 for row in csv.DictReader(handle)
-                         if row["status"] and not row["reused_from"]
-                         and row["predicted"] != "True")
-        runs: dict[str, list[dict]] = {"default": [], "tuned": []}
-        for repeat in range(args.repeats):  # alternating, the order swapped each repeat
-            order = ("default", "tuned") if repeat % 2 == 0 else ("tuned", "default")
-            for name in order:
-                runs[name].append(train(workspace, default if name == "default" else tuned,
-                                        env))
+        sweeps = {objective: sweep(workspace, default, root, objective, args.trials, env)
+                  for objective in OBJECTIVES}
+        configs = {"default": default, **{o: sweeps[o].pop("config") for o in OBJECTIVES}}
+        runs: dict[str, list[dict]] = {name: [] for name in configs}
+        for repeat in range(args.repeats):  # round robin, the order rotated each repeat
+            names = list(configs)
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+                runs[name].append(train(workspace, configs[name], env))
                 print(f"repeat {repeat + 1}/{args.repeats} {name}: "
                       f"{runs[name][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr,
                       flush=True)
-        tuned_keys = {k: v for k, v in yaml.safe_load(tuned.read_text()).items()
-                      if k in ("per_device_train_batch_size", "gradient_accumulation_steps",
-                               "gradient_checkpointing", "steps_per_generation",
-                               "generation_batch_size")}
     document = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
                 "machine": platform.machine(), "cap": CAP, "run": RUN, "steps": args.steps,
-                "repeats": args.repeats, "sweep_s": sweep_s, "sweep_probes": probes,
-                "trials": args.trials, "best_trial": best["trial"], "tuned": tuned_keys,
-                "runs": runs}
+                "repeats": args.repeats, "trials": args.trials, "sweeps": sweeps, "runs": runs}
     text = report(document)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vs_default.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -149,24 +157,30 @@ def report(doc: dict) -> str:
     def median(name: str, key: str) -> float:
         return statistics.median(run[key] for run in doc["runs"][name])
 
-    speed = median("tuned", "tokens_per_s") / median("default", "tokens_per_s")
-    memory = median("tuned", "peak_rss_bytes") / median("default", "peak_rss_bytes")
     lines = [f"tuned vs TRL's default, TRL's GRPOTrainer on the CPU ({doc['cores']} cores, "
              f"{doc['machine']}), {doc['date']}: tiny-qwen2.5 numbers, random weights, "
              f"{doc['run']['num_generations']} generations x "
              f"{doc['run']['max_completion_length']} tokens, 32 completions per step, "
-             f"{doc['steps']} steps per run, {doc['repeats']} repeats alternating",
-             f"default (GRPOConfig's): per_device_train_batch_size 8, gradient accumulation 4, "
-             f"gradient checkpointing on",
-             f"tuned (trial {doc['best_trial']} of a {doc['sweep_probes']}-probe sweep under a "
-             f"{doc['cap']} cap, {doc['sweep_s'] / 60:.1f} min): "
-             + ", ".join(f"{k} {v}" for k, v in doc["tuned"].items()), "",
-             f"{'':>8} | {'tokens/s (each run)':>28} | {'median':>7} | {'peak RSS MiB (median)':>21}"]
-    for name in ("default", "tuned"):
+             f"{doc['steps']} steps per run, {doc['repeats']} repeats round robin",
+             "default (GRPOConfig's): per_device_train_batch_size 8, gradient accumulation 4, "
+             "gradient checkpointing on"]
+    for objective, found in doc["sweeps"].items():
+        lines.append(f"{objective}: trial {found['best_trial']} of a {found['probes']}-probe "
+                     f"sweep under a {doc['cap']} cap ({found['sweep_s'] / 60:.1f} min): "
+                     + ", ".join(f"{k} {v}" for k, v in found["tuned"].items()))
+    width = max(len(name) for name in doc["runs"])
+    lines += ["", f"{'':>{width}} | {'tokens/s (each run)':>22} | {'median':>6} | "
+                  f"{'peak RSS MiB':>12} | {'tokens/s':>9} | {'peak':>5} | {'per GiB':>7}",
+              f"{'':>{width}} | {'':>22} | {'':>6} | {'(median)':>12} | "
+              f"{'/ default':>9} | {'':>5} | {'':>7}"]
+    base_speed, base_peak = median("default", "tokens_per_s"), median("default",
+                                                                       "peak_rss_bytes")
+    for name in doc["runs"]:
+        speed, peak = median(name, "tokens_per_s"), median(name, "peak_rss_bytes")
         each = " ".join(f"{run['tokens_per_s']:>6.0f}" for run in doc["runs"][name])
-        lines.append(f"{name:>8} | {each:>28} | {median(name, 'tokens_per_s'):>7.0f} | "
-                     f"{median(name, 'peak_rss_bytes') / 2**20:>21.0f}")
-    lines += ["", f"tuned / default: {speed:.2f}x the tokens/s at {memory:.2f}x the peak RSS"]
+        lines.append(f"{name:>{width}} | {each:>22} | {speed:>6.0f} | {peak / 2**20:>12.0f} | "
+                     f"{speed / base_speed:>8.2f}x | {peak / base_peak:>4.2f}x | "
+                     f"{speed / peak * base_peak / base_speed:>6.2f}x")
     return "\n".join(lines)
 
 

@@ -11,7 +11,9 @@ gradient_checkpointing on.
 1. `autotune run --trainer trl --launch "python train_grpo.py --config {config}"
    --base-config default.yaml` under a device cap (the run's RSS on a CPU), the space below,
    once for each objective (throughput_per_memory, the default, and throughput): every probe
-   is a short run of TRL itself; each run exports its best.trl.yaml.
+   is a short run of TRL itself; each run exports its best.trl.yaml. And once with the
+   built-in probe (`--model-path`, no launch line: the probe's own GRPO step at the base
+   config's shapes), whose export TRL runs like the others.
 2. The default and the exported configs each train STEPS steps, round robin, REPEATS times:
    tokens/s is TRL's own (num_tokens over train_runtime in its log), peak memory the run's
    process tree RSS, sampled every 20 ms.
@@ -90,24 +92,32 @@ def train(workspace, config: Path, env: dict[str, str]) -> dict:
 
 
 OBJECTIVES = ("throughput_per_memory", "throughput")  # the run's default first
+BUILT_IN = "built-in"  # the built-in probe's sweep, its export run by TRL like the others
+SWEEPS = (*OBJECTIVES, BUILT_IN)
 
 
-def sweep(workspace, default: Path, root: Path, objective: str, trials: int,
+def sweep(workspace, default: Path, root: Path, name: str, trials: int,
           env: dict[str, str]) -> dict:
-    """`autotune run` of the TRL launch line for `objective`: its exported config and cost."""
+    """`autotune run --trainer trl` for the row `name`: an objective with the TRL launch line
+    (each probe a short run of TRL), or `built-in` (the built-in probe of the base config's
+    shapes, the default objective); its exported config and what the sweep cost."""
     space = root / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))
-    launch = f"{sys.executable} {workspace.script} --config {{config}}"
+    if name == BUILT_IN:
+        how = ["--model-path", str(workspace.model_dir)]
+    else:
+        how = ["--launch", f"{sys.executable} {workspace.script} --config {{config}}",
+               "--objective", name]
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "run", "--trainer", "trl", "--base-config",
-         str(default), "--launch", launch, "--device", "cpu", "--gpu-memory-limit", CAP,
-         "--space", str(space), "--trials", str(trials), "--objective", objective,
-         "--results-dir", str(root / "results"), "--study", objective],
+         str(default), *how, "--device", "cpu", "--gpu-memory-limit", CAP,
+         "--space", str(space), "--trials", str(trials),
+         "--results-dir", str(root / "results"), "--study", name],
         env=env, capture_output=True, text=True, timeout=3600, cwd=root)
     if done.returncode:
-        raise SystemExit(f"the {objective} sweep failed:\n{done.stderr[-3000:]}")
-    study = root / "results" / objective
+        raise SystemExit(f"the {name} sweep failed:\n{done.stderr[-3000:]}")
+    study = root / "results" / name
     with open(study / "trials.csv") as handle:
         probes = sum(1 for row in csv.DictReader(handle)
                      if row["status"] and not row["reused_from"] and row["predicted"] != "True")
@@ -132,9 +142,9 @@ def main() -> None:
         workspace = make_trl_workspace(root, vocab_size=16384, **RUN)
         env = workspace.env()
         default = workspace.write_config("default.yaml", **RUN, max_steps=args.steps)
-        sweeps = {objective: sweep(workspace, default, root, objective, args.trials, env)
-                  for objective in OBJECTIVES}
-        configs = {"default": default, **{o: sweeps[o].pop("config") for o in OBJECTIVES}}
+        sweeps = {name: sweep(workspace, default, root, name, args.trials, env)
+                  for name in SWEEPS}
+        configs = {"default": default, **{name: sweeps[name].pop("config") for name in SWEEPS}}
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for repeat in range(args.repeats):  # round robin, the order rotated each repeat
             names = list(configs)
@@ -164,8 +174,9 @@ def report(doc: dict) -> str:
              f"{doc['steps']} steps per run, {doc['repeats']} repeats round robin",
              "default (GRPOConfig's): per_device_train_batch_size 8, gradient accumulation 4, "
              "gradient checkpointing on"]
-    for objective, found in doc["sweeps"].items():
-        lines.append(f"{objective}: trial {found['best_trial']} of a {found['probes']}-probe "
+    for name, found in doc["sweeps"].items():
+        how = "built-in probe" if name == BUILT_IN else "TRL launch"
+        lines.append(f"{name} ({how}): trial {found['best_trial']} of a {found['probes']}-probe "
                      f"sweep under a {doc['cap']} cap ({found['sweep_s'] / 60:.1f} min): "
                      + ", ".join(f"{k} {v}" for k, v in found["tuned"].items()))
     width = max(len(name) for name in doc["runs"])

@@ -57,7 +57,11 @@ RUN = {"num_generations": 8, "max_completion_length": 64, "beta": 0.0,
 
 def tree_rss_bytes(root: psutil.Process) -> int:
     total = 0
-    for proc in [root, *root.children(recursive=True)]:
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:  # the run has ended
+        return 0
+    for proc in tree:
         try:
             total += proc.memory_info().rss
         except psutil.Error:
@@ -69,10 +73,10 @@ def train(workspace, config: Path, env: dict[str, str]) -> dict:
     """One training run of `config`: TRL's tokens/s and the tree's peak RSS."""
     proc = subprocess.Popen(workspace.command(config), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)  # before it can exit: a zombie until communicate()
     peak, done = [0], threading.Event()
 
     def watch() -> None:
-        root = psutil.Process(proc.pid)
         while not done.is_set():
             peak[0] = max(peak[0], tree_rss_bytes(root))
             time.sleep(0.02)

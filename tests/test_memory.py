@@ -113,7 +113,10 @@ def test_each_phase_moves_only_with_its_knobs():
                "max_token_len_experience": 6 * 512, "offload_ref_params": True,
                "algorithm": "ppo", "critic_micro_batch_size_update": 4,
                "critic_max_token_len_update": 6 * 512, "critic_gradient_checkpointing": True,
-               "critic_offload_params": True, "critic_offload_optimizer": True}
+               "critic_offload_params": True, "critic_offload_optimizer": True,
+               "fused_logprob": True, "fused_logprob_kernel": "triton", "entropy_metric": True,
+               "entropy_chunking": True, "entropy_checkpointing": True, "entropy_coeff": 0.01,
+               "kv_cache_memory_bytes": 2**30, "expandable_segments": True}
     device = {"engine_capacity_bytes": 80 * 2**30}
     # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held; and
     # PPO (a critic) with each
@@ -150,6 +153,10 @@ def test_each_phase_moves_only_with_its_knobs():
               replace(wides[-1], critic_micro_batch_size_update=32, micro_batch_size_experience=1)]
     wides += [replace(base, algorithm="ppo", micro_batch_size_experience=1,
                       dynamic_batching=True, critic_max_token_len_update=32 * 512)]
+    # the log-prob switches move a phase where its logits or entropy bind
+    wides += [replace(base, entropy_metric=True, entropy_coeff=0.01,
+                      micro_batch_size_experience=16),
+              replace(base, fused_logprob=True)]
 
     def total(config: ProbeConfig, phase: str) -> int | None:
         phases = estimate_memory(shape, config, **device).phases

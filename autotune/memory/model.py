@@ -55,20 +55,24 @@ _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_siz
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
 _CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
 _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
-_ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization")  # the reservation
+_ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization",  # the reservation
+                 "kv_cache_memory_bytes")
 _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
+_LOGITS_KNOBS = ("fused_logprob", "fused_logprob_kernel", "entropy_chunking")  # the log-probs
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
                           *_CRITIC_HELD,
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
-                             "dynamic_batching", "max_token_len_experience", *_CRITIC_HELD,
+                             *_LOGITS_KNOBS, "entropy_metric", "dynamic_batching",
+                             "max_token_len_experience", *_CRITIC_HELD,
                              *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
                                 "offload_params", "offload_optimizer", *_REF_KNOBS,
                                 "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
+                         *_LOGITS_KNOBS, "entropy_coeff",
                          "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,

@@ -329,6 +329,19 @@ class RecordedTracer(SubprocessTracer):
         return dict(self.recorded[request["label"]])
 
 
+def test_a_config_probed_before_any_trace_is_traced_to_learn_the_fixed_term():
+    """The safe config is probed first and never traced to be skipped: it is traced when its
+    probe reports, so the first probe already fits each phase's fixed term (before, the 1 GiB
+    prior stood against a 7B update's 12 GiB and let an update OOM through as the second
+    probe: benchmarks/results/search_efficiency_gpu.txt)."""
+    tracer = RecordedTracer({"safe": {"rollout": 10 << 30, "update": 20 << 30}})
+    device = Device("cuda", capacity_bytes=80 << 30)
+    assert tracer.traces == {}
+    tracer.learn({"label": "safe"}, {"rollout": 23 << 29, "update": 32 << 30}, device)
+    assert {p: tracer.context_bytes(p) for p in ("rollout", "update")} == {
+        "rollout": 3 << 29, "update": 12 << 30}
+
+
 def test_each_phase_learns_its_own_fixed_term_from_the_gpu_probes():
     """On a GPU what a probe holds beyond its tensors differs by phase (the caching
     allocator's slack: about 1 GiB in a 7B rank's rollout, 12 GiB in its update, measured on
@@ -349,7 +362,7 @@ def test_each_phase_learns_its_own_fixed_term_from_the_gpu_probes():
 
     assert tracer.traced_bytes(probed, device) == {p: v + TRACE_GPU_CONTEXT_BYTES
                                                    for p, v in tensors.items()}  # the prior
-    tracer.learn(probed, measured)
+    tracer.learn(probed, measured, device)
     assert tracer.traced_bytes(probed, device) == measured  # each phase its own term
     held = {p: candidate[p] + residual[p] for p in candidate}
     assert max(held.values()) < device.usable_bytes  # the candidate really fits ...
@@ -357,6 +370,6 @@ def test_each_phase_learns_its_own_fixed_term_from_the_gpu_probes():
     assert candidate["rollout"] + median > device.usable_bytes * (1 + TRACE_MARGIN)  # (old rule)
     assert traced_prediction(tracer, other, 2 * device.usable_bytes, device) is None  # ... kept
     # a second probe holding less in a phase lowers that phase's term: the least is kept
-    tracer.learn(other, {**held, "update": held["update"] - (1 << 30)})
+    tracer.learn(other, {**held, "update": held["update"] - (1 << 30)}, device)
     assert tracer.summary()["phase_context_bytes"] == {
         **residual, "update": residual["update"] - (1 << 30)}

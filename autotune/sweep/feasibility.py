@@ -60,7 +60,7 @@ class Feasibility:
         if self.prescreen is not None:
             self.prescreen.record(params, phase_peak_mem_bytes, self.device)
         if self.tracer is not None:
-            self.tracer.learn(params, phase_peak_mem_bytes)
+            self.tracer.learn(params, phase_peak_mem_bytes, self.device)
 
     def calibration_record(self, device_name: str | None) -> dict[str, Any] | None:
         """The calibration and what tracing did, as stored with the study; None before the

@@ -61,8 +61,9 @@ class Tracer(Protocol):
         """Per-phase traced bytes of `params`, the fixed term included; None when unavailable."""
         ...
 
-    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int]) -> None:
-        """A probe measured `params`: what it held beyond its trace."""
+    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
+              device: Device) -> None:
+        """A probe measured `params` on `device`: what it held beyond its trace."""
         ...
 
     def summary(self) -> dict[str, Any]:
@@ -155,10 +156,17 @@ class SubprocessTracer:
             return None
         return {phase: value + self.context_bytes(phase) for phase, value in live.items()}
 
-    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int]) -> None:
+    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
+              device: Device) -> None:
         """A probe measured `params`: what it held beyond its trace, per phase, fits that
-        phase's fixed term."""
-        live = self.traces.get(params_key(params)) or {}
+        phase's fixed term. A config probed before it was traced (the safe config, the first
+        probe, is never traced to be skipped) is traced now: without it the prior term stood
+        until a traced config was probed, and on a GPU the prior (1 GiB) is a tenth of a 7B
+        update's (benchmarks/results/search_efficiency_gpu.txt)."""
+        key = params_key(params)
+        if key not in self.traces:
+            self.traced_bytes(params, device)
+        live = self.traces.get(key) or {}
         for phase in live:
             if phase in phase_peak_mem_bytes:
                 self.residuals.setdefault(phase, []).append(

@@ -314,6 +314,33 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     assert tracer._process is None and len(tracer.trace_wall_s) == 1
 
 
+def test_an_engine_that_cannot_start_is_predicted_and_tracing_goes_on(make_request):
+    """A vllm-like engine whose pool cannot start fails its trace as it fails its probe
+    (cache_oom in build): a prediction for that config, not a model the trace cannot follow.
+    Before, the first such config turned tracing off for the rest of the sweep (the VL-7B
+    landscape on 8 x 40 GB, benchmarks/gpu_landscape.py)."""
+    from autotune.sweep.traced import SubprocessTracer, traced_prediction
+
+    cap = 600 << 20
+    requests = {"starved": make_request(gpu_memory_limit_bytes=cap, rollout_engine="vllm-like",
+                                        gpu_memory_utilization=0.05),
+                "ok": make_request(gpu_memory_limit_bytes=cap)}
+    device = requests["ok"].device
+    tracer = SubprocessTracer(lambda params, device: requests[params["kind"]], on_gpu=False)
+    try:
+        prediction = traced_prediction(tracer, {"kind": "starved"}, cap, device)
+        assert prediction is not None and prediction.status == "cache_oom", prediction
+        assert prediction.source == "trace" and prediction.failed_phase == "build"
+        assert "No available memory for the cache blocks" in prediction.reason
+        assert tracer.unavailable is None  # tracing goes on
+        assert tracer.traced_bytes({"kind": "ok"}, device) is not None
+        assert len(tracer.trace_wall_s) == 2  # the failure is kept, not traced again
+        assert traced_prediction(tracer, {"kind": "starved"}, cap, device) == prediction
+        assert len(tracer.trace_wall_s) == 2
+    finally:
+        tracer.close()
+
+
 GPU_EVIDENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu" / \
     "gpu_evidence_allocated.json"
 

@@ -362,6 +362,9 @@ def test_tracing_that_turns_itself_off_is_said_once(tmp_path):
             self.unavailable = "the trace process failed: Killed"
             return None
 
+        def failure(self, params):
+            return None
+
         def learn(self, params, phase_peak_mem_bytes, device):
             pass
 

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from autotune.probe.result import ProbeRequest
+from autotune.probe.result import ProbeRequest, ProbeStatus
 
 TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs: its first and its last
 _aten = torch.ops.aten
@@ -345,18 +345,27 @@ def trace_request(request: ProbeRequest, context_bytes: int,
 
 def serve(requests: Any, results: Any) -> None:
     """Trace each request line of `requests` (a ProbeRequest's JSON on one line) and write
-    one JSON line to `results`: the TraceResult, or
-    {"error": one line} for a model or config the trace cannot follow. Ends at end of input
-    (the sweep closed it, or died)."""
+    one JSON line to `results`: the TraceResult, {"oom": "cache_oom", "message": ...} for a
+    config whose engine cannot start in the trace as in its probe (its pool past the device),
+    or {"error": one line} for a model or config the trace cannot follow. Ends at end of
+    input (the sweep closed it, or died)."""
     import json
+
+    from autotune.probe.oom import classify_exception
 
     for line in requests:
         request = ProbeRequest.from_json(line)
         try:
             result = dataclasses.asdict(trace_request(request, 0))
-        except Exception as exc:  # the sweep goes on with its arithmetic pre-screen
+        except Exception as exc:
+            status, message = classify_exception(exc)
             first = (str(exc).splitlines() or [""])[0]
-            result = {"error": f"{type(exc).__name__}: {first[:300]}"}
+            # the engine's pool past the device, as the probe's would be: a prediction (not
+            # the trace process's own MemoryError); anything else, the sweep goes on with its
+            # arithmetic pre-screen
+            result = {"oom": status.value, "message": message} \
+                if status is ProbeStatus.CACHE_OOM else \
+                {"error": f"{type(exc).__name__}: {first[:300]}"}
         results.write(json.dumps(result) + "\n")
         results.flush()
 

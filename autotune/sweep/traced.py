@@ -61,6 +61,11 @@ class Tracer(Protocol):
         """Per-phase traced bytes of `params`, the fixed term included; None when unavailable."""
         ...
 
+    def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
+        """(status, message) when the trace of `params` ran out of memory itself (the engine
+        could not start), else None."""
+        ...
+
     def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
               device: Device) -> None:
         """A probe measured `params` on `device`: what it held beyond its trace."""
@@ -85,7 +90,10 @@ def traced_prediction(tracer: Tracer, params: dict[str, Any], modelled_bytes: in
         return None
     traced = tracer.traced_bytes(params, device)
     if traced is None:
-        return None
+        failure = tracer.failure(params)
+        return None if failure is None else Prediction(
+            failure[0], f"predicted {failure[0]}: the traced step fails as the probe would: "
+            f"{failure[1]}", "build", "trace")
     phase = max(traced, key=lambda name: traced[name])
     if traced[phase] <= capacity * (1 + TRACE_MARGIN):
         return None
@@ -107,6 +115,7 @@ class SubprocessTracer:
         self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
             TRACE_CPU_CONTEXT_BYTES
         self.traces: dict[str, dict[str, int]] = {}
+        self.failures: dict[str, tuple[str, str]] = {}  # traces that ran out of memory
         self.residuals: dict[str, list[int]] = {}  # per phase: each probe's measured - traced
         self.unavailable: str | None = None  # why tracing is off for this sweep
         self.trace_wall_s: list[float] = []  # each trace, asked to answered
@@ -141,7 +150,7 @@ class SubprocessTracer:
         unavailable."""
         key = params_key(params)
         self.weigh_cost()
-        if key not in self.traces and self.unavailable is None:
+        if key not in self.traces and key not in self.failures and self.unavailable is None:
             if self.on_trace is not None:
                 self.on_trace(params)
             try:
@@ -149,12 +158,19 @@ class SubprocessTracer:
             finally:
                 if self.on_trace is not None:
                     self.on_trace(None)
-            if traced is not None:
+            if isinstance(traced, tuple):
+                self.failures[key] = traced
+            elif traced is not None:
                 self.traces[key] = traced
         live = self.traces.get(key)
         if live is None:
             return None
         return {phase: value + self.context_bytes(phase) for phase, value in live.items()}
+
+    def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
+        """(status, message) of a trace that ran out of memory as the probe would (a KV pool
+        past the device: the engine does not start), else None."""
+        return self.failures.get(params_key(params))
 
     def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
               device: Device) -> None:
@@ -164,7 +180,7 @@ class SubprocessTracer:
         until a traced config was probed, and on a GPU the prior (1 GiB) is a tenth of a 7B
         update's (benchmarks/results/search_efficiency_gpu.txt)."""
         key = params_key(params)
-        if key not in self.traces:
+        if key not in self.traces and key not in self.failures:
             self.traced_bytes(params, device)
         live = self.traces.get(key) or {}
         for phase in live:
@@ -172,7 +188,9 @@ class SubprocessTracer:
                 self.residuals.setdefault(phase, []).append(
                     phase_peak_mem_bytes[phase] - live[phase])
 
-    def _run(self, request: ProbeRequest) -> dict[str, int] | None:
+    def _run(self, request: ProbeRequest) -> dict[str, int] | tuple[str, str] | None:
+        """The tensors' bytes per phase; (status, message) where the trace ran out of memory
+        as the probe would; None when tracing is off (the reason in `unavailable`)."""
         started_s = time.monotonic()
         try:
             result = self._ask(request)
@@ -180,6 +198,8 @@ class SubprocessTracer:
             self.trace_wall_s.append(time.monotonic() - started_s)
         if result is None:
             return None
+        if "oom" in result:  # not a model the trace cannot follow: a config that cannot run
+            return result["oom"], result["message"]
         if "error" in result:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             return None

@@ -25,7 +25,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import Device
 from autotune.probe.command import launch_argv
 from autotune.probe.oom import classify_exit
-from autotune.probe.process_tag import PROBE_TAG_ENV, kill_orphaned, tagged_processes
+from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, kill_orphaned, tagged_processes
 from autotune.probe.result import TRIAL_DIR_TOKEN, ProbeRequest, ProbeStatus, TrainerCommand
 from autotune.probe.trainer_logs import StepLog
 from autotune.runners.local import SubprocessRunner
@@ -268,3 +268,37 @@ def test_processes_of_a_dead_driver_are_killed_by_the_next_runner():
         for proc in (orphan, owned):
             proc.kill()
             proc.wait()
+
+
+def test_the_command_probe_and_the_built_in_read_one_cpu_device_figure(tmp_path):
+    """On a CPU both probes call device memory the anonymous RSS (one definition:
+    process_tag.read_statm_bytes): a run that reads a memory-mapped 64 MiB file (a
+    safetensors checkpoint, say) and fills 64 MiB of its own holds the file's pages in its RSS
+    but not in its device figure, and the command probe's reading from outside the run
+    equals the built-in meter's from inside it."""
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(os.urandom(64 << 20))
+    script = textwrap.dedent(f"""
+        import mmap, sys
+        from autotune.probe.meter import read_anon_rss_bytes
+        handle = open({str(weights)!r}, "rb")
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        touched = sum(mapped[i] for i in range(0, len(mapped), 4096))
+        own = bytearray(64 << 20)
+        for i in range(0, len(own), 4096):
+            own[i] = 1
+        print(read_anon_rss_bytes(), flush=True)
+        sys.stdin.readline()
+    """)
+    run = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        inside = int(run.stdout.readline())
+        tree = ProcessTree(psutil.Process(run.pid))
+        rss = tree.rss_bytes()
+        outside = tree.anon_rss_bytes
+    finally:
+        run.communicate("\n", timeout=30)
+    assert abs(outside - inside) < 1 << 20, (outside, inside)
+    assert outside >= 64 << 20
+    assert rss - outside >= 60 << 20  # the mapped file: resident, but the page cache's

@@ -4,7 +4,7 @@ The workspace (tests/trl_fixture.py) is a tiny Qwen2 saved to disk, a tokenizer 
 few prompts from `datasets.Dataset.from_dict`, a plain reward, and `train_grpo.py` that
 parses GRPOConfig with TrlParser. Nothing is mocked: every probe is `python train_grpo.py
 --config <the trial's YAML>` as a subprocess, measured from outside; the device is the CPU,
-whose "device memory" is the run's RSS, capped with --gpu-memory-limit.
+whose "device memory" is the run's anonymous RSS, capped with --gpu-memory-limit.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ params:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     # the registry's tiny-qwen2.5 vocab (16384): host memory grows with the batch, so a cap
-    # of 1 GiB on the run's RSS separates configs; 16 generations of 64 tokens per step
+    # of 1 GiB on the run's anonymous RSS separates configs; 16 generations of 64 tokens per step
     return make_trl_workspace(tmp_path_factory.mktemp("trl"), vocab_size=16384,
                               gradient_accumulation_steps=4, max_completion_length=64)
 

@@ -6,7 +6,8 @@ line's placeholders, and starts the trainer in a session of its own, with a priv
 dir (its own Ray instance, never the driver's cluster). While it runs:
 
 - device memory: on GPUs, NVML's used memory of each GPU the probe is pinned to, less what was
-  in use before the run (so vLLM's pool and every Ray worker count); on a CPU, the run's RSS;
+  in use before the run (so vLLM's pool and every Ray worker count); on a CPU, the run's
+  anonymous RSS, as the built-in probe measures its own (process_tag.read_statm_bytes);
 - host memory: the summed RSS of every process carrying the probe's tag (process_tag.py),
   the command's tree and the Ray workers it started alike;
 - throughput: the trainer's own step lines, parsed as they are printed (trainer_logs.py),
@@ -185,7 +186,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
          env: dict[str, str], gpu: GpuMemory, state: dict[str, Any]) -> ProbeResult:
     tag = os.environ.get(PROBE_TAG_ENV)
     capacity: dict[str, Any] = gpu.describe() if gpu.present else {
-        "device_name": "cpu (the run's RSS)",
+        "device_name": "cpu (the run's anonymous RSS)",
         "device_capacity_bytes": int(psutil.virtual_memory().total)}
     limit = request.device.with_capacity(capacity["device_capacity_bytes"]).cap_bytes
     log = StepLog(command.trainer, steps_per_cycle=command.steps_per_cycle)
@@ -215,10 +216,11 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
                 ended_early = True
                 break
             rss = memory.rss_bytes()
-            device = gpu.sample() if gpu.present else rss
+            device = gpu.sample() if gpu.present else memory.anon_rss_bytes
             device_peak = max(device_peak, device)
             if limit is not None and device > limit:
-                what = "NVML: every process on the GPU" if gpu.present else "the run's RSS"
+                what = "NVML: every process on the GPU" if gpu.present else \
+                    "the run's anonymous RSS"
                 killed_for = (ProbeStatus.GPU_OOM, f"device memory limit exceeded: {device} "
                               f"bytes > {limit} bytes ({what}), at step {log.steps_seen + 1}")
                 break

@@ -18,14 +18,15 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from autotune.probe.process_tag import read_statm_bytes
+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def read_anon_rss_bytes() -> int:
-    """Resident anonymous memory of this process (resident minus file-backed and shmem)."""
-    with open("/proc/self/statm") as handle:
-        fields = handle.read().split()
-    return (int(fields[1]) - int(fields[2])) * _PAGE_BYTES
+    """Resident anonymous memory of this process: a CPU probe's device figure
+    (process_tag.read_statm_bytes, the one definition for every probe)."""
+    return read_statm_bytes()[1]
 
 
 def read_rss_hwm_bytes() -> int:

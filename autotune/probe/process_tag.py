@@ -104,8 +104,27 @@ def kill_orphaned() -> int:
     return kill_processes(orphans) if orphans else 0
 
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def read_statm_bytes(pid: int | str = "self") -> tuple[int, int]:
+    """(resident, anonymous) bytes of one process, from /proc/PID/statm.
+
+    Anonymous, the resident pages less the file-backed and shared ones, is what every probe
+    on a CPU calls device memory: the built-in probe's own process (meter.py) and the command
+    probe's trainer processes (ProcessTree), so their figures compare. File-backed pages
+    (the libraries' code, a memory-mapped safetensors checkpoint) are the page cache's, which
+    the kernel drops under pressure; the built-in's offloaded tensors are shared memory, the
+    host's. Raises OSError when the process is gone."""
+    with open(f"/proc/{pid}/statm") as handle:
+        fields = handle.read().split()
+    resident, shared = int(fields[1]), int(fields[2])
+    return resident * _PAGE_BYTES, (resident - shared) * _PAGE_BYTES
+
+
 class ProcessTree:
-    """A probe's processes and their summed RSS: the root, its descendants, and (with a tag)
+    """A probe's processes and their summed RSS (and anonymous RSS, the CPU device figure:
+    read_statm_bytes): the root, its descendants, and (with a tag)
     every process carrying the tag outside the tree (a trainer's Ray workers). Listing
     descendants scans every process of the machine (about 1 ms), so the list is refreshed
     every TREE_REFRESH_S, and reading environments to find tagged processes every TAG_SCAN_S;
@@ -118,9 +137,12 @@ class ProcessTree:
         self.listed_at = self.scanned_at = -math.inf
         self.seen_pids = {root.pid}  # every process ever in the tree (OOM-killer evidence)
         self.peak_rss_bytes = 0
+        self.anon_rss_bytes = 0  # of the last reading
+        self.peak_anon_rss_bytes = 0
 
     def rss_bytes(self) -> int:
-        """RSS of every process of the probe now (processes that vanish count as zero)."""
+        """RSS of every process of the probe now (processes that vanish count as zero); the
+        anonymous part is kept in `anon_rss_bytes`."""
         now = time.monotonic()
         if now - self.listed_at >= TREE_REFRESH_S:
             self.listed_at = now
@@ -132,12 +154,16 @@ class ProcessTree:
             for proc, _ in tagged_processes(self.tag):
                 self.members.setdefault(proc.pid, proc)
         self.seen_pids.update(self.members)
-        total = 0
-        for pid, proc in list(self.members.items()):
+        total = anonymous = 0
+        for pid in list(self.members):
             try:
-                total += proc.memory_info().rss
-            except psutil.Error:
+                resident, anon = read_statm_bytes(pid)
+            except OSError:
                 if pid != self.root.pid:
                     del self.members[pid]
+                continue
+            total, anonymous = total + resident, anonymous + anon
         self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+        self.anon_rss_bytes = anonymous
+        self.peak_anon_rss_bytes = max(self.peak_anon_rss_bytes, anonymous)
         return total

@@ -232,8 +232,8 @@ class SearchSpace:
     def _safe_params(self) -> dict[str, Any]:
         candidates = self._valid_grid
         if candidates is None:  # too large to list: take the lightest value of each axis
-            candidates = [{name: min(spec.values(), key=self._lightness(name))
-                           for name, spec in self.params.items()}]
+            candidates = ({name: min(spec.values(), key=self._lightness(name))
+                           for name, spec in self.params.items()},)
         if not candidates:
             first = self.problems_for(next(self.grid()))
             raise ConfigError(f"{self.source}: no combination of the space passes the rules, "

@@ -24,10 +24,13 @@ Writes benchmarks/results/search_efficiency.{txt,json}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -36,7 +39,7 @@ from landscape import ReplayRunner, load_landscape, params_key, trace_grid  # no
 
 from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest  # noqa: E402
-from autotune.sweep.feasibility import at_least_as_demanding  # noqa: E402
+from autotune.sweep.dominance import at_least_as_demanding  # noqa: E402
 from autotune.sweep.objective import scalar, score  # noqa: E402
 from autotune.sweep.search_space import load_search_space  # noqa: E402
 from autotune.sweep.settings import SweepSettings
@@ -58,6 +61,8 @@ MODES = {"traced": (True, True, True), "full": (True, True, False),
 MODE_LABELS = {"traced": "dominance + trace", "full": "dominance + estimate",
                "dominance": "dominance only", "off": "off"}
 # name, Optuna sampler, feasibility mode
+BUDGET_PROBES = 20  # the GPU landscapes' fixed budget
+GIVE_UP = 200  # probes after which a GPU landscape's run counts as not reaching the target
 STRATEGIES = [("autotune", "tpe", "traced"), ("tpe, estimate", "tpe", "full"),
               ("tpe, dominance", "tpe", "dominance"), ("tpe, no pruning", "tpe", "off"),
               ("random", "random", "off")]
@@ -66,12 +71,15 @@ STRATEGIES = [("autotune", "tpe", "traced"), ("tpe, estimate", "tpe", "full"),
 class TableTracer(SubprocessTracer):
     """The sweep's tracer, answering from the grid's recorded traces instead of a process."""
 
-    def __init__(self, space, traced: dict[str, dict[str, int]]) -> None:
-        super().__init__(lambda params, device: params, on_gpu=False)
+    def __init__(self, space, traced: dict[str, dict[str, int]], on_gpu: bool = False) -> None:
+        super().__init__(lambda params, device: params, on_gpu=on_gpu)
         self.space, self.table = space, traced
 
     def _run(self, params):
-        return dict(self.table[params_key(params)])
+        traced = self.table[params_key(params)]
+        if isinstance(traced, str):  # its engine could not start in the trace (cache_oom)
+            return traced, f"the recorded trace: {traced}"
+        return dict(traced)
 
 
 class Reached(Exception):
@@ -88,24 +96,29 @@ def objective_table(table, objective):
 
 
 def replay(space, table, targets, sampler, mode, seed, objective, workdir, n_startup_trials,
-           budget=None, traced=None):
-    """Probes until a target config is probed (or the space is exhausted); with a budget,
-    exactly `budget` probes whatever they find."""
+           budget=None, traced=None, request=None, give_up=None, min_probes=0,
+           tracer_class=None, study=None):
+    """Probes until a target config is probed (or the space is exhausted, or `give_up`
+    probes ran); with a budget, exactly `budget` probes whatever they find. `request`: the
+    landscape's model and device (the CPU demo's by default)."""
+    request = request or ProbeRequest(model="tiny-qwen2.5",
+                                      device=Device("cpu", limit_bytes=CAP_BYTES))
     runner = ReplayRunner(space, table)
 
     def check(study):
-        if budget is None and runner.calls and params_key(runner.calls[-1]) in targets:
+        if budget is None and len(runner.calls) >= min_probes and any(
+                params_key(c) in targets for c in runner.calls):
             raise Reached
 
+    name = study or f"{sampler}-{mode}-{seed}-{budget}"
     settings = SweepSettings(
-        study_name=f"{sampler}-{mode}-{seed}-{budget}",
-        study_dir=Path(workdir) / f"{sampler}-{mode}-{seed}-{budget}",
-        space=space, request=ProbeRequest(model="tiny-qwen2.5",
-                                          device=Device("cpu", limit_bytes=CAP_BYTES)),
-        objective=objective, headroom=HEADROOM, max_trials=budget or len(table), seed=seed,
+        study_name=name, study_dir=Path(workdir) / name,
+        space=space, request=request, objective=objective, headroom=HEADROOM,
+        max_trials=budget or give_up or len(table), seed=seed,
         sampler=sampler, n_startup_trials=n_startup_trials, prune_dominated=MODES[mode][0],
         prescreen=MODES[mode][1], trace=False)
-    tracer = TableTracer(space, traced) if MODES[mode][2] else None
+    tracer = (tracer_class or TableTracer)(space, traced, request.device.on_gpu) \
+        if MODES[mode][2] else None
     sweep = Sweep(settings, runner, on_trial=check, tracer=tracer)
     try:
         sweep.run()
@@ -159,6 +172,214 @@ def summarize(calls_runs, table, grid_size):
             "probes": probes}
 
 
+def deepspeed_like(space, table, objective, defaults):
+    """DeepSpeed's autotuner in its fast mode, on this space: memory stages from the fastest
+    to the most frugal (ZeRO 0 to 3 here: no checkpointing or offload, checkpointing, then
+    the optimizer's and the params' offload), in each a binary search for the largest
+    micro-batch that fits (the log-prob micro-batch at twice it, EasyR1's ratio), then the
+    fitting micro-batches below it; the next stage only while a stage found something and
+    beat the one before. Every other knob stays at `defaults`. Returns the configs probed."""
+    stages = [dict(gradient_checkpointing=False, offload_optimizer=False, offload_params=False),
+              dict(gradient_checkpointing=True, offload_optimizer=False, offload_params=False),
+              dict(gradient_checkpointing=True, offload_optimizer=True, offload_params=False),
+              dict(gradient_checkpointing=True, offload_optimizer=True, offload_params=True)]
+    micros = space.params["micro_batch_size_update"].values()
+    experience = space.params["micro_batch_size_experience"].values()
+    calls, previous_best = [], None
+
+    def probe(stage, micro):
+        params = {**defaults, **stage, "micro_batch_size_update": micro,
+                  "micro_batch_size_experience": min(
+                      experience, key=lambda v: abs(v - 2 * micro))}
+        calls.append(params)
+        verdict = score(table[params_key(params)], objective, HEADROOM)
+        return scalar(verdict.values, objective) if verdict.feasible else None
+
+    for stage in stages:
+        found, low, high = {}, 0, len(micros) - 1
+        while low <= high:  # the largest fitting micro-batch
+            mid = (low + high) // 2
+            found[mid] = probe(stage, micros[mid])
+            low, high = (mid + 1, high) if found[mid] is not None else (low, mid - 1)
+        fits = [i for i in range(high + 1) if i not in found]
+        for index in reversed(fits):
+            found[index] = probe(stage, micros[index])
+        best = max((v for v in found.values() if v is not None), default=None)
+        if best is None:
+            continue
+        if previous_best is not None and best <= previous_best:
+            break
+        previous_best = best
+    return calls
+
+
+class BeforeTracer(TableTracer):
+    """The tracer as it was before issue 35: a config probed untraced (the safe config)
+    taught no fixed term, so the prior stood until a traced config was probed; a trace whose
+    engine could not start turned tracing off for the sweep."""
+
+    def learn(self, params, phase_peak_mem_bytes, device):
+        if params_key(params) in self.traces:
+            super().learn(params, phase_peak_mem_bytes, device)
+
+    def _run(self, params):
+        traced = super()._run(params)
+        if isinstance(traced, tuple):
+            self.unavailable = f"the trace cannot follow this model or config: {traced[1]}"
+            return None
+        return traced
+
+
+@contextlib.contextmanager
+def before_issue_35():
+    """The sweep as it was before issue 35: dominance compared an OOM's phase on knobs that
+    left out the log-prob switches (a config with fused_logprob was proven to OOM by one
+    without it); with BeforeTracer, the tracer's two faults."""
+    from autotune.memory import model
+    from autotune.sweep import dominance
+
+    switches = {"fused_logprob", "fused_logprob_kernel", "entropy_chunking", "entropy_metric",
+                "entropy_coeff", "kv_cache_memory_bytes"}
+    old = {phase: knobs - switches for phase, knobs in model.PHASE_KNOBS.items()}
+    saved = dominance.phase_knobs
+    dominance.phase_knobs = lambda critic: old
+    try:
+        yield
+    finally:
+        dominance.phase_knobs = saved
+
+
+def first_target(calls, targets):
+    """Probes until the first target config (None: never)."""
+    return next((i + 1 for i, c in enumerate(calls) if params_key(c) in targets), None)
+
+
+def gpu_main(args) -> None:
+    """The GPU-sized landscapes of benchmarks/gpu_landscape.py, each searched side by side:
+    autotune's sweep now and before issue 35's fixes, random search (a seeded permutation of
+    the grid: sampling without replacement), grid order and the DeepSpeed-like search."""
+    import gpu_landscape
+
+    space = gpu_landscape.space()
+    traces = gpu_landscape.read_traces(space)
+    defaults = {"micro_batch_size_update": 1, "micro_batch_size_experience": 2,
+                "gradient_checkpointing": True, "offload_params": True,
+                "offload_optimizer": True, "gpu_memory_utilization": 0.6,
+                "rollout_tensor_parallel": 2, "fused_logprob": False}  # EasyR1's example
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    grid = list(space.grid())
+    report, lines = {}, []
+    for model, gpu in [(m, g) for m in args.models or gpu_landscape.MODELS
+                       for g in gpu_landscape.GPUS]:
+        started = time.monotonic()
+        table = gpu_landscape.landscape(model, gpu, space, traces)
+        composed = gpu_landscape.composed(traces, space, model, gpu)
+        traced = {key: next((v for v in phases.values() if isinstance(v, str)), None)
+                  or phases for key, phases in composed.items()}
+        request = ProbeRequest(model=model, gpus_per_node=gpu_landscape.WORLD,
+                               device=Device("cuda", capacity_bytes=gpu_landscape.GPUS[gpu]))
+        values = objective_table(table, args.objective)
+        best = max(v for v in values.values() if v is not None)
+        targets = {k for k, v in values.items() if v is not None and v >= (1 - WITHIN) * best}
+        runs = {"grid order": [grid], "deepspeed-like": [
+            deepspeed_like(space, table, args.objective, defaults)]}
+        runs["random"] = [random.Random(seed).sample(grid, len(grid)) for seed in seeds]
+        with tempfile.TemporaryDirectory() as workdir:
+            runs["autotune"] = [
+                replay(space, table, targets, "tpe", "traced", seed, args.objective, workdir,
+                       args.startup, traced=traced, request=request, give_up=GIVE_UP,
+                       min_probes=BUDGET_PROBES) for seed in seeds]
+            with before_issue_35():
+                runs["autotune, before"] = [
+                    replay(space, table, targets, "tpe", "traced", seed, args.objective,
+                           workdir, args.startup, traced=traced, request=request,
+                           give_up=GIVE_UP, min_probes=BUDGET_PROBES, tracer_class=BeforeTracer,
+                           study=f"before-{seed}") for seed in seeds]
+        stats = {name: run_stats(calls_runs, table, values, targets, best)
+                 for name, calls_runs in runs.items()}
+        statuses: dict[str, int] = {}
+        for result in table.values():
+            statuses[result.status.value] = statuses.get(result.status.value, 0) + 1
+        default = table[params_key(defaults)]
+        report[f"{model} {gpu}"] = {
+            "configs": len(table), "statuses": statuses, "best": best,
+            "targets": len(targets), "stats": stats,
+            "default": {"objective": values[params_key(defaults)],
+                        "tokens_per_s": default.tokens_per_s,
+                        "peak_mem_bytes": default.peak_mem_bytes}}
+        default_text = f"{values[params_key(defaults)]:.1f}" \
+            if values[params_key(defaults)] is not None else default.status.value
+        block = [f"{model} on {gpu}: {len(table)} configs ("
+                 f"{', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}); best "
+                 f"{best:.1f} (EasyR1's example config: {default_text}); {len(targets)} "
+                 f"within {WITHIN:.0%}",
+                 f"  {'search':<18}{'reached':>9}{'median':>8}{'p25':>7}{'p75':>7}"
+                 f"{'OOM probes':>12}{f'best at {BUDGET_PROBES}':>12}{'worst run':>11}"
+                 f"{f'OOM in {BUDGET_PROBES}':>10}"]
+        for name, st in stats.items():
+            block.append(f"  {name:<18}{st['reached']:>5}/{st['runs']:<3}"
+                         f"{fmt(st['median_probes']):>8}{fmt(st['p25']):>7}{fmt(st['p75']):>7}"
+                         f"{st['oom_probes_median']:>12.1f}{st['best_at_budget_median']:>12.1%}"
+                         f"{st['best_at_budget_min']:>11.1%}"
+                         f"{st['oom_probes_budget_median']:>10.1f}")
+        ratio = ratio_text(stats)
+        block += [f"  {ratio}; {time.monotonic() - started:.0f} s", ""]
+        report[f"{model} {gpu}"]["summary"] = ratio
+        lines += block
+        print("\n".join(block), flush=True)
+    from gpu_time_model import TimeModel
+
+    text = "\n".join([
+        "search efficiency on the GPU-sized landscapes (benchmarks/gpu_landscape.py: memory "
+        "traced per rank, time modelled and fitted to EasyR1's baselines), objective "
+        f"{args.objective}, seeds {seeds[0]} to {seeds[-1]}. Probes to reach a feasible config "
+        f"within {WITHIN:.0%} of the best (a run gives up after {GIVE_UP}); OOM probes on the "
+        f"way; the best found in the first {BUDGET_PROBES} probes, as a share of the best",
+        "", TimeModel.calibrated().describe(), "", *lines])
+    OUT.mkdir(exist_ok=True)
+    suffix = "" if args.objective == "throughput_per_memory" else f"_{args.objective}"
+    (OUT / f"search_efficiency_gpu{suffix}.txt").write_text(text + "\n")
+    (OUT / f"search_efficiency_gpu{suffix}.json").write_text(json.dumps(
+        {"objective": args.objective, "seeds": args.seeds, "budget": BUDGET_PROBES,
+         "give_up": GIVE_UP, "landscapes": report}, indent=2) + "\n")
+
+
+def fmt(value):
+    return "-" if value is None else f"{value:.1f}"
+
+
+def run_stats(calls_runs, table, values, targets, best):
+    """Probes to the target, OOM probes on the way, the best of the first BUDGET_PROBES."""
+    reached = [first_target(calls, targets) for calls in calls_runs]
+    hits = [r for r in reached if r is not None]
+    quartiles = statistics.quantiles(hits, n=4) if len(hits) > 1 else hits * 3 or [None] * 3
+    until = [calls[:r] if r else calls for calls, r in zip(calls_runs, reached)]
+    first = [calls[:BUDGET_PROBES] for calls in calls_runs]
+
+    def ooms(calls):
+        return sum(table[params_key(c)].status.is_oom for c in calls)
+
+    return {"runs": len(calls_runs), "reached": len(hits),
+            "median_probes": statistics.median(hits) if hits else None,
+            "p25": quartiles[0], "p75": quartiles[2], "probes": reached,
+            "oom_probes_median": statistics.median(ooms(c) for c in until),
+            "oom_probes_total": sum(ooms(c) for c in until),
+            "oom_probes_budget_median": statistics.median(ooms(c) for c in first),
+            "best_at_budget_median": statistics.median(
+                max((values[params_key(c)] or 0.0) for c in calls) / best for calls in first),
+            "best_at_budget_min": min(
+                max((values[params_key(c)] or 0.0) for c in calls) / best for calls in first)}
+
+
+def ratio_text(stats):
+    auto, rand, ds = (stats[n] for n in ("autotune", "random", "deepspeed-like"))
+    parts = [f"random / autotune median probes: {rand['median_probes'] / auto['median_probes']:.1f}x"
+             if auto["median_probes"] and rand["median_probes"] else "random or autotune never reached"]
+    parts.append(f"deepspeed-like: {'reached in ' + str(ds['probes'][0]) + ' probes' if ds['probes'][0] else 'never reached the target'}"
+                 f" (best {ds['best_at_budget_median']:.1%}, {ds['oom_probes_total']} OOM probes)")
+    return "; ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
@@ -168,7 +389,12 @@ def main() -> None:
     parser.add_argument("--objective", default="throughput_per_memory")
     parser.add_argument("--startup", type=int, default=SweepSettings.n_startup_trials,
                         help="TPE's random startup trials (autotune's default)")
+    parser.add_argument("--landscape", choices=("cpu-demo", "gpu"), default="cpu-demo")
+    parser.add_argument("--models", nargs="*", help="gpu: these models' landscapes only")
     args = parser.parse_args()
+    if args.landscape == "gpu":
+        gpu_main(args)
+        return
     space = load_search_space("cpu-demo")
     table = load_landscape(GRID, space)
     traced = trace_grid(space, TRACED, ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),

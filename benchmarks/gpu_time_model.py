@@ -1,0 +1,207 @@
+"""The step time of a GRPO config on 8 GPUs, from ../shared/reference/memory-and-throughput.md
+section 9, calibrated to EasyR1's published baselines: the time side of gpu_landscape.py.
+
+    T_step = T_gen + T_logprob + T_update + T_offload
+
+- T_update = 6 P T / (G peak eta(m_u)) with gradient checkpointing (its recompute is inside
+  the fitted eta: EasyR1's baselines run it), x 6/8 without it.
+- T_logprob = passes x 2 P T / (G peak c eta(m_e)): the old-log-prob pass and the reference's.
+- eta(m) = eta_max m / (m + m_half), m responses' token budget per micro-batch.
+- T_gen = alpha x waves x L_max x t_decode(B) + prefill, one engine of TP GPUs: waves =
+  ceil(its responses / B), B = the sequences it holds at once (max_num_seqs, or what its KV
+  pool holds at the mean sample length), t_decode = (weights + B ctx kv) / (TP bandwidth)
+  + two all-reduces a layer with TP > 1; tail-bound: each wave waits for its longest response.
+- T_offload = the bytes offload moves each step (section 8.2) over the host link.
+
+P is the language model's parameters (verl's and EasyR1's MFU leave the ViT out), T the
+step's tokens (prompt + response of every sample). Fitted to EasyR1 v0.3.2 (assets/
+baselines.md: Qwen2.5-VL-7B, 8 x H100, micro-batches 1/2: 145 s a step, actor MFU 16.0%;
+4/8: 120 s, 23.2%, at 1,600 and 2,000 tokens/s/GPU): eta_max and m_half from the two MFUs,
+c and alpha from the two step times: four numbers, four parameters, so no residual there;
+the other published rows are predicted out of sample (`describe`). What no baseline varies
+(the engine's share of the GPU, its TP, offload) follows the physics above, not a fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from autotune.config import ProbeConfig
+from autotune.memory.model import ModelShape, kv_cache_bytes, model_shape
+
+# one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)
+GPU_SPECS = {80 << 30: ("H100 SXM 80 GB", 989e12, 3.35e12),
+             40 << 30: ("A100 40 GB", 312e12, 1.555e12)}
+HOST_LINK_BYTES_PER_S = 25e9  # pinned PCIe, per GPU, low end of section 8.1's 25-50 GB/s
+ALLREDUCE_S = 10e-6  # one small NVLink all-reduce of a decode step (latency-bound)
+PROFILE_BYTES = 1 << 30  # the engine's profile run and CUDA graphs, kept out of its pool
+PREFILL_ETA = 0.4
+GPUS = 8
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A published run: EasyR1 assets/baselines.md, Qwen2.5-VL-7B GRPO on 8 x H100."""
+
+    what: str
+    micro_batch_size_update: int
+    micro_batch_size_experience: int
+    step_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+
+
+# v0.3.2 (vLLM 0.10.0): the fit
+FIT = (Baseline("v0.3.2 micro 1/2", 1, 2, 145.0, 1600.0, 0.160),
+       Baseline("v0.3.2 micro 4/8", 4, 8, 120.0, 2000.0, 0.232))
+# v0.2.x (April 2025, an older vLLM and EasyR1): out of sample
+OUT_OF_SAMPLE = (Baseline("v0.2.x micro 4/16", 4, 16, 180.0, 1200.0, 0.136),
+                 Baseline("v0.2.x micro 10/20", 10, 20, 170.0, 1400.0, 0.192))
+# the baselines' config: examples/config.yaml
+BASELINE_CONFIG = ProbeConfig(
+    rollout_batch_size=512, rollout_n=5, global_batch_size=128, max_prompt_length=2048,
+    max_response_length=2048, dynamic_batching=True, gradient_checkpointing=True,
+    offload_params=True, offload_optimizer=True, rollout_engine="vllm-like",
+    gpu_memory_utilization=0.6, rollout_tensor_parallel=2, use_kl=True,
+    offload_ref_params=True)
+BASELINE_MODEL = "qwen2.5-vl-7b"
+
+
+def language_params(shape: ModelShape) -> int:
+    return shape.num_params - shape.vision_params
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    eta_max: float
+    m_half: float
+    forward_gain: float  # c: a forward's efficiency over the update's
+    alpha: float  # measured generation over the tail-bound decode model
+    sample_tokens: float  # mean prompt + response tokens a sample (the baselines' T / samples)
+
+    PROBE_START_S = 60.0  # a probe's start: processes, the model built, the engine up
+
+    def eta(self, micro: int) -> float:
+        return self.eta_max * micro / (micro + self.m_half)
+
+    def step_tokens(self, config: ProbeConfig) -> float:
+        return config.rollout_batch_size * config.rollout_n * self.sample_tokens
+
+    def phase_seconds(self, config: ProbeConfig, model: str, capacity_bytes: int
+                      ) -> dict[str, float]:
+        """Each phase's seconds in one step: rollout (generation, weight sync and the offload
+        around it), experience (the log-prob passes), update."""
+        shape = model_shape(model)
+        _, peak, bandwidth = GPU_SPECS[capacity_bytes]
+        params, tokens = language_params(shape), self.step_tokens(config)
+        update = 6 * params * tokens / (GPUS * peak * self.eta(config.micro_batch_size_update))
+        if not config.gradient_checkpointing:
+            update *= 6 / 8
+        passes = 2 if config.use_kl else 1
+        logprob = passes * 2 * params * tokens / (
+            GPUS * peak * self.forward_gain * self.eta(config.micro_batch_size_experience))
+        return {"rollout": self.alpha * self.decode_s(config, shape, capacity_bytes)
+                + self.prefill_s(config, shape, peak) + offload_s(config, shape),
+                "experience": logprob, "update": update}
+
+    def concurrency(self, config: ProbeConfig, shape: ModelShape, capacity_bytes: int) -> int:
+        """Sequences one engine holds at once: max_num_seqs, its responses, or its KV pool at
+        the mean sample length, whichever is least."""
+        tp = config.rollout_tensor_parallel
+        weights = 2 * shape.engine_params(tp)
+        pool = config.gpu_memory_utilization * capacity_bytes - weights - PROFILE_BYTES
+        pool_tokens = pool * tp / kv_cache_bytes(shape, 1)
+        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
+        return max(1, min(config.max_num_seqs, responses, int(pool_tokens / self.sample_tokens)))
+
+    def decode_s(self, config: ProbeConfig, shape: ModelShape, capacity_bytes: int) -> float:
+        _, peak, bandwidth = GPU_SPECS[capacity_bytes]
+        tp = config.rollout_tensor_parallel
+        batch = self.concurrency(config, shape, capacity_bytes)
+        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
+        waves = math.ceil(responses / batch)
+        step_bytes = 2 * shape.engine_params(tp) + batch * self.sample_tokens * \
+            kv_cache_bytes(shape, 1) / tp
+        step_s = max(step_bytes / bandwidth, 2 * language_params(shape) * batch / (tp * peak))
+        if tp > 1:
+            step_s += 2 * shape.layers * ALLREDUCE_S
+        return waves * config.max_response_length * step_s
+
+    def prefill_s(self, config: ProbeConfig, shape: ModelShape, peak: float) -> float:
+        prompts = config.rollout_batch_size * config.rollout_n * self.sample_tokens / 2
+        return 2 * language_params(shape) * prompts / (GPUS * peak * PREFILL_ETA)
+
+    def probe_wall_s(self, step_s: float) -> float:
+        """A probe's wall time: its start, a warm-up step and two timed steps."""
+        return self.PROBE_START_S + 3 * step_s
+
+    def step_s(self, config: ProbeConfig, model: str = BASELINE_MODEL,
+               capacity_bytes: int = 80 << 30) -> float:
+        return sum(self.phase_seconds(config, model, capacity_bytes).values())
+
+    @classmethod
+    def calibrated(cls) -> TimeModel:
+        """Fitted to FIT exactly (see the module's docstring)."""
+        (a, b) = FIT
+        # eta(m) = eta_max m / (m + h) through both MFUs: a.mfu (1 + h/ma) = b.mfu (1 + h/mb)
+        ma, mb = a.micro_batch_size_update, b.micro_batch_size_update
+        m_half = (b.mfu - a.mfu) / (a.mfu / ma - b.mfu / mb)
+        eta_max = a.mfu * (ma + m_half) / ma
+        samples = BASELINE_CONFIG.rollout_batch_size * BASELINE_CONFIG.rollout_n
+        sample_tokens = sum(r.tokens_per_s_per_gpu * GPUS * r.step_s for r in FIT) / (
+            len(FIT) * samples)
+        model = cls(eta_max, m_half, 1.0, 1.0, sample_tokens)
+        configs = [dataclasses.replace(BASELINE_CONFIG, micro_batch_size_update=r.
+                                       micro_batch_size_update, micro_batch_size_experience=r.
+                                       micro_batch_size_experience) for r in FIT]
+        # the step-time difference is the log-prob passes' (update's known from the MFUs)
+        parts = [model.phase_seconds(c, BASELINE_MODEL, 80 << 30) for c in configs]
+        rest = [r.step_s - p["update"] for r, p in zip(FIT, parts)]
+        forward_gain = (parts[0]["experience"] - parts[1]["experience"]) / (rest[0] - rest[1])
+        model = dataclasses.replace(model, forward_gain=forward_gain)
+        part = model.phase_seconds(configs[0], BASELINE_MODEL, 80 << 30)
+        shape = model_shape(BASELINE_MODEL)
+        decode = model.decode_s(configs[0], shape, 80 << 30)
+        alpha = (rest[0] - part["experience"] - (part["rollout"] - decode)) / decode
+        return dataclasses.replace(model, alpha=alpha)
+
+    def describe(self) -> str:
+        lines = [f"time model: eta(m) = {self.eta_max:.3f} m / (m + {self.m_half:.3f}); "
+                 f"forwards at {self.forward_gain:.2f} x the update's eta; generation "
+                 f"{self.alpha:.2f} x the tail-bound decode model; {self.sample_tokens:.0f} "
+                 "tokens a sample"]
+        for row in (*FIT, *OUT_OF_SAMPLE):
+            config = dataclasses.replace(
+                BASELINE_CONFIG, micro_batch_size_update=row.micro_batch_size_update,
+                micro_batch_size_experience=row.micro_batch_size_experience)
+            step = self.step_s(config)
+            tokens = self.step_tokens(config) / step / GPUS
+            mfu = self.eta(row.micro_batch_size_update)
+            kind = "fit" if row in FIT else "out of sample"
+            lines.append(f"  {row.what:<20} {kind:<14} step {step:6.1f} s vs {row.step_s:.0f} "
+                         f"({step / row.step_s - 1:+.1%}); {tokens:,.0f} vs "
+                         f"{row.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; MFU {mfu:.1%} vs "
+                         f"{row.mfu:.1%}")
+        (a, b) = OUT_OF_SAMPLE  # an older stack, slower whole: compare what micro-batches did
+        steps = [self.step_s(dataclasses.replace(
+            BASELINE_CONFIG, micro_batch_size_update=r.micro_batch_size_update,
+            micro_batch_size_experience=r.micro_batch_size_experience)) for r in (a, b)]
+        lines.append(f"  v0.2.x, micro 10/20 over 4/16: step time x{steps[1] / steps[0]:.3f} "
+                     f"modelled, x{b.step_s / a.step_s:.3f} published")
+        return "\n".join(lines)
+
+
+def offload_s(config: ProbeConfig, shape: ModelShape) -> float:
+    """Offload's traffic a step per GPU (section 8.2): fp32 params out and in around three
+    phases, AdamW's state out and in once, the reference's bf16 params in for its pass."""
+    params = shape.num_params / GPUS
+    moved = (6 * 4 * params if config.offload_params else 0) + \
+        (2 * 8 * params if config.offload_optimizer else 0) + \
+        (2 * params if config.use_kl and config.ref_on_host else 0)
+    return moved / HOST_LINK_BYTES_PER_S
+
+
+if __name__ == "__main__":
+    print(TimeModel.calibrated().describe())

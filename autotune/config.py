@@ -156,6 +156,11 @@ class ProbeConfig:
                 "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
+    old_logprob_pass: bool | None = field(default=True, metadata={
+        "help": "the experience phase's old-log-prob forward (verl, EasyR1: always); off, the "
+                "update takes its own log-probs, detached, as the old ones, which needs "
+                "rollout_batch_size = global_batch_size; none: only where a generation feeds "
+                "several optimizer steps (TRL at num_iterations 1)"})
     offload_ref_params: bool | None = field(default=None, metadata={
         "help": "the reference model's params to host between its forwards (none: as "
                 "offload_params)"})
@@ -189,6 +194,11 @@ class ProbeConfig:
             else self.offload_ref_params
 
     @property
+    def runs_old_logprob_pass(self) -> bool:
+        """Whether the experience phase runs the old-log-prob forward."""
+        return old_pass_runs(self.as_dict())
+
+    @property
     def has_critic(self) -> bool:
         return self.algorithm == "ppo"
 
@@ -196,6 +206,20 @@ class ProbeConfig:
     def sequence_length(self) -> int:
         """Tokens of one text sequence (image tokens of VL models come on top)."""
         return self.max_prompt_length + self.max_response_length
+
+
+def old_pass_runs(knobs: dict[str, Any]) -> bool:
+    """Whether a config's experience phase runs the old-log-prob forward: old_logprob_pass,
+    or where that is none, whether a generation feeds several optimizer steps (TRL's rule)."""
+    flag = knobs.get("old_logprob_pass", True)
+    return flag if flag is not None else knobs["rollout_batch_size"] > knobs["global_batch_size"]
+
+
+def old_pass_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+    """verl and EasyR1 always take the old log-probs in a forward of their own."""
+    return [] if old_pass_runs(knobs) else [
+        f"old_logprob_pass: {trainer} takes the old log-probs in a forward of their own "
+        "(compute_log_prob); set old_logprob_pass=true"]
 
 
 @dataclass(frozen=True)
@@ -406,6 +430,14 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
             "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    if config.old_logprob_pass is False and rbs != gbs:
+        problems.append(f"old_logprob_pass=false with rollout_batch_size={rbs} and "
+                        f"global_batch_size={gbs}: the optimizer steps after the first need "
+                        "the old log-probs (TRL computes them then); set them equal or the "
+                        "pass on")
+    if not config.runs_old_logprob_pass and config.entropy_metric:
+        problems.append("entropy_metric with old_logprob_pass=false: verl's entropy metric "
+                        "comes from the old-log-prob pass; set one of them off")
     if config.entropy_coeff < 0:
         problems.append(f"entropy_coeff={config.entropy_coeff}: a bonus is 0 or more")
     if config.entropy_coeff and config.fused_logprob:
@@ -584,6 +616,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     # chunking saves in experience what it adds to an update with an entropy bonus (each
     # chunk's copies kept for the backward): no order across phases
     "entropy_metric": +1, "entropy_chunking": 0, "entropy_checkpointing": -1,
+    "old_logprob_pass": 0,  # none follows the batches: its values are not ordered
     "entropy_coeff": 0,  # zero or not decides; the value does not order memory
     "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
     # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's

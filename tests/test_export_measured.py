@@ -342,3 +342,37 @@ def test_a_kv_budget_in_bytes_no_trainer_can_set_is_stated(adapter):
     without = plan_export(adapter, {**knobs, "kv_cache_memory_bytes": None}, Topology(1, 1),
                           None, SEARCHED)
     assert not any("kv_cache_memory_bytes" in line for line in without.run)
+
+
+def test_trl_takes_the_old_log_probs_as_the_study_probed():
+    """GRPOTrainer runs an old-log-prob forward only where a generation is used more than
+    once: num_iterations > 1, or a generation batch over several optimizer steps. A study
+    that probed the pass at one optimizer step a generation is exported with num_iterations
+    2; one that probed without it with TRL's 1; none (TRL's own rule) writes nothing."""
+    one_step = {**KNOBS, "rollout_engine": "hf", "use_kl": False, "global_batch_size": 8}
+
+    def export(knobs: dict) -> dict:
+        return written(render_plan(plan_export(TRL, knobs, Topology(1, 8), None, SEARCHED,
+                                               run=RUN), TRL, None, ["p", ""]))
+
+    assert export({**one_step, "old_logprob_pass": True})["num_iterations"] == 2
+    assert export({**one_step, "old_logprob_pass": False})["num_iterations"] == 1
+    assert "num_iterations" not in export({**one_step, "old_logprob_pass": None})
+    assert export({**KNOBS, "rollout_engine": "hf",  # two optimizer steps a generation
+                   "old_logprob_pass": True})["num_iterations"] == 1
+
+    def read(values: dict) -> bool | None:
+        return TRL.read_knobs(lambda key, default: values.get(key, default),
+                              Topology(1, 8))["old_logprob_pass"]
+
+    assert read({"num_iterations": 3}) is True and read({}) is None
+
+
+def test_verl_and_easyr1_refuse_a_study_that_skipped_the_old_log_prob_pass():
+    """verl and EasyR1 always take the old log-probs in a forward of their own: a study that
+    probed without it measured less than they hold, and is refused, not exported."""
+    for adapter in (VERL, EASYR1):
+        knobs = {**KNOBS, "global_batch_size": 8, "old_logprob_pass": False}
+        assert any("old_logprob_pass" in line for line in adapter.check(knobs, Topology(1, 8)))
+        assert not any("old_logprob_pass" in line for line in adapter.check(
+            {**knobs, "old_logprob_pass": True}, Topology(1, 8)))

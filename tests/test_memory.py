@@ -116,7 +116,8 @@ def test_each_phase_moves_only_with_its_knobs():
                "critic_offload_params": True, "critic_offload_optimizer": True,
                "fused_logprob": True, "fused_logprob_kernel": "triton", "entropy_metric": True,
                "entropy_chunking": True, "entropy_checkpointing": True, "entropy_coeff": 0.01,
-               "kv_cache_memory_bytes": 2**30, "expandable_segments": True}
+               "kv_cache_memory_bytes": 2**30, "expandable_segments": True,
+               "old_logprob_pass": False}
     device = {"engine_capacity_bytes": 80 * 2**30}
     # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held; and
     # PPO (a critic) with each
@@ -154,6 +155,10 @@ def test_each_phase_moves_only_with_its_knobs():
     wides += [replace(base, algorithm="ppo", micro_batch_size_experience=1,
                       dynamic_batching=True, critic_max_token_len_update=32 * 512)]
     # the log-prob switches move a phase where its logits or entropy bind
+    # TRL's step: no reference; the old-log-prob pass only where a generation feeds several
+    # optimizer steps (none), so the batches move the experience phase there
+    wides += [replace(base, use_kl=False, old_logprob_pass=None),
+              replace(base, use_kl=False, old_logprob_pass=None, rollout_batch_size=4)]
     wides += [replace(base, entropy_metric=True, entropy_coeff=0.01,
                       micro_batch_size_experience=16),
               replace(base, fused_logprob=True)]

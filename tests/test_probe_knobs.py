@@ -62,3 +62,32 @@ def test_the_reference_waits_where_offload_ref_params_puts_it(make_request):
     # on the device, the rollout holds the reference unless it waits on the host
     assert both.phase_peak_mem_bytes["rollout"] < \
         actor_only.phase_peak_mem_bytes["rollout"] - 0.6 * ref_bytes
+
+
+def test_without_the_old_log_prob_pass_trl_s_experience_runs_no_forward(make_request):
+    """TRL at beta 0 and num_iterations 1 (its defaults, one optimizer step a generation)
+    takes no reference and no old-log-prob forward: the update uses its own log-probs,
+    detached. A real probe of each: the pass off holds nothing of a forward in experience
+    (its peak falls by the logits and activations of a micro-batch), the update is the
+    same step, and the memory model follows the same switch."""
+    from dataclasses import replace
+
+    from autotune.memory.model import estimate_memory
+
+    runner = SubprocessRunner()
+    on = runner.run(make_request(**ACTIVATION_HEAVY, old_logprob_pass=True))
+    off = runner.run(make_request(**ACTIVATION_HEAVY, old_logprob_pass=False))
+    assert on.ok and off.ok, (on.message, off.message)
+    saved = on.phase_peak_mem_bytes["experience"] - off.phase_peak_mem_bytes["experience"]
+    config = make_request(**ACTIVATION_HEAVY).config
+    shape = model_shape("tiny-qwen2.5")
+    modelled = {flag: estimate_memory(shape, replace(config, old_logprob_pass=flag),
+                                      on_gpu=False).phases["experience"].total_bytes
+                for flag in (True, False)}
+    assert modelled[True] - modelled[False] > 100 * 2**20  # 8 x 512 tokens' logits at least
+    assert saved > 0.5 * (modelled[True] - modelled[False]), (on.phase_peak_mem_bytes,
+                                                               off.phase_peak_mem_bytes)
+    # None: the batches decide, as TRL's own rule (one step a generation here: off)
+    assert replace(config, old_logprob_pass=None).runs_old_logprob_pass is False
+    assert replace(config, old_logprob_pass=None,
+                   rollout_batch_size=4).runs_old_logprob_pass is True

@@ -58,6 +58,8 @@ _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference wai
 _ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization",  # the reservation
                  "kv_cache_memory_bytes")
 _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
+# whether the old-log-prob forward runs: its switch, and where that is none the batches
+_OLD_PASS_KNOBS = ("old_logprob_pass", "rollout_batch_size", "global_batch_size")
 _LOGITS_KNOBS = ("fused_logprob", "fused_logprob_kernel", "entropy_chunking")  # the log-probs
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
@@ -65,7 +67,8 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
-                             *_LOGITS_KNOBS, "entropy_metric", "dynamic_batching",
+                             *_LOGITS_KNOBS, "entropy_metric", *_OLD_PASS_KNOBS,
+                             "dynamic_batching",
                              "max_token_len_experience", *_CRITIC_HELD,
                              *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
@@ -433,8 +436,15 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
     exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
                   "reference": ref, **critic_held, **held}
-    experience = {"cast_weights": cast, "logits": logprob_logits(mbe, config.entropy_metric),
+    # the old-log-prob forward (the actor's cast weights, the entropy's), then the
+    # reference's (its own compute-dtype weights: gathered like the actor's when sharded);
+    # with neither (TRL at beta 0 and one optimizer step), no forward at all
+    old_pass = config.runs_old_logprob_pass
+    experience = {"cast_weights": cast if old_pass or n > 1 else 0,
+                  "logits": logprob_logits(mbe, config.entropy_metric and old_pass),
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
+    if not (old_pass or config.use_kl):
+        experience = dict.fromkeys(experience, 0)
     phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
                                          context, {**exp_states, **experience}, resting)
     if psi_c:  # the critic's value forward, after the actor's and the reference's

@@ -2,8 +2,9 @@
 
 One step has the phases of EasyR1/verl's hybrid engine: rollout (a rollout engine holding a
 compute-dtype copy of the weights generates `rollout_n` responses per prompt, always to
-`max_response_length`, with vLLM's memory or HF generation's: engine.py), experience (old and
-reference log-prob forwards), update (mini-batches of micro-batches with gradient
+`max_response_length`, with vLLM's memory or HF generation's: engine.py), experience (the
+old log-prob forward unless `old_logprob_pass` is off, as TRL runs one optimizer step a
+generation, and the reference's), update (mini-batches of micro-batches with gradient
 accumulation, a GRPO loss, an AdamW step) and, when `val_batch_size` is set, validation
 generation. The actor keeps fp32 master weights and AdamW
 state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
@@ -470,7 +471,8 @@ class TrainingProbe:
             self._place_module(self.model, True)
         with torch.no_grad():
             chunks = self._micro_batches(torch.arange(total), "experience")
-            self.old_log_probs = self._chunked(self._old_log_probs, chunks)
+            if config.runs_old_logprob_pass:  # off: the update's own, detached (TRL)
+                self.old_log_probs = self._chunked(self._old_log_probs, chunks)
             if self.ref_model is not None:
                 if config.ref_on_host:
                     self._place_module(self.ref_model, True)
@@ -521,7 +523,9 @@ class TrainingProbe:
                 # share of the mini-batch (verl's scaling with dynamic batching, and the
                 # 1/accumulation of fixed micro-batches)
                 valid = self._valid(micro)
-                old = self.old_log_probs[micro].to(self.device)
+                old = self.old_log_probs[micro].to(self.device) \
+                    if config.runs_old_logprob_pass \
+                    else log_probs.detach()
                 advantage = self.advantages[micro].to(self.device)
                 if advantage.dim() == 1:  # GRPO: one advantage per response
                     advantage = advantage.unsqueeze(-1)

@@ -104,6 +104,18 @@ def _trl_engine(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
             "vllm_tensor_parallel_size": k["rollout_tensor_parallel"]}
 
 
+def _trl_old_pass(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """num_iterations 2 where the pass is asked for and one optimizer step takes the whole
+    generation (TRL would skip it at 1), else TRL's default 1 (config.py refuses the pass
+    off where the generation feeds several steps)."""
+    one_step = k["rollout_batch_size"] == k["global_batch_size"]
+    return {"num_iterations": 2 if k["old_logprob_pass"] and one_step else 1}
+
+
+def _trl_read_old_pass(get: Getter, topo: Topology) -> dict[str, Any]:
+    return {"old_logprob_pass": True if get("num_iterations", 1) > 1 else None}
+
+
 def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
     if not get("use_vllm", False):
         return {"rollout_engine": "hf", "rollout_tensor_parallel": 1}
@@ -179,9 +191,14 @@ TRL = Adapter(
                 lambda get, topo: {"use_kl": get("beta", 0.0) != 0}, ("beta",)),
         Derived(("rollout_engine", "rollout_tensor_parallel"), _trl_engine, _trl_read_engine,
                 ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size")),
+        # GRPOTrainer takes the old log-probs in a forward of their own only when a
+        # generation is used more than once: num_iterations > 1, or a generation batch that
+        # feeds several optimizer steps (old_logprob_pass none: the batches decide)
+        Derived(("old_logprob_pass",), _trl_old_pass, _trl_read_old_pass, ("num_iterations",)),
     ),
     defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True,  # GRPOConfig
-              "use_kl": False, "rollout_engine": "hf", "rollout_tensor_parallel": 1},
+              "use_kl": False, "rollout_engine": "hf", "rollout_tensor_parallel": 1,
+              "old_logprob_pass": None},
     share=_trl_share,
     short_run=_trl_short_run,
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged

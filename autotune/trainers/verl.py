@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import VLLM_ENGINES, Topology
+from autotune.config import VLLM_ENGINES, Topology, old_pass_problem
 from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
@@ -47,6 +47,7 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     if world % infer:
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
+    problems += old_pass_problem(k, "verl")
     if k.get("algorithm") == "ppo":
         problems += _verl_critic_rules(k, normalized, dynamic, sp)
     return problems

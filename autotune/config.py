@@ -196,7 +196,8 @@ class ProbeConfig:
     @property
     def runs_old_logprob_pass(self) -> bool:
         """Whether the experience phase runs the old-log-prob forward."""
-        return old_pass_runs(self.as_dict())
+        return old_pass_runs(self.old_logprob_pass, self.rollout_batch_size,
+                             self.global_batch_size)
 
     @property
     def has_critic(self) -> bool:
@@ -208,16 +209,17 @@ class ProbeConfig:
         return self.max_prompt_length + self.max_response_length
 
 
-def old_pass_runs(knobs: dict[str, Any]) -> bool:
+def old_pass_runs(flag: bool | None, rollout_batch_size: int, global_batch_size: int) -> bool:
     """Whether a config's experience phase runs the old-log-prob forward: old_logprob_pass,
     or where that is none, whether a generation feeds several optimizer steps (TRL's rule)."""
-    flag = knobs.get("old_logprob_pass", True)
-    return flag if flag is not None else knobs["rollout_batch_size"] > knobs["global_batch_size"]
+    return flag if flag is not None else rollout_batch_size > global_batch_size
 
 
 def old_pass_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
     """verl and EasyR1 always take the old log-probs in a forward of their own."""
-    return [] if old_pass_runs(knobs) else [
+    runs = old_pass_runs(knobs.get("old_logprob_pass", True), knobs["rollout_batch_size"],
+                         knobs["global_batch_size"])
+    return [] if runs else [
         f"old_logprob_pass: {trainer} takes the old log-probs in a forward of their own "
         "(compute_log_prob); set old_logprob_pass=true"]
 

@@ -373,10 +373,15 @@ def run_stats(calls_runs, table, values, targets, best):
 
 def ratio_text(stats):
     auto, rand, ds = (stats[n] for n in ("autotune", "random", "deepspeed-like"))
-    parts = [f"random / autotune median probes: {rand['median_probes'] / auto['median_probes']:.1f}x"
-             if auto["median_probes"] and rand["median_probes"] else "random or autotune never reached"]
-    parts.append(f"deepspeed-like: {'reached in ' + str(ds['probes'][0]) + ' probes' if ds['probes'][0] else 'never reached the target'}"
-                 f" (best {ds['best_at_budget_median']:.1%}, {ds['oom_probes_total']} OOM probes)")
+    if auto["median_probes"] and rand["median_probes"]:
+        ratio = rand["median_probes"] / auto["median_probes"]
+        parts = [f"random / autotune median probes: {ratio:.1f}x"]
+    else:
+        parts = ["random or autotune never reached the target"]
+    reached = f"reached in {ds['probes'][0]} probes" if ds["probes"][0] else \
+        "never reached the target"
+    parts.append(f"deepspeed-like: {reached} (best {ds['best_at_budget_median']:.1%}, "
+                 f"{ds['oom_probes_total']} OOM probes)")
     return "; ".join(parts)
 
 

@@ -38,7 +38,9 @@ params:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     # the registry's tiny-qwen2.5 vocab (16384): host memory grows with the batch, so a cap
-    # of 1 GiB on the run's anonymous RSS separates configs; 16 generations of 64 tokens per step
+    # of 900 MiB on the run's anonymous RSS separates configs (its file-backed pages,
+    # ~200 MiB, are not device memory: mbu 16 holds ~1,006 MiB, mbu 8 ~813); 16
+    # generations of 64 tokens per step
     return make_trl_workspace(tmp_path_factory.mktemp("trl"), vocab_size=16384,
                               gradient_accumulation_steps=4, max_completion_length=64)
 
@@ -76,7 +78,7 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     launch = f"{sys.executable} {workspace.script} --config {{config}}"
     command = [*AUTOTUNE, "run", "--trainer", "trl", "--base-config", str(workspace.config),
                "--launch", launch, "--device", "cpu", "--space", str(space), "--trials", "6",
-               "--gpu-memory-limit", "1GiB", "--results-dir", str(results), "--study", "trl"]
+               "--gpu-memory-limit", "900MiB", "--results-dir", str(results), "--study", "trl"]
     env = workspace.env()
     driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -110,7 +112,7 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     assert all(r["probe_kind"] == "command" for r in finished)
     ok = [r for r in finished if r["status"] == "ok"]
     assert all(r["tokens_per_s"] > 0 and r["steps_logged"] == 3 for r in ok)
-    assert all(r["peak_mem_bytes"] <= 2**30 for r in ok)
+    assert all(r["peak_mem_bytes"] <= 900 << 20 for r in ok)
     oom = [r for r in finished if r["status"] == "gpu_oom"]
     assert all("device memory limit exceeded" in r["message"] for r in oom)
     # no config was probed twice, the one killed mid-probe included

@@ -40,8 +40,12 @@ class TestRayRunnerContract(RunnerContract):
     # here and is reported, but does not fail the suite until it is found. Suspected: a
     # `ray.cancel` call blocking under load; since 2026-11-26 every cancel after `stop` runs
     # on a thread of its own (ray_runner.cancel_in_background). An XPASS in CI says it held.
-    @pytest.mark.xfail(reason="Ray stop under a full run: open bug, see the test's comment",
-                       strict=False)
+    # Skipped, not xfail, since two full runs of 2026-11-26 (and one before) aborted the
+    # whole pytest process (SIGABRT, no summary) dozens of tests after this one, with the
+    # pytest process spinning at half a core from here on: a Ray thread it leaves behind.
+    # The local runner's stop is tested by the same contract (test_runner_local.py).
+    @pytest.mark.skip(reason="Ray stop under a full run: open bug that can abort the suite, "
+                             "see the test's comment")
     def test_stop_kills_the_probe_in_flight(self, make_runner, make_request, tmp_path):
         super().test_stop_kills_the_probe_in_flight(make_runner, make_request, tmp_path)
 

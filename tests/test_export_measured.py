@@ -376,3 +376,22 @@ def test_verl_and_easyr1_refuse_a_study_that_skipped_the_old_log_prob_pass():
         assert any("old_logprob_pass" in line for line in adapter.check(knobs, Topology(1, 8)))
         assert not any("old_logprob_pass" in line for line in adapter.check(
             {**knobs, "old_logprob_pass": True}, Topology(1, 8)))
+
+
+def test_trl_old_log_prob_pass_round_trips_to_what_was_probed():
+    """Whatever a study probed (the pass on, off, or TRL's rule), the exported GRPOConfig
+    read back runs the old-log-prob forward exactly where the probe did."""
+    from autotune.config import old_pass_runs
+
+    for rbs in (8, 16):  # one optimizer step a generation, and two
+        for flag in ((True, False, None) if rbs == 8 else (True, None)):
+            knobs = {**KNOBS, "rollout_engine": "hf", "use_kl": False,
+                     "rollout_batch_size": rbs, "global_batch_size": 8,
+                     "old_logprob_pass": flag}
+            values = written(render_plan(plan_export(TRL, knobs, Topology(1, 8), None,
+                                                     SEARCHED, run=RUN), TRL, None, ["p", ""]))
+            read = TRL.read_knobs(lambda key, default: values.get(key, default),
+                                  Topology(1, 8))
+            assert old_pass_runs(read["old_logprob_pass"], read["rollout_batch_size"],
+                                 read["global_batch_size"]) == \
+                old_pass_runs(flag, rbs, 8), (rbs, flag, values)

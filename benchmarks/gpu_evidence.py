@@ -219,13 +219,23 @@ params:
 """
 
 
+def _find_spec(util, name: str) -> object:
+    try:
+        return util.find_spec(name)
+    except ModuleNotFoundError:  # a dotted name whose parent is missing
+        return None
+
+
 def trl_command_sweep(where: Path, timeout_s: float) -> list[str]:
     """TRL's own GRPOTrainer probed by `run --launch` on the GPU: the study's lines."""
     import importlib.util
     import subprocess
 
-    if importlib.util.find_spec("trl") is None:
-        return ["trl command sweep: trl is not installed here (carry its wheel); skipped"]
+    needed = ("trl", "optuna", "ruamel.yaml", "click", "yaml", "psutil", "rich")  # the CLI's too
+    missing = [name for name in needed if _find_spec(importlib.util, name) is None]
+    if missing:
+        return [f"trl command sweep: {', '.join(missing)} not installed here (carry their "
+                f"wheels); skipped"]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from trl_fixture import make_trl_workspace
 

@@ -41,7 +41,13 @@ import psutil
 
 from autotune.files import describe_os_error
 from autotune.probe.oom import classify_exit, summarize
-from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, die_with_parent, kill_tagged
+from autotune.probe.process_tag import (
+    PROBE_TAG_ENV,
+    ProcessTree,
+    die_with_parent,
+    kill_tagged,
+    sample_interval_s,
+)
 from autotune.probe.result import (
     TRIAL_DIR_TOKEN,
     ProbeRequest,
@@ -51,7 +57,6 @@ from autotune.probe.result import (
 )
 from autotune.probe.trainer_logs import StepLog
 
-SAMPLE_INTERVAL_S = 0.1
 TAIL_LINES = 200
 
 
@@ -208,6 +213,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
     memory = ProcessTree(psutil.Process(proc.pid), tag)
     killed_for: tuple[ProbeStatus, str] | None = None
     device_peak = 0
+    interval_s = sample_interval_s(gpu.present)  # the built-in probe's, on this device
     ended_early = False  # every step asked for is logged: what follows (a last validation,
     # a checkpoint the trainer always writes at the end) is not measured, so not waited for
     try:
@@ -217,7 +223,8 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
                 break
             rss = memory.rss_bytes()
             device = gpu.sample() if gpu.present else memory.anon_rss_bytes
-            device_peak = max(device_peak, device)
+            device_peak = max(device_peak, device if gpu.present else
+                              memory.peak_anon_rss_bytes)  # the kernel's peak, between reads
             if limit is not None and device > limit:
                 what = "NVML: every process on the GPU" if gpu.present else \
                     "the run's anonymous RSS"
@@ -230,7 +237,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
                               f"bytes > {host_limit} bytes (the run's RSS), at step "
                               f"{log.steps_seen + 1}")
                 break
-            time.sleep(SAMPLE_INTERVAL_S)
+            time.sleep(interval_s)
     finally:
         kill_run(proc, tag)
     reader.join(timeout=10)

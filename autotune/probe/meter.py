@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from autotune.probe.process_tag import read_statm_bytes
+from autotune.probe.process_tag import read_anon_peak_bytes, read_statm_bytes, sample_interval_s
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -153,7 +153,7 @@ class MemoryMeter:
         self.host_peak_rss_bytes = 0
         self.host_held_peak_bytes = 0
         self.nvml: NvmlProcessMemory | None = None
-        self._interval_s = interval_s or (0.01 if self.is_cuda else 0.002)
+        self._interval_s = interval_s or sample_interval_s(self.is_cuda)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -256,6 +256,8 @@ class MemoryMeter:
         self.current_phase = name
         self._record(name, self.read_device_bytes())
         yield
+        if not self.is_cuda:  # the kernel's peak since the phase began, between samples
+            self._record(name, read_anon_peak_bytes())
         self._settle()
         self._record(name, self.read_device_bytes())
         if self.is_cuda:

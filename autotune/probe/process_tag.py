@@ -122,6 +122,29 @@ def read_statm_bytes(pid: int | str = "self") -> tuple[int, int]:
     return resident * _PAGE_BYTES, (resident - shared) * _PAGE_BYTES
 
 
+def read_anon_peak_bytes(pid: int | str = "self") -> int:
+    """The anonymous RSS's peak since the last reset of the kernel's high-water mark, as near
+    as the kernel tells it: VmHWM, the exact peak of all resident pages, less the file-backed
+    and shared ones now (read_statm_bytes), and never less than the anonymous RSS now. A
+    sampled reading misses a peak shorter than its interval (a fused LM head's tiles live for
+    milliseconds); this one does not. Raises OSError when the process is gone."""
+    hwm = 0
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+                break
+    resident, anonymous = read_statm_bytes(pid)
+    return max(anonymous, hwm - (resident - anonymous))
+
+
+def sample_interval_s(on_gpu: bool) -> float:
+    """How often every probe reads its device figure (the built-in's meter and the command
+    probe alike, one definition of the peak): 2 ms on a CPU, where a fused head's tiles live
+    for milliseconds; 10 ms on a GPU (NVML and the allocator's own peak)."""
+    return 0.01 if on_gpu else 0.002
+
+
 class ProcessTree:
     """A probe's processes and their summed RSS (and anonymous RSS, the CPU device figure:
     read_statm_bytes): the root, its descendants, and (with a tag)
@@ -138,7 +161,7 @@ class ProcessTree:
         self.seen_pids = {root.pid}  # every process ever in the tree (OOM-killer evidence)
         self.peak_rss_bytes = 0
         self.anon_rss_bytes = 0  # of the last reading
-        self.peak_anon_rss_bytes = 0
+        self.peak_anon_rss_bytes = 0  # sampled, and each process's kernel high-water mark
 
     def rss_bytes(self) -> int:
         """RSS of every process of the probe now (processes that vanish count as zero); the
@@ -154,16 +177,18 @@ class ProcessTree:
             for proc, _ in tagged_processes(self.tag):
                 self.members.setdefault(proc.pid, proc)
         self.seen_pids.update(self.members)
-        total = anonymous = 0
+        total = anonymous = anonymous_peaks = 0
         for pid in list(self.members):
             try:
                 resident, anon = read_statm_bytes(pid)
+                peak = read_anon_peak_bytes(pid)
             except OSError:
                 if pid != self.root.pid:
                     del self.members[pid]
                 continue
             total, anonymous = total + resident, anonymous + anon
+            anonymous_peaks += peak
         self.peak_rss_bytes = max(self.peak_rss_bytes, total)
         self.anon_rss_bytes = anonymous
-        self.peak_anon_rss_bytes = max(self.peak_anon_rss_bytes, anonymous)
+        self.peak_anon_rss_bytes = max(self.peak_anon_rss_bytes, anonymous, anonymous_peaks)
         return total

@@ -49,6 +49,12 @@ ENTROPY_CHUNK_ROWS = 2048
 # (its default _Split_Dlogits_N) writes the logits' gradient 9,504 vocabulary columns at a time
 TRITON_VOCAB_SPLIT = 1024
 TRITON_DLOGITS_COLUMNS = 9504
+# fused_logprob_kernel=trl: TRL's fused LM head (trl/trainer/utils.py add_fused_lm_head,
+# trl/kernels/chunked_logprob.py ChunkedLogProbFunction): the logits of 4,096 tokens x 32,768
+# vocabulary columns at a time, every position on a device without Triton (a CPU), the
+# completion tokens only on one with it
+TRL_VOCAB_CHUNK = 32768
+TRL_TOKEN_TILE = 4096
 # the engines with vLLM's memory: a KV pool reserved at start, sized by gpu_memory_utilization
 # (or kv_cache_memory_bytes), that the rollout stays inside; vllm is the real one
 VLLM_ENGINES = ("vllm", "vllm-like")
@@ -60,7 +66,10 @@ def describe_engine(engine: str | None, versions: dict[str, str] | None = None) 
         return f"vLLM {(versions or {}).get('vllm', '?')} (the real engine, in the probe)"
     if engine == "vllm-like":
         return "the probe's stand-in with vLLM's memory (vllm-like)"
-    return "HF generation by the actor (hf)" if engine == "hf" else str(engine)
+    if engine == "policy":
+        return "generation by the trained model itself, no engine copy (policy)"
+    return "HF generation by an engine copy of the actor (hf)" if engine == "hf" \
+        else str(engine)
 
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
@@ -119,8 +128,10 @@ class ProbeConfig:
     rollout_engine: str = field(default="hf", metadata={
         "help": "vllm: the real vLLM, in the probe's process (where it is installed); "
                 "vllm-like: the probe's stand-in with vLLM's memory (a reserved KV pool, "
-                "EasyR1 and verl); hf: a KV cache that grows with the batch (TRL)",
-        "choices": ("hf", "vllm-like", "vllm")})
+                "EasyR1 and verl); hf: a compute-dtype engine copy of the weights with a KV "
+                "cache that grows with the batch; policy: the trained model generates itself, "
+                "no copy (TRL without vLLM)",
+        "choices": ("hf", "vllm-like", "vllm", "policy")})
     gpu_memory_utilization: float = field(default=0.6, metadata={
         "help": "vllm-like: share of the device the engine reserves (weights, KV pool)"})
     kv_cache_memory_bytes: int | None = field(default=None, metadata={
@@ -138,7 +149,9 @@ class ProbeConfig:
     fused_logprob_kernel: str = field(default="torch", metadata={
         "help": "fused_logprob's kernel: torch (512-token chunks, verl's default backend), or "
                 "triton (verl's Triton linear cross-entropy: a CUDA device and verl installed; "
-                "verl's fused_kernel_options.impl_backend)", "choices": ("torch", "triton")})
+                "verl's fused_kernel_options.impl_backend), or trl (TRL's fused LM head: "
+                "vocabulary chunks of 32,768, every position's entropy beside its log-prob)",
+        "choices": ("torch", "triton", "trl")})
     entropy_metric: bool = field(default=False, metadata={
         "help": "the old-log-prob forward also takes every response position's entropy (verl's "
                 "actor/entropy metric: a --trainer verl study has it on unless named)"})
@@ -154,6 +167,11 @@ class ProbeConfig:
     expandable_segments: bool = field(default=False, metadata={
         "help": "GPU: the CUDA caching allocator's expandable segments outside the rollout "
                 "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
+    fused_optimizer: bool = field(default=False, metadata={
+        "help": "AdamW's fused kernel, one pass with no temporaries (HF Trainer's "
+                "adamw_torch_fused, TRL's default with torch >= 2.8); off: torch's default "
+                "step, foreach on a GPU (an fp32 temporary the size of the params), a loop "
+                "per tensor on a CPU (verl, EasyR1)"})
     use_kl: bool = field(
         default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
     old_logprob_pass: bool | None = field(default=True, metadata={
@@ -213,6 +231,13 @@ def old_pass_runs(flag: bool | None, rollout_batch_size: int, global_batch_size:
     """Whether a config's experience phase runs the old-log-prob forward: old_logprob_pass,
     or where that is none, whether a generation feeds several optimizer steps (TRL's rule)."""
     return flag if flag is not None else rollout_batch_size > global_batch_size
+
+
+def torch_adamw_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+    """verl and EasyR1 build torch.optim.AdamW with its default step (foreach on a GPU)."""
+    return [f"fused_optimizer=true: {trainer} builds torch.optim.AdamW with torch's default "
+            "step, not the fused kernel the probe ran; probe with fused_optimizer=false"] \
+        if knobs.get("fused_optimizer") else []
 
 
 def old_pass_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
@@ -428,6 +453,9 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
                         f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
     if config.rollout_engine in VLLM_ENGINES:
         problems += engine_problems(config)
+    if config.rollout_engine == "policy" and tp > 1:
+        problems.append(f"rollout_engine=policy with rollout_tensor_parallel={tp}: the trained "
+                        "model generates itself, with nothing to split; set it to 1")
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
@@ -442,9 +470,10 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
                         "comes from the old-log-prob pass; set one of them off")
     if config.entropy_coeff < 0:
         problems.append(f"entropy_coeff={config.entropy_coeff}: a bonus is 0 or more")
-    if config.entropy_coeff and config.fused_logprob:
+    if config.entropy_coeff and config.fused_logprob and config.fused_logprob_kernel != "trl":
         problems.append("entropy_coeff with fused_logprob: the probe's fused head gives no "
-                        "entropy gradient (not modelled yet); set one of them off")
+                        "entropy gradient with this kernel (TRL's does: "
+                        "fused_logprob_kernel=trl); set one of them off")
     return problems
 
 
@@ -615,6 +644,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     "expandable_segments": 0,
     "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
     "fused_logprob_kernel": 0,  # the values name kernels
+    "fused_optimizer": -1,  # no step temporaries
     # chunking saves in experience what it adds to an update with an entropy bonus (each
     # chunk's copies kept for the backward): no order across phases
     "entropy_metric": +1, "entropy_chunking": 0, "entropy_checkpointing": -1,

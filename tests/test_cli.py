@@ -241,7 +241,9 @@ def test_engine_auto_follows_the_device_and_the_trainer():
     assert engine_knobs("auto", True, "easyr1") == {"rollout_engine": "vllm-like"}
     assert engine_knobs("auto", True, "verl") == {"rollout_engine": "vllm-like",
                                                   "sleep_level": 2}
-    assert engine_knobs("auto", True, "trl") == {"rollout_engine": "hf"}  # TRL's HF generate
+    # TRL's HF generate on the trained model itself, on a GPU or not
+    assert engine_knobs("auto", True, "trl") == {"rollout_engine": "policy"} \
+        == engine_knobs("auto", False, "trl")
     assert engine_knobs("auto", on_gpu=False) == {"rollout_engine": "hf"}  # the stand-in device
     assert engine_knobs("vllm-like", on_gpu=False) == {"rollout_engine": "vllm-like"}
     # a space that names the engine keeps it under auto; an explicit --engine wins

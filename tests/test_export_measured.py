@@ -212,8 +212,13 @@ def test_trl_follows_its_generation_batch_arithmetic(tmp_path):
     assert plan.run[0] == ("prompts: GRPOConfig (TRL 1.x) has no prompt length; the study "
                            "probed prompts of 64 tokens: keep your data set's prompts within "
                            "that")
-    # and GRPOTrainer's entropy in its loss, which the probe's update does not take
-    assert [line.split(":")[0] for line in plan.run] == ["prompts", "entropy"]
+    # a study probed with the whole logits and an engine copy of the weights: TRL's fused
+    # head and generation by the trained model are stated, not silent
+    assert [line.split(":")[0] for line in plan.run] == ["prompts", "log-probs", "generation"]
+    # probed as TRL runs (its head, the policy generating): nothing more to say
+    plan = plan_export(TRL, {**knobs, "rollout_engine": "policy", "fused_logprob": True,
+                             "fused_logprob_kernel": "trl"}, Topology(1, 1), base[0], SEARCHED)
+    assert [line.split(":")[0] for line in plan.run] == ["prompts"]
     # offload has no GRPOConfig key: the line names the knob to hold in a re-run
     refused = plan_export(TRL, {**knobs, "offload_params": True}, Topology(1, 1), None,
                           SEARCHED)
@@ -289,7 +294,7 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
         trainer_start(TRL, str(server), None, None)
     assert err.value.problems == [
         f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: "
-        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like, vllm"]
+        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like, vllm, policy"]
 
 
 def test_the_allocator_the_study_trained_with_is_stated_where_the_trainer_differs():
@@ -324,8 +329,11 @@ def test_a_verl_study_takes_the_entropy_and_on_a_gpu_expandable_segments_unless_
                                                   "fused_logprob_kernel"})) == {}
     # a CPU probe has no CUDA allocator; verl's old-log-prob pass takes the entropy anywhere
     assert trainer_knobs("verl", on_gpu=False) == {"entropy_metric": True}
-    assert trainer_knobs("easyr1", True) == {} and trainer_knobs("trl", True) == {} \
-        and trainer_knobs(None, True) == {}
+    assert trainer_knobs("easyr1", True) == {} and trainer_knobs(None, True) == {}
+    # TRL 1.x: its fused LM head and HF Trainer's fused AdamW, on any device, unless named
+    trl = {"fused_logprob": True, "fused_logprob_kernel": "trl", "fused_optimizer": True}
+    assert trainer_knobs("trl", True) == trl == trainer_knobs("trl", False)
+    assert trainer_knobs("trl", True, frozenset(trl)) == {}
 
 
 @pytest.mark.parametrize("adapter", [EASYR1, VERL, TRL], ids=lambda a: a.name)

@@ -175,13 +175,17 @@ def test_verl_writes_its_fused_kernels_key_and_the_others_refuse():
     read = VERL.read_knobs(lambda key, default: dotted_get(tree, key, default), topology)
     assert read["fused_logprob"] is True
     for adapter, why in ((EASYR1, "EasyR1 has no fused log-prob kernel"),
-                         (TRL, "TRL's use_liger_kernel fuses only the loss")):
+                         (TRL, "verl's kernel, which TRL does not have")):
         with pytest.raises(ConfigError) as err:
             render(adapter, {**KNOBS, "fused_logprob": True}, topology, None, ["p"],
                    searched=["fused_logprob"])
         assert any(why in problem for problem in err.value.problems), err.value.problems
         render(adapter, {**KNOBS, "fused_logprob": False}, topology, None, ["p"],
-               searched=["fused_logprob"])  # off: what each runs
+               searched=["fused_logprob"])  # off: EasyR1's way; TRL's header states it
+    # TRL's own head: exported with no key (TRL always scores through it)
+    text = render(TRL, {**KNOBS, "fused_logprob": True, "fused_logprob_kernel": "trl"},
+                  topology, None, ["p"], searched=["fused_logprob"])
+    assert "fused" not in yaml.safe_load(text)
 
 
 def test_the_entropy_terms_follow_the_trace():
@@ -306,3 +310,70 @@ def test_a_verl_study_on_a_gpu_runs_verls_triton_kernel_where_it_is_installed(
     assert trainer_knobs("verl", True)["fused_logprob_kernel"] == "triton"
     assert "fused_logprob_kernel" not in trainer_knobs("verl", False)  # a CPU has no Triton
     assert "fused_logprob_kernel" not in trainer_knobs("easyr1", True)
+
+
+@pytest.mark.parametrize("tokens, vocab", [(9, 50), (6, 32768 + 40)])
+def test_trls_head_equals_trl_and_the_whole_logits(tokens, vocab):
+    """fused_logprob_kernel=trl: the probe's own copy of TRL's arithmetic (used where TRL is
+    not installed) and TRL's ChunkedLogProbFunction give the whole logits' log-probs, entropy
+    and gradients; 32,808 columns cross TRL's 32,768-column chunk (a column left out or
+    counted twice fails here)."""
+    from autotune.probe.logprob import TrlChunkedLogProb, trl_chunked_function
+
+    generator = torch.Generator().manual_seed(tokens)
+    hidden = torch.randn(tokens, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(vocab, 16, generator=generator, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+    upstream, up_entropy = torch.randn(tokens, generator=generator), torch.randn(tokens)
+    logits = (hidden @ weight.T).float()
+    expected = logits.log_softmax(-1).gather(-1, labels[:, None]).squeeze(-1)
+    entropy = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+    ((expected * upstream).sum() + (entropy * up_entropy).sum()).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    trl = trl_chunked_function()
+    assert trl is not None, "trl is a test dependency"
+    runs = {"ours": lambda: TrlChunkedLogProb.apply(hidden, weight, labels, False),
+            "trl's": lambda: trl.apply(hidden, weight, None, labels, 1.0, 32768, None, 1.0,
+                                       ("log_probs", "entropy"))[:2]}
+    for name, run in runs.items():
+        hidden.grad = weight.grad = None
+        got, got_entropy = run()
+        ((got * upstream).sum() + (got_entropy * up_entropy).sum()).backward()
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=name)
+        torch.testing.assert_close(got_entropy, entropy, rtol=0, atol=1e-4, msg=name)
+        torch.testing.assert_close(hidden.grad, grads[0], rtol=1e-4, atol=1e-4, msg=name)
+        torch.testing.assert_close(weight.grad, grads[1], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_trls_head_measured_traced_and_modelled(make_request):
+    """TRL's step on the CPU (its fused head over every position, generation by the policy,
+    no reference, no old-log-prob pass): the real probe's peaks and the trace's (which runs
+    the probe's copy of TRL's arithmetic on fake tensors) within 3% in the update, the step's
+    peak, and memory.py's logits term against what the head adds over verl's torch chunks
+    there. The other phases' measured peaks also hold heap glibc kept from the step before
+    (about 50 MiB after TRL's tiles): the trace is at most that."""
+    from autotune.probe.trace import trace_request
+    from autotune.runners.local import SubprocessRunner
+
+    shape = model_shape("tiny-qwen2.5")
+    peaks, traced, modelled = {}, {}, {}
+    for kernel in ("torch", "trl"):
+        request = make_request(rollout_batch_size=2, rollout_n=4, global_batch_size=2,
+                               max_prompt_length=64, max_response_length=128,
+                               micro_batch_size_update=8, micro_batch_size_experience=8,
+                               fused_logprob=True, fused_logprob_kernel=kernel,
+                               rollout_engine="policy", use_kl=False, old_logprob_pass=None,
+                               cpu_threads=None, warmup_steps=1)
+        measured = SubprocessRunner().run(request)
+        assert measured.ok, measured.message
+        peaks[kernel] = measured.phase_peak_mem_bytes
+        traced[kernel] = trace_request(request, TRACE_CPU_CONTEXT_BYTES).phase_peak_mem_bytes
+        modelled[kernel] = estimate_memory(shape, request.config, on_gpu=False).phases
+    for kernel, phases in peaks.items():
+        assert abs(traced[kernel]["update"] / phases["update"] - 1) < 0.03, kernel
+        for phase, measured_bytes in phases.items():
+            assert 0.8 < traced[kernel][phase] / measured_bytes < 1.03, (kernel, phase)
+    added = peaks["trl"]["update"] - peaks["torch"]["update"]
+    said = modelled["trl"]["update"].parts["logits"] - modelled["torch"]["update"].parts["logits"]
+    assert added > 50 * MiB, added  # TRL's 32,768-column buffers and fp32 tiles
+    assert 0.7 * said < added < 1.3 * said, (added, said)

@@ -115,6 +115,7 @@ def test_each_phase_moves_only_with_its_knobs():
                "critic_max_token_len_update": 6 * 512, "critic_gradient_checkpointing": True,
                "critic_offload_params": True, "critic_offload_optimizer": True,
                "fused_logprob": True, "fused_logprob_kernel": "triton", "entropy_metric": True,
+               "fused_optimizer": True,
                "entropy_chunking": True, "entropy_checkpointing": True, "entropy_coeff": 0.01,
                "kv_cache_memory_bytes": 2**30, "expandable_segments": True,
                "old_logprob_pass": False}
@@ -162,6 +163,10 @@ def test_each_phase_moves_only_with_its_knobs():
     wides += [replace(base, entropy_metric=True, entropy_coeff=0.01,
                       micro_batch_size_experience=16),
               replace(base, fused_logprob=True)]
+    # AdamW's step binds where the micro-batch is small: foreach's temporary, or none fused
+    wides += [replace(base, algorithm="ppo", max_prompt_length=16, max_response_length=16,
+                      micro_batch_size_update=1, critic_micro_batch_size_update=1,
+                      image_size_px=28)]
 
     def total(config: ProbeConfig, phase: str) -> int | None:
         phases = estimate_memory(shape, config, **device).phases

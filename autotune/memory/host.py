@@ -232,7 +232,9 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
         engine = held(engine_blocks(shape, c, config.rollout_tensor_parallel))
     # the critic's params come back for its value forward (experience) and its update (its
     # own phase, where no more is on the host than in rollout), its optimizer for the update
-    on_host = {"rollout": {"offloaded_params": params, "offloaded_optimizer": optimizer,
+    on_host = {"rollout": {"offloaded_params": 0 if config.rollout_engine == "policy" else
+                           params,  # the actor generating itself has them on the device
+                           "offloaded_optimizer": optimizer,
                            "reference": reference, "critic_offloaded_params": critic_params,
                            "critic_offloaded_optimizer": critic_optimizer},
                "experience": {"offloaded_optimizer": optimizer, "reference": reference,

@@ -34,6 +34,8 @@ from autotune.config import (
     VLLM_ENGINES,
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
+    TRL_TOKEN_TILE,
+    TRL_VOCAB_CHUNK,
     TRITON_DLOGITS_COLUMNS,
     TRITON_VOCAB_SPLIT,
     DeviceShare,
@@ -72,10 +74,11 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              "max_token_len_experience", *_CRITIC_HELD,
                              *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
+                                "fused_optimizer",
                                 "offload_params", "offload_optimizer", *_REF_KNOBS,
                                 "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
-                         *_LOGITS_KNOBS, "entropy_coeff",
+                         *_LOGITS_KNOBS, "entropy_coeff", "fused_optimizer",
                          "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
@@ -322,7 +325,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     ref = c * psi // n if config.use_kl else 0
     ref_resident = 0 if config.ref_on_host else ref
     tp = config.rollout_tensor_parallel
-    engine = c * shape.engine_params(tp)
+    policy = config.rollout_engine == "policy"  # the actor generates: no engine copy
+    engine = 0 if policy else c * shape.engine_params(tp)
     # Compute-dtype weights the actor's forward uses: autocast's cast cache on one GPU, the
     # gathered FSDP units (root + about two layers in flight) on several.
     if n == 1:
@@ -333,6 +337,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     # Optimizer step: foreach AdamW on a GPU keeps one fp32 shard-sized temporary; the CPU's
     # per-tensor loop, one of the largest tensor.
     step_temp = 4 * psi // n if on_gpu else 4 * shape.embedding_params
+    if config.fused_optimizer:  # one kernel per tensor, in place
+        step_temp = 0
     context = GPU_CONTEXT_BYTES if on_gpu else CPU_CONTEXT_BYTES
     # PPO's critic: its own 16 bytes per parameter in its update, where its offload puts it
     # between phases; its forward gathers FSDP units as the actor's does (no LM head)
@@ -365,6 +371,24 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
 
     triton = config.fused_logprob and config.fused_logprob_kernel == "triton"
     splits = -(-vocab // TRITON_VOCAB_SPLIT)
+    trl = config.fused_logprob and config.fused_logprob_kernel == "trl"
+
+    def trl_positions(micro: int) -> int:
+        # TRL's head scores the completion tokens where Triton runs (a GPU), else every
+        # position but each sequence's last
+        return micro * response if on_gpu else micro * (seq - 1)
+
+    def trl_logits(micro: int, backward: bool) -> int:
+        # one reused [4,096 tokens, 32,768 columns] buffer in the compute dtype and a copy of
+        # the scored hidden states; without Triton (a CPU) the fold's fp32 temporaries of a
+        # tile, 3 in the forward and 8 in the backward; the backward's fp32 gradients of the
+        # hidden states and the weight
+        positions = trl_positions(micro)
+        rows = min(positions, TRL_TOKEN_TILE)
+        held = rows * TRL_VOCAB_CHUNK * c + positions * (shape.hidden * c + 28)
+        fold = 0 if on_gpu else rows * min(vocab, TRL_VOCAB_CHUNK) * 4 * (8 if backward else 3)
+        grads = 4 * (positions * shape.hidden + vocab * shape.hidden) if backward else 0
+        return held + fold + grads
 
     def triton_forward(micro: int) -> int:
         # every position's fp32 partials per vocabulary split (max, sum, entropy's b), then
@@ -384,6 +408,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         # fp32 log-softmax (and the entropy's two)
         if triton:  # the entropy comes with the log-probs at no extra memory
             return triton_forward(micro)
+        if trl:
+            return trl_logits(micro, backward=False)
         if config.fused_logprob:
             return fused_chunk(micro) * vocab * max(c + 4, 12 if with_entropy else 8)
         entropy = 0
@@ -406,6 +432,11 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     phases: dict[str, PhaseEstimate] = {}
     rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
                       "engine_weights": engine}
+    if policy:  # the actor's own params on the device (offloaded ones come back) and the
+        # compute-dtype weights its forward uses
+        rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
+                          "actor_params": actor if config.offload_params else 0,
+                          "cast_weights": cast}
     rollout = generation(share.responses_per_step)
     held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
     engine_host = 0
@@ -473,7 +504,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
             "critic_vision_activations": mbc * patches * vision_activation_bytes_per_patch(
                 shape, ckpt_c, c),
             "critic_values": mbc * seq * (c + 3 * 4)}
-        critic_step = 4 * psi_c // n if on_gpu else 4 * shape.embedding_params
+        critic_step = 0 if config.fused_optimizer else \
+            4 * psi_c // n if on_gpu else 4 * shape.embedding_params
         critic_transient = max(sum(critic_backward.values()), critic_step)
         phases["critic_update"] = PhaseEstimate(
             sum(critic_states.values()), critic_transient, context,
@@ -488,6 +520,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 # unfused, the fp32 log-softmax is kept for the backward; fused, the backward
                 # recomputes one chunk at a time: its logits, softmax and gradient
                 "logits": max(triton_forward(mbu), triton_backward(mbu)) if triton else
+                trl_logits(mbu, backward=True) if trl else
                 fused_chunk(mbu) * vocab * (max(c + 4, 8) + c) if config.fused_logprob else
                 logprob_logits(mbu) + mbu * 4 * response * vocab + entropy_grad(mbu)}
     transient = max(sum(backward.values()), step_temp)

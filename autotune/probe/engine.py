@@ -15,6 +15,10 @@ Two memory behaviours, as the trainers have them (`rollout_engine`):
   weights are freed after each generation (sleep level 1 keeps the weights in host memory,
   level 2 discards them); without, they stay on the device through the other phases.
 
+`policy` (TRL without vLLM, verl's HF rollout): the trained model generates itself
+(`PolicyRollout`), HF generation's memory as `hf` but no copy of the weights: nothing to wake,
+load or free.
+
 Failures use vLLM's own words, so oom.py classifies them `cache_oom` as it does vLLM's.
 """
 
@@ -345,3 +349,24 @@ class RolloutEngine:
             layer.keys, layer.values, layer.device = keys, values, keys.device
             layer.cumulative_length = torch.tensor(filled, device=keys.device)
         return cache
+
+
+class PolicyRollout(RolloutEngine):
+    """The trained model generating itself (TRL's `unwrap_model_for_generation` + `generate`
+    without vLLM): HF generation's growing KV cache, no weights of its own to hold, load or
+    free; the step runs it under the actor's autocast."""
+
+    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+        self.awake = False
+
+    def weight_names(self) -> list[str]:
+        return []  # nothing to load: the weights are the actor's
+
+    def held_weight_bytes(self) -> int:
+        return 0
+
+    def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.awake = True
+
+    def sleep(self) -> None:
+        self.awake = False

@@ -11,7 +11,17 @@ fp32, backward keeping only the hidden states, the weight and the labels and rec
 chunk's logits). Liger's fused linear losses hold the same order of memory (a chunk's logits
 at a time). The head is swapped in for the model's own LM head for one forward (`fused_head`),
 so it runs inside the model's forward, where FSDP has the root's parameters (the head's among
-them) gathered, as verl's patched forward does. Imports torch.
+them) gathered, as verl's patched forward does.
+
+TRL's (`fused_logprob_kernel=trl`): TRL 1.x always scores through its fused LM head
+(trl/trainer/utils.py add_fused_lm_head, trl/kernels/chunked_logprob.py): each tile of
+TRL_TOKEN_TILE tokens is projected TRL_VOCAB_CHUNK vocabulary columns at a time into one
+reused buffer and folded into an online logsumexp (and the entropy's sum) per token; the
+backward recomputes each tile, turns it into the logits' gradient in place and accumulates
+fp32 gradients of the hidden states and the weight. Without Triton (a CPU) the fold is torch
+ops over the whole tile and every position is scored; with it (a GPU) the fold makes no
+temporaries and only the completion tokens are scored. TRL's own function runs where TRL is
+installed; else `TrlChunkedLogProb`, the same arithmetic. Imports torch.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from autotune.config import (
     FUSED_CHUNK_TOKENS,
     TRITON_DLOGITS_COLUMNS,
     TRITON_VOCAB_SPLIT,
+    TRL_TOKEN_TILE,
+    TRL_VOCAB_CHUNK,
 )
 
 
@@ -135,6 +147,121 @@ class TritonShapedLogProb(torch.autograd.Function):
         return torch.zeros_like(hidden), torch.zeros_like(weight), None
 
 
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    kind = tensor.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else tensor.dtype
+
+
+class TrlChunkedLogProb(torch.autograd.Function):
+    """TRL's ChunkedLogProbFunction (log-probs and entropy, no bias, temperature 1), op for op
+    where TRL folds a tile in torch (`_forward_tile`, `_backward_tile`), so it holds what TRL
+    holds; `in_place` (a trace of a GPU, where TRL's Triton kernels fold each tile in place)
+    skips the fold's temporaries, and the values are not the log-probs."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        tokens, vocab, dtype = hidden.shape[0], weight.shape[0], _compute_dtype(hidden)
+        running_max = torch.full((tokens,), float("-inf"), dtype=torch.float32,
+                                 device=hidden.device)
+        sum_exp, x_sum_exp, target_logit = (
+            torch.zeros(tokens, dtype=torch.float32, device=hidden.device) for _ in range(3))
+        unused = torch.zeros(3 * tokens, dtype=torch.float32, device=hidden.device)  # TRL
+        # makes its three other per-token outputs' accumulators whatever it is asked
+        buffer = torch.empty(min(tokens, TRL_TOKEN_TILE), TRL_VOCAB_CHUNK, dtype=dtype,
+                             device=hidden.device)
+        for first in range(0, tokens, TRL_TOKEN_TILE):
+            rows = slice(first, first + TRL_TOKEN_TILE)
+            chunk = hidden[rows].to(dtype)
+            for start in range(0, vocab, TRL_VOCAB_CHUNK):
+                end = min(start + TRL_VOCAB_CHUNK, vocab)
+                tile = buffer[:chunk.shape[0], :end - start]
+                torch.mm(chunk, weight[start:end].to(dtype).t(), out=tile)
+                if in_place:
+                    continue
+                z = tile.float() * 1.0  # TRL's logit scale, then its 1/temperature
+                z = z * 1.0
+                local = labels[rows] - start
+                new_max = torch.maximum(running_max[rows], z.amax(-1))
+                rescale = torch.exp(running_max[rows] - new_max)
+                e = torch.exp(z - new_max.unsqueeze(-1))
+                sum_exp[rows] = sum_exp[rows] * rescale + e.sum(-1)
+                x_sum_exp[rows] = x_sum_exp[rows] * rescale + (e * z).sum(-1)
+                running_max[rows] = new_max
+                inside = (local >= 0) & (local < end - start)
+                picked = z.gather(-1, local.clamp(0, end - start - 1).unsqueeze(-1)).squeeze(-1)
+                target_logit[rows] = torch.where(inside, picked, target_logit[rows])
+                del z, e
+        del buffer, unused
+        log_z = running_max + torch.log(sum_exp)
+        entropies = log_z - x_sum_exp / sum_exp
+        ctx.save_for_backward(hidden, weight, labels, log_z, entropies)
+        ctx.in_place, ctx.dtype = in_place, dtype
+        return target_logit - log_z, entropies
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any, grad_entropies: Any) -> tuple[Any, ...]:
+        hidden, weight, labels, log_z, entropies = ctx.saved_tensors
+        tokens, vocab, dtype = hidden.shape[0], weight.shape[0], ctx.dtype
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        buffer = torch.empty(min(tokens, TRL_TOKEN_TILE), TRL_VOCAB_CHUNK, dtype=dtype,
+                             device=hidden.device)
+        for first in range(0, tokens, TRL_TOKEN_TILE):
+            rows = slice(first, first + TRL_TOKEN_TILE)
+            chunk = hidden[rows].to(dtype)
+            for start in range(0, vocab, TRL_VOCAB_CHUNK):
+                end = min(start + TRL_VOCAB_CHUNK, vocab)
+                w_chunk = weight[start:end].to(dtype)
+                tile = buffer[:chunk.shape[0], :end - start]
+                torch.mm(chunk, w_chunk.t(), out=tile)
+                if ctx.in_place:  # the Triton fold, and cuBLAS's fp32-out GEMMs: no copies
+                    continue
+                y = tile.float() * 1.0
+                z = y * 1.0
+                log_p = z - log_z[rows].unsqueeze(-1)
+                p = torch.exp(log_p)
+                grad = torch.zeros_like(z)
+                if grad_out is not None:
+                    is_target = torch.arange(start, end, device=z.device) \
+                        == labels[rows].unsqueeze(-1)
+                    grad += grad_out[rows].float().unsqueeze(-1) * (is_target.float() - p)
+                if grad_entropies is not None:
+                    grad -= grad_entropies[rows].float().unsqueeze(-1) * p * (
+                        log_p + entropies[rows].unsqueeze(-1))
+                grad = grad * 1.0
+                tile.copy_(grad * 1.0)
+                del y, z, log_p, p, grad
+                grad_hidden[rows].addmm_(tile.float(), w_chunk.float())
+                grad_weight[start:end].addmm_(tile.t().float(), chunk.float())
+        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None
+
+
+def trl_chunked_function() -> Any:
+    """TRL's own ChunkedLogProbFunction where TRL is installed, else None."""
+    try:
+        from trl.kernels import ChunkedLogProbFunction
+    except ImportError:
+        return None
+    return ChunkedLogProbFunction
+
+
+def trl_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                  with_entropy: bool, on_gpu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, H] hidden states (in the forward's dtype), [V, H] weight, [N] labels: TRL's fused
+    LM head's [N] fp32 log-probs and entropies, in the autocast dtype if one is on. TRL's own
+    function where it is installed and the tensors are real; `on_gpu` (a trace of a GPU)
+    folds in place as TRL's Triton kernels do."""
+    function = trl_chunked_function()
+    if function is None or isinstance(hidden, FakeTensor):
+        return TrlChunkedLogProb.apply(hidden, weight, labels, on_gpu)
+    outputs = ("log_probs", "entropy") if with_entropy else ("log_probs",)
+    log_probs, entropies, *_ = function.apply(hidden, weight, None, labels, 1.0,
+                                              TRL_VOCAB_CHUNK, None, 1.0, outputs)
+    return log_probs, entropies if entropies is not None else torch.zeros_like(log_probs)
+
+
 def verl_triton_kernel() -> Any:
     """verl's Triton linear cross-entropy (verl/utils/kernel/linear_cross_entropy.py): where
     verl, Triton and a CUDA device are; else a RuntimeError that says what to do."""
@@ -177,13 +304,31 @@ class FusedHead(torch.nn.Module):
     with `with_entropy`, each position's entropy is left in `entropy`."""
 
     def __init__(self, head: torch.nn.Module, labels: torch.Tensor, chunk_tokens: int,
-                 with_entropy: bool = False, kernel: str = "torch") -> None:
+                 with_entropy: bool = False, kernel: str = "torch",
+                 scored: tuple[int, int] | None = None, on_gpu: bool = False) -> None:
         super().__init__()
         self.head, self.labels, self.chunk_tokens = head, labels, chunk_tokens
         self.with_entropy, self.kernel = with_entropy, kernel
+        self.scored, self.on_gpu = scored, on_gpu  # trl: the positions it scores
         self.entropy: torch.Tensor | None = None
 
+    def _trl(self, hidden: torch.Tensor) -> torch.Tensor:
+        """TRL's head: positions `scored` (its completion tokens, on a GPU) or every one
+        but the last (a CPU), in the autocast's dtype; 0 at the others, as TRL fills them."""
+        first, last = self.scored or (0, hidden.shape[1] - 1)
+        rows, width = hidden.shape[0], last - first
+        part = hidden[:, first:last].reshape(-1, hidden.shape[-1])
+        flat, entropies = trl_log_probs(part, self.head.weight,
+                                        self.labels[:, first:last].reshape(-1),
+                                        self.with_entropy, self.on_gpu)
+        pad = (first, hidden.shape[1] - last)
+        self.entropy = torch.nn.functional.pad(entropies.view(rows, width), pad) \
+            if self.with_entropy else None
+        return torch.nn.functional.pad(flat.view(rows, width), pad)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "trl":
+            return self._trl(hidden)
         weight = self.head.weight  # gathered: the model's forward runs this
         kind = hidden.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) \
@@ -197,11 +342,14 @@ class FusedHead(torch.nn.Module):
 
 @contextlib.contextmanager
 def fused_head(model: Any, labels: torch.Tensor, chunk_tokens: int = FUSED_CHUNK_TOKENS,
-               with_entropy: bool = False, kernel: str = "torch") -> Iterator[FusedHead]:
+               with_entropy: bool = False, kernel: str = "torch",
+               scored: tuple[int, int] | None = None, on_gpu: bool = False
+               ) -> Iterator[FusedHead]:
     """Within: `model(...)`'s `.logits` are the [batch, tokens] log-probs of `labels` (and
-    the head it yields holds their entropy, with `with_entropy`)."""
+    the head it yields holds their entropy, with `with_entropy`); kernel trl scores the
+    positions `scored` only (TRL on a GPU), else every one but the last."""
     head = model.get_output_embeddings()
-    fused = FusedHead(head, labels, chunk_tokens, with_entropy, kernel)
+    fused = FusedHead(head, labels, chunk_tokens, with_entropy, kernel, scored, on_gpu)
     model.set_output_embeddings(fused)
     try:
         yield fused

@@ -45,7 +45,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
-from autotune.probe.engine import RolloutEngine, engine_capacity_bytes
+from autotune.probe.engine import PolicyRollout, RolloutEngine, engine_capacity_bytes
 from autotune.probe.logprob import entropy, fused_head
 from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
 from autotune.probe.models import (
@@ -148,8 +148,7 @@ class TrainingProbe:
         self.model.config.use_cache = False
         if self.group is not None:
             shard_model(self.model, self.group, self.compute_dtype)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01,
-                                           foreach=True if self.gpu_kernels else None)
+        self.optimizer = self._adamw(self.model.parameters(), lr=1e-6)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
         if config.has_critic:
             self._build_critic()
@@ -168,6 +167,10 @@ class TrainingProbe:
                                      capacity, self.meter,
                                      [name for name, _ in self.model.named_parameters()],
                                      self.num_params, request.seed)
+        elif config.rollout_engine == "policy":
+            self.engine = PolicyRollout(self.model, self.model_config, config, self.device,
+                                        self.compute_dtype, False, capacity, self._move,
+                                        self.meter)
         else:
             engine = self._build_copy(shard=False)
             engine_tp = config.rollout_tensor_parallel > 1
@@ -192,9 +195,15 @@ class TrainingProbe:
         if self.group is not None:
             shard_model(self.critic, self.group, self.compute_dtype)
         self.critic.eval()
-        self.critic_optimizer = torch.optim.AdamW(
-            self.critic.parameters(), lr=1e-5, weight_decay=0.01,
-            foreach=True if self.gpu_kernels else None)
+        self.critic_optimizer = self._adamw(self.critic.parameters(), lr=1e-5)
+
+    def _adamw(self, params: Any, lr: float) -> Any:
+        """AdamW as the trainer builds it: fused (fused_optimizer), else torch's default
+        step: foreach with a GPU's kernels, a loop per tensor on a CPU."""
+        if self.config.fused_optimizer:
+            return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=True)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01,
+                                 foreach=True if self.gpu_kernels else None)
 
     def _build_copy(self, shard: bool) -> Any:
         """A compute-dtype model that holds the actor's weights (reference or rollout engine);
@@ -280,6 +289,11 @@ class TrainingProbe:
         """Wake the engine and load the actor's weights (wherever they live); sharded, the
         actor's params come to the device, are gathered one tensor at a time (verl's FSDP
         sharding manager does the same) and go back where they were."""
+        if self.config.rollout_engine == "policy":  # it generates with the actor's params
+            if self.config.offload_params:
+                self._place_module(self.model, True)
+            self.engine.wake(iter(()))
+            return
         sharded_offload = self.group is not None and self.config.offload_params
         if sharded_offload:
             self._place_module(self.model, True)
@@ -298,6 +312,8 @@ class TrainingProbe:
 
     def _sleep_engine(self) -> None:
         self.engine.sleep()
+        if self.config.rollout_engine == "policy" and self.config.offload_params:
+            self._place_module(self.model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 
     # -- the phases -------------------------------------------------------------------------
@@ -319,7 +335,11 @@ class TrainingProbe:
                 "image_grid_thw": grid.to(self.device)}
 
     def _generate(self, prompt_rows: torch.Tensor) -> torch.Tensor:
-        """Exactly max_response_length tokens for each row (engine.py says how)."""
+        """Exactly max_response_length tokens for each row (engine.py says how); the trained
+        model generating itself computes under its autocast, as its forwards do."""
+        if self.config.rollout_engine == "policy":
+            with self._autocast():
+                return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
         return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
 
     def _rollout(self) -> None:
@@ -409,9 +429,14 @@ class TrainingProbe:
         end = start + response.shape[1]
         config = self.config
         if config.fused_logprob:  # every position's next token, as verl's fused forward
-            with self._autocast(), fused_head(model, torch.roll(ids, -1, dims=1),
-                                              with_entropy=with_entropy,
-                                              kernel=config.fused_logprob_kernel) as head:
+            trl = config.fused_logprob_kernel == "trl"  # TRL's head: the policy's entropy
+            # always, the completion tokens alone where its Triton kernels run (a GPU)
+            with self._autocast(), fused_head(
+                    model, torch.roll(ids, -1, dims=1),
+                    with_entropy=with_entropy or (trl and model is self.model),
+                    kernel=config.fused_logprob_kernel,
+                    scored=(start, end) if trl and self.gpu_kernels else None,
+                    on_gpu=self.gpu_kernels) as head:
                 log_probs = model(input_ids=ids, use_cache=False, **self._vl_inputs(rows)).logits
             if not with_entropy:
                 return log_probs[:, start:end]

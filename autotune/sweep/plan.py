@@ -122,14 +122,14 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
     """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
     would); auto only where the space and the user say nothing of the engine (`named`).
     auto on a GPU is EasyR1's and verl's vLLM: the real one where vLLM is installed (vllm),
-    else the stand-in with its memory (vllm-like); hf for TRL (HF generation) and on a CPU (a
-    stand-in device whose interpreter alone takes a large share of a small cap: the real
-    engine runs there when named, with a KV budget). verl's vLLM (>= 0.8.5) sleeps at level
+    else the stand-in with its memory (vllm-like); for TRL, policy (TRL generates with the
+    trained model itself); hf on a CPU (a stand-in device whose interpreter alone takes a
+    large share of a small cap: the real engine runs there when named, with a KV budget). verl's vLLM (>= 0.8.5) sleeps at level
     2, EasyR1's at 1."""
     if engine == "auto":
         if "rollout_engine" in named:
             return {}
-        engine = "hf" if trainer == "trl" or not on_gpu else (
+        engine = "policy" if trainer == "trl" else "hf" if not on_gpu else (
             "vllm" if vllm_installed() else "vllm-like")
     knobs: dict[str, Any] = {"rollout_engine": engine}
     if engine in VLLM_ENGINES and trainer == "verl" and "sleep_level" not in named:
@@ -145,7 +145,9 @@ def trainer_knobs(trainer: str | None, on_gpu: bool,
     metric). The CUDA allocator: verl turns expandable segments on outside the rollout
     (fsdp_workers.py rollout_mode, via verl/utils/device.py set_expandable_segments);
     EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False
-    (verl/trainer/main.py), and TRL sets nothing (the default, off)."""
+    (verl/trainer/main.py), and TRL sets nothing (the default, off). TRL 1.x scores every
+    log-prob through its fused LM head (trl/trainer/grpo_trainer.py add_fused_lm_head), and
+    HF Trainer steps AdamW with its fused kernel (optim adamw_torch_fused, torch >= 2.8)."""
     knobs: dict[str, Any] = {}
     if trainer == "verl" and "entropy_metric" not in named:
         knobs["entropy_metric"] = True
@@ -154,6 +156,11 @@ def trainer_knobs(trainer: str | None, on_gpu: bool,
     if trainer == "verl" and on_gpu and "fused_logprob_kernel" not in named \
             and verl_triton_installed():
         knobs["fused_logprob_kernel"] = "triton"  # verl's own kernel, where fused_logprob is on
+    if trainer == "trl":
+        knobs.update({knob: value for knob, value in
+                      (("fused_logprob", True), ("fused_logprob_kernel", "trl"),
+                       ("fused_optimizer", True))
+                      if knob not in named})
     return knobs
 
 

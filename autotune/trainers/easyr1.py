@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import VLLM_ENGINES, Topology, old_pass_problem
+from autotune.config import VLLM_ENGINES, Topology, old_pass_problem, torch_adamw_problem
 from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
@@ -86,6 +86,7 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     if estimator in ("grpo", "rloo") and n <= 1:
         problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {n})")
     problems += old_pass_problem(k, "EasyR1")
+    problems += torch_adamw_problem(k, "EasyR1")
     if k.get("algorithm") == "ppo":
         problems += _easyr1_critic_rules(k, world, ulysses, length)
     return problems

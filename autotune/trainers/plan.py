@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.batching import BUDGET_KNOB, batched_phases, with_token_budgets
-from autotune.config import Topology, format_bytes
+from autotune.config import VLLM_ENGINES, Topology, format_bytes
 from autotune.trainers.adapter import Adapter, Setting
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
 MISSING = object()
-# knobs only the vllm-like engine reads: the hf engine's probe never measured them
+# knobs only the vllm-like engine reads: the hf and policy engines' probes never measured them
 ENGINE_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "enable_sleep",
                      "kv_cache_memory_bytes")
 FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing",  # said when flipped
@@ -75,7 +75,7 @@ def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     measured = {"dynamic_batching": False, "algorithm": "grpo", **knobs}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
-    if knobs.get("rollout_engine") != "hf":
+    if knobs.get("rollout_engine", "vllm") in VLLM_ENGINES:  # hf, policy: no reservation
         return measured
     return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}
 

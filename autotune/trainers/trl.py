@@ -21,13 +21,13 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
     per_step, per_generation = mbu * world, k["rollout_batch_size"] * n
     problems = []
     if k.get("entropy_coeff"):
-        problems.append(f"entropy_coeff={k['entropy_coeff']}: TRL's entropy_coef takes the "
-                        "entropy in its own 128-row chunks, not what the probe ran: probe with "
+        problems.append(f"entropy_coeff={k['entropy_coeff']}: autotune does not write TRL's "
+                        "entropy_coef (its bonus, normalised per loss type) yet: probe with "
                         "entropy_coeff=0")
-    if k.get("fused_logprob"):
-        problems.append("fused_logprob: TRL's use_liger_kernel fuses only the loss (its old and "
-                        "reference log-probs take the whole logits), not what the probe ran: "
-                        "probe with fused_logprob=false")
+    if k.get("fused_logprob") and k.get("fused_logprob_kernel") != "trl":
+        problems.append(f"fused_logprob_kernel={k.get('fused_logprob_kernel')}: verl's kernel, "
+                        "which TRL does not have (TRL 1.x scores through its own fused LM "
+                        "head): probe with fused_logprob_kernel=trl")
     if n < 2:
         problems.append(f"GRPO requires at least 2 generations per prompt (num_generations={n})")
     if (k["global_batch_size"] * n) % per_step:
@@ -97,8 +97,8 @@ def _trl_read_batches(get: Getter, topo: Topology) -> dict[str, Any]:
 def _trl_engine(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
     """vllm (and vllm-like) stand for TRL's colocated vLLM (vllm_mode colocate: the engine on the
     training GPUs, split over vllm_tensor_parallel_size); hf for generation by the trained
-    model (TRL's default)."""
-    if k["rollout_engine"] == "hf":
+    model (TRL's default: policy; hf stands for it with a copy of the weights)."""
+    if k["rollout_engine"] not in VLLM_ENGINES:  # policy (hf: an engine copy TRL lacks)
         return {"use_vllm": False}
     return {"use_vllm": True, "vllm_mode": "colocate",
             "vllm_tensor_parallel_size": k["rollout_tensor_parallel"]}
@@ -116,9 +116,18 @@ def _trl_read_old_pass(get: Getter, topo: Topology) -> dict[str, Any]:
     return {"old_logprob_pass": True if get("num_iterations", 1) > 1 else None}
 
 
+def _trl_optim(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    return {"optim": "adamw_torch_fused" if k["fused_optimizer"] else "adamw_torch"}
+
+
+def _trl_read_optim(get: Getter, topo: Topology) -> dict[str, Any]:
+    """Other optimizers (8-bit, paged, ...) are not probed: read as torch's default step."""
+    return {"fused_optimizer": get("optim", "adamw_torch_fused") == "adamw_torch_fused"}
+
+
 def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
     if not get("use_vllm", False):
-        return {"rollout_engine": "hf", "rollout_tensor_parallel": 1}
+        return {"rollout_engine": "policy", "rollout_tensor_parallel": 1}
     mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own, not probed
     return {"rollout_engine": "vllm-like" if mode == "colocate" else f"vllm_mode={mode}",
             "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1)}
@@ -130,10 +139,15 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     vllm_tensor_parallel_size x steps_per_generation sequences at once."""
     lines = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
              f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
-    lines.append("entropy: GRPOTrainer takes every completion token's entropy in its loss, "
-                 "128 rows at a time without a gradient (trl/trainer/utils.py "
-                 "entropy_from_logits): a few fp32 [128, vocabulary] tensors more in the update "
-                 "than the probe held")
+    if not k.get("fused_logprob"):
+        lines.append("log-probs: the probe took them from the whole logits; TRL 1.x scores "
+                     "through its fused LM head (vocabulary chunks of 32,768, every position's "
+                     "entropy beside): probe with fused_logprob=true, fused_logprob_kernel=trl "
+                     "(the --trainer trl default) to measure what it holds")
+    if k.get("rollout_engine") == "hf":
+        lines.append("generation: the probe generated with an engine copy of the weights "
+                     "(rollout_engine=hf); TRL generates with the trained model itself, so its "
+                     "rollout holds that copy less than measured")
     if k.get("expandable_segments"):
         lines.append("allocator: the study trained with the CUDA allocator's expandable "
                      "segments; GRPOConfig has no key: launch with PYTORCH_CUDA_ALLOC_CONF="
@@ -195,14 +209,17 @@ TRL = Adapter(
         # generation is used more than once: num_iterations > 1, or a generation batch that
         # feeds several optimizer steps (old_logprob_pass none: the batches decide)
         Derived(("old_logprob_pass",), _trl_old_pass, _trl_read_old_pass, ("num_iterations",)),
+        # transformers' TrainingArguments.optim: adamw_torch_fused by default (torch >= 2.8)
+        Derived(("fused_optimizer",), _trl_optim, _trl_read_optim, ("optim",)),
     ),
     defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True,  # GRPOConfig
-              "use_kl": False, "rollout_engine": "hf", "rollout_tensor_parallel": 1,
-              "old_logprob_pass": None},
+              "use_kl": False, "rollout_engine": "policy", "rollout_tensor_parallel": 1,
+              "old_logprob_pass": None, "fused_logprob": True, "fused_logprob_kernel": "trl",
+              "fused_optimizer": True},
     share=_trl_share,
     short_run=_trl_short_run,
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
     steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
-    engines=("hf", *VLLM_ENGINES),
+    engines=("policy", "hf", *VLLM_ENGINES),
     unheld=_trl_unheld,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import VLLM_ENGINES, Topology, old_pass_problem
+from autotune.config import VLLM_ENGINES, Topology, old_pass_problem, torch_adamw_problem
 from autotune.trainers.adapter import Adapter, Derived, Setting
 
 
@@ -48,6 +48,7 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
     problems += old_pass_problem(k, "verl")
+    problems += torch_adamw_problem(k, "verl")
     if k.get("algorithm") == "ppo":
         problems += _verl_critic_rules(k, normalized, dynamic, sp)
     return problems

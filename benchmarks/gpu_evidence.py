@@ -23,7 +23,9 @@ registry models, a real OOM, memory and throughput figures against the memory mo
   tensors plus memory.py's 1 GiB GPU fixed term) against measured, and what the GPU held
   beyond the traced tensors (the fixed term a GPU really has: CUDA context, workspaces,
   the caching allocator's rounding);
-- when trl is installed: a command sweep (`autotune run --trainer trl --launch ...`) of TRL's
+- when trl is installed: the built-in probe against real TRL at the same shapes
+  (benchmarks/trainer_fidelity.py --gpu, rows FIDELITY_ROWS, as the deadline allows), then a
+  command sweep (`autotune run --trainer trl --launch ...`) of TRL's
   GRPOTrainer on the qwen2.5-0.5b architecture (random weights, a tokenizer built here), 3
   probes over per_device_train_batch_size 8, 32 and 256 with and without checkpointing, the
   largest a real CUDA OOM of the whole card.
@@ -226,13 +228,38 @@ def _find_spec(util, name: str) -> object:
         return None
 
 
-def trl_command_sweep(where: Path, timeout_s: float) -> list[str]:
-    """TRL's own GRPOTrainer probed by `run --launch` on the GPU: the study's lines."""
+def missing_for_trl() -> list[str]:
+    """What a real TRL run probed by autotune needs that this Python lacks."""
     import importlib.util
-    import subprocess
 
     needed = ("trl", "optuna", "ruamel.yaml", "click", "yaml", "psutil", "rich")  # the CLI's too
-    missing = [name for name in needed if _find_spec(importlib.util, name) is None]
+    return [name for name in needed if _find_spec(importlib.util, name) is None]
+
+
+FIDELITY_ROWS = ("base beta=0.04", "mbu 2x beta=0.0", "resp 2x beta=0.04")
+
+
+def trl_fidelity(deadline_s: float) -> list[str]:
+    """The built-in probe against real TRL's GRPOTrainer at the same shapes on this GPU
+    (benchmarks/trainer_fidelity.py, qwen2.5-0.5b): the table's lines."""
+    missing = missing_for_trl()
+    if missing:
+        return [f"trl fidelity: {', '.join(missing)} not installed here (carry their wheels); "
+                "skipped"]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import trainer_fidelity as fidelity
+
+    setup = fidelity.gpu_setup()
+    results, baselines = fidelity.compare(setup, list(FIDELITY_ROWS), deadline_s,
+                                          echo=lambda line: print(line, flush=True))
+    return fidelity.table(setup, results, baselines)
+
+
+def trl_command_sweep(where: Path, timeout_s: float) -> list[str]:
+    """TRL's own GRPOTrainer probed by `run --launch` on the GPU: the study's lines."""
+    import subprocess
+
+    missing = missing_for_trl()
     if missing:
         return [f"trl command sweep: {', '.join(missing)} not installed here (carry their "
                 f"wheels); skipped"]
@@ -338,10 +365,15 @@ def main() -> int:
     pool.shutdown(wait=False, cancel_futures=True)
     tail: list[str] = []
     if left_s() > 150:
-        with tempfile.TemporaryDirectory() as scratch:
-            tail = ["", *trl_command_sweep(Path(scratch), timeout_s=left_s())]
+        tail = ["", *trl_fidelity(deadline_s=left_s() - 100)]
+        write_results(args.out, rows, started, tail)
     else:
-        tail = ["", f"trl command sweep: skipped, {left_s():.0f} s left of --deadline-s"]
+        tail = ["", f"trl fidelity: skipped, {left_s():.0f} s left of --deadline-s"]
+    if left_s() > 150:
+        with tempfile.TemporaryDirectory() as scratch:
+            tail += ["", *trl_command_sweep(Path(scratch), timeout_s=left_s())]
+    else:
+        tail += ["", f"trl command sweep: skipped, {left_s():.0f} s left of --deadline-s"]
     print("\n".join(tail), flush=True)
     write_results(args.out, rows, started, tail)
     print(f"wrote {args.out}/gpu_evidence.txt")

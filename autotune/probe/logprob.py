@@ -152,6 +152,25 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else tensor.dtype
 
 
+def _trl_tiles(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
+               ) -> Iterator[tuple[slice, int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """TRL's tiling: for each TRL_TOKEN_TILE tokens x TRL_VOCAB_CHUNK columns, (the token
+    rows, the first column, the tokens' hidden states and the columns' weight in `dtype`,
+    their logits) in one reused buffer, 32,768 columns wide whatever the vocabulary."""
+    tokens, vocab = hidden.shape[0], weight.shape[0]
+    buffer = torch.empty(min(tokens, TRL_TOKEN_TILE), TRL_VOCAB_CHUNK, dtype=dtype,
+                         device=hidden.device)
+    for first in range(0, tokens, TRL_TOKEN_TILE):
+        rows = slice(first, first + TRL_TOKEN_TILE)
+        chunk = hidden[rows].to(dtype)
+        for start in range(0, vocab, TRL_VOCAB_CHUNK):
+            end = min(start + TRL_VOCAB_CHUNK, vocab)
+            columns = weight[start:end].to(dtype)
+            tile = buffer[:chunk.shape[0], :end - start]
+            torch.mm(chunk, columns.t(), out=tile)
+            yield rows, start, chunk, columns, tile
+
+
 class TrlChunkedLogProb(torch.autograd.Function):
     """TRL's ChunkedLogProbFunction (log-probs and entropy, no bias, temperature 1), op for op
     where TRL folds a tile in torch (`_forward_tile`, `_backward_tile`), so it holds what TRL
@@ -162,38 +181,31 @@ class TrlChunkedLogProb(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                 in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.set_materialize_grads(False)
-        tokens, vocab, dtype = hidden.shape[0], weight.shape[0], _compute_dtype(hidden)
+        tokens, dtype = hidden.shape[0], _compute_dtype(hidden)
         running_max = torch.full((tokens,), float("-inf"), dtype=torch.float32,
                                  device=hidden.device)
         sum_exp, x_sum_exp, target_logit = (
             torch.zeros(tokens, dtype=torch.float32, device=hidden.device) for _ in range(3))
         unused = torch.zeros(3 * tokens, dtype=torch.float32, device=hidden.device)  # TRL
         # makes its three other per-token outputs' accumulators whatever it is asked
-        buffer = torch.empty(min(tokens, TRL_TOKEN_TILE), TRL_VOCAB_CHUNK, dtype=dtype,
-                             device=hidden.device)
-        for first in range(0, tokens, TRL_TOKEN_TILE):
-            rows = slice(first, first + TRL_TOKEN_TILE)
-            chunk = hidden[rows].to(dtype)
-            for start in range(0, vocab, TRL_VOCAB_CHUNK):
-                end = min(start + TRL_VOCAB_CHUNK, vocab)
-                tile = buffer[:chunk.shape[0], :end - start]
-                torch.mm(chunk, weight[start:end].to(dtype).t(), out=tile)
-                if in_place:
-                    continue
-                z = tile.float() * 1.0  # TRL's logit scale, then its 1/temperature
-                z = z * 1.0
-                local = labels[rows] - start
-                new_max = torch.maximum(running_max[rows], z.amax(-1))
-                rescale = torch.exp(running_max[rows] - new_max)
-                e = torch.exp(z - new_max.unsqueeze(-1))
-                sum_exp[rows] = sum_exp[rows] * rescale + e.sum(-1)
-                x_sum_exp[rows] = x_sum_exp[rows] * rescale + (e * z).sum(-1)
-                running_max[rows] = new_max
-                inside = (local >= 0) & (local < end - start)
-                picked = z.gather(-1, local.clamp(0, end - start - 1).unsqueeze(-1)).squeeze(-1)
-                target_logit[rows] = torch.where(inside, picked, target_logit[rows])
-                del z, e
-        del buffer, unused
+        for rows, start, _, _, tile in _trl_tiles(hidden, weight, dtype):
+            if in_place:
+                continue
+            width = tile.shape[1]
+            z = tile.float() * 1.0  # TRL's logit scale, then its 1/temperature
+            z = z * 1.0
+            local = labels[rows] - start
+            new_max = torch.maximum(running_max[rows], z.amax(-1))
+            rescale = torch.exp(running_max[rows] - new_max)
+            e = torch.exp(z - new_max.unsqueeze(-1))
+            sum_exp[rows] = sum_exp[rows] * rescale + e.sum(-1)
+            x_sum_exp[rows] = x_sum_exp[rows] * rescale + (e * z).sum(-1)
+            running_max[rows] = new_max
+            inside = (local >= 0) & (local < width)
+            picked = z.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1)
+            target_logit[rows] = torch.where(inside, picked, target_logit[rows])
+            del z, e
+        del unused
         log_z = running_max + torch.log(sum_exp)
         entropies = log_z - x_sum_exp / sum_exp
         ctx.save_for_backward(hidden, weight, labels, log_z, entropies)
@@ -203,38 +215,29 @@ class TrlChunkedLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Any, grad_entropies: Any) -> tuple[Any, ...]:
         hidden, weight, labels, log_z, entropies = ctx.saved_tensors
-        tokens, vocab, dtype = hidden.shape[0], weight.shape[0], ctx.dtype
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        buffer = torch.empty(min(tokens, TRL_TOKEN_TILE), TRL_VOCAB_CHUNK, dtype=dtype,
-                             device=hidden.device)
-        for first in range(0, tokens, TRL_TOKEN_TILE):
-            rows = slice(first, first + TRL_TOKEN_TILE)
-            chunk = hidden[rows].to(dtype)
-            for start in range(0, vocab, TRL_VOCAB_CHUNK):
-                end = min(start + TRL_VOCAB_CHUNK, vocab)
-                w_chunk = weight[start:end].to(dtype)
-                tile = buffer[:chunk.shape[0], :end - start]
-                torch.mm(chunk, w_chunk.t(), out=tile)
-                if ctx.in_place:  # the Triton fold, and cuBLAS's fp32-out GEMMs: no copies
-                    continue
-                y = tile.float() * 1.0
-                z = y * 1.0
-                log_p = z - log_z[rows].unsqueeze(-1)
-                p = torch.exp(log_p)
-                grad = torch.zeros_like(z)
-                if grad_out is not None:
-                    is_target = torch.arange(start, end, device=z.device) \
-                        == labels[rows].unsqueeze(-1)
-                    grad += grad_out[rows].float().unsqueeze(-1) * (is_target.float() - p)
-                if grad_entropies is not None:
-                    grad -= grad_entropies[rows].float().unsqueeze(-1) * p * (
-                        log_p + entropies[rows].unsqueeze(-1))
-                grad = grad * 1.0
-                tile.copy_(grad * 1.0)
-                del y, z, log_p, p, grad
-                grad_hidden[rows].addmm_(tile.float(), w_chunk.float())
-                grad_weight[start:end].addmm_(tile.t().float(), chunk.float())
+        for rows, start, chunk, w_chunk, tile in _trl_tiles(hidden, weight, ctx.dtype):
+            end = start + tile.shape[1]
+            if ctx.in_place:  # the Triton fold, and cuBLAS's fp32-out GEMMs: no copies
+                continue
+            y = tile.float() * 1.0
+            z = y * 1.0
+            log_p = z - log_z[rows].unsqueeze(-1)
+            p = torch.exp(log_p)
+            grad = torch.zeros_like(z)
+            if grad_out is not None:
+                is_target = torch.arange(start, end, device=z.device) \
+                    == labels[rows].unsqueeze(-1)
+                grad += grad_out[rows].float().unsqueeze(-1) * (is_target.float() - p)
+            if grad_entropies is not None:
+                grad -= grad_entropies[rows].float().unsqueeze(-1) * p * (
+                    log_p + entropies[rows].unsqueeze(-1))
+            grad = grad * 1.0
+            tile.copy_(grad * 1.0)
+            del y, z, log_p, p, grad
+            grad_hidden[rows].addmm_(tile.float(), w_chunk.float())
+            grad_weight[start:end].addmm_(tile.t().float(), chunk.float())
         return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None
 
 

@@ -2,10 +2,12 @@
 
 One step has the phases of EasyR1/verl's hybrid engine: rollout (a rollout engine holding a
 compute-dtype copy of the weights generates `rollout_n` responses per prompt, always to
-`max_response_length`, with vLLM's memory or HF generation's: engine.py), experience (the
+`max_response_length`, with vLLM's memory or HF generation's, or the actor generates itself
+as TRL's does: engine.py), experience (the
 old log-prob forward unless `old_logprob_pass` is off, as TRL runs one optimizer step a
 generation, and the reference's), update (mini-batches of micro-batches with gradient
-accumulation, a GRPO loss, an AdamW step) and, when `val_batch_size` is set, validation
+accumulation, a GRPO loss, an AdamW step, fused or torch's default) and, when
+`val_batch_size` is set, validation
 generation. The actor keeps fp32 master weights and AdamW
 state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
 GPU, and offload moves params / optimizer state to host memory between phases. It runs one

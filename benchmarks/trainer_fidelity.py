@@ -116,14 +116,13 @@ def grid(setup: Setup = CPU) -> dict[str, dict]:
 
 
 def trl_config(shapes: dict, on_gpu: bool = False) -> ProbeConfig:
-    """The built-in's config for TRL at `shapes`: what `--trainer trl` sets (its engine and
-    head), TRL's old-log-prob rule, and its experience micro-batch."""
+    """The built-in's config for TRL at `shapes`: what `--trainer trl` sets (its engine, head
+    and optimizer), TRL's old-log-prob rule, and its tie (the experience micro-batch)."""
     knobs = {**engine_knobs("auto", on_gpu=on_gpu, trainer="trl"),
              **trainer_knobs("trl", on_gpu=on_gpu), **shapes,
-             "micro_batch_size_experience": shapes["micro_batch_size_update"],
              "old_logprob_pass": None, "gradient_checkpointing": False,
              "max_prompt_length": PROMPT_TOKENS}
-    return ProbeConfig(**knobs)
+    return ProbeConfig(**knobs, **get_adapter("trl").ties(knobs))
 
 
 def imported(text: str) -> list[str]:

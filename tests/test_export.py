@@ -270,6 +270,7 @@ def test_trl_rules_agree_with_grpo_config_on_random_configs(tmp_path):
     rng, accepted, refused = random.Random(3), 0, 0
     for _ in range(300):
         knobs = {**random_knobs(rng), "offload_params": False, "offload_optimizer": False}
+        knobs.update(TRL.ties(knobs))  # the sweep's tie: log-probs at the train micro-batch
         problems = TRL.check(knobs, Topology(1, 1))
         whole_steps = (knobs["global_batch_size"] * knobs["rollout_n"]) \
             % knobs["micro_batch_size_update"] == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.config import Topology
+from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.registry import architecture_of
 from autotune.trainers.easyr1 import EASYR1
@@ -216,9 +216,17 @@ def test_trl_follows_its_generation_batch_arithmetic(tmp_path):
     # head and generation by the trained model are stated, not silent
     assert [line.split(":")[0] for line in plan.run] == ["prompts", "log-probs", "generation"]
     # probed as TRL runs (its head, the policy generating): nothing more to say
-    plan = plan_export(TRL, {**knobs, "rollout_engine": "policy", "fused_logprob": True,
-                             "fused_logprob_kernel": "trl"}, Topology(1, 1), base[0], SEARCHED)
+    as_trl = {**knobs, "rollout_engine": "policy", "fused_logprob": True,
+              "fused_logprob_kernel": "trl", "micro_batch_size_experience": 8}
+    plan = plan_export(TRL, as_trl, Topology(1, 1), base[0], SEARCHED)
     assert [line.split(":")[0] for line in plan.run] == ["prompts"]
+    # log-probs scored at another micro-batch than TRL's (its per_device_train_batch_size)
+    plan = plan_export(TRL, {**as_trl, "micro_batch_size_experience": 4}, Topology(1, 1),
+                       base[0], SEARCHED)
+    assert plan.run[1] == (
+        "log-prob micro-batch: the study took its old and reference log-probs 4 sequences at "
+        "a time; GRPOTrainer takes them per_device_train_batch_size (8) at a time, so its "
+        "experience phase holds more than measured (a --trainer trl sweep probes them equal)")
     # offload has no GRPOConfig key: the line names the knob to hold in a re-run
     refused = plan_export(TRL, {**knobs, "offload_params": True}, Topology(1, 1), None,
                           SEARCHED)
@@ -403,3 +411,19 @@ def test_trl_old_log_prob_pass_round_trips_to_what_was_probed():
             assert old_pass_runs(read["old_logprob_pass"], read["rollout_batch_size"],
                                  read["global_batch_size"]) == \
                 old_pass_runs(flag, rbs, 8), (rbs, flag, values)
+
+
+def test_a_trl_sweep_scores_log_probs_at_its_train_micro_batch():
+    """GRPOTrainer takes old and reference log-probs per_device_train_batch_size at a time:
+    every trial of a --trainer trl sweep is probed so (the adapter's tie, applied by the
+    space), whatever the space leaves micro_batch_size_experience at; verl's are not tied."""
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.trainer_target import trainer_target
+
+    _, _, space, _ = trainer_target("trl", None, load_search_space("trl"), 1, 1)
+    for mbu in (1, 4, 16):
+        config = space.config_for({"micro_batch_size_update": mbu})
+        assert config.micro_batch_size_experience == mbu
+    _, _, verl, _ = trainer_target("verl", None, load_search_space("verl"), 1, 8)
+    assert verl.config_for({"micro_batch_size_update": 1}).micro_batch_size_experience \
+        == ProbeConfig().micro_batch_size_experience

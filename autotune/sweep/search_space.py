@@ -70,6 +70,8 @@ class SearchSpace:
     # more rules a config must pass (a trainer's, for its topology): never probed otherwise
     rules: Callable[[ProbeConfig], list[str]] | None = field(default=None, compare=False)
     world_size: int = 1  # GPUs of the training run: each takes an equal share of the batches
+    # knobs the target trainer sets from others (Adapter.ties), applied by config_for
+    ties: Callable[[dict[str, Any]], dict[str, Any]] | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -130,10 +132,12 @@ class SearchSpace:
         return {**MEMORY_DIRECTION, **{name: self.direction(name) for name in self.params}}
 
     def config_for(self, params: dict[str, Any]) -> ProbeConfig:
-        """The full configuration of a trial (not checked: see `problems_for`); the trainer's
-        own keys are left out (see `trainer_values`)."""
-        return ProbeConfig(**{k: v for k, v in {**self.fixed, **params}.items()
-                              if not is_trainer_key(k)})
+        """The full configuration of a trial (not checked: see `problems_for`), with the
+        target trainer's ties; the trainer's own keys are left out (see `trainer_values`)."""
+        config = ProbeConfig(**{k: v for k, v in {**self.fixed, **params}.items()
+                                if not is_trainer_key(k)})
+        return dataclasses.replace(config, **self.ties(config.as_dict())) if self.ties \
+            else config
 
     def trainer_values(self, params: dict[str, Any]) -> dict[str, Any]:
         """The trainer's own keys of a trial, fixed and searched, as the trainer spells them."""
@@ -151,6 +155,10 @@ class SearchSpace:
 
     def with_rules(self, rules: Callable[[ProbeConfig], list[str]]) -> SearchSpace:
         return dataclasses.replace(self, rules=rules)
+
+    def with_ties(self, ties: Callable[[dict[str, Any]], dict[str, Any]] | None
+                  ) -> SearchSpace:
+        return dataclasses.replace(self, ties=ties)
 
     def for_world(self, world_size: int) -> SearchSpace:
         """The same space for a run of `world_size` GPUs (its rules split the batches)."""

@@ -56,6 +56,7 @@ def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
     start, moved = space.snapped(start)
     tree = base[0] if base else {}
     ruled = space.with_rules(lambda config: adapter.check(
-        config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default)))
+        config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default))
+    ).with_ties(adapter.ties)
     notes += [f"{trainer} starting config: {line}" for line in moved]
     return TrainerTarget(adapter, base, topology), start, ruled, notes

@@ -89,6 +89,9 @@ class Adapter:
     # PPO is not supported
     critic_keys: dict[str, tuple[str, ...]] | None = None
     critic_model_key: str | None = None  # where the config names the critic's model
+    # knobs the trainer sets from others, with no key of their own (TRL scores log-probs at
+    # its train micro-batch): applied to every trial's config before it is probed
+    ties: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def keys_for(self, knobs: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         """Where each knob of `knobs` goes: the critic's keys too when it trains one."""

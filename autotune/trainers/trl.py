@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autotune.config import VLLM_ENGINES, Topology
+from autotune.config import VLLM_ENGINES, Topology, old_pass_runs
 from autotune.trainers.adapter import Adapter, Derived, Getter
 
 
@@ -144,6 +144,15 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
                      "through its fused LM head (vocabulary chunks of 32,768, every position's "
                      "entropy beside): probe with fused_logprob=true, fused_logprob_kernel=trl "
                      "(the --trainer trl default) to measure what it holds")
+    mbu, mbe = k["micro_batch_size_update"], k.get("micro_batch_size_experience")
+    scored = k.get("use_kl") or old_pass_runs(k.get("old_logprob_pass", True),
+                                              k["rollout_batch_size"], k["global_batch_size"])
+    if scored and mbe is not None and mbe != mbu:
+        lines.append(f"log-prob micro-batch: the study took its old and reference log-probs "
+                     f"{mbe} sequences at a time; GRPOTrainer takes them "
+                     f"per_device_train_batch_size ({mbu}) at a time, so its experience phase "
+                     f"holds {'more' if mbu > mbe else 'less'} than measured (a --trainer trl "
+                     "sweep probes them equal)")
     if k.get("rollout_engine") == "hf":
         lines.append("generation: the probe generated with an engine copy of the weights "
                      "(rollout_engine=hf); TRL generates with the trained model itself, so its "
@@ -222,4 +231,6 @@ TRL = Adapter(
     steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
     engines=("policy", "hf", *VLLM_ENGINES),
     unheld=_trl_unheld,
+    # GRPOTrainer scores old and reference log-probs per_device_train_batch_size at a time
+    ties=lambda k: {"micro_batch_size_experience": k["micro_batch_size_update"]},
 )

@@ -180,3 +180,36 @@ def test_a_traced_rollout_at_high_concurrency_stays_inside_the_reservation():
     # (within 1 MiB: the batch's token ids, the trainer's tensors beside the engine)
     assert held <= states + engine["reserved_bytes"] + (1 << 20), (held, states, engine)
     assert held >= states + engine["reserved_bytes"] - engine["profile_bytes"], engine
+
+
+def test_the_policy_generates_itself_with_its_cache_and_no_copy():
+    """rollout_engine=policy (TRL without vLLM): the actor generates, in eval mode and with
+    its KV cache even where it trains with checkpointing (HF drops the cache in training
+    mode), and no engine copy of the weights exists: the probe counts none and the memory
+    model's rollout has no engine weights but the actor's compute-dtype cast."""
+    from autotune.memory.model import estimate_memory, model_shape
+    from autotune.probe.result import ProbeRequest
+    from autotune.probe.step import TrainingProbe
+
+    config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), "rollout_engine": "policy",
+                            "gradient_checkpointing": True})
+    probe = TrainingProbe(ProbeRequest(model="tiny-qwen2.5", config=config,
+                                       device=Device("cpu")))
+    probe.build()
+    calls, forward = [], probe.model.forward
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("use_cache"), probe.model.training))
+        return forward(*args, **kwargs)
+
+    probe.model.forward = recording
+    probe._rollout()
+    assert probe.responses.shape == (8, config.max_response_length)
+    assert calls and set(calls) == {(True, False)}
+    assert probe.engine_weight_bytes == 0 and probe.engine.weight_names() == []
+    parts = estimate_memory(model_shape("tiny-qwen2.5"), config, on_gpu=True).phases[
+        "rollout"].parts
+    hf = estimate_memory(model_shape("tiny-qwen2.5"), ProbeConfig(**{
+        **config.as_dict(), "rollout_engine": "hf"}), on_gpu=True).phases["rollout"].parts
+    assert "engine_weights" not in parts and parts["cast_weights"] > 0
+    assert hf["engine_weights"] == parts["cast_weights"]  # one compute-dtype copy either way

@@ -148,6 +148,8 @@ class TrainingProbe:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
+        self.model.eval()  # as between steps (the update trains, then evaluates): a policy
+        # that generates itself keeps its KV cache (HF drops it in training with checkpointing)
         if self.group is not None:
             shard_model(self.model, self.group, self.compute_dtype)
         self.optimizer = self._adamw(self.model.parameters(), lr=1e-6)

@@ -427,3 +427,37 @@ def test_a_trl_sweep_scores_log_probs_at_its_train_micro_batch():
     _, _, verl, _ = trainer_target("verl", None, load_search_space("verl"), 1, 8)
     assert verl.config_for({"micro_batch_size_update": 1}).micro_batch_size_experience \
         == ProbeConfig().micro_batch_size_experience
+
+
+def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
+    """fused_optimizer is TRL's `optim`: written as the probe stepped and read back; an
+    optimizer no probe runs (8-bit, paged) is refused at export and before a sweep on that
+    base; a study recorded before the knob stepped torch's default AdamW, written as such."""
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.trainer_target import trainer_target
+    from autotune.trainers.export import dotted_get
+
+    knobs = {**KNOBS, "rollout_engine": "policy", "use_kl": False,
+             "micro_batch_size_experience": 2}
+    for fused, optim in ((True, "adamw_torch_fused"), (False, "adamw_torch")):
+        plan = plan_export(TRL, {**knobs, "fused_optimizer": fused}, Topology(1, 1), None,
+                           (*SEARCHED, "fused_optimizer"))
+        assert plan.problems == [] and plan.values["optim"] == optim
+        read = TRL.read_knobs(lambda key, default: dotted_get(plan.values, key, default),
+                              Topology(1, 1))
+        assert read["fused_optimizer"] is fused
+    # TRL's default (no optim key) is the fused kernel: a fused study writes nothing, an old
+    # study (no knob) writes torch's default step it measured
+    base = base_file(tmp_path, "num_generations: 4\nper_device_train_batch_size: 2\n")
+    assert "optim" not in plan_export(TRL, {**knobs, "fused_optimizer": True}, Topology(1, 1),
+                                      base[0], SEARCHED).values
+    assert plan_export(TRL, knobs, Topology(1, 1), base[0], SEARCHED).values["optim"] \
+        == "adamw_torch"
+    eight_bit = base_file(tmp_path, "num_generations: 4\nper_device_train_batch_size: 8\n"
+                          "optim: adamw_8bit\n", "eight.yaml")
+    refused = plan_export(TRL, {**knobs, "fused_optimizer": True}, Topology(1, 1),
+                          eight_bit[0], SEARCHED)
+    assert any(line.startswith("optim is adamw_8bit in your base config: the probe steps "
+                               "torch's AdamW") for line in refused.problems), refused.problems
+    with pytest.raises(ConfigError, match="optim is adamw_8bit in your base config"):
+        trainer_target("trl", str(tmp_path / "eight.yaml"), load_search_space("trl"), 1, 1)

@@ -379,8 +379,8 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         return micro * response if on_gpu else micro * (seq - 1)
 
     def trl_logits(micro: int, backward: bool) -> int:
-        # one reused [4,096 tokens, 32,768 columns] buffer in the compute dtype and a copy of
-        # the scored hidden states; without Triton (a CPU) the fold's fp32 temporaries of a
+        # one reused [4,096 tokens, 32,768 columns] buffer in the compute dtype, a copy of
+        # the scored hidden states and TRL's seven fp32 accumulators per token; without Triton (a CPU) the fold's fp32 temporaries of a
         # tile, 3 in the forward and 8 in the backward; the backward's fp32 gradients of the
         # hidden states and the weight
         positions = trl_positions(micro)

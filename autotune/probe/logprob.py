@@ -27,6 +27,7 @@ installed; else `TrlChunkedLogProb`, the same arithmetic. Imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,8 +242,10 @@ class TrlChunkedLogProb(torch.autograd.Function):
         return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None
 
 
+@functools.cache
 def trl_chunked_function() -> Any:
-    """TRL's own ChunkedLogProbFunction where TRL is installed, else None."""
+    """TRL's own ChunkedLogProbFunction where TRL is installed, else None (looked up once: a
+    missing package is not searched for again at every forward)."""
     try:
         from trl.kernels import ChunkedLogProbFunction
     except ImportError:

@@ -28,6 +28,7 @@ optimizer state sit where its own offload switches put them.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -341,10 +342,9 @@ class TrainingProbe:
     def _generate(self, prompt_rows: torch.Tensor) -> torch.Tensor:
         """Exactly max_response_length tokens for each row (engine.py says how); the trained
         model generating itself computes under its autocast, as its forwards do."""
-        if self.config.rollout_engine == "policy":
-            with self._autocast():
-                return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
-        return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
+        policy = self.config.rollout_engine == "policy"
+        with self._autocast() if policy else contextlib.nullcontext():
+            return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
 
     def _rollout(self) -> None:
         config = self.config

@@ -71,8 +71,10 @@ def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
     reserves (a study probed with the hf engine never ran them); a study recorded before
     dynamic batching was a knob ran fixed micro-batches, and one before PPO ran GRPO; a
-    reference whose offload was not set waited where the actor's params did."""
-    measured = {"dynamic_batching": False, "algorithm": "grpo", **knobs}
+    reference whose offload was not set waited where the actor's params did; one before
+    fused_optimizer stepped torch's default AdamW."""
+    measured = {"dynamic_batching": False, "algorithm": "grpo", "fused_optimizer": False,
+                **knobs}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
     if knobs.get("rollout_engine", "vllm") in VLLM_ENGINES:  # hf, policy: no reservation

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import VLLM_ENGINES, Topology, old_pass_runs
-from autotune.trainers.adapter import Adapter, Derived, Getter
+from autotune.trainers.adapter import Adapter, Derived, Getter, Setting
 
 
 def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
@@ -120,8 +120,11 @@ def _trl_optim(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
     return {"optim": "adamw_torch_fused" if k["fused_optimizer"] else "adamw_torch"}
 
 
+PROBED_OPTIMS = ("adamw_torch", "adamw_torch_fused")  # the AdamW steps a probe runs
+
+
 def _trl_read_optim(get: Getter, topo: Topology) -> dict[str, Any]:
-    """Other optimizers (8-bit, paged, ...) are not probed: read as torch's default step."""
+    """Another optimizer (8-bit, paged, Adafactor) is refused by the `optim` setting below."""
     return {"fused_optimizer": get("optim", "adamw_torch_fused") == "adamw_torch_fused"}
 
 
@@ -230,6 +233,10 @@ TRL = Adapter(
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
     steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
     engines=("policy", "hf", *VLLM_ENGINES),
+    settings=(Setting("optim", "adamw_torch", "the probe steps torch's AdamW with fp32 states "
+                      "(fused_optimizer picks its kernel); another optimizer holds other "
+                      "states, which no probe measured", ok=lambda value: value in PROBED_OPTIMS,
+                      default_ok=True, refuse=True),),
     unheld=_trl_unheld,
     # GRPOTrainer scores old and reference log-probs per_device_train_batch_size at a time
     ties=lambda k: {"micro_batch_size_experience": k["micro_batch_size_update"]},

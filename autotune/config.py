@@ -167,6 +167,12 @@ class ProbeConfig:
     expandable_segments: bool = field(default=False, metadata={
         "help": "GPU: the CUDA caching allocator's expandable segments outside the rollout "
                 "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
+    fsdp_strategy: str = field(default="fsdp2", metadata={
+        "help": "how the actor, reference and critic are sharded over W > 1 ranks: fsdp "
+                "(FSDP1's FullyShardedDataParallel with flat parameters, as EasyR1 and "
+                "verl's default strategy wrap) or fsdp2 (fully_shard, per-parameter DTensor "
+                "shards: verl's strategy=fsdp2)",
+        "choices": ("fsdp", "fsdp2")})
     fused_optimizer: bool = field(default=False, metadata={
         "help": "AdamW's fused kernel, one pass with no temporaries (HF Trainer's "
                 "adamw_torch_fused, TRL's default with torch >= 2.8); off: torch's default "
@@ -456,6 +462,11 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if config.rollout_engine == "policy" and tp > 1:
         problems.append(f"rollout_engine=policy with rollout_tensor_parallel={tp}: the trained "
                         "model generates itself, with nothing to split; set it to 1")
+    if config.rollout_engine == "policy" and config.fsdp_strategy == "fsdp" and w > 1:
+        problems.append("rollout_engine=policy with fsdp_strategy=fsdp: FSDP1 gathers its flat "
+                        "parameters only in the wrapped forward, which generation does not "
+                        "call; use fsdp_strategy=fsdp2 (TRL's generation under FSDP gathers "
+                        "the whole model, which the probe does not run)")
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
@@ -642,6 +653,7 @@ MEMORY_DIRECTION: dict[str, int] = {
     # the allocator's slack, not the tensors: less on every GPU measured so far (an H200,
     # benchmarks/results/gpu), but one card is no order
     "expandable_segments": 0,
+    "fsdp_strategy": 0,  # the wrapper: which units are gathered when, on which streams
     "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
     "fused_logprob_kernel": 0,  # the values name kernels
     "fused_optimizer": -1,  # no step temporaries

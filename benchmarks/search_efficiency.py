@@ -68,14 +68,26 @@ STRATEGIES = [("autotune", "tpe", "traced"), ("tpe, estimate", "tpe", "full"),
               ("random", "random", "off")]
 
 
+LANDSCAPE_PRIOR_BYTES = 1 << 30  # the GPU landscapes' fixed term before a probe (issue 35)
+
+
 class TableTracer(SubprocessTracer):
-    """The sweep's tracer, answering from the grid's recorded traces instead of a process."""
+    """The sweep's tracer, answering from the grid's recorded traces instead of a process.
+
+    A landscape records traced tensors, not allocation streams, so on a GPU landscape this
+    tracer keeps the pre-screen as it was before the allocator replay (issue 48): a fixed
+    term per phase, the least each probe held beyond its trace, 1 GiB before one."""
 
     def __init__(self, space, traced: dict[str, dict[str, int]], on_gpu: bool = False) -> None:
-        super().__init__(lambda params, device: params, on_gpu=on_gpu)
+        super().__init__(lambda params, device: params, on_gpu=False)
         self.space, self.table = space, traced
+        if on_gpu:
+            self.prior_context_bytes = LANDSCAPE_PRIOR_BYTES
 
-    def _run(self, params):
+    def outside_prior(self, request):
+        return self.prior_context_bytes
+
+    def _run(self, params, key=None):
         traced = self.table[params_key(params)]
         if isinstance(traced, str):  # its engine could not start in the trace (cache_oom)
             return traced, f"the recorded trace: {traced}"
@@ -218,11 +230,11 @@ class BeforeTracer(TableTracer):
     taught no fixed term, so the prior stood until a traced config was probed; a trace whose
     engine could not start turned tracing off for the sweep."""
 
-    def learn(self, params, phase_peak_mem_bytes, device):
+    def learn(self, params, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
         if params_key(params) in self.traces:
             super().learn(params, phase_peak_mem_bytes, device)
 
-    def _run(self, params):
+    def _run(self, params, key=None):
         traced = super()._run(params)
         if isinstance(traced, tuple):
             self.unavailable = f"the trace cannot follow this model or config: {traced[1]}"

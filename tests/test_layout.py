@@ -20,7 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "batching": BASE,
     "config": BASE | {"files", "batching"},
     "registry": BASE | {"config"},
-    "probe": BASE | {"batching", "config", "files", "hardware", "registry", "probe"},
+    "probe": BASE | {"batching", "config", "files", "hardware", "registry", "probe",
+                     "memory.allocator"},  # the trace replays its allocations (pure Python)
     "memory": BASE | {"batching", "config", "registry", "memory"},
     "runners": BASE | {"config", "files", "probe.result", "probe.oom", "probe.process_tag",
                        "runners", "hardware"},

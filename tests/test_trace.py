@@ -4,7 +4,6 @@ same step, and the sweep's traced pre-screen (sweep/traced.py) with a real trace
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from autotune.hardware import Device
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+from autotune.memory.outside_torch import outside_torch
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.traced import TRACE_MARGIN, SubprocessTracer, traced_prediction
+from autotune.sweep.traced import SubprocessTracer, traced_prediction
 
 pytestmark = pytest.mark.slow
 
@@ -341,62 +341,81 @@ def test_an_engine_that_cannot_start_is_predicted_and_tracing_goes_on(make_reque
         tracer.close()
 
 
-GPU_EVIDENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu" / \
-    "gpu_evidence_allocated.json"
-
-
 class RecordedTracer(SubprocessTracer):
     """The sweep's tracer answering from recorded traces (no trace process)."""
 
-    def __init__(self, traces: dict[str, dict[str, int]]) -> None:
-        super().__init__(lambda params, device: params, on_gpu=True)
-        self.recorded = traces
+    def __init__(self, traces: dict[str, dict[str, int]], on_gpu: bool = True,
+                 fits_under: dict[str, int] | None = None) -> None:
+        super().__init__(lambda params, device: params, on_gpu=on_gpu)
+        self.recorded, self.recorded_fits = traces, fits_under or {}
 
-    def _run(self, request):
+    @staticmethod
+    def outside_prior(request):
+        return outside_torch().total_bytes
+
+    def _run(self, request, key):
+        if request["label"] in self.recorded_fits:
+            self.fits_under[key] = self.recorded_fits[request["label"]]
         return dict(self.recorded[request["label"]])
 
 
-def test_a_config_probed_before_any_trace_is_traced_to_learn_the_fixed_term():
+def test_a_cpu_config_probed_before_any_trace_is_traced_to_learn_the_fixed_term():
     """The safe config is probed first and never traced to be skipped: it is traced when its
-    probe reports, so the first probe already fits each phase's fixed term (before, the 1 GiB
-    prior stood against a 7B update's 12 GiB and let an update OOM through as the second
-    probe: benchmarks/results/search_efficiency_gpu.txt)."""
-    tracer = RecordedTracer({"safe": {"rollout": 10 << 30, "update": 20 << 30}})
-    device = Device("cuda", capacity_bytes=80 << 30)
+    probe reports, so the first probe already fits each phase's fixed term on a CPU (the
+    interpreter and glibc's heap beyond the traced tensors)."""
+    tracer = RecordedTracer({"safe": {"rollout": 100 << 20, "update": 200 << 20}},
+                            on_gpu=False)
+    device = Device("cpu", capacity_bytes=8 << 30)
     assert tracer.traces == {}
-    tracer.learn({"label": "safe"}, {"rollout": 23 << 29, "update": 32 << 30}, device)
+    tracer.learn({"label": "safe"}, {"rollout": 400 << 20, "update": 520 << 20}, device)
     assert {p: tracer.context_bytes(p) for p in ("rollout", "update")} == {
-        "rollout": 3 << 29, "update": 12 << 30}
+        "rollout": 300 << 20, "update": 320 << 20}
 
 
-def test_each_phase_learns_its_own_fixed_term_from_the_gpu_probes():
-    """On a GPU what a probe holds beyond its tensors differs by phase (the caching
-    allocator's slack: about 1 GiB in a 7B rank's rollout, 12 GiB in its update, measured on
-    an H200 in benchmarks/results/gpu). One term for all phases (their median) would skip a
-    rollout-bound config that fits; each phase's own least residual does not."""
-    row = next(r for r in json.loads(GPU_EVIDENCE.read_text()) if r["label"] == "7b rank0/8 ckpt")
-    measured = row["phase_peak_mem_bytes"]
-    tensors = {p: v - TRACE_GPU_CONTEXT_BYTES
-               for p, v in row["traced"]["phase_peak_mem_bytes"].items()}
-    residual = {p: measured[p] - tensors[p] for p in tensors}
-    assert residual["update"] > 8 * residual["rollout"] > 0  # what the test is about
-    # a candidate 1.5 GiB past the probed config in the rollout, 6 GiB below it in the update
-    candidate = {**tensors, "rollout": tensors["rollout"] + (3 << 29),
-                 "update": tensors["update"] - (6 << 30)}
-    tracer = RecordedTracer({"probed": tensors, "candidate": candidate})
-    device = Device("cuda", capacity_bytes=measured["rollout"] + (2 << 30))
-    probed, other = {"label": "probed"}, {"label": "candidate"}
+def test_a_gpu_probe_teaches_what_lives_outside_torch():
+    """On a GPU the trace's figure is torch's reserve, replayed; what a probe holds beyond it
+    is outside torch (the CUDA context), one term for the process, which every probe
+    measures itself: NVML's peak less torch's reserved peak. Before a probe the prior
+    stands; after, the least any probe measured."""
+    reserved = {"rollout": 10 << 30, "update": 20 << 30}
+    tracer = RecordedTracer({"probed": reserved, "other": {"update": 30 << 30}})
+    device = Device("cuda", capacity_bytes=80 << 30)
+    prior = outside_torch().total_bytes
+    assert tracer.traced_bytes({"label": "probed"}, device) == {
+        p: v + prior for p, v in reserved.items()}
+    nvml = {"rollout": (10 << 30) + (900 << 20), "update": (21 << 30) + (850 << 20)}
+    measured_reserved = {"rollout": 10 << 30, "update": 21 << 30}
+    tracer.learn({"label": "probed"}, nvml, device, measured_reserved)
+    assert tracer.context_bytes("update") == 850 << 20
+    assert tracer.traced_bytes({"label": "other"}, device) == {"update": (30 << 30) + (850 << 20)}
+    assert tracer.summary()["outside_torch_bytes"] == 850 << 20
 
-    assert tracer.traced_bytes(probed, device) == {p: v + TRACE_GPU_CONTEXT_BYTES
-                                                   for p, v in tensors.items()}  # the prior
-    tracer.learn(probed, measured, device)
-    assert tracer.traced_bytes(probed, device) == measured  # each phase its own term
-    held = {p: candidate[p] + residual[p] for p in candidate}
-    assert max(held.values()) < device.usable_bytes  # the candidate really fits ...
-    median = statistics.median(residual.values())
-    assert candidate["rollout"] + median > device.usable_bytes * (1 + TRACE_MARGIN)  # (old rule)
-    assert traced_prediction(tracer, other, 2 * device.usable_bytes, device) is None  # ... kept
-    # a second probe holding less in a phase lowers that phase's term: the least is kept
-    tracer.learn(other, {**held, "update": held["update"] - (1 << 30)}, device)
-    assert tracer.summary()["phase_context_bytes"] == {
-        **residual, "update": residual["update"] - (1 << 30)}
+
+FIDELITY = Path(__file__).parent.parent / "benchmarks" / "results" / "allocator_fidelity.json"
+
+
+def test_the_replayed_reserve_skips_a_7b_update_its_tensors_would_let_through():
+    """Measured on an H200: a 7B rank's update reserved 11 GiB beyond its live tensors (the
+    caching allocator's cached blocks; benchmarks/results/allocator_fidelity.json). On a card
+    with room for the tensors and the context but not for that reserve, the pre-screen
+    skips the config from its replayed reserve (and its smallest cap), where the tensors
+    alone would have let it run into the OOM; on a card with room for the reserve it is
+    kept."""
+    rows = json.loads(FIDELITY.read_text())["rows"]
+    row = next(r for r in rows if r["case"] == "7b rank0/8 ckpt" and r["phase"] == "update"
+               and r["file"] == "gpu_evidence.json")
+    tensors, reserved, nvml = (row["traced_tensor_bytes"], row["replayed_reserved_bytes"],
+                               row["nvml_bytes"])
+    assert reserved - tensors > 8 << 30  # what the test is about
+    outside = outside_torch().total_bytes
+    tight = Device("cuda", capacity_bytes=tensors + outside + (2 << 30))  # < NVML's peak
+    assert tight.usable_bytes < nvml
+    roomy = Device("cuda", capacity_bytes=nvml + (2 << 30))
+    for fits_under in (reserved, tensors + (6 << 30)):  # no cap can do with much less
+        tracer = RecordedTracer({"7b": {"update": reserved}}, fits_under={"7b": fits_under})
+        predicted = traced_prediction(tracer, {"label": "7b"}, 2 * nvml, tight)
+        assert predicted is not None and predicted.status == "gpu_oom"
+        assert predicted.failed_phase == "update" and predicted.source == "trace"
+        assert traced_prediction(tracer, {"label": "7b"}, 2 * nvml, roomy) is None
+    tensors_only = RecordedTracer({"7b": {"update": tensors}})
+    assert traced_prediction(tensors_only, {"label": "7b"}, 2 * nvml, tight) is None

@@ -115,7 +115,8 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         if traced is not None:
             report["traced"] = {k: traced[k] for k in (
                 "phase_peak_mem_bytes", "context_bytes", "phase_context_bytes",
-                "host_offload_bytes", "trace_s")}
+                "phase_tensor_bytes", "phase_reserved_bytes", "fits_under_bytes",
+                "allocator", "host_offload_bytes", "trace_s")}
             report["traced"]["fits_up_to_response_tokens"] = traced_reach
         click.echo(json.dumps(report, indent=2))
         return
@@ -134,7 +135,8 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         click.echo("")
         click.echo(format_traced(traced["phase_peak_mem_bytes"], traced["phase_context_bytes"],
                                  traced["context_note"], totals, capacity, headroom,
-                                 traced["host_offload_bytes"], what))
+                                 traced["host_offload_bytes"], what,
+                                 traced["phase_tensor_bytes"], traced["fits_under_bytes"]))
         click.echo(f"traced length headroom: fits up to {traced_reach:,}-token responses "
                    f"within the budget (trace bisection, to {length_step(reach.searched_to)} "
                    "tokens)" if traced_reach else "traced length headroom: not even "
@@ -142,19 +144,37 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
 
 
 def run_trace(plan: EstimatePlan) -> dict[str, Any]:
-    """Trace the plan's probe in this process (torch is imported here, only for --trace), with
-    the fixed term the study fitted, else the prior for the device."""
-    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
+    """Trace the plan's probe in this process (torch is imported here, only for --trace). On
+    a GPU each phase is torch's reserved peak, the trace's allocations replayed through the
+    caching allocator, plus what lives outside torch (the CUDA context the study's probes
+    measured, else the prior, and NCCL's buffers for the run's real ranks); on a CPU the
+    tensors plus the fixed term the study fitted, else the prior."""
+    from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+    from autotune.memory.outside_torch import outside_torch
     from autotune.probe.worker import quiet_libraries
 
     request = plan.request
-    context, context_note = (TRACE_GPU_CONTEXT_BYTES, "prior (CUDA context, cuBLAS and "
-                             "NCCL workspaces, allocator rounding)") if request.device.on_gpu \
-        else (TRACE_CPU_CONTEXT_BYTES, "prior (the interpreter with torch and transformers)")
-    fitted = fitted_phase_terms(plan.fitted.get("trace") or {})
-    if fitted:
-        context = min(fitted.values())
-        context_note = f"fitted per phase on the probes of the study ({plan.fitted['device']})"
+    fitted_trace = plan.fitted.get("trace") or {}
+    fitted = fitted_phase_terms(fitted_trace)
+    if request.device.on_gpu:
+        measured = fitted_trace.get("outside_torch_bytes")
+        outside = outside_torch(request.world_size, False,
+                                request.config.rollout_tensor_parallel, measured)
+        context = outside.total_bytes
+        context_note = (f"outside torch {format_bytes(context)}: CUDA context "
+                        f"{format_bytes(outside.cuda_context_bytes)} ("
+                        + (f"measured by the study's probes on {plan.fitted['device']}"
+                           if measured is not None else "prior, measured on an H200") +
+                        f"), NCCL {format_bytes(outside.nccl_bytes)}")
+        fitted = {}
+    else:
+        context, context_note = TRACE_CPU_CONTEXT_BYTES, \
+            "prior (the interpreter with torch and transformers)"
+        if fitted:
+            context = min(fitted.values())
+            context_note = f"fitted per phase on the probes of the study ({plan.fitted['device']})"
+        context_note = f"{format_bytes(context)}, {context_note}" if not fitted else \
+            context_note
     click.echo(f"tracing {plan.name} as rank 0 of {request.world_size} ...", err=True)
     quiet_libraries()
     from autotune.probe.trace import trace_request
@@ -163,9 +183,7 @@ def run_trace(plan: EstimatePlan) -> dict[str, Any]:
     peaks = result["phase_peak_mem_bytes"]
     terms = {phase: fitted.get(phase, context) for phase in peaks}
     result["phase_peak_mem_bytes"] = {p: v - context + terms[p] for p, v in peaks.items()}
-    return {**result, "phase_context_bytes": terms,
-            "context_note": f"{format_bytes(context)}, {context_note}" if not fitted else
-            context_note}
+    return {**result, "phase_context_bytes": terms, "context_note": context_note}
 
 
 def fitted_phase_terms(trace: dict[str, Any]) -> dict[str, int]:

@@ -147,19 +147,28 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
 
 def format_traced(traced_phase_bytes: dict[str, int], phase_context_bytes: dict[str, int],
                   context_note: str, model_totals: dict[str, int], capacity_bytes: int,
-                  headroom: float, host_offload_bytes: int, what: str) -> str:
-    """The traced estimate (probe/trace.py) as a table beside the memory model's totals."""
+                  headroom: float, host_offload_bytes: int, what: str,
+                  phase_tensor_bytes: dict[str, int] | None = None,
+                  fits_under_bytes: int | None = None) -> str:
+    """The traced estimate (probe/trace.py) as a table beside the memory model's totals: per
+    phase the live tensors, what the caching allocator reserves beyond them (a GPU's, the
+    trace's allocations replayed), the fixed term, and their total."""
     budget = int((1 - headroom) * capacity_bytes)
     binding = max(traced_phase_bytes, key=lambda phase: traced_phase_bytes[phase])
+    tensors_of = phase_tensor_bytes or {}
     lines = [f"traced: {what}", "",
-             f"{'phase':<{PHASE_COLUMN}}{'tensors':>12}{'fixed term':>12}{'total':>12}"
-             f"{'of capacity':>13}"
+             f"{'phase':<{PHASE_COLUMN}}{'tensors':>12}{'allocator':>12}{'fixed term':>12}"
+             f"{'total':>12}{'of capacity':>13}"
              f"{'memory model':>14}{'model - traced':>16}"]
     for phase, total in traced_phase_bytes.items():
         model = model_totals.get(phase)
         mark = "  <- binds" if phase == binding else ""
         context_bytes = phase_context_bytes[phase]
-        lines.append(f"{phase:<{PHASE_COLUMN}}{format_bytes(total - context_bytes):>12}"
+        torch_bytes = total - context_bytes
+        tensors = tensors_of.get(phase, torch_bytes)
+        slack = torch_bytes - tensors
+        lines.append(f"{phase:<{PHASE_COLUMN}}{format_bytes(tensors):>12}"
+                     f"{format_bytes(slack) if slack else '-':>12}"
                      f"{format_bytes(context_bytes):>12}{format_bytes(total):>12}"
                      f"{total / capacity_bytes:>12.0%}"
                      f"{format_bytes(model) if model else '-':>14}"
@@ -167,7 +176,13 @@ def format_traced(traced_phase_bytes: dict[str, int], phase_context_bytes: dict[
     peak = traced_phase_bytes[binding]
     verdict = "fits" if peak <= budget else (
         "over the headroom budget" if peak <= capacity_bytes else "does not fit")
-    lines += ["", f"traced binding phase: {binding} ({verdict}); fixed term: {context_note}",
-              f"host memory for offload and engine sleep (traced): "
-              f"{format_bytes(host_offload_bytes)} per GPU"]
+    lines += ["", f"traced binding phase: {binding} ({verdict}); fixed term: {context_note}"]
+    if fits_under_bytes is not None:
+        context = max(phase_context_bytes.values())
+        lines.append(f"allocator: the peaks are torch's reserve, the trace's allocations "
+                     f"replayed through the CUDA caching allocator; under a cap it frees its "
+                     f"cache and retries, so the step runs in "
+                     f"{format_bytes(fits_under_bytes + context)} at least")
+    lines.append(f"host memory for offload and engine sleep (traced): "
+                 f"{format_bytes(host_offload_bytes)} per GPU")
     return "\n".join(lines)

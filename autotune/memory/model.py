@@ -53,7 +53,10 @@ ADAM_BYTES = 8  # fp32 m and v
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
 # the update, which loads them back; the log-prob forwards load the actor params back too.
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
-                "algorithm")  # a critic is one more model on the GPU in every phase
+                "algorithm",  # a critic is one more model on the GPU in every phase
+                # the allocator's settings and the FSDP wrapper move every phase's reserve
+                # (memory/allocator.py replays them; this model does not see them)
+                "expandable_segments", "fsdp_strategy")
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
 _CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
 _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits

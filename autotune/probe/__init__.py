@@ -11,7 +11,7 @@ own meter), the command probe (command.py: a short run of the user's own trainer
 its log by trainer_logs.py), the lifetime of every process of a probe (process_tag.py: it dies
 with its parent and is found by its tag), failure classification (oom.py) and the plain
 ProbeRequest / ProbeResult (result.py). May import batching, config, errors, files, hardware and
-registry. result.py, oom.py, launcher.py, process_tag.py, command.py and trainer_logs.py import
+registry, and memory.allocator (the pure model the trace replays its allocations through). result.py, oom.py, launcher.py, process_tag.py, command.py and trainer_logs.py import
 no torch (runners and the sweep use some; a command probe's worker needs none); the rest imports
 torch and transformers, and only a worker process of the built-in probe, a trace process
 (`python -m autotune.probe.trace`) and `autotune estimate --trace` load it.

@@ -128,8 +128,7 @@ class RolloutEngine:
         config, capacity = self.config, self.capacity_bytes
         util, kv_bytes = config.gpu_memory_utilization, config.kv_cache_memory_bytes
         weights = local_bytes(self.model.parameters())
-        if self.device.type == "cuda":  # vLLM empties torch's cache before it looks
-            torch.cuda.empty_cache()
+        self.meter.release_cache()  # vLLM empties torch's cache before it looks
         used = self.meter.read_device_bytes() - weights  # the trainer's states and the context
         reserved = int(util * capacity) if kv_bytes is None and capacity is not None else 0
         if capacity is not None and capacity - used < reserved:

@@ -116,6 +116,11 @@ class Meter(Protocol):
         """The device memory in use now (what vLLM's start-up check reads)."""
         ...
 
+    def release_cache(self) -> None:
+        """`torch.cuda.empty_cache()` on a GPU (vLLM calls it before it measures); nothing
+        on a CPU."""
+        ...
+
     def measure_peak_bytes(self, run: Callable[[], None]) -> int:
         """Bytes `run` adds at its peak (vLLM's profile run)."""
         ...
@@ -223,6 +228,12 @@ class MemoryMeter:
 
             return int(torch.cuda.memory_reserved(self.device))
         return read_anon_rss_bytes()
+
+    def release_cache(self) -> None:
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.empty_cache()
 
     def _record(self, phase: str, num_bytes: int) -> None:
         with self._lock:

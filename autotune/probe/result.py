@@ -95,6 +95,8 @@ class ProbeRequest:
     # W real processes (real memory per rank; time without communication)
     command: TrainerCommand | None = None  # a short run of the user's trainer, not the
     # built-in step
+    env: dict[str, str] = field(default_factory=dict)  # what the trainer sets in its
+    # workers' environment (its allocator settings): the probe's process runs under it
 
     @property
     def world_size(self) -> int:
@@ -161,6 +163,10 @@ class ProbeResult:
     trainer_metrics: dict[str, float] = field(default_factory=dict)  # what the trainer logged
     # itself (its own step time, throughput, memory), means over the steps after the first
     steps_logged: int | None = None  # steps the trainer's log showed (command probes)
+    fsdp_strategy: str | None = None  # the FSDP wrapper the ranks ran (None: one GPU)
+    allocator: dict[str, str] = field(default_factory=dict)  # the CUDA allocator's settings
+    # it ran under: the trainer's environment variables, and the phases with expandable
+    # segments on
 
     @property
     def ok(self) -> bool:

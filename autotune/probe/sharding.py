@@ -1,9 +1,19 @@
-"""One rank of a W-rank FSDP run: the process group, FSDP2 wrapping, and sharded tensors.
+"""One rank of a W-rank FSDP run: the process group, FSDP wrapping, and sharded tensors.
 
-A probe of a run on W > 1 GPUs shards as verl's and EasyR1's FSDP workers do: FSDP2
-(`fully_shard`) on every decoder layer and vision block (the model's `_no_split_modules`, as
-their wrap policy reads it) and at the root; fp32 master weights, gradients and AdamW state
-sharded over W; compute in the mixed-precision dtype, gradients reduced in fp32.
+A probe of a run on W > 1 GPUs shards as the trainers' FSDP workers do, with the wrapper the
+trainer uses (`fsdp_strategy`):
+
+- fsdp (FSDP1, `FullyShardedDataParallel`): EasyR1's workers and verl's default
+  `strategy: fsdp` (verl/workers/fsdp_workers.py, EasyR1's the same): FULL_SHARD, every
+  decoder layer and vision block a unit (transformer auto-wrap over `_no_split_modules`),
+  one flat parameter a unit (use_orig_params=False), bf16 params, fp32 gradient reduction
+  and buffers, no forward prefetch;
+- fsdp2 (`fully_shard`, verl's `strategy: fsdp2`): the same units, per-parameter DTensor
+  shards.
+
+Either way: fp32 master weights, gradients and AdamW state sharded over W; compute in the
+mixed-precision dtype, gradients reduced in fp32; each wrapper gathers and reduces on its
+own CUDA streams, whose blocks the caching allocator keeps apart.
 
 The process group is real (one process per rank: NCCL on GPUs, gloo on CPUs, started by
 launcher.py) or emulated: rank 0 of W in this one process over torch's fake process group,
@@ -65,18 +75,55 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype) -> Any:
-    """FSDP2 on each decoder layer and vision block, then the root, in place; parameters
-    become DTensor shards, the forward gathers one unit at a time in `compute_dtype`."""
+def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype,
+                strategy: str = "fsdp2") -> Any:
+    """Each decoder layer and vision block a unit, then the root; the forward gathers one
+    unit at a time in `compute_dtype`. fsdp2: in place, parameters become DTensor shards;
+    fsdp: the FSDP1 wrapper returned, one flat fp32 shard a unit."""
+    units = set(getattr(model, "_no_split_modules", None) or ())
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel,
+            MixedPrecision,
+            ShardingStrategy,
+        )
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        classes = {type(m) for m in model.modules() if type(m).__name__ in units}
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy(classes),
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            mixed_precision=MixedPrecision(param_dtype=compute_dtype,
+                                           reduce_dtype=torch.float32,
+                                           buffer_dtype=torch.float32),
+            device_id=next(model.parameters()).device, use_orig_params=False,
+            device_mesh=group.mesh, forward_prefetch=False)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    units = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if module is not model and type(module).__name__ in units:
             fully_shard(module, mesh=group.mesh, mp_policy=policy)
     fully_shard(model, mesh=group.mesh, mp_policy=policy)
     return model
+
+
+def is_fsdp1(model: Any) -> bool:
+    """Whether `model` is FSDP1-wrapped (flat parameters, not DTensor shards)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def named_weights(model: Any) -> Any:
+    """(name, tensor) of each of the model's own parameters as the trainer's weight sync
+    reads them: FSDP1's sharded state dict (one DTensor a parameter, EasyR1's and verl's
+    get_model_state_dict), else the parameters (DTensors under FSDP2)."""
+    if is_fsdp1(model):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model).items()
+    return model.named_parameters()
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ optimizer state sit where its own offload switches put them.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
+from autotune.memory.allocator import AllocatorSettings
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
 from autotune.probe.engine import PolicyRollout, RolloutEngine, engine_capacity_bytes
 from autotune.probe.logprob import entropy, fused_head
@@ -59,21 +61,45 @@ from autotune.probe.models import (
     without_special_ids,
 )
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
-from autotune.probe.vllm_engine import VllmEngine
 from autotune.probe.sharding import (
     RankGroup,
     full_tensor,
+    is_fsdp1,
     join_group,
     leave_group,
     local_bytes,
     local_tensor,
     map_local,
+    named_weights,
     shard_model,
     tensor_parallel_engine,
 )
+from autotune.probe.vllm_engine import VllmEngine
 
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
+
+
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_AVOID_RECORD_STREAMS")
+
+
+def allocator_settings(request: ProbeRequest) -> AllocatorSettings:
+    """The CUDA caching allocator's settings the request's probe runs under: its process's
+    PYTORCH_CUDA_ALLOC_CONF at start-up (the trainer's, request.env, else this environment's),
+    then expandable segments per phase as the step switches them (the knob, never in the
+    rollout)."""
+    conf = request.env.get("PYTORCH_CUDA_ALLOC_CONF",
+                           os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    return AllocatorSettings.from_env(conf, request.config.expandable_segments)
+
+
+def allocator_record(settings: AllocatorSettings, phases: list[str]) -> dict[str, str]:
+    """What a result records of the allocator it ran under: the trainer's environment
+    variables as this process had them, and the phases with expandable segments on."""
+    record = {name: os.environ[name] for name in ALLOCATOR_ENV if name in os.environ}
+    on = [phase for phase in phases if settings.expandable_in(phase)]
+    record["expandable_segments_in"] = " ".join(on) if on else "none"
+    return record
 
 
 class TrainingProbe:
@@ -89,6 +115,7 @@ class TrainingProbe:
         wanted = compute_dtype(request.dtype, self.gpu_kernels)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.share = device_share(self.config, request.world_size)  # this GPU's part
+        self.allocator = allocator_settings(request)  # the CUDA allocator's, per phase
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
         self.peak_host_offload_bytes = 0
@@ -152,7 +179,8 @@ class TrainingProbe:
         self.model.eval()  # as between steps (the update trains, then evaluates): a policy
         # that generates itself keeps its KV cache (HF drops it in training with checkpointing)
         if self.group is not None:
-            shard_model(self.model, self.group, self.compute_dtype)
+            self.model = shard_model(self.model, self.group, self.compute_dtype,
+                                     config.fsdp_strategy)
         self.optimizer = self._adamw(self.model.parameters(), lr=1e-6)
         self.ref_model = self._build_copy(shard=True) if config.use_kl else None
         if config.has_critic:
@@ -170,7 +198,7 @@ class TrainingProbe:
         if config.rollout_engine == "vllm":
             self.engine = VllmEngine(self.model_config, config, self.device, self.compute_dtype,
                                      capacity, self.meter,
-                                     [name for name, _ in self.model.named_parameters()],
+                                     [name for name, _ in named_weights(self.model)],
                                      self.num_params, request.seed)
         elif config.rollout_engine == "policy":
             self.engine = PolicyRollout(self.model, self.model_config, config, self.device,
@@ -198,7 +226,8 @@ class TrainingProbe:
         if self.config.critic_gradient_checkpointing:
             enable_checkpointing(self.critic)
         if self.group is not None:
-            shard_model(self.critic, self.group, self.compute_dtype)
+            self.critic = shard_model(self.critic, self.group, self.compute_dtype,
+                                      self.config.fsdp_strategy)
         self.critic.eval()
         self.critic_optimizer = self._adamw(self.critic.parameters(), lr=1e-5)
 
@@ -222,7 +251,7 @@ class TrainingProbe:
                            self.request.model_path)
         copy.eval().requires_grad_(False)
         if shard:
-            shard_model(copy, self.group, self.compute_dtype)
+            copy = shard_model(copy, self.group, self.compute_dtype, self.config.fsdp_strategy)
         return copy
 
     def _profile_inputs(self, rows: int) -> dict[str, Any]:
@@ -261,9 +290,13 @@ class TrainingProbe:
         return tensor
 
     def _place_module(self, module: Any, on_device: bool) -> None:
-        if self.group is None:
+        if self.group is None or is_fsdp1(module):
+            # FSDP1: each unit's flat shard moves and FSDP is told (EasyR1's and verl's
+            # offload_fsdp_model: flat_param_to, then _local_shard = flat_param.data)
             for param in module.parameters():
                 param.data = self._move(param.data, on_device)
+                if hasattr(param, "_local_shard"):
+                    param._local_shard = param.data
             return
 
         def place(tensor: torch.Tensor) -> torch.Tensor:  # FSDP: shards move, buffers stay
@@ -302,11 +335,11 @@ class TrainingProbe:
         sharded_offload = self.group is not None and self.config.offload_params
         if sharded_offload:
             self._place_module(self.model, True)
-        actor = dict(self.model.named_parameters())
+        actor = dict(named_weights(self.model))
 
         def weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name in self.engine.weight_names():
-                whole = full_tensor(actor[name].data)
+                whole = full_tensor(getattr(actor[name], "data", actor[name]))
                 yield name, self.engine.part(name, whole)
                 del whole
 
@@ -621,7 +654,7 @@ class TrainingProbe:
         for name, run in phases:
             if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
                 torch.cuda.memory._set_allocator_settings(
-                    f"expandable_segments:{self.config.expandable_segments and name != 'rollout'}")
+                    f"expandable_segments:{self.allocator.expandable_in(name)}")
             with self.meter.phase(name):
                 started = time.perf_counter()
                 run()
@@ -662,4 +695,6 @@ class TrainingProbe:
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
             engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
+            fsdp_strategy=config.fsdp_strategy if self.group is not None else None,
+            allocator=allocator_record(self.allocator, list(phase_s)),
             **describe_device(self.device, request.device.cap_bytes))

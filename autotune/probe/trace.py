@@ -46,6 +46,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from autotune.memory.allocator import (
+    ALLOC,
+    EMPTY_CACHE,
+    FREE,
+    PHASE,
+    replay,
+    smallest_cap,
+)
 from autotune.probe.result import ProbeRequest, ProbeStatus
 
 TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs: its first and its last
@@ -64,10 +72,14 @@ _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)  # not a wrapper s
 class _Storage:
     size_bytes: int
     on_host: bool = False
+    alloc_id: int = 0  # its live device allocation in the recorded stream (0: none)
 
 
 class AllocationTracker:
-    """Live bytes of every storage the traced step holds, on the device and on the host."""
+    """Live bytes of every storage the traced step holds, on the device and on the host, and
+    the stream of device allocations and frees in the order the step makes them (with the
+    stream each is made on: FSDP2 gathers and reduces on streams of its own), which
+    memory/allocator.py replays through the CUDA caching allocator's rules."""
 
     def __init__(self) -> None:
         self.device_bytes = 0
@@ -76,6 +88,9 @@ class AllocationTracker:
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: dict[int, weakref.ref] = {}
         self.paused = 0  # > 0: DTensor is propagating shapes (tensors of no rank's memory)
+        self.events: list[tuple] = []  # allocator.ALLOC / FREE / PHASE / EMPTY_CACHE
+        self._streams: dict[int, int] = {}  # id of a torch.cpu stream -> its number
+        self._next_id = 0
 
     def _add(self, record: _Storage, num_bytes: int) -> None:
         if record.on_host:
@@ -83,6 +98,23 @@ class AllocationTracker:
         else:
             self.device_bytes += num_bytes
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
+
+    def _stream(self) -> int:
+        """The stream an allocation is made on now: FSDP2 on a CPU device selects
+        torch.cpu's stand-in streams exactly where it selects CUDA streams on a GPU."""
+        stream = torch.cpu.current_stream()
+        return self._streams.setdefault(id(stream), len(self._streams))
+
+    def _allocated(self, record: _Storage) -> None:
+        if not record.on_host and record.size_bytes:
+            self._next_id += 1
+            record.alloc_id = self._next_id
+            self.events.append((ALLOC, record.alloc_id, record.size_bytes, self._stream()))
+
+    def _freed(self, record: _Storage) -> None:
+        if record.alloc_id:
+            self.events.append((FREE, record.alloc_id))
+            record.alloc_id = 0
 
     def track(self, tensor: torch.Tensor) -> None:
         if self.paused:
@@ -101,25 +133,42 @@ class AllocationTracker:
 
         def freed(_: Any) -> None:
             self._add(record, -record.size_bytes)
+            self._freed(record)
             self._refs.pop(key, None)
 
         self._refs[key] = weakref.ref(storage, freed)
         self._add(record, record.size_bytes)
+        self._allocated(record)
 
     def resized(self, storage: torch.UntypedStorage) -> None:
+        """`UntypedStorage.resize_`: on a GPU a new block of the new size (the old one freed
+        after the copy), none at size 0."""
         record = self._storages.get(storage)
-        if record is not None:
+        if record is not None and record.size_bytes != storage.nbytes():
             self._add(record, storage.nbytes() - record.size_bytes)
+            old_id = record.alloc_id
+            record.alloc_id = 0
             record.size_bytes = storage.nbytes()
+            self._allocated(record)
+            if old_id:
+                self.events.append((FREE, old_id))
 
     def mark_host(self, tensor: torch.Tensor, on_host: bool) -> None:
-        """`tensor`'s storage now counts as host memory (offload), or as the device's again."""
+        """`tensor`'s storage now counts as host memory (offload), or as the device's again.
+        A copy made for the host (the trace clones on its one device) was never a device
+        allocation: its event is taken back."""
         self.track(tensor)
         record = self._storages[tensor.untyped_storage()]
         if record.on_host != on_host:
             self._add(record, -record.size_bytes)
+            if on_host and record.alloc_id and self.events[-1][:2] == (ALLOC, record.alloc_id):
+                self.events.pop()
+                record.alloc_id = 0
+            else:
+                self._freed(record)
             record.on_host = on_host
             self._add(record, record.size_bytes)
+            self._allocated(record)
 
     def is_host(self, tensor: torch.Tensor) -> bool:
         record = self._storages.get(tensor.untyped_storage())
@@ -245,12 +294,17 @@ class TracedMeter:
     def read_device_bytes(self) -> int:
         return self.tracker.device_bytes + self.context_bytes
 
+    def release_cache(self) -> None:
+        self.tracker.events.append((EMPTY_CACHE,))
+
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         tracker = self.tracker
         tracker.peak_device_bytes = tracker.device_bytes
         self.current_phase = name
+        tracker.events.append((PHASE, name))
         yield
+        tracker.events.append((PHASE, None))
         peak = tracker.peak_device_bytes
         self.phase_allocator_peak_bytes[name] = max(
             self.phase_allocator_peak_bytes.get(name, 0), peak)
@@ -295,6 +349,11 @@ class TraceResult:
     world_size: int
     trace_s: float
     share: dict[str, int] = field(default_factory=dict)
+    phase_tensor_bytes: dict[str, int] = field(default_factory=dict)  # live tensors at most
+    # a GPU's: the caching allocator's reserved peak per phase, replayed (memory/allocator.py)
+    phase_reserved_bytes: dict[str, int] = field(default_factory=dict)
+    fits_under_bytes: int | None = None  # the smallest cap torch can run the step under
+    allocator: dict[str, bool] = field(default_factory=dict)  # the settings replayed
 
     @property
     def peak_mem_bytes(self) -> int:
@@ -302,7 +361,8 @@ class TraceResult:
 
 
 def trace_request(request: ProbeRequest, context_bytes: int,
-                  every_iteration: bool = False) -> TraceResult:
+                  every_iteration: bool = False,
+                  events: list[tuple] | None = None) -> TraceResult:
     """Trace `request`'s probe as rank 0 of its world: two steps, every phase, no memory.
 
     `request.device` says what is modelled (cuda: bf16 and the GPU's kernels; cpu: the CPU
@@ -310,10 +370,11 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     share of; the real vLLM (rollout_engine=vllm) cannot run on fake tensors, so its rollout is
     traced as the stand-in with vLLM's memory (vllm-like). `every_iteration` runs every
     iteration of every loop in both steps, as a probe does (the tests hold the shortcuts to
-    it: the same bytes).
+    it: the same bytes). `events`, when given, receives the recorded allocation stream
+    (memory/allocator.py's events), for a replay under other settings or caps.
     """
     from autotune.probe.sharding import leave_group
-    from autotune.probe.step import TrainingProbe
+    from autotune.probe.step import TrainingProbe, allocator_settings
 
     started = time.perf_counter()
     if request.config.rollout_engine == "vllm":
@@ -334,8 +395,23 @@ def trace_request(request: ProbeRequest, context_bytes: int,
                 probe.step()
     finally:
         leave_group()
+    if events is not None:
+        events.extend(tracker.events)
+    tensors = dict(meter.phase_allocator_peak_bytes)
+    peaks = dict(meter.phase_peak_mem_bytes)
+    reserved: dict[str, int] = {}
+    fits_under = None
+    settings = allocator_settings(request)
+    if request.device.on_gpu:  # what the card holds: the allocator's reserve, replayed
+        replayed = replay(tracker.events, settings)
+        reserved = replayed.phase_reserved_bytes
+        peaks = {phase: reserved.get(phase, value - context_bytes) + context_bytes
+                 for phase, value in peaks.items()}
+        fits_under = smallest_cap(tracker.events, settings)
     return TraceResult(
-        phase_peak_mem_bytes=dict(meter.phase_peak_mem_bytes), context_bytes=context_bytes,
+        phase_peak_mem_bytes=peaks, context_bytes=context_bytes,
+        phase_tensor_bytes=tensors, phase_reserved_bytes=reserved,
+        fits_under_bytes=fits_under, allocator=dataclasses.asdict(settings),
         host_offload_bytes=meter.peak_host_bytes,
         model_state_bytes=dict(probe.model_state_bytes),
         engine_weight_bytes=probe.engine_weight_bytes, engine=dict(probe.engine.figures),

@@ -48,11 +48,13 @@ POLL_INTERVAL_S = 0.02
 
 
 def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
-    """The worker's environment: its GPUs, its threads, a heap that returns freed memory, and
-    the probe's tag (process_tag.py), inherited by every process the probe starts."""
+    """The worker's environment: its GPUs, its threads, a heap that returns freed memory, the
+    trainer's worker settings (request.env), and the probe's tag (process_tag.py), inherited
+    by every process the probe starts."""
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
+    env.update(request.env)  # the trainer's own worker settings (its CUDA allocator's)
     if tag:
         env[PROBE_TAG_ENV] = tag
     # Blocks of 256 KiB and more come from mmap and go back to the OS when freed, so a CPU

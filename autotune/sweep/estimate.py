@@ -168,6 +168,6 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                  f"{config.max_response_length} is the worst case)")
         config = dataclasses.replace(config, max_response_length=response_length)
     request = probe_request(dataclasses.replace(options, dtype=dtype), options.model or name,
-                            device, topology, config, emulated=world > 1)
+                            device, topology, config, emulated=world > 1, trainer=trainer)
     return EstimatePlan(name, shape, request, calibration, note, fitted,
                         host_bytes or host_memory_bytes(), trainer)

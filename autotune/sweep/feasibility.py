@@ -48,9 +48,11 @@ class Feasibility:
     def record(self, trial_number: int, params: dict[str, Any], status: str,
                failed_phase: str | None = None,
                phase_peak_mem_bytes: dict[str, int] | None = None,
-               device_capacity_bytes: int | None = None) -> None:
+               device_capacity_bytes: int | None = None,
+               phase_reserved_bytes: dict[str, int] | None = None) -> None:
         """Learn from a measured probe: its device's capacity, an OOM for dominance, a
-        success's peaks for the calibration and the traces' fixed term."""
+        success's peaks (and torch's reserved peaks beside them) for the calibration and the
+        traces' fixed term."""
         self.device = self.device.with_capacity(device_capacity_bytes)
         probed = ProbeStatus.of(status)
         if self.dominance is not None and probed is not None:
@@ -60,7 +62,7 @@ class Feasibility:
         if self.prescreen is not None:
             self.prescreen.record(params, phase_peak_mem_bytes, self.device)
         if self.tracer is not None:
-            self.tracer.learn(params, phase_peak_mem_bytes, self.device)
+            self.tracer.learn(params, phase_peak_mem_bytes, self.device, phase_reserved_bytes)
 
     def calibration_record(self, device_name: str | None) -> dict[str, Any] | None:
         """The calibration and what tracing did, as stored with the study; None before the

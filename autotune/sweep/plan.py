@@ -137,6 +137,26 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
     return knobs
 
 
+# What each trainer sets in its workers' environment that moves their memory: EasyR1's Ray
+# runtime env (verl/trainer/main.py of EasyR1: expandable segments off, no record_stream for
+# NCCL's tensors); verl's PPO_RAY_RUNTIME_ENV sets no allocator setting (it switches
+# expandable segments per phase in code: the knob); TRL sets nothing (the user's own).
+TRAINER_ENV: dict[str, dict[str, str]] = {
+    "easyr1": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+               "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    "verl": {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_CUMEM_ENABLE": "0"},
+}
+# The FSDP wrapper each trainer runs: EasyR1 wraps with FSDP1 only; verl's actor, critic and
+# reference default to strategy: fsdp (FSDP1; dp_actor.yaml "TODO: switch to fsdp2") unless
+# its config says fsdp2; TRL shards through accelerate (the probe's default, fsdp2).
+TRAINER_FSDP = {"easyr1": "fsdp", "verl": "fsdp"}
+
+
+def trainer_env(trainer: str | None) -> dict[str, str]:
+    """The environment the trainer gives its workers (TRAINER_ENV), for the probe's."""
+    return dict(TRAINER_ENV.get(trainer or "", {}))
+
+
 def trainer_knobs(trainer: str | None, on_gpu: bool,
                   named: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What the target trainer always does that a knob stands for, where nothing names it.
@@ -149,6 +169,8 @@ def trainer_knobs(trainer: str | None, on_gpu: bool,
     log-prob through its fused LM head (trl/trainer/grpo_trainer.py add_fused_lm_head), and
     HF Trainer steps AdamW with its fused kernel (optim adamw_torch_fused, torch >= 2.8)."""
     knobs: dict[str, Any] = {}
+    if trainer in TRAINER_FSDP and "fsdp_strategy" not in named:
+        knobs["fsdp_strategy"] = TRAINER_FSDP[trainer]
     if trainer == "verl" and "entropy_metric" not in named:
         knobs["entropy_metric"] = True
     if trainer == "verl" and on_gpu and "expandable_segments" not in named:
@@ -212,8 +234,10 @@ def resolve_device(options: ProbeOptions, local: bool = True,
 
 
 def probe_request(options: ProbeOptions, model: str, device: Device, topology: Topology,
-                  config: ProbeConfig, emulated: bool) -> ProbeRequest:
-    """The ProbeRequest the options make for `config` (a sweep replaces it per trial)."""
+                  config: ProbeConfig, emulated: bool,
+                  trainer: str | None = None) -> ProbeRequest:
+    """The ProbeRequest the options make for `config` (a sweep replaces it per trial), in
+    the environment `trainer` gives its workers."""
     return ProbeRequest(
         model=model, config=config, model_path=options.model_path, device=device,
         gpu_ids=options.gpus, cpu_threads=options.cpu_threads,
@@ -221,7 +245,7 @@ def probe_request(options: ProbeOptions, model: str, device: Device, topology: T
         timeout_s=options.probe_timeout_s, warmup_steps=options.warmup_steps,
         timed_steps=options.timed_steps or TIMED_STEPS, seed=options.seed,
         dtype=options.dtype, nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node,
-        emulated=emulated)
+        emulated=emulated, env=trainer_env(trainer))
 
 
 def plan_probe(options: ProbeOptions) -> ProbeRequest:
@@ -328,7 +352,8 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
                            options.gpus_per_trial)
         template = None
     safe = space.config_for(space.safe_params())  # the template's config
-    request = probe_request(probe, model, device, topology, safe, ranks.emulated)
+    request = probe_request(probe, model, device, topology, safe, ranks.emulated,
+                            options.trainer)
     if template is None:
         check_model_on_device(request, safe, device_checks=local, device_asked=probe.device)
     notes += [ranks.note] if ranks.note else []

@@ -51,7 +51,8 @@ class Tally:
         result = attrs.get("result") or {}
         self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
                                 result.get("phase_peak_mem_bytes"),
-                                result.get("device_capacity_bytes"))
+                                result.get("device_capacity_bytes"),
+                                result.get("phase_allocator_peak_bytes"))
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":

@@ -1,26 +1,30 @@
 """The pre-screen's traces: a candidate's probe step traced with fake tensors (probe/trace.py),
 in a trace process of the sweep's own, cached by config.
 
-A trace counts every tensor the probe's step would allocate, per phase, on one rank; the
-sweep adds the fixed term (memory.model's prior for the device; once probes have measured a
-phase, the least any of them held beyond its trace in that phase) and skips a candidate whose
-traced peak is past the capacity by more than TRACE_MARGIN, from the first trial on. The
-tensors being exact (on a GPU within 1.2% of torch's allocated peak,
-benchmarks/results/gpu), only the fixed term can be wrong, and it is what a process holds
-beyond its tensors, not a share of them: the CUDA context and the caching allocator's slack,
-which on a GPU differs by phase (0.1 GiB in a 7B rank's rollout, 11 GiB in its update), so
-each phase learns its own; the least, not the median, so a config that holds less than the
-probes seen is not skipped. The margin is set from benchmarks/trace_accuracy.py
-(docs/benchmarks.md). Only
-candidates the memory model puts near the wall are traced (TRACE_FROM): far from it a trace
-could not change the decision. A trace must also cost less than the probe it may save: once
-both are timed, tracing stops when the median trace (its own time: the process starts once)
-takes more than TRACE_COST_SHARE of the median probe's wall time. A trace that fails (a model
-the trace cannot follow), or a trace process that dies, turns tracing off too. Either way the
-reason is kept with the study's calibration and the arithmetic pre-screen goes on. Imports no
-torch: the traces run in one process started at the first and kept for the next (torch and
-transformers load once), which ends with the sweep, at the end of its input, or with the
-driver when it dies (its parent-death signal).
+A trace records every allocation and free the probe's step would make on one rank, in order
+and with its stream; on a GPU the trace process replays them through the CUDA caching
+allocator's rules (memory/allocator.py), so what it returns per phase is torch's reserved
+peak, not the live tensors, and the smallest cap torch could run the step under (the
+allocator frees its cache and retries before it raises). The sweep adds what the process
+holds outside torch (memory/outside_torch.py: the CUDA context, NCCL's buffers): the prior
+until a probe reports, then what its probes measured of it, NVML less torch's reserved peak
+(every probe reads both). A candidate is predicted to run out of memory when even the
+smallest cap it could run under, plus that term, is past the capacity by more than
+TRACE_MARGIN. On a CPU device there is no caching allocator to replay: the trace is the live
+tensors and the fixed term is what a probe held beyond its trace, the least seen per phase
+(the interpreter and glibc's heap).
+
+TRACE_MARGIN is set from benchmarks/allocator_fidelity.py: the replayed prediction's largest
+overstatement of NVML's peak over the committed H200 rows, so a config that fits is not
+skipped for the model's error. Only candidates the memory model puts near the wall are traced
+(TRACE_FROM): far from it a trace could not change the decision. A trace must also cost less
+than the probe it may save: once both are timed, tracing stops when the median trace (its
+own time: the process starts once) takes more than TRACE_COST_SHARE of the median probe's
+wall time. A trace that fails (a model the trace cannot follow), or a trace process that
+dies, turns tracing off too. Either way the reason is kept with the study's calibration and
+the arithmetic pre-screen goes on. Imports no torch: the traces run in one process started
+at the first and kept for the next (torch and transformers load once), which ends with the
+sweep, at the end of its input, or with the driver when it dies (its parent-death signal).
 """
 
 from __future__ import annotations
@@ -39,14 +43,18 @@ from typing import IO, Any, Protocol
 
 from autotune.config import format_bytes
 from autotune.hardware import Device
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, TRACE_GPU_CONTEXT_BYTES
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
+from autotune.memory.outside_torch import outside_torch
 from autotune.probe.process_tag import die_with_parent
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.prescreen import Prediction
 from autotune.sweep.sharing import params_key
 
 TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
-TRACE_MARGIN = 0.02  # skip past capacity x (1 + margin): only the fixed term can be wrong
+# skip past capacity x (1 + margin): the replayed GPU peak's largest overstatement of NVML's
+# over the committed H200 rows (benchmarks/results/allocator_fidelity.json: +5.7%, a 7B
+# update under expandable segments), rounded up
+TRACE_MARGIN = 0.06
 TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time
 TRACE_TIMEOUT_S = 900.0
 
@@ -61,14 +69,21 @@ class Tracer(Protocol):
         """Per-phase traced bytes of `params`, the fixed term included; None when unavailable."""
         ...
 
+    def fits_under_bytes(self, params: dict[str, Any], device: Device) -> int | None:
+        """The least device memory the traced step runs in (on a GPU: the smallest cap
+        torch's allocator runs it under, plus what lives outside torch); None when
+        unavailable."""
+        ...
+
     def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
         """(status, message) when the trace of `params` ran out of memory itself (the engine
         could not start), else None."""
         ...
 
     def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
-              device: Device) -> None:
-        """A probe measured `params` on `device`: what it held beyond its trace."""
+              device: Device, phase_reserved_bytes: dict[str, int] | None = None) -> None:
+        """A probe measured `params` on `device`: its peaks, and on a GPU torch's reserved
+        peaks beside them (what it held outside torch)."""
         ...
 
     def summary(self) -> dict[str, Any]:
@@ -95,16 +110,20 @@ def traced_prediction(tracer: Tracer, params: dict[str, Any], modelled_bytes: in
             failure[0], f"predicted {failure[0]}: the traced step fails as the probe would: "
             f"{failure[1]}", "build", "trace")
     phase = max(traced, key=lambda name: traced[name])
-    if traced[phase] <= capacity * (1 + TRACE_MARGIN):
+    needs = tracer.fits_under_bytes(params, device) or traced[phase]
+    if needs <= capacity * (1 + TRACE_MARGIN):
         return None
+    at_least = "" if needs == traced[phase] else \
+        f", and runs under no cap below {format_bytes(needs)}"
     return Prediction("gpu_oom", f"predicted gpu_oom: the traced step needs "
-                      f"{format_bytes(traced[phase])} in {phase}, more than "
+                      f"{format_bytes(traced[phase])} in {phase}{at_least}, more than "
                       f"{1 + TRACE_MARGIN:.2f} x the {format_bytes(capacity)} the device has",
                       phase, "trace")
 
 
 class SubprocessTracer:
-    """Traces of candidates (the tensors' bytes per phase, no fixed term), cached by config."""
+    """Traces of candidates (torch's bytes per phase: the replayed reserve on a GPU, the
+    tensors on a CPU; no fixed term), cached by config."""
 
     def __init__(self, request_for: Callable[[dict[str, Any], Device], ProbeRequest],
                  on_gpu: bool, probe_wall_s: list[float] | None = None,
@@ -112,11 +131,14 @@ class SubprocessTracer:
         self.request_for = request_for  # a candidate's probe on the device as now known
         self.on_trace = on_trace  # told the candidate a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
-        self.prior_context_bytes = TRACE_GPU_CONTEXT_BYTES if on_gpu else \
-            TRACE_CPU_CONTEXT_BYTES
+        self.on_gpu = on_gpu
+        self.prior_context_bytes = TRACE_CPU_CONTEXT_BYTES  # a CPU's, before a probe
         self.traces: dict[str, dict[str, int]] = {}
+        self.fits_under: dict[str, int] = {}  # GPU: the smallest cap torch runs it under
+        self.outside: dict[str, int] = {}  # GPU: the prior outside torch, per config
         self.failures: dict[str, tuple[str, str]] = {}  # traces that ran out of memory
-        self.residuals: dict[str, list[int]] = {}  # per phase: each probe's measured - traced
+        self.residuals: dict[str, list[int]] = {}  # CPU, per phase: measured - traced
+        self.outside_measured: list[int] = []  # GPU: each probe's NVML less its reserved
         self.unavailable: str | None = None  # why tracing is off for this sweep
         self.trace_wall_s: list[float] = []  # each trace, asked to answered
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
@@ -128,6 +150,8 @@ class SubprocessTracer:
         return {"traces": len(self.trace_wall_s), "trace_wall_s": round(sum(self.trace_wall_s), 1),
                 "phase_context_bytes": {phase: self.context_bytes(phase)
                                         for phase in self.residuals} or None,
+                "outside_torch_bytes": min(self.outside_measured)
+                if self.outside_measured else None,
                 "off": self.unavailable}
 
     def weigh_cost(self) -> None:
@@ -139,9 +163,14 @@ class SubprocessTracer:
                 self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "
                                     "tracing would cost more than the probes it could save")
 
-    def context_bytes(self, phase: str) -> int:
-        """The phase's fixed term: the prior, then the least a probe held beyond its trace in
-        that phase."""
+    def context_bytes(self, phase: str, key: str | None = None) -> int:
+        """The fixed term added to a trace: on a GPU what lives outside torch (the least its
+        probes measured, before them the prior for the config `key`'s topology); on a CPU
+        the least a probe held beyond its trace in `phase`, before any the prior."""
+        if self.on_gpu:
+            if self.outside_measured:
+                return min(self.outside_measured)
+            return self.outside.get(key or "", outside_torch().total_bytes)
         seen = self.residuals.get(phase)
         return min(seen) if seen else self.prior_context_bytes
 
@@ -153,8 +182,10 @@ class SubprocessTracer:
         if key not in self.traces and key not in self.failures and self.unavailable is None:
             if self.on_trace is not None:
                 self.on_trace(params)
+            request = self.request_for(params, device)
+            self.outside[key] = self.outside_prior(request)
             try:
-                traced = self._run(self.request_for(params, device))
+                traced = self._run(request, key)
             finally:
                 if self.on_trace is not None:
                     self.on_trace(None)
@@ -165,7 +196,23 @@ class SubprocessTracer:
         live = self.traces.get(key)
         if live is None:
             return None
-        return {phase: value + self.context_bytes(phase) for phase, value in live.items()}
+        return {phase: value + self.context_bytes(phase, key) for phase, value in live.items()}
+
+    @staticmethod
+    def outside_prior(request: ProbeRequest) -> int:
+        """What a GPU probe of `request` holds outside torch, before any probe measured it:
+        the CUDA context, and NCCL's buffers for its real ranks."""
+        return outside_torch(request.world_size, request.emulated,
+                             request.config.rollout_tensor_parallel).total_bytes
+
+    def fits_under_bytes(self, params: dict[str, Any], device: Device) -> int | None:
+        """The least device memory the traced step runs in: the smallest cap torch's
+        allocator runs it under plus what lives outside torch (a GPU); None on a CPU or
+        untraced."""
+        key = params_key(params)
+        if self.traces.get(key) is None or key not in self.fits_under:
+            return None
+        return self.fits_under[key] + self.context_bytes("", key)
 
     def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
         """(status, message) of a trace that ran out of memory as the probe would (a KV pool
@@ -173,12 +220,19 @@ class SubprocessTracer:
         return self.failures.get(params_key(params))
 
     def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
-              device: Device) -> None:
-        """A probe measured `params`: what it held beyond its trace, per phase, fits that
-        phase's fixed term. A config probed before it was traced (the safe config, the first
-        probe, is never traced to be skipped) is traced now: without it the prior term stood
-        until a traced config was probed, and on a GPU the prior (1 GiB) is a tenth of a 7B
-        update's (benchmarks/results/search_efficiency_gpu.txt)."""
+              device: Device, phase_reserved_bytes: dict[str, int] | None = None) -> None:
+        """A probe measured `params`. On a GPU, what it held outside torch is its NVML peak
+        less torch's reserved peak, both its own (no trace needed). On a CPU, what it held
+        beyond its trace, per phase, fits that phase's fixed term; a config probed before it
+        was traced (the safe config, the first probe, is never traced to be skipped) is
+        traced now."""
+        if self.on_gpu:
+            outside = [phase_peak_mem_bytes[p] - reserved
+                       for p, reserved in (phase_reserved_bytes or {}).items()
+                       if p in phase_peak_mem_bytes and reserved]
+            if outside:
+                self.outside_measured.append(max(0, min(outside)))
+            return
         key = params_key(params)
         if key not in self.traces and key not in self.failures:
             self.traced_bytes(params, device)
@@ -188,9 +242,9 @@ class SubprocessTracer:
                 self.residuals.setdefault(phase, []).append(
                     phase_peak_mem_bytes[phase] - live[phase])
 
-    def _run(self, request: ProbeRequest) -> dict[str, int] | tuple[str, str] | None:
-        """The tensors' bytes per phase; (status, message) where the trace ran out of memory
-        as the probe would; None when tracing is off (the reason in `unavailable`)."""
+    def _run(self, request: ProbeRequest, key: str) -> dict[str, int] | tuple[str, str] | None:
+        """Torch's bytes per phase; (status, message) where the trace ran out of memory as
+        the probe would; None when tracing is off (the reason in `unavailable`)."""
         started_s = time.monotonic()
         try:
             result = self._ask(request)
@@ -204,6 +258,8 @@ class SubprocessTracer:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             return None
         self.trace_cost_s.append(float(result["trace_s"]))
+        if result.get("fits_under_bytes") is not None:
+            self.fits_under[key] = int(result["fits_under_bytes"])
         return {phase: int(value) for phase, value in result["phase_peak_mem_bytes"].items()}
 
     def _ask(self, request: ProbeRequest) -> dict[str, Any] | None:

@@ -132,8 +132,9 @@ def _easyr1_ref_offload(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
 
 
 def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
-    """What EasyR1's config has no key for: vLLM's max_num_seqs, its sleep level (1), and
-    the CUDA allocator (its Ray runtime env turns expandable segments off)."""
+    """What EasyR1's config has no key for: vLLM's max_num_seqs, its sleep level (1), the
+    CUDA allocator (its Ray runtime env turns expandable segments off), and its FSDP wrapper
+    (FSDP1 always)."""
     lines = ["allocator: the study trained with the CUDA allocator's expandable segments; "
              "EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
              "(verl/trainer/main.py), so its training phases may hold more than measured: set "
@@ -141,6 +142,11 @@ def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     if k.get("entropy_metric"):
         lines.append("entropy: the study took every position's entropy in its experience phase; "
                      "EasyR1 never does, so its experience phase holds less than measured")
+    if topo.world_size > 1 and k.get("fsdp_strategy") == "fsdp2":
+        lines.append("sharding: the study's ranks ran FSDP2 (fully_shard); EasyR1 wraps with "
+                     "FSDP1 (flat parameters, its own streams and state-dict copies at weight "
+                     "sync), so its memory may differ from what was measured (probe with "
+                     "--trainer easyr1: it runs FSDP1)")
     if k.get("rollout_engine") not in VLLM_ENGINES:
         return lines
     lines += [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "

@@ -165,6 +165,11 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
                      "segments; GRPOConfig has no key: launch with PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True, or the training phases may hold more than "
                      "measured")
+    if topo.world_size > 1 and k.get("fsdp_strategy"):
+        version = {"fsdp": 1, "fsdp2": 2}[k["fsdp_strategy"]]
+        lines.append(f"sharding: the study's ranks ran FSDP{version} "
+                     f"(fsdp_strategy={k['fsdp_strategy']}); GRPOConfig has no key: shard "
+                     f"with accelerate's FSDP (fsdp_version: {version}) to run as probed")
     if k.get("use_kl"):
         lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
                         "!= 0 (0.04, its default before TRL 0.19, is written where your config "

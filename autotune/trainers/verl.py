@@ -164,7 +164,10 @@ VERL = Adapter(
           # the entropy bonus and how the actor takes the entropy (dp_actor.py)
           "entropy_coeff": ("actor_rollout_ref.actor.entropy_coeff",),
           "entropy_chunking": ("actor_rollout_ref.actor.entropy_from_logits_with_chunking",),
-          "entropy_checkpointing": ("actor_rollout_ref.actor.entropy_checkpointing",)},
+          "entropy_checkpointing": ("actor_rollout_ref.actor.entropy_checkpointing",),
+          # the FSDP wrapper: fsdp (FSDP1) or fsdp2; the reference follows the actor's
+          # (ref.yaml: strategy: ${actor_rollout_ref.actor.strategy})
+          "fsdp_strategy": ("actor_rollout_ref.actor.strategy",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # the per-GPU micro-batches must not be set together with the deprecated global ones
     companions={"actor_rollout_ref.actor.ppo_micro_batch_size": None,
@@ -185,6 +188,7 @@ VERL = Adapter(
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,
+              "fsdp_strategy": "fsdp",  # dp_actor.yaml: strategy: fsdp
               "critic_gradient_checkpointing": True},  # critic.yaml's too
     share=_verl_share,
     short_run=_verl_short_run,
@@ -218,6 +222,7 @@ VERL = Adapter(
         "critic_offload_params": ("critic.model.fsdp_config.param_offload",),
         "critic_offload_optimizer": ("critic.model.fsdp_config.optimizer_offload",),
         "global_batch_size": ("critic.ppo_mini_batch_size",),
-        "dynamic_batching": ("critic.use_dynamic_bsz",)},
+        "dynamic_batching": ("critic.use_dynamic_bsz",),
+        "fsdp_strategy": ("critic.strategy",)},
     critic_model_key="critic.model.path",
 )

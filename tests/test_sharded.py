@@ -8,6 +8,7 @@ rank's device memory, as everywhere in the CPU tests.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -236,3 +237,71 @@ def test_an_emulated_sweep_confirms_its_best_with_real_ranks_once(tmp_path):
     again = autotune(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "confirming trial" not in again.stderr
+
+
+TRAINER_SPACE = """
+params:
+  micro_batch_size_update: {type: categorical, choices: [1, 2]}
+fixed: {rollout_batch_size: 4, rollout_n: 2, global_batch_size: 2, max_prompt_length: 32,
+        max_response_length: 32, micro_batch_size_experience: 2, dynamic_batching: false,
+        offload_params: false, offload_optimizer: false, use_kl: true,
+        gradient_checkpointing: true}
+"""
+
+
+@pytest.mark.parametrize("trainer, strategy_in_base, wrapper, alloc_conf", [
+    ("easyr1", None, "fsdp", "expandable_segments:False"),  # FSDP1, its Ray runtime env
+    ("verl", None, "fsdp", None),  # verl's default strategy: fsdp (FSDP1)
+    ("verl", "fsdp2", "fsdp2", None),  # a base config of strategy: fsdp2
+])
+def test_a_probe_runs_as_its_trainer_runs(tmp_path, trainer, strategy_in_base, wrapper,
+                                          alloc_conf):
+    """--trainer decides how the probe's ranks are wrapped (EasyR1: FSDP1 always; verl: its
+    base config's actor strategy, else its default fsdp) and the environment its workers get
+    (EasyR1's Ray runtime env: expandable segments off, no record_stream for NCCL); a real
+    probe of the planned request records both, as it ran them."""
+    from autotune.sweep.plan import ProbeOptions, RunOptions, plan_sweep
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TRAINER_SPACE)
+    base = None
+    if strategy_in_base:
+        base = tmp_path / "verl.yaml"
+        base.write_text(f"algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  actor:\n"
+                        f"    strategy: {strategy_in_base}\n")
+    plan = plan_sweep(RunOptions(
+        probe=ProbeOptions(model="tiny-qwen2.5", device="cpu", gpus_per_node=2,
+                           ranks="emulated", cpu_threads=2, timed_steps=1),
+        space=str(space), trainer=trainer, base_config=str(base) if base else None,
+        results_dir=str(tmp_path), study=trainer))
+    plan.runner.close()
+    request = plan.settings.request
+    assert request.config.fsdp_strategy == wrapper
+    assert request.env.get("PYTORCH_CUDA_ALLOC_CONF") == alloc_conf
+    result = SubprocessRunner().run(
+        dataclasses.replace(request, warmup_steps=0, timeout_s=300.0), tmp_path / "probe.log")
+    assert result.ok, result.stderr_tail
+    assert result.fsdp_strategy == wrapper
+    assert result.allocator.get("PYTORCH_CUDA_ALLOC_CONF") == alloc_conf
+    if trainer == "easyr1":
+        assert result.allocator["TORCH_NCCL_AVOID_RECORD_STREAMS"] == "1"
+    # expandable segments: verl turns them on for its training phases (on a GPU; on this
+    # CPU the knob is off), EasyR1 never
+    assert result.allocator["expandable_segments_in"] == "none"
+
+
+def test_fsdp1_ranks_real_and_emulated_hold_the_same_half_states(tmp_path):
+    """FSDP1 (EasyR1's and verl's default wrapper) over two real gloo ranks and over one
+    emulated rank: each rank holds half the model states as flat shards, and the emulated
+    rank's phase peaks are the real ranks' within 10%."""
+    config = dataclasses.replace(TEXT, fsdp_strategy="fsdp")
+    real = probe(tmp_path, "fsdp1-real", config=config)
+    emulated = probe(tmp_path, "fsdp1-emulated", config=config, emulated=True)
+    psi = model_shape("tiny-qwen2.5").num_params
+    for result in (real, emulated):
+        assert result.fsdp_strategy == "fsdp"
+        # flat shards are padded to a multiple of the world size: at most a few elements
+        assert sum(result.model_state_bytes.values()) == pytest.approx(
+            model_state_bytes(psi, 2).update_bytes, rel=0.001)
+    for phase, peak in real.phase_peak_mem_bytes.items():
+        assert emulated.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.10), phase

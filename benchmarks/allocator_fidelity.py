@@ -9,7 +9,8 @@ memory/outside_torch.py), taken as the median NVML-less-reserved of the OTHER ca
 row's own measurement enters its prediction. Each row compares:
 
 - predicted_bytes: trace + allocator replay + outside torch, against NVML's peak;
-- model_bytes: the memory model alone (memory/model.py, no trace, no GPU);
+- model_bytes: the memory model alone (memory/model.py, no trace, no GPU: its allocator
+  reserve sketched by memory/reserve.py), with the same outside-torch term;
 - the replayed reserved peak against torch's measured reserved peak, and the traced tensors
   against torch's allocated peak (where the error is, when there is one).
 
@@ -100,11 +101,17 @@ def outside_of(row: dict, rows: list[dict]) -> int:
     return int(statistics.median(seen))
 
 
-def model_bytes(row: dict) -> dict[str, int]:
+def model_bytes(row: dict, outside_bytes: int) -> dict[str, int]:
+    """The memory model's prior for the row's run (its allocator reserve sketched under the
+    run's settings), with the same outside-torch term as the prediction."""
     request = gpu_evidence.case_request(case_of(row["label"]))
-    estimate = estimate_memory(model_shape(request.model), request.config,
+    config = request.config
+    if FILES[row["file"]] is not None:
+        config = dataclasses.replace(config, expandable_segments=True)
+    estimate = estimate_memory(model_shape(request.model), config,
                                num_gpus=request.world_size, on_gpu=True,
-                               engine_capacity_bytes=H200_CAPACITY_BYTES)
+                               engine_capacity_bytes=H200_CAPACITY_BYTES,
+                               outside_bytes=outside_bytes)
     return {phase: e.total_bytes for phase, e in estimate.phases.items()}
 
 
@@ -121,7 +128,7 @@ def measure(labels: list[str] | None, every_iteration: bool) -> dict:
         events, tensors, trace_s = traces[row["label"]]
         replayed = replay(events, settings_of(row))
         outside = outside_of(row, committed_rows())
-        modelled = model_bytes(row)
+        modelled = model_bytes(row, outside)
         for phase, nvml in row["phase_peak_mem_bytes"].items():
             reserved = replayed.phase_reserved_bytes[phase]
             out.append({

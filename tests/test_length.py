@@ -12,7 +12,7 @@ from autotune.memory.length import (
     longest_fitting,
     longest_fitting_near,
 )
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import allocator_reserve, estimate_memory, model_shape
 
 SHAPE = model_shape("qwen2.5-7b")
 CONFIG = ProbeConfig(rollout_batch_size=64, rollout_n=8, global_batch_size=16,
@@ -20,7 +20,9 @@ CONFIG = ProbeConfig(rollout_batch_size=64, rollout_n=8, global_batch_size=16,
                      gradient_checkpointing=True, max_prompt_length=512,
                      max_response_length=1024, rollout_engine="vllm-like",
                      gpu_memory_utilization=0.4, max_num_batched_tokens=32768)
+# the allocator's reserve held at the config asked about, as the searches hold it
 ARGS = {"num_gpus": 8, "state_shards": 8, "engine_capacity_bytes": 80 * 2**30}
+ARGS["reserve_bytes"] = allocator_reserve(SHAPE, CONFIG, **ARGS)
 
 
 def peaks(config: ProbeConfig) -> dict[str, int]:

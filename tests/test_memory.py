@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.memory.model import (
+    ALLOCATOR_KNOBS,
     CRITIC_PHASE_KNOBS,
     PHASE_KNOBS,
     ModelShape,
@@ -81,15 +82,17 @@ def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
     ref = 2 * PSI_7B // 8  # bf16 reference, FSDP-sharded
     # update: 16 B/param over 8 GPUs, plus the reference; grads and Adam come back on the GPU
     assert est.phases["update"].states_bytes == 2 * PSI_7B + ref
-    # rollout: 12 B/param resident (grads freed), the reference, the engine's full bf16 copy
-    assert est.phases["rollout"].states_bytes == 12 * PSI_7B // 8 + ref + 2 * PSI_7B
+    # rollout: 12 B/param resident (grads freed), the reference, the engine's full bf16 copy,
+    # and FSDP's root unit (embedding and untied head) still gathered in bf16
+    root = 2 * 2 * QWEN_7B.embedding_params
+    assert est.phases["rollout"].states_bytes == 12 * PSI_7B // 8 + ref + 2 * PSI_7B + root
     # checkpointed activations of 2 x 512 tokens: (2hL + one layer) per token, bf16
     assert est.phases["update"].parts["activations"] == 2 * 512 * (200_704 + 225_392)
     assert est.host_offload_bytes == 0
     offloaded = estimate_memory(QWEN_7B, ProbeConfig(**{**config.as_dict(),
                                                         "offload_params": True,
                                                         "offload_optimizer": True}), 8)
-    assert offloaded.phases["rollout"].states_bytes == 2 * PSI_7B  # the engine only
+    assert offloaded.phases["rollout"].states_bytes == 2 * PSI_7B + root  # engine, root
     assert offloaded.phases["update"].states_bytes == 2 * PSI_7B  # reference stays on host
     assert offloaded.host_offload_bytes == 12 * PSI_7B // 8 + ref
     assert est.binding_phase in ("rollout", "update")
@@ -173,7 +176,7 @@ def test_each_phase_moves_only_with_its_knobs():
         return phases[phase].total_bytes if phase in phases else None
 
     for phase, knobs in CRITIC_PHASE_KNOBS.items():
-        for knob in knobs:
+        for knob in knobs - set(ALLOCATOR_KNOBS):  # the card's, which the trace replays
             value = 2 if knob == "max_num_seqs" else changes[knob]
             assert any(total(replace(wide, **{knob: value}), phase) != total(wide, phase)
                        for wide in wides), (knob, phase)
@@ -222,9 +225,12 @@ def test_search_r1_seed_case_with_the_vllm_like_engine():
             peaks[engine, mbu] = estimate_memory(shape, config, num_gpus=2,
                                                  engine_capacity_bytes=capacity)
     budget = 0.9 * capacity
-    assert peaks["vllm-like", 8].peak_bytes > budget  # fails, in the experience phase
-    assert peaks["vllm-like", 8].binding_phase == "experience"
+    assert peaks["vllm-like", 8].peak_bytes > budget  # fails, in a training phase: the
+    # experience's logits, or the update's with the allocator's reserve of their blocks
+    assert peaks["vllm-like", 8].binding_phase in ("experience", "update")
+    assert peaks["vllm-like", 8].phases["experience"].total_bytes > budget
     assert peaks["vllm-like", 4].peak_bytes < 0.7 * capacity  # the fix works
     rollout = peaks["vllm-like", 4].phases["rollout"]
-    assert rollout.states_bytes == int(0.6 * capacity)  # offload on: the reservation alone
+    # offload on: the reservation alone, and FSDP's root unit still gathered (bf16)
+    assert rollout.states_bytes == int(0.6 * capacity) + 2 * shape.embedding_params
     assert peaks["hf", 4].phases["rollout"].total_bytes > capacity  # the old prediction

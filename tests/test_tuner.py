@@ -365,7 +365,10 @@ def test_tracing_that_turns_itself_off_is_said_once(tmp_path):
         def failure(self, params):
             return None
 
-        def learn(self, params, phase_peak_mem_bytes, device):
+        def fits_under_bytes(self, params, device):
+            return None
+
+        def learn(self, params, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
             pass
 
         def summary(self):

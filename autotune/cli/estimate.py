@@ -77,7 +77,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     )
     from autotune.memory.host import format_node_host
     from autotune.memory.length import length_headroom
-    from autotune.memory.model import estimate_memory
+    from autotune.memory.model import allocator_reserve, estimate_memory
     from autotune.sweep.estimate import plan_estimate
     from autotune.sweep.prescreen import memory_model_args
 
@@ -85,6 +85,8 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
                          storage, response_length, host_memory_bytes, given["trainer"])
     request, capacity = plan.request, plan.capacity_bytes
     model_args = memory_model_args(request)
+    # the allocator's reserve at this config, held while the searches below move one knob
+    model_args["reserve_bytes"] = allocator_reserve(plan.shape, request.config, **model_args)
     est = estimate_memory(plan.shape, request.config, **model_args)
     totals = phase_totals(est, plan.calibration)
     budget = int((1 - headroom) * capacity)

@@ -16,33 +16,49 @@ the same 16 bytes per parameter in its own update phase (`critic_update`, before
 and its own offload between phases; its value forward in the experience phase holds its
 params and no vocabulary logits.
 
+Sharded over W > 1 GPUs, each phase peaks at one of FSDP's moments, all counted: the root
+unit (embeddings, LM head) stays gathered between phases and is gathered anew beside the
+last forward's copy (experience); a sleeping engine wakes one whole fp32 tensor at a time
+(rollout); the root's backward holds its fp32 gradient for the reduce-scatter beside its
+compute-dtype gradients (update).
+
+On a GPU the card holds more than the tensors: the caching allocator's reserve, sketched by
+reserve.py (the step's large allocations in order, replayed through allocator.py) for the
+experience and the update (`allocator_reserve`), and what lives outside torch
+(outside_torch.py: the CUDA context, NCCL's buffers) as the fixed context.
+
 Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
 states, the reference model, the rollout engine's weights), `transient_bytes` (what grows with
-the micro-batch: activations, logits, KV cache, vision patches; the arithmetic here is the
-uncalibrated prior) and a fixed context. Calibration (calibration.py) fits the context and a
-scale on the transient part per phase and device; the states are never fitted.
+the micro-batch: activations, logits, KV cache, vision patches, the allocator's reserve; the
+arithmetic here is the uncalibrated prior) and a fixed context. Calibration (calibration.py)
+fits the context and a scale on the transient part per phase and device; the states are never
+fitted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.batching import worst_case_rows
 from autotune.config import (
-    VLLM_ENGINES,
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
-    TRL_TOKEN_TILE,
-    TRL_VOCAB_CHUNK,
     TRITON_DLOGITS_COLUMNS,
     TRITON_VOCAB_SPLIT,
+    TRL_TOKEN_TILE,
+    TRL_VOCAB_CHUNK,
+    VLLM_ENGINES,
     DeviceShare,
     ProbeConfig,
     device_share,
 )
 from autotune.errors import ConfigError
+from autotune.memory.allocator import AllocatorSettings
+from autotune.memory.outside_torch import outside_torch
+from autotune.memory.reserve import StepShape, phase_reserve_bytes
 from autotune.registry import get_model_spec, read_model_path_config
 
 PARAM_BYTES = 4  # fp32 master params
@@ -52,11 +68,13 @@ ADAM_BYTES = 8  # fp32 m and v
 # The knobs that move each phase's peak in this model (a test checks every other knob leaves
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
 # the update, which loads them back; the log-prob forwards load the actor params back too.
+# The allocator's settings and the FSDP wrapper move what every phase holds on the card
+# (the trace's replay sees them; this model only expandable segments, in the training
+# phases' reserve): declared for every phase, so dominance never compares across them.
+ALLOCATOR_KNOBS = ("expandable_segments", "fsdp_strategy")
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
                 "algorithm",  # a critic is one more model on the GPU in every phase
-                # the allocator's settings and the FSDP wrapper move every phase's reserve
-                # (memory/allocator.py replays them; this model does not see them)
-                "expandable_segments", "fsdp_strategy")
+                *ALLOCATOR_KNOBS)
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
 _CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
 _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
@@ -99,9 +117,9 @@ def phase_knobs(critic: bool) -> dict[str, frozenset[str]]:
     return CRITIC_PHASE_KNOBS if critic else PHASE_KNOBS
 
 # The fixed context of one probe process before calibration (the prior a study's calibration
-# replaces): CUDA context and allocator slack on a GPU, the anonymous RSS of Python, torch and
-# transformers on a CPU. Both priors and how they were set: docs/memory-and-trace.md.
-GPU_CONTEXT_BYTES = 1 << 30
+# replaces): on a GPU what lives outside torch (outside_torch.py), on a CPU the anonymous RSS
+# of Python, torch and transformers (docs/memory-and-trace.md).
+GPU_CONTEXT_BYTES = 1 << 30  # the traced estimate's old prior (benchmarks' landscapes keep it)
 CPU_CONTEXT_BYTES = 255 << 20
 # The traced estimate's fixed term (probe/trace.py counts every tensor; this is the rest): on
 # a GPU the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's rounding; on
@@ -306,7 +324,9 @@ class MemoryEstimate:
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                     on_gpu: bool = True, compute_bytes: int | None = None,
                     state_shards: int | None = None,
-                    engine_capacity_bytes: int | None = None) -> MemoryEstimate:
+                    engine_capacity_bytes: int | None = None,
+                    outside_bytes: int | None = None,
+                    reserve_bytes: dict[str, int] | None = None) -> MemoryEstimate:
     """Peak bytes per GPU of each phase of one colocated GRPO step on `num_gpus` GPUs.
 
     Each GPU runs its share of the batches (config.device_share). The model states are
@@ -337,12 +357,28 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     else:
         root = shape.embedding_params * (1 if shape.tied_embeddings else 2)
         cast = c * (root + 2 * shape.layer_params)
+    # FSDP keeps the root unit (embeddings, LM head) gathered from its forward to the end of
+    # the next backward, so between phases too (the rollout holds it), and twice over while
+    # the next forward gathers it anew; a sharded rank's engine wakes one whole fp32 tensor
+    # at a time (the largest, the embedding); the root's backward holds its fp32 gradient
+    # for the reduce-scatter beside its compute-dtype embedding and head gradients: the
+    # moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak)
+    root_params = shape.embedding_params * (1 if shape.tied_embeddings else 2)
+    root_held = c * root_params if n > 1 else 0
+    wake_gather = 4 * shape.embedding_params if n > 1 and not policy else 0
+    fsdp_gather = c * (3 * root_params + 2 * shape.layer_params) if n > 1 else 0
+    root_backward = (2 * c * shape.embedding_params + 4 * root_params + root_held) \
+        if n > 1 else 0
     # Optimizer step: foreach AdamW on a GPU keeps one fp32 shard-sized temporary; the CPU's
     # per-tensor loop, one of the largest tensor.
     step_temp = 4 * psi // n if on_gpu else 4 * shape.embedding_params
     if config.fused_optimizer:  # one kernel per tensor, in place
         step_temp = 0
-    context = GPU_CONTEXT_BYTES if on_gpu else CPU_CONTEXT_BYTES
+    if on_gpu:
+        context = outside_bytes if outside_bytes is not None else outside_torch(
+            num_gpus, False, config.rollout_tensor_parallel).total_bytes
+    else:
+        context = CPU_CONTEXT_BYTES
     # PPO's critic: its own 16 bytes per parameter in its update, where its offload puts it
     # between phases; its forward gathers FSDP units as the actor's does (no LM head)
     psi_c = shape.critic_params if config.has_critic else 0
@@ -383,9 +419,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
 
     def trl_logits(micro: int, backward: bool) -> int:
         # one reused [4,096 tokens, 32,768 columns] buffer in the compute dtype, a copy of
-        # the scored hidden states and TRL's seven fp32 accumulators per token; without Triton (a CPU) the fold's fp32 temporaries of a
-        # tile, 3 in the forward and 8 in the backward; the backward's fp32 gradients of the
-        # hidden states and the weight
+        # the scored hidden states and TRL's seven fp32 accumulators per token; without
+        # Triton (a CPU) the fold's fp32 temporaries of a tile, 3 in the forward and 8 in
+        # the backward; the backward's fp32 gradients of the hidden states and the weight
         positions = trl_positions(micro)
         rows = min(positions, TRL_TOKEN_TILE)
         held = rows * TRL_VOCAB_CHUNK * c + positions * (shape.hidden * c + 28)
@@ -463,8 +499,11 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
             held = {"engine_reservation": reservation}
         elif config.sleep_level == 1:
             engine_host = engine
-    phases["rollout"] = PhaseEstimate(sum(rollout_states.values()), sum(rollout.values()),
-                                      context, {**rollout_states, **rollout}, resting)
+    if root_held:
+        rollout_states["fsdp_root"] = root_held
+    phases["rollout"] = PhaseEstimate(
+        sum(rollout_states.values()), max(sum(rollout.values()), wake_gather), context,
+        {**rollout_states, **rollout, "wake_gather": wake_gather}, resting)
 
     knobs = config.as_dict()  # rows of the largest micro-batch, every response at full length
     mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
@@ -479,8 +518,14 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                   "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
     if not (old_pass or config.use_kl):
         experience = dict.fromkeys(experience, 0)
-    phases["experience"] = PhaseEstimate(sum(exp_states.values()), sum(experience.values()),
-                                         context, {**exp_states, **experience}, resting)
+    gathering = fsdp_gather if old_pass or config.use_kl else 0
+    # on one GPU the no-grad forward keeps no cast weights (autocast caches only for a
+    # gradient) and each layer's activations are gone by the logits: those peak apart
+    forward = sum(experience.values()) if n > 1 else max(
+        experience["logits"], experience["cast_weights"] + experience["activations"])
+    phases["experience"] = PhaseEstimate(
+        sum(exp_states.values()), max(forward, gathering), context,
+        {**exp_states, **experience, "fsdp_gather": gathering}, resting)
     if psi_c:  # the critic's value forward, after the actor's and the reference's
         mbc = worst_case_rows(knobs, share.responses_per_step, "critic_update")
         values_states = {"resident": states.resident_bytes + ref_resident,
@@ -526,8 +571,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                 trl_logits(mbu, backward=True) if trl else
                 fused_chunk(mbu) * vocab * (max(c + 4, 8) + c) if config.fused_logprob else
                 logprob_logits(mbu) + mbu * 4 * response * vocab + entropy_grad(mbu)}
-    transient = max(sum(backward.values()), step_temp)
-    parts = {**upd_states, **backward, "optimizer_step": step_temp}
+    transient = max(sum(backward.values()), root_backward, step_temp)
+    parts = {**upd_states, **backward, "root_backward": root_backward,
+             "optimizer_step": step_temp}
     phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts,
                                      resting)
 
@@ -536,9 +582,63 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
         phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
                                              sum(validation.values()), context,
                                              {**rollout_states, **validation}, resting)
+    if on_gpu:  # what the caching allocator reserves beyond the tensors (reserve.py)
+        reserve = reserve_bytes if reserve_bytes is not None else \
+            allocator_reserve(shape, config, num_gpus, on_gpu, compute_bytes, state_shards)
+        for name, extra in reserve.items():
+            if name in phases and extra:
+                phase = phases[name]
+                phases[name] = dataclasses.replace(
+                    phase, transient_bytes=phase.transient_bytes + extra,
+                    parts={**phase.parts, "allocator_reserve": extra})
     offload_host = states.host_offload_bytes + (ref if config.ref_on_host else 0) \
         + engine_host + critic.host_offload_bytes
     return MemoryEstimate(phases, offload_host, share)
+
+
+def allocator_reserve(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
+                      on_gpu: bool = True, compute_bytes: int | None = None,
+                      state_shards: int | None = None, **_: Any) -> dict[str, int]:
+    """What the caching allocator reserves beyond the tensors in each training phase of
+    `config` on a GPU (reserve.py's sketch, replayed; {} on a CPU). A search over one knob
+    (a length, a micro-batch) holds it fixed at the config asked about, passing it to
+    estimate_memory as `reserve_bytes`: the sketch takes tens of milliseconds a config, and
+    a fragmentation figure is no order along an axis, which the searches assume."""
+    if not on_gpu:
+        return {}
+    n, c = state_shards or num_gpus, compute_bytes or 2
+    return phase_reserve_bytes(step_shape(shape, config, n, c, device_share(config, num_gpus)),
+                               AllocatorSettings(expandable_segments=config.expandable_segments))
+
+
+def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
+               share: DeviceShare) -> StepShape:
+    """The numbers reserve.py lays the step's allocations out with: one decoder layer's
+    parameters by block (attention's, the MLP's three, the norms), the root unit's, a VL
+    model's vision block, and each training phase's rows at their worst case."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    inter = shape.intermediate
+    knobs = config.as_dict()
+    rows_u = max(1, worst_case_rows(knobs, share.responses_per_minibatch, "update"))
+    rows_e = max(1, worst_case_rows(knobs, share.responses_per_step, "experience"))
+    patches = (config.image_size_px // shape.patch_px) ** 2 if shape.is_vl else 0
+    hv, iv = shape.vision_hidden, shape.vision_intermediate
+    return StepShape(
+        vocab=shape.vocab, hidden=h, intermediate=inter, layers=shape.layers,
+        # q, k, v and o with their biases as one block, the MLP's three, the two norms
+        layer_params=(h * q + q + 2 * (h * kv + kv) + q * h, h * inter, h * inter, inter * h,
+                      2 * h),
+        root_params=(shape.embedding_params,) * (1 if shape.tied_embeddings else 2),
+        shards=shards, compute_bytes=compute_bytes,
+        seq=config.max_prompt_length + config.max_response_length,
+        response=config.max_response_length, update_rows=rows_u, experience_rows=rows_e,
+        forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
+        checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
+        with_reference=config.use_kl, fused_optimizer=config.fused_optimizer,
+        vision_block_params=(2 * hv, 3 * hv * hv, 3 * hv, hv * hv, hv, hv * iv, iv, hv * iv,
+                             iv, iv * hv, hv) if shape.is_vl else (),
+        vision_blocks=shape.vision_layers, vision_hidden=hv, vision_intermediate=iv,
+        patches_per_row=patches)
 
 
 def model_shape(name: str, model_path: str | None = None) -> ModelShape:

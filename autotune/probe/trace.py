@@ -66,6 +66,10 @@ _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 # ops a trace sees): answered at once, since nothing is allocated.
 _PRIM_DEVICE = torch.ops.prim.device.default
 _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)  # not a wrapper such as DTensor
+# The autograd engine sums two gradients of one input (InputBuffer::accumulate) in place on
+# real tensors, out of place on a tensor subclass such as FakeTensor: seen as this op
+# between two backward nodes, with grad mode off (a checkpointed recompute runs with it on).
+_ADD = _aten.add.Tensor
 
 
 @dataclass
@@ -153,6 +157,21 @@ class AllocationTracker:
             if old_id:
                 self.events.append((FREE, old_id))
 
+    def accumulated(self, into: Any, other: Any, out: Any) -> None:
+        """The autograd engine summed `other` into `into` as `out`: on a GPU in place (torch/
+        csrc/autograd/input_buffer.cpp), so `out` holds `into`'s block and no new one."""
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point()
+                   for t in (into, other, out)) or into.shape != out.shape or \
+                into.dtype != out.dtype:
+            return
+        kept = self._storages.get(into.untyped_storage())
+        made = self._storages.get(out.untyped_storage())
+        if kept is None or made is None or not kept.alloc_id or not made.alloc_id or \
+                self.events[-1][:2] != (ALLOC, made.alloc_id):
+            return
+        self.events.pop()
+        made.alloc_id, kept.alloc_id = kept.alloc_id, 0
+
     def mark_host(self, tensor: torch.Tensor, on_host: bool) -> None:
         """`tensor`'s storage now counts as host memory (offload), or as the device's again.
         A copy made for the host (the trace clones on its one device) was never a device
@@ -222,6 +241,9 @@ class _TraceMode(TorchDispatchMode):
                 out = tree_map(self._real_integers, out)
         for tensor in _tensors((out,)):
             self.tracker.track(tensor)
+        if func is _ADD and len(args) == 2 and not kwargs and not torch.is_grad_enabled() \
+                and torch._C._current_autograd_node() is not None:
+            self.tracker.accumulated(args[0], args[1], out)
         return out
 
     @staticmethod

@@ -20,7 +20,7 @@ from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
 from autotune.memory.calibration import Calibration
 from autotune.memory.length import LengthHeadroom, at_length, length_headroom
-from autotune.memory.model import ModelShape, estimate_memory, model_shape
+from autotune.memory.model import ModelShape, allocator_reserve, estimate_memory, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.prescreen import memory_model_args
 
@@ -61,14 +61,16 @@ class StudyModel:
     def anchored(self, config: ProbeConfig, measured: dict[str, int] | None
                  ) -> Callable[[ProbeConfig], dict[str, int]]:
         """Peaks at other lengths: the model's, moved by the probe's own error at its length."""
+        held = {**self.args, "reserve_bytes": allocator_reserve(self.shape, config, **self.args)}
+        model = dataclasses.replace(self, args=held)  # the allocator's reserve held
         if not measured:
-            return self.phase_peaks
-        here = self.phase_peaks(config)
+            return model.phase_peaks
+        here = model.phase_peaks(config)
         gap = {phase: measured[phase] - here[phase] for phase in here if phase in measured}
 
         def peaks(other: ProbeConfig) -> dict[str, int]:
             return {phase: value + gap.get(phase, 0)
-                    for phase, value in self.phase_peaks(other).items()}
+                    for phase, value in model.phase_peaks(other).items()}
         return peaks
 
     def headroom(self, config: ProbeConfig, budget_bytes: int,

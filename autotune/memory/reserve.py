@@ -1,0 +1,355 @@
+"""The memory model's allocator term: what the caching allocator reserves beyond the tensors.
+
+The arithmetic model (model.py) counts the tensors a phase holds at its peak; a GPU holds
+more, because PyTorch's caching allocator keeps freed blocks cached for their own stream and
+splits large cached blocks for smaller requests, so a later large request finds no block
+that fits and takes a new segment. How much more depends on the sizes and the order of the
+phase's allocations, not on a constant: on an H200 a 7B rank's update reserved 10 to 11 GiB
+beyond its tensors and its rollout 0.3 GiB (benchmarks/results/gpu).
+
+This module lays the step's allocations out the way the probe's step makes them, from the
+same shapes the model uses (a decoder layer's parameters by block, the root unit's
+embedding and head, a VL model's vision blocks, the logits path's tensors, the activations
+a layer saves), with FSDP's streams and its all-gather state (all-gathers on their copy-in
+stream, the last one's output kept until the next is made; reduce-scatter outputs on their
+stream; the next layer prefetched in the backward), MICRO_BATCHES micro-batches of
+OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first), each phase on its own
+and twice over; replays it through allocator.py with the run's allocator settings; and
+returns, per phase, the replayed reserved peak less the replayed allocated peak. The trace
+(probe/trace.py) records the real stream and is exact where this is a sketch; this is what
+`estimate` adds without one, no torch needed. Sizes are per GPU; the caller gives rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.memory.allocator import (
+    ALLOC,
+    FREE,
+    PHASE,
+    AllocatorSettings,
+    replay,
+)
+
+COPY_IN, REDUCE = 1, 3  # FSDP's all-gather copy-in stream and reduce-scatter stream
+# Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
+# run's batches: the cache settles within them (the first step makes AdamW's state), so the
+# reserve is the steady state's and moves only with what a micro-batch holds.
+MICRO_BATCHES = 3
+OPTIMIZER_STEPS = 2
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the sketch needs of the model, the config and the run, in elements and rows."""
+
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    layer_params: tuple[int, ...]  # one decoder layer's parameters, one entry each
+    root_params: tuple[int, ...]  # the root unit's: embedding (and an untied head)
+    shards: int  # FSDP ranks the states are sharded over (1: none)
+    compute_bytes: int
+    seq: int  # prompt + response tokens
+    response: int
+    update_rows: int  # sequences in the update's largest micro-batch
+    experience_rows: int
+    forwards: int  # log-prob forwards in the experience phase (old, reference)
+    checkpointing: bool
+    fused_logits: bool  # the logits path a chunk at a time (no whole-vocabulary blocks)
+    with_reference: bool
+    vision_block_params: tuple[int, ...] = ()  # a VL model's vision block (an FSDP unit)
+    vision_blocks: int = 0
+    vision_hidden: int = 0
+    vision_intermediate: int = 0
+    patches_per_row: int = 0  # vision patches of one sequence's image
+    fused_optimizer: bool = False
+
+
+class _Stream:
+    """Allocation events as the step makes them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self._next = 0
+        self.gathered = 0  # FSDP's last all-gather output, kept until the next is made
+
+    def alloc(self, size: int, stream: int = 0) -> int:
+        self._next += 1
+        if size > 0:
+            self.events.append((ALLOC, self._next, int(size), stream))
+        return self._next
+
+    def free(self, *ids: int | list[Any]) -> None:
+        for item in ids:
+            if isinstance(item, list):
+                self.free(*item)
+            elif item:
+                self.events.append((FREE, item))
+
+    def phase(self, name: str | None) -> None:
+        self.events.append((PHASE, name))
+
+
+def _gather(out: _Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
+    """An FSDP unit unsharded: on the copy-in stream its input and output buffers (FSDP2's
+    all-gather state keeps the last unit's output until the next one's is made), then its
+    parameters copied out in the compute dtype on the default stream."""
+    c, n = s.compute_bytes, s.shards
+    staging = out.alloc(c * sum(params) // n, COPY_IN)
+    buffer = out.alloc(c * sum(params), COPY_IN)
+    out.free(staging, out.gathered)
+    out.gathered = buffer
+    return [out.alloc(c * p) for p in params]
+
+
+def _gathered_done(out: _Stream) -> None:
+    """The forward or backward is over: the last all-gather output goes."""
+    out.free(out.gathered)
+    out.gathered = 0
+
+
+def _logits(out: _Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
+    """The log-probs from the whole logits: the compute-dtype logits, their fp32 response
+    slice, its log-softmax (kept for the backward); returns what stays for the backward."""
+    c, v = s.compute_bytes, s.vocab
+    tokens, scored = rows * s.seq, rows * s.response
+    if s.fused_logits:  # a chunk at a time: no whole-vocabulary block outlives it
+        chunk = min(512, tokens) * v
+        piece = out.alloc(c * chunk)
+        wide = out.alloc(4 * chunk)
+        out.free(piece, wide)
+        return []
+    logits = out.alloc(c * tokens * v)
+    wide = out.alloc(4 * scored * v)
+    out.free(logits)
+    soft = out.alloc(4 * scored * v)
+    out.free(wide)
+    if not backward:
+        out.free(soft)
+        return []
+    return [soft]
+
+
+def _logits_backward(out: _Stream, s: StepShape, rows: int, kept: list[int]) -> int:
+    """The log-softmax's and the gather's gradients, the slice's back in the compute dtype,
+    and the whole logits' gradient for the head's matmul."""
+    c, v = s.compute_bytes, s.vocab
+    tokens, scored = rows * s.seq, rows * s.response
+    if s.fused_logits:
+        chunk = min(512, tokens) * v
+        grad = out.alloc((4 + c) * chunk)
+        out.free(grad)
+        return 0
+    zeros = out.alloc(4 * scored * v)
+    scattered = out.alloc(4 * scored * v)
+    out.free(zeros)
+    grad = out.alloc(4 * scored * v)
+    out.free(scattered, kept)
+    narrow = out.alloc(c * scored * v)
+    out.free(grad)
+    whole = out.alloc(c * tokens * v)
+    out.free(narrow)
+    return whole  # the whole logits' gradient: freed after the head's matmul
+
+
+def _layer_forward_temps(out: _Stream, s: StepShape, rows: int) -> None:
+    """A layer's forward temporaries that do not outlive it (its MLP's I-wide tensors)."""
+    c, tokens = s.compute_bytes, rows * s.seq
+    temps = [out.alloc(c * tokens * s.intermediate) for _ in range(3)]
+    temps += [out.alloc(4 * tokens * s.hidden)]
+    out.free(temps)
+
+
+def _saved(out: _Stream, s: StepShape, rows: int) -> list[int]:
+    """What one layer saves for its backward: its input with checkpointing; else its
+    attention's and MLP's activations (model.py's per-token formula, by tensor)."""
+    c, tokens = s.compute_bytes, rows * s.seq
+    if s.checkpointing:
+        return [out.alloc(c * tokens * s.hidden)]
+    return [out.alloc(c * tokens * s.intermediate) for _ in range(4)] + \
+        [out.alloc(c * tokens * s.hidden) for _ in range(5)] + \
+        [out.alloc(4 * tokens * s.hidden) for _ in range(2)]
+
+
+def _vision(out: _Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]:
+    """A VL model's vision tower, block by block (each an FSDP unit, as the decoder's
+    layers): gathered, its forward's temporaries, and with `keep` what each block saves for
+    the backward (its input under checkpointing, else its activations)."""
+    c, patches = s.compute_bytes, rows * s.patches_per_row
+    saved: list[list[int]] = []
+    for _ in range(s.vision_blocks):
+        block = _gather(out, s, s.vision_block_params) if s.shards > 1 else \
+            [out.alloc(c * p) for p in s.vision_block_params]
+        temps = [out.alloc(c * patches * s.vision_intermediate) for _ in range(2)]
+        out.free(temps)
+        if keep:
+            saved.append([out.alloc(c * patches * s.vision_hidden)] if s.checkpointing else
+                         [out.alloc(c * patches * s.vision_intermediate) for _ in range(3)]
+                         + [out.alloc(c * patches * s.vision_hidden) for _ in range(4)])
+        if s.shards > 1 or not keep:
+            out.free(block)
+        else:
+            saved[-1].extend(block)  # autocast's casts, kept for the backward
+    return saved
+
+
+def _vision_backward(out: _Stream, s: StepShape, rows: int, saved: list[list[int]]) -> None:
+    """The vision tower's backward, last block first: gathered again, recomputed under
+    checkpointing, its gradients reduced (or accumulated on one GPU)."""
+    c, n, patches = s.compute_bytes, s.shards, rows * s.patches_per_row
+    for held in reversed(saved):
+        block = _gather(out, s, s.vision_block_params) if n > 1 else []
+        if s.checkpointing:
+            temps = [out.alloc(c * patches * s.vision_intermediate) for _ in range(2)]
+            out.free(temps)
+        grads = [out.alloc(c * p) for p in s.vision_block_params]
+        out.free(held, block)
+        wide = out.alloc(4 * sum(s.vision_block_params))
+        out.free(grads, wide)
+
+
+def experience(out: _Stream, s: StepShape, root_held: list[int]) -> list[int]:
+    """The log-prob forwards, micro-batch by micro-batch; returns the root unit still
+    gathered after them (FSDP does not reshard it after a forward)."""
+    c = s.compute_bytes
+    for _ in range(s.forwards):
+        for _ in range(MICRO_BATCHES):
+            if s.shards > 1:
+                fresh = _gather(out, s, s.root_params)
+                out.free(root_held)  # the last forward's root, gathered anew
+                root_held = fresh
+            _vision(out, s, s.experience_rows, keep=False)
+            for _ in range(s.layers):
+                layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
+                    [out.alloc(c * p) for p in s.layer_params]  # autocast's casts
+                _layer_forward_temps(out, s, s.experience_rows)
+                out.free(layer)
+            _gathered_done(out)
+            _logits(out, s, s.experience_rows, backward=False)
+    return root_held
+
+
+def _first_keeps(out: _Stream, grads: list[int], made: list[int], first: bool) -> None:
+    """The first micro-batch's gradients become the parameters' (kept to the optimizer
+    step); a later one's are summed into them in place and go."""
+    if first:
+        grads.extend(made)
+    else:
+        out.free(made)
+
+
+def update(out: _Stream, s: StepShape, root_held: list[int], adam: list[int]
+           ) -> tuple[list[int], list[int]]:
+    """The optimizer steps, each over its micro-batches (forward, logits, backward, the
+    gradients reduced or accumulated), then AdamW (its state made at the first)."""
+    c, n = s.compute_bytes, s.shards
+    every = s.root_params + s.layer_params * s.layers
+    for _ in range(OPTIMIZER_STEPS):
+        grads: list[int] = []
+        for micro in range(MICRO_BATCHES):
+            first = micro == 0
+            if n > 1:
+                fresh = _gather(out, s, s.root_params)
+                out.free(root_held)
+                root_held = fresh
+            saved, casts = [], []
+            vision_saved = _vision(out, s, s.update_rows, keep=True)
+            for _ in range(s.layers):
+                layer = _gather(out, s, s.layer_params) if n > 1 else \
+                    [out.alloc(c * p) for p in s.layer_params]
+                saved.append(_saved(out, s, s.update_rows))
+                if s.checkpointing:
+                    _layer_forward_temps(out, s, s.update_rows)
+                if n > 1:
+                    out.free(layer)  # resharded after its forward
+                else:
+                    casts.append(layer)  # autocast keeps them for the backward
+            _gathered_done(out)
+            kept = _logits(out, s, s.update_rows, backward=True)
+            whole = _logits_backward(out, s, s.update_rows, kept)
+            head_grad = out.alloc(c * s.root_params[-1])
+            out.free(whole)
+            ahead = _gather(out, s, s.layer_params) if n > 1 else []
+            for index in reversed(range(s.layers)):
+                if n > 1:  # FSDP prefetches the next layer's gather for the backward
+                    layer, ahead = ahead, (_gather(out, s, s.layer_params) if index else [])
+                if s.checkpointing:
+                    _layer_forward_temps(out, s, s.update_rows)
+                weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
+                out.free(saved.pop())
+                if n > 1:
+                    out.free(layer)
+                    reduce_in = out.alloc(4 * sum(s.layer_params))
+                    out.free(weight_grads)
+                    shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
+                    _first_keeps(out, grads, [shard], first)
+                    out.free(reduce_in)
+                else:
+                    wide = [out.alloc(4 * p) for p in s.layer_params]
+                    out.free(weight_grads, casts.pop())
+                    _first_keeps(out, grads, wide, first)
+            _vision_backward(out, s, s.update_rows, vision_saved)
+            _gathered_done(out)
+            out.free(saved)
+            embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
+            if n > 1:
+                out.free(root_held)
+                root_held = []
+                reduce_in = out.alloc(4 * sum(s.root_params))
+                out.free(embed_grad)
+                shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)
+                _first_keeps(out, grads, [shard], first)
+                out.free(head_grad, reduce_in)
+            else:
+                out.free(head_grad)
+                _first_keeps(out, grads, [embed_grad], first)
+        if not adam:  # AdamW's state, made at the first step
+            adam = [out.alloc(4 * p // n) for p in every for _ in range(2)]
+        if not s.fused_optimizer:  # foreach: one fp32 temporary a parameter
+            temps = [out.alloc(4 * p // n) for p in every]
+            out.free(temps)
+        out.free(grads)
+    return root_held, adam
+
+
+DEFAULT_SETTINGS = AllocatorSettings()
+
+
+@functools.lru_cache(maxsize=256)
+def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
+                        ) -> dict[str, int]:
+    """Per training phase (experience, update), what the replayed sketch reserved beyond
+    its allocated peak. Each phase is laid out on its own, twice over (as two training steps
+    run it), after the states it finds: the fp32 master shards and the reference, AdamW's
+    state (the update makes it at its first step), and FSDP's root unit gathered; so a phase
+    moves only with its own knobs (model.PHASE_KNOBS), as the dominance rules need."""
+    n, c = s.shards, s.compute_bytes
+    every = s.root_params + s.layer_params * s.layers
+    reserve = {}
+    for name in ("experience", "update"):
+        out = _Stream()
+        out.phase("build")
+        for p in every:  # the fp32 master shards
+            out.alloc(4 * p // n)
+        if s.with_reference:
+            for p in every:
+                out.alloc(c * p // n)
+        adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
+            if name == "experience" else []
+        root = [out.alloc(c * p) for p in s.root_params] if n > 1 else []
+        out.phase(None)
+        for _ in range(2):
+            out.phase(name)
+            if name == "experience":
+                root = experience(out, s, root)
+            else:
+                root, adam = update(out, s, root, adam)
+            out.phase(None)
+        peaks = replay(out.events, settings).phases[name]
+        reserve[name] = max(0, peaks.reserved_bytes - peaks.allocated_bytes)
+    return reserve

@@ -33,7 +33,8 @@ EASYR1_VL7B = ProbeConfig(rollout_batch_size=512, rollout_n=5, global_batch_size
                           max_prompt_length=2048, max_response_length=2048,
                           rollout_engine="vllm-like", rollout_tensor_parallel=2,
                           gpu_memory_utilization=0.6, sleep_level=1, offload_params=True,
-                          offload_optimizer=True, offload_ref_params=True, image_size_px=448)
+                          offload_optimizer=True, offload_ref_params=True, image_size_px=448,
+                          fsdp_strategy="fsdp")  # EasyR1 and verl's default: FSDP1
 
 CASES = [
     {"case": "EasyR1 baselines, Qwen2.5-VL-7B, 8xH100, micro 1/2",

@@ -20,8 +20,9 @@ own code allocates, with its source; `HostProfile` holds what differs between tr
   `pin_out`), and PyTorch's pinned host allocator rounds every block up to a power of two
   (CachingHostAllocator.h, `c10::llvm::PowerOf2Ceil`) and keeps freed blocks cached until
   `empty_cache`, which neither trainer calls: on a GPU a block once pinned is held in every
-  later phase. The blocks are one flat parameter per FSDP unit (FSDP1: each decoder layer,
-  each vision block and the root) and one optimizer state per flat parameter.
+  later phase. The blocks are one flat parameter per FSDP unit where FSDP1 wraps (each
+  decoder layer, each vision block and the root) and one optimizer state per flat
+  parameter; under FSDP2 or on one GPU, one per parameter tensor (offload_units).
 - The reference model, when it waits on the host: FSDP1's CPUOffload pins its flat parameter
   and a gradient buffer of the same size (torch _flat_param.py `_local_shard.pin_memory()`,
   `_cpu_grad`), in the dtype the trainer loads it in (verl fp32, EasyR1 bf16).
@@ -122,6 +123,37 @@ def fsdp_unit_params(shape: ModelShape) -> list[int]:
     return [shape.num_params - sum(units), *units]
 
 
+def parameter_sizes(shape: ModelShape) -> list[int]:
+    """Every parameter's elements, one entry a tensor (a Qwen2 decoder, its vision tower):
+    what a run that offloads tensor by tensor pins one block for. They sum to
+    shape.num_params."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    inter = shape.intermediate
+    layer = [h * q, q, h * kv, kv, h * kv, kv, q * h, h * inter, h * inter, inter * h, h, h]
+    sizes = [shape.embedding_params, *layer * shape.layers, h]
+    if not shape.tied_embeddings:
+        sizes.append(shape.embedding_params)
+    if shape.vision_layers:
+        hv, iv = shape.vision_hidden, shape.vision_intermediate
+        merged = hv * shape.merge ** 2
+        block = [hv, hv, 3 * hv * hv, 3 * hv, hv * hv, hv, hv * iv, iv, hv * iv, iv, iv * hv, hv]
+        sizes += [3 * 2 * shape.patch_px ** 2 * hv, *block * shape.vision_layers, hv,
+                  merged * merged, merged, merged * shape.vision_out_hidden,
+                  shape.vision_out_hidden]
+    return sizes
+
+
+def offload_units(shape: ModelShape, config: ProbeConfig, world_size: int) -> list[int]:
+    """The tensors offload moves, in parameters: FSDP1's flat parameter per unit (EasyR1's
+    and verl's fsdp: flat_param_to), else one tensor per parameter (FSDP2's per-parameter
+    shards, verl's fsdp2 and the probe's; one GPU's plain parameters): each a pinned
+    block of its own (measured on an H200: the probe's 0.5B offload pinned 12.11 GiB, the
+    per-parameter blocks' sum to the byte; benchmarks/results/gpu)."""
+    if config.fsdp_strategy == "fsdp" and world_size > 1:
+        return fsdp_unit_params(shape)
+    return parameter_sizes(shape)
+
+
 def shard_blocks(units: list[int], bytes_per_param: int, world_size: int) -> list[int]:
     """One rank's shard of each unit, in bytes (FSDP pads a flat parameter to split evenly)."""
     return [bytes_per_param * -(-n // world_size) for n in units]
@@ -205,7 +237,7 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
     (default: Ray's, read from the environment, or the whole of it without Ray)."""
     profile = run.profile
     r, w, c = run.ranks_per_node, run.world_size, run.compute_bytes
-    units = fsdp_unit_params(shape)
+    units = offload_units(shape, config, w)
     pinned = run.on_gpu  # the CPU build never pins: a host block is its own size
 
     def held(blocks: list[int]) -> int:
@@ -222,7 +254,12 @@ def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: 
         reference = copies * held(shard_blocks(units, ref_bytes, w))
     critic_params = critic_optimizer = 0  # PPO: the critic's offload, its own FSDP units
     if config.has_critic:
-        critic_units = [shape.critic_params - sum(units[1:]), *units[1:]]
+        if config.fsdp_strategy == "fsdp" and w > 1:  # the root unit holds the value head
+            critic_units = [shape.critic_params - sum(units[1:]), *units[1:]]
+        else:  # the actor's tensors less an untied head, plus the value head's two
+            critic_units = [*units, shape.hidden, 1]
+            if not shape.tied_embeddings:
+                critic_units.remove(shape.embedding_params)
         if config.critic_offload_params:
             critic_params = held(shard_blocks(critic_units, PARAM_BYTES, w))
         if config.critic_offload_optimizer:

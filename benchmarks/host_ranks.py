@@ -96,7 +96,7 @@ def gpu_rows() -> list[str]:
     lines = []
     path = Path(__file__).resolve().parent / "results" / "gpu" / "gpu_evidence.json"
     for row in json.loads(path.read_text()):
-        if not row.get("host_held_peak_bytes") or row["host_held_peak_bytes"] < 256 << 20:  # incidental
+        if (row.get("host_held_peak_bytes") or 0) < 256 << 20:  # none, or incidental buffers
             continue
         import gpu_evidence
 

@@ -78,6 +78,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     from autotune.memory.host import format_node_host
     from autotune.memory.length import length_headroom
     from autotune.memory.model import allocator_reserve, estimate_memory
+    from autotune.memory.trainer_figures import trainer_figures
     from autotune.sweep.estimate import plan_estimate
     from autotune.sweep.prescreen import memory_model_args
 
@@ -94,6 +95,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
         plan.shape.context_tokens, request.world_size)
     host = plan.node_host()
+    figures = trainer_figures(plan.trainer, est, host) if request.device.on_gpu else []
     binding = plan.binding_constraint(max(totals.values()), host, headroom)
     savings = switch_savings(plan.shape, request.config, plan.calibration, **model_args)
     traced = run_trace(plan) if trace else None
@@ -113,7 +115,10 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
                           "terms": host.phases, "host_bytes": host.host_bytes,
                           "threshold": host.threshold, "kill_bytes": host.kill_bytes,
                           "rank_bytes": host.rank_bytes, "host_oom": host.host_oom},
-            "binding_constraint": binding, "switch_savings": savings}
+            "binding_constraint": binding, "switch_savings": savings,
+            "trainer_figures": {f.metric: {"label": f.label, "bytes": f.value_bytes,
+                                           "gib": round(f.value_gib, 2), "how": f.how}
+                                for f in figures}}
         if traced is not None:
             report["traced"] = {k: traced[k] for k in (
                 "phase_peak_mem_bytes", "context_bytes", "phase_context_bytes",
@@ -131,6 +136,12 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     click.echo("")
     click.echo(format_node_host(host, request.gpus_per_node))
     click.echo(binding)
+    if figures:
+        click.echo("")
+        click.echo(f"{plan.trainer}'s own figures, as it logs them (GiB, the mean over ranks):")
+        for figure in figures:
+            click.echo(f"  {figure.metric} ({figure.label}): {figure.value_gib:.1f} "
+                       f"({figure.how})")
     if traced is not None:
         what = (f"the probe's own step as rank 0 of {request.world_size} under fake tensors, "
                 f"build and 2 steps in {traced['trace_s']:.1f} s")

@@ -47,6 +47,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -54,12 +55,8 @@ from pathlib import Path
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device, gpu_capacity_bytes, gpu_name, has_nvidia_gpu
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import (
-    TRACE_GPU_CONTEXT_BYTES,
-    estimate_memory,
-    model_shape,
-    model_state_bytes,
-)
+from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
+from autotune.probe.meter import SNAPSHOT_ENV
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
@@ -68,8 +65,21 @@ SMALL = {"rollout_batch_size": 16, "global_batch_size": 8, "micro_batch_size_upd
          "micro_batch_size_experience": 16}
 BIG = {"rollout_batch_size": 16, "global_batch_size": 16, "micro_batch_size_experience": 4,
        "gradient_checkpointing": True}
-CASES = [  # (label, model, world, emulated, knobs, gpu memory limit); most wanted first, so
-    # a run cut short by --deadline-s still has them
+SNAPSHOTS = "snapshots"  # a case whose label ends in "snapshot": segment maps per phase
+EASYR1_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+              "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+CASES = [  # (label, model, world, emulated, knobs, gpu memory limit[, worker env]); most
+    # wanted first, so a run cut short by --deadline-s still has them. Issue 48's first: the
+    # allocator's segment maps at each phase's end (the 0.5B update the replay under-counts
+    # by one logits-sized block; the 7B update with expandable segments off and on), FSDP1
+    # ranks (EasyR1 under its allocator environment)
+    ("0.5b plain snapshot", "qwen2.5-0.5b", 1, False, {**SMALL}, None),
+    ("7b rank0/8 snapshot", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2},
+     None),
+    ("7b rank0/8 expandable snapshot", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 2, "expandable_segments": True}, None),
+    ("7b rank0/8 fsdp1 easyr1", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 2, "fsdp_strategy": "fsdp"}, None, EASYR1_ENV),
     ("0.5b plain", "qwen2.5-0.5b", 1, False, {**SMALL}, None),
     ("7b rank0/8 ckpt", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2}, None),
     ("7b rank0/8 OOM", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2},
@@ -105,11 +115,12 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit); most want
 
 
 def case_request(case: tuple) -> ProbeRequest:
-    label, model, world, emulated, knobs, limit = case
+    label, model, world, emulated, knobs, limit = case[:6]
+    env = case[6] if len(case) > 6 else {}
     return ProbeRequest(model=model, config=ProbeConfig(**{**SHAPES, **knobs}),
                         device=Device("cuda", limit_bytes=limit), gpu_ids=(0,), warmup_steps=1,
                         timed_steps=1, timeout_s=240.0, nnodes=1, gpus_per_node=world,
-                        emulated=emulated)
+                        emulated=emulated, env=dict(env))
 
 
 def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
@@ -124,46 +135,58 @@ def trace_case(case: tuple, capacity_bytes: int | None) -> dict:
     try:
         request = case_request(case)
         device = request.device.with_capacity(capacity_bytes)
-        traced = trace_request(dataclasses.replace(request, device=device),
-                               TRACE_GPU_CONTEXT_BYTES)
+        traced = trace_request(dataclasses.replace(request, device=device), 0)
     except Exception as exc:  # said in the table; the probes go on
         first = (str(exc).splitlines() or [""])[0]
         return {"error": f"{type(exc).__name__}: {first[:200]}"}
-    return {"phase_peak_mem_bytes": traced.phase_peak_mem_bytes, "trace_s": traced.trace_s}
+    return {"phase_tensor_bytes": traced.phase_tensor_bytes,
+            "phase_reserved_bytes": traced.phase_reserved_bytes,
+            "fits_under_bytes": traced.fits_under_bytes, "allocator": traced.allocator,
+            "trace_s": traced.trace_s}
 
 
 def describe_trace(row: dict) -> str:
-    """Traced against measured per phase, and what the GPU held beyond the traced tensors."""
+    """Per phase the prediction (the trace's allocations replayed through the caching
+    allocator, plus what this probe held outside torch: NVML less its reserved peak) against
+    NVML's peak, the replayed reserve against torch's, the traced tensors against torch's
+    allocated peak."""
     traced = row.get("traced") or {}
     if "error" in traced or not traced:
         return f"{row['label']:<17}trace: {traced.get('error', 'none')}"
+    reserved = traced["phase_reserved_bytes"]
     if row["status"] != "ok":
-        peak = max(traced["phase_peak_mem_bytes"].values())
-        return (f"{row['label']:<17}trace {traced['trace_s']:.0f} s: peak "
-                f"{format_bytes(peak)} traced; the probe: {row['status']} in "
+        return (f"{row['label']:<17}trace {traced['trace_s']:.0f} s: replayed reserve peak "
+                f"{format_bytes(max(reserved.values()))}, runs under no cap below "
+                f"{format_bytes(traced['fits_under_bytes'])}; the probe: {row['status']} in "
                 f"{row['failed_phase']}")
     parts = []
-    for phase, measured in row["phase_peak_mem_bytes"].items():
-        ours = traced["phase_peak_mem_bytes"].get(phase)
-        if ours is None:
+    for phase, nvml in row["phase_peak_mem_bytes"].items():
+        if phase not in reserved:
             continue
-        reserved = row["phase_allocator_peak_bytes"].get(phase, 0)
-        tensors = row.get("phase_tensor_peak_bytes", {}).get(phase)
-        traced_tensors = ours - TRACE_GPU_CONTEXT_BYTES
-        live = (f", torch's allocated peak {format_bytes(tensors)} against the traced "
-                f"tensors {(traced_tensors - tensors) / tensors:+.1%}" if tensors else "")
-        parts.append(f"{phase} {format_bytes(ours)} vs {format_bytes(measured)} "
-                     f"({(ours - measured) / measured:+.1%}; held beyond the tensors "
-                     f"{format_bytes(measured - traced_tensors)}, reserved "
-                     f"{format_bytes(reserved - traced_tensors)}{live})")
+        torch_reserved = row["phase_allocator_peak_bytes"].get(phase, 0)
+        allocated = row.get("phase_tensor_peak_bytes", {}).get(phase) or 1
+        predicted = reserved[phase] + nvml - torch_reserved
+        tensors = traced["phase_tensor_bytes"][phase]
+        parts.append(f"{phase} {format_bytes(predicted)} vs {format_bytes(nvml)} "
+                     f"({(predicted - nvml) / nvml:+.1%}; reserve replayed "
+                     f"{format_bytes(reserved[phase])} vs {format_bytes(torch_reserved)}, "
+                     f"tensors traced {(tensors - allocated) / allocated:+.1%})")
     return f"{row['label']:<17}trace {traced['trace_s']:.0f} s: " + "  ".join(parts)
 
 
-def run_case(case: tuple, where: Path, timeout_s: float) -> dict:
-    label, model, world, emulated, knobs, limit = case
+def run_case(case: tuple, where: Path, timeout_s: float, snapshots: Path | None = None,
+             limit_bytes: int | None = None) -> dict:
+    label, model, world, emulated, knobs, limit = case[:6]
     request = dataclasses.replace(case_request(case),
                                   timeout_s=min(case_request(case).timeout_s, timeout_s))
+    if limit_bytes is not None:  # torch's allowed reserve (set_per_process_memory_fraction)
+        limit = limit_bytes
+        request = dataclasses.replace(request, device=Device("cuda", limit_bytes=limit))
     config = request.config
+    if label.endswith("snapshot") and snapshots is not None:  # kept with the results
+        folder = snapshots / label.replace(" ", "_").replace("/", "_")
+        request = dataclasses.replace(request, env={**request.env,
+                                                    SNAPSHOT_ENV: str(folder.resolve())})
     result = SubprocessRunner().run(request, where / f"{label.replace(' ', '_')}.log")
     shape = model_shape(model)
     estimate = estimate_memory(shape, config, num_gpus=world, on_gpu=True,
@@ -187,8 +210,43 @@ def run_case(case: tuple, where: Path, timeout_s: float) -> dict:
                 model_state_bytes(shape.critic_params, world).update_bytes
                 if config.has_critic else 0),
             "build_s": result.build_s, "probe_wall_s": result.probe_wall_s,
+            "num_alloc_retries": result.num_alloc_retries,
+            "fsdp_strategy": result.fsdp_strategy, "allocator": result.allocator,
             "device": result.device_name, "versions": result.versions,
             "stderr_tail": "" if result.ok else result.stderr_tail[-1500:]}
+
+
+CAP_CASES = ("0.5b plain", "7b rank0/8 mbu8")  # each probed just above and below its
+CAP_STEPS = (1.02, 0.96)  # replayed smallest cap: the first should run, the second OOM
+
+
+def cap_bisection(traces: dict[str, dict], where: Path, left_s: Callable[[], float]
+                  ) -> list[str]:
+    """Each CAP_CASES case probed under a cap (torch's allowed reserve) just above and just
+    below the smallest the replay runs its stream under: whether it ran, where an OOM hit,
+    and how often torch's allocator freed its cache and retried."""
+    lines = ["cap bisection (--gpu-memory-limit: torch's allowed reserve) around the "
+             "replayed smallest cap:"]
+    for label in CAP_CASES:
+        traced = traces.get(label) or {}
+        fits = traced.get("fits_under_bytes")
+        if not fits:
+            lines.append(f"  {label}: no trace ({traced.get('error', 'not traced')})")
+            continue
+        case = next(c for c in CASES if c[0] == label)
+        for step in CAP_STEPS:
+            if left_s() < 75:
+                lines.append(f"  {label} at {step:.2f}x: skipped, {left_s():.0f} s left")
+                continue
+            row = run_case(case, where, timeout_s=left_s(), limit_bytes=int(fits * step))
+            reserved = max(row["phase_allocator_peak_bytes"].values(), default=0)
+            lines.append(f"  {label} at {step:.2f}x the replayed {format_bytes(fits)} "
+                         f"({format_bytes(int(fits * step))}): {row['status']}"
+                         + (f" in {row['failed_phase']}" if row["failed_phase"] else "")
+                         + f", reserved peak {format_bytes(reserved)}, "
+                         f"num_alloc_retries {row['num_alloc_retries']}")
+            print(lines[-1], flush=True)
+    return lines
 
 
 def describe(row: dict) -> str:
@@ -314,9 +372,10 @@ def write_results(out: Path, rows: list[dict], started: float, tail: list[str]) 
              f"machine: {platform.platform()}; versions {json.dumps(versions)}",
              "benchmark: python benchmarks/gpu_evidence.py", ""]
     lines += [describe(row) for row in rows]
-    lines += ["", "traced (fake tensors on the CPU, + the 1 GiB GPU fixed term) vs measured "
-                  "per phase; what the GPU held beyond the traced tensors, by NVML and by "
-                  "torch's reserved peak:",
+    lines += ["", "predicted per phase (the step traced with fake tensors on the CPU, its "
+                  "allocations replayed through the caching allocator, plus what the probe "
+                  "held outside torch) vs NVML's peak; the replayed reserve vs torch's "
+                  "reserved peak; the traced tensors vs torch's allocated peak:",
               *(describe_trace(row) for row in rows if "traced" in row), *tail]
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_evidence.txt").write_text("\n".join(lines) + "\n")
@@ -343,32 +402,41 @@ def main() -> int:
 
     rows: list[dict] = []
     capacity = gpu_capacity_bytes(0)
-    pool = ProcessPoolExecutor(max_workers=max(1, len(cases)), mp_context=get_context("spawn"))
-    traces = [pool.submit(trace_case, case, capacity) for case in cases]  # on the CPU
+    traced_cases = cases + [c for c in CASES if c[0] in CAP_CASES and c not in cases]
+    pool = ProcessPoolExecutor(max_workers=max(1, min(8, len(traced_cases))),
+                               mp_context=get_context("spawn"))
+    traces = {case[0]: pool.submit(trace_case, case, capacity)  # on the CPU
+              for case in traced_cases}
+    snapshots = args.out / SNAPSHOTS
     with tempfile.TemporaryDirectory() as scratch:
-        for case, trace in zip(cases, traces, strict=True):
+        for case in cases:
             if left_s() < 60:
                 print(f"{case[0]}: skipped, {left_s():.0f} s left of --deadline-s", flush=True)
                 continue
-            rows.append(run_case(case, Path(scratch), timeout_s=left_s()))
+            rows.append(run_case(case, Path(scratch), timeout_s=left_s(),
+                                 snapshots=snapshots))
             print(describe(rows[-1]), flush=True)
-            if trace.done():
-                rows[-1]["traced"] = traced_or_error(trace, 0.0)
+            if traces[case[0]].done():
+                rows[-1]["traced"] = traced_or_error(traces[case[0]], 0.0)
                 print(describe_trace(rows[-1]), flush=True)
             write_results(args.out, rows, started, [])
-    for row, trace in zip(rows, traces, strict=False):
-        if "traced" not in row:
-            row["traced"] = traced_or_error(trace, max(1.0, min(60.0, left_s())))
-            print(describe_trace(row), flush=True)
+        for row in rows:
+            if "traced" not in row:
+                row["traced"] = traced_or_error(traces[row["label"]],
+                                                max(1.0, min(60.0, left_s())))
+                print(describe_trace(row), flush=True)
+        capped = {label: traced_or_error(traces[label], max(1.0, min(60.0, left_s())))
+                  for label in CAP_CASES if label in traces}
+        tail: list[str] = ["", *cap_bisection(capped, Path(scratch), left_s)]
+        write_results(args.out, rows, started, tail)
     for process in list(pool._processes.values()):  # unfinished traces: not waited for
         process.kill()
     pool.shutdown(wait=False, cancel_futures=True)
-    tail: list[str] = []
     if left_s() > 150:
-        tail = ["", *trl_fidelity(deadline_s=left_s() - 100)]
+        tail += ["", *trl_fidelity(deadline_s=left_s() - 100)]
         write_results(args.out, rows, started, tail)
     else:
-        tail = ["", f"trl fidelity: skipped, {left_s():.0f} s left of --deadline-s"]
+        tail += ["", f"trl fidelity: skipped, {left_s():.0f} s left of --deadline-s"]
     if left_s() > 150:
         with tempfile.TemporaryDirectory() as scratch:
             tail += ["", *trl_command_sweep(Path(scratch), timeout_s=left_s())]

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.probe.process_tag import read_anon_peak_bytes, read_statm_bytes, sample_interval_s
@@ -269,6 +270,8 @@ class MemoryMeter:
         yield
         if not self.is_cuda:  # the kernel's peak since the phase began, between samples
             self._record(name, read_anon_peak_bytes())
+        elif os.environ.get(SNAPSHOT_ENV):
+            write_allocator_snapshot(Path(os.environ[SNAPSHOT_ENV]), name)
         self._settle()
         self._record(name, self.read_device_bytes())
         if self.is_cuda:
@@ -293,6 +296,40 @@ class MemoryMeter:
             torch.cuda.empty_cache()
         else:
             trim_host_heap()
+
+
+SNAPSHOT_ENV = "AUTOTUNE_ALLOCATOR_SNAPSHOT"  # a folder: each phase's segment map there
+
+
+def write_allocator_snapshot(folder: Path, phase: str) -> None:
+    """The caching allocator's segments at the end of `phase` (before the meter empties the
+    cache: what the phase reserved), as compact JSON: each segment's stream, size and
+    blocks (bytes and whether allocated; blocks under 1 MiB summed). The first phase of a
+    name is `<phase>-1.json`, the next `-2`, so both steps are kept."""
+    import json
+
+    import torch
+
+    segments = []
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        small = {"allocated": 0, "free": 0}
+        blocks = []
+        for block in segment["blocks"]:
+            used = block["state"] == "active_allocated"
+            if block["size"] < 1 << 20:
+                small["allocated" if used else "free"] += block["size"]
+            else:
+                blocks.append([block["size"], used])
+        segments.append({"stream": segment["stream"], "size": segment["total_size"],
+                         "pool": segment["segment_type"], "blocks": blocks,
+                         "small_blocks": small})
+    folder.mkdir(parents=True, exist_ok=True)
+    index = 1
+    while (folder / f"{phase}-{index}.json").exists():
+        index += 1
+    (folder / f"{phase}-{index}.json").write_text(json.dumps(
+        {"phase": phase, "reserved_bytes": int(torch.cuda.memory_reserved()),
+         "allocated_bytes": int(torch.cuda.memory_allocated()), "segments": segments}))
 
 
 def measure_peak_bytes(device: Any, run: Callable[[], None]) -> int:

@@ -164,6 +164,8 @@ class ProbeResult:
     # itself (its own step time, throughput, memory), means over the steps after the first
     steps_logged: int | None = None  # steps the trainer's log showed (command probes)
     fsdp_strategy: str | None = None  # the FSDP wrapper the ranks ran (None: one GPU)
+    num_alloc_retries: int | None = None  # GPU: times torch's allocator freed its cache and
+    # retried an allocation under the cap (torch.cuda.memory_stats)
     allocator: dict[str, str] = field(default_factory=dict)  # the CUDA allocator's settings
     # it ran under: the trainer's environment variables, and the phases with expandable
     # segments on

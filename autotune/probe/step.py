@@ -696,5 +696,7 @@ class TrainingProbe:
             model_state_bytes=dict(self.model_state_bytes),
             engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
             fsdp_strategy=config.fsdp_strategy if self.group is not None else None,
+            num_alloc_retries=int(torch.cuda.memory_stats(self.device).get(
+                "num_alloc_retries", 0)) if self.on_gpu else None,
             allocator=allocator_record(self.allocator, list(phase_s)),
             **describe_device(self.device, request.device.cap_bytes))

@@ -53,8 +53,8 @@ from autotune.sweep.sharing import params_key
 TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
 # Skip past capacity x (1 + margin). The margin guards against skipping a config that fits:
 # the replayed GPU peak's largest overstatement of NVML's over the 43 committed H200 rows
-# (benchmarks/results/allocator_fidelity.json: +1.9%, a 7B update under expandable segments
-# from start-up), rounded up to the next percent, and one more for a card not measured.
+# (benchmarks/results/allocator_fidelity.json: +1.9%, the offloaded 0.5B's 3.4 GiB
+# rollout), rounded up to the next percent, and one more for a card not measured.
 # Understatements (the 0.5B updates, -6.7%) cost a probe, never a config.
 TRACE_MARGIN = 0.03
 TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time

@@ -360,3 +360,21 @@ def test_round_trip_reads_back_how_the_study_batched(adapter):
                                   topology)
         expected = {k: v for k, v in knobs.items() if v is not None and k in adapter.keys}
         assert {k: read[k] for k in expected} == expected
+
+
+def test_the_fsdp_wrapper_the_study_ran_is_written_or_stated():
+    """verl's actor strategy carries the wrapper the probes ran and reads back as it; EasyR1
+    wraps with FSDP1 only, so a study probed with FSDP2 says so."""
+    topology = Topology(1, 8)
+    for strategy in ("fsdp", "fsdp2"):
+        knobs = {**KNOBS, "fsdp_strategy": strategy}
+        tree = yaml.safe_load(render(VERL, knobs, topology, None, ["p"], force=True))
+        assert dotted_get(tree, "actor_rollout_ref.actor.strategy") == strategy
+        read = VERL.read_knobs(lambda key, default, tree=tree: dotted_get(tree, key, default),
+                               topology)
+        assert read["fsdp_strategy"] == strategy
+    easyr1 = render(EASYR1, {**KNOBS, "fsdp_strategy": "fsdp2"}, topology, None, ["p", ""])
+    assert "sharding: the study's ranks ran FSDP2 (fully_shard); EasyR1 wraps with FSDP1" \
+        in easyr1
+    assert "sharding:" not in render(EASYR1, {**KNOBS, "fsdp_strategy": "fsdp"}, topology,
+                                     None, ["p", ""])

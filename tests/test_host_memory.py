@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +23,8 @@ from autotune.memory.host import (
     engine_blocks,
     fsdp_unit_params,
     node_host,
+    offload_units,
+    parameter_sizes,
     pinned_bytes,
     ray_threshold,
 )
@@ -47,6 +50,7 @@ def test_the_blocks_hold_every_parameter_once(name):
     shape = model_shape(name)
     units = fsdp_unit_params(shape)
     assert sum(units) == shape.num_params and min(units) > 0
+    assert sum(parameter_sizes(shape)) == shape.num_params  # one entry a tensor
     for tp in (1, 2):
         assert sum(engine_blocks(shape, 2, tp)) == 2 * shape.engine_params(tp)
 
@@ -96,6 +100,27 @@ def test_offload_and_sleep_are_on_the_host_once_pinned_blocks_are_cached():
     assert exact < held < 2 * exact
     assert on.total("update") == on.total("rollout")  # pinned blocks stay cached
     assert off.total("rollout") == off.total("update")
+
+
+GPU_EVIDENCE = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu" / \
+    "gpu_evidence.json"
+
+
+def test_offload_pins_a_block_a_tensor_as_the_wrapper_holds_them():
+    """Measured on an H200: the probe's 0.5B offloading params, AdamW's state and the
+    reference pinned 13,007,669,249 bytes in PyTorch's host allocator, one block per tensor,
+    each rounded up to a power of two (benchmarks/results/gpu). The node model's held terms
+    for that rank are those blocks; FSDP1 (EasyR1's and verl's fsdp) moves one flat
+    parameter per unit instead."""
+    row = next(r for r in json.loads(GPU_EVIDENCE.read_text()) if r["label"] == "0.5b offload")
+    shape = model_shape("qwen2.5-0.5b")
+    config = ProbeConfig(offload_params=True, offload_optimizer=True)  # reference: on host
+    held = node_host(shape, config, NodeRun(1, 1, True, 2), 2000 * GiB).rank_held_bytes
+    assert held == pytest.approx(row["host_held_peak_bytes"], abs=1 << 20)
+    assert offload_units(shape, config, 1) == parameter_sizes(shape)
+    fsdp1 = dataclasses.replace(config, fsdp_strategy="fsdp")
+    assert offload_units(shape, fsdp1, 8) == fsdp_unit_params(shape)
+    assert offload_units(shape, fsdp1, 1) == parameter_sizes(shape)  # one GPU: no wrapper
 
 
 @pytest.mark.slow
@@ -220,3 +245,30 @@ def test_a_sweep_never_probes_a_config_the_node_cannot_hold(tmp_path):
     show = subprocess.run([sys.executable, "-m", "autotune", "show", "--results-dir",
                            str(tmp_path), "--study", "node"], capture_output=True, text=True)
     assert "node host memory: fits" in show.stdout, show.stdout + show.stderr
+
+
+def test_estimate_prints_easyr1s_own_figures_as_it_logs_them():
+    """`estimate --trainer easyr1` predicts the two figures EasyR1 logs: torch's reserved
+    peak less what the engine's sleep freed (the largest phase without the engine's pool or
+    what lives outside torch) and psutil's used memory of the node at the end of the update
+    (every host term but /dev/shm's object store); other trainers get none."""
+    argv = [sys.executable, "-m", "autotune", "estimate", "--model", "qwen2.5-vl-7b",
+            "--gpus-per-node", "8", "--device", "cuda", "--capacity", "80GiB",
+            "--host-memory", "2TB", "--json", "--set", "rollout_engine=vllm-like",
+            "--set", "offload_params=true", "--set", "offload_optimizer=true"]
+    easyr1 = json.loads(subprocess.run([*argv, "--trainer", "easyr1"], capture_output=True,
+                                       text=True, check=True).stdout)
+    figures = easyr1["trainer_figures"]
+    reserved = figures["perf/max_memory_reserved_gb"]
+    assert reserved["label"] == "Peak VRAM"
+    phases = easyr1["phase_bytes"]
+    training = max(phases["experience"], phases["update"])
+    # the rollout binds the card with the engine's pool; EasyR1's figure leaves the pool and
+    # what lives outside torch out: the training phases' reserve
+    assert phases["rollout"] > training > reserved["bytes"] > training - 2 * GiB
+    update_terms = easyr1["node_host"]["terms"]["update"]
+    assert figures["perf/cpu_memory_used_gb"]["bytes"] == sum(update_terms.values()) \
+        - update_terms["ray_object_store_batch"]
+    verl = json.loads(subprocess.run([*argv, "--trainer", "verl"], capture_output=True,
+                                     text=True, check=True).stdout)
+    assert verl["trainer_figures"] == {}

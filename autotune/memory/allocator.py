@@ -156,6 +156,19 @@ class _Pool:
         return None
 
 
+def _split(block: _Block, size: int, mapped: bool) -> _Block:
+    """`block` keeps its first `size` bytes (the low addresses, as torch splits); the rest
+    becomes the next block of the segment, returned (free; `mapped` or not)."""
+    rest = _Block(block.addr + size, block.size - size, block.stream, block.small,
+                  block.expandable, mapped)
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
 def _expandable_size(block: _Block) -> int:
     """A free expandable block's size with the unmapped range after it (`get_free_block`)."""
     following = block.next
@@ -234,14 +247,7 @@ class CachingAllocator:
                 raise AllocatorOOM(self.phase, size, self.reserved_bytes,
                                    self.allocated_bytes, self.cap_bytes or 0)
         if self._should_split(block, size):
-            rest = _Block(block.addr + size, block.size - size, stream, small,
-                          block.expandable, True)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            pool.add(rest)
+            pool.add(_split(block, size, mapped=True))
         block.allocated = True
         self.live[alloc_id] = block
         self.allocated_bytes += block.size
@@ -386,14 +392,7 @@ class CachingAllocator:
         mapped_bytes = min(hole.size, -(-size // page) * page)
         self._unmapped[(hole.stream, hole.small)].remove(hole)
         if mapped_bytes < hole.size:
-            rest = _Block(hole.addr + mapped_bytes, hole.size - mapped_bytes, hole.stream,
-                          hole.small, expandable=True, mapped=False)
-            rest.prev, rest.next = hole, hole.next
-            if hole.next is not None:
-                hole.next.prev = rest
-            hole.next = rest
-            hole.size = mapped_bytes
-            self._add_unmapped(rest)
+            self._add_unmapped(_split(hole, mapped_bytes, mapped=False))
         hole.mapped = True
         self._grow(mapped_bytes)
         return hole

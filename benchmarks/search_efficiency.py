@@ -143,7 +143,7 @@ def skipped_by_trace(table, traced, space, status="ok"):
     """Grid configs of `status` whose trace, with the prior fixed term (cold: no probe yet),
     is past the cap by the margin: what the traced pre-screen would skip from the first
     trial on."""
-    from autotune.sweep.traced import TRACE_MARGIN
+    from autotune.sweep.traced import TRACE_MARGIN_CPU as TRACE_MARGIN
 
     context = TableTracer(space, traced).prior_context_bytes
     return [key for key in traced if table[key].status.value == status

@@ -331,13 +331,15 @@ def test_a_verl_study_takes_the_entropy_and_on_a_gpu_expandable_segments_unless_
     from autotune.sweep.plan import trainer_knobs, verl_triton_installed
 
     kernel = {"fused_logprob_kernel": "triton"} if verl_triton_installed() else {}
+    fsdp1 = {"fsdp_strategy": "fsdp"}  # verl's default strategy, EasyR1's only wrapper
     assert trainer_knobs("verl", on_gpu=True) == {"expandable_segments": True,
-                                                  "entropy_metric": True, **kernel}
+                                                  "entropy_metric": True, **kernel, **fsdp1}
     assert trainer_knobs("verl", True, frozenset({"expandable_segments", "entropy_metric",
-                                                  "fused_logprob_kernel"})) == {}
+                                                  "fused_logprob_kernel",
+                                                  "fsdp_strategy"})) == {}
     # a CPU probe has no CUDA allocator; verl's old-log-prob pass takes the entropy anywhere
-    assert trainer_knobs("verl", on_gpu=False) == {"entropy_metric": True}
-    assert trainer_knobs("easyr1", True) == {} and trainer_knobs(None, True) == {}
+    assert trainer_knobs("verl", on_gpu=False) == {"entropy_metric": True, **fsdp1}
+    assert trainer_knobs("easyr1", True) == fsdp1 and trainer_knobs(None, True) == {}
     # TRL 1.x: its fused LM head and HF Trainer's fused AdamW, on any device, unless named
     trl = {"fused_logprob": True, "fused_logprob_kernel": "trl", "fused_optimizer": True}
     assert trainer_knobs("trl", True) == trl == trainer_knobs("trl", False)

@@ -86,13 +86,15 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
                          storage, response_length, host_memory_bytes, given["trainer"])
     request, capacity = plan.request, plan.capacity_bytes
     model_args = memory_model_args(request)
-    # the allocator's reserve at this config, held while the searches below move one knob
-    model_args["reserve_bytes"] = allocator_reserve(plan.shape, request.config, **model_args)
-    est = estimate_memory(plan.shape, request.config, **model_args)
+    # the allocator's reserve at this config, held while the searches move one knob (a
+    # length, a micro-batch); a switch's saving is two configs', each with its own
+    held = {**model_args,
+            "reserve_bytes": allocator_reserve(plan.shape, request.config, **model_args)}
+    est = estimate_memory(plan.shape, request.config, **held)
     totals = phase_totals(est, plan.calibration)
     budget = int((1 - headroom) * capacity)
     reach = length_headroom(request.config, lambda config: phase_totals(
-        estimate_memory(plan.shape, config, **model_args), plan.calibration), budget,
+        estimate_memory(plan.shape, config, **held), plan.calibration), budget,
         plan.shape.context_tokens, request.world_size)
     host = plan.node_host()
     figures = trainer_figures(plan.trainer, est, host) if request.device.on_gpu else []
@@ -128,7 +130,7 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(format_estimate(plan.name, plan.shape, request.config, capacity, headroom,
-                               plan.calibration, plan.note, **model_args))
+                               plan.calibration, plan.note, **held))
     click.echo(f"length headroom: {reach.describe('on this card')} (memory model, everything "
                f"else held)")
     for line in format_savings(savings):

@@ -212,6 +212,48 @@ def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
     assert "fixed term" in text.stdout and "model - traced" in text.stdout
 
 
+def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
+    """The trace process for a GPU's sweep (fake tensors on this CPU): each trace comes back
+    as torch's replayed reserve per phase and the smallest cap it runs under; the tracer adds
+    what lives outside torch (the prior, then what a probe measured), and predicts an OOM
+    from the smallest cap, not the reserve's peak."""
+    import dataclasses
+
+    from autotune.config import ProbeConfig
+    from autotune.sweep.traced import SubprocessTracer, trace_margin
+
+    template = make_request()
+    device = Device("cuda", capacity_bytes=8 << 30)
+
+    def request_for(params, where):
+        return dataclasses.replace(template, config=ProbeConfig(
+            **{**template.config.as_dict(), **params}), device=where)
+
+    tracer = SubprocessTracer(request_for, on_gpu=True)
+    try:
+        params = {"micro_batch_size_experience": 4}
+        traced = tracer.traced_bytes(params, device)
+        assert traced is not None and tracer.unavailable is None
+        prior = outside_torch().total_bytes
+        reserved = {p: v - prior for p, v in traced.items()}
+        fits = tracer.fits_under_bytes(params, device)  # torch's smallest cap + the prior
+        assert fits is not None and max(reserved.values()) >= fits - prior > 0
+        torch_cap = fits - prior
+        tracer.learn(params, {p: v + (700 << 20) for p, v in reserved.items()}, device,
+                     reserved)  # a probe: 700 MiB outside torch
+        assert tracer.traced_bytes(params, device) == {p: v + (700 << 20)
+                                                       for p, v in reserved.items()}
+        assert tracer.fits_under_bytes(params, device) == torch_cap + (700 << 20)
+        tight = Device("cuda", capacity_bytes=int((torch_cap + (700 << 20)) / 1.1))
+        predicted = traced_prediction(tracer, params, 2 * fits, tight)
+        assert predicted is not None and predicted.status == "gpu_oom"
+        roomy = Device("cuda", capacity_bytes=max(reserved.values()) + (700 << 20))
+        assert traced_prediction(tracer, params, 2 * fits, roomy) is None
+        assert trace_margin(tight) == 0.03
+    finally:
+        tracer.close()
+
+
 def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     """A real trace process, no probe yet: a config the trace puts past the cap is a
     predicted OOM (source trace); one well inside is left to run."""

@@ -378,3 +378,13 @@ def test_the_fsdp_wrapper_the_study_ran_is_written_or_stated():
         in easyr1
     assert "sharding:" not in render(EASYR1, {**KNOBS, "fsdp_strategy": "fsdp"}, topology,
                                      None, ["p", ""])
+    # GRPOConfig's file leaves the wrapper to the launch: the header names the one probed
+    from autotune.trainers.trl import TRL
+
+    trl_knobs = {**KNOBS, "offload_optimizer": False, "micro_batch_size_update": 8}
+    for strategy, version in (("fsdp", 1), ("fsdp2", 2)):
+        text = render(TRL, {**trl_knobs, "fsdp_strategy": strategy}, topology, None, ["p", ""])
+        assert f"# sharding: the study's ranks ran FSDP{version}" in text
+        assert f"fsdp_config: {{version: {version}}}" in text
+    assert "sharding:" not in render(TRL, {**trl_knobs, "fsdp_strategy": "fsdp2"},
+                                     Topology(1, 1), None, ["p", ""])

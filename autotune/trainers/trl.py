@@ -168,8 +168,10 @@ def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
     if topo.world_size > 1 and k.get("fsdp_strategy"):
         version = {"fsdp": 1, "fsdp2": 2}[k["fsdp_strategy"]]
         lines.append(f"sharding: the study's ranks ran FSDP{version} "
-                     f"(fsdp_strategy={k['fsdp_strategy']}); GRPOConfig has no key: shard "
-                     f"with accelerate's FSDP (fsdp_version: {version}) to run as probed")
+                     f"(fsdp_strategy={k['fsdp_strategy']}); this file does not set "
+                     f"TrainingArguments' fsdp: shard with FSDP version {version} (accelerate's "
+                     f"fsdp_version: {version}, or fsdp_config: {{version: {version}}}) to run "
+                     "as probed")
     if k.get("use_kl"):
         lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
                         "!= 0 (0.04, its default before TRL 0.19, is written where your config "

@@ -127,19 +127,12 @@ def parameter_sizes(shape: ModelShape) -> list[int]:
     """Every parameter's elements, one entry a tensor (a Qwen2 decoder, its vision tower):
     what a run that offloads tensor by tensor pins one block for. They sum to
     shape.num_params."""
-    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    inter = shape.intermediate
-    layer = [h * q, q, h * kv, kv, h * kv, kv, q * h, h * inter, h * inter, inter * h, h, h]
-    sizes = [shape.embedding_params, *layer * shape.layers, h]
+    sizes = [shape.embedding_params, *shape.layer_tensors * shape.layers, shape.hidden]
     if not shape.tied_embeddings:
         sizes.append(shape.embedding_params)
-    if shape.vision_layers:
-        hv, iv = shape.vision_hidden, shape.vision_intermediate
-        merged = hv * shape.merge ** 2
-        block = [hv, hv, 3 * hv * hv, 3 * hv, hv * hv, hv, hv * iv, iv, hv * iv, iv, iv * hv, hv]
-        sizes += [3 * 2 * shape.patch_px ** 2 * hv, *block * shape.vision_layers, hv,
-                  merged * merged, merged, merged * shape.vision_out_hidden,
-                  shape.vision_out_hidden]
+    if shape.is_vl:
+        sizes += [*shape.vision_block_tensors * shape.vision_layers,
+                  *shape.vision_merger_tensors]
     return sizes
 
 

@@ -180,22 +180,40 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
-    def layer_params(self) -> int:
-        """One decoder layer: q/k/v with bias, o without, SwiGLU MLP, two RMSNorms."""
+    def layer_tensors(self) -> tuple[int, ...]:
+        """One decoder layer's parameter tensors, in elements: q, k and v with their biases,
+        o without, the SwiGLU MLP's gate, up and down, the two RMSNorms."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * self.intermediate + 2 * h
+        inter = self.intermediate
+        return (h * q, q, h * kv, kv, h * kv, kv, q * h, h * inter, h * inter, inter * h, h, h)
+
+    @property
+    def layer_params(self) -> int:
+        return sum(self.layer_tensors)
+
+    @property
+    def vision_block_tensors(self) -> tuple[int, ...]:
+        """One Qwen2.5-VL ViT block's parameter tensors: the two RMSNorms, qkv and proj with
+        their biases, the SwiGLU MLP's gate, up and down with theirs (() for a text model)."""
+        if not self.is_vl:
+            return ()
+        hv, iv = self.vision_hidden, self.vision_intermediate
+        return (hv, hv, 3 * hv * hv, 3 * hv, hv * hv, hv, hv * iv, iv, hv * iv, iv, iv * hv, hv)
+
+    @property
+    def vision_merger_tensors(self) -> tuple[int, ...]:
+        """The patch embedding, the final norm and the merger's two linear layers."""
+        hv, merged = self.vision_hidden, self.vision_hidden * self.merge ** 2
+        return (3 * 2 * self.patch_px ** 2 * hv, hv, merged * merged, merged,
+                merged * self.vision_out_hidden, self.vision_out_hidden)
 
     @property
     def vision_params(self) -> int:
         """Qwen2.5-VL's ViT: patch embedding, blocks (qkv, proj, SwiGLU, all with bias), merger."""
         if not self.is_vl:
             return 0
-        hv, iv, merged = self.vision_hidden, self.vision_intermediate, \
-            self.vision_hidden * self.merge ** 2
-        block = 2 * hv + hv * 3 * hv + 3 * hv + hv * hv + hv + 2 * (hv * iv + iv) + iv * hv + hv
-        merger = hv + merged * merged + merged + merged * self.vision_out_hidden \
-            + self.vision_out_hidden
-        return 3 * 2 * self.patch_px ** 2 * hv + self.vision_layers * block + merger
+        return self.vision_layers * sum(self.vision_block_tensors) \
+            + sum(self.vision_merger_tensors)
 
     def engine_params(self, tensor_parallel: int = 1) -> int:
         """Parameters one rank's rollout engine holds with `tensor_parallel` ranks an engine,
@@ -616,18 +634,16 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
     """The numbers reserve.py lays the step's allocations out with: one decoder layer's
     parameters by block (attention's, the MLP's three, the norms), the root unit's, a VL
     model's vision block, and each training phase's rows at their worst case."""
-    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    inter = shape.intermediate
+    layer, block = shape.layer_tensors, shape.vision_block_tensors
     knobs = config.as_dict()
     rows_u = max(1, worst_case_rows(knobs, share.responses_per_minibatch, "update"))
     rows_e = max(1, worst_case_rows(knobs, share.responses_per_step, "experience"))
     patches = (config.image_size_px // shape.patch_px) ** 2 if shape.is_vl else 0
-    hv, iv = shape.vision_hidden, shape.vision_intermediate
     return StepShape(
-        vocab=shape.vocab, hidden=h, intermediate=inter, layers=shape.layers,
+        vocab=shape.vocab, hidden=shape.hidden, intermediate=shape.intermediate,
+        layers=shape.layers,
         # q, k, v and o with their biases as one block, the MLP's three, the two norms
-        layer_params=(h * q + q + 2 * (h * kv + kv) + q * h, h * inter, h * inter, inter * h,
-                      2 * h),
+        layer_params=(sum(layer[:7]), *layer[7:10], sum(layer[10:])),
         root_params=(shape.embedding_params,) * (1 if shape.tied_embeddings else 2),
         shards=shards, compute_bytes=compute_bytes,
         seq=config.max_prompt_length + config.max_response_length,
@@ -635,9 +651,10 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.use_kl, fused_optimizer=config.fused_optimizer,
-        vision_block_params=(2 * hv, 3 * hv * hv, 3 * hv, hv * hv, hv, hv * iv, iv, hv * iv,
-                             iv, iv * hv, hv) if shape.is_vl else (),
-        vision_blocks=shape.vision_layers, vision_hidden=hv, vision_intermediate=iv,
+        # the two norms as one block
+        vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
+        vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,
+        vision_intermediate=shape.vision_intermediate,
         patches_per_row=patches)
 
 

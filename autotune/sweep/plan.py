@@ -44,6 +44,7 @@ from autotune.sweep.settings import SweepSettings
 from autotune.sweep.sharing import HEARTBEAT_S
 from autotune.sweep.storage import check_storage, check_study_name
 from autotune.sweep.trainer_target import TrainerTarget, trainer_target
+from autotune.trainers.verl import VERL
 
 DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12
 GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
@@ -124,8 +125,8 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
     auto on a GPU is EasyR1's and verl's vLLM: the real one where vLLM is installed (vllm),
     else the stand-in with its memory (vllm-like); for TRL, policy (TRL generates with the
     trained model itself); hf on a CPU (a stand-in device whose interpreter alone takes a
-    large share of a small cap: the real engine runs there when named, with a KV budget). verl's vLLM (>= 0.8.5) sleeps at level
-    2, EasyR1's at 1."""
+    large share of a small cap: the real engine runs there when named, with a KV budget).
+    verl's vLLM (>= 0.8.5) sleeps at level 2, EasyR1's at 1."""
     if engine == "auto":
         if "rollout_engine" in named:
             return {}
@@ -147,9 +148,9 @@ TRAINER_ENV: dict[str, dict[str, str]] = {
     "verl": {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_CUMEM_ENABLE": "0"},
 }
 # The FSDP wrapper each trainer runs: EasyR1 wraps with FSDP1 only; verl's actor, critic and
-# reference default to strategy: fsdp (FSDP1; dp_actor.yaml "TODO: switch to fsdp2") unless
-# its config says fsdp2; TRL shards through accelerate (the probe's default, fsdp2).
-TRAINER_FSDP = {"easyr1": "fsdp", "verl": "fsdp"}
+# reference take its actor strategy, whose default its adapter holds (fsdp: FSDP1) unless
+# the config says fsdp2; TRL shards through accelerate (the probe's default, fsdp2).
+TRAINER_FSDP = {"easyr1": "fsdp", "verl": (VERL.defaults or {})["fsdp_strategy"]}
 
 
 def trainer_env(trainer: str | None) -> dict[str, str]:

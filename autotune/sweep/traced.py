@@ -1,30 +1,30 @@
 """The pre-screen's traces: a candidate's probe step traced with fake tensors (probe/trace.py),
 in a trace process of the sweep's own, cached by config.
 
-A trace records every allocation and free the probe's step would make on one rank, in order
-and with its stream; on a GPU the trace process replays them through the CUDA caching
-allocator's rules (memory/allocator.py), so what it returns per phase is torch's reserved
-peak, not the live tensors, and the smallest cap torch could run the step under (the
-allocator frees its cache and retries before it raises). The sweep adds what the process
-holds outside torch (memory/outside_torch.py: the CUDA context, NCCL's buffers): the prior
-until a probe reports, then what its probes measured of it, NVML less torch's reserved peak
-(every probe reads both). A candidate is predicted to run out of memory when even the
-smallest cap it could run under, plus that term, is past the capacity by more than the
-device's margin (trace_margin). On a CPU device there is no caching allocator to replay: the trace is the live
-tensors and the fixed term is what a probe held beyond its trace, the least seen per phase
-(the interpreter and glibc's heap).
+A trace records every allocation and free the probe's step would make on one rank, in order and
+with its stream; on a GPU the trace process replays them through the CUDA caching allocator's rules
+(memory/allocator.py), so what it returns per phase is torch's reserved peak, not the live tensors,
+and the smallest cap torch could run the step under (the allocator frees its cache and retries
+before it raises). The sweep adds what the process holds outside torch (memory/outside_torch.py:
+the CUDA context, NCCL's buffers): the prior until a probe reports, then what its probes measured
+of it, NVML less torch's reserved peak (every probe reads both). A candidate is predicted to run
+out of memory when even the smallest cap it could run under, plus that term, is past the capacity
+by more than the device's margin (trace_margin). On a CPU device there is no caching allocator to
+replay: the trace is the live tensors and the fixed term is what a probe held beyond its trace, the
+least seen per phase (the interpreter and glibc's heap).
 
-The margins are the measured errors: on a GPU the replayed prediction's largest overstatement
-of NVML's peak over the committed H200 rows (benchmarks/allocator_fidelity.py), on a CPU the
-trace's over the recorded grids, so a config that fits is not skipped for the error. Only candidates the memory model puts near the wall are traced
-(TRACE_FROM): far from it a trace could not change the decision. A trace must also cost less
-than the probe it may save: once both are timed, tracing stops when the median trace (its
-own time: the process starts once) takes more than TRACE_COST_SHARE of the median probe's
-wall time. A trace that fails (a model the trace cannot follow), or a trace process that
-dies, turns tracing off too. Either way the reason is kept with the study's calibration and
-the arithmetic pre-screen goes on. Imports no torch: the traces run in one process started
-at the first and kept for the next (torch and transformers load once), which ends with the
-sweep, at the end of its input, or with the driver when it dies (its parent-death signal).
+The margins are the measured errors: on a GPU the replayed prediction's largest overstatement of
+NVML's peak over the committed H200 rows (benchmarks/allocator_fidelity.py), on a CPU the trace's
+over the recorded grids, so a config that fits is not skipped for the error. Only candidates the
+memory model puts near the wall are traced (TRACE_FROM): far from it a trace could not change the
+decision. A trace must also cost less than the probe it may save: once both are timed, tracing
+stops when the median trace (its own time: the process starts once) takes more than
+TRACE_COST_SHARE of the median probe's wall time. A trace that fails (a model the trace cannot
+follow), or a trace process that dies, turns tracing off too. Either way the reason is kept with
+the study's calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in
+one process started at the first and kept for the next (torch and transformers load once), which
+ends with the sweep, at the end of its input, or with the driver when it dies (its parent-death
+signal).
 """
 
 from __future__ import annotations

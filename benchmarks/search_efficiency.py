@@ -365,7 +365,7 @@ def run_stats(calls_runs, table, values, targets, best):
     reached = [first_target(calls, targets) for calls in calls_runs]
     hits = [r for r in reached if r is not None]
     quartiles = statistics.quantiles(hits, n=4) if len(hits) > 1 else hits * 3 or [None] * 3
-    until = [calls[:r] if r else calls for calls, r in zip(calls_runs, reached)]
+    until = [calls[:r] if r else calls for calls, r in zip(calls_runs, reached, strict=True)]
     first = [calls[:BUDGET_PROBES] for calls in calls_runs]
 
     def ooms(calls):

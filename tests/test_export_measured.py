@@ -408,7 +408,7 @@ def test_trl_old_log_prob_pass_round_trips_to_what_was_probed():
                      "old_logprob_pass": flag}
             values = written(render_plan(plan_export(TRL, knobs, Topology(1, 8), None,
                                                      SEARCHED, run=RUN), TRL, None, ["p", ""]))
-            read = TRL.read_knobs(lambda key, default: values.get(key, default),
+            read = TRL.read_knobs(lambda key, default, values=values: values.get(key, default),
                                   Topology(1, 8))
             assert old_pass_runs(read["old_logprob_pass"], read["rollout_batch_size"],
                                  read["global_batch_size"]) == \
@@ -445,7 +445,8 @@ def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
         plan = plan_export(TRL, {**knobs, "fused_optimizer": fused}, Topology(1, 1), None,
                            (*SEARCHED, "fused_optimizer"))
         assert plan.problems == [] and plan.values["optim"] == optim
-        read = TRL.read_knobs(lambda key, default: dotted_get(plan.values, key, default),
+        read = TRL.read_knobs(lambda key, default, plan=plan: dotted_get(plan.values, key,
+                                                                         default),
                               Topology(1, 1))
         assert read["fused_optimizer"] is fused
     # TRL's default (no optim key) is the fused kernel: a fused study writes nothing, an old

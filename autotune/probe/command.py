@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 
 from autotune.files import describe_os_error
+from autotune.probe.machine import MachineWatch
 from autotune.probe.oom import classify_exit, summarize
 from autotune.probe.process_tag import (
     PROBE_TAG_ENV,
@@ -208,6 +209,8 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
                            message=f"--launch: cannot start {argv[0]!r}: {exc.strerror}; check "
                                    "the launch line", device_limit_bytes=limit, **capacity)
     state["proc"] = proc
+    watch = MachineWatch(probe_threads=1)  # the trainer's processes carry the probe's tag
+    watch.start()
     reader = threading.Thread(target=copy_output, args=(proc, log, tail), daemon=True)
     reader.start()
     memory = ProcessTree(psutil.Process(proc.pid), tag)
@@ -261,8 +264,11 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
             f"(last line: {summarize(text_tail) or 'none'}); check the launch line and that "
             "the run logs every step to the console"))
     first_step_s = log.first_step_at - started if log.first_step_at else None
+    machine = watch.stop()  # over the whole run: the trainer logs its steps, not their window
     return ProbeResult(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
-                       step_s=measured.step_s, startup_s=first_step_s, build_s=0.0, **base)
+                       step_s=measured.step_s, step_times_s=list(measured.step_times_s),
+                       machine=machine.as_dict(), contention=machine.contention(),
+                       startup_s=first_step_s, build_s=0.0, **base)
 
 
 def copy_output(proc: subprocess.Popen[bytes], log: StepLog,

@@ -194,7 +194,9 @@ def merge_ranks(results: list[ProbeResult]) -> ProbeResult:
               for k in first.model_state_bytes}
     return first.replace(
         tokens_per_s=slowest.tokens_per_s, samples_per_s=slowest.samples_per_s,
-        step_s=slowest.step_s,
+        step_s=slowest.step_s, step_times_s=slowest.step_times_s,
+        machine=slowest.machine,
+        contention="; ".join(sorted({r.contention for r in results if r.contention})) or None,
         phase_s={p: max(r.phase_s.get(p, 0.0) for r in results) for p in first.phase_s},
         peak_mem_bytes=max(r.peak_mem_bytes or 0 for r in results),
         phase_peak_mem_bytes=most("phase_peak_mem_bytes"),

@@ -400,3 +400,11 @@ def describe_device(device: Any, limit_bytes: int | None) -> dict[str, Any]:
     return {"device_name": f"cpu: {name} ({os.cpu_count()} cores)",
             "device_capacity_bytes": int(psutil.virtual_memory().total),
             "device_limit_bytes": limit_bytes, "versions": versions}
+
+
+def physical_gpu_index(device: object) -> int | None:
+    """The NVML index of the GPU this process was pinned to (first of CUDA_VISIBLE_DEVICES)."""
+    if getattr(device, "type", "") != "cuda":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0

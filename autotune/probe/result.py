@@ -5,11 +5,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device, usable_bytes
+
+
+def coefficient_of_variation(values: list[float]) -> float | None:
+    """Sample standard deviation over the mean; None for fewer than two values."""
+    if len(values) < 2 or not sum(values):
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 class ProbeStatus(str, enum.Enum):
@@ -86,7 +94,8 @@ class ProbeRequest:
     host_memory_limit_bytes: int | None = None  # RSS of the whole probe tree
     timeout_s: float = 900.0
     warmup_steps: int = 1
-    timed_steps: int = 2
+    timed_steps: int = 3
+    timed_min_s: float = 0.0  # more timed steps while they add up to less than this
     seed: int = 0
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     nnodes: int = 1  # the training run being tuned: nnodes x gpus_per_node ranks share each
@@ -134,6 +143,10 @@ class ProbeResult:
     samples_per_s: float | None = None  # responses per second
     step_s: float | None = None  # mean seconds of a timed step (training phases, no validation)
     phase_s: dict[str, float] = field(default_factory=dict)  # mean seconds per phase
+    step_times_s: list[float] = field(default_factory=list)  # each timed step's seconds
+    machine: dict[str, Any] = field(default_factory=dict)  # what else the machine did over
+    # the timed steps (probe/machine.py: other processes' cores, load, the GPU's others)
+    contention: str | None = None  # why the timing is not the probe's own; None: quiet
     peak_mem_bytes: int | None = None  # max over phases of the device figure below
     phase_peak_mem_bytes: dict[str, int] = field(default_factory=dict)  # device memory
     phase_allocator_peak_bytes: dict[str, int] = field(default_factory=dict)  # torch reserved
@@ -173,6 +186,12 @@ class ProbeResult:
     @property
     def ok(self) -> bool:
         return self.status is ProbeStatus.OK
+
+    @property
+    def step_cv(self) -> float | None:
+        """The timed steps' coefficient of variation (sample standard deviation over the
+        mean); None under two steps."""
+        return coefficient_of_variation(self.step_times_s)
 
     @property
     def usable_bytes(self) -> int | None:

@@ -52,7 +52,14 @@ from autotune.memory.allocator import AllocatorSettings
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
 from autotune.probe.engine import PolicyRollout, RolloutEngine, engine_capacity_bytes
 from autotune.probe.logprob import entropy, fused_head
-from autotune.probe.meter import MemoryMeter, Meter, describe_device, torch_device
+from autotune.probe.machine import MachineWatch
+from autotune.probe.meter import (
+    MemoryMeter,
+    Meter,
+    describe_device,
+    physical_gpu_index,
+    torch_device,
+)
 from autotune.probe.models import (
     build_model,
     is_vl_config,
@@ -78,6 +85,14 @@ from autotune.probe.vllm_engine import VllmEngine
 
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
+
+
+MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here (timed_min_s)
+
+
+def training_s(phase_s: dict[str, float]) -> float:
+    """Seconds of a step's training phases (validation is not part of a training step)."""
+    return sum(v for k, v in phase_s.items() if k != "validation")
 
 
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_AVOID_RECORD_STREAMS")
@@ -663,6 +678,29 @@ class TrainingProbe:
                 seconds[name] = time.perf_counter() - started
         return seconds
 
+    def timed_steps(self) -> list[dict[str, float]]:
+        """The timed steps: `request.timed_steps`, and more while they add up to less than
+        `request.timed_min_s` (a short step is cheap to repeat and noisy alone),
+        MAX_TIMED_STEPS at most. Every rank runs the same count (ranks step in lockstep
+        through their collectives): rank 0's clock decides, and it is shared."""
+        timed = [self.step() for _ in range(self.request.timed_steps)]
+        while len(timed) < MAX_TIMED_STEPS and self.agree_more(
+                sum(training_s(t) for t in timed) < self.request.timed_min_s):
+            timed.append(self.step())
+        return timed
+
+    def agree_more(self, more: bool) -> bool:
+        """Rank 0's answer to `more`, on every rank (alone: the answer itself)."""
+        if self.group is None or self.request.emulated:
+            return more
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if more else 0], dtype=torch.int32)
+        if self.on_gpu:
+            flag = flag.to(self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
     # -- the whole probe --------------------------------------------------------------------
 
     def run(self, startup_s: float | None = None) -> ProbeResult:
@@ -672,11 +710,16 @@ class TrainingProbe:
         build_s = time.perf_counter() - built_at
         for _ in range(request.warmup_steps):
             self.step()
-        timed = [self.step() for _ in range(request.timed_steps)]
+        watch = MachineWatch(torch.get_num_threads(),
+                             physical_gpu_index(self.device) if self.on_gpu else None)
+        watch.start()
+        timed = self.timed_steps()
+        machine = watch.stop()
         leave_group()  # only when every rank got here: a failed one just exits (no teardown
         # that could wait on peers stuck in a collective)
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
-        step_s = sum(v for k, v in phase_s.items() if k != "validation")
+        step_times_s = [training_s(t) for t in timed]
+        step_s = training_s(phase_s)
         # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)
         responses = self.ran["responses_per_step"] * request.world_size
         tokens = responses * config.sequence_length
@@ -684,6 +727,8 @@ class TrainingProbe:
         return ProbeResult(
             status=ProbeStatus.OK, tokens_per_s=tokens / step_s,
             samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
+            step_times_s=step_times_s, machine=machine.as_dict(),
+            contention=machine.contention(),
             peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
             phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
             phase_tensor_peak_bytes=dict(self.meter.phase_tensor_peak_bytes),

@@ -69,6 +69,7 @@ class StepRecord:
 class Throughput:
     tokens_per_s: float
     step_s: float | None
+    step_times_s: tuple[float, ...] = ()  # each timed step's seconds, where the log says
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, float]:
@@ -200,8 +201,8 @@ class StepLog:
         if later and all(_first(r.values, STEP_TOKENS_KEYS) is not None and
                          _first(r.values, STEP_TIME_KEYS) for r in later):
             tokens = sum(_first(r.values, STEP_TOKENS_KEYS) or 0.0 for r in later)
-            seconds = sum(_first(r.values, STEP_TIME_KEYS) or 0.0 for r in later)
-            return Throughput(tokens / seconds, seconds / len(later))
+            times = tuple(_first(r.values, STEP_TIME_KEYS) or 0.0 for r in later)
+            return Throughput(tokens / sum(times), sum(times) / len(later), times)
         return self.cumulative_throughput()
 
     def cumulative_throughput(self) -> Throughput | None:

@@ -32,7 +32,12 @@ def process_age_s() -> float:
 def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     import torch
 
-    from autotune.probe.meter import MemoryMeter, describe_device, torch_device
+    from autotune.probe.meter import (
+        MemoryMeter,
+        describe_device,
+        physical_gpu_index,
+        torch_device,
+    )
     from autotune.probe.oom import classify_exception
     from autotune.probe.step import TrainingProbe
 
@@ -98,14 +103,6 @@ def quiet_libraries() -> None:
                             category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view",
                             category=UserWarning)
-
-
-def physical_gpu_index(device: object) -> int | None:
-    """The NVML index of the GPU this process was pinned to (first of CUDA_VISIBLE_DEVICES)."""
-    if getattr(device, "type", "") != "cuda":
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
 
 
 def main(argv: list[str]) -> int:

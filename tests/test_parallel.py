@@ -70,3 +70,59 @@ def test_a_pinned_probe_process_runs_on_its_cores_only(make_request, tmp_path):
         make_request(cpu_ids=(core,)), log)
     assert result.status is ProbeStatus.CRASH
     assert f"cores [{core}]" in log.read_text()
+
+
+def test_gpu_probes_side_by_side_get_cores_of_their_own(monkeypatch):
+    """Two GPU slots: each probe pinned to its own core group, so the sweep's trace can take
+    a free slot's cores; one GPU slot keeps every core."""
+    from autotune.sweep import parallel
+
+    monkeypatch.setattr(parallel, "usable_cpu_ids", lambda: (0, 1, 2, 3))
+    two = plan_slots("cuda", (0, 1), 1, None, None)
+    assert [(s.gpu_ids, s.cpu_ids, s.cpu_threads) for s in two] == [
+        ((0,), (0, 1), 2), ((1,), (2, 3), 2)]
+    assert plan_slots("cuda", (0,), 1, None, 3) == [Slot(gpu_ids=(0,), cpu_threads=3)]
+
+
+def test_a_trace_runs_on_a_free_slots_cores_and_waits_while_none_is_free():
+    """The tracer asks the sweep where it may run: pinned to the free slot's cores, or put
+    off while every slot runs a probe (the trace process itself is stood in: what it is
+    asked is the point)."""
+    from autotune.hardware import Device
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.traced import SubprocessTracer
+
+    class Asked(SubprocessTracer):
+        def _ask(self, request):
+            self.asked.append(request)
+            return {"phase_peak_mem_bytes": {"update": 1}, "trace_s": 0.1}
+
+    free: list = [False]
+    tracer = Asked(lambda params, device: ProbeRequest(model="tiny-qwen2.5"), on_gpu=False,
+                   free_cores=lambda: free[0])
+    tracer.asked = []
+    assert tracer.traced_bytes({"m": 1}, Device("cpu")) is None and tracer.deferred == 1
+    free[0] = (1,)
+    assert tracer.traced_bytes({"m": 1}, Device("cpu")) is not None
+    assert [r.cpu_ids for r in tracer.asked] == [(1,)]
+    free[0] = None  # an unpinned free slot: no probe runs beside it
+    tracer.traced_bytes({"m": 2}, Device("cpu"))
+    assert tracer.asked[-1].cpu_ids is None
+
+
+def test_the_trace_process_pins_every_thread_it_has():
+    """probe/trace.py's pin_threads, in a real process with torch's threads started."""
+    import os
+    import subprocess
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    code = ("import os, torch; torch.set_num_threads(2); torch.ones(256, 256) @ "
+            "torch.ones(256, 256); from autotune.probe.trace import pin_threads; "
+            f"pin_threads(({cores[-1]},)); print(sorted({{c for t in os.listdir('/proc/self/task')"
+            " for c in os.sched_getaffinity(int(t))}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"[{cores[-1]}]"

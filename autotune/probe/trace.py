@@ -441,6 +441,18 @@ def trace_request(request: ProbeRequest, context_bytes: int,
         trace_s=time.perf_counter() - started, share={"val_prompts": 0, **probe.ran})
 
 
+def pin_threads(cpu_ids: tuple[int, ...] | None) -> None:
+    """Every thread of this process onto `cpu_ids` (the cores of a slot no probe holds now:
+    a trace never takes a running probe's cores); None leaves them where they are."""
+    import os
+
+    if not cpu_ids:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpu_ids)
+
+
 def serve(requests: Any, results: Any) -> None:
     """Trace each request line of `requests` (a ProbeRequest's JSON on one line) and write
     one JSON line to `results`: the TraceResult, {"oom": "cache_oom", "message": ...} for a
@@ -453,6 +465,7 @@ def serve(requests: Any, results: Any) -> None:
 
     for line in requests:
         request = ProbeRequest.from_json(line)
+        pin_threads(request.cpu_ids)
         try:
             result = dataclasses.asdict(trace_request(request, 0))
         except Exception as exc:

@@ -3,8 +3,10 @@
 A slot is one probe's share of the machine. With G GPUs and `--gpus-per-trial g` there are
 G // g slots of g GPUs each (CUDA_VISIBLE_DEVICES); on a CPU, `--parallel N` splits the cores
 this process may use into N disjoint groups, each probe pinned to its group (sched_setaffinity)
-with as many threads as cores, so parallel probes do not fight over cores. On Ray the cluster
-places each probe, so a slot there carries no ids, only the thread count.
+with as many threads as cores, so parallel probes do not fight over cores. GPU slots side by
+side get a core group each as well (a probe's Python drives its GPU). The sweep's trace
+process runs on the cores of a free slot (traced.py), so it never shares a running probe's.
+On Ray the cluster places each probe, so a slot there carries no ids, only the thread count.
 """
 
 from __future__ import annotations
@@ -86,7 +88,13 @@ def plan_slots(device: str, gpus: tuple[int, ...] | None, gpus_per_trial: int,
                                   f"{gpus_per_trial} per trial hold {len(slots)} probe(s) at "
                                   "once; lower --parallel or --gpus-per-trial")
             slots = slots[:parallel]
-        return [Slot(gpu_ids=s.gpu_ids, cpu_threads=threads_per_probe) for s in slots]
+        # side by side, each probe gets cores of its own too (one slot keeps them all): a
+        # trace then runs on a free slot's cores, never on a running probe's
+        cores = cpu_slots(min(len(slots), len(usable_cpu_ids())), usable_cpu_ids(),
+                          threads_per_probe)
+        return [Slot(gpu_ids=s.gpu_ids, cpu_ids=cores[i % len(cores)].cpu_ids,
+                     cpu_threads=cores[i % len(cores)].cpu_threads or threads_per_probe)
+                for i, s in enumerate(slots)]
     if device == "cuda":
         raise ConfigError("--device cuda: no NVIDIA GPU visible; use --device cpu or auto")
     return cpu_slots(parallel or 1, usable_cpu_ids(), threads_per_probe)
@@ -111,11 +119,17 @@ class ProbePool:
     def tags(self) -> list[Any]:
         return [tag for _, tag in self.in_flight.values()]
 
+    def free_slot(self) -> Slot | None:
+        """The first slot no probe holds now (None: every one is busy)."""
+        used = {index for index, _ in self.in_flight.values()}
+        free = [slot for index, slot in enumerate(self.slots) if index not in used]
+        return free[0] if free else None
+
     def start(self, request: ProbeRequest, log_path: Path, tag: Any) -> Slot:
         """Run `request` on a free slot (its GPUs or cores); `tag` comes back with the result."""
-        used = {index for index, _ in self.in_flight.values()}
-        index = min(set(range(len(self.slots))) - used)
-        slot = self.slots[index]
+        slot = self.free_slot()
+        assert slot is not None, "start() on a full pool"
+        index = self.slots.index(slot)
         request = dataclasses.replace(request, **slot.request_fields())
         self.in_flight[self.executor.submit(self.runner.run, request, log_path)] = (index, tag)
         return slot

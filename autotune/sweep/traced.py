@@ -24,12 +24,14 @@ follow), or a trace process that dies, turns tracing off too. Either way the rea
 the study's calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in
 one process started at the first and kept for the next (torch and transformers load once), which
 ends with the sweep, at the end of its input, or with the driver when it dies (its parent-death
-signal).
+signal). A trace never shares a running probe's cores: it runs pinned to a free slot's cores
+(parallel.py), and while every slot runs a probe it is put off (counted as deferred).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 from autotune.config import format_bytes
 from autotune.hardware import Device
@@ -139,8 +141,12 @@ class SubprocessTracer:
 
     def __init__(self, request_for: Callable[[dict[str, Any], Device], ProbeRequest],
                  on_gpu: bool, probe_wall_s: list[float] | None = None,
-                 on_trace: Callable[[dict[str, Any] | None], None] | None = None) -> None:
+                 on_trace: Callable[[dict[str, Any] | None], None] | None = None,
+                 free_cores: Callable[[], tuple[int, ...] | None | Literal[False]] | None = None
+                 ) -> None:
         self.request_for = request_for  # a candidate's probe on the device as now known
+        self.free_cores = free_cores  # the cores no probe holds now: a free slot's ids, None
+        # for no pinning (no probe runs beside), False while every slot runs a probe
         self.on_trace = on_trace  # told the candidate a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.on_gpu = on_gpu
@@ -154,12 +160,14 @@ class SubprocessTracer:
         self.unavailable: str | None = None  # why tracing is off for this sweep
         self.trace_wall_s: list[float] = []  # each trace, asked to answered
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
+        self.deferred = 0  # traces put off because every slot's cores ran a probe
         self._process: subprocess.Popen[str] | None = None  # the trace process, once started
         self._stderr: IO[str] | None = None  # where it writes what went wrong
 
     def summary(self) -> dict[str, Any]:
         """What tracing did in this sweep, as stored with the calibration."""
         return {"traces": len(self.trace_wall_s), "trace_wall_s": round(sum(self.trace_wall_s), 1),
+                "deferred": self.deferred,
                 "phase_context_bytes": {phase: self.context_bytes(phase)
                                         for phase in self.residuals} or None,
                 "outside_torch_bytes": min(self.outside_measured)
@@ -192,9 +200,15 @@ class SubprocessTracer:
         key = params_key(params)
         self.weigh_cost()
         if key not in self.traces and key not in self.failures and self.unavailable is None:
+            cores = self.free_cores() if self.free_cores is not None else None
+            if cores is False:  # never beside a running probe on its cores: later, or the
+                self.deferred += 1  # memory model's pre-screen alone for this candidate
+                return None
             if self.on_trace is not None:
                 self.on_trace(params)
             request = self.request_for(params, device)
+            if cores:
+                request = dataclasses.replace(request, cpu_ids=tuple(cores))
             self.outside[key] = self.outside_prior(request)
             try:
                 traced = self._run(request, key)

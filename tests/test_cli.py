@@ -112,7 +112,7 @@ def test_run_refuses_bad_input_in_one_line(tmp_path):
         (["--parallel", "0"], "0 is not in the range"),
     ]
     for args, message in cases:
-        out = autotune("run", "--model", "tiny-qwen2.5", "--space", "cpu-demo",
+        out = autotune("run", "--finalists", "0", "--model", "tiny-qwen2.5", "--space", "cpu-demo",
                        "--results-dir", results, *args)
         assert out.returncode == 2, (args, out.stderr)
         assert message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
@@ -186,7 +186,7 @@ def test_estimate_uses_a_study_calibration(tmp_path):
 def test_run_where_nothing_fits_stops_after_one_probe(tmp_path):
     """The issue's command: --trials 2 under a 300 MiB cap made 201 trials; now the safe
     config's OOM ends the sweep at once, exit 1, with what to change."""
-    out = autotune("run", "--trials", "2", "--gpu-memory-limit", "300MiB",
+    out = autotune("run", "--finalists", "0", "--trials", "2", "--gpu-memory-limit", "300MiB",
                    "--results-dir", str(tmp_path))
     assert out.returncode == 1, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]

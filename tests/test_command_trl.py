@@ -76,7 +76,8 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     space.write_text(SPACE)
     results = tmp_path / "results"
     launch = f"{sys.executable} {workspace.script} --config {{config}}"
-    command = [*AUTOTUNE, "run", "--trainer", "trl", "--base-config", str(workspace.config),
+    command = [*AUTOTUNE, "run", "--finalists", "0",
+               "--trainer", "trl", "--base-config", str(workspace.config),
                "--launch", launch, "--device", "cpu", "--space", str(space), "--trials", "6",
                "--gpu-memory-limit", "900MiB", "--results-dir", str(results), "--study", "trl"]
     env = workspace.env()
@@ -138,7 +139,8 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
 
 def test_a_launch_line_without_a_placeholder_is_one_line(workspace, tmp_path):
     proc = subprocess.run(
-        [*AUTOTUNE, "run", "--trainer", "trl", "--base-config", str(workspace.config),
+        [*AUTOTUNE, "run", "--finalists", "0",
+         "--trainer", "trl", "--base-config", str(workspace.config),
          "--launch", f"{sys.executable} train.py", "--device", "cpu", "--trials", "1",
          "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

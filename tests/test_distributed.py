@@ -34,7 +34,8 @@ def probe_args(threads: int = 1) -> list[str]:
 
 def driver(results_dir: Path, *args: str) -> subprocess.Popen:
     log = open(results_dir.parent / f"{results_dir.name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "autotune", "run", *probe_args(),
+    return subprocess.Popen([sys.executable, "-m", "autotune", "run", "--finalists", "0",
+                             *probe_args(),
                              "--results-dir", str(results_dir), *args],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -132,7 +133,8 @@ def test_a_sweep_across_two_ray_nodes_survives_losing_one(ray_cluster, tmp_path)
     results = tmp_path / "results"
     log = open(tmp_path / "driver.log", "ab")
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "run", *probe_args(threads=2), "--executor", "ray",
+        [sys.executable, "-m", "autotune", "run", "--finalists", "0",
+         *probe_args(threads=2), "--executor", "ray",
          "--address", ray_cluster.address, "--trials", "4", "--results-dir", str(results)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -171,7 +173,8 @@ def test_a_driver_killed_with_ray_tasks_in_flight_resumes_without_orphans(ray_cl
     probes die with them; the same command then finishes the study, redoing only the two
     configs that were cut off."""
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "autotune", "run", *probe_args(threads=1), "--executor",
+    command = [sys.executable, "-m", "autotune", "run", "--finalists", "0",
+               *probe_args(threads=1), "--executor",
                "ray", "--address", ray_cluster.address, "--parallel", "2", "--trials", "4",
                "--results-dir", str(results)]
     log = open(tmp_path / "driver.log", "ab")

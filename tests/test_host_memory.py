@@ -222,7 +222,8 @@ def test_a_sweep_never_probes_a_config_the_node_cannot_hold(tmp_path):
     assert kept.peak_bytes < node_host(shape, OFFLOADED, run, 64 * GiB).peak_bytes
     host_bytes = int((kept.peak_bytes + 8 * 2**20) / 0.95)  # the smallest offload: 28 MiB
     out = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5", "--device", "cpu",
+        [sys.executable, "-m", "autotune", "run", "--finalists", "0",
+         "--model", "tiny-qwen2.5", "--device", "cpu",
          "--space", "cpu-demo", "--trials", "2", "--warmup-steps", "0", "--timed-steps", "1",
          "--set", "max_prompt_length=16", "--set", "max_response_length=16",
          "--sampler", "random", "--no-trace", "--host-memory", f"{host_bytes}B",

@@ -235,7 +235,8 @@ def test_a_ppo_sweep_runs_out_of_memory_is_killed_and_resumes(tmp_path):
                     "offload_params: false\ncritic_offload_params: false\n"
                     "critic_offload_optimizer: false\n")
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "autotune", "run", "--algorithm", "ppo", "--study", "ppo",
+    command = [sys.executable, "-m", "autotune", "run", "--finalists", "0",
+               "--algorithm", "ppo", "--study", "ppo",
                "--results-dir", str(results), "--gpu-memory-limit", "520MiB", "--trials", "3",
                "--warmup-steps", "0", "--threads", "2", "--no-trace", "--base-config",
                str(base)]

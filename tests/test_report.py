@@ -51,7 +51,8 @@ def studies(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Pa
     running = {}
     for name, (space, extra) in STUDIES.items():
         (root / f"{name}.yaml").write_text(space)
-        command = autotune("run", "--model", "tiny-qwen2.5", "--space", str(root / f"{name}.yaml"),
+        command = autotune("run", "--finalists", "0",
+                           "--model", "tiny-qwen2.5", "--space", str(root / f"{name}.yaml"),
                            "--study", name, "--results-dir", str(root / "results"),
                            "--device", "cpu", "--threads", "1", "--gpu-memory-limit", "600MiB",
                            "--warmup-steps", "0", "--timed-steps", "1", "--no-trace", *extra)

@@ -150,7 +150,8 @@ fixed: {rollout_batch_size: 4, rollout_n: 2, global_batch_size: 2, max_prompt_le
 def test_a_two_rank_sweep_runs_real_probes_and_resumes_after_sigkill(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    command = [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5",
+    command = [sys.executable, "-m", "autotune", "run", "--finalists", "0",
+               "--model", "tiny-qwen2.5",
                "--device", "cpu", "--gpus-per-node", "2", "--ranks", "real",
                "--space", str(space), "--study", "w2", "--results-dir", str(tmp_path),
                "--warmup-steps", "0", "--timed-steps", "1", "--sampler", "random"]
@@ -203,7 +204,8 @@ def test_states_too_big_for_one_device_fit_an_emulated_eight_way_shard(tmp_path)
     (model / "config.json").write_text(json.dumps(MID_MODEL))
     space = tmp_path / "space.yaml"
     space.write_text(HEADLINE_SPACE)
-    common = ["run", "--model-path", str(model), "--device", "cpu", "--space", str(space),
+    common = ["run", "--finalists", "0",
+              "--model-path", str(model), "--device", "cpu", "--space", str(space),
               "--gpu-memory-limit", "1GiB", "--results-dir", str(tmp_path / "results"),
               "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2"]
     alone = autotune(*common, "--study", "w1")
@@ -221,7 +223,8 @@ def test_an_emulated_sweep_confirms_its_best_with_real_ranks_once(tmp_path):
     probed again with two real ranks; best.yaml carries both; a resume confirms nothing again."""
     space = tmp_path / "space.yaml"
     space.write_text(SPACE.replace("choices: [1, 2]", "choices: [2]"))
-    command = ["run", "--model", "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2",
+    command = ["run", "--finalists", "0",
+               "--model", "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2",
                "--space", str(space), "--study", "c", "--results-dir", str(tmp_path),
                "--warmup-steps", "0", "--timed-steps", "1", "--confirm", "1"]
     first = autotune(*command)

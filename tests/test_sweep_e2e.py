@@ -32,7 +32,7 @@ fixed: {rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_le
 def run_command(tmp_path, space_text=SPACE, *extra):
     space = tmp_path / "space.yaml"
     space.write_text(space_text)
-    return [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5",
+    return [sys.executable, "-m", "autotune", "run", "--finalists", "0", "--model", "tiny-qwen2.5",
             "--space", str(space), "--study", "e2e", "--results-dir", str(tmp_path / "results"),
             "--device", "cpu", "--threads", "2", "--gpu-memory-limit", "600MiB",
             "--warmup-steps", "0", "--timed-steps", "1", "--no-trace", *extra]

@@ -122,7 +122,8 @@ def test_a_two_trial_sweep_with_the_real_engine_says_which_engine_ran(vllm_pytho
         "fixed": {**{k: v for k, v in SHAPES.items() if k != "micro_batch_size_update"},
                   "use_kl": False, "kv_cache_memory_bytes": 16 * MIB}}))
     results = tmp_path / "results"
-    done = run(vllm_python, "run", *COMMON, "--space", str(space), "--study", "v",
+    done = run(vllm_python, "run", "--finalists", "0",
+               *COMMON, "--space", str(space), "--study", "v",
                "--results-dir", str(results), "--trials", "2", "--no-trace",
                "--gpu-memory-limit", "2GiB", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

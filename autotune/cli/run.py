@@ -51,6 +51,10 @@ from autotune.cli import options as opt
 @click.option("--confirm", type=click.IntRange(0), default=3, show_default=True,
               help="After a sweep of emulated ranks, probe its best K configs again with the "
                    "run's real ranks when they are all on this machine (0: don't).")
+@click.option("--finalists", type=click.IntRange(0), default=3, show_default=True,
+              help="When the search stops, probe its best K configs again, round robin, until "
+                   "the leader stands apart from the rest beyond the measured noise (at most 3 "
+                   "probes each); 0: pick from single probes.")
 @opt.trainer
 @click.option("--launch", default=None, metavar="'CMD ... {config}'",
               help="With --trainer: probe your own trainer. Each trial runs this launch line "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import PHASES, describe_engine, describe_params, format_bytes
-from autotune.probe.result import ProbeResult
+from autotune.probe.result import ProbeResult, coefficient_of_variation
 
 if TYPE_CHECKING:
     from autotune.sweep.run import SweepOutcome
@@ -81,9 +81,16 @@ def _trial_cells(trial: Any) -> dict[str, Any]:
         status = f"predicted {status}"
     elif status == "ok" and not attrs.get("feasible"):
         status = "over headroom"
+    if attrs.get("repeat_of") is not None:
+        status = f"{status}, again #{attrs['repeat_of']}"
+    cv = coefficient_of_variation(result.get("step_times_s") or [])
+    spread = "-" if cv is None else f"{cv:.1%}"
+    if result.get("contention"):
+        spread += " busy"  # measured while other processes took the machine
     return {"#": trial.number, "status": status, "config": describe_params(trial.params),
             "tokens/s": f"{tokens:,.1f}" if tokens else "-",
             "peak": format_bytes(peak) if peak else "-",
+            "step cv": spread,
             "phase": attrs.get("binding_phase") or result.get("failed_phase") or "-",
             "probe s": f"{result['probe_wall_s']:.0f}" if result.get("probe_wall_s") else "-"}
 
@@ -118,6 +125,8 @@ def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
 def format_study(study: Any, brief: bool = False) -> str:
     """A study for people: its trials (unless brief), the Pareto front and the best config."""
     from autotune.sweep.artifacts import best_document, best_trial, pareto_front
+    from autotune.sweep.finalists import current_record
+    from autotune.sweep.finalists import describe as describe_finalists
 
     identity = study.user_attrs.get("identity", {})
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
@@ -143,14 +152,19 @@ def format_study(study: Any, brief: bool = False) -> str:
                          f"{format_bytes(fit['context_bytes'])}"
                          for phase, fit in calibration["phases"].items())
         lines.append(f"memory model calibrated on {calibration['probes']} probes: {fits}")
-    columns = ["#", "status", "config", "tokens/s", "peak", "phase", "probe s"]
+    columns = ["#", "status", "config", "tokens/s", "step cv", "peak", "phase", "probe s"]
     if not brief and trials:
         reach = response_reach(study, trials)
         rows = [{**_trial_cells(t), "fits to": reach.get(t.number, "-")} for t in trials]
+        busy = sum(bool((t.user_attrs.get("result") or {}).get("contention")) for t in trials)
         lines += ["", format_table(rows, [*columns, "fits to"]),
-                  "(fits to: the longest response, in tokens, each config fits its budget "
-                  "by the study's memory model; >= when no length up to the model's context "
-                  "or a token budget runs out)"]
+                  "(step cv: the spread of a probe's timed steps; busy: measured while other "
+                  "processes took the machine. fits to: the longest response, in tokens, each "
+                  "config fits its budget by the study's memory model; >= when no length up "
+                  "to the model's context or a token budget runs out)"]
+        if busy:
+            lines.append(f"{busy} probe(s) ran under contention: their tokens/s measure the "
+                         "other processes too (trials.csv, column contention)")
     front = pareto_front(study)
     if front:
         lines += ["", "Pareto front (tokens/s up, peak memory down):",
@@ -175,6 +189,11 @@ def format_study(study: Any, brief: bool = False) -> str:
                      f"{describe(document['confirmed'])}")
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
+    record = current_record(study)
+    if record is not None:
+        lines += ["", *describe_finalists(record)]
+    else:
+        lines.append(f"  pick: {document['pick']['rule']}")
     if document.get("length_headroom"):
         lines.append(f"  length headroom: {document['length_headroom']['says']} (probed at "
                      f"{document['config'].get('max_response_length')} tokens)")

@@ -18,7 +18,10 @@ import yaml
 from autotune import __version__
 from autotune.config import KNOB_NAMES, PHASES
 from autotune.files import write_text_atomic
-from autotune.sweep.objective import scalar
+from autotune.probe.result import coefficient_of_variation
+from autotune.sweep.finalists import current_record
+from autotune.sweep.measurements import by_config, ranked
+from autotune.sweep.sharing import params_key
 
 FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
@@ -34,7 +37,8 @@ def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> di
         "number": frozen.number, "state": frozen.state.name.lower(),
         "status": attrs.get("status", ""), "predicted": attrs.get("predicted", ""),
         "feasible": attrs.get("feasible", ""),
-        "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", "")}
+        "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", ""),
+        "repeat_of": attrs.get("repeat_of", "")}
     for name in param_names:
         row[name] = frozen.params.get(name, "")
     values = frozen.values or []
@@ -49,6 +53,10 @@ def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> di
         else:
             value = result.get(column)
         row[column] = "" if value is None else value
+    cv = coefficient_of_variation(result.get("step_times_s") or [])
+    row["timed_steps"] = len(result.get("step_times_s") or []) or ""
+    row["step_cv"] = "" if cv is None else round(cv, 4)
+    row["contention"] = result.get("contention") or ""
     row["binding_phase"] = attrs.get("binding_phase") or ""
     row["failed_phase"] = result.get("failed_phase") or ""
     row["reason"] = attrs.get("reason", "")
@@ -63,27 +71,33 @@ def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
     value_names = study.user_attrs.get("objective_names", ["value"])
     rows = [trial_row(t, param_names, value_names) for t in study.get_trials(deepcopy=False)]
     columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
-               *param_names, *value_names, *FIGURE_COLUMNS,
-               "binding_phase", "failed_phase", "reason", "log"]
+               "repeat_of", *param_names, *value_names, *FIGURE_COLUMNS, "timed_steps",
+               "step_cv", "contention", "binding_phase", "failed_phase", "reason", "log"]
     return columns, rows
 
 
 def ranked_feasible(study: Any) -> list[Any]:
-    """Feasible probed trials (reused copies skipped), best objective first, earliest on ties."""
-    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
-    trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state.name == "COMPLETE" and t.user_attrs.get("feasible")
-              and t.user_attrs.get("probed")]
-    return sorted(trials, key=lambda t: (-scalar(t.values, objective), t.number))
+    """Each feasible config's first probed trial, the best mean objective over its probes
+    first, the earliest on ties (measurements.py)."""
+    return [measured.trial for measured in ranked(study)]
 
 
 def best_trial(study: Any) -> Any | None:
-    """The best feasible trial, skipping a config whose real-rank confirmation did not fit."""
+    """The best feasible config's first trial: the finalists' pick while nothing was probed
+    since it was made, else the best mean; a config whose real-rank confirmation did not fit
+    is never the best."""
     confirmed = study.user_attrs.get("confirmations") or {}
-    for trial in ranked_feasible(study):
-        if confirmed.get(str(trial.number), {}).get("feasible", True):
-            return trial
-    return None
+
+    def fits(number: int) -> bool:
+        return bool(confirmed.get(str(number), {}).get("feasible", True))
+
+    trials = ranked_feasible(study)
+    record = current_record(study)
+    if record is not None and fits(record["chosen"]):
+        chosen = next((t for t in trials if t.number == record["chosen"]), None)
+        if chosen is not None:
+            return chosen
+    return next((trial for trial in trials if fits(trial.number)), None)
 
 
 def pareto_front(study: Any) -> list[Any]:
@@ -120,6 +134,8 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
     config, trainer_keys = trial_knobs(study, trial)
     objective = identity["objective"]
     front = pareto_front(study)
+    repeats = by_config(study)[params_key(trial.params)]
+    record = current_record(study)
     return {
         "study": study.study_name,
         "trial": trial.number,
@@ -129,11 +145,15 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         **({"trainer_keys": trainer_keys} if trainer_keys else {}),
         "searched": list(space["params"]),
         "measured": {
-            "tokens_per_s": result["tokens_per_s"],
+            "tokens_per_s": repeats.tokens_per_s_mean,
             "samples_per_s": result["samples_per_s"],
             "step_s": result["step_s"],
-            "peak_mem_bytes": result["peak_mem_bytes"],
-            "phase_peak_mem_bytes": result["phase_peak_mem_bytes"],
+            "peak_mem_bytes": repeats.peak_mem_bytes,
+            "phase_peak_mem_bytes": repeats.phase_peak_mem_bytes(),
+            "probes": repeats.probes,
+            "tokens_per_s_probes": repeats.tokens_per_s,
+            "step_cv": coefficient_of_variation(result.get("step_times_s") or []),
+            "contended_probes": repeats.contended,
             "host_peak_rss_bytes": result["host_peak_rss_bytes"],
             "host_offload_bytes": result["host_offload_bytes"],
             "capacity_bytes": result["device_limit_bytes"] or result["device_capacity_bytes"],
@@ -145,6 +165,10 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
+        "pick": {key: record[key] for key in ("rule", "why", "noise_relative_sd", "entries")}
+        if record is not None and record["chosen"] == trial.number else
+        {"rule": f"the highest mean {objective} over each config's probes (no finalists "
+                 "were probed again)"},
         "pareto_front": [t.number for t in front],
         "provenance": {
             "probe": identity.get("probe", "builtin"),

@@ -4,7 +4,9 @@ The sampler proposes; most proposals late in a sweep are configs already tried (
 proven to run out of memory (predicted). Neither runs a probe, so neither counts against
 --trials, and a sweep whose space has nothing left that could fit would ask forever. The
 frontier stops that: after every new measured OOM, and whenever the sampler keeps proposing
-known configs, it looks for an untried config the feasibility rules do not rule out. None left
+known configs, it looks for an untried config the feasibility rules do not rule out. It also
+lists the neighbours of a config (one knob one step away), which the sweep probes between
+the sampler's proposals: the best configs of these spaces sit in smooth basins. None left
 means the sweep is over, said in one line; if the safe config itself (every saver on,
 smallest micro-batches) ran out of device memory, nothing in the space can fit, and the line
 says what to change instead.
@@ -50,6 +52,37 @@ class Frontier:
             params = {name: stored[name] for name in self.space.params if name in stored}
             if self.feasibility.predict(params) is None:
                 return params
+        return None
+
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Configs one step from `params`: one knob moved to the next value on its axis
+        (an int's or a numeric choice's neighbour in order; any other choice, flipped)."""
+        found = []
+        for name, spec in self.space.params.items():
+            values = list(spec.values())
+            if name not in params or params[name] not in values:
+                continue
+            at = values.index(params[name])
+            ordered = all(isinstance(v, int | float) and not isinstance(v, bool)
+                          for v in values)
+            steps = [values[i] for i in (at - 1, at + 1) if 0 <= i < len(values)] \
+                if ordered else [v for v in values if v != params[name]]
+            found += [{**params, name: value} for value in steps]
+        return found
+
+    def neighbour(self, params: dict[str, Any], seen: Iterable[str]) -> dict[str, Any] | None:
+        """An untried valid neighbour of `params` the feasibility rules leave open (at
+        random), or None."""
+        seen = set(seen)
+        near = self.neighbours(params)
+        self.rng.shuffle(near)
+        for candidate in near:
+            key = params_key(candidate)
+            if key in seen or (self.valid_keys is not None and key not in self.valid_keys) \
+                    or self.space.problems_for(candidate):
+                continue
+            if self.feasibility.predict(candidate) is None:
+                return candidate
         return None
 
     def learned_something(self) -> bool:

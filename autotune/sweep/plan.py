@@ -31,6 +31,7 @@ from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
 from autotune.sweep.command_probe import command_setup
+from autotune.sweep.finalists import DEFAULT_FINALISTS
 from autotune.sweep.placement import (
     default_topology,
     emulate_ranks,
@@ -49,7 +50,8 @@ from autotune.trainers.verl import VERL
 DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12
 GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
 PPO_SPACES = {"cpu-demo": "cpu-demo-ppo", "grpo": "ppo"}  # the defaults with --algorithm ppo
-TIMED_STEPS, DEMO_TIMED_STEPS = 2, 1
+TIMED_STEPS = 3  # at least three timed steps: a probe measures its own spread
+MIN_TIMED_S = 2.0  # without --timed-steps, short steps repeat until they add up to this
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class ProbeOptions:
     gpus_per_node: int | None = None  # None: the base config's, else the GPUs here
     ranks: str = "auto"  # auto | real | emulated
     warmup_steps: int = 1
-    timed_steps: int | None = None  # None: TIMED_STEPS (the CPU demo: DEMO_TIMED_STEPS)
+    timed_steps: int | None = None  # None: TIMED_STEPS
     engine: str = "auto"  # auto | vllm-like | hf
     dtype: str = "auto"
     seed: int = 0
@@ -102,6 +104,7 @@ class RunOptions:
     storage: str | None = None
     heartbeat_s: float = HEARTBEAT_S
     confirm: int = 3
+    finalists: int = DEFAULT_FINALISTS  # the best K probed again before the pick
     trainer: str | None = None
     launch: str | None = None
     host_memory_bytes: int | None = None  # one node's RAM (None: this machine's)
@@ -244,7 +247,8 @@ def probe_request(options: ProbeOptions, model: str, device: Device, topology: T
         gpu_ids=options.gpus, cpu_threads=options.cpu_threads,
         host_memory_limit_bytes=options.host_memory_limit_bytes,
         timeout_s=options.probe_timeout_s, warmup_steps=options.warmup_steps,
-        timed_steps=options.timed_steps or TIMED_STEPS, seed=options.seed,
+        timed_steps=options.timed_steps or TIMED_STEPS,
+        timed_min_s=MIN_TIMED_S if options.timed_steps is None else 0.0, seed=options.seed,
         dtype=options.dtype, nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node,
         emulated=emulated, env=trainer_env(trainer))
 
@@ -280,8 +284,7 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
         if on_cpu:
             probe = dataclasses.replace(
                 probe, model=DEMO_MODEL, device="cpu",
-                gpu_memory_limit_bytes=probe.gpu_memory_limit_bytes or DEMO_CAP_BYTES,
-                timed_steps=probe.timed_steps or DEMO_TIMED_STEPS)
+                gpu_memory_limit_bytes=probe.gpu_memory_limit_bytes or DEMO_CAP_BYTES)
             options = dataclasses.replace(options, probe=probe,
                                           space=options.space or default(DEMO_SPACE),
                                           trials=options.trials if budget_given else DEMO_TRIALS)
@@ -369,6 +372,7 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
         trainer=f"{target.adapter.name} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if target is not None else None, storage=options.storage, slots=tuple(slots),
         heartbeat_s=options.heartbeat_s, confirm=ranks.confirm, command=template,
+        finalists=options.finalists,
         node_host_bytes=options.host_memory_bytes,
         node_trainer=target.adapter.name if target is not None else None)
     if len(slots) > 1:

@@ -1,8 +1,10 @@
-"""A planned sweep run to its end: the probes, the files the study leaves, the confirmations.
+"""A planned sweep run to its end: the probes, the finalists probed again, the files the study
+leaves, the confirmations.
 
 `run_sweep` runs the Sweep of a SweepPlan, rewrites trials.csv, best.yaml and (with
 --trainer) best.<trainer>.yaml from the study after every probe and when it stops, probes the
-best configs again with real ranks when the plan says so, and always releases the runner. A
+best K again before the pick (finalists.py), probes the best configs again with real ranks
+when the plan says so, and always releases the runner. A
 Ctrl-C (or SIGTERM, raised as one) leaves the files as the study stands and is said in the
 outcome: nothing is lost, and the same command resumes.
 """
@@ -18,6 +20,7 @@ from typing import Any
 from autotune.sweep.artifacts import write_artifacts
 from autotune.sweep.confirm import confirm_best
 from autotune.sweep.export import write_trainer_export
+from autotune.sweep.finalists import remeasure
 from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import Progress
 from autotune.sweep.tuner import Sweep
@@ -60,6 +63,9 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
         sweep = Sweep(settings, plan.runner, progress, on_trial=artifacts)
         try:
             study = sweep.run()
+            if settings.finalists and sweep.nothing_fits is None:
+                remeasure(study, settings, plan.runner, settings.finalists,
+                          sweep.feasibility.capacity_bytes, say)
             if settings.confirm and sweep.nothing_fits is None:
                 confirm_best(study, settings, plan.runner, sweep.feasibility.capacity_bytes,
                              say)

@@ -26,8 +26,8 @@ problem with its file and key. Optuna is imported only when distributions are as
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import functools
+import hashlib
 import itertools
 import json
 import math

@@ -41,6 +41,7 @@ class SweepSettings:
     slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)
     heartbeat_s: float = HEARTBEAT_S  # shared storage: how often running trials say alive
     confirm: int = 0  # emulated sweeps: probe the best K again with real ranks at the end
+    finalists: int = 0  # probe the best K again, round robin, before the pick (finalists.py)
     command: CommandTemplate | None = None  # probes are short runs of the user's trainer
     node_host_bytes: int | None = None  # --host-memory: one node's RAM; configs the node
     # cannot hold are skipped (None: stated for this machine's RAM, never skipped)
@@ -69,6 +70,7 @@ class SweepSettings:
                 "reserve_gpu_memory_bytes": request.device.reserve_bytes,
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
-                "timed_steps": request.timed_steps, "trainer": self.trainer,
+                "timed_steps": request.timed_steps, "timed_min_s": request.timed_min_s,
+                "trainer": self.trainer,
                 "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node,
                 "emulated": request.emulated, "probe": self.probe_kind}

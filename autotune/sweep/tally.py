@@ -12,6 +12,7 @@ from typing import Any
 from autotune.config import describe_params, format_bytes
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.feasibility import Feasibility
+from autotune.sweep.measurements import FINALIST
 from autotune.sweep.objective import scalar
 from autotune.sweep.progress import SweepState
 from autotune.sweep.sharing import NO_RESULT_STATUSES
@@ -24,6 +25,7 @@ class Tally:
         self.state, self.feasibility, self.objective = state, feasibility, objective
         self.accounted: set[int] = set()  # trial numbers already folded in
         self.best_scalar: float | None = None
+        self.best_params: dict[str, Any] | None = None  # the best feasible probe's config
         self.since_improvement = 0  # probes since the best improved (--patience)
 
     def fold(self, frozen: Any) -> None:
@@ -47,12 +49,14 @@ class Tally:
             predicted = attrs.get("predicted") and attrs.get("reused_from") is None
             self.state.counts["predicted" if predicted else "skipped"] += 1
             return
-        self.state.probes += 1
         result = attrs.get("result") or {}
         self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
                                 result.get("phase_peak_mem_bytes"),
                                 result.get("device_capacity_bytes"),
                                 result.get("phase_allocator_peak_bytes"))
+        if attrs.get("origin") == FINALIST:  # a finalist probed again: no new config
+            return
+        self.state.probes += 1
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
         if status == "ok":
@@ -64,7 +68,7 @@ class Tally:
         value = scalar(frozen.values, self.objective) \
             if attrs.get("feasible") and frozen.values else None
         if value is not None and (self.best_scalar is None or value > self.best_scalar):
-            self.best_scalar = value
+            self.best_scalar, self.best_params = value, dict(frozen.params)
             self.since_improvement = 0
             self.state.best = (f"trial {frozen.number}: {describe_params(frozen.params)}, "
                                f"{result['tokens_per_s']:,.1f} tok/s, peak "

@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from autotune.config import describe_params
 from autotune.errors import ConfigError
@@ -53,6 +53,7 @@ from autotune.sweep.tally import Tally
 from autotune.sweep.traced import SubprocessTracer, Tracer
 
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
+NEIGHBOUR_EVERY = 3  # after the startup probes, every second probe a neighbour of the best
 MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only repeats itself
 
 
@@ -86,6 +87,7 @@ class Sweep:
                                 slots=len(settings.slots))
         self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
         self.stuck_asks = 0  # asks in a row that probed nothing
+        self.neighbour_at = -1  # the probe count a neighbour was last queued at
         self.feasibility = self.feasibility_rules(tracer)
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
@@ -120,8 +122,15 @@ class Sweep:
             tracer = SubprocessTracer(
                 lambda params, device: dataclasses.replace(settings.request_for(params),
                                                            device=device),
-                request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing)
+                request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing,
+                free_cores=self.free_cores)
         return Feasibility(request.device, dominance, prescreen, tracer)
+
+    def free_cores(self) -> tuple[int, ...] | None | Literal[False]:
+        """Where a trace may run now: a free slot's cores (None: that slot is not pinned, and
+        no probe runs beside it unpinned), False while every slot runs a probe."""
+        slot = self.pool.free_slot()
+        return False if slot is None else slot.cpu_ids
 
     def say_if_tracing_stopped(self) -> None:
         """Tracing turned itself off (its process died, a trace timed out, a config it cannot
@@ -308,6 +317,7 @@ class Sweep:
             self.queue_unexplored(study)
             if self.nothing_fits is not None:
                 return
+        self.queue_neighbour(study)
         trial = study.ask(self.space.distributions())
         if self.shared:
             trial.set_user_attr("heartbeat_at", time.time())
@@ -438,6 +448,21 @@ class Sweep:
         for pending in cut:
             self.give_up(study, pending, "interrupted", requeue=True)
         self.release(study)
+
+    def queue_neighbour(self, study: Any) -> None:
+        """TPE's sweeps: every NEIGHBOUR_EVERY-th probe after the sampler's startup probes is
+        an untried neighbour of the best config so far (frontier.py), queued for the next ask;
+        once per probe slot, so a neighbour predicted to OOM hands the slot to the sampler."""
+        started = self.state.probes + len(self.pool)
+        if self.settings.sampler != "tpe" or self.tally.best_params is None or \
+                started < self.settings.n_startup_trials or \
+                started % NEIGHBOUR_EVERY != NEIGHBOUR_EVERY - 1 or \
+                self.neighbour_at == started:
+            return
+        self.neighbour_at = started
+        params = self.frontier.neighbour(self.tally.best_params, self.seen)
+        if params is not None:
+            study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
 
     def queue_unexplored(self, study: Any) -> None:
         """The sampler keeps proposing known configs: queue an untried one that may fit, or

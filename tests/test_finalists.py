@@ -1,0 +1,163 @@
+"""Numbers a tuner can trust: each probe's spread and the machine's state beside it, the
+finalists probed again before the pick, and the rule that picked, all where a user reads them.
+
+The sweep test runs real probes of the tiny model on the CPU; the contention test runs a real
+probe beside real busy processes; the rule tests tell a real (in-memory) Optuna study.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+
+from autotune.probe.machine import MachineState
+from autotune.runners.local import SubprocessRunner
+from autotune.sweep.finalists import decide, standing
+from autotune.sweep.measurements import by_config, ranked
+
+SPACE = """
+params:
+  micro_batch_size_update: {type: categorical, choices: [1, 2]}
+  gradient_checkpointing: {type: bool}
+fixed: {rollout_batch_size: 4, rollout_n: 2, global_batch_size: 2, max_prompt_length: 32,
+        max_response_length: 16, micro_batch_size_experience: 4}
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    out = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5", "--device", "cpu",
+         "--space", str(space), "--study", "f", "--results-dir", str(tmp_path / "results"),
+         "--threads", "2", "--warmup-steps", "0", "--timed-steps", "3", "--trials", "3",
+         "--no-trace", "--finalists", "2"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study_dir = tmp_path / "results" / "f"
+    study = optuna.load_study(study_name="f", storage=f"sqlite:///{study_dir / 'study.db'}")
+    trials = study.get_trials(deepcopy=False)
+    repeats = [t for t in trials if t.user_attrs.get("origin") == "finalist"]
+    finalists = ranked(study)[:2]
+    # both finalists probed again (at least one more probe each), as trials of the study
+    # holding their config, with logs of their own
+    assert {t.user_attrs["repeat_of"] for t in repeats} == {m.number for m in finalists}
+    for repeat in repeats:
+        owner = trials[repeat.user_attrs["repeat_of"]]
+        assert repeat.params == owner.params and repeat.user_attrs["probed"]
+        assert (study_dir / repeat.user_attrs["log"]).exists()
+        assert len(repeat.user_attrs["result"]["step_times_s"]) == 3
+    assert all(m.probes >= 2 for m in finalists)
+    assert "finalist trial" in out.stderr
+    best = yaml.safe_load((study_dir / "best.yaml").read_text())
+    assert "lowest peak memory" in best["pick"]["rule"] and best["pick"]["why"]
+    chosen = by_config(study)[next(k for k, m in by_config(study).items()
+                                   if m.number == best["trial"])]
+    assert best["measured"]["probes"] == chosen.probes >= 2
+    assert best["measured"]["tokens_per_s"] == pytest.approx(chosen.tokens_per_s_mean)
+    rows = list(csv.DictReader(open(study_dir / "trials.csv")))
+    assert {"step_cv", "contention", "timed_steps", "repeat_of"} <= set(rows[0])
+    assert all(r["timed_steps"] == "3" and r["step_cv"] for r in rows if r["status"] == "ok")
+    assert sum(r["origin"] == "finalist" for r in rows) == len(repeats)
+    shown = subprocess.run([sys.executable, "-m", "autotune", "show", "--study", "f",
+                            "--results-dir", str(tmp_path / "results")],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "finalists (each probed up to 3 times" in shown.stdout
+    assert f"picked trial {best['trial']}" in shown.stdout
+
+
+def busy_processes(count: int, cores: list[int]) -> list[subprocess.Popen]:
+    """`count` processes spinning on `cores` (bounded: they end by themselves after 300 s)."""
+    spin = ("import os, sys, time; os.sched_setaffinity(0, {int(c) for c in "
+            "sys.argv[1].split(',')}); end = time.time() + 300\nwhile time.time() < end: pass")
+    return [subprocess.Popen([sys.executable, "-c", spin, ",".join(map(str, cores))])
+            for _ in range(count)]
+
+
+@pytest.mark.slow
+def test_a_probe_beside_busy_processes_is_flagged(make_request):
+    """A real probe pinned to one core, with busy processes on the machine's other cores
+    (half the machine: every core but the probe's on a 2-core box)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one for the probe, one for the load")
+    probe_core, others = cores[0], cores[1:]
+    busy = busy_processes(max(1, len(os.sched_getaffinity(0)) // 2), others)
+    try:
+        result = SubprocessRunner().run(make_request(cpu_ids=(probe_core,), cpu_threads=1,
+                                                     timed_steps=3))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert result.ok, result.message
+    assert len(result.step_times_s) == 3 and result.step_cv is not None
+    assert result.machine["others_cpu_cores"] >= 0.5
+    assert result.contention is not None and "other processes used" in result.contention
+
+
+def test_the_contention_rule():
+    def state(others: float, cpus: int = 16, threads: int = 16, gpu: int | None = None):
+        return MachineState(1.0, cpus, threads, others, 0.0, gpu_other_processes=gpu)
+
+    assert state(0.1).contention() is None
+    assert state(0.6, cpus=2, threads=2).contention() is not None  # half a core of two
+    assert state(3.0, threads=1).contention() is None  # 16 cores, the probe uses one
+    assert state(4.0, threads=1).contention() is not None  # a quarter of the machine
+    assert state(0.7, cpus=4, threads=4).contention() is not None  # no idle core left
+    assert state(0.0, gpu=1).contention() == "1 other process(es) on the GPU"
+
+
+def told(study, params, tokens_per_s, peak_gib, status="ok", feasible=True, repeat_of=None):
+    """One probe's trial as the sweep tells it (throughput objective)."""
+    attrs = {"status": status, "probed": True, "feasible": feasible,
+             "result": {"tokens_per_s": tokens_per_s, "peak_mem_bytes": int(peak_gib * 2**30),
+                        "phase_peak_mem_bytes": {"update": int(peak_gib * 2**30)},
+                        "step_times_s": [1.0, 1.01, 0.99]}}
+    if repeat_of is not None:
+        attrs.update(origin="finalist", repeat_of=repeat_of)
+    dist = {"m": optuna.distributions.CategoricalDistribution([1, 2, 4])}
+    study.add_trial(optuna.trial.create_trial(
+        params={"m": params}, distributions=dist, user_attrs=attrs,
+        values=[tokens_per_s if feasible else 0.0]))
+
+
+def study_of(*probes):
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("identity", {"objective": "throughput"})
+    for probe in probes:
+        told(study, *probe[:3], **(probe[3] if len(probe) > 3 else {}))
+    return study
+
+
+def test_the_pick_is_the_best_mean_when_it_stands_apart():
+    study = study_of((1, 100.0, 10), (2, 90.0, 8), (1, 101.0, 10, {"repeat_of": 0}),
+                     (2, 91.0, 8, {"repeat_of": 1}), (1, 99.0, 10, {"repeat_of": 0}))
+    record = decide(study, 2)
+    assert record["chosen"] == 0 and "apart" in record["why"]
+    assert [e["trial"] for e in record["entries"]] == [0, 1]
+    low, high = record["entries"][0]["tokens_per_s_interval"]
+    assert low < 100.0 < high
+
+
+def test_finalists_within_the_noise_go_to_the_lower_peak_memory():
+    study = study_of((1, 100.0, 10), (2, 97.0, 8), (1, 110.0, 10, {"repeat_of": 0}),
+                     (2, 88.0, 8, {"repeat_of": 1}))
+    spread, close = standing(ranked(study)[:2])
+    assert spread > 0.05 and len(close) == 2  # the repeats spread by more than the gap
+    record = decide(study, 2)
+    assert record["chosen"] == 1 and "lowest peak memory" in record["why"]
+
+
+def test_a_finalist_whose_repeat_runs_out_of_memory_is_out():
+    study = study_of((1, 100.0, 10), (2, 90.0, 8),
+                     (1, 0.0, 10, {"repeat_of": 0, "status": "gpu_oom", "feasible": False}))
+    assert [m.number for m in ranked(study)] == [1]
+    assert decide(study, 2)["chosen"] == 1

@@ -118,6 +118,30 @@ def front_table(view: StudyView) -> str:
     return table(rows, ["trial", "tokens/s", "peak", "config"])
 
 
+def finalists_table(view: StudyView) -> str:
+    """The finalists probed again before the pick, each with its interval, and the rule."""
+    record = view.finalists
+    if record is None:
+        return ""
+    rows = []
+    for item in record["entries"]:
+        low, high = item["tokens_per_s_interval"]
+        rows.append({"trial": f"#{item['trial']}" + (" (picked)" if item["trial"] ==
+                                                      record["chosen"] else ""),
+                     "probes": str(len(item["probes"])),
+                     "tokens/s": f"{item['tokens_per_s_mean']:,.1f}",
+                     "interval": f"{low:,.1f} to {high:,.1f}",
+                     "peak": format_bytes(item["peak_mem_bytes"]),
+                     "under contention": str(item["contended"])})
+    return ("<h2>Finalists</h2><p class='caption'>The best configs probed again before the "
+            f"pick, each up to {record['max_probes']} times; one probe's noise "
+            f"{record['noise_relative_sd']:.1%}; intervals are the mean's, at 2 standard "
+            f"errors. Rule: {html.escape(record['rule'])}. Picked trial {record['chosen']}: "
+            f"{html.escape(record['why'])}.</p>"
+            + table(rows, ["trial", "probes", "tokens/s", "interval", "peak",
+                           "under contention"]))
+
+
 def section(title: str, caption: str, figure: Any, key: str, missing: str = "") -> str:
     """One figure with its heading and its one-line caption (or why it is not drawn)."""
     import plotly.io as pio
@@ -196,6 +220,6 @@ def render(view: StudyView) -> str:
         "</head><body>", f"<h1>autotune report: study {html.escape(view.name)}</h1>", facts,
         *gain_lines(view), knob_table(view), "<h2>Pareto front</h2><p class='caption'>"
         "Feasible configs no other beats on both tokens/s and peak memory, least memory "
-        "first.</p>", front_table(view), *sections,
+        "first.</p>", front_table(view), finalists_table(view), *sections,
         f"<p class='note'>Written by autotune {__version__} on {written}; opens offline "
         "(plotly.js is embedded in this file).</p>", "</body></html>", ""])

@@ -16,6 +16,7 @@ from autotune.config import KNOB_NAMES, PHASES, describe_engine, format_bytes
 from autotune.hardware import usable_bytes
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
+from autotune.sweep.finalists import current_record
 
 OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
 
@@ -58,6 +59,8 @@ class StudyView:
     calibration: dict[str, Any] | None
     reused: int
     versions: dict[str, str]  # what the probes ran with (vLLM's, where the real engine ran)
+    finalists: dict[str, Any] | None = None  # the pick among the finalists (finalists.py)
+    contended: int = 0  # probes measured while other processes took the machine
 
     def trial(self, number: int) -> TrialView:
         return next(t for t in self.trials if t.number == number)
@@ -146,7 +149,9 @@ def read_study(study: Any) -> StudyView:
         device_name=next((r["device_name"] for r in results if r.get("device_name")), None),
         calibration=attrs.get("memory_calibration"), reused=reused,
         versions=next((r["versions"] for r in results if (r.get("versions") or {}).get("vllm")),
-                      next((r["versions"] for r in results if r.get("versions")), {})))
+                      next((r["versions"] for r in results if r.get("versions")), {})),
+        finalists=current_record(study),
+        contended=sum(bool(r.get("contention")) for r in results))
 
 
 def headline(view: StudyView) -> dict[str, str]:
@@ -188,7 +193,10 @@ def headline(view: StudyView) -> dict[str, str]:
                    f"{view.count('over headroom')} over headroom, {view.count('oom')} OOM, "
                    f"{view.count('failed')} failed), {view.count('predicted oom')} predicted "
                    f"OOM and {view.count('invalid')} invalid never run, {view.reused} reused; "
-                   f"{wall_s / 60:.1f} min of probing"),
+                   f"{wall_s / 60:.1f} min of probing"
+                   + (f"; {view.contended} probe(s) measured under contention (other "
+                      "processes took the machine: their tokens/s measure those too)"
+                      if view.contended else "")),
     }
 
 

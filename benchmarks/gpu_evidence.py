@@ -35,7 +35,9 @@ estimate for the same rank, and model states against memory.py's exact term. Wri
 gpu_evidence.txt and .json, naming the device, after every case: a run cut short by
 --deadline-s (default 540 s: no case starts later, each probe's timeout ends by it) keeps
 every case it finished; --cases picks some by label. Without an NVIDIA GPU it says so and
-exits 0 (it is not part of CI).
+exits 0 (it is not part of CI). `--noise cuda` runs only issue 49's noise experiment (three
+0.5B configs, 5 interleaved repeats each, quiet and beside a pool of traces: the coefficient
+of variation of each, and which probes were flagged contended), into gpu_noise.{txt,json}.
 """
 
 from __future__ import annotations
@@ -382,6 +384,73 @@ def write_results(out: Path, rows: list[dict], started: float, tail: list[str]) 
     (out / "gpu_evidence.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
+NOISE_CONFIGS = {  # issue 49: three 0.5B configs, each probed NOISE_REPEATS times round robin
+    "0.5b plain": {**SMALL},
+    "0.5b mbu4": {**SMALL, "micro_batch_size_update": 4},
+    "0.5b checkpointed": {**SMALL, "gradient_checkpointing": True},
+}
+NOISE_REPEATS = 5
+NOISE_MODEL, NOISE_SHAPES = "qwen2.5-0.5b", SHAPES
+
+
+def noise_repeats(device: str, left_s: Callable[[], float]) -> dict:
+    """Each NOISE_CONFIGS config probed NOISE_REPEATS times, interleaved, quiet and then with
+    traces running beside the probes (a pool of trace processes on the CPU, as the old
+    evidence run did): each probe's tokens/s, its step spread and contention flag, and each
+    config's coefficient of variation over its repeats in each condition."""
+    import statistics
+
+    from autotune.probe.result import coefficient_of_variation
+
+    runner = SubprocessRunner()
+    out: dict = {"repeats": NOISE_REPEATS, "conditions": {}}
+    for condition in ("quiet", "beside traces"):
+        pool = None
+        if condition == "beside traces":
+            pool = ProcessPoolExecutor(max_workers=8, mp_context=get_context("spawn"))
+            for case in CASES[:8]:
+                pool.submit(trace_case, case, None)
+        runs: dict[str, list[dict]] = {label: [] for label in NOISE_CONFIGS}
+        for _ in range(NOISE_REPEATS):
+            for label, knobs in NOISE_CONFIGS.items():
+                if left_s() < 30:
+                    break
+                request = ProbeRequest(
+                    model=NOISE_MODEL, config=ProbeConfig(**{**NOISE_SHAPES, **knobs}),
+                    device=Device(device), gpu_ids=(0,) if device == "cuda" else None,
+                    warmup_steps=1, timed_steps=3, timeout_s=min(240.0, left_s()))
+                result = runner.run(request)
+                runs[label].append({"status": result.status.value,
+                                    "tokens_per_s": result.tokens_per_s,
+                                    "step_cv": result.step_cv,
+                                    "contention": result.contention,
+                                    "machine": result.machine})
+        if pool is not None:
+            for process in list(pool._processes.values()):
+                process.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+        out["conditions"][condition] = {
+            label: {"runs": rows, "cv": coefficient_of_variation(
+                [r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
+                "mean_tokens_per_s": statistics.fmean(
+                    [r["tokens_per_s"] for r in rows if r["tokens_per_s"]] or [0.0]),
+                "contended": sum(bool(r["contention"]) for r in rows)}
+            for label, rows in runs.items()}
+    return out
+
+
+def describe_noise(noise: dict) -> list[str]:
+    lines = [f"noise: {noise['repeats']} interleaved repeats of each config, quiet and beside "
+             "a pool of trace processes (issue 49)"]
+    for condition, configs in noise["conditions"].items():
+        for label, figures in configs.items():
+            cv = figures["cv"]
+            lines.append(f"  {condition:<14} {label:<18} mean {figures['mean_tokens_per_s']:,.0f}"
+                         f" tok/s, cv over repeats {'-' if cv is None else f'{cv:.1%}'}, "
+                         f"{figures['contended']} of {len(figures['runs'])} flagged contended")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path,
@@ -390,15 +459,30 @@ def main() -> int:
                         help="start no case (and no TRL sweep) past this many seconds")
     parser.add_argument("--cases", default="",
                         help="comma-separated labels to run (default: every case)")
+    parser.add_argument("--noise", choices=("cuda", "cpu"), default=None,
+                        help="only the noise experiment (issue 49), on this device (cpu: a "
+                             "dry run of its code)")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
-    if not has_nvidia_gpu():
-        print("gpu_evidence: needs an NVIDIA GPU (none found); nothing measured")
-        return 0
     started = time.monotonic()
 
     def left_s() -> float:
         return args.deadline_s - (time.monotonic() - started)
+
+    if args.noise is not None:
+        noise = noise_repeats(args.noise, left_s)
+        lines = describe_noise(noise)
+        print("\n".join(lines), flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        device = gpu_name(0) if args.noise == "cuda" else platform.processor() or "cpu"
+        (args.out / "gpu_noise.json").write_text(json.dumps(
+            {"device": device, "date": time.strftime("%Y-%m-%d"), **noise}, indent=2) + "\n")
+        (args.out / "gpu_noise.txt").write_text(f"{device}, {time.strftime('%Y-%m-%d')}\n"
+                                                + "\n".join(lines) + "\n")
+        return 0
+    if not has_nvidia_gpu():
+        print("gpu_evidence: needs an NVIDIA GPU (none found); nothing measured")
+        return 0
 
     rows: list[dict] = []
     capacity = gpu_capacity_bytes(0)

@@ -18,9 +18,12 @@ gradient_checkpointing on.
    tokens/s is TRL's own (num_tokens over train_runtime in its log), peak memory the run's
    process tree RSS, sampled every 20 ms.
 
-    python benchmarks/vs_default.py [--repeats 3] [--steps 6] [--trials 8] [--out DIR]
+    python benchmarks/vs_default.py [--repeats 5] [--steps 6] [--trials 8] [--out DIR]
 
-Writes vs_default.{txt,json} to benchmarks/results/ (or --out).
+Each ratio to the default is the ratio of the means over the repeats, with its 95% bootstrap
+interval and the two-sided permutation p-value of the difference (benchmarks/spread.py): the
+claim is the interval, never the best recording. Writes vs_default.{txt,json} to
+benchmarks/results/ (or --out).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from trl_fixture import make_trl_workspace, parse_log_dicts  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from spread import permutation_p, ratio_interval  # noqa: E402
 
 CAP = "1GiB"
 SPACE = {"params": {
@@ -136,7 +142,7 @@ def sweep(workspace, default: Path, root: Path, name: str, trials: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -184,18 +190,26 @@ def report(doc: dict) -> str:
                      f"sweep under a {doc['cap']} cap ({found['sweep_s'] / 60:.1f} min): "
                      + ", ".join(f"{k} {v}" for k, v in found["tuned"].items()))
     width = max(len(name) for name in doc["runs"])
-    lines += ["", f"{'':>{width}} | {'tokens/s (each run)':>22} | {'median':>6} | "
-                  f"{'peak RSS MiB':>12} | {'tokens/s':>9} | {'peak':>5} | {'per GiB':>7}",
-              f"{'':>{width}} | {'':>22} | {'':>6} | {'(median)':>12} | "
-              f"{'/ default':>9} | {'':>5} | {'':>7}"]
-    base_speed, base_peak = median("default", "tokens_per_s"), median("default",
-                                                                       "peak_rss_bytes")
+    lines += ["", f"{'':>{width}} | {'tokens/s (each run)':>36} | {'mean':>5} | "
+                  f"{'tokens/s / default [95%]':>24} | {'p':>5} | {'peak / default [95%]':>20}"]
+    base = [run["tokens_per_s"] for run in doc["runs"]["default"]]
+    base_peak = [run["peak_rss_bytes"] for run in doc["runs"]["default"]]
     for name in doc["runs"]:
-        speed, peak = median(name, "tokens_per_s"), median(name, "peak_rss_bytes")
-        each = " ".join(f"{run['tokens_per_s']:>6.0f}" for run in doc["runs"][name])
-        lines.append(f"{name:>{width}} | {each:>22} | {speed:>6.0f} | {peak / 2**20:>12.0f} | "
-                     f"{speed / base_speed:>8.2f}x | {peak / base_peak:>4.2f}x | "
-                     f"{speed / peak * base_peak / base_speed:>6.2f}x")
+        speed = [run["tokens_per_s"] for run in doc["runs"][name]]
+        peak = [run["peak_rss_bytes"] for run in doc["runs"][name]]
+        ratio, low, high = ratio_interval(speed, base)
+        peak_ratio, peak_low, peak_high = ratio_interval(peak, base_peak)
+        p = permutation_p(speed, base) if name != "default" else 1.0
+        doc.setdefault("ratios", {})[name] = {
+            "tokens_per_s": [ratio, low, high], "p": p,
+            "peak_rss": [peak_ratio, peak_low, peak_high]}
+        each = " ".join(f"{value:>5.0f}" for value in speed)
+        lines.append(f"{name:>{width}} | {each:>36} | {statistics.fmean(speed):>5.0f} | "
+                     f"{ratio:>5.2f}x [{low:.2f}, {high:.2f}]{'':>6} | {p:>5.2f} | "
+                     f"{peak_ratio:>4.2f}x [{peak_low:.2f}, {peak_high:.2f}]")
+    lines += ["", "tokens/s / default: the ratio of the means over the repeats, its 95% "
+                  "bootstrap interval; p: two-sided permutation p-value of the difference; "
+                  "peak: the run's process tree RSS"]
     return "\n".join(lines)
 
 

@@ -163,3 +163,40 @@ def test_a_finalist_whose_repeat_runs_out_of_memory_is_out():
                      (1, 0.0, 10, {"repeat_of": 0, "status": "gpu_oom", "feasible": False}))
     assert [m.number for m in ranked(study)] == [1]
     assert decide(study, 2)["chosen"] == 1
+
+
+def test_finalists_killed_mid_round_resume_without_running_anything_twice(tmp_path):
+    """A Ctrl-C during the second repeat: the first is in the study; the next run probes
+    only what is left, and a repeat whose result was written before the kill is read back,
+    not probed again (the scripted runner stands in for the probe: this is the driver)."""
+    from scripted_runner import ScriptedRunner
+
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.finalists import remeasure, repeat_log_path
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5"), max_trials=6,
+                             finalists=3)
+    study = Sweep(settings, ScriptedRunner()).run()
+    top = ranked(study)[:3]
+    with pytest.raises(KeyboardInterrupt):
+        remeasure(study, settings, ScriptedRunner(interrupt_on_call=2), 3, None)
+    repeats = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("repeat_of")
+               is not None]
+    assert [t.user_attrs["repeat_of"] for t in repeats] == [top[0].number]
+    # the third finalist's repeat finished, its driver died before adding it
+    left = ScriptedRunner()
+    saved = repeat_log_path(settings.study_dir, top[2].number, 2)
+    saved.with_suffix(".result.json").write_text(
+        left.run(settings.request_for(top[2].trial.params)).to_json())
+    left.calls.clear()
+    remeasure(study, settings, left, 3, None)
+    again = [t.user_attrs["repeat_of"] for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get("repeat_of") is not None]
+    assert sorted(again) == sorted(m.number for m in top)  # one repeat each, no more: the
+    assert len(left.calls) == 1  # scripted figures have no noise, so one round settles it
+    assert study.user_attrs["finalists"]["chosen"] == top[0].number

@@ -2,11 +2,11 @@
 
 One probe is one recording, and a machine is noisy (another process, a clock, a cache): the
 sweep's best single figure is often a lucky one. When the search stops, the best K feasible
-configs (measurements.py ranks them by their mean) are probed again, one round at a time, each
-round one more probe of the leader and of every finalist not yet apart from it, until the
-leader's mean is apart from every other finalist's beyond the measured noise
-(measurements.SEPARATION_Z standard errors, one probe's spread pooled over the finalists'
-repeats), or each has had MAX_PROBES probes.
+configs (measurements.py ranks them by their mean) are probed again, one round at a time: the
+first round every finalist once more, each later round one more probe of the leader and of
+every finalist not yet apart from it, until the leader's mean is apart from every other
+finalist's beyond the measured noise (measurements.SEPARATION_Z standard errors, one probe's
+spread pooled over the finalists' repeats), or each has had MAX_PROBES probes.
 
 The pick: the highest mean objective; where another finalist is not apart from the leader,
 the one of them with the lower peak memory (they are as fast as we can tell, and memory is
@@ -66,7 +66,8 @@ def remeasure(study: Any, settings: SweepSettings, runner: Runner, k: int,
         if len(finalists) < 2:
             break
         _, close = standing(finalists)
-        todo = [m for m in close if m.probes < MAX_PROBES] if len(close) > 1 else []
+        todo = [m for m in finalists if m.probes < 2] or \
+            ([m for m in close if m.probes < MAX_PROBES] if len(close) > 1 else [])
         if not todo:
             break
         fewest = min(m.probes for m in todo)

@@ -199,11 +199,12 @@ def format_study(study: Any, brief: bool = False) -> str:
                      f"{document['config'].get('max_response_length')} tokens)")
     if document.get("node_host"):
         lines.append(f"  {document['node_host']['says']}")
-    lines += _against_start(trials, best, identity)
+    lines += _against_start(trials, best, identity, measured)
     return "\n".join(lines)
 
 
-def _against_start(trials: list[Any], best: Any, identity: dict[str, Any]) -> list[str]:
+def _against_start(trials: list[Any], best: Any, identity: dict[str, Any],
+                   tuned: dict[str, Any]) -> list[str]:
     """How the best compares with the config the run started from (--base-config or the
     trainer's own), measured side by side in the same study."""
     start = next((t for t in trials if t.user_attrs.get("origin") == "base"), None)
@@ -216,7 +217,6 @@ def _against_start(trials: list[Any], best: Any, identity: dict[str, Any]) -> li
     if not start.user_attrs.get("feasible") or not result.get("tokens_per_s"):
         return [f"  {what}: {start.user_attrs.get('status')}, "
                 f"{start.user_attrs.get('reason') or 'does not fit'}"]
-    tuned = best.user_attrs["result"]
     return [f"  vs {what}: {tuned['tokens_per_s'] / result['tokens_per_s']:.2f}x the tokens/s "
             f"at {tuned['peak_mem_bytes'] / result['peak_mem_bytes']:.2f}x the peak memory"]
 

@@ -74,8 +74,10 @@ def gain_lines(view: StudyView) -> list[str]:
         return ["<p class='gain'>No feasible configuration yet: nothing probed fits the "
                 "budget.</p>"]
     best = view.trial(view.best)
-    lines = [f"<p class='gain'><b>Best: trial {best.number}</b>, {best.tokens_per_s:,.1f} "
-             f"tokens/s at {format_bytes(best.peak_mem_bytes)} peak.</p>"]
+    tokens, peak = view.best_figures or (best.tokens_per_s or 0.0, best.peak_mem_bytes or 0)
+    lines = [f"<p class='gain'><b>Best: trial {best.number}</b>, {tokens:,.1f} tokens/s at "
+             f"{format_bytes(peak)} peak" + (" (the mean over its probes, the most memory "
+                                             "any held)" if view.finalists else "") + ".</p>"]
     if view.start is None:
         return lines
     start = view.trial(view.start)
@@ -88,8 +90,8 @@ def gain_lines(view: StudyView) -> list[str]:
     else:
         assert best.tokens_per_s and best.peak_mem_bytes  # the best was probed and fits
         lines.append(f"<p class='gain'>Against {html.escape(what)}: <b>"
-                     f"{best.tokens_per_s / start.tokens_per_s:.2f}x the tokens/s</b> at <b>"
-                     f"{best.peak_mem_bytes / start.peak_mem_bytes:.2f}x the peak memory</b> "
+                     f"{tokens / start.tokens_per_s:.2f}x the tokens/s</b> at <b>"
+                     f"{peak / start.peak_mem_bytes:.2f}x the peak memory</b> "
                      "(measured side by side in this study).</p>")
     return lines
 

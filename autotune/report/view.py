@@ -17,6 +17,8 @@ from autotune.hardware import usable_bytes
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
 from autotune.sweep.finalists import current_record
+from autotune.sweep.measurements import by_config
+from autotune.sweep.sharing import params_key
 
 OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
 
@@ -60,6 +62,8 @@ class StudyView:
     reused: int
     versions: dict[str, str]  # what the probes ran with (vLLM's, where the real engine ran)
     finalists: dict[str, Any] | None = None  # the pick among the finalists (finalists.py)
+    best_figures: tuple[float, int] | None = None  # the best config's mean tokens/s over its
+    # probes and the most peak memory any of them held (measurements.py)
     contended: int = 0  # probes measured while other processes took the machine
 
     def trial(self, number: int) -> TrialView:
@@ -150,8 +154,18 @@ def read_study(study: Any) -> StudyView:
         calibration=attrs.get("memory_calibration"), reused=reused,
         versions=next((r["versions"] for r in results if (r.get("versions") or {}).get("vllm")),
                       next((r["versions"] for r in results if r.get("versions")), {})),
-        finalists=current_record(study),
+        finalists=current_record(study), best_figures=config_figures(study, best),
         contended=sum(bool(r.get("contention")) for r in results))
+
+
+def config_figures(study: Any, trial: Any) -> tuple[float, int] | None:
+    """A config's mean tokens/s over its probes and the most peak memory any of them held."""
+    if trial is None:
+        return None
+    measured = by_config(study).get(params_key(trial.params))
+    if measured is None or not measured.tokens_per_s:
+        return None
+    return measured.tokens_per_s_mean, measured.peak_mem_bytes
 
 
 def headline(view: StudyView) -> dict[str, str]:

@@ -79,6 +79,7 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     command = [*AUTOTUNE, "run", "--finalists", "0",
                "--trainer", "trl", "--base-config", str(workspace.config),
                "--launch", launch, "--device", "cpu", "--space", str(space), "--trials", "6",
+               "--timed-steps", "2",
                "--gpu-memory-limit", "900MiB", "--results-dir", str(results), "--study", "trl"]
     env = workspace.env()
     driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,

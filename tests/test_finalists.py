@@ -200,3 +200,12 @@ def test_finalists_killed_mid_round_resume_without_running_anything_twice(tmp_pa
     assert sorted(again) == sorted(m.number for m in top)  # one repeat each, no more: the
     assert len(left.calls) == 1  # scripted figures have no noise, so one round settles it
     assert study.user_attrs["finalists"]["chosen"] == top[0].number
+
+
+def test_a_config_first_lost_with_its_node_is_named_by_the_probe_that_counted():
+    """A probe lost with its node (Ray) and retried: the config's first trial is the retry,
+    whose values the best.yaml reads (a lost trial has none)."""
+    study = study_of((1, 0.0, 10, {"status": "lost", "feasible": False}), (1, 100.0, 10),
+                     (2, 90.0, 8))
+    top = ranked(study)
+    assert [m.number for m in top] == [1, 2] and top[0].trial.values == [100.0]

@@ -238,7 +238,8 @@ def test_a_ppo_sweep_runs_out_of_memory_is_killed_and_resumes(tmp_path):
     command = [sys.executable, "-m", "autotune", "run", "--finalists", "0",
                "--algorithm", "ppo", "--study", "ppo",
                "--results-dir", str(results), "--gpu-memory-limit", "520MiB", "--trials", "3",
-               "--warmup-steps", "0", "--threads", "2", "--no-trace", "--base-config",
+               "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2", "--no-trace",
+               "--base-config",
                str(base)]
     trials_csv = results / "ppo" / "trials.csv"
     assert not kill_after_trials(command, trials_csv, 2)

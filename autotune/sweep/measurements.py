@@ -97,21 +97,18 @@ def by_config(study: Any) -> dict[str, Measured]:
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
     configs: dict[str, Measured] = {}
     for frozen in study.get_trials(deepcopy=False):
-        if not is_probe(frozen):
-            continue
+        attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
+        if not is_probe(frozen) or attrs.get("status") in ("lost", "killed"):  # a probe lost
+            continue  # with its node, or killed from outside, says nothing about the config
         measured = configs.setdefault(params_key(frozen.params), Measured(frozen))
         measured.trials.append(frozen)
-        attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
-        if attrs.get("status") in ("lost", "killed"):  # says nothing about the config
-            measured.trials.pop()
-            continue
         if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
             measured.feasible = False
             continue
         measured.values.append(scalar(frozen.values, objective))
         measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
         measured.contended += bool(result.get("contention"))
-    return {k: m for k, m in configs.items() if m.trials}
+    return configs
 
 
 def ranked(study: Any) -> list[Measured]:

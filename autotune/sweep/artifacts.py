@@ -101,17 +101,14 @@ def best_trial(study: Any) -> Any | None:
 
 
 def pareto_front(study: Any) -> list[Any]:
-    """Feasible probed trials no other beats on both tokens/s (up) and peak memory (down)."""
-    points = []
-    for t in study.get_trials(deepcopy=False):
-        result = t.user_attrs.get("result") or {}
-        if t.user_attrs.get("feasible") and t.user_attrs.get("probed") and \
-                result.get("tokens_per_s") and result.get("peak_mem_bytes"):
-            points.append((t, result["tokens_per_s"], result["peak_mem_bytes"]))
-    front = [t for t, tps, mem in points
+    """Feasible configs (each by its first probed trial) no other beats on both its mean
+    tokens/s (up) and the most peak memory its probes held (down), least memory first."""
+    points = [(m.trial, m.tokens_per_s_mean, m.peak_mem_bytes) for m in ranked(study)
+              if m.tokens_per_s_mean and m.peak_mem_bytes]
+    front = [(t, mem) for t, tps, mem in points
              if not any((o_tps >= tps and o_mem <= mem) and (o_tps > tps or o_mem < mem)
                         for _, o_tps, o_mem in points)]
-    return sorted(front, key=lambda t: t.user_attrs["result"]["peak_mem_bytes"])
+    return [t for t, _ in sorted(front, key=lambda item: (item[1], item[0].number))]
 
 
 def trial_knobs(study: Any, trial: Any) -> tuple[dict[str, Any], dict[str, Any]]:

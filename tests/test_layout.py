@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 TORCH_FREE = ("batching", "config", "errors", "files", "hardware", "registry", "memory", "runners",
               "trainers", "sweep", "report", "cli", "probe.result", "probe.oom", "probe.launcher",
-              "probe.process_tag", "probe.command", "probe.trainer_logs")
+              "probe.process_tag", "probe.machine", "probe.command", "probe.trainer_logs")
 
 
 def concern(module: str) -> str:

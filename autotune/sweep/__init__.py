@@ -8,8 +8,9 @@ objective.py) and counted (tally.py), what must not be run (feasibility.py compo
 dominance.py, prescreen.py and traced.py), what is left to try (frontier.py), the search
 space (search_space.py, space_params.py), where the study lives and who may write it
 (storage.py, sharing.py), parallel slots (parallel.py), the files a study leaves
-(artifacts.py, export.py: the one export to a trainer's YAML), real-rank confirmations
-(confirm.py), a probe of the user's trainer (command_probe.py), what `autotune estimate` asks
+(artifacts.py, export.py: the one export to a trainer's YAML), each config's probes taken
+together (measurements.py), the finalists probed again before the pick (finalists.py),
+real-rank confirmations (confirm.py), a probe of the user's trainer (command_probe.py), what `autotune estimate` asks
 (estimate.py) and the progress view (progress.py). The driver alone talks to Optuna.
 May import batching, config, errors, files, hardware, registry, probe.result, probe.oom,
 probe.process_tag, runners, memory and trainers; never torch (probes and traces run in

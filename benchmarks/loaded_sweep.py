@@ -105,8 +105,8 @@ def main() -> None:
             for _ in range(args.remeasure):  # interleaved, one probe of each at a time
                 for name in measured:
                     measured[name] += remeasure(picks[name], 1)
+        during = ran_during_load(loaded)  # reads study.db: before the folder goes
     flagged = [row for row in loaded["rows"] if row["contention"]]
-    during = ran_during_load(loaded)
     quiet_flagged = [row for row in quiet["rows"] if row["contention"]]
     lines = [f"a sweep under a competing load against the same sweep on a quiet machine "
              f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}: the README's demo "

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import describe_params, format_bytes
+from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeResult
 from autotune.runners import Runner
 from autotune.sweep import trial_files
@@ -95,7 +96,7 @@ def probe_again(study: Any, settings: SweepSettings, runner: Runner, measured: M
         request = dataclasses.replace(settings.request_for(measured.trial.params),
                                       **settings.slots[0].request_fields())
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.with_suffix(".request.json").write_text(request.to_json())
+        write_text_atomic(log.with_suffix(".request.json"), request.to_json())
         result = runner.run(request, log)
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
     attrs = {"status": result.status.value, "probed": True, "predicted": False,

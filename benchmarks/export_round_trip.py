@@ -33,7 +33,7 @@ from test_trainer_startup import grpo_config, trainer_verdict, trl_quantities  #
 
 from autotune.batching import with_token_budgets  # noqa: E402
 from autotune.config import KNOB_NAMES, ProbeConfig, Topology  # noqa: E402
-from autotune.trainers.plan import measured_knobs  # noqa: E402
+from autotune.trainers.export_plan import measured_knobs  # noqa: E402
 
 
 def probed(best: dict) -> dict:

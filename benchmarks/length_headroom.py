@@ -3,7 +3,7 @@ autotune says it fits up to, and run out of memory one step above it?
 
 For each config of tiny-qwen2.5 on the CPU: a real probe at a short length (no cap) gives the
 measured peaks; the memory model, anchored on them as the sweep anchors a probed config
-(sweep/length.py), predicts the peak at 4x the length, and that becomes the memory cap. The
+(sweep/study_model.py), predicts the peak at 4x the length, and that becomes the memory cap. The
 length headroom under that cap is then bisected, and two real probes run under the cap: at
 the predicted length (should fit) and one step (a quarter of it) above (should run out).
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device
-from autotune.memory.estimate import phase_totals
 from autotune.memory.length import at_length, length_headroom
 from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.verdict import phase_totals
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 from autotune.sweep.prescreen import memory_model_args

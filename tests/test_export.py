@@ -14,8 +14,8 @@ import yaml
 from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import dotted_get, load_trainer_yaml, render, topology_for
-from autotune.trainers.plan import measured_knobs
+from autotune.trainers.export_plan import measured_knobs
+from autotune.trainers.render import dotted_get, load_trainer_yaml, render, topology_for
 from autotune.trainers.verl import VERL
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # the trainers' real default configs

@@ -15,8 +15,8 @@ import yaml
 from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import dotted_get, load_trainer_yaml, render
-from autotune.trainers.plan import plan_export
+from autotune.trainers.export_plan import plan_export
+from autotune.trainers.render import dotted_get, load_trainer_yaml, render
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 

@@ -16,9 +16,9 @@ from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.registry import architecture_of
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import load_trainer_yaml, render_plan
+from autotune.trainers.export_plan import plan_export
 from autotune.trainers.measured import MeasuredRun
-from autotune.trainers.plan import plan_export
+from autotune.trainers.render import load_trainer_yaml, render_plan
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -294,7 +294,7 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
                              "sleep_level": 2}, Topology(1, 1), None, SEARCHED)
     assert not any(line.startswith("rollout:") for line in same.run)
     # a base whose vLLM runs on GPUs of its own (server mode) cannot be probed: one line
-    from autotune.trainers.export import trainer_start
+    from autotune.trainers.render import trainer_start
 
     server = tmp_path / "grpo.yaml"
     server.write_text("use_vllm: true\nvllm_mode: server\n")
@@ -437,7 +437,7 @@ def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
     base; a study recorded before the knob stepped torch's default AdamW, written as such."""
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.trainer_target import trainer_target
-    from autotune.trainers.export import dotted_get
+    from autotune.trainers.render import dotted_get
 
     knobs = {**KNOBS, "rollout_engine": "policy", "use_kl": False,
              "micro_batch_size_experience": 2}

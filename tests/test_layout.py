@@ -29,6 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "sweep": BASE | {"batching", "config",
                      "files", "hardware", "registry", "probe.result", "probe.oom",
                      "probe.process_tag", "runners", "memory", "trainers", "sweep"},
+    "estimate": BASE | {"batching", "config", "files", "hardware", "registry", "probe", "memory",
+                         "sweep", "estimate"},
     "report": BASE | {"config", "files", "hardware", "memory", "probe.result", "sweep",
                       "report"},
     "cli": {"*"},
@@ -98,7 +100,8 @@ def test_torch_free_concerns_never_import_torch_or_ray():
 
 
 def test_each_subpackage_says_what_it_owns_and_may_import():
-    for package in ("cli", "probe", "runners", "sweep", "memory", "trainers", "report"):
+    for package in ("cli", "probe", "runners", "sweep", "memory", "trainers", "report",
+                    "estimate"):
         doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
         assert doc and "May import" in doc, package
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.config import ProbeConfig
-from autotune.memory.estimate import phase_totals
 from autotune.memory.length import (
     at_length,
     length_headroom,
@@ -13,6 +12,7 @@ from autotune.memory.length import (
     longest_fitting_near,
 )
 from autotune.memory.model import allocator_reserve, estimate_memory, model_shape
+from autotune.memory.verdict import phase_totals
 
 SHAPE = model_shape("qwen2.5-7b")
 CONFIG = ProbeConfig(rollout_batch_size=64, rollout_n=8, global_batch_size=16,

@@ -18,7 +18,7 @@ from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory, mode
 from autotune.probe.logprob import fused_head, fused_log_probs
 from autotune.probe.models import build_model, load_model_config
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import dotted_get, render
+from autotune.trainers.render import dotted_get, render
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 

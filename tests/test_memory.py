@@ -201,7 +201,7 @@ def test_shape_from_the_registry_and_no_torch_import():
         (3584, 28, 4, 128, 152064)
     assert shape.is_vl and not shape.tied_embeddings
     code = ("import sys, autotune.memory.model, autotune.memory.calibration, "
-            "autotune.memory.estimate, autotune.cli.estimate; "
+            "autotune.memory.verdict, autotune.cli.estimate; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"

@@ -28,8 +28,8 @@ from autotune.memory.model import (
 )
 from autotune.runners.local import SubprocessRunner
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import load_trainer_yaml
-from autotune.trainers.plan import plan_export
+from autotune.trainers.export_plan import plan_export
+from autotune.trainers.render import load_trainer_yaml
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 

@@ -24,8 +24,8 @@ import yaml
 
 from autotune.config import Topology
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export import load_trainer_yaml, render_plan
-from autotune.trainers.plan import ExportPlan, plan_export, resolved_get
+from autotune.trainers.export_plan import ExportPlan, plan_export, resolved_get
+from autotune.trainers.render import load_trainer_yaml, render_plan
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -272,7 +272,7 @@ def probed(knobs: dict, topology: Topology) -> dict:
     splits (config.device_share) and the knobs as the export resolves them."""
     from autotune.batching import with_token_budgets
     from autotune.config import KNOB_NAMES, ProbeConfig, device_share
-    from autotune.trainers.plan import measured_knobs
+    from autotune.trainers.export_plan import measured_knobs
 
     resolved = with_token_budgets(measured_knobs(knobs))
     config = ProbeConfig(**{k: v for k, v in resolved.items() if k in KNOB_NAMES})

@@ -18,8 +18,8 @@ from autotune.cli import options as opt
 from autotune.config import format_bytes
 
 if TYPE_CHECKING:
+    from autotune.estimate.planning import EstimatePlan
     from autotune.memory.length import LengthHeadroom
-    from autotune.sweep.estimate import EstimatePlan
 
 
 @click.command()
@@ -68,18 +68,18 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \
         --host-memory 760GB --set offload_params=true --set offload_optimizer=true
     """
-    from autotune.memory.estimate import (
+    from autotune.estimate.planning import plan_estimate
+    from autotune.memory.host import format_node_host
+    from autotune.memory.length import length_headroom
+    from autotune.memory.model import allocator_reserve, estimate_memory
+    from autotune.memory.trainer_figures import trainer_figures
+    from autotune.memory.verdict import (
         format_estimate,
         format_savings,
         format_traced,
         phase_totals,
         switch_savings,
     )
-    from autotune.memory.host import format_node_host
-    from autotune.memory.length import length_headroom
-    from autotune.memory.model import allocator_reserve, estimate_memory
-    from autotune.memory.trainer_figures import trainer_figures
-    from autotune.sweep.estimate import plan_estimate
     from autotune.sweep.prescreen import memory_model_args
 
     plan = plan_estimate(opt.take_probe_options(given), capacity_bytes, study, results_dir,

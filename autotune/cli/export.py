@@ -35,10 +35,10 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
     autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
     autotune export --study qwen2.5-7b-grpo --trainer verl --out best.verl.yaml
     """
-    from autotune.sweep.export import export_best, measured_topology
+    from autotune.sweep.best_export import export_best, measured_topology
     from autotune.sweep.storage import load_study
     from autotune.trainers import ADAPTERS, get_adapter
-    from autotune.trainers.export import launch_lines, load_trainer_yaml, topology_for, write_new
+    from autotune.trainers.render import launch_lines, load_trainer_yaml, topology_for, write_new
 
     if trainer is None:
         raise ConfigError(f"export: give --trainer ({', '.join(ADAPTERS)}): the trainer whose "

@@ -1,5 +1,5 @@
 """`autotune run`: the sweep command. Parses its options, plans the sweep (sweep/plan.py), says
-the plan, runs it (sweep/run.py), writes the report and prints the outcome."""
+the plan, runs it (sweep/driver.py), writes the report and prints the outcome."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def run(**given: Any) -> None:
     """
     from autotune.cli.report import write_study_report
     from autotune.cli.text import format_outcome
+    from autotune.sweep.driver import run_sweep
     from autotune.sweep.plan import RunOptions, plan_sweep
     from autotune.sweep.progress import make_progress
-    from autotune.sweep.run import run_sweep
 
     probe = opt.take_probe_options(given)
     plan = plan_sweep(RunOptions(probe=probe, **given))

@@ -8,7 +8,7 @@ from autotune.config import PHASES, describe_engine, describe_params, format_byt
 from autotune.probe.result import ProbeResult, coefficient_of_variation
 
 if TYPE_CHECKING:
-    from autotune.sweep.run import SweepOutcome
+    from autotune.sweep.driver import SweepOutcome
     from autotune.sweep.settings import SweepSettings
 
 
@@ -98,7 +98,7 @@ def _trial_cells(trial: Any) -> dict[str, Any]:
 def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
     """Each run or predicted config's length headroom, for the trials table."""
     from autotune.config import KNOB_NAMES, ProbeConfig
-    from autotune.sweep.length import study_model
+    from autotune.sweep.study_model import study_model
 
     model = study_model(study)
     budget = next((t.user_attrs["budget_bytes"] for t in trials

@@ -1,7 +1,7 @@
 """memory: how much memory a config needs, per GPU and per phase, without running it.
 
 Owns the arithmetic memory model (model.py), its calibration on measured peaks
-(calibration.py), the estimate as people read it (estimate.py), the length headroom
+(calibration.py), the verdict as people read it (verdict.py), the length headroom
 (length.py), the node's host memory (host.py), PyTorch's CUDA caching allocator replayed on
 a recorded allocation stream (allocator.py: the probe's trace calls it too) and what a GPU
 process holds outside torch (outside_torch.py). May import batching, config, errors and

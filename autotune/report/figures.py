@@ -248,7 +248,7 @@ def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Any | None, st
     import plotly.graph_objects as go
 
     from autotune.config import ProbeConfig
-    from autotune.sweep.length import StudyModel
+    from autotune.sweep.study_model import StudyModel
 
     model = StudyModel.of({"request": view.request, "memory_calibration": view.calibration},
                           view.device_capacity_bytes)

@@ -195,7 +195,7 @@ def length_headroom_record(study: Any, config: dict[str, Any], trial: Any
     """How long responses may grow before the best config runs out of its budget: the
     study's calibrated memory model, anchored on this trial's measured peaks (length.py)."""
     from autotune.config import ProbeConfig
-    from autotune.sweep.length import study_model
+    from autotune.sweep.study_model import study_model
 
     model, budget = study_model(study), trial.user_attrs.get("budget_bytes")
     if model is None or not budget:

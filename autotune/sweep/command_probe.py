@@ -2,7 +2,7 @@
 
 `run --trainer T --launch "CMD ..."` makes every probe a short run of the user's trainer
 (probe/command.py runs and measures it). For each trial the candidate is written through the
-export path (trainers/export.py: merged into the user's YAML, the trainer's rules checked
+export path (trainers/render.py: merged into the user's YAML, the trainer's rules checked
 first), with the trainer's own short-run settings on top (a few steps, no checkpoint, the
 console logger only, validation only when the space tunes it) and the space's trainer keys.
 """
@@ -22,8 +22,8 @@ from autotune.probe.result import TRIAL_DIR_TOKEN, TrainerCommand
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.trainer_target import TrainerTarget
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.export import load_trainer_yaml_text, override_words, render_plan
-from autotune.trainers.plan import MISSING, dotted_get, plan_export
+from autotune.trainers.export_plan import MISSING, dotted_get, plan_export
+from autotune.trainers.render import load_trainer_yaml_text, override_words, render_plan
 
 PLACEHOLDERS = ("{config}", "{config_dir}", "{config_name}", "{overrides}")
 

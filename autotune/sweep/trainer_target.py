@@ -17,8 +17,8 @@ from autotune.errors import ConfigError
 from autotune.sweep.search_space import SearchSpace
 from autotune.trainers import get_adapter
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.export import TrainerYaml, trainer_start
-from autotune.trainers.plan import dotted_get, refused_settings
+from autotune.trainers.export_plan import dotted_get, refused_settings
+from autotune.trainers.render import TrainerYaml, trainer_start
 
 
 @dataclass(frozen=True)

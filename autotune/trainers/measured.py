@@ -5,7 +5,7 @@ topology (each GPU would take other shares of the batches), another model (other
 trainer whose rollout engine the probe did not stand for is not the measured run: each is a
 conflict (one line naming both sides and what to do), or with `--force` a line the exported
 file's header keeps under "unmeasured". Pure data: the model's identity is decided by the
-caller (sweep/export.py reads the registry and local checkpoints).
+caller (sweep/best_export.py reads the registry and local checkpoints).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.sweep.artifacts import write_artifacts
+from autotune.sweep.best_export import write_trainer_export
 from autotune.sweep.confirm import confirm_best
-from autotune.sweep.export import write_trainer_export
 from autotune.sweep.finalists import remeasure
 from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import Progress

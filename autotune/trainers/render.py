@@ -19,7 +19,7 @@ from typing import Any
 from autotune.config import Topology, describe_engine, format_bytes
 from autotune.errors import ConfigError
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.plan import ExportPlan, dotted_get, plan_export, resolved_get
+from autotune.trainers.export_plan import ExportPlan, dotted_get, plan_export, resolved_get
 
 TrainerYaml = tuple[Any, str]  # a user's trainer YAML: its round-trip tree, and its text
 

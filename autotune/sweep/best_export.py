@@ -1,9 +1,9 @@
 """A study's best config as the trainer's YAML: the one export, for the best.<trainer>.yaml a
 sweep keeps beside best.yaml and for `autotune export`.
 
-The study's best (artifacts.py) is planned into the trainer's config (trainers/plan.py: its
+The study's best (artifacts.py) is planned into the trainer's config (trainers/export_plan.py: its
 rules for the topology, the conflicts with the user's base config, the settings the measured
-shapes need) and rendered with its provenance on top (trainers/export.py).
+shapes need) and rendered with its provenance on top (trainers/render.py).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from autotune.files import write_text_atomic
 from autotune.registry import REGISTRY, architecture_of
 from autotune.sweep.artifacts import best_document, best_trial, ranked_feasible, trial_knobs
 from autotune.trainers.adapter import Adapter
-from autotune.trainers.export import (
+from autotune.trainers.export_plan import ExportPlan, dotted_get, plan_export
+from autotune.trainers.measured import MeasuredRun
+from autotune.trainers.render import (
     TrainerYaml,
     load_trainer_yaml_text,
     provenance_lines,
     render_plan,
     topology_for,
 )
-from autotune.trainers.measured import MeasuredRun
-from autotune.trainers.plan import ExportPlan, dotted_get, plan_export
 
 
 @dataclass(frozen=True)

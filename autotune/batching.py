@@ -35,13 +35,14 @@ BUDGET_KNOB = {"update": "max_token_len_update", "experience": "max_token_len_ex
 # are not monotone in them (3 under a budget of 3 sequences make one micro-batch of 3, 4 make
 # two of 2), so memory reasoning must hold them equal
 ROW_COUNT_KNOBS = ("rollout_batch_size", "rollout_n", "global_batch_size")
+# the algorithm that trains a critic (config.ProbeConfig.has_critic asks the same of a config)
+ALGORITHM_WITH_CRITIC = "ppo"
 
 
 def batched_phases(knobs: Mapping[str, Any]) -> tuple[str, ...]:
     """The phases `knobs` cut into micro-batches: the critic's only where there is one."""
-    if knobs.get("algorithm") == "ppo":
-        return BATCHED_PHASES
-    return tuple(phase for phase in BATCHED_PHASES if phase != "critic_update")
+    return tuple(phase for phase in BATCHED_PHASES
+                 if phase != "critic_update" or knobs.get("algorithm") == ALGORITHM_WITH_CRITIC)
 
 
 def token_budget(knobs: Mapping[str, Any], phase: str) -> int | None:

@@ -14,8 +14,14 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import TypeAlias
 
 from autotune.errors import AutotuneError, ConfigError
+
+# what a JSON file holds: the files autotune writes and reads back (probe results, requests,
+# a study's stored attributes); a foreign payload read from elsewhere stays Any where read
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 # what to do about each disk error, after "<path>: <strerror>"
 _ADVICE = {

@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "hardware": set(),
     "files": BASE,
     "batching": BASE,
-    "config": BASE | {"files", "batching"},
+    "config": BASE | {"files", "batching", "config"},
     "registry": BASE | {"config"},
     "probe": BASE | {"batching", "config", "files", "hardware", "registry", "probe",
                      "memory.allocator"},  # the trace replays its allocations (pure Python)

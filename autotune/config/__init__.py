@@ -1,0 +1,88 @@
+"""config: a run's knobs and everything that reads them as text or checks them.
+
+Owns the knob schema and the rules that are properties of one config (schema.py: ProbeConfig,
+Topology, a GPU's share of the batches), the rules every config must pass (rules.py), knob
+values from `--set` and files (parsing.py), units people type and read and the headroom budget
+(units.py), and the kernel tiling constants the probe and the memory model share
+(kernels.py). Re-exports the names the rest of autotune uses. May import batching, errors and
+files; never torch.
+"""
+
+from __future__ import annotations
+
+from autotune.config.kernels import (
+    ENTROPY_CHUNK_ROWS,
+    FUSED_CHUNK_TOKENS,
+    IMAGE_FRAME_TOKENS,
+    IMAGE_TOKEN_PX,
+    TRITON_DLOGITS_COLUMNS,
+    TRITON_VOCAB_SPLIT,
+    TRL_TOKEN_TILE,
+    TRL_VOCAB_CHUNK,
+)
+from autotune.config.parsing import (
+    describe_params,
+    engine_choices,
+    load_knob_file,
+    parse_assignments,
+    parse_knob_value,
+    parse_share,
+    unknown_key_message,
+)
+from autotune.config.rules import (
+    algorithm_defaults,
+    critic_problems,
+    device_problems,
+    engine_problems,
+    make_probe_config,
+    model_problems,
+    old_pass_problem,
+    torch_adamw_problem,
+    validate_probe_config,
+)
+from autotune.config.schema import (
+    ALGORITHMS,
+    COEFFICIENT_KNOBS,
+    CRITIC_KNOBS,
+    DTYPE_BYTES,
+    DTYPE_CHOICES,
+    KNOB_NAMES,
+    MAX_KNOB_VALUE,
+    MEMORY_DIRECTION,
+    PHASES,
+    VLLM_ENGINES,
+    DeviceShare,
+    Knobs,
+    KnobValue,
+    ProbeConfig,
+    Topology,
+    compute_bytes,
+    compute_dtype,
+    describe_engine,
+    device_share,
+    image_tokens,
+    old_pass_runs,
+)
+from autotune.config.units import (
+    DEFAULT_HEADROOM,
+    MAX_BYTES,
+    budget_bytes,
+    format_bytes,
+    parse_bytes,
+    parse_duration_s,
+    parse_headroom,
+)
+
+__all__ = [
+    "ALGORITHMS", "COEFFICIENT_KNOBS", "CRITIC_KNOBS", "DEFAULT_HEADROOM", "DTYPE_BYTES",
+    "DTYPE_CHOICES", "ENTROPY_CHUNK_ROWS", "FUSED_CHUNK_TOKENS", "IMAGE_FRAME_TOKENS",
+    "IMAGE_TOKEN_PX", "KNOB_NAMES", "MAX_BYTES", "MAX_KNOB_VALUE", "MEMORY_DIRECTION", "PHASES",
+    "TRITON_DLOGITS_COLUMNS", "TRITON_VOCAB_SPLIT", "TRL_TOKEN_TILE", "TRL_VOCAB_CHUNK",
+    "VLLM_ENGINES", "DeviceShare", "KnobValue", "Knobs", "ProbeConfig", "Topology", "algorithm_defaults",
+    "budget_bytes", "compute_bytes", "compute_dtype", "critic_problems", "describe_engine",
+    "describe_params", "device_problems", "device_share", "engine_choices", "engine_problems",
+    "format_bytes", "image_tokens", "load_knob_file", "make_probe_config", "model_problems",
+    "old_pass_problem", "old_pass_runs", "parse_assignments", "parse_bytes",
+    "parse_duration_s", "parse_headroom", "parse_knob_value", "parse_share",
+    "torch_adamw_problem", "unknown_key_message", "validate_probe_config",
+]

@@ -1,0 +1,192 @@
+"""Knob values from text: `--set key=value`, a flat YAML file of knobs, one value typed by
+its knob; unknown keys named with the closest valid ones; params in a short readable form."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+from autotune.config.schema import COEFFICIENT_KNOBS, KNOB_NAMES, MAX_KNOB_VALUE, ProbeConfig
+from autotune.config.units import parse_bytes
+from autotune.errors import ConfigError
+
+_KNOB_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(ProbeConfig)}
+_KNOB_CHOICES: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["choices"] for f in dataclasses.fields(ProbeConfig)
+    if "choices" in f.metadata}
+
+
+def engine_choices() -> tuple[str, ...]:
+    """The rollout engines a probe has (the `rollout_engine` knob's choices)."""
+    return _KNOB_CHOICES["rollout_engine"]
+
+
+def parse_knob_value(key: str, raw: Any) -> Any:
+    """Turn a YAML or command-line value into the knob's type, or raise ConfigError."""
+    if key not in _KNOB_TYPES:
+        raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
+    kind = _KNOB_TYPES[key]
+    text = str(raw).strip().lower()
+    if kind.endswith(" | None") and (raw is None or text in ("none", "null", "")):
+        return None
+    kind = kind.removesuffix(" | None")
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}={raw!r}: expected true or false")
+    if kind == "str":
+        choices = _KNOB_CHOICES[key]
+        if isinstance(raw, str) and text in choices:
+            return text
+        raise ConfigError(f"{key}={raw!r}: expected one of {', '.join(choices)}")
+    if kind == "float" and key in COEFFICIENT_KNOBS:
+        try:
+            coefficient = float(str(raw).strip())
+        except ValueError:
+            coefficient = -1.0
+        if isinstance(raw, bool) or not 0 <= coefficient < float("inf"):
+            raise ConfigError(f"{key}={raw!r}: expected a coefficient of 0 or more, e.g. 0.001")
+        return coefficient
+    if kind == "float":
+        return parse_share(raw, f"{key}={raw!r}: expected a share of the device, more than 0 "
+                                "and at most 1, e.g. 0.6")
+    if key.endswith("_bytes"):
+        return parse_bytes(str(raw), key)
+    if isinstance(raw, bool):
+        raise ConfigError(f"{key}={raw!r}: expected a positive integer")
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r}: expected a positive integer") from None
+    if value < 1:
+        raise ConfigError(f"{key}={value}: must be at least 1")
+    if value > MAX_KNOB_VALUE:
+        raise ConfigError(f"{key}={value}: must be at most {MAX_KNOB_VALUE}")
+    return value
+
+
+def parse_share(raw: Any, problem: str) -> float:
+    """A share in (0, 1] (of a device, of a node's memory); ConfigError(`problem`) else."""
+    try:
+        value = float(str(raw).strip()) if not isinstance(raw, bool) else -1.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(problem)
+    return value
+
+
+def parse_assignments(assignments: list[str] | tuple[str, ...],
+                      translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                      ) -> dict[str, Any]:
+    """Parse `key=value` strings from `--set` into typed knob values; report every problem.
+    `translate` turns the keys that are not knobs (a trainer's own keys, their values read as
+    YAML) into the knobs they set, all at once, or raises ConfigError naming what it cannot."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    foreign: dict[str, Any] = {}  # keys that are not knobs, for `translate`
+    problems: list[str] = []
+
+    def add(knob: str, value: Any) -> None:
+        if knob in values and values[knob] != value:
+            problems.append(f"--set {knob} given twice ({values[knob]}, then {value}); give "
+                            "it once")
+        values[knob] = value
+
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if key.replace("-", "_") in _KNOB_TYPES or translate is None:
+            key = key.replace("-", "_")
+        if not sep or not key:
+            problems.append(f"--set {item!r}: expected key=value, e.g. micro_batch_size_update=4")
+            continue
+        try:
+            if translate is not None and key not in _KNOB_TYPES:
+                foreign[key] = yaml.safe_load(raw)
+            else:
+                add(key, parse_knob_value(key, raw))
+        except (ConfigError, yaml.YAMLError) as err:
+            lines = err.problems if isinstance(err, ConfigError) else [f"{key}: {raw!r} is "
+                                                                      "not a YAML value"]
+            problems.extend(f"--set {p}" for p in lines)
+    if foreign and translate is not None:
+        try:
+            for knob, value in translate(foreign).items():
+                add(knob, parse_knob_value(knob, value))
+        except ConfigError as err:
+            problems.extend(f"--set {p}" for p in err.problems)
+    if problems:
+        raise ConfigError(problems)
+    return values
+
+
+
+
+def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str) -> str:
+    """One line naming the unknown key, the closest valid ones, and where the full list is."""
+    holding = [name for name in valid if key and key in name]  # a prefix or a part first
+    close = (holding + [name for name in difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+                        if name not in holding])[:3]
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"unknown {what} {key!r}: {hint}valid: {', '.join(valid)}"
+
+
+
+def load_knob_file(path: str) -> dict[str, Any]:
+    """Canonical knobs from a flat YAML mapping (`--base-config`); every problem in one go."""
+    import yaml
+
+    from autotune.files import read_text_file
+
+    text = read_text_file(path, "--base-config")
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)})") \
+            from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of knob names to values, "
+                          "e.g. micro_batch_size_update: 4")
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, raw in data.items():
+        try:
+            values[str(key)] = parse_knob_value(str(key), raw)
+        except ConfigError as err:
+            problems.extend(f"{path}: {key}: {p}" for p in err.problems)
+    if problems:
+        raise ConfigError(problems)
+    return values
+
+
+def describe_params(params: dict[str, Any]) -> str:
+    """Params in a short readable form: mbu=4 mbe=8 gc offload_params."""
+    short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
+             "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",
+             "global_batch_size": "gbs", "offload_params": "off_p",
+             "offload_optimizer": "off_o", "val_batch_size": "vbs",
+             "rollout_tensor_parallel": "tp", "gpu_memory_utilization": "util",
+             "max_num_batched_tokens": "mnbt", "enable_sleep": "sleep",
+             "dynamic_batching": "dyn", "max_token_len_update": "tok_u",
+             "max_token_len_experience": "tok_e", "offload_ref_params": "off_ref",
+             "critic_micro_batch_size_update": "c_mbu", "critic_max_token_len_update": "c_tok",
+             "critic_gradient_checkpointing": "c_gc", "critic_offload_params": "c_off_p",
+             "critic_offload_optimizer": "c_off_o"}
+    parts = []
+    for name, value in params.items():
+        label = short.get(name, name)
+        if isinstance(value, bool):
+            parts.append(label if value else f"no-{label}")
+        else:
+            parts.append(f"{label}={value}")
+    return " ".join(parts)

@@ -1,0 +1,189 @@
+"""The rules every config must pass, whatever the trainer: how its batches split over the
+run's GPUs, the critic's, vLLM's start-up rules, what a device or a model kind cannot run.
+Each returns every broken rule as one line that says what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.batching import ALGORITHM_WITH_CRITIC, budget_problems
+from autotune.config.kernels import IMAGE_FRAME_TOKENS, IMAGE_TOKEN_PX
+from autotune.config.schema import CRITIC_KNOBS, ProbeConfig, image_tokens, old_pass_runs
+from autotune.errors import ConfigError
+
+
+def torch_adamw_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+    """verl and EasyR1 build torch.optim.AdamW with its default step (foreach on a GPU)."""
+    return [f"fused_optimizer=true: {trainer} builds torch.optim.AdamW with torch's default "
+            "step, not the fused kernel the probe ran; probe with fused_optimizer=false"] \
+        if knobs.get("fused_optimizer") else []
+
+
+def old_pass_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+    """verl and EasyR1 always take the old log-probs in a forward of their own."""
+    runs = old_pass_runs(knobs.get("old_logprob_pass", True), knobs["rollout_batch_size"],
+                         knobs["global_batch_size"])
+    return [] if runs else [
+        f"old_logprob_pass: {trainer} takes the old log-probs in a forward of their own "
+        "(compute_log_prob); set old_logprob_pass=true"]
+
+
+def make_probe_config(values: dict[str, Any], world_size: int = 1) -> ProbeConfig:
+    """Build a ProbeConfig from typed values and check the rules every trainer shares."""
+    config = ProbeConfig(**values)
+    problems = validate_probe_config(config, world_size)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]:
+    """The trainer-independent rules of a GRPO step on `world_size` GPUs; returns every broken
+    rule as one line. Each GPU takes an equal share of the prompts, and its share of each
+    optimizer step (and of each step) must split into whole micro-batches."""
+    problems = []
+    w, n = world_size, config.rollout_n
+    rbs, gbs = config.rollout_batch_size, config.global_batch_size
+    mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
+    on = "" if w == 1 else f"/{w} GPUs"
+    dynamic = config.dynamic_batching  # micro-batches cut by tokens: no whole-count rule
+    if gbs > rbs:
+        problems.append(
+            f"global_batch_size={gbs} exceeds rollout_batch_size={rbs}: an optimizer step "
+            "cannot take more prompts than a training step has")
+    elif rbs % gbs:
+        problems.append(f"rollout_batch_size={rbs} is not divisible by global_batch_size={gbs}")
+    if rbs % w:
+        problems.append(f"rollout_batch_size={rbs} prompts are not divisible by the {w} GPUs "
+                        "of the run (each takes an equal share)")
+    if (gbs * n) % w:
+        problems.append(f"global_batch_size*rollout_n={gbs * n} responses per optimizer step "
+                        f"are not divisible by the {w} GPUs of the run")
+    elif not dynamic and (gbs * n // w) % mbu:
+        problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
+                        f"micro_batch_size_update={mbu}")
+    if not dynamic and (rbs * n) % w == 0 and (rbs * n // w) % mbe:
+        problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
+                        f"micro_batch_size_experience={mbe}")
+    problems += budget_problems(config.as_dict())
+    problems += critic_problems(config, w)
+    tp = config.rollout_tensor_parallel
+    if w % tp:
+        problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
+                        f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
+    if config.engine_reserves:
+        problems += engine_problems(config)
+    if config.actor_generates and tp > 1:
+        problems.append(f"rollout_engine=policy with rollout_tensor_parallel={tp}: the trained "
+                        "model generates itself, with nothing to split; set it to 1")
+    if config.actor_generates and config.fsdp_strategy == "fsdp" and w > 1:
+        problems.append("rollout_engine=policy with fsdp_strategy=fsdp: FSDP1 gathers its flat "
+                        "parameters only in the wrapped forward, which generation does not "
+                        "call; use fsdp_strategy=fsdp2 (TRL's generation under FSDP gathers "
+                        "the whole model, which the probe does not run)")
+    if config.image_size_px % 28:
+        problems.append(
+            f"image_size_px={config.image_size_px} is not a multiple of 28 "
+            "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    if config.old_logprob_pass is False and rbs != gbs:
+        problems.append(f"old_logprob_pass=false with rollout_batch_size={rbs} and "
+                        f"global_batch_size={gbs}: the optimizer steps after the first need "
+                        "the old log-probs (TRL computes them then); set them equal or the "
+                        "pass on")
+    if not config.runs_old_logprob_pass and config.entropy_metric:
+        problems.append("entropy_metric with old_logprob_pass=false: verl's entropy metric "
+                        "comes from the old-log-prob pass; set one of them off")
+    if config.entropy_coeff < 0:
+        problems.append(f"entropy_coeff={config.entropy_coeff}: a bonus is 0 or more")
+    if config.entropy_coeff and config.fused_logprob and config.fused_logprob_kernel != "trl":
+        problems.append("entropy_coeff with fused_logprob: the probe's fused head gives no "
+                        "entropy gradient with this kernel (TRL's does: "
+                        "fused_logprob_kernel=trl); set one of them off")
+    return problems
+
+
+def critic_problems(config: ProbeConfig, world_size: int = 1) -> list[str]:
+    """The critic's rules: its mini-batch is the actor's (verl's critic.ppo_mini_batch_size
+    follows the actor's), split into whole critic micro-batches on each GPU; a GRPO config
+    sets no critic knob (nothing would read it)."""
+    defaults = ProbeConfig()
+    if not config.has_critic:
+        set_knobs = [k for k in CRITIC_KNOBS if getattr(config, k) != getattr(defaults, k)]
+        return [f"{', '.join(set_knobs)}: critic knobs, but algorithm={config.algorithm} "
+                "trains no critic; set algorithm=ppo (--algorithm ppo) or remove them"] \
+            if set_knobs else []
+    w, n, gbs = world_size, config.rollout_n, config.global_batch_size
+    mbc = config.critic_micro_batch_size_update
+    if config.dynamic_batching or (gbs * n) % w:
+        return []
+    on = "" if w == 1 else f"/{w} GPUs"
+    problems = []
+    if (gbs * n // w) % mbc:
+        problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
+                        f"critic_micro_batch_size_update={mbc} (the critic's mini-batch is "
+                        "the actor's)")
+    rbs = config.rollout_batch_size
+    if (rbs * n) % w == 0 and (rbs * n // w) % mbc:
+        problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible "
+                        f"by critic_micro_batch_size_update={mbc} (the critic's value "
+                        "forward micro-batch)")
+    return problems
+
+
+def algorithm_defaults(named: dict[str, Any]) -> dict[str, Any]:
+    """The knobs an algorithm sets when nothing else names them: PPO's rollout.n is 1 (one
+    response per prompt, the value model is the baseline; verl's ppo_trainer.yaml)."""
+    if named.get("algorithm") == ALGORITHM_WITH_CRITIC and "rollout_n" not in named:
+        return {"rollout_n": 1}
+    return {}
+
+
+def engine_problems(config: ProbeConfig) -> list[str]:
+    """vLLM's own start-up rules for the vllm and vllm-like engines (EasyR1 checks the first
+    too)."""
+    problems = []
+    if config.max_num_batched_tokens < config.sequence_length:
+        problems.append(f"max_num_batched_tokens={config.max_num_batched_tokens} is less "
+                        f"than max_prompt_length+max_response_length={config.sequence_length}"
+                        " (vLLM's max_model_len); raise it or shorten the lengths")
+    if config.sleep_level not in (1, 2):
+        problems.append(f"sleep_level={config.sleep_level}: vLLM sleeps at level 1 or 2")
+    return problems
+
+
+def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool) -> list[str]:
+    """What the engine and kernel knobs cannot run on this device (`capped`: under a
+    --gpu-memory-limit), each a line that says what to do instead; the sweep refuses these
+    before its first probe, the probe again before it builds anything."""
+    problems = []
+    if config.fused_logprob and config.fused_logprob_kernel == "triton" and not on_gpu:
+        problems.append("fused_logprob_kernel=triton runs on a CUDA device only; probe on a "
+                        "GPU, or with fused_logprob_kernel=torch")
+    engine = config.rollout_engine
+    if config.engine_reserves and not on_gpu and not capped \
+            and config.kv_cache_memory_bytes is None:
+        problems.append(f"rollout_engine={engine} on the CPU reserves a share of the device "
+                        "cap: add --gpu-memory-limit (e.g. 1GiB), set kv_cache_memory_bytes "
+                        "(e.g. 64MiB), or use --engine hf")
+    if engine == "vllm" and config.rollout_tensor_parallel > 1:
+        problems.append(f"rollout_engine=vllm with rollout_tensor_parallel="
+                        f"{config.rollout_tensor_parallel}: the probe runs one vLLM in its "
+                        "process, on one GPU; use rollout_engine=vllm-like for tensor-parallel "
+                        "rollouts")
+    if engine == "vllm" and is_vl:
+        problems.append("rollout_engine=vllm runs text models only for now (a VL prompt's "
+                        "image would go through vLLM's processor); use rollout_engine=vllm-like")
+    return problems
+
+
+
+
+def model_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
+    """The rules a config must pass for this kind of model (a VL prompt holds its image)."""
+    if is_vl and image_tokens(config) + IMAGE_FRAME_TOKENS > config.max_prompt_length:
+        fits = IMAGE_TOKEN_PX * int((config.max_prompt_length - IMAGE_FRAME_TOKENS) ** 0.5)
+        return [f"image_size_px={config.image_size_px} makes {image_tokens(config)} image "
+                f"tokens, more than max_prompt_length={config.max_prompt_length} holds; "
+                f"--set max_prompt_length={image_tokens(config) + 64} or "
+                f"image_size_px={max(IMAGE_TOKEN_PX, fits)}"]
+    return []

@@ -1,0 +1,337 @@
+"""The canonical knobs of a GRPO or PPO run: one spelling, one type and the rules that are
+properties of a config (what the algorithm trains, what the engine holds, who generates, how a
+batch splits over GPUs).
+
+The names here are the ones used in search-space YAML, the Optuna param names, results tables,
+`--set key=value` and the trainer adapters' mapping tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from autotune.batching import BATCHED_PHASES
+from autotune.config.kernels import IMAGE_TOKEN_PX
+
+# a knob's value, and knobs by name where only some are given (a space's fixed values, a
+# trainer's translation, --set): a whole config is a ProbeConfig
+KnobValue: TypeAlias = "bool | int | float | str | None"
+Knobs: TypeAlias = "dict[str, KnobValue]"
+
+MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.7 million
+# the phases of one step, in the trainers' order: PPO's critic is updated before the actor
+# (verl's and EasyR1's RayPPOTrainer.fit: update_critic, then update_actor)
+PHASES = ("rollout", "experience", "critic_update", "update", "validation")
+# grpo: no critic, group-relative advantages; ppo: GAE with a critic (a value model of the
+# actor's architecture, trained on the same GPUs)
+ALGORITHMS = ("grpo", "ppo")
+CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
+                "critic_gradient_checkpointing", "critic_offload_params",
+                "critic_offload_optimizer")  # read only where the algorithm has a critic
+# float knobs that are a loss coefficient (0 or more), not a share of the device
+COEFFICIENT_KNOBS = ("entropy_coeff",)
+# the engines with vLLM's memory: a KV pool reserved at start, sized by gpu_memory_utilization
+# (or kv_cache_memory_bytes), that the rollout stays inside; vllm is the real one
+VLLM_ENGINES = ("vllm", "vllm-like")
+
+
+def describe_engine(engine: str | None, versions: dict[str, str] | None = None) -> str:
+    """Which rollout engine a probe ran, in words (show, best.yaml's export, the report)."""
+    if engine == "vllm":
+        return f"vLLM {(versions or {}).get('vllm', '?')} (the real engine, in the probe)"
+    if engine == "vllm-like":
+        return "the probe's stand-in with vLLM's memory (vllm-like)"
+    if engine == "policy":
+        return "generation by the trained model itself, no engine copy (policy)"
+    return "HF generation by an engine copy of the actor (hf)" if engine == "hf" \
+        else str(engine)
+
+
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}  # the compute dtypes a probe runs in, and their width
+DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # --dtype; auto: bf16 on a GPU, fp32 on a CPU
+
+
+def compute_dtype(dtype: str, on_gpu: bool) -> str:
+    """--dtype resolved: auto is bf16 on a GPU (as the trainers compute), fp32 on a CPU."""
+    return dtype if dtype != "auto" else ("bf16" if on_gpu else "fp32")
+
+
+def compute_bytes(dtype: str, on_gpu: bool) -> int:
+    """Bytes per element of the compute dtype `dtype` resolves to on this device."""
+    return DTYPE_BYTES[compute_dtype(dtype, on_gpu)]
+
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """One candidate configuration: the searched knobs and the fixed inputs of a GRPO step.
+
+    One batch vocabulary, as EasyR1 and verl count (and users type): `rollout_batch_size`,
+    `global_batch_size` and `val_batch_size` count prompts for the whole training run, over
+    all its GPUs; micro-batch sizes count responses (prompt + response sequences) per GPU.
+    What one GPU of a W-GPU run gets is `device_share(config, W)`, the one place that splits.
+    """
+
+    rollout_batch_size: int = field(
+        default=8, metadata={"help": "prompts per training step, whole run"})
+    rollout_n: int = field(default=4, metadata={"help": "responses per prompt"})
+    global_batch_size: int = field(
+        default=4, metadata={"help": "prompts per optimizer step, whole run"})
+    micro_batch_size_update: int = field(
+        default=4, metadata={"help": "responses per device per forward/backward"})
+    micro_batch_size_experience: int = field(
+        default=8, metadata={"help": "responses per device per log-prob forward"})
+    dynamic_batching: bool = field(default=False, metadata={
+        "help": "cut micro-batches by a token budget, padding removed (verl use_dynamic_bsz, "
+                "EasyR1 dynamic_batching): batching.py"})
+    max_token_len_update: int | None = field(default=None, metadata={
+        "help": "dynamic batching: tokens per device per forward/backward (none: "
+                "micro_batch_size_update x the sequence length, EasyR1's rule)"})
+    max_token_len_experience: int | None = field(default=None, metadata={
+        "help": "dynamic batching: tokens per device per log-prob forward (none: "
+                "micro_batch_size_experience x the sequence length)"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations"})
+    offload_params: bool = field(
+        default=False, metadata={"help": "fp32 params to host between phases"})
+    offload_optimizer: bool = field(
+        default=False, metadata={"help": "optimizer state to host between phases"})
+    val_batch_size: int | None = field(
+        default=None, metadata={"help": "prompts per validation batch, whole run (none: no "
+                                        "validation)"})
+    max_prompt_length: int = field(default=256, metadata={"help": "prompt tokens (fixed input)"})
+    max_response_length: int = field(
+        default=256, metadata={"help": "response tokens, always generated in full"})
+    max_num_seqs: int = field(
+        default=256, metadata={"help": "sequences the rollout engine generates at once"})
+    rollout_tensor_parallel: int = field(
+        default=1, metadata={"help": "GPUs one rollout engine spans (tensor parallel); "
+                                    "divides the run's GPUs"})
+    rollout_engine: str = field(default="hf", metadata={
+        "help": "vllm: the real vLLM, in the probe's process (where it is installed); "
+                "vllm-like: the probe's stand-in with vLLM's memory (a reserved KV pool, "
+                "EasyR1 and verl); hf: a compute-dtype engine copy of the weights with a KV "
+                "cache that grows with the batch; policy: the trained model generates itself, "
+                "no copy (TRL without vLLM)",
+        "choices": ("hf", "vllm-like", "vllm", "policy")})
+    gpu_memory_utilization: float = field(default=0.6, metadata={
+        "help": "vllm-like: share of the device the engine reserves (weights, KV pool)"})
+    kv_cache_memory_bytes: int | None = field(default=None, metadata={
+        "help": "vllm, vllm-like: the KV pool's bytes, in place of what gpu_memory_utilization "
+                "leaves (vLLM's kv_cache_memory_bytes; on a CPU the real engine's budget)"})
+    max_num_batched_tokens: int = field(default=8192, metadata={
+        "help": "vllm-like: tokens per prefill forward, and the engine's profile run"})
+    enable_sleep: bool = field(default=True, metadata={
+        "help": "vllm-like: free the KV pool and weights after rollout (vLLM sleep mode)"})
+    sleep_level: int = field(default=1, metadata={
+        "help": "vllm-like: 1 keeps the weights in host memory asleep (EasyR1), 2 drops them"})
+    fused_logprob: bool = field(default=False, metadata={
+        "help": "log-probs from the hidden states and the LM head in chunks of 512 tokens, "
+                "never the whole logits (verl's use_fused_kernels)"})
+    fused_logprob_kernel: str = field(default="torch", metadata={
+        "help": "fused_logprob's kernel: torch (512-token chunks, verl's default backend), or "
+                "triton (verl's Triton linear cross-entropy: a CUDA device and verl installed; "
+                "verl's fused_kernel_options.impl_backend), or trl (TRL's fused LM head: "
+                "vocabulary chunks of 32,768, every position's entropy beside its log-prob)",
+        "choices": ("torch", "triton", "trl")})
+    entropy_metric: bool = field(default=False, metadata={
+        "help": "the old-log-prob forward also takes every response position's entropy (verl's "
+                "actor/entropy metric: a --trainer verl study has it on unless named)"})
+    entropy_coeff: float = field(default=0.0, metadata={
+        "help": "entropy bonus in the actor's loss (verl's actor.entropy_coeff): non-zero, the "
+                "update takes every position's entropy with its gradient"})
+    entropy_chunking: bool = field(default=False, metadata={
+        "help": "the entropy 2048 positions at a time (verl's "
+                "entropy_from_logits_with_chunking)"})
+    entropy_checkpointing: bool = field(default=False, metadata={
+        "help": "the update's entropy recomputed in the backward, not kept (verl's "
+                "entropy_checkpointing)"})
+    expandable_segments: bool = field(default=False, metadata={
+        "help": "GPU: the CUDA caching allocator's expandable segments outside the rollout "
+                "(verl turns them on for its training phases; EasyR1 and TRL run without)"})
+    fsdp_strategy: str = field(default="fsdp2", metadata={
+        "help": "how the actor, reference and critic are sharded over W > 1 ranks: fsdp "
+                "(FSDP1's FullyShardedDataParallel with flat parameters, as EasyR1 and "
+                "verl's default strategy wrap) or fsdp2 (fully_shard, per-parameter DTensor "
+                "shards: verl's strategy=fsdp2)",
+        "choices": ("fsdp", "fsdp2")})
+    fused_optimizer: bool = field(default=False, metadata={
+        "help": "AdamW's fused kernel, one pass with no temporaries (HF Trainer's "
+                "adamw_torch_fused, TRL's default with torch >= 2.8); off: torch's default "
+                "step, foreach on a GPU (an fp32 temporary the size of the params), a loop "
+                "per tensor on a CPU (verl, EasyR1)"})
+    use_kl: bool = field(
+        default=True, metadata={"help": "KL to a reference model (adds ref log-prob forwards)"})
+    old_logprob_pass: bool | None = field(default=True, metadata={
+        "help": "the experience phase's old-log-prob forward (verl, EasyR1: always); off, the "
+                "update takes its own log-probs, detached, as the old ones, which needs "
+                "rollout_batch_size = global_batch_size; none: only where a generation feeds "
+                "several optimizer steps (TRL at num_iterations 1)"})
+    offload_ref_params: bool | None = field(default=None, metadata={
+        "help": "the reference model's params to host between its forwards (none: as "
+                "offload_params)"})
+    algorithm: str = field(default="grpo", metadata={
+        "help": "grpo: no critic; ppo: GAE with a critic of the actor's architecture (a value "
+                "head), trained on the same GPUs", "choices": ALGORITHMS})
+    critic_micro_batch_size_update: int = field(default=4, metadata={
+        "help": "ppo: responses per device per critic forward/backward, and per value forward "
+                "(verl's critic forward micro-batch follows it by default)"})
+    critic_max_token_len_update: int | None = field(default=None, metadata={
+        "help": "ppo, dynamic batching: tokens per device per critic micro-batch (none: "
+                "critic_micro_batch_size_update x the sequence length)"})
+    critic_gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "ppo: recompute the critic's activations"})
+    critic_offload_params: bool = field(
+        default=False, metadata={"help": "ppo: the critic's fp32 params to host between phases"})
+    critic_offload_optimizer: bool = field(
+        default=False, metadata={"help": "ppo: the critic's optimizer state to host between "
+                                         "phases"})
+    image_size_px: int = field(
+        default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
+                                        "tokens, room in the default 256-token prompt"})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def ref_on_host(self) -> bool:
+        """Whether the reference model's params wait in host memory between its forwards."""
+        return self.offload_params if self.offload_ref_params is None \
+            else self.offload_ref_params
+
+    @property
+    def runs_old_logprob_pass(self) -> bool:
+        """Whether the experience phase runs the old-log-prob forward."""
+        return old_pass_runs(self.old_logprob_pass, self.rollout_batch_size,
+                             self.global_batch_size)
+
+    @property
+    def has_critic(self) -> bool:
+        """PPO trains a critic (a value model of the actor's architecture) on the same GPUs."""
+        return self.algorithm == "ppo"
+
+    @property
+    def engine_reserves(self) -> bool:
+        """The engine has vLLM's memory: a KV pool reserved at start (gpu_memory_utilization
+        or kv_cache_memory_bytes) that the rollout stays inside, and sleep mode."""
+        return self.rollout_engine in VLLM_ENGINES
+
+    @property
+    def actor_generates(self) -> bool:
+        """The trained model generates itself: no engine copy of the weights (TRL without
+        vLLM)."""
+        return self.rollout_engine == "policy"
+
+    @property
+    def batched_phases(self) -> tuple[str, ...]:
+        """The phases cut into micro-batches: the critic's only where there is one."""
+        return tuple(phase for phase in BATCHED_PHASES
+                     if phase != "critic_update" or self.has_critic)
+
+    def share(self, world_size: int = 1) -> DeviceShare:
+        """What one of `world_size` GPUs runs of each batch (device_share)."""
+        return device_share(self, world_size)
+
+    def replace(self, **changes: Any) -> ProbeConfig:
+        """This config with `changes` (knob names to values), unchecked."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens of one text sequence (image tokens of VL models come on top)."""
+        return self.max_prompt_length + self.max_response_length
+
+
+def old_pass_runs(flag: bool | None, rollout_batch_size: int, global_batch_size: int) -> bool:
+    """Whether a config's experience phase runs the old-log-prob forward: old_logprob_pass,
+    or where that is none, whether a generation feeds several optimizer steps (TRL's rule)."""
+    return flag if flag is not None else rollout_batch_size > global_batch_size
+
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The training run's GPUs: `nnodes` x `gpus_per_node` ranks share each batch."""
+
+    nnodes: int = 1
+    gpus_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """One GPU's share of a GRPO step when `world_size` GPUs split its batches evenly (as
+    EasyR1 and verl chunk them). Uneven splits round up: the GPU that binds memory."""
+
+    world_size: int
+    prompts_per_step: int  # rollout_batch_size / W
+    responses_per_step: int  # rollout_batch_size * rollout_n / W
+    responses_per_minibatch: int  # global_batch_size * rollout_n / W: one optimizer step
+    minibatches: int  # optimizer steps per training step: rollout / global batch
+    val_prompts: int  # val_batch_size / W (0: no validation)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def device_share(config: ProbeConfig, world_size: int = 1) -> DeviceShare:
+    """What one of `world_size` GPUs runs of each batch of `config`."""
+    def per_gpu(count: int) -> int:
+        return -(-count // world_size)
+
+    n = config.rollout_n
+    return DeviceShare(
+        world_size=world_size, prompts_per_step=per_gpu(config.rollout_batch_size),
+        responses_per_step=per_gpu(config.rollout_batch_size * n),
+        responses_per_minibatch=per_gpu(config.global_batch_size * n),
+        minibatches=max(1, config.rollout_batch_size // config.global_batch_size),
+        val_prompts=per_gpu(config.val_batch_size) if config.val_batch_size else 0)
+
+
+KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProbeConfig))
+
+
+def image_tokens(config: ProbeConfig) -> int:
+    """LLM tokens of the square synthetic image a VL probe puts in each prompt."""
+    return (config.image_size_px // IMAGE_TOKEN_PX) ** 2
+
+
+
+# How each knob moves peak device memory when its value grows (True counts as 1): +1 needs
+# more, -1 needs less, 0 no monotone effect. Feasibility reasoning and the safe first trial
+# rest on this table (memory is monotone along these axes).
+MEMORY_DIRECTION: dict[str, int] = {
+    "rollout_batch_size": +1, "rollout_n": +1, "global_batch_size": 0,
+    "micro_batch_size_update": +1, "micro_batch_size_experience": +1,
+    "max_token_len_update": +1, "max_token_len_experience": +1, "dynamic_batching": 0,
+    "gradient_checkpointing": -1, "offload_params": -1, "offload_optimizer": -1,
+    "val_batch_size": +1, "max_prompt_length": +1, "max_response_length": +1,
+    "max_num_seqs": +1, "use_kl": +1, "image_size_px": +1, "rollout_tensor_parallel": -1,
+    # vllm-like engine: the reservation grows with the utilisation; sleeping frees it for
+    # the other phases; the prefill budget and the sleep level move memory inside the
+    # reservation or on the host only; the engine kind is not ordered
+    "gpu_memory_utilization": +1, "enable_sleep": -1, "max_num_batched_tokens": 0,
+    "sleep_level": 0, "rollout_engine": 0, "kv_cache_memory_bytes": +1,
+    # the allocator's slack, not the tensors: less on every GPU measured so far (an H200,
+    # benchmarks/results/gpu), but one card is no order
+    "expandable_segments": 0,
+    "fsdp_strategy": 0,  # the wrapper: which units are gathered when, on which streams
+    "fused_logprob": -1,  # a chunk's logits at a time instead of the micro-batch's
+    "fused_logprob_kernel": 0,  # the values name kernels
+    "fused_optimizer": -1,  # no step temporaries
+    # chunking saves in experience what it adds to an update with an entropy bonus (each
+    # chunk's copies kept for the backward): no order across phases
+    "entropy_metric": +1, "entropy_chunking": 0, "entropy_checkpointing": -1,
+    "old_logprob_pass": 0,  # none follows the batches: its values are not ordered
+    "entropy_coeff": 0,  # zero or not decides; the value does not order memory
+    "offload_ref_params": 0,  # none follows offload_params: its values are not ordered
+    # the critic (ppo): its micro-batch and budget, checkpointing and offload as the actor's
+    "critic_micro_batch_size_update": +1, "critic_max_token_len_update": +1,
+    "critic_gradient_checkpointing": -1, "critic_offload_params": -1,
+    "critic_offload_optimizer": -1,
+    "algorithm": 0,  # not ordered (a critic adds memory, but the values name algorithms)
+}

@@ -1,5 +1,62 @@
-"""autotune: find the fastest memory-safe configuration for an RL fine-tuning run."""
+"""autotune: find the fastest memory-safe configuration for an RL fine-tuning run.
+
+The library face, for a notebook or a script (the CLI is a thin layer over the same calls):
+
+    import autotune
+
+    plan = autotune.plan_sweep(autotune.RunOptions(probe=autotune.ProbeOptions(
+        model="tiny-qwen2.5", device="cpu"), space="cpu-demo", trials=4))
+    outcome = autotune.run_sweep(plan)               # a SweepOutcome: the study, best.yaml
+    answer = autotune.estimates(autotune.ProbeOptions(model="qwen2.5-7b", gpus_per_node=8))
+    print(answer.text())                              # an Estimate: every figure, typed
+    exported = autotune.export_study("verl", outcome.study.study_name)
+
+Names load on first use (PEP 562), so `import autotune` and `autotune --help` import neither
+torch nor Optuna.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it: the one table of the library face
+_FACE = {
+    "ProbeOptions": "autotune.sweep.plan", "RunOptions": "autotune.sweep.plan",
+    "SweepPlan": "autotune.sweep.plan", "plan_sweep": "autotune.sweep.plan",
+    "run_sweep": "autotune.sweep.driver", "SweepOutcome": "autotune.sweep.driver",
+    "estimate": "autotune.estimates", "Estimate": "autotune.estimates",
+    "export_study": "autotune.sweep.best_export", "TrainerExport": "autotune.sweep.best_export",
+    "load_study": "autotune.sweep.storage",
+    "ProbeConfig": "autotune.config", "Topology": "autotune.config",
+    "ProbeRequest": "autotune.probe.result", "ProbeResult": "autotune.probe.result",
+    "ProbeStatus": "autotune.probe.result",
+    "AutotuneError": "autotune.errors", "ConfigError": "autotune.errors",
+}
+__all__ = ["__version__", *_FACE]
+
+if TYPE_CHECKING:
+    from autotune.config import ProbeConfig, Topology
+    from autotune.errors import AutotuneError, ConfigError
+    from autotune.estimates import Estimate, estimate
+    from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+    from autotune.sweep.best_export import TrainerExport, export_study
+    from autotune.sweep.driver import SweepOutcome, run_sweep
+    from autotune.sweep.plan import ProbeOptions, RunOptions, SweepPlan, plan_sweep
+    from autotune.sweep.storage import load_study
+
+
+def __getattr__(name: str) -> object:
+    """Load a name of the face from its module on first use."""
+    module = _FACE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

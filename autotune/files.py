@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
@@ -20,7 +21,9 @@ from autotune.errors import AutotuneError, ConfigError
 
 # what a JSON file holds: the files autotune writes and reads back (probe results, requests,
 # a study's stored attributes); a foreign payload read from elsewhere stays Any where read
-JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+# (nested values are read-only Sequence and Mapping, so a dict[str, int] is one as it is)
+JsonValue: TypeAlias = ("None | bool | int | float | str | Sequence[JsonValue] | "
+                        "Mapping[str, JsonValue]")
 JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 # what to do about each disk error, after "<path>: <strerror>"

@@ -76,6 +76,9 @@ def host_memory_bytes() -> int:
 
 DEVICE_KINDS = ("cuda", "cpu")  # what a probe runs on (a CPU is the device of the CPU demo)
 DEVICE_CHOICES = ("auto", *DEVICE_KINDS)  # --device; auto: cuda where an NVIDIA GPU is seen
+# what --device cuda gets where no GPU is, wherever it is found out
+NO_GPU_HERE = ("--device cuda: no NVIDIA GPU is visible on this machine; use --device cpu, or "
+               "run where a GPU is")
 
 
 def device_kind(name: str, gpu_here: bool | None = None) -> str:

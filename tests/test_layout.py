@@ -22,15 +22,15 @@ ALLOWED: dict[str, set[str]] = {
     "registry": BASE | {"config"},
     "probe": BASE | {"batching", "config", "files", "hardware", "registry", "probe",
                      "memory.allocator"},  # the trace replays its allocations (pure Python)
-    "memory": BASE | {"batching", "config", "registry", "memory"},
+    "memory": BASE | {"batching", "config", "files", "registry", "memory"},
     "runners": BASE | {"config", "files", "probe.result", "probe.oom", "probe.process_tag",
                        "runners", "hardware"},
     "trainers": BASE | {"batching", "config", "files", "trainers"},
     "sweep": BASE | {"batching", "config",
                      "files", "hardware", "registry", "probe.result", "probe.oom",
                      "probe.process_tag", "runners", "memory", "trainers", "sweep"},
-    "estimate": BASE | {"batching", "config", "files", "hardware", "registry", "probe", "memory",
-                         "sweep", "estimate"},
+    "estimates": BASE | {"batching", "config", "files", "hardware", "registry", "probe", "memory",
+                         "sweep", "estimates"},
     "report": BASE | {"config", "files", "hardware", "memory", "probe.result", "sweep",
                       "report"},
     "cli": {"*"},
@@ -101,7 +101,7 @@ def test_torch_free_concerns_never_import_torch_or_ray():
 
 def test_each_subpackage_says_what_it_owns_and_may_import():
     for package in ("cli", "probe", "runners", "sweep", "memory", "trainers", "report",
-                    "estimate"):
+                    "estimates"):
         doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
         assert doc and "May import" in doc, package
 

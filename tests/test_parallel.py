@@ -36,7 +36,7 @@ def test_parallel_past_the_gpu_slots_is_a_usage_error():
 
 
 def test_cuda_without_a_gpu_is_a_usage_error():
-    with pytest.raises(ConfigError, match="--device cuda: no NVIDIA GPU visible"):
+    with pytest.raises(ConfigError, match="--device cuda: no NVIDIA GPU is visible"):
         plan_slots("cuda", (), 1, None, None)
 
 

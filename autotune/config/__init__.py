@@ -60,8 +60,10 @@ from autotune.config.schema import (
     compute_dtype,
     describe_engine,
     device_share,
+    engine_reserves,
     image_tokens,
     old_pass_runs,
+    trains_critic,
 )
 from autotune.config.units import (
     DEFAULT_HEADROOM,
@@ -85,5 +87,6 @@ __all__ = [
     "format_bytes", "image_tokens", "load_knob_file", "make_probe_config", "model_problems",
     "old_pass_problem", "old_pass_runs", "parse_assignments", "parse_bytes",
     "parse_duration_s", "parse_headroom", "parse_knob_value", "parse_share",
-    "torch_adamw_problem", "unknown_key_message", "validate_probe_config",
+    "torch_adamw_problem", "trains_critic", "engine_reserves", "unknown_key_message",
+    "validate_probe_config",
 ]

@@ -37,6 +37,17 @@ COEFFICIENT_KNOBS = ("entropy_coeff",)
 VLLM_ENGINES = ("vllm", "vllm-like")
 
 
+def trains_critic(algorithm: KnobValue) -> bool:
+    """Whether `algorithm` trains a critic on the run's GPUs (PPO); ProbeConfig.has_critic."""
+    return algorithm == "ppo"
+
+
+def engine_reserves(engine: KnobValue) -> bool:
+    """Whether `engine` has vLLM's memory (a KV pool reserved at start, sleep mode);
+    ProbeConfig.engine_reserves."""
+    return engine in VLLM_ENGINES
+
+
 def describe_engine(engine: str | None, versions: dict[str, str] | None = None) -> str:
     """Which rollout engine a probe ran, in words (show, best.yaml's export, the report)."""
     if engine == "vllm":
@@ -209,13 +220,13 @@ class ProbeConfig:
     @property
     def has_critic(self) -> bool:
         """PPO trains a critic (a value model of the actor's architecture) on the same GPUs."""
-        return self.algorithm == "ppo"
+        return trains_critic(self.algorithm)
 
     @property
     def engine_reserves(self) -> bool:
         """The engine has vLLM's memory: a KV pool reserved at start (gpu_memory_utilization
         or kv_cache_memory_bytes) that the rollout stays inside, and sleep mode."""
-        return self.rollout_engine in VLLM_ENGINES
+        return engine_reserves(self.rollout_engine)
 
     @property
     def actor_generates(self) -> bool:

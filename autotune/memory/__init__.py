@@ -4,6 +4,7 @@ Owns the arithmetic memory model (model.py), its calibration on measured peaks
 (calibration.py), the verdict as people read it (verdict.py), the length headroom
 (length.py), the node's host memory (host.py), PyTorch's CUDA caching allocator replayed on
 a recorded allocation stream (allocator.py: the probe's trace calls it too) and what a GPU
-process holds outside torch (outside_torch.py). May import batching, config, errors and
-registry; never torch, so `autotune estimate` and the sweep's pre-screen are instant.
+process holds outside torch (outside_torch.py). May import batching, config, errors, files
+(its JSON types) and registry; never torch, so `autotune estimate` and the sweep's pre-screen
+are instant.
 """

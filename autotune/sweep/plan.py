@@ -15,18 +15,27 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from autotune.config import (
-    VLLM_ENGINES,
+    DEFAULT_HEADROOM,
+    Knobs,
     ProbeConfig,
     Topology,
     algorithm_defaults,
+    engine_reserves,
     load_knob_file,
     make_probe_config,
+    trains_critic,
 )
 from autotune.errors import ConfigError
-from autotune.hardware import Device, device_kind, has_nvidia_gpu, this_device, usable_cpu_ids
+from autotune.hardware import (
+    NO_GPU_HERE,
+    Device,
+    device_kind,
+    has_nvidia_gpu,
+    this_device,
+    usable_cpu_ids,
+)
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
@@ -76,7 +85,7 @@ class ProbeOptions:
     engine: str = "auto"  # auto | vllm-like | hf
     dtype: str = "auto"
     seed: int = 0
-    knobs: dict[str, Any] = field(default_factory=dict)  # --set, typed
+    knobs: Knobs = field(default_factory=dict)  # --set, typed
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class RunOptions:
     study: str | None = None  # None: MODEL-SPACE
     results_dir: str = "results"
     objective: str = "throughput_per_memory"
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     trials: int | None = None
     timeout_s: float | None = None
     patience: int | None = None
@@ -122,7 +131,7 @@ class SweepPlan:
 
 
 def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
-                 named: frozenset[str] = frozenset()) -> dict[str, Any]:
+                 named: frozenset[str] = frozenset()) -> Knobs:
     """The rollout engine's knobs --engine sets: an explicit --engine always (as --set
     would); auto only where the space and the user say nothing of the engine (`named`).
     auto on a GPU is EasyR1's and verl's vLLM: the real one where vLLM is installed (vllm),
@@ -135,8 +144,8 @@ def engine_knobs(engine: str, on_gpu: bool, trainer: str | None = None,
             return {}
         engine = "policy" if trainer == "trl" else "hf" if not on_gpu else (
             "vllm" if vllm_installed() else "vllm-like")
-    knobs: dict[str, Any] = {"rollout_engine": engine}
-    if engine in VLLM_ENGINES and trainer == "verl" and "sleep_level" not in named:
+    knobs: Knobs = {"rollout_engine": engine}
+    if engine_reserves(engine) and trainer == "verl" and "sleep_level" not in named:
         knobs["sleep_level"] = 2
     return knobs
 
@@ -162,7 +171,7 @@ def trainer_env(trainer: str | None) -> dict[str, str]:
 
 
 def trainer_knobs(trainer: str | None, on_gpu: bool,
-                  named: frozenset[str] = frozenset()) -> dict[str, Any]:
+                  named: frozenset[str] = frozenset()) -> Knobs:
     """What the target trainer always does that a knob stands for, where nothing names it.
     verl takes every response position's entropy in its old-log-prob pass
     (verl/workers/fsdp_workers.py compute_log_prob: calculate_entropy=True; its actor/entropy
@@ -172,7 +181,7 @@ def trainer_knobs(trainer: str | None, on_gpu: bool,
     (verl/trainer/main.py), and TRL sets nothing (the default, off). TRL 1.x scores every
     log-prob through its fused LM head (trl/trainer/grpo_trainer.py add_fused_lm_head), and
     HF Trainer steps AdamW with its fused kernel (optim adamw_torch_fused, torch >= 2.8)."""
-    knobs: dict[str, Any] = {}
+    knobs: Knobs = {}
     if trainer in TRAINER_FSDP and "fsdp_strategy" not in named:
         knobs["fsdp_strategy"] = TRAINER_FSDP[trainer]
     if trainer == "verl" and "entropy_metric" not in named:
@@ -220,8 +229,7 @@ def resolve_device(options: ProbeOptions, local: bool = True,
     (`gpu_here`: a Ray cluster's; by default this machine's); `local` probes run here, so
     --device cuda needs a GPU here and the capacity is this machine's."""
     if local and options.device == "cuda" and not has_nvidia_gpu():
-        raise ConfigError("--device cuda: no NVIDIA GPU is visible on this machine; use "
-                          "--device cpu, or run where a GPU is")
+        raise ConfigError(NO_GPU_HERE)
     kind = device_kind(options.device, gpu_here)
     if kind == "cpu" and options.gpus is not None:
         ids = ",".join(map(str, options.gpus))
@@ -274,7 +282,7 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
     so. Without --space, the CPU demo's space for a tiny model on a CPU, else grpo."""
     probe, note = options.probe, None
     budget_given = options.trials or options.timeout_s or options.patience
-    ppo = probe.knobs.get("algorithm") == "ppo"
+    ppo = trains_critic(probe.knobs.get("algorithm"))
 
     def default(space: str) -> str:
         return PPO_SPACES[space] if ppo else space
@@ -392,8 +400,8 @@ def cluster_device(options: ProbeOptions, address: str | None) -> Device:
 
 
 def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, device: Device,
-               options: RunOptions, base: dict[str, Any]
-               ) -> tuple[SearchSpace, dict[str, Any] | None]:
+               options: RunOptions, base: Knobs
+               ) -> tuple[SearchSpace, Knobs | None]:
     """The space for the run's topology with --set, the engine's defaults and the base
     config's values fixed, and the base config's searched values as a trial (with --trainer
     and no base config, the trainer's start is the safest config)."""

@@ -22,6 +22,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
+from autotune.files import JsonObject
 from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memory_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.host import NodeHost, NodeRun, node_host
@@ -73,6 +74,13 @@ class EstimatePlan:
         binding = max(shares, key=lambda name: shares[name])
         past = shares[binding] > 1
         return f"{'past' if past else 'closest'} constraint: {binding}"
+
+    @property
+    def fitted_trace(self) -> JsonObject:
+        """What the study's traced pre-screen fitted ({} without one)."""
+        trace = self.fitted.get("trace") or {}
+        assert isinstance(trace, dict)
+        return trace
 
     @property
     def capacity_bytes(self) -> int:

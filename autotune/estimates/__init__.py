@@ -1,0 +1,14 @@
+"""estimates: what `autotune estimate` answers, as a library call: the run planned as a probe
+would run it (planning.py), the memory model's verdict on it, per phase and for the node's host
+(answer.py; tracing.py for `--trace`), with a study's calibration where one is given.
+
+May import batching, config, errors, files, hardware, registry, probe (the trace, inside a
+function: `--trace` runs it in this process), memory and sweep (the pre-screen's model arguments,
+a study's calibration); never the CLI.
+"""
+
+from autotune.estimates.answer import Estimate, estimate
+from autotune.estimates.planning import EstimatePlan, plan_estimate
+from autotune.estimates.tracing import TracedEstimate
+
+__all__ = ["Estimate", "EstimatePlan", "TracedEstimate", "estimate", "plan_estimate"]

@@ -41,12 +41,26 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     """The trainer-independent rules of a GRPO step on `world_size` GPUs; returns every broken
     rule as one line. Each GPU takes an equal share of the prompts, and its share of each
     optimizer step (and of each step) must split into whole micro-batches."""
+    problems = batch_problems(config, world_size)
+    problems += budget_problems(config.as_dict())
+    problems += critic_problems(config, world_size)
+    problems += rollout_problems(config, world_size)
+    if config.image_size_px % 28:
+        problems.append(
+            f"image_size_px={config.image_size_px} is not a multiple of 28 "
+            "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    return problems + logprob_problems(config)
+
+
+def batch_problems(config: ProbeConfig, world_size: int) -> list[str]:
+    """How the batches split: an optimizer step within a step, equal shares per GPU, whole
+    micro-batches (dynamic batching cuts by tokens: no whole-count rule)."""
     problems = []
     w, n = world_size, config.rollout_n
     rbs, gbs = config.rollout_batch_size, config.global_batch_size
     mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
     on = "" if w == 1 else f"/{w} GPUs"
-    dynamic = config.dynamic_batching  # micro-batches cut by tokens: no whole-count rule
+    dynamic = config.dynamic_batching
     if gbs > rbs:
         problems.append(
             f"global_batch_size={gbs} exceeds rollout_batch_size={rbs}: an optimizer step "
@@ -65,9 +79,14 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     if not dynamic and (rbs * n) % w == 0 and (rbs * n // w) % mbe:
         problems.append(f"rollout_batch_size*rollout_n{on}={rbs * n // w} is not divisible by "
                         f"micro_batch_size_experience={mbe}")
-    problems += budget_problems(config.as_dict())
-    problems += critic_problems(config, w)
-    tp = config.rollout_tensor_parallel
+    return problems
+
+
+def rollout_problems(config: ProbeConfig, world_size: int) -> list[str]:
+    """The rollout engine's: tensor parallelism divides the run, vLLM's start-up rules, and
+    what generation by the trained model itself cannot do."""
+    problems = []
+    w, tp = world_size, config.rollout_tensor_parallel
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
                         f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
@@ -81,10 +100,13 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
                         "parameters only in the wrapped forward, which generation does not "
                         "call; use fsdp_strategy=fsdp2 (TRL's generation under FSDP gathers "
                         "the whole model, which the probe does not run)")
-    if config.image_size_px % 28:
-        problems.append(
-            f"image_size_px={config.image_size_px} is not a multiple of 28 "
-            "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
+    return problems
+
+
+def logprob_problems(config: ProbeConfig) -> list[str]:
+    """The old-log-prob pass and the entropy's: what each needs of the other."""
+    problems = []
+    rbs, gbs = config.rollout_batch_size, config.global_batch_size
     if config.old_logprob_pass is False and rbs != gbs:
         problems.append(f"old_logprob_pass=false with rollout_batch_size={rbs} and "
                         f"global_batch_size={gbs}: the optimizer steps after the first need "

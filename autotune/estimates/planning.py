@@ -10,11 +10,11 @@ verdicts read the capacity as every other command does (hardware.usable_bytes).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from autotune.config import (
     DTYPE_BYTES,
+    Knobs,
     ProbeConfig,
     algorithm_defaults,
     format_bytes,
@@ -45,7 +45,7 @@ class EstimatePlan:
     request: ProbeRequest
     calibration: Calibration | None
     note: str
-    fitted: dict[str, Any]  # the study's calibration record ({} without --study)
+    fitted: JsonObject  # the study's calibration record ({} without --study)
     host_bytes: int = 0  # one node's RAM, for the node's host-memory verdict
     trainer: str | None = None  # whose run holds the node's host memory (None: the probe's)
 
@@ -91,7 +91,7 @@ class EstimatePlan:
 
 
 def load_calibration(study: str, results_dir: str, storage: str | None
-                     ) -> tuple[Calibration, dict[str, Any]]:
+                     ) -> tuple[Calibration, JsonObject]:
     """A study's calibration and what it was fitted for (model, device, dtype, shapes)."""
     from autotune.sweep.storage import load_study
 
@@ -105,6 +105,71 @@ def load_calibration(study: str, results_dir: str, storage: str | None
     return Calibration.from_dict(stored["phases"]), {
         **stored, "model": identity.get("model"), "model_path": identity.get("model_path"),
         "fixed": fixed}
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What `--study` gives an estimate: the options on its model, the device kind and dtype
+    its probes ran, its calibration, what was fitted, and the note that says so."""
+
+    options: ProbeOptions
+    kind: str
+    dtype: str
+    calibration: Calibration | None
+    fitted: JsonObject
+    note: str
+    fixed: Knobs = field(default_factory=dict)  # the study's shapes
+
+
+def calibrated_options(options: ProbeOptions, study: str | None, results_dir: str,
+                       storage: str | None) -> Calibrated:
+    """With `study`: its calibration and the options on its model; without, the prior.
+
+    Raises:
+        ConfigError: a study of another model than --model, or --storage without --study.
+    """
+    if study is None:
+        if storage is not None:
+            raise ConfigError("--storage: only with --study (the study whose calibration to "
+                              "use)")
+        return Calibrated(options, device_kind(options.device, gpu_here=True), options.dtype,
+                          None, {}, "prior constants (no probe yet; --study S uses a "
+                          "calibration)")
+    calibration, fitted = load_calibration(study, results_dir, storage)
+    if options.model is not None and options.model != fitted["model"]:
+        raise ConfigError(f"--study {study} was calibrated on model {fitted['model']}, "
+                          f"not {options.model}; leave out --model or pick that model's "
+                          "study")
+    stored_path = fitted["model_path"]
+    options = dataclasses.replace(options, model=str(fitted["model"]),
+                                  model_path=options.model_path or (
+                                      str(stored_path) if stored_path else None))
+    dtype = next(name for name, width in DTYPE_BYTES.items()
+                 if width == fitted["compute_bytes"])
+    fixed = fitted.get("fixed") or {}
+    assert isinstance(fixed, dict)
+    return Calibrated(options, "cuda" if fitted["on_gpu"] else "cpu", dtype, calibration,
+                      fitted, f"calibrated on {fitted['probes']} probes of study {study} on "
+                      f"{fitted['device']}", fixed)
+
+
+def estimate_config(options: ProbeOptions, fixed: Knobs, on_gpu: bool, trainer: str | None,
+                    world: int) -> tuple[ProbeConfig, str]:
+    """The config an estimate plans: a study's shapes (`fixed`), the engine's and the trainer's
+    defaults where nothing names them, then --set; with W > 1 and no batch given, the default
+    batches per GPU times W (and the note that says so)."""
+    named = frozenset({*fixed, *options.knobs})
+    values = {**fixed, **engine_knobs(options.engine, on_gpu, trainer, named),
+              **trainer_knobs(trainer, on_gpu, named),
+              **algorithm_defaults({**fixed, **options.knobs}), **options.knobs}
+    batches = ("rollout_batch_size", "global_batch_size")
+    note = ""
+    if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's
+        values.update({k: getattr(ProbeConfig(), k) * world for k in batches})
+        note = (f"; batches: the defaults per GPU, rollout_batch_size="
+                f"{values['rollout_batch_size']} and global_batch_size="
+                f"{values['global_batch_size']} over {world} GPUs (--set your run's)")
+    return ProbeConfig(**values), note
 
 
 def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
@@ -121,25 +186,9 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
         ConfigError: no model, a study without a calibration or of another model, or a config
             that breaks a rule.
     """
-    calibration: Calibration | None = None
-    fitted: dict[str, Any] = {}
-    note = "prior constants (no probe yet; --study S uses a calibration)"
-    kind = device_kind(options.device, gpu_here=True)  # estimate plans a GPU run
-    dtype = options.dtype
-    if study is not None:
-        calibration, fitted = load_calibration(study, results_dir, storage)
-        if options.model is not None and options.model != fitted["model"]:
-            raise ConfigError(f"--study {study} was calibrated on model {fitted['model']}, "
-                              f"not {options.model}; leave out --model or pick that model's "
-                              "study")
-        options = dataclasses.replace(options, model=fitted["model"],
-                                      model_path=options.model_path or fitted["model_path"])
-        kind = "cuda" if fitted["on_gpu"] else "cpu"
-        dtype = next(name for name, width in DTYPE_BYTES.items()
-                     if width == fitted["compute_bytes"])
-        note = f"calibrated on {fitted['probes']} probes of study {study} on {fitted['device']}"
-    elif storage is not None:
-        raise ConfigError("--storage: only with --study (the study whose calibration to use)")
+    calibrated = calibrated_options(options, study, results_dir, storage)
+    options, kind, dtype = calibrated.options, calibrated.kind, calibrated.dtype
+    note, fitted = calibrated.note, calibrated.fitted
     if options.model is None and options.model_path is None:
         raise ConfigError("estimate: give --model NAME (see `autotune models`) or "
                           "--model-path DIR")
@@ -152,18 +201,9 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                     options.reserve_gpu_memory_bytes)
     topology = default_topology(options.nnodes, options.gpus_per_node, device, None)
     world = topology.world_size
-    knobs = fitted.get("fixed", {})  # the study's shapes, then --set
-    named = frozenset({*knobs, *options.knobs})
-    values = {**knobs, **engine_knobs(options.engine, device.on_gpu, trainer, named),
-              **trainer_knobs(trainer, device.on_gpu, named),
-              **algorithm_defaults({**knobs, **options.knobs}), **options.knobs}
-    batches = ("rollout_batch_size", "global_batch_size")
-    if world > 1 and not any(k in values for k in batches):  # defaults are one GPU's
-        values.update({k: getattr(ProbeConfig(), k) * world for k in batches})
-        note += (f"; batches: the defaults per GPU, rollout_batch_size="
-                 f"{values['rollout_batch_size']} and global_batch_size="
-                 f"{values['global_batch_size']} over {world} GPUs (--set your run's)")
-    config = ProbeConfig(**values)
+    config, batches_note = estimate_config(options, calibrated.fixed, device.on_gpu, trainer,
+                                           world)
+    note += batches_note
     problems = validate_probe_config(config, world) + model_problems(config, shape.is_vl)
     if problems:
         raise ConfigError(problems)
@@ -177,5 +217,5 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
         config = dataclasses.replace(config, max_response_length=response_length)
     request = probe_request(dataclasses.replace(options, dtype=dtype), options.model or name,
                             device, topology, config, emulated=world > 1, trainer=trainer)
-    return EstimatePlan(name, shape, request, calibration, note, fitted,
+    return EstimatePlan(name, shape, request, calibrated.calibration, note, fitted,
                         host_bytes or host_memory_bytes(), trainer)

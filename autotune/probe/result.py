@@ -1,4 +1,11 @@
-"""ProbeRequest and ProbeResult: the only things that cross a process boundary (plain JSON)."""
+"""ProbeRequest and ProbeResult: the only things that cross a process boundary (plain JSON).
+
+Each owns its JSON: `to_json` writes it and `from_json` reads it back (`to_dict` and
+`from_dict` are the same JSON as a dict, for a study's stored attributes); every file, Ray
+reply and trial attribute that holds one goes through them. A probe's request and result sit
+beside its log under the names `probe_files` gives (trial-7.log -> trial-7.request.json,
+trial-7.result.json), so a result written just before a driver died is found again.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,32 @@ import dataclasses
 import enum
 import json
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autotune.config import ProbeConfig
+from autotune.files import JsonObject
 from autotune.hardware import Device, usable_bytes
+
+REQUEST_SUFFIX = ".request.json"  # beside a probe's log: what was asked
+RESULT_SUFFIX = ".result.json"  # beside a probe's log: what the worker measured
+
+
+def probe_files(log_path: Path) -> tuple[Path, Path]:
+    """The request and result files that go with a probe's log: trial-7.log ->
+    trial-7.request.json, trial-7.result.json."""
+    return log_path.with_suffix(REQUEST_SUFFIX), log_path.with_suffix(RESULT_SUFFIX)
+
+
+def json_object(text: str) -> Mapping[str, Any]:
+    """The JSON object `text` holds: ValueError when it is not JSON (a torn file), TypeError
+    when it is JSON but no object."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
+    return data
 
 
 def coefficient_of_variation(values: list[float]) -> float | None:
@@ -115,9 +143,20 @@ class ProbeRequest:
         """The request as JSON (`indent=None`: on one line)."""
         return json.dumps(dataclasses.asdict(self), indent=indent, sort_keys=True)
 
+    def to_dict(self) -> JsonObject:
+        """The request's JSON as a dict (tuples as lists), as a study stores it."""
+        data: JsonObject = json.loads(self.to_json(indent=None))
+        return data
+
     @classmethod
     def from_json(cls, text: str) -> ProbeRequest:
-        data = json.loads(text)
+        return cls.from_dict(json_object(text))
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> ProbeRequest:
+        """The request `to_dict` gave; TypeError, KeyError or ValueError for one that is not
+        whole, or another version's."""
+        data = dict(stored)
         data["config"] = ProbeConfig(**data["config"])
         data["device"] = Device(**data["device"])
         if data.get("command") is not None:
@@ -144,7 +183,7 @@ class ProbeResult:
     step_s: float | None = None  # mean seconds of a timed step (training phases, no validation)
     phase_s: dict[str, float] = field(default_factory=dict)  # mean seconds per phase
     step_times_s: list[float] = field(default_factory=list)  # each timed step's seconds
-    machine: dict[str, Any] = field(default_factory=dict)  # what else the machine did over
+    machine: dict[str, float] = field(default_factory=dict)  # what else the machine did over
     # the timed steps (probe/machine.py: other processes' cores, load, the GPU's others)
     contention: str | None = None  # why the timing is not the probe's own; None: quiet
     peak_mem_bytes: int | None = None  # max over phases of the device figure below
@@ -209,13 +248,23 @@ class ProbeResult:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_dict(self) -> JsonObject:
+        """Every field as JSON holds it (the status as its value)."""
+        data: JsonObject = dataclasses.asdict(self)
         data["status"] = self.status.value
-        return json.dumps(data, indent=2, sort_keys=True)
+        return data
 
     @classmethod
     def from_json(cls, text: str) -> ProbeResult:
-        data = json.loads(text)
-        data["status"] = ProbeStatus(data["status"])
+        return cls.from_dict(json_object(text))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProbeResult:
+        """The result `to_dict` gave; fields another version added are left out. TypeError,
+        KeyError or ValueError for one that is not whole (no status, or an unknown one)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        given = {k: v for k, v in data.items() if k in known}
+        given["status"] = ProbeStatus(data["status"])
+        return cls(**given)

@@ -78,11 +78,12 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     except BaseException as exc:  # every failure becomes a classified result
         traceback.print_exc()
         status, message = classify_exception(exc)
-        described = describe_device(device, meter.device_limit_bytes if meter else None) \
-            if device is not None else {}
-        return ProbeResult(status=status, message=message, startup_s=startup_s,
-                           failed_phase=(meter.current_phase if meter else None) or "build",
-                           **described)
+        failed = ProbeResult(status=status, message=message, startup_s=startup_s,
+                             failed_phase=(meter.current_phase if meter else None) or "build")
+        if device is None:  # no device to describe: it failed before one was chosen
+            return failed
+        return failed.replace(**describe_device(
+            device, meter.device_limit_bytes if meter else None))
     finally:
         if meter is not None:
             meter.stop()

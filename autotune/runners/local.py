@@ -6,10 +6,11 @@ process tree: past `timeout_s` or past the host-memory limit it kills every proc
 probe. Whatever happened, `run` returns a classified ProbeResult and leaves no process behind.
 
 Files: with a log path (a sweep's `logs/trial-00007.log`) the request and the worker's result
-go beside it (`trial-00007.request.json`, `trial-00007.result.json`, written atomically), so a
-result written just before the driver died is found when the sweep resumes. Without one, they
-go in a scratch directory named after this process, removed when the probe ends; one left by
-a process that was SIGKILLed is removed by the next runner made on the machine.
+go beside it (probe_files: `trial-00007.request.json`, `trial-00007.result.json`, written
+atomically), so a result written just before the driver died is found when the sweep resumes.
+Without one, they go in a scratch directory named after this process, removed when the probe
+ends; one left by a process that was SIGKILLed is removed by the next runner made on the
+machine.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from autotune.probe.process_tag import (
     kill_tagged,
     new_tag,
 )
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus, probe_files
 from autotune.runners.oom_evidence import OOMWitness
 
 SCRATCH_PREFIX = "autotune-probe-"  # + the owning process's pid + "-"
@@ -114,12 +115,6 @@ def scratch_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def probe_files(log_path: Path) -> tuple[Path, Path]:
-    """The request and result files that go with a probe's log: trial-7.log ->
-    trial-7.request.json, trial-7.result.json."""
-    return log_path.with_suffix(".request.json"), log_path.with_suffix(".result.json")
 
 
 def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:

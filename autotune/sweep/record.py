@@ -8,35 +8,39 @@ carries the earlier trial's outcome. Every trial also gets user attrs that say w
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from autotune.config import format_bytes
+from autotune.config import Knobs, format_bytes
+from autotune.files import JsonObject
 from autotune.probe.result import ProbeResult
+from autotune.sweep import trial_files
 from autotune.sweep.objective import score
 from autotune.sweep.settings import SweepSettings
+
+if TYPE_CHECKING:
+    from optuna import Study, Trial
+    from optuna.trial import FrozenTrial
 
 # attrs of an earlier trial that describe that trial's own run, not its config's outcome
 OWN_ATTRS = ("origin", "requeued_from", "heartbeat_at", "waiting_on", "requeued")
 
 
-def result_attrs(result: ProbeResult) -> dict[str, Any]:
+def result_attrs(result: ProbeResult) -> JsonObject:
     """A result as stored in the trial's user attrs (the output tail stays in the log)."""
-    data = json.loads(result.to_json())
+    data = result.to_dict()
     data.pop("stderr_tail", None)
     return data
 
 
-def tell_result(study: Any, trial: Any, result: ProbeResult, settings: SweepSettings,
+def tell_result(study: Study, trial: Trial, result: ProbeResult, settings: SweepSettings,
                 capacity_bytes: int | None, probed: bool, predicted: bool = False) -> str:
     """Tell a probe's result (or a predicted or invalid one) under the sweep's objective and
     headroom; the one-line outcome for the progress view."""
     from optuna.trial import TrialState
 
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
-    log = Path(settings.study_dir) / "logs" / f"trial-{trial.number:05d}.log"
-    attrs: dict[str, Any] = {
+    log = trial_files.log_path(settings.study_dir, trial.number)
+    attrs: JsonObject = {
              "status": result.status.value, "probed": probed, "predicted": predicted,
              "feasible": verdict.feasible,
              "reason": result.message if predicted else verdict.reason,
@@ -59,7 +63,7 @@ def tell_result(study: Any, trial: Any, result: ProbeResult, settings: SweepSett
     return verdict.reason
 
 
-def tell_reused(study: Any, trial: Any, earlier: Any) -> None:
+def tell_reused(study: Study, trial: Trial, earlier: FrozenTrial) -> None:
     """Tell `trial` the outcome of the earlier trial that holds the same config."""
     from optuna.trial import TrialState
 
@@ -76,7 +80,7 @@ def tell_reused(study: Any, trial: Any, earlier: Any) -> None:
         study.tell(trial, state=TrialState.FAIL)
 
 
-def tell_given_up(study: Any, trial: Any, params: dict[str, Any], status: str,
+def tell_given_up(study: Study, trial: Trial, params: Knobs, status: str,
                   requeue: bool) -> None:
     """Fail a trial the driver will not finish (`interrupted`, or `duplicate` when another
     trial holds its config); a re-queued config runs again as a new trial."""

@@ -124,12 +124,26 @@ def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
 
 def format_study(study: Any, brief: bool = False) -> str:
     """A study for people: its trials (unless brief), the Pareto front and the best config."""
-    from autotune.sweep.artifacts import best_document, best_trial, pareto_front
-    from autotune.sweep.finalists import current_record
-    from autotune.sweep.finalists import describe as describe_finalists
+    from autotune.sweep.artifacts import best_trial, pareto_front
 
-    identity = study.user_attrs.get("identity", {})
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
+    lines = _study_header(study, trials)
+    columns = ["#", "status", "config", "tokens/s", "step cv", "peak", "phase", "probe s"]
+    if not brief and trials:
+        lines += _trials_table(study, trials, columns)
+    front = pareto_front(study)
+    if front:
+        lines += ["", "Pareto front (tokens/s up, peak memory down):",
+                  format_table([_trial_cells(t) for t in front], columns)]
+    best = best_trial(study)
+    if best is None:
+        return "\n".join([*lines, "", "no feasible configuration yet"])
+    return "\n".join([*lines, *_best_lines(study, trials, best)])
+
+
+def _study_header(study: Any, trials: list[Any]) -> list[str]:
+    """What the study ran (its model, run, objective, probes) and its calibration."""
+    identity = study.user_attrs.get("identity", {})
     probed = [t for t in trials if t.user_attrs.get("probed")]
     predicted = [t for t in trials if t.user_attrs.get("predicted")
                  and t.user_attrs.get("reused_from") is None]
@@ -152,33 +166,39 @@ def format_study(study: Any, brief: bool = False) -> str:
                          f"{format_bytes(fit['context_bytes'])}"
                          for phase, fit in calibration["phases"].items())
         lines.append(f"memory model calibrated on {calibration['probes']} probes: {fits}")
-    columns = ["#", "status", "config", "tokens/s", "step cv", "peak", "phase", "probe s"]
-    if not brief and trials:
-        reach = response_reach(study, trials)
-        rows = [{**_trial_cells(t), "fits to": reach.get(t.number, "-")} for t in trials]
-        busy = sum(bool((t.user_attrs.get("result") or {}).get("contention")) for t in trials)
-        lines += ["", format_table(rows, [*columns, "fits to"]),
-                  "(step cv: the spread of a probe's timed steps; busy: measured while other "
-                  "processes took the machine. fits to: the longest response, in tokens, each "
-                  "config fits its budget by the study's memory model; >= when no length up "
-                  "to the model's context or a token budget runs out)"]
-        if busy:
-            lines.append(f"{busy} probe(s) ran under contention: their tokens/s measure the "
-                         "other processes too (trials.csv, column contention)")
-    front = pareto_front(study)
-    if front:
-        lines += ["", "Pareto front (tokens/s up, peak memory down):",
-                  format_table([_trial_cells(t) for t in front], columns)]
-    best = best_trial(study)
-    if best is None:
-        lines += ["", "no feasible configuration yet"]
-        return "\n".join(lines)
+    return lines
+
+
+def _trials_table(study: Any, trials: list[Any], columns: list[str]) -> list[str]:
+    """Every trial as a row, with how long a response each config fits, and the probes
+    measured under contention counted."""
+    reach = response_reach(study, trials)
+    rows = [{**_trial_cells(t), "fits to": reach.get(t.number, "-")} for t in trials]
+    busy = sum(bool((t.user_attrs.get("result") or {}).get("contention")) for t in trials)
+    lines = ["", format_table(rows, [*columns, "fits to"]),
+             "(step cv: the spread of a probe's timed steps; busy: measured while other "
+             "processes took the machine. fits to: the longest response, in tokens, each "
+             "config fits its budget by the study's memory model; >= when no length up "
+             "to the model's context or a token budget runs out)"]
+    if busy:
+        lines.append(f"{busy} probe(s) ran under contention: their tokens/s measure the "
+                     "other processes too (trials.csv, column contention)")
+    return lines
+
+
+def _best_lines(study: Any, trials: list[Any], best: Any) -> list[str]:
+    """The best config: what it measured, where, its searched values, the pick, its length
+    and host headroom, and how it compares with the start."""
+    from autotune.sweep.artifacts import best_document
+    from autotune.sweep.finalists import current_record
+    from autotune.sweep.finalists import describe as describe_finalists
+
     document = best_document(study, best)
     measured = document["measured"]
-    lines += ["", f"best: trial {best.number}, {measured['tokens_per_s']:,.1f} tokens/s, peak "
-                  f"{format_bytes(measured['peak_mem_bytes'])} of budget "
-                  f"{format_bytes(measured['budget_bytes'])} (binds in "
-                  f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    lines = ["", f"best: trial {best.number}, {measured['tokens_per_s']:,.1f} tokens/s, peak "
+                 f"{format_bytes(measured['peak_mem_bytes'])} of budget "
+                 f"{format_bytes(measured['budget_bytes'])} (binds in "
+                 f"{measured['binding_phase']}), on {document['provenance']['device']}"]
     if "rollout_engine" in document["config"]:
         lines.append("  rollout: " + describe_engine(document["config"]["rollout_engine"],
                                                      document["provenance"].get("versions")))
@@ -190,17 +210,15 @@ def format_study(study: Any, brief: bool = False) -> str:
     lines += [f"  {key}: {value}" for key, value in document["config"].items()
               if key in document["searched"]]
     record = current_record(study)
-    if record is not None:
-        lines += ["", *describe_finalists(record)]
-    else:
-        lines.append(f"  pick: {document['pick']['rule']}")
+    lines += ["", *describe_finalists(record)] if record is not None \
+        else [f"  pick: {document['pick']['rule']}"]
     if document.get("length_headroom"):
         lines.append(f"  length headroom: {document['length_headroom']['says']} (probed at "
                      f"{document['config'].get('max_response_length')} tokens)")
     if document.get("node_host"):
         lines.append(f"  {document['node_host']['says']}")
-    lines += _against_start(trials, best, identity, measured)
-    return "\n".join(lines)
+    identity = study.user_attrs.get("identity", {})
+    return lines + _against_start(trials, best, identity, measured)
 
 
 def _against_start(trials: list[Any], best: Any, identity: dict[str, Any],

@@ -39,9 +39,10 @@ from autotune.hardware import (
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
-from autotune.sweep.command_probe import command_setup
+from autotune.sweep.command_probe import CommandTemplate, command_setup
 from autotune.sweep.finalists import DEFAULT_FINALISTS
 from autotune.sweep.placement import (
+    RankPlan,
     default_topology,
     emulate_ranks,
     make_runner,
@@ -312,9 +313,9 @@ def embedded_default(options: RunOptions) -> tuple[RunOptions, str | None]:
     return options, note
 
 
-def plan_sweep(options: RunOptions) -> SweepPlan:
-    """Resolve `autotune run`'s options into a SweepPlan, every input checked first (one
-    line each: nothing is made on bad input). A Ray runner connects to its cluster here."""
+def checked_run_options(options: RunOptions) -> RunOptions:
+    """The options' own rules, before anything is read or made; --launch without a model
+    probes the trainer's run, on the trainer's space unless --space names one."""
     if options.address is not None and options.executor != "ray":
         raise ConfigError("--address: only with --executor ray")
     if options.storage is not None:  # a bad --storage is refused before anything is made
@@ -327,7 +328,30 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
             options = dataclasses.replace(options, space=options.space or options.trainer,
                                           probe=dataclasses.replace(
                                               options.probe, model=f"{options.trainer}-run"))
-    options, default_note = embedded_default(options)
+    return options
+
+
+def how_probes_run(options: RunOptions, target: TrainerTarget | None, topology: Topology,
+                   device: Device, space: SearchSpace
+                   ) -> tuple[RankPlan, CommandTemplate | None, list[str]]:
+    """How the run's ranks are probed, and with --launch the trainer's command each probe
+    runs (and the lines that say so)."""
+    probe = options.probe
+    if options.launch is None:
+        return plan_ranks(topology, device, probe.ranks, probe.gpus,
+                          options.executor == "local", options.confirm,
+                          options.gpus_per_trial), None, []
+    assert target is not None
+    steps = probe.warmup_steps + (probe.timed_steps or TIMED_STEPS)
+    ranks = plan_command_ranks(topology, device, probe.gpus, steps, options.gpus_per_trial)
+    template, said = command_setup(target, options.launch, space, steps)
+    return ranks, template, list(said)
+
+
+def plan_sweep(options: RunOptions) -> SweepPlan:
+    """Resolve `autotune run`'s options into a SweepPlan, every input checked first (one
+    line each: nothing is made on bad input). A Ray runner connects to its cluster here."""
+    options, default_note = embedded_default(checked_run_options(options))
     probe = options.probe
     model = check_model(probe, known_model=options.launch is None)
     assert options.space is not None
@@ -353,16 +377,8 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
     space, base_params = user_space(loaded, topology, probe, device, options, base)
     name = check_study_name(options.study if options.study is not None
                             else f"{model}-{space.name}")
-    if options.launch is not None:
-        assert target is not None
-        steps = probe.warmup_steps + (probe.timed_steps or TIMED_STEPS)
-        ranks = plan_command_ranks(topology, device, probe.gpus, steps, options.gpus_per_trial)
-        template, said = command_setup(target, options.launch, space, steps)
-        notes += said
-    else:
-        ranks = plan_ranks(topology, device, probe.ranks, probe.gpus, local, options.confirm,
-                           options.gpus_per_trial)
-        template = None
+    ranks, template, said = how_probes_run(options, target, topology, device, space)
+    notes += said
     safe = space.config_for(space.safe_params())  # the template's config
     request = probe_request(probe, model, device, topology, safe, ranks.emulated,
                             options.trainer)

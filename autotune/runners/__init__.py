@@ -58,22 +58,29 @@ def get_runner(kind: str = "local", **options: Any) -> Runner:
     raise ConfigError(f"unknown executor {kind!r}: valid: {', '.join(EXECUTORS)}")
 
 
-def _ray_runner_module() -> Any:
+def _require_ray() -> None:
+    """ConfigError, in one line, when Ray is not installed."""
     try:
-        from autotune.runners import ray_runner
+        from autotune.runners import ray_runner  # noqa: F401
     except ImportError:
         raise ConfigError("--executor ray: Ray is not installed; pip install "
                           "'autotune[ray]'") from None
-    return ray_runner
 
 
-def connect_ray(address: str | None = None, **options: Any) -> RayRunner:
+def connect_ray(address: str | None = None, num_cpus_per_probe: float = 1.0,
+                num_gpus_per_probe: float = 0.0, resources: dict[str, float] | None = None,
+                worker_argv: list[str] | None = None) -> RayRunner:
     """A RayRunner on the cluster at `address` (None: a Ray started on this machine)."""
-    runner: RayRunner = _ray_runner_module().RayRunner(address, **options)
-    return runner
+    _require_ray()
+    from autotune.runners.ray_runner import RayRunner
+
+    return RayRunner(address, num_cpus_per_probe, num_gpus_per_probe, resources, worker_argv)
 
 
 def ray_cluster_gpus(address: str | None) -> float:
     """GPUs of the Ray cluster at `address` (connects to it; a RayRunner made next reuses
     the connection)."""
-    return float(_ray_runner_module().cluster_gpus(address))
+    _require_ray()
+    from autotune.runners.ray_runner import cluster_gpus
+
+    return cluster_gpus(address)

@@ -34,11 +34,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import RunnerError
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.local import SubprocessRunner, scratch_dir
+
+if TYPE_CHECKING:
+    from ray import ObjectRefGenerator
+    from ray.remote_function import RemoteFunction
 
 LOG_TAIL_BYTES = 2 * 2**20  # the most of a probe's log that comes back to the driver
 STOP_GRACE_S = 5.0  # after a soft cancel, how long before the Ray worker is force-killed
@@ -51,7 +55,8 @@ CONNECT_CHECK_S = 60.0  # how long a new runner waits for a first reply from a R
 LOST_ERROR_NAMES = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
                     "ObjectLostError", "RaySystemError", "TaskUnschedulableError")
 
-_remote_probe: Any = None  # run_probe_on_node as a Ray remote function, made on first use
+_remote_probe: RemoteFunction | None = None  # run_probe_on_node as a Ray remote function,
+# made on first use
 _connected_here = False  # this module called ray.init (close() disconnects, and stops a Ray
 # it started)
 
@@ -80,7 +85,21 @@ def cluster_gpus(address: str | None) -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
-def cancel_in_background(probe: Any, force: bool = True) -> None:
+class NodeReply(TypedDict):
+    """The task's first reply: where it runs."""
+
+    node_id: str
+    hostname: str
+
+
+class ProbeReply(TypedDict):
+    """The task's second reply: the probe's result and its log."""
+
+    result: str  # the ProbeResult's JSON
+    log: bytes  # the tail of the probe's log (LOG_TAIL_BYTES at most)
+
+
+def cancel_in_background(probe: ObjectRefGenerator, force: bool = True) -> None:
     """Cancel a task on a thread of its own: `ray.cancel` is a call to the task's owner and
     its node that can block under load, and neither `stop` nor a deadline may wait on it."""
     import ray
@@ -93,7 +112,7 @@ def cancel_in_background(probe: Any, force: bool = True) -> None:
 
 
 def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None
-                      ) -> Iterator[dict[str, Any]]:
+                      ) -> Iterator[NodeReply | ProbeReply]:
     """The Ray task: say where it runs, then run one probe (if any) with the local runner."""
     import ray
 
@@ -156,7 +175,7 @@ class RayRunner:
         self.worker_argv = worker_argv  # the probe command on the node (tests: a faulty worker)
         self.stopping = threading.Event()
         self.lock = threading.Lock()
-        self.in_flight: set[Any] = set()  # the probe tasks (ObjectRefGenerators) not returned
+        self.in_flight: set[ObjectRefGenerator] = set()  # the probe tasks not returned
         connect(address)
         self.check_replies()
 
@@ -226,10 +245,12 @@ class RayRunner:
                 resources=self.resources or None, name=f"autotune-probe:{request.model}",
             ).remote(sent.to_json(), self.worker_argv)
             self.in_flight.add(probe)
-        node: dict[str, str] = {}
+        node: NodeReply | None = None
         try:
-            node = self.next_reply(probe)
-            reply = self.next_reply(probe, node, time.monotonic() + request.timeout_s)
+            self.await_reply(probe)
+            node = ray.get(next(probe))
+            self.await_reply(probe, node, time.monotonic() + request.timeout_s)
+            reply: ProbeReply = ray.get(next(probe))
             result = ProbeResult.from_json(reply["result"])
             log_bytes = reply["log"]
         except (ray.exceptions.RayError, ProbeLost) as exc:
@@ -253,9 +274,10 @@ class RayRunner:
             result = result.replace(message=f"{result.message} {where}".lstrip())
         return result.replace(probe_wall_s=result.probe_wall_s or time.monotonic() - started)
 
-    def next_reply(self, probe: Any, node: dict[str, str] | None = None,
-                   deadline: float = math.inf) -> dict[str, Any]:
-        """The task's next reply; ProbeLost if its node dies or is silent long past deadline.
+    def await_reply(self, probe: ObjectRefGenerator, node: NodeReply | None = None,
+                    deadline: float = math.inf) -> None:
+        """Wait until the task's next reply is ready; ProbeLost if its node dies or is silent
+        long past deadline.
         After `stop`, a task that outlives the soft cancel by STOP_GRACE_S is force-killed;
         one whose reference is still not ready STOP_GRACE_S after that is given up on (Ray
         can leave a force-cancelled streaming task's reference pending under load): `run`
@@ -267,7 +289,7 @@ class RayRunner:
         while True:
             ready, _ = ray.wait([probe], timeout=WAIT_POLL_S)
             if ready:
-                return ray.get(next(probe))
+                return
             now = time.monotonic()
             if self.stopping.is_set():
                 stop_seen_at = stop_seen_at or now

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypeAlias
+
+# a knob's value (config.schema re-exports it: the schema's types, declared here because the
+# schema's rules read this module)
+KnobValue: TypeAlias = "bool | int | float | str | None"
+KnobMapping: TypeAlias = "Mapping[str, KnobValue]"  # knobs by name, some or all
 
 # the phases cut into micro-batches; PPO's critic cuts its value forwards and its update by
 # one micro-batch (verl's critic.forward_micro_batch_size_per_gpu follows its update's)
@@ -39,33 +44,40 @@ ROW_COUNT_KNOBS = ("rollout_batch_size", "rollout_n", "global_batch_size")
 ALGORITHM_WITH_CRITIC = "ppo"
 
 
-def batched_phases(knobs: Mapping[str, Any]) -> tuple[str, ...]:
+def as_count(value: KnobValue) -> int:
+    """A count knob's value (a micro-batch, a budget, a length) as the int it is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a count, got {value!r}")
+    return int(value)
+
+
+def batched_phases(knobs: KnobMapping) -> tuple[str, ...]:
     """The phases `knobs` cut into micro-batches: the critic's only where there is one."""
     return tuple(phase for phase in BATCHED_PHASES
                  if phase != "critic_update" or knobs.get("algorithm") == ALGORITHM_WITH_CRITIC)
 
 
-def token_budget(knobs: Mapping[str, Any], phase: str) -> int | None:
+def token_budget(knobs: KnobMapping, phase: str) -> int | None:
     """Tokens one GPU may put in a micro-batch of `phase` (None: dynamic batching off)."""
     if not knobs.get("dynamic_batching"):
         return None
     budget = knobs.get(BUDGET_KNOB[phase])
     if budget is not None:
-        return int(budget)
-    return int(knobs[MICRO_KNOB[phase]]) * sequence_tokens(knobs)
+        return as_count(budget)
+    return as_count(knobs[MICRO_KNOB[phase]]) * sequence_tokens(knobs)
 
 
-def sequence_tokens(knobs: Mapping[str, Any]) -> int:
+def sequence_tokens(knobs: KnobMapping) -> int:
     """Tokens of one whole sequence (a VL prompt's image tokens are inside the prompt)."""
-    return int(knobs["max_prompt_length"]) + int(knobs["max_response_length"])
+    return as_count(knobs["max_prompt_length"]) + as_count(knobs["max_response_length"])
 
 
-def micro_batches(lengths: Sequence[int], knobs: Mapping[str, Any],
+def micro_batches(lengths: Sequence[int], knobs: KnobMapping,
                   phase: str) -> list[list[int]]:
     """The indices of `lengths` (each sequence's tokens) in each micro-batch of `phase`."""
     budget = token_budget(knobs, phase)
     if budget is None:
-        size = int(knobs[MICRO_KNOB[phase]])
+        size = as_count(knobs[MICRO_KNOB[phase]])
         return [list(range(start, min(start + size, len(lengths))))
                 for start in range(0, len(lengths), size)]
     count = min(len(lengths), -(-sum(lengths) // budget))
@@ -89,19 +101,19 @@ def balanced_partitions(lengths: Sequence[int], count: int) -> list[list[int]]:
                   key=lambda group: (-sum(lengths[i] for i in group), group))
 
 
-def worst_case_rows(knobs: Mapping[str, Any], sequences: int, phase: str) -> int:
+def worst_case_rows(knobs: KnobMapping, sequences: int, phase: str) -> int:
     """Sequences in the largest micro-batch of `phase` when every one of `sequences` responses
     runs to the full length: what binds memory."""
     if sequences <= 0:
         return 0
     budget = token_budget(knobs, phase)
     if budget is None:  # not capped at `sequences`: the rules make it divide them
-        return int(knobs[MICRO_KNOB[phase]])
+        return as_count(knobs[MICRO_KNOB[phase]])
     count = min(sequences, -(-sequences * sequence_tokens(knobs) // budget))
     return -(-sequences // count)  # equal lengths: balanced groups differ by one at most
 
 
-def budget_problems(knobs: Mapping[str, Any]) -> list[str]:
+def budget_problems(knobs: KnobMapping) -> list[str]:
     """A token budget must hold one whole sequence (verl asserts it in seqlen_balancing)."""
     problems = []
     for phase in batched_phases(knobs):
@@ -117,7 +129,7 @@ def budget_problems(knobs: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def with_token_budgets(knobs: Mapping[str, Any]) -> dict[str, Any]:
+def with_token_budgets(knobs: KnobMapping) -> dict[str, KnobValue]:
     """`knobs` with each token budget written out as the probe ran it (dynamic batching on:
     the budget given, or micro-batch x sequence length), for an export to set."""
     out = dict(knobs)

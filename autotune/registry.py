@@ -12,7 +12,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from autotune.errors import ConfigError, UnknownModelError
 
@@ -31,6 +31,11 @@ _QWEN_VL_TOKENS = {
 }
 
 
+# a model's config.json as transformers reads it (and as Hugging Face publishes it): a
+# foreign document whose values are whatever each architecture keeps there
+HFConfig: TypeAlias = "dict[str, Any]"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A registry entry: the config that builds the architecture and the card's parameter count."""
@@ -38,11 +43,11 @@ class ModelSpec:
     name: str
     hf_id: str
     kind: str  # "text" or "vl"
-    text_config: dict[str, Any]
-    vision_config: dict[str, Any] | None = None
+    text_config: HFConfig
+    vision_config: HFConfig | None = None
     card_params: float | None = None  # billions, as the model card states them
     tie_word_embeddings: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # top-level config keys (VL token ids)
+    extra: HFConfig = field(default_factory=dict)  # top-level config keys (VL token ids)
     tiny: bool = False  # a CPU-sized variant for tests and demos
 
     @property
@@ -51,13 +56,13 @@ class ModelSpec:
 
 
 def _text(h: int, layers: int, heads: int, kv: int, inter: int, vocab: int,
-          **overrides: Any) -> dict[str, Any]:
+          **overrides: float) -> HFConfig:
     return {**_QWEN_TEXT_COMMON, "hidden_size": h, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv,
             "intermediate_size": inter, "vocab_size": vocab, **overrides}
 
 
-def _vl_text(text: dict[str, Any]) -> dict[str, Any]:
+def _vl_text(text: HFConfig) -> HFConfig:
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     unit = head_dim // 16  # mrope splits head_dim/2 as 1/4, 3/8, 3/8: (16, 24, 24) for 128
     return {**text, "rope_scaling": {"type": "mrope", "mrope_section":
@@ -112,7 +117,7 @@ def get_model_spec(name: str) -> ModelSpec:
 
 
 
-def read_model_path_config(model_path: str) -> dict[str, Any]:
+def read_model_path_config(model_path: str) -> HFConfig:
     """The config.json of a local checkpoint or config directory, checked before any probe;
     one line when the directory or its config.json is missing or not JSON."""
     path = Path(model_path)
@@ -138,7 +143,7 @@ ARCHITECTURE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "vocab_size")
 
 
-def architecture_of(model: str) -> dict[str, Any] | None:
+def architecture_of(model: str) -> dict[str, int | None] | None:
     """The architecture numbers of a model as a trainer config names it: a registry name, a
     Hugging Face id of a registry model (its base or instruct variant), or a local directory
     with a config.json; None when autotune cannot tell."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import PHASES, describe_engine, describe_params, format_bytes
 from autotune.probe.result import ProbeResult, coefficient_of_variation
 
 if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
     from autotune.sweep.driver import SweepOutcome
     from autotune.sweep.settings import SweepSettings
 
@@ -61,7 +65,7 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
     return "\n".join(lines)
 
 
-def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+def format_table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> str:
     """A plain left-aligned table with a header row."""
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
     lines = [{c: c for c in columns}, *rows]
@@ -69,7 +73,7 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
                      for row in lines)
 
 
-def _trial_cells(trial: Any) -> dict[str, Any]:
+def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
     attrs = trial.user_attrs
     result = attrs.get("result") or {}
     tokens = result.get("tokens_per_s")
@@ -95,7 +99,7 @@ def _trial_cells(trial: Any) -> dict[str, Any]:
             "probe s": f"{result['probe_wall_s']:.0f}" if result.get("probe_wall_s") else "-"}
 
 
-def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
+def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
     """Each run or predicted config's length headroom, for the trials table."""
     from autotune.config import KNOB_NAMES, ProbeConfig
     from autotune.sweep.study_model import study_model
@@ -122,7 +126,7 @@ def response_reach(study: Any, trials: list[Any]) -> dict[int, str]:
     return reach
 
 
-def format_study(study: Any, brief: bool = False) -> str:
+def format_study(study: Study, brief: bool = False) -> str:
     """A study for people: its trials (unless brief), the Pareto front and the best config."""
     from autotune.sweep.artifacts import best_trial, pareto_front
 
@@ -141,7 +145,7 @@ def format_study(study: Any, brief: bool = False) -> str:
     return "\n".join([*lines, *_best_lines(study, trials, best)])
 
 
-def _study_header(study: Any, trials: list[Any]) -> list[str]:
+def _study_header(study: Study, trials: list[FrozenTrial]) -> list[str]:
     """What the study ran (its model, run, objective, probes) and its calibration."""
     identity = study.user_attrs.get("identity", {})
     probed = [t for t in trials if t.user_attrs.get("probed")]
@@ -169,7 +173,7 @@ def _study_header(study: Any, trials: list[Any]) -> list[str]:
     return lines
 
 
-def _trials_table(study: Any, trials: list[Any], columns: list[str]) -> list[str]:
+def _trials_table(study: Study, trials: list[FrozenTrial], columns: list[str]) -> list[str]:
     """Every trial as a row, with how long a response each config fits, and the probes
     measured under contention counted."""
     reach = response_reach(study, trials)
@@ -186,7 +190,7 @@ def _trials_table(study: Any, trials: list[Any], columns: list[str]) -> list[str
     return lines
 
 
-def _best_lines(study: Any, trials: list[Any], best: Any) -> list[str]:
+def _best_lines(study: Study, trials: list[FrozenTrial], best: FrozenTrial) -> list[str]:
     """The best config: what it measured, where, its searched values, the pick, its length
     and host headroom, and how it compares with the start."""
     from autotune.sweep.artifacts import best_document
@@ -221,7 +225,7 @@ def _best_lines(study: Any, trials: list[Any], best: Any) -> list[str]:
     return lines + _against_start(trials, best, identity, measured)
 
 
-def _against_start(trials: list[Any], best: Any, identity: dict[str, Any],
+def _against_start(trials: list[FrozenTrial], best: FrozenTrial, identity: Mapping[str, object],
                    tuned: dict[str, Any]) -> list[str]:
     """How the best compares with the config the run started from (--base-config or the
     trainer's own), measured side by side in the same study."""

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.config.schema import COEFFICIENT_KNOBS, KNOB_NAMES, MAX_KNOB_VALUE, ProbeConfig
+from autotune.config.schema import (
+    COEFFICIENT_KNOBS,
+    KNOB_NAMES,
+    MAX_KNOB_VALUE,
+    Knobs,
+    KnobValue,
+    ProbeConfig,
+)
 from autotune.config.units import parse_bytes
 from autotune.errors import ConfigError
 
@@ -23,7 +30,7 @@ def engine_choices() -> tuple[str, ...]:
     return _KNOB_CHOICES["rollout_engine"]
 
 
-def parse_knob_value(key: str, raw: Any) -> Any:
+def parse_knob_value(key: str, raw: object) -> KnobValue:
     """Turn a YAML or command-line value into the knob's type, or raise ConfigError."""
     if key not in _KNOB_TYPES:
         raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
@@ -71,7 +78,7 @@ def parse_knob_value(key: str, raw: Any) -> Any:
     return value
 
 
-def parse_share(raw: Any, problem: str) -> float:
+def parse_share(raw: object, problem: str) -> float:
     """A share in (0, 1] (of a device, of a node's memory); ConfigError(`problem`) else."""
     try:
         value = float(str(raw).strip()) if not isinstance(raw, bool) else -1.0
@@ -83,18 +90,18 @@ def parse_share(raw: Any, problem: str) -> float:
 
 
 def parse_assignments(assignments: list[str] | tuple[str, ...],
-                      translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-                      ) -> dict[str, Any]:
+                      translate: Callable[[dict[str, Any]], Knobs] | None = None
+                      ) -> Knobs:
     """Parse `key=value` strings from `--set` into typed knob values; report every problem.
     `translate` turns the keys that are not knobs (a trainer's own keys, their values read as
     YAML) into the knobs they set, all at once, or raises ConfigError naming what it cannot."""
     import yaml
 
-    values: dict[str, Any] = {}
-    foreign: dict[str, Any] = {}  # keys that are not knobs, for `translate`
+    values: Knobs = {}
+    foreign: dict[str, Any] = {}  # keys that are not knobs (YAML values), for `translate`
     problems: list[str] = []
 
-    def add(knob: str, value: Any) -> None:
+    def add(knob: str, value: KnobValue) -> None:
         if knob in values and values[knob] != value:
             problems.append(f"--set {knob} given twice ({values[knob]}, then {value}); give "
                             "it once")
@@ -140,7 +147,7 @@ def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str)
 
 
 
-def load_knob_file(path: str) -> dict[str, Any]:
+def load_knob_file(path: str) -> Knobs:
     """Canonical knobs from a flat YAML mapping (`--base-config`); every problem in one go."""
     import yaml
 
@@ -157,7 +164,7 @@ def load_knob_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of knob names to values, "
                           "e.g. micro_batch_size_update: 4")
-    values: dict[str, Any] = {}
+    values: Knobs = {}
     problems: list[str] = []
     for key, raw in data.items():
         try:
@@ -169,7 +176,7 @@ def load_knob_file(path: str) -> dict[str, Any]:
     return values
 
 
-def describe_params(params: dict[str, Any]) -> str:
+def describe_params(params: Mapping[str, object]) -> str:
     """Params in a short readable form: mbu=4 mbe=8 gc offload_params."""
     short = {"micro_batch_size_update": "mbu", "micro_batch_size_experience": "mbe",
              "gradient_checkpointing": "gc", "rollout_batch_size": "rbs", "rollout_n": "n",

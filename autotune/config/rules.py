@@ -4,31 +4,30 @@ Each returns every broken rule as one line that says what to do."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from autotune.batching import ALGORITHM_WITH_CRITIC, budget_problems
+from autotune.batching import ALGORITHM_WITH_CRITIC, KnobMapping, budget_problems
 from autotune.config.kernels import IMAGE_FRAME_TOKENS, IMAGE_TOKEN_PX
-from autotune.config.schema import CRITIC_KNOBS, ProbeConfig, image_tokens, old_pass_runs
+from autotune.config.schema import CRITIC_KNOBS, Knobs, ProbeConfig, image_tokens
 from autotune.errors import ConfigError
 
 
-def torch_adamw_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+def torch_adamw_problem(config: ProbeConfig, trainer: str) -> list[str]:
     """verl and EasyR1 build torch.optim.AdamW with its default step (foreach on a GPU)."""
     return [f"fused_optimizer=true: {trainer} builds torch.optim.AdamW with torch's default "
             "step, not the fused kernel the probe ran; probe with fused_optimizer=false"] \
-        if knobs.get("fused_optimizer") else []
+        if config.fused_optimizer else []
 
 
-def old_pass_problem(knobs: dict[str, Any], trainer: str) -> list[str]:
+def old_pass_problem(config: ProbeConfig, trainer: str) -> list[str]:
     """verl and EasyR1 always take the old log-probs in a forward of their own."""
-    runs = old_pass_runs(knobs.get("old_logprob_pass", True), knobs["rollout_batch_size"],
-                         knobs["global_batch_size"])
-    return [] if runs else [
+    return [] if config.runs_old_logprob_pass else [
         f"old_logprob_pass: {trainer} takes the old log-probs in a forward of their own "
         "(compute_log_prob); set old_logprob_pass=true"]
 
 
-def make_probe_config(values: dict[str, Any], world_size: int = 1) -> ProbeConfig:
+def make_probe_config(values: Mapping[str, Any], world_size: int = 1) -> ProbeConfig:
     """Build a ProbeConfig from typed values and check the rules every trainer shares."""
     config = ProbeConfig(**values)
     problems = validate_probe_config(config, world_size)
@@ -152,7 +151,7 @@ def critic_problems(config: ProbeConfig, world_size: int = 1) -> list[str]:
     return problems
 
 
-def algorithm_defaults(named: dict[str, Any]) -> dict[str, Any]:
+def algorithm_defaults(named: KnobMapping) -> Knobs:
     """The knobs an algorithm sets when nothing else names them: PPO's rollout.n is 1 (one
     response per prompt, the value model is the baseline; verl's ppo_trainer.yaml)."""
     if named.get("algorithm") == ALGORITHM_WITH_CRITIC and "rollout_n" not in named:

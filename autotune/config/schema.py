@@ -12,12 +12,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from autotune.batching import BATCHED_PHASES
+from autotune.batching import BATCHED_PHASES, KnobValue
 from autotune.config.kernels import IMAGE_TOKEN_PX
 
 # a knob's value, and knobs by name where only some are given (a space's fixed values, a
 # trainer's translation, --set): a whole config is a ProbeConfig
-KnobValue: TypeAlias = "bool | int | float | str | None"
 Knobs: TypeAlias = "dict[str, KnobValue]"
 
 MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.7 million

@@ -9,13 +9,10 @@ how well the model's shape fits this device, not how it predicts a new config).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 
-from autotune.config import ProbeConfig
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate
-from autotune.probe.result import ProbeRequest
 from autotune.report.view import StudyView, TrialView
 from autotune.sweep.prescreen import memory_estimator
 
@@ -39,21 +36,21 @@ class PhaseParts:
 def estimator(view: StudyView) -> Callable[[TrialView], MemoryEstimate] | None:
     """The model's estimate of a trial's config, or None when the study's model cannot be read
     (a trainer's checkpoint the model does not know) or its request is from another version."""
-    try:
-        request = ProbeRequest.from_json(json.dumps(view.request))
-    except (TypeError, KeyError, ValueError):
+    request = view.parsed_request
+    if request is None:
         return None
     device = request.device.with_capacity(view.device_capacity_bytes)
     model = memory_estimator(dataclasses.replace(request, device=device))
     if model is None:
         return None
-    return lambda trial: model(ProbeConfig(**view.config_of(trial)))
+    return lambda trial: model(view.config_of(trial))
 
 
 def calibration_of(view: StudyView) -> Calibration | None:
-    if not view.calibration or not view.calibration.get("phases"):
+    phases = view.calibration.get("phases") if view.calibration else None
+    if not phases or not isinstance(phases, dict):
         return None
-    return Calibration.from_dict(view.calibration["phases"])
+    return Calibration.from_dict(phases)
 
 
 def phase_parts(view: StudyView, trials: list[TrialView]) -> dict[int, dict[str, PhaseParts]]:

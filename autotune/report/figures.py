@@ -8,11 +8,16 @@ Each figure function returns a plotly Figure, or None when the study holds nothi
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autotune.config import describe_params
 from autotune.report.estimates import PhaseParts, median_error
 from autotune.report.view import OUTCOMES, StudyView, TrialView
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from plotly.graph_objects import Figure
 
 COLORS = {"fits": "#2a9d8f", "over headroom": "#e9c46a", "oom": "#d62828",
           "predicted oom": "#9d4edd", "invalid": "#6c757d", "failed": "#343a40"}
@@ -40,7 +45,7 @@ def hover(trial: TrialView, unit: tuple[int, str]) -> str:
     return "<br>".join(lines)
 
 
-def memory_lines(fig: Any, view: StudyView, vertical: bool) -> None:
+def memory_lines(fig: Figure, view: StudyView, vertical: bool) -> None:
     """The capacity and the headroom budget as lines across the plot."""
     size, unit = view.memory_unit
     for value, name, dash in ((view.capacity_bytes, "capacity", "solid"),
@@ -53,7 +58,7 @@ def memory_lines(fig: Any, view: StudyView, vertical: bool) -> None:
             annotation_position="top left" if vertical else "top right")
 
 
-def throughput_vs_memory(view: StudyView) -> Any:
+def throughput_vs_memory(view: StudyView) -> Figure:
     """Tokens/s against peak memory for every config; what has no throughput at the wall."""
     import plotly.graph_objects as go
 
@@ -103,7 +108,7 @@ def throughput_vs_memory(view: StudyView) -> Any:
 
 
 def phase_breakdown(view: StudyView, parts: dict[int, dict[str, PhaseParts]],
-                    numbers: list[int], phases: list[str]) -> Any | None:
+                    numbers: list[int], phases: list[str]) -> Figure | None:
     """Per-phase peak of a few configs: the model's states / transient / context stacked,
     the measured peak beside them, against capacity."""
     import plotly.graph_objects as go
@@ -121,7 +126,7 @@ def phase_breakdown(view: StudyView, parts: dict[int, dict[str, PhaseParts]],
             x[1].append(phase)
     fig = go.Figure()
 
-    def column(get: Any) -> list[float | None]:
+    def column(get: Callable[[PhaseParts], int]) -> list[float | None]:
         values = []
         for trial in trials:
             for phase in phases:
@@ -158,7 +163,7 @@ def best_so_far(trials: list[TrialView], ranked: list[int]) -> list[float | None
     return out
 
 
-def sweep_over_time(view: StudyView) -> Any | None:
+def sweep_over_time(view: StudyView) -> Figure | None:
     """Best so far by probe and by wall-clock hour, each trial's outcome marked."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -196,7 +201,7 @@ def sweep_over_time(view: StudyView) -> Any | None:
 
 
 def model_vs_measured(view: StudyView, parts: dict[int, dict[str, PhaseParts]]
-                      ) -> tuple[Any | None, str]:
+                      ) -> tuple[Figure | None, str]:
     """Estimate against measurement per phase, before and after calibration (when the study
     has one); with the median errors for the caption."""
     import plotly.graph_objects as go
@@ -241,24 +246,23 @@ def model_vs_measured(view: StudyView, parts: dict[int, dict[str, PhaseParts]]
 MIN_TRIALS = 3  # fewer feasible probes than this say nothing about a knob's importance
 
 
-def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Any | None, str]:
+def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Figure | None, str]:
     """Peak memory against the response length, for each of `numbers` (the best configs):
     the study's calibrated memory model, anchored on each probe's measured peaks; the probed
     length is marked, and where a curve crosses the headroom budget is its length headroom."""
     import plotly.graph_objects as go
 
-    from autotune.config import ProbeConfig
     from autotune.sweep.study_model import StudyModel
 
     model = StudyModel.of({"request": view.request, "memory_calibration": view.calibration},
                           view.device_capacity_bytes)
-    if model is None or not view.budget_bytes or not numbers:
+    if model is None or view.parsed_request is None or not view.budget_bytes or not numbers:
         return None, "no memory model for this study's model, or no feasible config yet"
     size, unit = view.memory_unit
     fig = go.Figure()
     for number in numbers:
         trial = view.trial(number)
-        config = ProbeConfig(**view.config_of(trial))
+        config = view.config_of(trial)
         reach = model.headroom(config, view.budget_bytes, trial.phase_peak_mem_bytes)
         probed = config.max_response_length
         longest = min(reach.searched_to, max(4 * probed, int(reach.fits_up_to * 1.25)))
@@ -279,7 +283,7 @@ def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Any | None, st
     return fig, ""
 
 
-def feasible_study(view: StudyView) -> Any:
+def feasible_study(view: StudyView) -> Study:
     """An in-memory Optuna study of the feasible probes: values (tokens/s, peak memory in the
     view's unit)."""
     import optuna
@@ -298,7 +302,7 @@ def feasible_study(view: StudyView) -> Any:
     return study
 
 
-def varied(study: Any) -> list[str]:
+def varied(study: Study) -> list[str]:
     """The knobs that took more than one value among the study's trials, in name order."""
     values: dict[str, set[str]] = {}
     for trial in study.trials:
@@ -307,7 +311,7 @@ def varied(study: Any) -> list[str]:
     return sorted(name for name, seen in values.items() if len(seen) > 1)
 
 
-def importances(study: Any) -> tuple[Any | None, str]:
+def importances(study: Study) -> tuple[Figure | None, str]:
     """Both metrics' importances in one bar chart (`study` from feasible_study), or None and
     why not."""
     import optuna.visualization as vis
@@ -325,7 +329,7 @@ def importances(study: Any) -> tuple[Any | None, str]:
     return fig, ""
 
 
-def slices(study: Any, metric: int) -> tuple[Any | None, str]:
+def slices(study: Study, metric: int) -> tuple[Figure | None, str]:
     """Each varied knob's values against one metric (0: tokens/s, 1: peak memory)."""
     import optuna.visualization as vis
 
@@ -333,6 +337,7 @@ def slices(study: Any, metric: int) -> tuple[Any | None, str]:
     if len(study.trials) < 2 or not params:
         return None, (f"needs feasible probes that differ in some knob (this study has "
                       f"{len(study.trials)} feasible)")
+    assert study.metric_names is not None  # feasible_study names both metrics
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fig = vis.plot_slice(study, params=params, target=lambda t: t.values[metric],

@@ -7,13 +7,17 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.config import describe_params, format_bytes
 from autotune.errors import AutotuneError, ConfigError
 from autotune.files import write_text_atomic
 from autotune.report.view import StudyView, headline, phases_of, read_study
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from plotly.graph_objects import Figure
 
 REPORT_NAME = "report.html"
 GENERATOR = '<meta name="generator" content="autotune report">'  # marks a file as ours
@@ -52,7 +56,7 @@ def check_out_path(path: Path) -> None:
                               "new path or remove it")
 
 
-def write_report(study: Any, path: Path) -> Path:
+def write_report(study: Study, path: Path) -> Path:
     """Render `study` and write it to `path` atomically; returns the path."""
     require_plotly()
     check_out_path(path)
@@ -144,7 +148,8 @@ def finalists_table(view: StudyView) -> str:
                            "under contention"]))
 
 
-def section(title: str, caption: str, figure: Any, key: str, missing: str = "") -> str:
+def section(title: str, caption: str, figure: Figure | None, key: str,
+            missing: str = "") -> str:
     """One figure with its heading and its one-line caption (or why it is not drawn)."""
     import plotly.io as pio
 
@@ -156,10 +161,8 @@ def section(title: str, caption: str, figure: Any, key: str, missing: str = "") 
     return head + f"<div class='figure' data-figure='{key}'>{body}</div>"
 
 
-def render(view: StudyView) -> str:
-    """The whole page."""
-    from plotly.offline import get_plotlyjs
-
+def figure_sections(view: StudyView) -> list[str]:
+    """Every figure of the page with its heading and caption, in page order."""
     from autotune.report import figures
     from autotune.report.estimates import phase_parts
 
@@ -175,9 +178,7 @@ def render(view: StudyView) -> str:
     importance_fig, importance_why = figures.importances(feasible)
     speed_fig, speed_why = figures.slices(feasible, 0)
     memory_fig, memory_why = figures.slices(feasible, 1)
-    facts = table([{"": f"<b>{html.escape(k)}</b>", " ": html.escape(v)}
-                   for k, v in headline(view).items()], ["", " "])
-    sections = [
+    return [
         section("Throughput against peak memory", "Each point is one probed config: up is "
                 "faster, left needs less memory; out-of-memory configs stand on the capacity "
                 "line, predicted OOMs, invalid and failed configs just right of it; the line "
@@ -214,6 +215,14 @@ def render(view: StudyView) -> str:
                 + model_note, model_fig, "model",
                 "no successful probe to compare with, or no memory model for this model"),
     ]
+
+
+def render(view: StudyView) -> str:
+    """The whole page."""
+    from plotly.offline import get_plotlyjs
+
+    facts = table([{"": f"<b>{html.escape(k)}</b>", " ": html.escape(v)}
+                   for k, v in headline(view).items()], ["", " "])
     written = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return "\n".join([
         "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>", GENERATOR,
@@ -222,6 +231,6 @@ def render(view: StudyView) -> str:
         "</head><body>", f"<h1>autotune report: study {html.escape(view.name)}</h1>", facts,
         *gain_lines(view), knob_table(view), "<h2>Pareto front</h2><p class='caption'>"
         "Feasible configs no other beats on both tokens/s and peak memory, least memory "
-        "first.</p>", front_table(view), finalists_table(view), *sections,
+        "first.</p>", front_table(view), finalists_table(view), *figure_sections(view),
         f"<p class='note'>Written by autotune {__version__} on {written}; opens offline "
         "(plotly.js is embedded in this file).</p>", "</body></html>", ""])

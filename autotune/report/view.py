@@ -9,16 +9,32 @@ an earlier trial and trials still running are left out: they say nothing new.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.config import KNOB_NAMES, PHASES, describe_engine, format_bytes
+from autotune.config import (
+    DEFAULT_HEADROOM,
+    KNOB_NAMES,
+    PHASES,
+    Knobs,
+    ProbeConfig,
+    budget_bytes,
+    describe_engine,
+    format_bytes,
+)
+from autotune.files import JsonObject
 from autotune.hardware import usable_bytes
-from autotune.probe.result import ProbeStatus
+from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
 from autotune.sweep.finalists import current_record
 from autotune.sweep.measurements import by_config
 from autotune.sweep.sharing import params_key
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import FrozenTrial
 
 OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
 
@@ -26,7 +42,7 @@ OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed"
 @dataclasses.dataclass(frozen=True)
 class TrialView:
     number: int
-    params: dict[str, Any]
+    params: Knobs
     outcome: str  # one of OUTCOMES
     status: str  # the probe's own status (ok, gpu_oom, crash, ...)
     origin: str  # safe | base | sampler | retry | unexplored ...
@@ -37,17 +53,18 @@ class TrialView:
     failed_phase: str | None
     started: datetime | None
     completed: datetime | None
-    distributions: dict[str, Any]
+    distributions: dict[str, BaseDistribution]
 
 
 @dataclasses.dataclass(frozen=True)
 class StudyView:
     name: str
-    identity: dict[str, Any]
-    request: dict[str, Any]
-    command: dict[str, Any] | None
+    identity: JsonObject
+    request: JsonObject  # the probe request as the study stored it
+    parsed_request: ProbeRequest | None  # the same, read; None: another version's
+    command: JsonObject | None
     searched: list[str]
-    fixed: dict[str, Any]
+    fixed: Knobs
     trials: list[TrialView]  # in trial order
     best: int | None
     start: int | None
@@ -57,11 +74,13 @@ class StudyView:
     capacity_bytes: int | None  # what a probe could use: the cap, else the device
     device_capacity_bytes: int | None  # the device's own memory
     budget_bytes: int | None
+    headroom: float  # the share of the device the budget keeps free
     device_name: str | None
-    calibration: dict[str, Any] | None
+    calibration: JsonObject | None
     reused: int
     versions: dict[str, str]  # what the probes ran with (vLLM's, where the real engine ran)
-    finalists: dict[str, Any] | None = None  # the pick among the finalists (finalists.py)
+    finalists: Mapping[str, Any] | None = None  # the pick among the finalists, as
+    # finalists.py stored it (its shape is that module's: current_record)
     best_figures: tuple[float, int] | None = None  # the best config's mean tokens/s over its
     # probes and the most peak memory any of them held (measurements.py)
     contended: int = 0  # probes measured while other processes took the machine
@@ -69,10 +88,13 @@ class StudyView:
     def trial(self, number: int) -> TrialView:
         return next(t for t in self.trials if t.number == number)
 
-    def config_of(self, trial: TrialView) -> dict[str, Any]:
-        """The trial's full set of knobs (the request's, the space's fixed ones, its params)."""
-        merged = {**self.request.get("config", {}), **self.fixed, **trial.params}
-        return {name: merged[name] for name in KNOB_NAMES if name in merged}
+    def config_of(self, trial: TrialView) -> ProbeConfig:
+        """The trial's full config: the request's, with the space's fixed knobs and its
+        params (only for a study whose request could be read)."""
+        assert self.parsed_request is not None
+        changes = {**self.fixed, **trial.params}
+        return self.parsed_request.config.replace(
+            **{name: changes[name] for name in KNOB_NAMES if name in changes})
 
     @property
     def memory_unit(self) -> tuple[int, str]:
@@ -85,8 +107,9 @@ class StudyView:
         return sum(t.outcome == outcome for t in self.trials)
 
 
-def outcome_of(attrs: dict[str, Any]) -> str:
-    status = ProbeStatus.of(attrs.get("status"))
+def outcome_of(attrs: JsonObject) -> str:
+    stored = attrs.get("status")
+    status = ProbeStatus.of(stored if isinstance(stored, str) else None)
     oom = status is not None and status.is_oom
     if attrs.get("predicted"):
         return "predicted oom" if oom else "invalid"
@@ -97,7 +120,7 @@ def outcome_of(attrs: dict[str, Any]) -> str:
     return "oom" if oom else "failed"
 
 
-def trial_view(frozen: Any) -> TrialView:
+def trial_view(frozen: FrozenTrial) -> TrialView:
     attrs = frozen.user_attrs
     result = attrs.get("result") or {}
     return TrialView(
@@ -111,7 +134,7 @@ def trial_view(frozen: Any) -> TrialView:
         completed=frozen.datetime_complete, distributions=dict(frozen.distributions))
 
 
-def starting_trial(trials: list[TrialView], identity: dict[str, Any]) -> tuple[int | None, str]:
+def starting_trial(trials: list[TrialView], identity: JsonObject) -> tuple[int | None, str]:
     """The config the sweep started from, and what it is: the user's --base-config, the
     trainer's own config, or the sweep's safest first config."""
     for origin, kind in (("base", "your --base-config"),
@@ -123,7 +146,21 @@ def starting_trial(trials: list[TrialView], identity: dict[str, Any]) -> tuple[i
     return None, ""
 
 
-def read_study(study: Any) -> StudyView:
+def stored_request(stored: JsonObject) -> ProbeRequest | None:
+    """The study's probe request, read; None when it is another version's."""
+    try:
+        return ProbeRequest.from_dict(stored)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def count_of(identity: JsonObject, key: str) -> int:
+    """A count the study's identity holds (nnodes, gpus_per_node); 1 when it holds none."""
+    value = identity.get(key, 1)
+    return value if isinstance(value, int) else 1
+
+
+def read_study(study: Study) -> StudyView:
     """The report's view of a study as it stands."""
     attrs = study.user_attrs
     frozen = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
@@ -136,20 +173,23 @@ def read_study(study: Any) -> StudyView:
     budget = next((t.user_attrs["budget_bytes"] for t in frozen
                    if t.user_attrs.get("budget_bytes")), None)
     identity = attrs.get("identity", {})
+    headroom = identity.get("headroom", DEFAULT_HEADROOM)
     if budget is None and capacity:
-        budget = int((1 - identity.get("headroom", 0.1)) * capacity)
+        budget = budget_bytes(capacity, headroom)
     start, start_kind = starting_trial(trials, identity)
     best = best_trial(study)
     space = attrs.get("search_space", {})
+    request = attrs.get("request", {})
     return StudyView(
-        name=study.study_name, identity=identity, request=attrs.get("request", {}),
-        command=attrs.get("command"), searched=list(space.get("params", {})),
+        name=study.study_name, identity=identity, request=request,
+        parsed_request=stored_request(request), command=attrs.get("command"),
+        searched=list(space.get("params", {})),
         fixed=dict(space.get("fixed", {})), trials=trials,
         best=best.number if best is not None else None, start=start, start_kind=start_kind,
         front=[t.number for t in pareto_front(study)],
         ranked=[t.number for t in ranked_feasible(study)], capacity_bytes=capacity,
         device_capacity_bytes=device_capacity,
-        budget_bytes=budget,
+        budget_bytes=budget, headroom=headroom,
         device_name=next((r["device_name"] for r in results if r.get("device_name")), None),
         calibration=attrs.get("memory_calibration"), reused=reused,
         versions=next((r["versions"] for r in results if (r.get("versions") or {}).get("vllm")),
@@ -158,7 +198,7 @@ def read_study(study: Any) -> StudyView:
         contended=sum(bool(r.get("contention")) for r in results))
 
 
-def config_figures(study: Any, trial: Any) -> tuple[float, int] | None:
+def config_figures(study: Study, trial: FrozenTrial | None) -> tuple[float, int] | None:
     """A config's mean tokens/s over its probes and the most peak memory any of them held."""
     if trial is None:
         return None
@@ -171,7 +211,7 @@ def config_figures(study: Any, trial: Any) -> tuple[float, int] | None:
 def headline(view: StudyView) -> dict[str, str]:
     """The facts at the top of the page, as label -> text."""
     identity = view.identity
-    nnodes, gpus = identity.get("nnodes", 1), identity.get("gpus_per_node", 1)
+    nnodes, gpus = count_of(identity, "nnodes"), count_of(identity, "gpus_per_node")
     world = nnodes * gpus
     if view.command:
         probe = (f"runs of your {view.command['trainer']} launch line, "
@@ -186,9 +226,11 @@ def headline(view: StudyView) -> dict[str, str]:
     budget = "unknown (no probe reported its device)"
     if view.capacity_bytes:
         budget = (f"{format_bytes(view.budget_bytes)} of {format_bytes(view.capacity_bytes)} "
-                  f"per device ({identity.get('headroom', 0.1):.0%} headroom kept free)")
-    base = {**view.request.get("config", {}), **view.fixed}
-    engines = sorted({str(t.params.get("rollout_engine", base.get("rollout_engine")))
+                  f"per device ({view.headroom:.0%} headroom kept free)")
+    config = view.request.get("config")
+    engine = view.fixed.get("rollout_engine",
+                            config.get("rollout_engine") if isinstance(config, dict) else None)
+    engines = sorted({str(t.params.get("rollout_engine", engine))
                       for t in view.trials if not view.command} - {"None"})
     rollout = {"rollout": "; ".join(describe_engine(e, view.versions) for e in engines)} \
         if engines else {}

@@ -40,26 +40,43 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.batching import worst_case_rows
 from autotune.config import (
+    DTYPE_BYTES,
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
     TRITON_DLOGITS_COLUMNS,
     TRITON_VOCAB_SPLIT,
     TRL_TOKEN_TILE,
     TRL_VOCAB_CHUNK,
-    VLLM_ENGINES,
     DeviceShare,
     ProbeConfig,
-    device_share,
+    compute_dtype,
 )
 from autotune.errors import ConfigError
 from autotune.memory.allocator import AllocatorSettings
 from autotune.memory.outside_torch import outside_torch
 from autotune.memory.reserve import StepShape, phase_reserve_bytes
 from autotune.registry import get_model_spec, read_model_path_config
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class ModelArgs(TypedDict, total=False):
+    """How a run is asked of the memory model beyond its config and model (estimate_memory's
+    keyword arguments, as sweep/prescreen.py's memory_model_args builds them)."""
+
+    num_gpus: int  # the run's GPUs, each runs its share of the batches
+    on_gpu: bool
+    compute_bytes: int  # the compute dtype's width
+    state_shards: int  # ranks the model states are sharded over
+    engine_capacity_bytes: int  # what a vllm-like engine reserves its share of
+    outside_bytes: int  # what a process holds outside torch
+    reserve_bytes: dict[str, int]  # the allocator's reserve per phase, held
+
 
 PARAM_BYTES = 4  # fp32 master params
 GRAD_BYTES = 4  # fp32 grads (FSDP reduces in fp32)
@@ -156,20 +173,19 @@ class ModelShape:
         """From config.json-style dicts (a registry entry, or a local config.json)."""
         heads = int(text["num_attention_heads"])
         head_dim = text.get("head_dim") or int(text["hidden_size"]) // heads
-        shape: dict[str, Any] = {
-                 "hidden": int(text["hidden_size"]), "layers": int(text["num_hidden_layers"]),
-                 "heads": heads, "kv_heads": int(text.get("num_key_value_heads", heads)),
-                 "head_dim": int(head_dim), "intermediate": int(text["intermediate_size"]),
-                 "vocab": int(text["vocab_size"]), "tied_embeddings": bool(tied_embeddings),
-                 "context_tokens": int(text.get("max_position_embeddings") or 32768)}
-        if vision:
-            shape.update(vision_hidden=int(vision["hidden_size"]),
-                         vision_layers=int(vision["depth"]),
-                         vision_intermediate=int(vision["intermediate_size"]),
-                         vision_out_hidden=int(vision.get("out_hidden_size", text["hidden_size"])),
-                         patch_px=int(vision.get("patch_size", 14)),
-                         merge=int(vision.get("spatial_merge_size", 2)))
-        return cls(**shape)
+        decoder = cls(hidden=int(text["hidden_size"]), layers=int(text["num_hidden_layers"]),
+                      heads=heads, kv_heads=int(text.get("num_key_value_heads", heads)),
+                      head_dim=int(head_dim), intermediate=int(text["intermediate_size"]),
+                      vocab=int(text["vocab_size"]), tied_embeddings=bool(tied_embeddings),
+                      context_tokens=int(text.get("max_position_embeddings") or 32768))
+        if not vision:
+            return decoder
+        return dataclasses.replace(
+            decoder, vision_hidden=int(vision["hidden_size"]), vision_layers=int(vision["depth"]),
+            vision_intermediate=int(vision["intermediate_size"]),
+            vision_out_hidden=int(vision.get("out_hidden_size", text["hidden_size"])),
+            patch_px=int(vision.get("patch_size", 14)),
+            merge=int(vision.get("spatial_merge_size", 2)))
 
     @property
     def is_vl(self) -> bool:
@@ -178,6 +194,11 @@ class ModelShape:
     @property
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
+
+    @property
+    def root_params(self) -> int:
+        """FSDP's root unit: the embedding, and an untied LM head beside it."""
+        return self.embedding_params * (1 if self.tied_embeddings else 2)
 
     @property
     def layer_tensors(self) -> tuple[int, ...]:
@@ -339,293 +360,543 @@ class MemoryEstimate:
         return self.phases[phase].critic_bytes
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What every term of one GPU's step reads: the model's numbers, the knobs, the ranks the
+    model states are sharded over (FSDP; 1: none), the compute dtype's width, and whether the
+    device is a GPU (a CPU stands in for one in the demo and the tests)."""
+
+    shape: ModelShape
+    config: ProbeConfig
+    shards: int
+    compute_bytes: int
+    on_gpu: bool
+
+    def rows(self, sequences: int, phase: str) -> int:
+        """Sequences in `phase`'s largest micro-batch of `sequences`, every response at full
+        length (batching.worst_case_rows)."""
+        return worst_case_rows(self.config.as_dict(), sequences, phase)
+
+    @property
+    def patches(self) -> int:
+        """Vision patches of one sequence's image (0: a text model)."""
+        return (self.config.image_size_px // self.shape.patch_px) ** 2 if self.shape.is_vl else 0
+
+
+def shard_bytes(bytes_per_param: int, params: int, shards: int) -> int:
+    """One rank's FSDP shard of `params` parameters held at `bytes_per_param` each."""
+    return bytes_per_param * params // shards
+
+
+def actor_states(s: Sizing) -> ModelStates:
+    """The actor's fp32 params, grads and Adam state (model_state_bytes), its offload applied."""
+    config = s.config
+    return model_state_bytes(s.shape.num_params, s.shards, config.offload_params,
+                             config.offload_optimizer)
+
+
+def critic_param_count(s: Sizing) -> int:
+    """PPO's critic's parameters (ModelShape.critic_params; 0 without a critic)."""
+    return s.shape.critic_params if s.config.has_critic else 0
+
+
+def critic_states(s: Sizing) -> ModelStates:
+    """PPO's critic (probe/critic.py): its own 16 bytes per parameter in its update, where its
+    offload puts it between phases (all zero without a critic)."""
+    config = s.config
+    return model_state_bytes(critic_param_count(s), s.shards, config.critic_offload_params,
+                             config.critic_offload_optimizer)
+
+
+def critic_held(s: Sizing) -> dict[str, int]:
+    """The critic where it waits through the actor's phases ({} without one)."""
+    return {"critic": critic_states(s).resident_bytes} if s.config.has_critic else {}
+
+
+def reference_bytes(s: Sizing) -> int:
+    """The reference model (use_kl): its params in the compute dtype, sharded as the actor's."""
+    return shard_bytes(s.compute_bytes, s.shape.num_params, s.shards) if s.config.use_kl else 0
+
+
+def reference_resident_bytes(s: Sizing) -> int:
+    """The reference on the device between its forwards (none where it waits on the host)."""
+    return 0 if s.config.ref_on_host else reference_bytes(s)
+
+
+def resident_bytes(s: Sizing) -> int:
+    """What stays on the device between phases: the actor's states (grads freed, offload
+    applied) and the reference where it waits there."""
+    return actor_states(s).resident_bytes + reference_resident_bytes(s)
+
+
+def engine_weight_bytes(s: Sizing) -> int:
+    """The rollout engine's compute-dtype copy of the weights, one rank's share of a
+    `rollout_tensor_parallel` engine (none where the actor generates itself: no copy)."""
+    if s.config.actor_generates:
+        return 0
+    return s.compute_bytes * s.shape.engine_params(s.config.rollout_tensor_parallel)
+
+
+def cast_weight_bytes(s: Sizing, params: int, root: int) -> int:
+    """Compute-dtype weights the forward of a model of `params` parameters uses: autocast's
+    cast cache on one GPU (none in fp32), the gathered FSDP units on several (its root unit of
+    `root` parameters and about two layers in flight). None for a model that is not there."""
+    if not params:
+        return 0
+    if s.shards == 1:
+        return s.compute_bytes * params if s.compute_bytes < PARAM_BYTES else 0
+    return s.compute_bytes * (root + 2 * s.shape.layer_params)
+
+
+def actor_cast_bytes(s: Sizing) -> int:
+    """The actor's (and the reference's) compute-dtype weights in a forward (cast_weight_bytes)."""
+    return cast_weight_bytes(s, s.shape.num_params, s.shape.root_params)
+
+
+def critic_cast_bytes(s: Sizing) -> int:
+    """The critic's compute-dtype weights in a forward: its root unit has no LM head."""
+    return cast_weight_bytes(s, critic_param_count(s), s.shape.embedding_params)
+
+
+# Sharded over W > 1 GPUs each phase peaks at one of FSDP's moments: the four below, the
+# moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak).
+def fsdp_root_bytes(s: Sizing) -> int:
+    """FSDP keeps the root unit (embeddings, LM head) gathered from its forward to the end of
+    the next backward, so between phases too: the rollout holds it."""
+    return s.compute_bytes * s.shape.root_params if s.shards > 1 else 0
+
+
+def wake_gather_bytes(s: Sizing) -> int:
+    """A sharded rank's engine wakes one whole fp32 tensor at a time: the largest, the
+    embedding (none without an engine copy)."""
+    return 4 * s.shape.embedding_params if s.shards > 1 and not s.config.actor_generates else 0
+
+
+def fsdp_gather_bytes(s: Sizing) -> int:
+    """A forward's gathered units: the root twice over (the last forward's copy, kept, beside
+    the one the next forward gathers anew) and about two layers in flight."""
+    if s.shards == 1:
+        return 0
+    return s.compute_bytes * (3 * s.shape.root_params + 2 * s.shape.layer_params)
+
+
+def root_backward_bytes(s: Sizing) -> int:
+    """The root's backward: its fp32 gradient held for the reduce-scatter beside its
+    compute-dtype embedding and head gradients, and the root itself still gathered."""
+    if s.shards == 1:
+        return 0
+    return (2 * s.compute_bytes * s.shape.embedding_params + 4 * s.shape.root_params
+            + fsdp_root_bytes(s))
+
+
+def optimizer_step_bytes(s: Sizing, params: int) -> int:
+    """AdamW's step over a model of `params` parameters: foreach on a GPU keeps one fp32
+    shard-sized temporary; the CPU's per-tensor loop, one of the largest tensor (the
+    embedding); the fused kernel, none (one kernel per tensor, in place)."""
+    if s.config.fused_optimizer:
+        return 0
+    return shard_bytes(4, params, s.shards) if s.on_gpu else 4 * s.shape.embedding_params
+
+
+def context_bytes(config: ProbeConfig, num_gpus: int, on_gpu: bool,
+                  outside_bytes: int | None) -> int:
+    """The fixed context of one process before calibration: on a GPU what lives outside torch
+    (outside_torch.py: the CUDA context, NCCL's buffers) unless measured (`outside_bytes`); on
+    a CPU CPU_CONTEXT_BYTES."""
+    if not on_gpu:
+        return CPU_CONTEXT_BYTES
+    if outside_bytes is not None:
+        return outside_bytes
+    return outside_torch(num_gpus, False, config.rollout_tensor_parallel).total_bytes
+
+
+def vision_forward_bytes(s: Sizing) -> int:
+    """The ViT's no-grad forward for one sequence's image: 4 hv + 3 Iv values per patch (its
+    SwiGLU's three I-wide tensors), in the compute dtype."""
+    shape = s.shape
+    return (4 * shape.vision_hidden + 3 * shape.vision_intermediate) * s.compute_bytes \
+        * s.patches
+
+
+def forward_bytes(s: Sizing, rows: int, tokens: int) -> int:
+    """A no-grad forward of `rows` sequences of `tokens` tokens: one layer's live tensors
+    (forward_bytes_per_token) and each image's (vision_forward_bytes)."""
+    per_token = forward_bytes_per_token(s.shape, s.compute_bytes)
+    return rows * (tokens * per_token + vision_forward_bytes(s))
+
+
+def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool) -> tuple[int, int]:
+    """What a micro-batch of `rows` sequences saves for its backward: the decoder's
+    activations (Korthikanti et al. 2022, activation_bytes_per_token) and the ViT's (per
+    patch, vision_activation_bytes_per_patch)."""
+    seq, c = s.config.sequence_length, s.compute_bytes
+    return (rows * seq * activation_bytes_per_token(s.shape, checkpointing, c),
+            rows * s.patches * vision_activation_bytes_per_patch(s.shape, checkpointing, c))
+
+
+def generation_bytes(s: Sizing, sequences: int) -> dict[str, int]:
+    """An engine generating `sequences` (max_num_seqs at a time) that grows with its batch:
+    the KV cache (kv_cache_bytes, its KV heads split over the tensor-parallel ranks), the
+    prefill's forward and the sampler's logits in the compute dtype and fp32. {} for an
+    engine with vLLM's memory: it generates inside its reservation."""
+    config, c = s.config, s.compute_bytes
+    if config.engine_reserves:
+        return {}
+    batch = min(sequences, config.max_num_seqs)
+    kv = kv_cache_bytes(s.shape, batch * config.sequence_length, c)
+    return {"kv_cache": kv // config.rollout_tensor_parallel,
+            "prefill": forward_bytes(s, batch, config.max_prompt_length),
+            "sampling_logits": batch * s.shape.vocab * (c + 4)}
+
+
+def engine_reservation_bytes(s: Sizing, engine_capacity_bytes: int | None) -> int:
+    """What an engine with vLLM's memory reserves whatever the batch (0 for another engine):
+    with kv_cache_memory_bytes the pool in bytes beside its weights and its profile run (a
+    prefill chunk, the sampler's fp32 logits), else gpu_memory_utilization x
+    `engine_capacity_bytes` (the device, or its memory limit)."""
+    config = s.config
+    if not config.engine_reserves:
+        return 0
+    if config.kv_cache_memory_bytes is not None:  # the pool in bytes: what it takes
+        rows = max(1, min(config.max_num_seqs,
+                          config.max_num_batched_tokens // config.max_prompt_length))
+        profile = (forward_bytes(s, rows, config.max_prompt_length)
+                   + config.max_num_seqs * s.shape.vocab * 4)  # a prefill chunk, the sampler
+        return engine_weight_bytes(s) + config.kv_cache_memory_bytes + profile
+    if engine_capacity_bytes is None:
+        raise ValueError("a vllm-like engine reserves a share of the device: pass "
+                         "engine_capacity_bytes")
+    return int(config.gpu_memory_utilization * engine_capacity_bytes)
+
+
+def engine_held(s: Sizing, reservation: int) -> dict[str, int]:
+    """What an engine with vLLM's memory that does not sleep keeps through the other phases:
+    its whole reservation ({} for any other engine)."""
+    config = s.config
+    awake = config.engine_reserves and not config.enable_sleep
+    return {"engine_reservation": reservation} if awake else {}
+
+
+def engine_asleep_bytes(s: Sizing) -> int:
+    """Host bytes of an engine with vLLM's memory asleep at level 1: its weights (level 2
+    drops them)."""
+    config = s.config
+    asleep = config.engine_reserves and config.enable_sleep and config.sleep_level == 1
+    return engine_weight_bytes(s) if asleep else 0
+
+
+def fused_kernel(config: ProbeConfig) -> str | None:
+    """The fused log-prob kernel the config runs (None: the whole logits)."""
+    return config.fused_logprob_kernel if config.fused_logprob else None
+
+
+def fused_chunk_tokens(s: Sizing, rows: int) -> int:
+    """Tokens of one chunk of the torch fused log-probs (FUSED_CHUNK_TOKENS at most)."""
+    return min(FUSED_CHUNK_TOKENS, rows * s.config.sequence_length)
+
+
+def trl_positions(s: Sizing, rows: int) -> int:
+    """Positions TRL's head scores: the completion tokens where Triton runs (a GPU), else
+    every position but each sequence's last."""
+    config = s.config
+    if s.on_gpu:
+        return rows * config.max_response_length
+    return rows * (config.sequence_length - 1)
+
+
+def trl_logits_bytes(s: Sizing, rows: int, backward: bool) -> int:
+    """TRL's fused LM head: one reused [4,096 tokens, 32,768 columns] buffer in the compute
+    dtype, a copy of the scored hidden states and TRL's seven fp32 accumulators per token;
+    without Triton (a CPU) the fold's fp32 temporaries of a tile, 3 in the forward and 8 in
+    the backward; the backward's fp32 gradients of the hidden states and the weight."""
+    c, hidden, vocab = s.compute_bytes, s.shape.hidden, s.shape.vocab
+    positions = trl_positions(s, rows)
+    tile = min(positions, TRL_TOKEN_TILE)
+    held = tile * TRL_VOCAB_CHUNK * c + positions * (hidden * c + 28)
+    fold = 0 if s.on_gpu else tile * min(vocab, TRL_VOCAB_CHUNK) * 4 * (8 if backward else 3)
+    grads = 4 * (positions * hidden + vocab * hidden) if backward else 0
+    return held + fold + grads
+
+
+def triton_forward_bytes(s: Sizing, rows: int) -> int:
+    """verl's Triton kernel forward: every position's fp32 partials per vocabulary split (max,
+    sum, entropy's b), then the log-prob, entropy, max and the two reduced sums per position."""
+    splits = -(-s.shape.vocab // TRITON_VOCAB_SPLIT)
+    return rows * s.config.sequence_length * (12 * splits + 20)
+
+
+def triton_backward_bytes(s: Sizing, rows: int) -> int:
+    """Its backward: the logits' gradient for one band of vocabulary columns in the compute
+    dtype, and the three fp32 per-position values the forward saved."""
+    band = min(TRITON_DLOGITS_COLUMNS, s.shape.vocab) * s.compute_bytes
+    return rows * s.config.sequence_length * (band + 12)
+
+
+def unfused_logits_bytes(s: Sizing, rows: int, with_entropy: bool) -> int:
+    """The full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
+    logits are freed once their fp32 response slice exists. With the entropy (no gradient),
+    its softmax and logsumexp's exponentials beside the fp32 slice, or a chunk's of them."""
+    config, c, vocab = s.config, s.compute_bytes, s.shape.vocab
+    response = config.max_response_length
+    entropy = 0
+    if with_entropy:
+        positions = rows * response
+        chunk = min(ENTROPY_CHUNK_ROWS, positions) if config.entropy_chunking else positions
+        entropy = 4 * vocab * (positions + 2 * chunk)
+    return max(rows * (c * config.sequence_length + 4 * response) * vocab,
+               rows * 8 * response * vocab, entropy)
+
+
+def logprob_logits_bytes(s: Sizing, rows: int, with_entropy: bool = False) -> int:
+    """A log-prob forward's logits by kernel: Triton's partials (the entropy at no extra
+    memory), TRL's head, torch's chunks (one chunk's logits in the compute dtype and fp32,
+    then its fp32 log-softmax, and the entropy's two), or the whole logits."""
+    kernel = fused_kernel(s.config)
+    if kernel == "triton":
+        return triton_forward_bytes(s, rows)
+    if kernel == "trl":
+        return trl_logits_bytes(s, rows, backward=False)
+    if kernel is not None:
+        c = s.compute_bytes
+        return fused_chunk_tokens(s, rows) * s.shape.vocab * max(c + 4, 12 if with_entropy else 8)
+    return unfused_logits_bytes(s, rows, with_entropy)
+
+
+def entropy_grad_bytes(s: Sizing, rows: int) -> int:
+    """entropy_coeff: the entropy's fp32 softmax, product and exponentials kept for the
+    backward and its gradient (recomputed, checkpointed, at the same point: the same peak),
+    one more fp32 tensor with chunks (each chunk's copies); measured by the trace
+    (tests/test_logprob.py)."""
+    config = s.config
+    if not config.entropy_coeff:
+        return 0
+    positions = rows * config.max_response_length
+    return positions * s.shape.vocab * (20 if config.entropy_chunking else 16)
+
+
+def update_logits_bytes(s: Sizing, rows: int) -> int:
+    """The update's logits by kernel: unfused, the fp32 log-softmax is kept for the backward
+    beside its gradient (and the entropy's); fused, the backward recomputes one chunk at a
+    time: its logits, softmax and gradient."""
+    kernel, c, vocab = fused_kernel(s.config), s.compute_bytes, s.shape.vocab
+    if kernel == "triton":
+        return max(triton_forward_bytes(s, rows), triton_backward_bytes(s, rows))
+    if kernel == "trl":
+        return trl_logits_bytes(s, rows, backward=True)
+    if kernel is not None:
+        return fused_chunk_tokens(s, rows) * vocab * (max(c + 4, 8) + c)
+    return (logprob_logits_bytes(s, rows) + rows * 4 * s.config.max_response_length * vocab
+            + entropy_grad_bytes(s, rows))
+
+
+def rollout_states(s: Sizing, reservation: int) -> dict[str, int]:
+    """What the rollout and validation hold beside generating: the resident states, the
+    critic, and the engine (its reservation; its weights; or, where the actor generates, the
+    actor's own params back on the device and the compute-dtype weights its forward uses),
+    and FSDP's root unit, still gathered."""
+    config = s.config
+    if config.engine_reserves:
+        engine = {"engine_reservation": reservation}
+    elif config.actor_generates:
+        params = shard_bytes(PARAM_BYTES, s.shape.num_params, s.shards)
+        engine = {"actor_params": params if config.offload_params else 0,
+                  "cast_weights": actor_cast_bytes(s)}
+    else:
+        engine = {"engine_weights": engine_weight_bytes(s)}
+    states = {"resident": resident_bytes(s), **critic_held(s), **engine}
+    root = fsdp_root_bytes(s)
+    return {**states, "fsdp_root": root} if root else states
+
+
+def rollout_phase(s: Sizing, sequences: int, states: dict[str, int],
+                  context: int) -> PhaseEstimate:
+    """The rollout: `states` (rollout_states) and generating `sequences`, or a sharded engine
+    waking, whichever is more."""
+    generating, wake = generation_bytes(s, sequences), wake_gather_bytes(s)
+    return PhaseEstimate(sum(states.values()), max(sum(generating.values()), wake), context,
+                         {**states, **generating, "wake_gather": wake},
+                         critic_states(s).resident_bytes)
+
+
+def validation_phase(s: Sizing, prompts: int, states: dict[str, int],
+                     context: int) -> PhaseEstimate:
+    """Validation: the rollout's states and generating the validation batch's `prompts`."""
+    generating = generation_bytes(s, prompts)
+    return PhaseEstimate(sum(states.values()), sum(generating.values()), context,
+                         {**states, **generating}, critic_states(s).resident_bytes)
+
+
+def logprob_forward_bytes(s: Sizing, rows: int) -> dict[str, int]:
+    """The experience's forwards of `rows` sequences: the old-log-prob forward (the actor's
+    cast weights, the entropy's logits), then the reference's (its own compute-dtype weights:
+    gathered like the actor's when sharded); with neither (TRL at beta 0 and one optimizer
+    step), no forward at all."""
+    config = s.config
+    old_pass = config.runs_old_logprob_pass
+    forward = {"cast_weights": actor_cast_bytes(s) if old_pass or s.shards > 1 else 0,
+               "logits": logprob_logits_bytes(s, rows, config.entropy_metric and old_pass),
+               "activations": forward_bytes(s, rows, config.sequence_length)}
+    return forward if old_pass or config.use_kl else dict.fromkeys(forward, 0)
+
+
+def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                     context: int) -> PhaseEstimate:
+    """The experience phase: the actor's params and Adam state, the reference and the log-prob
+    forwards (logprob_forward_bytes), or with a critic its value forward where that is more."""
+    config = s.config
+    psi = s.shape.num_params
+    states = {"actor": shard_bytes(PARAM_BYTES, psi, s.shards),
+              "adam": 0 if config.offload_optimizer else shard_bytes(ADAM_BYTES, psi, s.shards),
+              "reference": reference_bytes(s), **critic_held(s), **held}
+    forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
+    gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
+    # on one GPU the no-grad forward keeps no cast weights (autocast caches only for a
+    # gradient) and each layer's activations are gone by the logits: those peak apart
+    peak = sum(forward.values()) if s.shards > 1 else max(
+        forward["logits"], forward["cast_weights"] + forward["activations"])
+    phase = PhaseEstimate(sum(states.values()), max(peak, gathering), context,
+                          {**states, **forward, "fsdp_gather": gathering},
+                          critic_states(s).resident_bytes)
+    if not config.has_critic:
+        return phase
+    values = value_forward_phase(s, share, held, context)
+    return values if values.total_bytes > phase.total_bytes else phase
+
+
+def value_forward_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                        context: int) -> PhaseEstimate:
+    """PPO's value forward, after the actor's and the reference's (their params back where
+    they wait): the critic's params and Adam state (where not offloaded), its cast weights,
+    a no-grad forward of its micro-batch with no vocabulary logits, and its values."""
+    config, seq, c = s.config, s.config.sequence_length, s.compute_bytes
+    rows = s.rows(share.responses_per_step, "critic_update")
+    psi_c = critic_param_count(s)
+    params = shard_bytes(PARAM_BYTES, psi_c, s.shards)
+    adam = 0 if config.critic_offload_optimizer else shard_bytes(ADAM_BYTES, psi_c, s.shards)
+    states = {"resident": resident_bytes(s), "critic_params": params, "critic_adam": adam,
+              **held}
+    values = {"critic_cast_weights": critic_cast_bytes(s),
+              "critic_activations": forward_bytes(s, rows, seq) + rows * seq * (c + 4)}
+    return PhaseEstimate(sum(states.values()), sum(values.values()), context,
+                         {**states, **values}, params + adam + sum(values.values()))
+
+
+def critic_update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                        context: int) -> PhaseEstimate:
+    """PPO's critic update (before the actor's): its 16 bytes per parameter, the actor's
+    resident states, its backward (cast weights, saved activations, fp32 values) or its
+    optimizer step, whichever is more."""
+    config, seq = s.config, s.config.sequence_length
+    rows = s.rows(share.responses_per_minibatch, "critic_update")
+    critic = critic_states(s)
+    states = {"critic_params_grads_adam": critic.update_bytes, "resident": resident_bytes(s),
+              **held}
+    text, vision = saved_activation_bytes(s, rows, config.critic_gradient_checkpointing)
+    backward = {"critic_cast_weights": critic_cast_bytes(s), "critic_activations": text,
+                "critic_vision_activations": vision,
+                "critic_values": rows * seq * (s.compute_bytes + 3 * 4)}
+    step = optimizer_step_bytes(s, critic_param_count(s))
+    transient = max(sum(backward.values()), step)
+    return PhaseEstimate(sum(states.values()), transient, context,
+                         {**states, **backward, "critic_optimizer_step": step},
+                         critic.update_bytes + transient)
+
+
+def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                 context: int) -> PhaseEstimate:
+    """The actor's update: its 16 bytes per parameter and the resident reference, then its
+    backward (cast weights, saved activations, logits), the root's backward or the optimizer
+    step, whichever is more."""
+    config = s.config
+    rows = s.rows(share.responses_per_minibatch, "update")
+    states = {"params_grads_adam": actor_states(s).update_bytes,
+              "reference": reference_resident_bytes(s), **critic_held(s), **held}
+    text, vision = saved_activation_bytes(s, rows, config.gradient_checkpointing)
+    backward = {"cast_weights": actor_cast_bytes(s), "activations": text,
+                "vision_activations": vision, "logits": update_logits_bytes(s, rows)}
+    root, step = root_backward_bytes(s), optimizer_step_bytes(s, s.shape.num_params)
+    return PhaseEstimate(sum(states.values()), max(sum(backward.values()), root, step), context,
+                         {**states, **backward, "root_backward": root, "optimizer_step": step},
+                         critic_states(s).resident_bytes)
+
+
+def with_allocator_reserve(phases: dict[str, PhaseEstimate],
+                           reserve: dict[str, int]) -> dict[str, PhaseEstimate]:
+    """`phases` with what the caching allocator reserves beyond the tensors (reserve.py) added
+    to the transient part of each phase `reserve` names."""
+    reserved = dict(phases)
+    for name, extra in reserve.items():
+        if name in reserved and extra:
+            phase = reserved[name]
+            reserved[name] = dataclasses.replace(
+                phase, transient_bytes=phase.transient_bytes + extra,
+                parts={**phase.parts, "allocator_reserve": extra})
+    return reserved
+
+
+def host_offload_bytes(s: Sizing) -> int:
+    """What this GPU's offload holds in host memory: the actor's and the critic's offloaded
+    states, the reference where it waits on the host, an engine's weights asleep."""
+    reference = reference_bytes(s) if s.config.ref_on_host else 0
+    return (actor_states(s).host_offload_bytes + reference + engine_asleep_bytes(s)
+            + critic_states(s).host_offload_bytes)
+
+
 def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
                     on_gpu: bool = True, compute_bytes: int | None = None,
                     state_shards: int | None = None,
                     engine_capacity_bytes: int | None = None,
                     outside_bytes: int | None = None,
                     reserve_bytes: dict[str, int] | None = None) -> MemoryEstimate:
-    """Peak bytes per GPU of each phase of one colocated GRPO step on `num_gpus` GPUs.
+    """Peak bytes per GPU of each phase of one colocated GRPO or PPO step on `num_gpus` GPUs.
 
-    Each GPU runs its share of the batches (config.device_share). The model states are
-    sharded over `state_shards` GPUs (FSDP over the whole run by default, as the built-in
-    probe shards them). `compute_bytes` is the width of the compute
-    dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU by default. The rollout engine keeps a
+    Each GPU runs its share of the batches (config.share). The model states are sharded over
+    `state_shards` GPUs (FSDP over the whole run by default, as the built-in probe shards
+    them). `compute_bytes` is the width of the compute dtype (by default --dtype auto's,
+    config.compute_dtype: bf16 on a GPU, fp32 on a CPU). The rollout engine keeps a
     compute-dtype copy of the weights on each GPU, split over `rollout_tensor_parallel` GPUs
-    (with the KV heads of its cache), and generates `max_num_seqs` sequences at a time.
-    The vllm-like engine instead reserves `gpu_memory_utilization` x `engine_capacity_bytes`
-    (the device, or its memory limit) whatever the batch, and holds it through the other
-    phases too unless it sleeps; sleeping at level 1 keeps its weights in host memory.
+    (with the KV heads of its cache), and generates `max_num_seqs` sequences at a time. The
+    vllm-like engine instead reserves `gpu_memory_utilization` x `engine_capacity_bytes` (the
+    device, or its memory limit) whatever the batch, and holds it through the other phases
+    too unless it sleeps; sleeping at level 1 keeps its weights in host memory. On a GPU each
+    training phase adds the caching allocator's reserve: `reserve_bytes` where given, else
+    reserve.py's sketch.
     """
-    c = compute_bytes or (2 if on_gpu else 4)
-    share = device_share(config, num_gpus)
-    n, psi = state_shards or num_gpus, shape.num_params
-    states = model_state_bytes(psi, n, config.offload_params, config.offload_optimizer)
-    actor = PARAM_BYTES * psi // n
-    adam = ADAM_BYTES * psi // n
-    ref = c * psi // n if config.use_kl else 0
-    ref_resident = 0 if config.ref_on_host else ref
-    tp = config.rollout_tensor_parallel
-    policy = config.rollout_engine == "policy"  # the actor generates: no engine copy
-    engine = 0 if policy else c * shape.engine_params(tp)
-    # Compute-dtype weights the actor's forward uses: autocast's cast cache on one GPU, the
-    # gathered FSDP units (root + about two layers in flight) on several.
-    if n == 1:
-        cast = c * psi if c < PARAM_BYTES else 0
-    else:
-        root = shape.embedding_params * (1 if shape.tied_embeddings else 2)
-        cast = c * (root + 2 * shape.layer_params)
-    # FSDP keeps the root unit (embeddings, LM head) gathered from its forward to the end of
-    # the next backward, so between phases too (the rollout holds it), and twice over while
-    # the next forward gathers it anew; a sharded rank's engine wakes one whole fp32 tensor
-    # at a time (the largest, the embedding); the root's backward holds its fp32 gradient
-    # for the reduce-scatter beside its compute-dtype embedding and head gradients: the
-    # moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak)
-    root_params = shape.embedding_params * (1 if shape.tied_embeddings else 2)
-    root_held = c * root_params if n > 1 else 0
-    wake_gather = 4 * shape.embedding_params if n > 1 and not policy else 0
-    fsdp_gather = c * (3 * root_params + 2 * shape.layer_params) if n > 1 else 0
-    root_backward = (2 * c * shape.embedding_params + 4 * root_params + root_held) \
-        if n > 1 else 0
-    # Optimizer step: foreach AdamW on a GPU keeps one fp32 shard-sized temporary; the CPU's
-    # per-tensor loop, one of the largest tensor.
-    step_temp = 4 * psi // n if on_gpu else 4 * shape.embedding_params
-    if config.fused_optimizer:  # one kernel per tensor, in place
-        step_temp = 0
-    if on_gpu:
-        context = outside_bytes if outside_bytes is not None else outside_torch(
-            num_gpus, False, config.rollout_tensor_parallel).total_bytes
-    else:
-        context = CPU_CONTEXT_BYTES
-    # PPO's critic: its own 16 bytes per parameter in its update, where its offload puts it
-    # between phases; its forward gathers FSDP units as the actor's does (no LM head)
-    psi_c = shape.critic_params if config.has_critic else 0
-    critic = model_state_bytes(psi_c, n, config.critic_offload_params,
-                               config.critic_offload_optimizer)
-    critic_params = PARAM_BYTES * psi_c // n
-    critic_adam = 0 if config.critic_offload_optimizer else ADAM_BYTES * psi_c // n
-    if n == 1:
-        critic_cast = c * psi_c if c < PARAM_BYTES else 0
-    else:
-        critic_cast = c * (shape.embedding_params + 2 * shape.layer_params) if psi_c else 0
-    critic_held = {"critic": critic.resident_bytes} if psi_c else {}
-    resting = critic.resident_bytes  # the critic's share of a phase it does not run in
-
-    prompt, response = config.max_prompt_length, config.max_response_length
-    seq = prompt + response
-    vocab = shape.vocab
-    patches = (config.image_size_px // shape.patch_px) ** 2 if shape.is_vl else 0
-    vision_fwd = (4 * shape.vision_hidden + 3 * shape.vision_intermediate) * c * patches
-
-    def generation(prompts: int) -> dict[str, int]:
-        batch = min(prompts, config.max_num_seqs)
-        return {"kv_cache": kv_cache_bytes(shape, batch * seq, c) // tp,
-                "prefill": batch * (prompt * forward_bytes_per_token(shape, c) + vision_fwd),
-                "sampling_logits": batch * vocab * (c + 4)}
-
-    def fused_chunk(micro: int) -> int:
-        return min(FUSED_CHUNK_TOKENS, micro * seq)
-
-    triton = config.fused_logprob and config.fused_logprob_kernel == "triton"
-    splits = -(-vocab // TRITON_VOCAB_SPLIT)
-    trl = config.fused_logprob and config.fused_logprob_kernel == "trl"
-
-    def trl_positions(micro: int) -> int:
-        # TRL's head scores the completion tokens where Triton runs (a GPU), else every
-        # position but each sequence's last
-        return micro * response if on_gpu else micro * (seq - 1)
-
-    def trl_logits(micro: int, backward: bool) -> int:
-        # one reused [4,096 tokens, 32,768 columns] buffer in the compute dtype, a copy of
-        # the scored hidden states and TRL's seven fp32 accumulators per token; without
-        # Triton (a CPU) the fold's fp32 temporaries of a tile, 3 in the forward and 8 in
-        # the backward; the backward's fp32 gradients of the hidden states and the weight
-        positions = trl_positions(micro)
-        rows = min(positions, TRL_TOKEN_TILE)
-        held = rows * TRL_VOCAB_CHUNK * c + positions * (shape.hidden * c + 28)
-        fold = 0 if on_gpu else rows * min(vocab, TRL_VOCAB_CHUNK) * 4 * (8 if backward else 3)
-        grads = 4 * (positions * shape.hidden + vocab * shape.hidden) if backward else 0
-        return held + fold + grads
-
-    def triton_forward(micro: int) -> int:
-        # every position's fp32 partials per vocabulary split (max, sum, entropy's b), then
-        # the log-prob, entropy, max and the two reduced sums per position
-        return micro * seq * (12 * splits + 20)
-
-    def triton_backward(micro: int) -> int:
-        # the logits' gradient for one band of vocabulary columns in the compute dtype, and
-        # the three fp32 per-position values the forward saved
-        return micro * seq * (min(TRITON_DLOGITS_COLUMNS, vocab) * c + 12)
-
-    def logprob_logits(micro: int, with_entropy: bool = False) -> int:
-        # the full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
-        # logits are freed once their fp32 response slice exists. With the entropy (no
-        # gradient), its softmax and logsumexp's exponentials beside the fp32 slice, or a
-        # chunk's of them. Fused: one chunk's logits in the compute dtype and fp32, then its
-        # fp32 log-softmax (and the entropy's two)
-        if triton:  # the entropy comes with the log-probs at no extra memory
-            return triton_forward(micro)
-        if trl:
-            return trl_logits(micro, backward=False)
-        if config.fused_logprob:
-            return fused_chunk(micro) * vocab * max(c + 4, 12 if with_entropy else 8)
-        entropy = 0
-        if with_entropy:
-            positions = micro * response
-            entropy = 4 * vocab * (positions + 2 * (min(ENTROPY_CHUNK_ROWS, positions)
-                                                    if config.entropy_chunking else positions))
-        return max(micro * (c * seq + 4 * response) * vocab, micro * 8 * response * vocab,
-                   entropy)
-
-    def entropy_grad(micro: int) -> int:
-        # entropy_coeff: the entropy's fp32 softmax, product and exponentials kept for the
-        # backward and its gradient (recomputed, checkpointed, at the same point: the same
-        # peak), one more fp32 tensor with chunks (each chunk's copies); measured by the
-        # trace (tests/test_logprob.py)
-        if not config.entropy_coeff:
-            return 0
-        return micro * response * vocab * (20 if config.entropy_chunking else 16)
-
-    phases: dict[str, PhaseEstimate] = {}
-    rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
-                      "engine_weights": engine}
-    if policy:  # the actor's own params on the device (offloaded ones come back) and the
-        # compute-dtype weights its forward uses
-        rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
-                          "actor_params": actor if config.offload_params else 0,
-                          "cast_weights": cast}
-    rollout = generation(share.responses_per_step)
-    held: dict[str, int] = {}  # what a vllm-like engine that does not sleep keeps
-    engine_host = 0
-    vllm_like = config.rollout_engine in VLLM_ENGINES
-    if vllm_like:
-        if config.kv_cache_memory_bytes is not None:  # the pool in bytes: what it takes
-            rows = max(1, min(config.max_num_seqs,
-                              config.max_num_batched_tokens // config.max_prompt_length))
-            profile = (rows * (prompt * forward_bytes_per_token(shape, c) + vision_fwd)
-                       + config.max_num_seqs * vocab * 4)  # a prefill chunk, the sampler
-            reservation = engine + config.kv_cache_memory_bytes + profile
-        elif engine_capacity_bytes is None:
-            raise ValueError("a vllm-like engine reserves a share of the device: pass "
-                             "engine_capacity_bytes")
-        else:
-            reservation = int(config.gpu_memory_utilization * engine_capacity_bytes)
-        rollout_states = {"resident": states.resident_bytes + ref_resident, **critic_held,
-                          "engine_reservation": reservation}
-        rollout = {}
-        if not config.enable_sleep:
-            held = {"engine_reservation": reservation}
-        elif config.sleep_level == 1:
-            engine_host = engine
-    if root_held:
-        rollout_states["fsdp_root"] = root_held
-    phases["rollout"] = PhaseEstimate(
-        sum(rollout_states.values()), max(sum(rollout.values()), wake_gather), context,
-        {**rollout_states, **rollout, "wake_gather": wake_gather}, resting)
-
-    knobs = config.as_dict()  # rows of the largest micro-batch, every response at full length
-    mbe = worst_case_rows(knobs, share.responses_per_step, "experience")
-    exp_states = {"actor": actor, "adam": 0 if config.offload_optimizer else adam,
-                  "reference": ref, **critic_held, **held}
-    # the old-log-prob forward (the actor's cast weights, the entropy's), then the
-    # reference's (its own compute-dtype weights: gathered like the actor's when sharded);
-    # with neither (TRL at beta 0 and one optimizer step), no forward at all
-    old_pass = config.runs_old_logprob_pass
-    experience = {"cast_weights": cast if old_pass or n > 1 else 0,
-                  "logits": logprob_logits(mbe, config.entropy_metric and old_pass),
-                  "activations": mbe * (seq * forward_bytes_per_token(shape, c) + vision_fwd)}
-    if not (old_pass or config.use_kl):
-        experience = dict.fromkeys(experience, 0)
-    gathering = fsdp_gather if old_pass or config.use_kl else 0
-    # on one GPU the no-grad forward keeps no cast weights (autocast caches only for a
-    # gradient) and each layer's activations are gone by the logits: those peak apart
-    forward = sum(experience.values()) if n > 1 else max(
-        experience["logits"], experience["cast_weights"] + experience["activations"])
-    phases["experience"] = PhaseEstimate(
-        sum(exp_states.values()), max(forward, gathering), context,
-        {**exp_states, **experience, "fsdp_gather": gathering}, resting)
-    if psi_c:  # the critic's value forward, after the actor's and the reference's
-        mbc = worst_case_rows(knobs, share.responses_per_step, "critic_update")
-        values_states = {"resident": states.resident_bytes + ref_resident,
-                         "critic_params": critic_params, "critic_adam": critic_adam, **held}
-        values = {"critic_cast_weights": critic_cast,
-                  "critic_activations": mbc * (seq * forward_bytes_per_token(shape, c)
-                                               + vision_fwd) + mbc * seq * (c + 4)}
-        values_phase = PhaseEstimate(
-            sum(values_states.values()), sum(values.values()), context,
-            {**values_states, **values}, critic_params + critic_adam + sum(values.values()))
-        if values_phase.total_bytes > phases["experience"].total_bytes:
-            phases["experience"] = values_phase
-
-    mbu = worst_case_rows(knobs, share.responses_per_minibatch, "update")
-    ckpt = config.gradient_checkpointing
-    if psi_c:
-        mbc = worst_case_rows(knobs, share.responses_per_minibatch, "critic_update")
-        ckpt_c = config.critic_gradient_checkpointing
-        critic_states = {"critic_params_grads_adam": critic.update_bytes,
-                         "resident": states.resident_bytes + ref_resident, **held}
-        critic_backward = {
-            "critic_cast_weights": critic_cast,
-            "critic_activations": mbc * seq * activation_bytes_per_token(shape, ckpt_c, c),
-            "critic_vision_activations": mbc * patches * vision_activation_bytes_per_patch(
-                shape, ckpt_c, c),
-            "critic_values": mbc * seq * (c + 3 * 4)}
-        critic_step = 0 if config.fused_optimizer else \
-            4 * psi_c // n if on_gpu else 4 * shape.embedding_params
-        critic_transient = max(sum(critic_backward.values()), critic_step)
-        phases["critic_update"] = PhaseEstimate(
-            sum(critic_states.values()), critic_transient, context,
-            {**critic_states, **critic_backward, "critic_optimizer_step": critic_step},
-            critic.update_bytes + critic_transient)
-    upd_states = {"params_grads_adam": states.update_bytes, "reference": ref_resident,
-                  **critic_held, **held}
-    backward = {"cast_weights": cast,
-                "activations": mbu * seq * activation_bytes_per_token(shape, ckpt, c),
-                "vision_activations": mbu * patches * vision_activation_bytes_per_patch(
-                    shape, ckpt, c),
-                # unfused, the fp32 log-softmax is kept for the backward; fused, the backward
-                # recomputes one chunk at a time: its logits, softmax and gradient
-                "logits": max(triton_forward(mbu), triton_backward(mbu)) if triton else
-                trl_logits(mbu, backward=True) if trl else
-                fused_chunk(mbu) * vocab * (max(c + 4, 8) + c) if config.fused_logprob else
-                logprob_logits(mbu) + mbu * 4 * response * vocab + entropy_grad(mbu)}
-    transient = max(sum(backward.values()), root_backward, step_temp)
-    parts = {**upd_states, **backward, "root_backward": root_backward,
-             "optimizer_step": step_temp}
-    phases["update"] = PhaseEstimate(sum(upd_states.values()), transient, context, parts,
-                                     resting)
-
+    s = Sizing(shape, config, state_shards or num_gpus,
+               compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)], on_gpu)
+    share = config.share(num_gpus)
+    context = context_bytes(config, num_gpus, on_gpu, outside_bytes)
+    reservation = engine_reservation_bytes(s, engine_capacity_bytes)
+    held, between = engine_held(s, reservation), rollout_states(s, reservation)
+    phases = {"rollout": rollout_phase(s, share.responses_per_step, between, context),
+              "experience": experience_phase(s, share, held, context)}
+    if config.has_critic:
+        phases["critic_update"] = critic_update_phase(s, share, held, context)
+    phases["update"] = update_phase(s, share, held, context)
     if share.val_prompts:
-        validation = {} if vllm_like else generation(share.val_prompts)
-        phases["validation"] = PhaseEstimate(sum(rollout_states.values()),
-                                             sum(validation.values()), context,
-                                             {**rollout_states, **validation}, resting)
-    if on_gpu:  # what the caching allocator reserves beyond the tensors (reserve.py)
-        reserve = reserve_bytes if reserve_bytes is not None else \
-            allocator_reserve(shape, config, num_gpus, on_gpu, compute_bytes, state_shards)
-        for name, extra in reserve.items():
-            if name in phases and extra:
-                phase = phases[name]
-                phases[name] = dataclasses.replace(
-                    phase, transient_bytes=phase.transient_bytes + extra,
-                    parts={**phase.parts, "allocator_reserve": extra})
-    offload_host = states.host_offload_bytes + (ref if config.ref_on_host else 0) \
-        + engine_host + critic.host_offload_bytes
-    return MemoryEstimate(phases, offload_host, share)
+        phases["validation"] = validation_phase(s, share.val_prompts, between, context)
+    if on_gpu:
+        reserve = reserve_bytes if reserve_bytes is not None else allocator_reserve(
+            shape, config, num_gpus=num_gpus, compute_bytes=s.compute_bytes,
+            state_shards=s.shards)
+        phases = with_allocator_reserve(phases, reserve)
+    return MemoryEstimate(phases, host_offload_bytes(s), share)
 
 
-def allocator_reserve(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
-                      on_gpu: bool = True, compute_bytes: int | None = None,
-                      state_shards: int | None = None, **_: Any) -> dict[str, int]:
+def allocator_reserve(shape: ModelShape, config: ProbeConfig,
+                      **args: Unpack[ModelArgs]) -> dict[str, int]:
     """What the caching allocator reserves beyond the tensors in each training phase of
-    `config` on a GPU (reserve.py's sketch, replayed; {} on a CPU). A search over one knob
-    (a length, a micro-batch) holds it fixed at the config asked about, passing it to
-    estimate_memory as `reserve_bytes`: the sketch takes tens of milliseconds a config, and
-    a fragmentation figure is no order along an axis, which the searches assume."""
+    `config` on a GPU (reserve.py's sketch, replayed; {} on a CPU), asked as estimate_memory
+    is (the arguments it does not need are ignored). A search over one knob (a length, a
+    micro-batch) holds it fixed at the config asked about, passing it to estimate_memory as
+    `reserve_bytes`: the sketch takes tens of milliseconds a config, and a fragmentation
+    figure is no order along an axis, which the searches assume."""
+    on_gpu, num_gpus = args.get("on_gpu", True), args.get("num_gpus", 1)
     if not on_gpu:
         return {}
-    n, c = state_shards or num_gpus, compute_bytes or 2
-    return phase_reserve_bytes(step_shape(shape, config, n, c, device_share(config, num_gpus)),
+    shards = args.get("state_shards") or num_gpus
+    width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
+    return phase_reserve_bytes(step_shape(shape, config, shards, width, config.share(num_gpus)),
                                AllocatorSettings(expandable_segments=config.expandable_segments))
 
 

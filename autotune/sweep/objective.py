@@ -15,8 +15,9 @@ crashes and timeouts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from autotune.config import PHASES, format_bytes
+from autotune.config import PHASES, budget_bytes, format_bytes
 from autotune.probe.result import ProbeResult, ProbeStatus
 
 OBJECTIVES = ("throughput_per_memory", "throughput", "pareto")
@@ -25,7 +26,10 @@ INVALID_CONSTRAINT = 1.0  # the `rules` constraint of a config that breaks a tra
 UNKNOWN_CAPACITY_GIB = 1024.0  # pareto's memory sentinel when no capacity was ever measured
 
 
-def directions(objective: str) -> list[str]:
+Direction = Literal["maximize", "minimize"]  # an Optuna study direction
+
+
+def directions(objective: str) -> list[Direction]:
     """Optuna study directions for an objective."""
     return ["maximize", "minimize"] if objective == "pareto" else ["maximize"]
 
@@ -47,10 +51,6 @@ class Score:
     reason: str  # one line; empty for a feasible config
     budget_bytes: int | None = None
     binding_phase: str | None = None  # the phase closest to (or over) the budget
-
-
-def budget_bytes(capacity: int | None, headroom: float) -> int | None:
-    return None if capacity is None else int((1.0 - headroom) * capacity)
 
 
 def values_of(tokens_per_s: float, peak_mem_bytes: int, objective: str) -> tuple[float, ...]:

@@ -8,6 +8,7 @@ from autotune.probe.result import ProbeRequest
 from autotune.sweep.dominance import Dominance, at_least_as_demanding
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.prescreen import Prescreen
+from autotune.sweep.search_space import SearchSpace
 
 BASE = {"micro_batch_size_update": 4, "micro_batch_size_experience": 8,
         "gradient_checkpointing": False, "offload_params": False, "offload_optimizer": True,
@@ -16,6 +17,11 @@ BASE = {"micro_batch_size_update": 4, "micro_batch_size_experience": 8,
 
 def with_(**changes):
     return {**BASE, **changes}
+
+
+def candidate(params):
+    """A trial's candidate in a space that fixes nothing: the config its params make."""
+    return SearchSpace({}).candidate(params)
 
 
 def test_device_dominance_follows_memory_direction():
@@ -41,61 +47,61 @@ def dominance_only() -> Feasibility:
 
 def test_only_gpu_and_host_oom_are_learned():
     feasibility = dominance_only()
-    feasibility.record(3, BASE, "cache_oom")  # two-sided in the engine's share: never used
-    feasibility.record(4, BASE, "crash")
-    feasibility.record(5, BASE, "interrupted")  # a trial's own word, not a probe's status
-    assert feasibility.predict(with_(micro_batch_size_update=8)) is None
-    feasibility.record(6, BASE, "gpu_oom", "update")
-    prediction = feasibility.predict(with_(micro_batch_size_update=8))
+    # cache_oom: two-sided in the engine's share, never used
+    feasibility.record(3, candidate(BASE), "cache_oom")
+    feasibility.record(4, candidate(BASE), "crash")
+    # a trial's own word, not a probe's status
+    feasibility.record(5, candidate(BASE), "interrupted")
+    assert feasibility.predict(candidate(with_(micro_batch_size_update=8))) is None
+    feasibility.record(6, candidate(BASE), "gpu_oom", "update")
+    prediction = feasibility.predict(candidate(with_(micro_batch_size_update=8)))
     assert prediction is not None and prediction.source == "dominance"
     assert prediction.reason == ("predicted gpu_oom: needs at least the device memory of "
                                  "trial 6 (gpu_oom in update)")
-    assert feasibility.predict(with_(micro_batch_size_update=2)) is None
-    assert Feasibility(Device("cpu")).predict(with_(micro_batch_size_update=8)) is None
+    assert feasibility.predict(candidate(with_(micro_batch_size_update=2))) is None
+    assert Feasibility(Device("cpu")).predict(candidate(with_(micro_batch_size_update=8))) is None
 
 
 def test_host_oom_predicts_more_offload_not_less():
     feasibility = dominance_only()
-    feasibility.record(1, BASE, "host_oom")
-    assert feasibility.predict(with_(offload_params=True)) is not None
-    assert feasibility.predict(with_(offload_optimizer=False)) is None
+    feasibility.record(1, candidate(BASE), "host_oom")
+    assert feasibility.predict(candidate(with_(offload_params=True))) is not None
+    assert feasibility.predict(candidate(with_(offload_optimizer=False))) is None
 
 
 def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
     feasibility = dominance_only()
-    feasibility.record(2, BASE, "gpu_oom", "experience")
+    feasibility.record(2, candidate(BASE), "gpu_oom", "experience")
     # the log-prob forward does not care about the update's micro-batch or checkpointing
     other = with_(micro_batch_size_update=1, gradient_checkpointing=True, offload_params=True)
-    assert feasibility.predict(other) is not None
-    assert feasibility.predict(with_(micro_batch_size_experience=4)) is None
-    assert feasibility.predict(with_(micro_batch_size_experience=16,
-                                           offload_optimizer=False)) is not None
+    assert feasibility.predict(candidate(other)) is not None
+    assert feasibility.predict(candidate(with_(micro_batch_size_experience=4))) is None
+    assert feasibility.predict(candidate(with_(micro_batch_size_experience=16,
+                                               offload_optimizer=False))) is not None
     # an OOM in the update says nothing about a smaller update micro-batch
     update = dominance_only()
-    update.record(3, BASE, "gpu_oom", "update")
-    assert update.predict(with_(micro_batch_size_experience=64)) is not None
-    assert update.predict(with_(micro_batch_size_update=2)) is None
+    update.record(3, candidate(BASE), "gpu_oom", "update")
+    assert update.predict(candidate(with_(micro_batch_size_experience=64))) is not None
+    assert update.predict(candidate(with_(micro_batch_size_update=2))) is None
 
 
 def prescreened(model: str, device: Device) -> Feasibility:
     """The estimate pre-screen of `model`'s probes on `device`, alone."""
-    from autotune.config import ProbeConfig
-
     request = ProbeRequest(model=model, device=device)
-    prescreen = Prescreen.for_request(request, lambda params: ProbeConfig(**params))
+    prescreen = Prescreen.for_request(request)
     return Feasibility(device, prescreen=prescreen)
 
 
 def test_model_states_alone_past_capacity_are_predicted_before_any_calibration():
     feasibility = prescreened("qwen2.5-7b", Device("cuda", 80 * 10**9))
-    prediction = feasibility.predict({"micro_batch_size_update": 1})
+    prediction = feasibility.predict(candidate({"micro_batch_size_update": 1}))
     assert prediction is not None and prediction.source == "estimate"
     assert "model states alone need" in prediction.reason and prediction.failed_phase == "update"
-    assert prescreened("qwen2.5-0.5b", Device("cuda", 80 * 10**9)).predict(
-        {"micro_batch_size_update": 1}) is None
+    assert prescreened("qwen2.5-0.5b", Device("cuda", 80 * 10**9)).predict(candidate(
+        {"micro_batch_size_update": 1})) is None
     # the capacity is what a probe may use: a cap on a larger device counts, not the device
     capped = prescreened("qwen2.5-0.5b", Device("cuda", 80 * 10**9, limit_bytes=4 * 10**9))
-    assert capped.predict({"micro_batch_size_update": 1}) is not None
+    assert capped.predict(candidate({"micro_batch_size_update": 1})) is not None
 
 
 def test_calibrated_prescreen_skips_only_well_past_capacity():
@@ -115,12 +121,12 @@ def test_calibrated_prescreen_skips_only_well_past_capacity():
     huge = {"micro_batch_size_update": 64, "micro_batch_size_experience": 8,
             "global_batch_size": 16, "rollout_n": 4, "rollout_batch_size": 16}
     for i, micro in enumerate([1, 2, 4, 1, 2, 4, 8][:MIN_CALIBRATION_PROBES]):
-        assert feasibility.predict(huge) is None  # not trusted before enough probes
+        assert feasibility.predict(candidate(huge)) is None  # not trusted before enough probes
         params = {"micro_batch_size_update": micro}
-        feasibility.record(i, params, "ok", None, measured(params), 2**40)
-    prediction = feasibility.predict(huge)
+        feasibility.record(i, candidate(params), "ok", None, measured(params), 2**40)
+    prediction = feasibility.predict(candidate(huge))
     assert prediction is not None and "calibrated memory model" in prediction.reason
     peak = max(measured(huge).values())
     assert peak > capacity * (1 + PRESCREEN_MARGIN)
-    assert feasibility.predict({"micro_batch_size_update": 2}) is None
+    assert feasibility.predict(candidate({"micro_batch_size_update": 2})) is None
     assert feasibility.calibration_record("cpu")["probes"] == MIN_CALIBRATION_PROBES

@@ -192,7 +192,7 @@ def test_finalists_killed_mid_round_resume_without_running_anything_twice(tmp_pa
     left = ScriptedRunner()
     saved = repeat_log_path(settings.study_dir, top[2].number, 2)
     saved.with_suffix(".result.json").write_text(
-        left.run(settings.request_for(top[2].trial.params)).to_json())
+        left.run(settings.request_for(settings.space.candidate(top[2].trial.params))).to_json())
     left.calls.clear()
     remeasure(study, settings, left, 3, None)
     again = [t.user_attrs["repeat_of"] for t in study.get_trials(deepcopy=False)

@@ -90,7 +90,10 @@ def test_a_trace_runs_on_a_free_slots_cores_and_waits_while_none_is_free():
     asked is the point)."""
     from autotune.hardware import Device
     from autotune.probe.result import ProbeRequest
+    from autotune.sweep.search_space import SearchSpace
     from autotune.sweep.traced import SubprocessTracer
+
+    space = SearchSpace({})  # fixes nothing: a candidate is its params
 
     class Asked(SubprocessTracer):
         def _ask(self, request):
@@ -98,15 +101,16 @@ def test_a_trace_runs_on_a_free_slots_cores_and_waits_while_none_is_free():
             return {"phase_peak_mem_bytes": {"update": 1}, "trace_s": 0.1}
 
     free: list = [False]
-    tracer = Asked(lambda params, device: ProbeRequest(model="tiny-qwen2.5"), on_gpu=False,
+    tracer = Asked(lambda candidate, device: ProbeRequest(model="tiny-qwen2.5"), on_gpu=False,
                    free_cores=lambda: free[0])
     tracer.asked = []
-    assert tracer.traced_bytes({"m": 1}, Device("cpu")) is None and tracer.deferred == 1
+    assert tracer.traced_bytes(space.candidate({"m": 1}), Device("cpu")) is None \
+        and tracer.deferred == 1
     free[0] = (1,)
-    assert tracer.traced_bytes({"m": 1}, Device("cpu")) is not None
+    assert tracer.traced_bytes(space.candidate({"m": 1}), Device("cpu")) is not None
     assert [r.cpu_ids for r in tracer.asked] == [(1,)]
     free[0] = None  # an unpinned free slot: no probe runs beside it
-    tracer.traced_bytes({"m": 2}, Device("cpu"))
+    tracer.traced_bytes(space.candidate({"m": 2}), Device("cpu"))
     assert tracer.asked[-1].cpu_ids is None
 
 

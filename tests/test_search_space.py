@@ -166,11 +166,14 @@ def test_a_trainers_own_keys_are_searched_with_their_declared_direction(tmp_path
     # a measured OOM at 0.6 proves 0.8 must OOM too, and says nothing about 0.4
     feasibility = Feasibility(Device("cpu"), Dominance(space.directions))
     oom = {**params, "worker.rollout.gpu_memory_utilization": 0.6}
-    feasibility.record(3, oom, "gpu_oom")
-    assert feasibility.predict({**oom, "worker.rollout.gpu_memory_utilization": 0.8})
-    assert feasibility.predict({**oom, "worker.rollout.gpu_memory_utilization": 0.4}) is None
+    feasibility.record(3, space.candidate(oom), "gpu_oom")
+    assert feasibility.predict(space.candidate(
+        {**oom, "worker.rollout.gpu_memory_utilization": 0.8}))
+    assert feasibility.predict(space.candidate(
+        {**oom, "worker.rollout.gpu_memory_utilization": 0.4})) is None
     flipped = not oom["worker.rollout.enforce_eager"]  # no direction: only equal values count
-    assert feasibility.predict({**oom, "worker.rollout.enforce_eager": flipped}) is None
+    assert feasibility.predict(space.candidate(
+        {**oom, "worker.rollout.enforce_eager": flipped})) is None
 
 
 @pytest.mark.parametrize("entry, problem", [

@@ -14,9 +14,15 @@ from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
 from autotune.runners.local import SubprocessRunner
+from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.traced import SubprocessTracer, traced_prediction
 
 pytestmark = pytest.mark.slow
+
+
+def as_candidate(params):
+    """A trial's candidate in a space that fixes nothing (the tracer keys it by its params)."""
+    return SearchSpace({}).candidate(params)
 
 
 @pytest.fixture
@@ -225,13 +231,13 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
     template = make_request()
     device = Device("cuda", capacity_bytes=8 << 30)
 
-    def request_for(params, where):
+    def request_for(candidate, where):
         return dataclasses.replace(template, config=ProbeConfig(
-            **{**template.config.as_dict(), **params}), device=where)
+            **{**template.config.as_dict(), **candidate.params}), device=where)
 
     tracer = SubprocessTracer(request_for, on_gpu=True)
     try:
-        params = {"micro_batch_size_experience": 4}
+        params = as_candidate({"micro_batch_size_experience": 4})
         traced = tracer.traced_bytes(params, device)
         assert traced is not None and tracer.unavailable is None
         prior = outside_torch().total_bytes
@@ -259,32 +265,33 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     predicted OOM (source trace); one well inside is left to run."""
     import dataclasses
 
-    from autotune.config import ProbeConfig
     from autotune.sweep.feasibility import Feasibility
     from autotune.sweep.prescreen import Prescreen
     from autotune.sweep.traced import SubprocessTracer
 
     template = make_request(gpu_memory_limit_bytes=600 << 20)
 
-    def config_for(params):
-        return ProbeConfig(**{**template.config.as_dict(), **params})
+    space = SearchSpace({}, template.config.as_dict())  # the template's config, and params
 
-    def request_for(params, device):
-        return dataclasses.replace(template, config=config_for(params), device=device)
+    def request_for(candidate, device):
+        return dataclasses.replace(template, config=candidate.config, device=device)
+
+    def predict(params, measure=False):
+        return feasibility.predict(space.candidate(params), measure)
 
     feasibility = Feasibility(template.device, prescreen=Prescreen.for_request(
-        template, config_for), tracer=SubprocessTracer(request_for, on_gpu=False))
+        template), tracer=SubprocessTracer(request_for, on_gpu=False))
     assert feasibility.capacity_bytes == 600 << 20  # the cap, known before any probe
     huge = {"micro_batch_size_experience": 8, "max_response_length": 512}
-    prediction = feasibility.predict(huge)
+    prediction = predict(huge)
     assert prediction is not None and prediction.source == "trace", prediction
     assert "the traced step needs" in prediction.reason
-    assert feasibility.predict({"micro_batch_size_experience": 1}) is None
+    assert predict({"micro_batch_size_experience": 1}) is None
     assert feasibility.tracer.unavailable is None and len(feasibility.tracer.traces) >= 1
-    assert feasibility.predict(huge, measure=True) is None  # the safe config: measured
+    assert predict(huge, measure=True) is None  # the safe config: measured
     traces = len(feasibility.tracer.trace_wall_s)
     feasibility.tracer.probe_wall_s.append(0.5)  # the sweep's probes: far cheaper than a trace
-    assert feasibility.predict({**huge, "max_response_length": 384}) is None  # not traced
+    assert predict({**huge, "max_response_length": 384}) is None  # not traced
     assert len(feasibility.tracer.trace_wall_s) == traces
     assert feasibility.tracer.unavailable.startswith("a trace takes")
     assert feasibility.tracer.summary()["off"] == feasibility.tracer.unavailable
@@ -329,29 +336,31 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     from autotune.sweep.traced import SubprocessTracer
 
     requests = {"ok": make_request(), "broken": make_request(micro_batch_size_update=3)}
-    tracer = SubprocessTracer(lambda params, device: requests[params["kind"]], on_gpu=False)
-    assert tracer.traced_bytes({"kind": "ok"}, requests["ok"].device) is not None
+    tracer = SubprocessTracer(lambda candidate, device: requests[candidate.params["kind"]],
+                              on_gpu=False)
+    assert tracer.traced_bytes(as_candidate({"kind": "ok"}), requests["ok"].device) is not None
     process = tracer._process
-    assert tracer.traced_bytes({"kind": "broken"}, requests["ok"].device) is None
+    assert tracer.traced_bytes(as_candidate({"kind": "broken"}), requests["ok"].device) is None
     assert tracer.unavailable.startswith("the trace cannot follow this model or config: "
                                          "ConfigError"), tracer.unavailable
     assert process.poll() is None  # the process goes on: the sweep decides
     tracer.close()
     assert process.returncode == 0
 
-    tracer = SubprocessTracer(lambda params, device: requests["ok"], on_gpu=False)
-    assert tracer.traced_bytes({"n": 1}, requests["ok"].device) is not None
+    tracer = SubprocessTracer(lambda candidate, device: requests["ok"], on_gpu=False)
+    assert tracer.traced_bytes(as_candidate({"n": 1}), requests["ok"].device) is not None
     process = tracer._process
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    assert tracer.traced_bytes({"n": 2}, requests["ok"].device) is None
+    assert tracer.traced_bytes(as_candidate({"n": 2}), requests["ok"].device) is None
     assert tracer.unavailable.startswith("the trace process failed"), tracer.unavailable
     assert tracer._process is None
 
     monkeypatch.setattr(traced_module, "TRACE_TIMEOUT_S", 0.05)
-    tracer = SubprocessTracer(lambda params, device: requests["ok"], on_gpu=False)
+    tracer = SubprocessTracer(lambda candidate, device: requests["ok"], on_gpu=False)
     device = requests["ok"].device
-    assert tracer.traced_bytes({"n": 1}, device) is None  # still importing torch: too late
+    # still importing torch: too late
+    assert tracer.traced_bytes(as_candidate({"n": 1}), device) is None
     assert tracer.unavailable == "a trace took over 0 s"
     assert tracer._process is None and len(tracer.trace_wall_s) == 1
 
@@ -368,16 +377,18 @@ def test_an_engine_that_cannot_start_is_predicted_and_tracing_goes_on(make_reque
                                         gpu_memory_utilization=0.05),
                 "ok": make_request(gpu_memory_limit_bytes=cap)}
     device = requests["ok"].device
-    tracer = SubprocessTracer(lambda params, device: requests[params["kind"]], on_gpu=False)
+    tracer = SubprocessTracer(lambda candidate, device: requests[candidate.params["kind"]],
+                              on_gpu=False)
     try:
-        prediction = traced_prediction(tracer, {"kind": "starved"}, cap, device)
+        prediction = traced_prediction(tracer, as_candidate({"kind": "starved"}), cap, device)
         assert prediction is not None and prediction.status == "cache_oom", prediction
         assert prediction.source == "trace" and prediction.failed_phase == "build"
         assert "No available memory for the cache blocks" in prediction.reason
         assert tracer.unavailable is None  # tracing goes on
-        assert tracer.traced_bytes({"kind": "ok"}, device) is not None
+        assert tracer.traced_bytes(as_candidate({"kind": "ok"}), device) is not None
         assert len(tracer.trace_wall_s) == 2  # the failure is kept, not traced again
-        assert traced_prediction(tracer, {"kind": "starved"}, cap, device) == prediction
+        assert traced_prediction(tracer, as_candidate({"kind": "starved"}), cap,
+                                 device) == prediction
         assert len(tracer.trace_wall_s) == 2
     finally:
         tracer.close()
@@ -388,7 +399,7 @@ class RecordedTracer(SubprocessTracer):
 
     def __init__(self, traces: dict[str, dict[str, int]], on_gpu: bool = True,
                  fits_under: dict[str, int] | None = None) -> None:
-        super().__init__(lambda params, device: params, on_gpu=on_gpu)
+        super().__init__(lambda candidate, device: candidate.params, on_gpu=on_gpu)
         self.recorded, self.recorded_fits = traces, fits_under or {}
 
     @staticmethod
@@ -409,7 +420,8 @@ def test_a_cpu_config_probed_before_any_trace_is_traced_to_learn_the_fixed_term(
                             on_gpu=False)
     device = Device("cpu", capacity_bytes=8 << 30)
     assert tracer.traces == {}
-    tracer.learn({"label": "safe"}, {"rollout": 400 << 20, "update": 520 << 20}, device)
+    tracer.learn(as_candidate({"label": "safe"}), {"rollout": 400 << 20, "update": 520 << 20},
+                 device)
     assert {p: tracer.context_bytes(p) for p in ("rollout", "update")} == {
         "rollout": 300 << 20, "update": 320 << 20}
 
@@ -423,13 +435,14 @@ def test_a_gpu_probe_teaches_what_lives_outside_torch():
     tracer = RecordedTracer({"probed": reserved, "other": {"update": 30 << 30}})
     device = Device("cuda", capacity_bytes=80 << 30)
     prior = outside_torch().total_bytes
-    assert tracer.traced_bytes({"label": "probed"}, device) == {
+    assert tracer.traced_bytes(as_candidate({"label": "probed"}), device) == {
         p: v + prior for p, v in reserved.items()}
     nvml = {"rollout": (10 << 30) + (900 << 20), "update": (21 << 30) + (850 << 20)}
     measured_reserved = {"rollout": 10 << 30, "update": 21 << 30}
-    tracer.learn({"label": "probed"}, nvml, device, measured_reserved)
+    tracer.learn(as_candidate({"label": "probed"}), nvml, device, measured_reserved)
     assert tracer.context_bytes("update") == 850 << 20
-    assert tracer.traced_bytes({"label": "other"}, device) == {"update": (30 << 30) + (850 << 20)}
+    assert tracer.traced_bytes(as_candidate({"label": "other"}), device) == {
+        "update": (30 << 30) + (850 << 20)}
     assert tracer.summary()["outside_torch_bytes"] == 850 << 20
 
 
@@ -455,9 +468,9 @@ def test_the_replayed_reserve_skips_a_7b_update_its_tensors_would_let_through():
     roomy = Device("cuda", capacity_bytes=nvml + (2 << 30))
     for fits_under in (reserved, tensors + (6 << 30)):  # no cap can do with much less
         tracer = RecordedTracer({"7b": {"update": reserved}}, fits_under={"7b": fits_under})
-        predicted = traced_prediction(tracer, {"label": "7b"}, 2 * nvml, tight)
+        predicted = traced_prediction(tracer, as_candidate({"label": "7b"}), 2 * nvml, tight)
         assert predicted is not None and predicted.status == "gpu_oom"
         assert predicted.failed_phase == "update" and predicted.source == "trace"
-        assert traced_prediction(tracer, {"label": "7b"}, 2 * nvml, roomy) is None
+        assert traced_prediction(tracer, as_candidate({"label": "7b"}), 2 * nvml, roomy) is None
     tensors_only = RecordedTracer({"7b": {"update": tensors}})
-    assert traced_prediction(tensors_only, {"label": "7b"}, 2 * nvml, tight) is None
+    assert traced_prediction(tensors_only, as_candidate({"label": "7b"}), 2 * nvml, tight) is None

@@ -18,13 +18,14 @@ share and is never used for dominance.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.batching import ROW_COUNT_KNOBS
-from autotune.config import MEMORY_DIRECTION
+from autotune.config import MEMORY_DIRECTION, Knobs, KnobValue
 from autotune.memory.model import phase_knobs
 from autotune.probe.result import ProbeStatus
+from autotune.sweep.space_params import value_order
 
 OFFLOAD_KNOBS = ("offload_params", "offload_optimizer", "critic_offload_params",
                  "critic_offload_optimizer")
@@ -36,7 +37,7 @@ class KnownOOM:
     """A measured OOM that later configs are compared with."""
 
     trial_number: int
-    params: dict[str, Any]
+    params: Knobs
     status: ProbeStatus  # gpu_oom | host_oom
     failed_phase: str | None
 
@@ -49,11 +50,7 @@ class KnownOOM:
                 f"{self.trial_number} ({self.status.value}{where})")
 
 
-def _ordered(value: Any) -> float:
-    return -1.0 if value is None else float(value)
-
-
-def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
+def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str, KnobValue],
                           host: bool = False, phase: str | None = None,
                           directions: dict[str, int] | None = None,
                           token_batched: bool = False, critic: bool = False) -> bool:
@@ -79,9 +76,9 @@ def at_least_as_demanding(candidate: dict[str, Any], known: dict[str, Any],
         direction = 0 if counts_rows else directions.get(name, 0)
         if host and name in OFFLOAD_KNOBS:
             direction = -direction
-        if direction > 0 and _ordered(value) < _ordered(known_value):
+        if direction > 0 and value_order(value) < value_order(known_value):
             return False
-        if direction < 0 and _ordered(value) > _ordered(known_value):
+        if direction < 0 and value_order(value) > value_order(known_value):
             return False
         if direction == 0 and value != known_value:
             return False
@@ -98,13 +95,13 @@ class Dominance:
         self.critic = critic  # some config trains a critic
         self.known: list[KnownOOM] = []
 
-    def record(self, trial_number: int, params: dict[str, Any], status: ProbeStatus,
+    def record(self, trial_number: int, params: Mapping[str, KnobValue], status: ProbeStatus,
                failed_phase: str | None) -> None:
         """Learn from a measured probe: a GPU or host OOM is kept, anything else ignored."""
         if status in LEARNED and params:
             self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase))
 
-    def proof(self, params: dict[str, Any]) -> KnownOOM | None:
+    def proof(self, params: Mapping[str, KnobValue]) -> KnownOOM | None:
         """The measured OOM that proves `params` cannot fit, or None."""
         for known in self.known:
             host = known.status is ProbeStatus.HOST_OOM  # host RSS is the whole process

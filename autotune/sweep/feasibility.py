@@ -15,18 +15,20 @@ this machine has until a probe reports the one it ran on.
 
 from __future__ import annotations
 
-from typing import Any
-
+from autotune.files import JsonObject
 from autotune.hardware import Device
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.dominance import Dominance
 from autotune.sweep.prescreen import Prediction, Prescreen
+from autotune.sweep.search_space import Candidate
 from autotune.sweep.traced import Tracer, traced_prediction
 
 
 class Feasibility:
     """What a sweep knows of where the memory wall is, from its rules: each is optional
-    (--no-prune, --no-prescreen, --no-trace, a model the memory model cannot read)."""
+    (--no-prune, --no-prescreen, --no-trace, a model the memory model cannot read). Each is
+    asked of a trial's candidate: dominance compares its params, the pre-screen and the
+    traces take its config."""
 
     def __init__(self, device: Device, dominance: Dominance | None = None,
                  prescreen: Prescreen | None = None, tracer: Tracer | None = None) -> None:
@@ -45,7 +47,7 @@ class Feasibility:
         return (len(self.dominance.known) if self.dominance else 0,
                 len(self.prescreen.samples) if self.prescreen else 0)
 
-    def record(self, trial_number: int, params: dict[str, Any], status: str,
+    def record(self, trial_number: int, candidate: Candidate, status: str,
                failed_phase: str | None = None,
                phase_peak_mem_bytes: dict[str, int] | None = None,
                device_capacity_bytes: int | None = None,
@@ -56,15 +58,15 @@ class Feasibility:
         self.device = self.device.with_capacity(device_capacity_bytes)
         probed = ProbeStatus.of(status)
         if self.dominance is not None and probed is not None:
-            self.dominance.record(trial_number, params, probed, failed_phase)
+            self.dominance.record(trial_number, candidate.params, probed, failed_phase)
         if probed is not ProbeStatus.OK or not phase_peak_mem_bytes:
             return
         if self.prescreen is not None:
-            self.prescreen.record(params, phase_peak_mem_bytes, self.device)
+            self.prescreen.record(candidate.config, phase_peak_mem_bytes, self.device)
         if self.tracer is not None:
-            self.tracer.learn(params, phase_peak_mem_bytes, self.device, phase_reserved_bytes)
+            self.tracer.learn(candidate, phase_peak_mem_bytes, self.device, phase_reserved_bytes)
 
-    def calibration_record(self, device_name: str | None) -> dict[str, Any] | None:
+    def calibration_record(self, device_name: str | None) -> JsonObject | None:
         """The calibration and what tracing did, as stored with the study; None before the
         first successful probe."""
         if self.prescreen is None or self.prescreen.calibration is None:
@@ -72,26 +74,26 @@ class Feasibility:
         trace = self.tracer.summary() if self.tracer is not None else None
         return self.prescreen.calibration_record(device_name, trace)
 
-    def predict(self, params: dict[str, Any], measure: bool = False) -> Prediction | None:
-        """Why `params` must run out of memory, or None when it may fit. `measure`: the config
-        is to be measured unless proven (the safe config)."""
-        proof = self.dominance.proof(params) if self.dominance is not None else None
+    def predict(self, candidate: Candidate, measure: bool = False) -> Prediction | None:
+        """Why `candidate` must run out of memory, or None when it may fit. `measure`: the
+        config is to be measured unless proven (the safe config)."""
+        proof = self.dominance.proof(candidate.params) if self.dominance is not None else None
         if proof is not None:
             return Prediction(proof.status.value, proof.reason, proof.failed_phase, "dominance")
         capacity = self.capacity_bytes
         prescreen = self.prescreen
         if prescreen is None or not prescreen.skip:
             return None
-        host = prescreen.host_past(params)
+        host = prescreen.host_past(candidate.config)
         if host is not None or capacity is None:
             return host
-        estimate = prescreen.estimate(params, self.device)
+        estimate = prescreen.estimate(candidate.config, self.device)
         proven = prescreen.states_past(estimate, capacity)
         if proven is not None or measure:
             return proven
         if self.tracer is not None:
-            traced = traced_prediction(self.tracer, params, prescreen.modelled_bytes(estimate),
-                                       self.device)
+            traced = traced_prediction(self.tracer, candidate,
+                                       prescreen.modelled_bytes(estimate), self.device)
             if traced is not None:
                 return traced
         return prescreen.calibrated_past(estimate, capacity)

@@ -25,10 +25,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.config import describe_params, format_bytes
-from autotune.files import write_text_atomic
+from autotune.files import JsonObject, write_text_atomic
 from autotune.probe.result import ProbeResult
 from autotune.runners import Runner
 from autotune.sweep import trial_files
@@ -37,9 +37,40 @@ from autotune.sweep.objective import score
 from autotune.sweep.record import result_attrs
 from autotune.sweep.settings import SweepSettings
 
+if TYPE_CHECKING:
+    from optuna import Study
+
 FINALISTS = "finalists"  # study user attr: the last re-measure's record
 DEFAULT_FINALISTS = 3
 MAX_PROBES = 3  # probes of one finalist at most, its first included
+
+
+class FinalistEntry(TypedDict):
+    """One finalist as the record keeps it: its probes, its mean and interval."""
+
+    trial: int
+    probes: list[int]
+    mean: float
+    interval: list[float]
+    tokens_per_s: list[float]
+    tokens_per_s_mean: float
+    tokens_per_s_interval: list[float]
+    peak_mem_bytes: int
+    contended: int
+
+
+class FinalistsRecord(TypedDict):
+    """The pick among the finalists, as stored in the study (user attr `finalists`)."""
+
+    k: int
+    max_probes: int
+    objective: str
+    rule: str
+    noise_relative_sd: float
+    chosen: int
+    why: str
+    probes_counted: int  # the study's probes when it was made: later probes make it stale
+    entries: list[FinalistEntry]
 
 
 def repeat_log_path(study_dir: Path, number: int, probe: int) -> Path:
@@ -56,7 +87,7 @@ def standing(finalists: list[Measured]) -> tuple[float, list[Measured]]:
     return spread, [leader, *close]
 
 
-def remeasure(study: Any, settings: SweepSettings, runner: Runner, k: int,
+def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
               capacity_bytes: int | None, say: Callable[[str], None] = lambda line: None
               ) -> int:
     """Probe the best `k` feasible configs again until the leader stands apart or the
@@ -79,7 +110,7 @@ def remeasure(study: Any, settings: SweepSettings, runner: Runner, k: int,
     return probes
 
 
-def probe_again(study: Any, settings: SweepSettings, runner: Runner, measured: Measured,
+def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured: Measured,
                 capacity_bytes: int | None, say: Callable[[str], None]) -> int:
     """One more probe of a finalist, added to the study as a trial; 1 when it ran."""
     import optuna
@@ -93,17 +124,19 @@ def probe_again(study: Any, settings: SweepSettings, runner: Runner, measured: M
     if result is None:
         say(f"finalist trial {number} ({describe_params(measured.trial.params)}): "
             f"probe {count} of {MAX_PROBES}")
-        request = dataclasses.replace(settings.request_for(measured.trial.params),
+        candidate = settings.space.candidate(measured.trial.params)
+        request = dataclasses.replace(settings.request_for(candidate),
                                       **settings.slots[0].request_fields())
         log.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(log.with_suffix(".request.json"), request.to_json())
         result = runner.run(request, log)
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
-    attrs = {"status": result.status.value, "probed": True, "predicted": False,
-             "feasible": verdict.feasible, "reason": verdict.reason,
-             "budget_bytes": verdict.budget_bytes, "binding_phase": verdict.binding_phase,
-             "log": str(log.relative_to(settings.study_dir)), "origin": FINALIST,
-             "repeat_of": number, "result": result_attrs(result)}
+    attrs: JsonObject = {
+        "status": result.status.value, "probed": True, "predicted": False,
+        "feasible": verdict.feasible, "reason": verdict.reason,
+        "budget_bytes": verdict.budget_bytes, "binding_phase": verdict.binding_phase,
+        "log": str(log.relative_to(settings.study_dir)), "origin": FINALIST,
+        "repeat_of": number, "result": result_attrs(result)}
     complete = verdict.state != "fail"
     study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
@@ -121,7 +154,7 @@ def read_repeat(log: Path) -> ProbeResult | None:
         return None
 
 
-def decide(study: Any, k: int) -> dict[str, Any]:
+def decide(study: Study, k: int) -> FinalistsRecord:
     """The pick among the best `k` configs, the rule that made it, and every finalist."""
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
     finalists = ranked(study)[:k]
@@ -152,7 +185,7 @@ def decide(study: Any, k: int) -> dict[str, Any]:
     }
 
 
-def entry(measured: Measured, spread: float) -> dict[str, Any]:
+def entry(measured: Measured, spread: float) -> FinalistEntry:
     low, high = measured.interval(spread)
     scale = measured.tokens_per_s_mean / measured.mean if measured.mean else 0.0
     return {"trial": measured.number, "probes": [t.number for t in measured.trials],
@@ -163,16 +196,16 @@ def entry(measured: Measured, spread: float) -> dict[str, Any]:
             "peak_mem_bytes": measured.peak_mem_bytes, "contended": measured.contended}
 
 
-def current_record(study: Any) -> dict[str, Any] | None:
+def current_record(study: Study) -> FinalistsRecord | None:
     """The stored pick, while no config was probed since it was made; else None."""
-    record = study.user_attrs.get(FINALISTS)
+    record: FinalistsRecord | None = study.user_attrs.get(FINALISTS)
     if not record:
         return None
     return record if record.get("probes_counted") == sum(m.probes for m in ranked(study)) \
         else None
 
 
-def describe(record: dict[str, Any]) -> list[str]:
+def describe(record: FinalistsRecord) -> list[str]:
     """The finalists as `show` prints them: each with its interval, and the rule."""
     lines = [f"finalists (each probed up to {record['max_probes']} times; one probe's noise "
              f"{record['noise_relative_sd']:.1%}):"]

@@ -17,12 +17,16 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
+from autotune.config import Knobs
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.sharing import params_key
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 WHAT_TO_CHANGE = ("use a larger device (or a higher --gpu-memory-limit), more GPUs, shorter "
                   "lengths (--set max_response_length=...), or a smaller model")
@@ -43,18 +47,18 @@ class Frontier:
             return []
         return sorted(self.valid_keys - set(seen))
 
-    def pick_untried(self, seen: Iterable[str]) -> dict[str, Any] | None:
+    def pick_untried(self, seen: Iterable[str]) -> Knobs | None:
         """An untried config the feasibility rules leave open (at random), or None."""
         left = self.untried(seen)
         self.rng.shuffle(left)
         for key in left:
             stored = json.loads(key)  # the key sorts the names: the space's order back
             params = {name: stored[name] for name in self.space.params if name in stored}
-            if self.feasibility.predict(params) is None:
+            if self.feasibility.predict(self.space.candidate(params)) is None:
                 return params
         return None
 
-    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def neighbours(self, params: Knobs) -> list[Knobs]:
         """Configs one step from `params`: one knob moved to the next value on its axis
         (an int's or a numeric choice's neighbour in order; any other choice, flipped)."""
         found = []
@@ -70,19 +74,19 @@ class Frontier:
             found += [{**params, name: value} for value in steps]
         return found
 
-    def neighbour(self, params: dict[str, Any], seen: Iterable[str]) -> dict[str, Any] | None:
+    def neighbour(self, params: Knobs, seen: Iterable[str]) -> Knobs | None:
         """An untried valid neighbour of `params` the feasibility rules leave open (at
         random), or None."""
         seen = set(seen)
         near = self.neighbours(params)
         self.rng.shuffle(near)
-        for candidate in near:
-            key = params_key(candidate)
-            if key in seen or (self.valid_keys is not None and key not in self.valid_keys) \
-                    or self.space.problems_for(candidate):
+        for other in near:
+            key = params_key(other)
+            if key in seen or (self.valid_keys is not None and key not in self.valid_keys):
                 continue
-            if self.feasibility.predict(candidate) is None:
-                return candidate
+            candidate = self.space.candidate(other)
+            if not candidate.problems and self.feasibility.predict(candidate) is None:
+                return other
         return None
 
     def learned_something(self) -> bool:
@@ -91,7 +95,7 @@ class Frontier:
         changed, self.checked_at = now != self.checked_at, now
         return changed
 
-    def nothing_fits(self, seen: Iterable[str], trials: Iterable[Any]) -> str | None:
+    def nothing_fits(self, seen: Iterable[str], trials: Iterable[FrozenTrial]) -> str | None:
         """Why the sweep must stop because nothing left could fit, or None. In a space too
         large to list, the safe config is the lightest value of every axis, so its OOM among
         the study's `trials` alone settles it."""
@@ -114,7 +118,7 @@ class Frontier:
             f"{WHAT_TO_CHANGE}"
 
 
-def _safe_oom(trials: Iterable[Any]) -> Any | None:
+def _safe_oom(trials: Iterable[FrozenTrial]) -> FrozenTrial | None:
     """The safe config's trial, if it was probed and ran out of device memory."""
     for frozen in trials:
         attrs = frozen.user_attrs

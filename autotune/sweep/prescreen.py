@@ -16,14 +16,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.config import DTYPE_BYTES, ProbeConfig, compute_dtype, format_bytes
+from autotune.config import ProbeConfig, compute_bytes, format_bytes
 from autotune.errors import AutotuneError
+from autotune.files import JsonObject
 from autotune.hardware import Device
 from autotune.memory.calibration import Calibration, fit_calibration
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory, model_shape
+from autotune.memory.model import (
+    MemoryEstimate,
+    ModelArgs,
+    ModelShape,
+    estimate_memory,
+    model_shape,
+)
 from autotune.probe.result import ProbeRequest
 
 MIN_CALIBRATION_PROBES = 6
@@ -40,13 +46,13 @@ class Prediction:
     source: str  # dominance | estimate | trace
 
 
-def memory_model_args(request: ProbeRequest) -> dict[str, Any]:
+def memory_model_args(request: ProbeRequest) -> ModelArgs:
     """The memory model's arguments for a request's probes: one GPU's share of the batches,
     model states FSDP-sharded over the run's W ranks, the compute dtype's width, and the memory
     a vllm-like engine reserves its share of (what the probe may use; 0 while unknown)."""
     on_gpu = request.device.on_gpu
     return {"num_gpus": request.world_size, "state_shards": request.world_size,
-            "on_gpu": on_gpu, "compute_bytes": DTYPE_BYTES[compute_dtype(request.dtype, on_gpu)],
+            "on_gpu": on_gpu, "compute_bytes": compute_bytes(request.dtype, on_gpu),
             "engine_capacity_bytes": request.device.usable_bytes or 0}
 
 
@@ -62,13 +68,13 @@ def memory_estimator(request: ProbeRequest) -> Callable[[ProbeConfig], MemoryEst
 
 
 class Prescreen:
-    """The memory model of a sweep's probes, calibrated on them, and what it rules out."""
+    """The memory model of a sweep's probes, calibrated on them, and what it rules out: each
+    asked of a trial's ProbeConfig (the search space's candidate)."""
 
-    def __init__(self, shape: ModelShape, request: ProbeRequest,
-                 config_for: Callable[[dict[str, Any]], ProbeConfig], skip: bool = True,
+    def __init__(self, shape: ModelShape, request: ProbeRequest, skip: bool = True,
                  margin: float = PRESCREEN_MARGIN, node_host_bytes: int | None = None,
                  node_trainer: str | None = None) -> None:
-        self.shape, self.request, self.config_for = shape, request, config_for
+        self.shape, self.request = shape, request
         self.skip = skip  # off (--no-prescreen): it still calibrates, never skips
         self.margin = margin
         self.node_host_bytes = node_host_bytes  # the node's RAM (None: no host verdict)
@@ -79,25 +85,23 @@ class Prescreen:
         self.calibration: Calibration | None = None
 
     @classmethod
-    def for_request(cls, request: ProbeRequest,
-                    config_for: Callable[[dict[str, Any]], ProbeConfig],
-                    skip: bool = True, node_host_bytes: int | None = None,
+    def for_request(cls, request: ProbeRequest, skip: bool = True,
+                    node_host_bytes: int | None = None,
                     node_trainer: str | None = None) -> Prescreen | None:
         """The pre-screen of `request`'s model, or None when its config cannot be read."""
         try:
             shape = model_shape(request.model, request.model_path)
         except AutotuneError:
             return None
-        return cls(shape, request, config_for, skip, node_host_bytes=node_host_bytes,
+        return cls(shape, request, skip, node_host_bytes=node_host_bytes,
                    node_trainer=node_trainer)
 
-    def host_past(self, params: dict[str, Any]) -> Prediction | None:
+    def host_past(self, config: ProbeConfig) -> Prediction | None:
         """The node's host memory (memory/host.py) past where its OOM killer acts: every
         rank on the node with what it holds on the host, from the trainers' own terms."""
         if self.node_host_bytes is None:
             return None
-        host = node_host(self.shape, self.config_for(params), self.node_run,
-                         self.node_host_bytes)
+        host = node_host(self.shape, config, self.node_run, self.node_host_bytes)
         if not host.host_oom:
             return None
         return Prediction("host_oom", f"predicted host_oom: the node's host memory reaches "
@@ -105,16 +109,15 @@ class Prescreen:
                           f"{format_bytes(host.kill_bytes)} where {host.killer} acts",
                           None, "estimate")
 
-    def estimate(self, params: dict[str, Any], device: Device) -> MemoryEstimate:
+    def estimate(self, config: ProbeConfig, device: Device) -> MemoryEstimate:
         """The uncalibrated estimate of a trial's config on `device` as the sweep knows it."""
         request = dataclasses.replace(self.request, device=device)
-        return estimate_memory(self.shape, self.config_for(params),
-                               **memory_model_args(request))
+        return estimate_memory(self.shape, config, **memory_model_args(request))
 
-    def record(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
+    def record(self, config: ProbeConfig, phase_peak_mem_bytes: dict[str, int],
                device: Device) -> None:
-        """A probe of `params` fitted: refit the calibration with its measured peaks."""
-        self.samples.append((self.estimate(params, device), dict(phase_peak_mem_bytes)))
+        """A probe of `config` fitted: refit the calibration with its measured peaks."""
+        self.samples.append((self.estimate(config, device), dict(phase_peak_mem_bytes)))
         self.calibration = fit_calibration(self.samples)
 
     def modelled_bytes(self, estimate: MemoryEstimate) -> int:
@@ -148,7 +151,7 @@ class Prescreen:
                           "device has", phase, "estimate")
 
     def calibration_record(self, device_name: str | None,
-                           trace: dict[str, Any] | None) -> dict[str, Any]:
+                           trace: JsonObject | None) -> JsonObject:
         """The calibration as stored with the study (read by `autotune estimate --study`),
         with what tracing did, once fitted."""
         assert self.calibration is not None

@@ -11,7 +11,7 @@ A space is a YAML file (those autotune ships are in autotune/search_spaces/, lis
       rollout_n: 8
       max_response_length: 1024
 
-Knob names are the canonical ones (config.py). A sweep that probes the user's own trainer
+Knob names are the canonical ones (config/schema.py). A sweep that probes the user's own trainer
 (`run --launch`) may also search the trainer's own keys, as the trainer spells them, each with
 the way it moves device memory declared so that OOM pruning still reasons about it:
 
@@ -21,6 +21,10 @@ the way it moves device memory declared so that OOM pruning still reasons about 
 
 and fix dotted trainer keys under `fixed`. Loading checks everything at once and reports each
 problem with its file and key. Optuna is imported only when distributions are asked for.
+
+A trial's params become its Candidate once (`SearchSpace.candidate`): the ProbeConfig they
+make, the trainer's own keys and every rule the config breaks; the feasibility rules, the
+pre-screen, the traces and the probe's request all take that.
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import yaml
 
 from autotune.batching import BUDGET_KNOB, MICRO_KNOB
 from autotune.config import (
     MEMORY_DIRECTION,
+    Knobs,
+    KnobValue,
     ProbeConfig,
     parse_knob_value,
     unknown_key_message,
@@ -48,6 +54,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.files import read_text_file
+from autotune.sweep.sharing import params_key
 from autotune.sweep.space_params import (
     ParamSpec,
     is_ordered,
@@ -59,19 +66,45 @@ from autotune.sweep.space_params import (
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"  # shipped with the package
 MAX_ENUMERATED_CONFIGS = 200_000  # larger spaces are sampled but never listed in full
 
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+# what a space fixes by name: a knob's value, or a trainer key's as its YAML holds it (a list
+# too: the trainer's own value, passed on as read)
+SpaceValue: TypeAlias = "KnobValue | list[Any]"
+SpaceValues: TypeAlias = "dict[str, SpaceValue]"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One trial's config, made once from the params Optuna gave (SearchSpace.candidate): the
+    params themselves (what dominance compares, what the study keys trials by), the whole
+    ProbeConfig they make with the space's fixed knobs and the trainer's ties, the trainer's
+    own keys, and every rule the config breaks. Everything after the ask takes this."""
+
+    params: Knobs
+    config: ProbeConfig
+    trainer_values: SpaceValues = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The params' identity across trials and drivers (sharing.params_key)."""
+        return params_key(self.params)
+
 
 @dataclass(frozen=True)
 class SearchSpace:
     """Searched params and fixed knobs; everything else takes ProbeConfig's default."""
 
     params: dict[str, ParamSpec]
-    fixed: dict[str, Any] = field(default_factory=dict)
+    fixed: SpaceValues = field(default_factory=dict)
     source: str = "<memory>"
     # more rules a config must pass (a trainer's, for its topology): never probed otherwise
     rules: Callable[[ProbeConfig], list[str]] | None = field(default=None, compare=False)
     world_size: int = 1  # GPUs of the training run: each takes an equal share of the batches
     # knobs the target trainer sets from others (Adapter.ties), applied by config_for
-    ties: Callable[[dict[str, Any]], dict[str, Any]] | None = field(default=None, compare=False)
+    ties: Callable[[ProbeConfig], Knobs] | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -85,7 +118,7 @@ class SearchSpace:
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def distributions(self) -> dict[str, Any]:
+    def distributions(self) -> dict[str, BaseDistribution]:
         return {name: spec.distribution() for name, spec in self.params.items()}
 
     @property
@@ -109,8 +142,9 @@ class SearchSpace:
 
     @property
     def trains_critic(self) -> bool:
-        """Whether some config of the space trains a critic (PPO)."""
-        return "algorithm" in self.params or self.fixed.get("algorithm") == "ppo"
+        """Whether some config of the space trains a critic (PPO): the algorithm is searched,
+        or the one fixed has a critic."""
+        return "algorithm" in self.params or self.config_for({}).has_critic
 
     def with_token_budgets(self, sequence_tokens: int) -> SearchSpace:
         """The space for a run that batches by tokens: each searched micro-batch becomes the
@@ -123,7 +157,7 @@ class SearchSpace:
             if budget is None or budget in self.params:
                 params[name] = spec
                 continue
-            choices = sorted({int(v) * sequence_tokens for v in spec.values()})
+            choices = sorted({v * sequence_tokens for v in spec.values() if isinstance(v, int)})
             params[budget] = ParamSpec(budget, "categorical", choices=tuple(choices))
         return dataclasses.replace(self, params=params)
 
@@ -131,24 +165,38 @@ class SearchSpace:
     def directions(self) -> dict[str, int]:
         return {**MEMORY_DIRECTION, **{name: self.direction(name) for name in self.params}}
 
-    def config_for(self, params: dict[str, Any]) -> ProbeConfig:
-        """The full configuration of a trial (not checked: see `problems_for`), with the
-        target trainer's ties; the trainer's own keys are left out (see `trainer_values`)."""
-        config = ProbeConfig(**{k: v for k, v in {**self.fixed, **params}.items()
-                                if not is_trainer_key(k)})
-        return dataclasses.replace(config, **self.ties(config.as_dict())) if self.ties \
-            else config
+    def candidate(self, params: Mapping[str, KnobValue]) -> Candidate:
+        """A trial's params made into its config, once: the config (`config_for`), the
+        trainer's own keys (`trainer_values`), and every rule the config breaks on the
+        space's GPUs (validate_probe_config, then the target trainer's)."""
+        config = self.config_for(params)
+        problems = validate_probe_config(config, self.world_size) + \
+            (self.rules(config) if self.rules else [])
+        return Candidate(dict(params), config, self.trainer_values(params), tuple(problems))
 
-    def trainer_values(self, params: dict[str, Any]) -> dict[str, Any]:
+    def config_for(self, params: Mapping[str, KnobValue]) -> ProbeConfig:
+        """The full configuration of a trial (not checked: see `candidate`), with the
+        target trainer's ties; the trainer's own keys are left out (see `trainer_values`)."""
+        searched = {k: v for k, v in params.items() if not is_trainer_key(k)}
+        config = ProbeConfig().replace(**{**self.fixed_knobs, **searched})
+        return config.replace(**self.ties(config)) if self.ties else config
+
+    @property
+    def fixed_knobs(self) -> Knobs:
+        """The canonical knobs the space fixes (its trainer keys, a list too, are left out:
+        see `trainer_values`)."""
+        return {k: v for k, v in self.fixed.items()
+                if not is_trainer_key(k) and not isinstance(v, list)}
+
+    def trainer_values(self, params: Mapping[str, KnobValue]) -> SpaceValues:
         """The trainer's own keys of a trial, fixed and searched, as the trainer spells them."""
         return {k: v for k, v in {**self.fixed, **params}.items() if is_trainer_key(k)}
 
-    def problems_for(self, params: dict[str, Any]) -> list[str]:
-        config = self.config_for(params)
-        return validate_probe_config(config, self.world_size) + \
-            (self.rules(config) if self.rules else [])
+    def problems_for(self, params: Mapping[str, KnobValue]) -> list[str]:
+        """Every rule the config of `params` breaks (its candidate's problems)."""
+        return list(self.candidate(params).problems)
 
-    def with_fixed(self, values: dict[str, Any]) -> SearchSpace:
+    def with_fixed(self, values: Mapping[str, SpaceValue]) -> SearchSpace:
         """The same space with more fixed knobs (knobs already searched are not touched)."""
         extra = {k: v for k, v in values.items() if k not in self.params}
         return dataclasses.replace(self, fixed={**self.fixed, **extra})
@@ -156,15 +204,14 @@ class SearchSpace:
     def with_rules(self, rules: Callable[[ProbeConfig], list[str]]) -> SearchSpace:
         return dataclasses.replace(self, rules=rules)
 
-    def with_ties(self, ties: Callable[[dict[str, Any]], dict[str, Any]] | None
-                  ) -> SearchSpace:
+    def with_ties(self, ties: Callable[[ProbeConfig], Knobs] | None) -> SearchSpace:
         return dataclasses.replace(self, ties=ties)
 
     def for_world(self, world_size: int) -> SearchSpace:
         """The same space for a run of `world_size` GPUs (its rules split the batches)."""
         return dataclasses.replace(self, world_size=world_size)
 
-    def snapped(self, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    def snapped(self, params: Mapping[str, KnobValue]) -> tuple[Knobs, list[str]]:
         """`params` moved to the nearest value each searched knob allows, and what moved."""
         out, notes = dict(params), []
         for name, value in params.items():
@@ -174,9 +221,8 @@ class SearchSpace:
                 notes.append(f"{name}={value} is not in the space: {out[name]} instead")
         return out, notes
 
-    def with_user_values(self, fixed: dict[str, Any], base: dict[str, Any],
-                         base_source: str | None = None
-                         ) -> tuple[SearchSpace, dict[str, Any] | None]:
+    def with_user_values(self, fixed: Mapping[str, KnobValue], base: Mapping[str, KnobValue],
+                         base_source: str | None = None) -> tuple[SearchSpace, Knobs | None]:
         """Apply `--set` values and a `--base-config`: the base's searched values become a
         trial (the rest at their safe values), everything else is fixed, `--set` winning."""
         searched = [k for k in fixed if k in self.params]
@@ -197,26 +243,26 @@ class SearchSpace:
     def grid_size(self) -> int:
         return math.prod(len(spec.values()) for spec in self.params.values())
 
-    def grid(self) -> Iterator[dict[str, Any]]:
+    def grid(self) -> Iterator[Knobs]:
         """Every combination of the params, in order (valid or not)."""
         names = list(self.params)
         for combo in itertools.product(*(self.params[n].values() for n in names)):
             yield dict(zip(names, combo, strict=True))
 
-    def valid_grid(self) -> list[dict[str, Any]] | None:
+    def valid_grid(self) -> list[Knobs] | None:
         """Every combination that passes the rules, or None when the space is too large."""
         valid = self._valid_grid
         return None if valid is None else [dict(params) for params in valid]
 
     @functools.cached_property
-    def _valid_grid(self) -> tuple[dict[str, Any], ...] | None:
+    def _valid_grid(self) -> tuple[Knobs, ...] | None:
         # listed once per space: the sweep asks for its safe config at every trial, and a
         # 2,304-config space took 0.6 s to check against the rules each time
         if self.grid_size > MAX_ENUMERATED_CONFIGS:
             return None
         return tuple(params for params in self.grid() if not self.problems_for(params))
 
-    def memory_rank(self, params: dict[str, Any]) -> float:
+    def memory_rank(self, params: Mapping[str, KnobValue]) -> float:
         """How memory-hungry a combination is, 0 = the lightest value on every axis."""
         rank = 0.0
         for name, spec in self.params.items():
@@ -227,17 +273,17 @@ class SearchSpace:
             rank += position if direction > 0 else (1 - position) if direction < 0 else 0
         return rank
 
-    def _lightness(self, name: str) -> Callable[[Any], float]:
+    def _lightness(self, name: str) -> Callable[[KnobValue], float]:
         """How much memory a value of `name` needs, for ordering (unordered values: equal)."""
         direction = self.direction(name)
         return lambda value: value_order(value) * direction if is_ordered(value) else 0.0
 
-    def safe_params(self) -> dict[str, Any]:
+    def safe_params(self) -> Knobs:
         """The lightest valid combination: every memory saver on, smallest micro-batches."""
         return dict(self._safe_params)
 
     @functools.cached_property
-    def _safe_params(self) -> dict[str, Any]:
+    def _safe_params(self) -> Knobs:
         candidates = self._valid_grid
         if candidates is None:  # too large to list: take the lightest value of each axis
             candidates = ({name: min(spec.values(), key=self._lightness(name))
@@ -315,7 +361,7 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
         problems.extend(found)
         if spec is not None:
             params[str(name)] = spec
-    fixed: dict[str, Any] = {}
+    fixed: SpaceValues = {}
     for name, raw in raw_fixed.items():
         key = f"{where}: fixed.{name}"
         if name in raw_params:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from autotune.config import DEFAULT_HEADROOM, Knobs
+from autotune.files import JsonObject
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.command_probe import CommandTemplate
 from autotune.sweep.parallel import Slot
-from autotune.sweep.search_space import SearchSpace
+from autotune.sweep.search_space import Candidate, SearchSpace
 from autotune.sweep.sharing import HEARTBEAT_S
 
 SAMPLERS = ("tpe", "random")  # Optuna's samplers a sweep may use, seeded (--sampler)
@@ -25,14 +26,14 @@ class SweepSettings:
     space: SearchSpace
     request: ProbeRequest  # the template: model, device, limits; config replaced per trial
     objective: str = "throughput_per_memory"
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     max_trials: int | None = None  # probes run in the study, resumed runs included
     timeout_s: float | None = None  # no new probe starts after this many seconds of this run
     patience: int | None = None  # stop after this many probes without a better feasible one
     seed: int = 0
     sampler: str = "tpe"
     n_startup_trials: int = 5
-    base_params: dict[str, Any] | None = None  # queued after the safe config (--base-config)
+    base_params: Knobs | None = None  # queued after the safe config (--base-config)
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     prescreen: bool = True  # also those the calibrated memory model puts well past capacity
     trace: bool = False  # trace candidates near the wall (traced.py): `run` on, --no-trace off
@@ -52,14 +53,14 @@ class SweepSettings:
         """builtin, or command:<trainer>:<hash of the launch line and base config>."""
         return self.command.identity if self.command is not None else "builtin"
 
-    def request_for(self, params: dict[str, Any]) -> ProbeRequest:
-        """The probe of one trial: the template with the trial's config (and command)."""
-        config = self.space.config_for(params)
-        command = self.command.command_for(config, self.space.trainer_values(params)) \
+    def request_for(self, candidate: Candidate) -> ProbeRequest:
+        """The probe of one trial: the template with the trial's config (and the command of
+        the trainer's own keys)."""
+        command = self.command.command_for(candidate.config, candidate.trainer_values) \
             if self.command is not None else None
-        return dataclasses.replace(self.request, config=config, command=command)
+        return dataclasses.replace(self.request, config=candidate.config, command=command)
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonObject:
         """What a resumed study must share with the run that created it: anything that changes
         what a probe measures or what counts as feasible (not GPU ids, threads or timeouts)."""
         request = self.request

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from autotune.config import Knobs, KnobValue
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 ASK_GRACE_S = 30.0  # a trial still being asked after this long belongs to a driver that died
 HEARTBEAT_S = 10.0  # default seconds between heartbeats of a running trial
@@ -34,11 +41,12 @@ NO_RESULT_STATUSES = (None, "interrupted", "duplicate", "abandoned")
 WAIT = -1  # owner_of: a lower-numbered trial is still being asked; ask again shortly
 
 
-def params_key(params: dict[str, Any]) -> str:
+def params_key(params: Mapping[str, KnobValue]) -> str:
+    """A config's params as one string: the same params, the same key, in any order."""
     return json.dumps(params, sort_keys=True)
 
 
-def trial_params(frozen: Any) -> dict[str, Any]:
+def trial_params(frozen: FrozenTrial) -> Knobs:
     """A trial's params; for a queued (WAITING) trial, the params it was queued with."""
     from optuna.trial import TrialState
 
@@ -47,14 +55,14 @@ def trial_params(frozen: Any) -> dict[str, Any]:
     return frozen.params
 
 
-def trial_by_number(study: Any, number: int) -> Any:
+def trial_by_number(study: Study, number: int) -> FrozenTrial:
     """One trial read from the storage (study.trials would read them all)."""
     storage = study._storage
     return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study._study_id,
                                                                              number))
 
 
-def last_sign_of_life_s(frozen: Any) -> float:
+def last_sign_of_life_s(frozen: FrozenTrial) -> float:
     beat = frozen.user_attrs.get("heartbeat_at")
     if beat is not None:
         return float(beat)
@@ -62,18 +70,18 @@ def last_sign_of_life_s(frozen: Any) -> float:
     return started.timestamp() if started is not None else 0.0
 
 
-def is_running(frozen: Any) -> bool:
+def is_running(frozen: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
     return frozen.state == TrialState.RUNNING
 
 
-def is_asked(frozen: Any, n_params: int) -> bool:
+def is_asked(frozen: FrozenTrial, n_params: int) -> bool:
     """All of the trial's params are written (a running trial is asked param by param)."""
     return len(frozen.params) >= n_params
 
 
-def holds_config(frozen: Any, n_params: int) -> bool:
+def holds_config(frozen: FrozenTrial, n_params: int) -> bool:
     """Whether this trial holds its config: queued with it, running it, waiting for it, or a
     standing result. A queued trial holds its config from the moment it is queued, so a trial
     asked later with the same params waits for it instead of racing it."""
@@ -90,7 +98,7 @@ def holds_config(frozen: Any, n_params: int) -> bool:
         not attrs.get("requeued")
 
 
-def owner_of(trials: list[Any], number: int, key: str, n_params: int,
+def owner_of(trials: Iterable[FrozenTrial], number: int, key: str, n_params: int,
              now_s: float | None = None) -> int | None:
     """The trial that owns the config `key` for trial `number`: the lowest-numbered lower trial
     holding it; None when `number` owns it itself; WAIT while a lower trial is being asked."""
@@ -108,11 +116,11 @@ def owner_of(trials: list[Any], number: int, key: str, n_params: int,
     return owner
 
 
-def is_stale(frozen: Any, now_s: float, stale_after_s: float) -> bool:
+def is_stale(frozen: FrozenTrial, now_s: float, stale_after_s: float) -> bool:
     return is_running(frozen) and now_s - last_sign_of_life_s(frozen) > stale_after_s
 
 
-def take_over(study: Any, frozen: Any, reason: str, asked: bool = True) -> bool:
+def take_over(study: Study, frozen: FrozenTrial, reason: str, asked: bool = True) -> bool:
     """Fail a running trial a dead driver left behind and re-queue its config (a waiting trial's
     config is its owner's business; a trial that died being asked has none, unless it was
     popped from the queue with one). True when this driver won the race to do it."""
@@ -140,7 +148,7 @@ def take_over(study: Any, frozen: Any, reason: str, asked: bool = True) -> bool:
     return True
 
 
-def scan(study: Any, trials: list[Any], mine: set[int], n_params: int, now_s: float,
+def scan(study: Study, trials: Sequence[FrozenTrial], mine: set[int], n_params: int, now_s: float,
          stale_after_s: float | None) -> tuple[dict[str, int], int]:
     """One read of the study: which trial holds each config, and how many probes other
     drivers are running; with `stale_after_s` (a shared study), trials of dead drivers are

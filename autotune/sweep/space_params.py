@@ -1,16 +1,26 @@
 """One searched parameter of a space: its values, its Optuna distribution, and its parsing.
 
-A parameter is a canonical knob (config.py), or a trainer's own key for a sweep that probes the
-user's trainer, declared with the way it moves device memory (`memory_direction`).
+A parameter is a canonical knob (config/schema.py), or a trainer's own key for a sweep that
+probes the user's trainer, declared with the way it moves device memory (`memory_direction`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.config import KNOB_NAMES, ProbeConfig, parse_knob_value, unknown_key_message
+from autotune.config import (
+    KNOB_NAMES,
+    KnobValue,
+    ProbeConfig,
+    parse_knob_value,
+    unknown_key_message,
+)
 from autotune.errors import ConfigError
+from autotune.files import JsonObject
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 PARAM_TYPES = ("int", "categorical", "bool")
 _BOOL_KNOBS = {name for name in KNOB_NAMES if isinstance(getattr(ProbeConfig(), name), bool)}
@@ -22,7 +32,7 @@ class ParamSpec:
 
     name: str
     kind: str  # int | categorical | bool
-    choices: tuple[Any, ...] = ()  # categorical (and bool: False, True)
+    choices: tuple[KnobValue, ...] = ()  # categorical (and bool: False, True)
     low: int = 0
     high: int = 0
     step: int = 1
@@ -33,7 +43,7 @@ class ParamSpec:
     def is_trainer_key(self) -> bool:
         return self.memory_direction is not None
 
-    def values(self) -> tuple[Any, ...]:
+    def values(self) -> tuple[KnobValue, ...]:
         """Every value the parameter can take."""
         if self.kind == "int":
             if self.log:
@@ -41,15 +51,15 @@ class ParamSpec:
             return tuple(range(self.low, self.high + 1, self.step))
         return self.choices
 
-    def distribution(self) -> Any:
+    def distribution(self) -> BaseDistribution:
         from optuna.distributions import CategoricalDistribution, IntDistribution
 
         if self.kind == "int":
             return IntDistribution(self.low, self.high, log=self.log, step=self.step)
         return CategoricalDistribution(self.choices)
 
-    def as_dict(self) -> dict[str, Any]:
-        extra = {} if self.memory_direction is None else \
+    def as_dict(self) -> JsonObject:
+        extra: JsonObject = {} if self.memory_direction is None else \
             {"memory_direction": self.memory_direction}
         if self.kind == "int":
             return {"type": "int", "low": self.low, "high": self.high, "step": self.step,
@@ -64,11 +74,11 @@ def is_trainer_key(name: str) -> bool:
     return name not in KNOB_NAMES
 
 
-def is_ordered(value: Any) -> bool:
+def is_ordered(value: KnobValue) -> bool:
     return value is None or isinstance(value, int | float)
 
 
-def value_order(value: Any) -> float:
+def value_order(value: KnobValue) -> float:
     """Where a value sits on its axis (None, for "no validation", below every number)."""
     return -1.0 if value is None else float(value)
 

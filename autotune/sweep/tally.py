@@ -7,33 +7,40 @@ the stop rules (--trials, --patience) and the feasibility pruning see the whole 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from autotune.config import describe_params, format_bytes
+from autotune.config import Knobs, describe_params, format_bytes
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.measurements import FINALIST
 from autotune.sweep.objective import scalar
 from autotune.sweep.progress import SweepState
+from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.sharing import NO_RESULT_STATUSES
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 
 class Tally:
-    """Counts for the progress view, the best feasible trial, probes since it improved."""
+    """Counts for the progress view, the best feasible trial, probes since it improved; each
+    probe taught to the feasibility rules as its candidate in `space`."""
 
-    def __init__(self, state: SweepState, feasibility: Feasibility, objective: str) -> None:
+    def __init__(self, state: SweepState, feasibility: Feasibility, objective: str,
+                 space: SearchSpace) -> None:
         self.state, self.feasibility, self.objective = state, feasibility, objective
+        self.space = space
         self.accounted: set[int] = set()  # trial numbers already folded in
         self.best_scalar: float | None = None
-        self.best_params: dict[str, Any] | None = None  # the best feasible probe's config
+        self.best_params: Knobs | None = None  # the best feasible probe's config
         self.since_improvement = 0  # probes since the best improved (--patience)
 
-    def fold(self, frozen: Any) -> None:
+    def fold(self, frozen: FrozenTrial) -> None:
         if frozen.number not in self.accounted and frozen.state.is_finished():
             self.accounted.add(frozen.number)
             self.account(frozen)
 
-    def account(self, frozen: Any) -> None:
+    def account(self, frozen: FrozenTrial) -> None:
         """Fold one finished trial into the counts and the best so far."""
         from optuna.trial import TrialState
 
@@ -50,8 +57,8 @@ class Tally:
             self.state.counts["predicted" if predicted else "skipped"] += 1
             return
         result = attrs.get("result") or {}
-        self.feasibility.record(frozen.number, frozen.params, status, result.get("failed_phase"),
-                                result.get("phase_peak_mem_bytes"),
+        self.feasibility.record(frozen.number, self.space.candidate(frozen.params), status,
+                                result.get("failed_phase"), result.get("phase_peak_mem_bytes"),
                                 result.get("device_capacity_bytes"),
                                 result.get("phase_allocator_peak_bytes"))
         if attrs.get("origin") == FINALIST:  # a finalist probed again: no new config

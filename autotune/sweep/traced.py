@@ -41,18 +41,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Literal, Protocol, TypedDict
 
-from autotune.config import format_bytes
+from autotune.config import Knobs, format_bytes
+from autotune.files import JsonObject
 from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
 from autotune.probe.process_tag import die_with_parent
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.prescreen import Prediction
-from autotune.sweep.sharing import params_key
+from autotune.sweep.search_space import Candidate
 
-TRACE_FROM = 0.6  # trace a candidate only when memory.py puts it past this share of capacity
+TRACE_FROM = 0.6  # trace a candidate the memory model puts past this share of the capacity
 # Skip past capacity x (1 + margin): the margin guards against skipping a config that fits,
 # so it is the trace's largest overstatement of a measured peak on the device, rounded up.
 # A GPU: the replay (plus what lives outside torch) over the 43 committed H200 phase rows
@@ -67,34 +68,47 @@ TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a prob
 TRACE_TIMEOUT_S = 900.0
 
 
+class TraceAnswer(TypedDict, total=False):
+    """One line of the trace process (probe/trace.py's serve): a TraceResult's fields, or an
+    engine that cannot start as in its probe (oom, message), or what it cannot follow (error)."""
+
+    phase_peak_mem_bytes: dict[str, int]
+    trace_s: float
+    fits_under_bytes: int | None
+    oom: str
+    message: str
+    error: str
+
+
 class Tracer(Protocol):
     """Traces of candidates for the traced pre-screen: SubprocessTracer, or a recorded table
     (benchmarks/search_efficiency.py)."""
 
     unavailable: str | None  # why tracing is off for this sweep, once it is
 
-    def traced_bytes(self, params: dict[str, Any], device: Device) -> dict[str, int] | None:
-        """Per-phase traced bytes of `params`, the fixed term included; None when unavailable."""
+    def traced_bytes(self, candidate: Candidate, device: Device) -> dict[str, int] | None:
+        """Per-phase traced bytes of `candidate`, the fixed term included; None when
+        unavailable."""
         ...
 
-    def fits_under_bytes(self, params: dict[str, Any], device: Device) -> int | None:
+    def fits_under_bytes(self, candidate: Candidate, device: Device) -> int | None:
         """The least device memory the traced step runs in (on a GPU: the smallest cap
         torch's allocator runs it under, plus what lives outside torch); None when
         unavailable."""
         ...
 
-    def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
-        """(status, message) when the trace of `params` ran out of memory itself (the engine
-        could not start), else None."""
+    def failure(self, candidate: Candidate) -> tuple[str, str] | None:
+        """(status, message) when the trace of `candidate` ran out of memory itself (the
+        engine could not start), else None."""
         ...
 
-    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
+    def learn(self, candidate: Candidate, phase_peak_mem_bytes: dict[str, int],
               device: Device, phase_reserved_bytes: dict[str, int] | None = None) -> None:
-        """A probe measured `params` on `device`: its peaks, and on a GPU torch's reserved
+        """A probe measured `candidate` on `device`: its peaks, and on a GPU torch's reserved
         peaks beside them (what it held outside torch)."""
         ...
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """What tracing did, as stored with the study's calibration."""
         ...
 
@@ -103,7 +117,7 @@ class Tracer(Protocol):
         ...
 
 
-def traced_prediction(tracer: Tracer, params: dict[str, Any], modelled_bytes: int,
+def traced_prediction(tracer: Tracer, candidate: Candidate, modelled_bytes: int,
                       device: Device) -> Prediction | None:
     """The traced pre-screen: a candidate the memory model puts near the wall
     (`modelled_bytes` past TRACE_FROM of what the probe may use) is traced, and predicted to
@@ -111,14 +125,14 @@ def traced_prediction(tracer: Tracer, params: dict[str, Any], modelled_bytes: in
     capacity = device.usable_bytes
     if capacity is None or modelled_bytes < TRACE_FROM * capacity:
         return None
-    traced = tracer.traced_bytes(params, device)
+    traced = tracer.traced_bytes(candidate, device)
     if traced is None:
-        failure = tracer.failure(params)
+        failure = tracer.failure(candidate)
         return None if failure is None else Prediction(
             failure[0], f"predicted {failure[0]}: the traced step fails as the probe would: "
             f"{failure[1]}", "build", "trace")
     phase = max(traced, key=lambda name: traced[name])
-    needs = tracer.fits_under_bytes(params, device) or traced[phase]
+    needs = tracer.fits_under_bytes(candidate, device) or traced[phase]
     margin = trace_margin(device)
     if needs <= capacity * (1 + margin):
         return None
@@ -137,17 +151,17 @@ def trace_margin(device: Device) -> float:
 
 class SubprocessTracer:
     """Traces of candidates (torch's bytes per phase: the replayed reserve on a GPU, the
-    tensors on a CPU; no fixed term), cached by config."""
+    tensors on a CPU; no fixed term), cached by config (the candidate's key)."""
 
-    def __init__(self, request_for: Callable[[dict[str, Any], Device], ProbeRequest],
+    def __init__(self, request_for: Callable[[Candidate, Device], ProbeRequest],
                  on_gpu: bool, probe_wall_s: list[float] | None = None,
-                 on_trace: Callable[[dict[str, Any] | None], None] | None = None,
+                 on_trace: Callable[[Knobs | None], None] | None = None,
                  free_cores: Callable[[], tuple[int, ...] | None | Literal[False]] | None = None
                  ) -> None:
         self.request_for = request_for  # a candidate's probe on the device as now known
         self.free_cores = free_cores  # the cores no probe holds now: a free slot's ids, None
         # for no pinning (no probe runs beside), False while every slot runs a probe
-        self.on_trace = on_trace  # told the candidate a trace starts on, then None at its end
+        self.on_trace = on_trace  # told the params a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.on_gpu = on_gpu
         self.prior_context_bytes = TRACE_CPU_CONTEXT_BYTES  # a CPU's, before a probe
@@ -164,7 +178,7 @@ class SubprocessTracer:
         self._process: subprocess.Popen[str] | None = None  # the trace process, once started
         self._stderr: IO[str] | None = None  # where it writes what went wrong
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """What tracing did in this sweep, as stored with the calibration."""
         return {"traces": len(self.trace_wall_s), "trace_wall_s": round(sum(self.trace_wall_s), 1),
                 "deferred": self.deferred,
@@ -194,10 +208,10 @@ class SubprocessTracer:
         seen = self.residuals.get(phase)
         return min(seen) if seen else self.prior_context_bytes
 
-    def traced_bytes(self, params: dict[str, Any], device: Device) -> dict[str, int] | None:
-        """Per-phase traced bytes of `params` on `device`, with the fixed term; None when
+    def traced_bytes(self, candidate: Candidate, device: Device) -> dict[str, int] | None:
+        """Per-phase traced bytes of `candidate` on `device`, with the fixed term; None when
         unavailable."""
-        key = params_key(params)
+        key = candidate.key
         self.weigh_cost()
         if key not in self.traces and key not in self.failures and self.unavailable is None:
             cores = self.free_cores() if self.free_cores is not None else None
@@ -205,8 +219,8 @@ class SubprocessTracer:
                 self.deferred += 1  # memory model's pre-screen alone for this candidate
                 return None
             if self.on_trace is not None:
-                self.on_trace(params)
-            request = self.request_for(params, device)
+                self.on_trace(candidate.params)
+            request = self.request_for(candidate, device)
             if cores:
                 request = dataclasses.replace(request, cpu_ids=tuple(cores))
             self.outside[key] = self.outside_prior(request)
@@ -231,23 +245,23 @@ class SubprocessTracer:
         return outside_torch(request.world_size, request.emulated,
                              request.config.rollout_tensor_parallel).total_bytes
 
-    def fits_under_bytes(self, params: dict[str, Any], device: Device) -> int | None:
+    def fits_under_bytes(self, candidate: Candidate, device: Device) -> int | None:
         """The least device memory the traced step runs in: the smallest cap torch's
         allocator runs it under plus what lives outside torch (a GPU); None on a CPU or
         untraced."""
-        key = params_key(params)
+        key = candidate.key
         if self.traces.get(key) is None or key not in self.fits_under:
             return None
         return self.fits_under[key] + self.context_bytes("", key)
 
-    def failure(self, params: dict[str, Any]) -> tuple[str, str] | None:
+    def failure(self, candidate: Candidate) -> tuple[str, str] | None:
         """(status, message) of a trace that ran out of memory as the probe would (a KV pool
         past the device: the engine does not start), else None."""
-        return self.failures.get(params_key(params))
+        return self.failures.get(candidate.key)
 
-    def learn(self, params: dict[str, Any], phase_peak_mem_bytes: dict[str, int],
+    def learn(self, candidate: Candidate, phase_peak_mem_bytes: dict[str, int],
               device: Device, phase_reserved_bytes: dict[str, int] | None = None) -> None:
-        """A probe measured `params`. On a GPU, what it held outside torch is its NVML peak
+        """A probe measured `candidate`. On a GPU, what it held outside torch is its NVML peak
         less torch's reserved peak, both its own (no trace needed). On a CPU, what it held
         beyond its trace, per phase, fits that phase's fixed term; a config probed before it
         was traced (the safe config, the first probe, is never traced to be skipped) is
@@ -259,9 +273,9 @@ class SubprocessTracer:
             if outside:
                 self.outside_measured.append(max(0, min(outside)))
             return
-        key = params_key(params)
+        key = candidate.key
         if key not in self.traces and key not in self.failures:
-            self.traced_bytes(params, device)
+            self.traced_bytes(candidate, device)
         live = self.traces.get(key) or {}
         for phase in live:
             if phase in phase_peak_mem_bytes:
@@ -284,11 +298,12 @@ class SubprocessTracer:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             return None
         self.trace_cost_s.append(float(result["trace_s"]))
-        if result.get("fits_under_bytes") is not None:
-            self.fits_under[key] = int(result["fits_under_bytes"])
+        fits_under = result.get("fits_under_bytes")
+        if fits_under is not None:
+            self.fits_under[key] = int(fits_under)
         return {phase: int(value) for phase, value in result["phase_peak_mem_bytes"].items()}
 
-    def _ask(self, request: ProbeRequest) -> dict[str, Any] | None:
+    def _ask(self, request: ProbeRequest) -> TraceAnswer | None:
         """One trace from the trace process (started on the first); None, with the reason in
         `unavailable`, when it died or ran past TRACE_TIMEOUT_S (then it is killed)."""
         if self._process is None:
@@ -311,7 +326,8 @@ class SubprocessTracer:
         except BrokenPipeError:
             ended = True
         if line:
-            return json.loads(line)
+            answer: TraceAnswer = json.loads(line)
+            return answer
         if not ended:
             self.unavailable = f"a trace took over {TRACE_TIMEOUT_S:.0f} s"
             process.kill()

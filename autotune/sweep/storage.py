@@ -17,12 +17,20 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.errors import AutotuneError, ConfigError
+from autotune.files import JsonObject
 from autotune.hardware import host_memory_bytes
 from autotune.sweep.settings import SweepSettings
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from optuna import Study
+    from optuna.samplers import BaseSampler
+    from optuna.storages import BaseStorage, RDBStorage
 
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -31,7 +39,7 @@ URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 class StudyStorage:
     """An opened Optuna storage and whether other drivers may share it."""
 
-    storage: Any  # an optuna storage object, or a URL optuna opens itself
+    storage: BaseStorage  # an optuna storage: SQLite, a database, or a journal file
     shared: bool  # True: several drivers may run this study at once (heartbeats, no lock)
     where: str  # for messages: the file, or the URL without its password
 
@@ -149,7 +157,7 @@ def check_journal_file(path: Path, spec: str) -> None:
                           "already uses")
 
 
-def open_database(url: str, attempts: int = 5) -> Any:
+def open_database(url: str, attempts: int = 5) -> RDBStorage:
     """Optuna's RDBStorage on `url`. Two drivers opening a fresh database at once race to
     create its tables (a duplicate-key or duplicate-table error for the loser): retry."""
     import random
@@ -168,7 +176,7 @@ def open_database(url: str, attempts: int = 5) -> Any:
     raise AssertionError("unreachable")
 
 
-def sqlite_storage(db_path: Path) -> Any:
+def sqlite_storage(db_path: Path) -> RDBStorage:
     """Optuna's storage on a local SQLite study, every connection in WAL mode with
     synchronous=NORMAL: a commit is in the log before it returns, so a killed driver (SIGKILL,
     OOM killer) loses nothing it told; only a power cut can lose the last commits, never
@@ -179,7 +187,7 @@ def sqlite_storage(db_path: Path) -> Any:
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{db_path}")
 
-    def durable_enough(connection: Any, _record: Any) -> None:
+    def durable_enough(connection: sqlite3.Connection, _record: object) -> None:
         connection.execute("PRAGMA synchronous=NORMAL")
 
     event.listen(storage.engine, "connect", durable_enough)
@@ -261,70 +269,100 @@ class StudyLock:
             self.path.unlink(missing_ok=True)
 
 
-def open_study(settings: SweepSettings) -> tuple[Any, StudyStorage]:
+def open_study(settings: SweepSettings) -> tuple[Study, StudyStorage]:
     """Create or load the study of `settings` (a SweepSettings) in its storage; a study that
     exists must have been started with the same identity (what a probe measures)."""
     import optuna
 
-    from autotune.sweep.objective import directions, objective_names
-
-    space = settings.space
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     opened = open_storage(settings.storage, settings.study_dir)  # a bad --storage: no dirs
     (settings.study_dir / "logs").mkdir(parents=True, exist_ok=True)
-    if settings.sampler == "random":
-        sampler = optuna.samplers.RandomSampler(seed=settings.seed)
-    else:  # pending trials are RUNNING: the constant liar keeps parallel asks apart
-        sampler = optuna.samplers.TPESampler(
-            seed=settings.seed, n_startup_trials=settings.n_startup_trials,
-            constant_liar=True)
-    names = optuna.get_all_study_names(opened.storage)
-    if not opened.shared and names and settings.study_name not in names:
-        raise ConfigError(f"{opened.where} holds study {', '.join(names)}, not "
-                          f"{settings.study_name} (was its folder renamed?); rename the folder "
-                          f"back, or pass --study {names[0]}")
-    if settings.study_name in names:  # load, check, and write nothing if refused
-        study = optuna.load_study(study_name=settings.study_name, storage=opened.storage,
-                                  sampler=sampler)
-    else:
-        study = optuna.create_study(
-            study_name=settings.study_name, storage=opened.storage, sampler=sampler,
-            directions=directions(settings.objective), load_if_exists=True)
+    study = load_or_create_study(settings, opened)
     identity = settings.identity()
     stored = study.user_attrs.get("identity")
     if stored is None:
-        study.set_user_attr("identity", identity)
-        study.set_user_attr("objective_names", objective_names(settings.objective))
-        study.set_user_attr("search_space", {
-            "source": space.source, "hash": space.space_hash,
-            "params": {k: v.as_dict() for k, v in space.params.items()},
-            "fixed": space.fixed})
-        study.set_user_attr("request", json.loads(settings.request.to_json()))
-        if settings.command is not None:  # a probe is a short run of the user's trainer
-            study.set_user_attr("command", {"trainer": settings.command.adapter.name,
-                                            "launch": settings.command.launch,
-                                            "steps": settings.command.steps})
-        study.set_user_attr("autotune_version", __version__)
-        study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        describe_new_study(study, settings, identity)
     else:
-        older = {"nnodes": 1, "gpus_per_node": 1,  # studies made before topology was asked
-                 "emulated": False, "probe": "builtin"}
-        if stored.get("device") == "auto":  # made before the device was resolved at start:
-            stored = {**stored, "device": identity["device"]}  # it ran on this machine's
-        changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
-                   for k, v in identity.items() if stored.get(k, older.get(k)) != v]
-        if changed:
-            close_storage(opened)  # SQLite's -wal and -shm go with the last connection
-            raise ConfigError(
-                f"study {settings.study_name} in {opened.where} was started with a "
-                f"different setup ({'; '.join(changed)}); resume it with the original "
-                "search space and options, or pick a new --study")
+        check_identity(settings, opened, stored, identity)
     # the node the latest run was for (--host-memory, else this machine's): the best config's
     # host-memory verdict is stated for it; not part of the identity
     study.set_user_attr("node", {"host_bytes": settings.node_host_bytes or host_memory_bytes(),
                                  "given": settings.node_host_bytes is not None,
                                  "trainer": settings.node_trainer})
     return study, opened
+
+
+def study_sampler(settings: SweepSettings) -> BaseSampler:
+    """The seeded sampler --sampler names."""
+    import optuna
+
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    # pending trials are RUNNING: the constant liar keeps parallel asks apart
+    return optuna.samplers.TPESampler(seed=settings.seed,
+                                      n_startup_trials=settings.n_startup_trials,
+                                      constant_liar=True)
+
+
+def load_or_create_study(settings: SweepSettings, opened: StudyStorage) -> Study:
+    """The study `settings` names in `opened`: loaded when it is there (written nothing yet,
+    so a refused one stays as it was), else created. A study file of our own that holds
+    another study was renamed: refused."""
+    import optuna
+
+    from autotune.sweep.objective import directions
+
+    sampler = study_sampler(settings)
+    names = optuna.get_all_study_names(opened.storage)
+    if not opened.shared and names and settings.study_name not in names:
+        raise ConfigError(f"{opened.where} holds study {', '.join(names)}, not "
+                          f"{settings.study_name} (was its folder renamed?); rename the folder "
+                          f"back, or pass --study {names[0]}")
+    if settings.study_name in names:  # load, check, and write nothing if refused
+        return optuna.load_study(study_name=settings.study_name, storage=opened.storage,
+                                 sampler=sampler)
+    return optuna.create_study(
+        study_name=settings.study_name, storage=opened.storage, sampler=sampler,
+        directions=directions(settings.objective), load_if_exists=True)
+
+
+def describe_new_study(study: Study, settings: SweepSettings, identity: JsonObject) -> None:
+    """Store what a new study is: its identity (what a resumed run must share), objectives,
+    search space, probe request, the trainer command its probes run, and its version."""
+    from autotune.sweep.objective import objective_names
+
+    space = settings.space
+    study.set_user_attr("identity", identity)
+    study.set_user_attr("objective_names", objective_names(settings.objective))
+    study.set_user_attr("search_space", {
+        "source": space.source, "hash": space.space_hash,
+        "params": {k: v.as_dict() for k, v in space.params.items()},
+        "fixed": space.fixed})
+    study.set_user_attr("request", json.loads(settings.request.to_json()))
+    if settings.command is not None:  # a probe is a short run of the user's trainer
+        study.set_user_attr("command", {"trainer": settings.command.adapter.name,
+                                        "launch": settings.command.launch,
+                                        "steps": settings.command.steps})
+    study.set_user_attr("autotune_version", __version__)
+    study.set_user_attr("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def check_identity(settings: SweepSettings, opened: StudyStorage, stored: JsonObject,
+                   identity: JsonObject) -> None:
+    """ConfigError (the storage closed) when the study was started with another identity
+    than `settings` have: every difference named."""
+    # what studies made before topology was asked ran as
+    older: JsonObject = {"nnodes": 1, "gpus_per_node": 1, "emulated": False, "probe": "builtin"}
+    if stored.get("device") == "auto":  # made before the device was resolved at start:
+        stored = {**stored, "device": identity["device"]}  # it ran on this machine's
+    changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"
+               for k, v in identity.items() if stored.get(k, older.get(k)) != v]
+    if changed:
+        close_storage(opened)  # SQLite's -wal and -shm go with the last connection
+        raise ConfigError(
+            f"study {settings.study_name} in {opened.where} was started with a "
+            f"different setup ({'; '.join(changed)}); resume it with the original "
+            "search space and options, or pick a new --study")
 
 
 def close_storage(opened: StudyStorage) -> None:
@@ -334,7 +372,7 @@ def close_storage(opened: StudyStorage) -> None:
         engine.dispose()
 
 
-def load_study(results_dir: str, name: str | None, storage: str | None = None) -> Any:
+def load_study(results_dir: str, name: str | None, storage: str | None = None) -> Study:
     """Open a study to read it (show, export, estimate --study), writing nothing into it:
     results/<name>/study.db read-only (default: the most recently changed study there), or
     the study `name` in a shared `--storage` (default: its only study)."""
@@ -375,7 +413,7 @@ def load_study(results_dir: str, name: str | None, storage: str | None = None) -
     return optuna.load_study(study_name=name, storage=opened.storage)
 
 
-def read_only_sqlite(path: Path) -> Any:
+def read_only_sqlite(path: Path) -> RDBStorage:
     """An RDBStorage on a SQLite study that never writes to any of its files.
 
     - No driver running and nothing in the write-ahead log: opened immutable (SQLite then

@@ -11,17 +11,21 @@ import csv
 import io
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune import __version__
-from autotune.config import KNOB_NAMES, PHASES
-from autotune.files import write_text_atomic
+from autotune.config import KNOB_NAMES, PHASES, Knobs, ProbeConfig
+from autotune.files import JsonObject, JsonValue, write_text_atomic
 from autotune.probe.result import coefficient_of_variation
 from autotune.sweep.finalists import current_record
-from autotune.sweep.measurements import by_config, ranked
+from autotune.sweep.measurements import Measured, by_config, ranked
 from autotune.sweep.sharing import params_key
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
@@ -29,11 +33,12 @@ FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   "budget_bytes", "probe_wall_s"]
 
 
-def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> dict[str, Any]:
+def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str]
+              ) -> dict[str, JsonValue]:
     """One trial as a flat row: identity, params, objective values, measured figures."""
     attrs = frozen.user_attrs
     result = attrs.get("result") or {}
-    row: dict[str, Any] = {
+    row: dict[str, JsonValue] = {
         "number": frozen.number, "state": frozen.state.name.lower(),
         "status": attrs.get("status", ""), "predicted": attrs.get("predicted", ""),
         "feasible": attrs.get("feasible", ""),
@@ -64,7 +69,7 @@ def trial_row(frozen: Any, param_names: list[str], value_names: list[str]) -> di
     return row
 
 
-def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
+def study_rows(study: Study) -> tuple[list[str], list[dict[str, JsonValue]]]:
     """Columns and rows of every trial of a study, in trial order."""
     space = study.user_attrs.get("search_space", {})
     param_names = list(space.get("params", {}))
@@ -76,13 +81,13 @@ def study_rows(study: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return columns, rows
 
 
-def ranked_feasible(study: Any) -> list[Any]:
+def ranked_feasible(study: Study) -> list[FrozenTrial]:
     """Each feasible config's first probed trial, the best mean objective over its probes
     first, the earliest on ties (measurements.py)."""
     return [measured.trial for measured in ranked(study)]
 
 
-def best_trial(study: Any) -> Any | None:
+def best_trial(study: Study) -> FrozenTrial | None:
     """The best feasible config's first trial: the finalists' pick while nothing was probed
     since it was made, else the best mean; a config whose real-rank confirmation did not fit
     is never the best."""
@@ -100,7 +105,7 @@ def best_trial(study: Any) -> Any | None:
     return next((trial for trial in trials if fits(trial.number)), None)
 
 
-def pareto_front(study: Any) -> list[Any]:
+def pareto_front(study: Study) -> list[FrozenTrial]:
     """Feasible configs (each by its first probed trial) no other beats on both its mean
     tokens/s (up) and the most peak memory its probes held (down), least memory first."""
     points = [(m.trial, m.tokens_per_s_mean, m.peak_mem_bytes) for m in ranked(study)
@@ -111,7 +116,7 @@ def pareto_front(study: Any) -> list[Any]:
     return [t for t, _ in sorted(front, key=lambda item: (item[1], item[0].number))]
 
 
-def trial_knobs(study: Any, trial: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def trial_knobs(study: Study, trial: FrozenTrial) -> tuple[Knobs, JsonObject]:
     """A trial's canonical knobs, and the trainer's own keys a command sweep searched or
     fixed (as the trainer spells them)."""
     space = study.user_attrs["search_space"]
@@ -121,44 +126,25 @@ def trial_knobs(study: Any, trial: Any) -> tuple[dict[str, Any], dict[str, Any]]
             {name: value for name, value in fixed.items() if name not in KNOB_NAMES})
 
 
-def best_document(study: Any, trial: Any) -> dict[str, Any]:
-    """best.yaml's content: the canonical knobs, what was measured, and where it came from."""
+def best_document(study: Study, trial: FrozenTrial) -> dict[str, Any]:
+    """best.yaml's content: the canonical knobs, what was measured, and where it came from
+    (a YAML document: `show` and the trainers' exports read it as such)."""
     attrs = study.user_attrs
-    result = trial.user_attrs["result"]
-    space = attrs["search_space"]
-    request = attrs.get("request", {})
     identity = attrs["identity"]
-    config, trainer_keys = trial_knobs(study, trial)
+    knobs, trainer_keys = trial_knobs(study, trial)
+    config = ProbeConfig().replace(**knobs)
     objective = identity["objective"]
-    front = pareto_front(study)
-    repeats = by_config(study)[params_key(trial.params)]
     record = current_record(study)
     return {
         "study": study.study_name,
         "trial": trial.number,
         "objective": objective,
         "objective_values": dict(zip(attrs.get("objective_names", []), trial.values, strict=True)),
-        "config": config,
+        "config": knobs,
         **({"trainer_keys": trainer_keys} if trainer_keys else {}),
-        "searched": list(space["params"]),
-        "measured": {
-            "tokens_per_s": repeats.tokens_per_s_mean,
-            "samples_per_s": result["samples_per_s"],
-            "step_s": result["step_s"],
-            "peak_mem_bytes": repeats.peak_mem_bytes,
-            "phase_peak_mem_bytes": repeats.phase_peak_mem_bytes(),
-            "probes": repeats.probes,
-            "tokens_per_s_probes": repeats.tokens_per_s,
-            "step_cv": coefficient_of_variation(result.get("step_times_s") or []),
-            "contended_probes": repeats.contended,
-            "host_peak_rss_bytes": result["host_peak_rss_bytes"],
-            "host_offload_bytes": result["host_offload_bytes"],
-            "capacity_bytes": result["device_limit_bytes"] or result["device_capacity_bytes"],
-            "budget_bytes": trial.user_attrs.get("budget_bytes"),
-            "headroom": identity["headroom"],
-            "binding_phase": trial.user_attrs.get("binding_phase"),
-            "probe_wall_s": result["probe_wall_s"],
-        },
+        "searched": list(attrs["search_space"]["params"]),
+        "measured": measured_record(trial, by_config(study)[params_key(trial.params)],
+                                    identity["headroom"]),
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
@@ -166,53 +152,85 @@ def best_document(study: Any, trial: Any) -> dict[str, Any]:
         if record is not None and record["chosen"] == trial.number else
         {"rule": f"the highest mean {objective} over each config's probes (no finalists "
                  "were probed again)"},
-        "pareto_front": [t.number for t in front],
-        "provenance": {
-            "probe": identity.get("probe", "builtin"),
-            **({"command": attrs["command"]} if attrs.get("command") else {}),
-            "model": identity["model"],
-            "model_path": identity["model_path"],
-            "topology": {"nnodes": request.get("nnodes", 1),
-                         "gpus_per_node": request.get("gpus_per_node", 1),
-                         "share": result.get("share") or {},
-                         "ranks": "emulated" if result.get("emulated") else "real"},
-            "device": result.get("device_name"),
-            "device_capacity_bytes": result.get("device_capacity_bytes"),
-            "device_limit_bytes": result.get("device_limit_bytes"),
-            "dtype": request.get("dtype"),
-            "warmup_steps": request.get("warmup_steps"),
-            "timed_steps": request.get("timed_steps"),
-            "search_space": space["source"],
-            "search_space_hash": space["hash"],
-            "versions": {"autotune": __version__, **(result.get("versions") or {})},
-            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        },
+        "pareto_front": [t.number for t in pareto_front(study)],
+        "provenance": provenance_record(study, trial),
     }
 
 
-def length_headroom_record(study: Any, config: dict[str, Any], trial: Any
-                           ) -> dict[str, Any] | None:
+def measured_record(trial: FrozenTrial, repeats: Measured, headroom: float) -> JsonObject:
+    """What best.yaml says was measured of the trial's config: the mean over its probes, the
+    most memory any held, and its first probe's own figures."""
+    result = trial.user_attrs["result"]
+    return {
+        "tokens_per_s": repeats.tokens_per_s_mean,
+        "samples_per_s": result["samples_per_s"],
+        "step_s": result["step_s"],
+        "peak_mem_bytes": repeats.peak_mem_bytes,
+        "phase_peak_mem_bytes": dict(repeats.phase_peak_mem_bytes()),
+        "probes": repeats.probes,
+        "tokens_per_s_probes": list(repeats.tokens_per_s),
+        "step_cv": coefficient_of_variation(result.get("step_times_s") or []),
+        "contended_probes": repeats.contended,
+        "host_peak_rss_bytes": result["host_peak_rss_bytes"],
+        "host_offload_bytes": result["host_offload_bytes"],
+        "capacity_bytes": result["device_limit_bytes"] or result["device_capacity_bytes"],
+        "budget_bytes": trial.user_attrs.get("budget_bytes"),
+        "headroom": headroom,
+        "binding_phase": trial.user_attrs.get("binding_phase"),
+        "probe_wall_s": result["probe_wall_s"],
+    }
+
+
+def provenance_record(study: Study, trial: FrozenTrial) -> JsonObject:
+    """Where best.yaml's config came from: the probe, model, topology, device, space and the
+    versions it was measured with."""
+    attrs = study.user_attrs
+    identity, space = attrs["identity"], attrs["search_space"]
+    request = attrs.get("request", {})
+    result = trial.user_attrs["result"]
+    return {
+        "probe": identity.get("probe", "builtin"),
+        **({"command": attrs["command"]} if attrs.get("command") else {}),
+        "model": identity["model"],
+        "model_path": identity["model_path"],
+        "topology": {"nnodes": request.get("nnodes", 1),
+                     "gpus_per_node": request.get("gpus_per_node", 1),
+                     "share": result.get("share") or {},
+                     "ranks": "emulated" if result.get("emulated") else "real"},
+        "device": result.get("device_name"),
+        "device_capacity_bytes": result.get("device_capacity_bytes"),
+        "device_limit_bytes": result.get("device_limit_bytes"),
+        "dtype": request.get("dtype"),
+        "warmup_steps": request.get("warmup_steps"),
+        "timed_steps": request.get("timed_steps"),
+        "search_space": space["source"],
+        "search_space_hash": space["hash"],
+        "versions": {"autotune": __version__, **(result.get("versions") or {})},
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def length_headroom_record(study: Study, config: ProbeConfig, trial: FrozenTrial
+                           ) -> JsonObject | None:
     """How long responses may grow before the best config runs out of its budget: the
-    study's calibrated memory model, anchored on this trial's measured peaks (length.py)."""
-    from autotune.config import ProbeConfig
+    study's calibrated memory model, anchored on this trial's measured peaks (study_model.py)."""
     from autotune.sweep.study_model import study_model
 
     model, budget = study_model(study), trial.user_attrs.get("budget_bytes")
     if model is None or not budget:
         return None
     measured = (trial.user_attrs.get("result") or {}).get("phase_peak_mem_bytes")
-    headroom = model.headroom(ProbeConfig(**config), budget, measured)
+    headroom = model.headroom(config, budget, measured)
     return {**headroom.as_dict(), "says": headroom.describe("within the budget"),
             "by": f"{model.source}, anchored on this trial's measured peaks"}
 
 
-def node_host_record(study: Any, config: dict[str, Any]) -> dict[str, Any] | None:
+def node_host_record(study: Study, config: ProbeConfig) -> JsonObject | None:
     """The node's host memory for the best config (memory/host.py), on the node the latest
     run was for (--host-memory, else its machine's RAM); None when the study has no node or
     its model cannot be read."""
     import json
 
-    from autotune.config import ProbeConfig
     from autotune.errors import AutotuneError
     from autotune.memory.host import NodeRun, node_host
     from autotune.memory.model import model_shape
@@ -225,7 +243,7 @@ def node_host_record(study: Any, config: dict[str, Any]) -> dict[str, Any] | Non
     try:
         request = ProbeRequest.from_json(json.dumps(study.user_attrs.get("request") or {}))
         shape = model_shape(request.model, request.model_path)
-        host = node_host(shape, ProbeConfig(**config), NodeRun(
+        host = node_host(shape, config, NodeRun(
             request.gpus_per_node, request.world_size, request.device.on_gpu,
             memory_model_args(request)["compute_bytes"], node.get("trainer")),
             int(node["host_bytes"]))
@@ -239,7 +257,7 @@ def node_host_record(study: Any, config: dict[str, Any]) -> dict[str, Any] | Non
                   + ("; rank processes a prior" if request.device.on_gpu else "")}
 
 
-def write_artifacts(study: Any, study_dir: Path) -> Path | None:
+def write_artifacts(study: Study, study_dir: Path) -> Path | None:
     """Rewrite trials.csv and best.yaml from the storage; returns best.yaml's path if any."""
     columns, rows = study_rows(study)
     buffer = io.StringIO()

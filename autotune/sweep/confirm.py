@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.probe.result import ProbeResult
 from autotune.runners import Runner
@@ -23,7 +23,26 @@ from autotune.sweep.artifacts import ranked_feasible
 from autotune.sweep.objective import score
 from autotune.sweep.settings import SweepSettings
 
+if TYPE_CHECKING:
+    from optuna import Study
+
 CONFIRMATIONS = "confirmations"  # study user attr: {"7": {...}, ...}
+
+
+class Confirmation(TypedDict):
+    """A confirming probe as the study keeps it (by trial number)."""
+
+    status: str
+    feasible: bool
+    reason: str
+    world_size: int
+    tokens_per_s: float | None
+    peak_mem_bytes: int | None
+    phase_peak_mem_bytes: dict[str, int]
+    rank_peak_mem_bytes: list[int]
+    failed_rank: int | None
+    failed_phase: str | None
+    message: str
 
 
 def confirm_log_path(study_dir: Path, number: int) -> Path:
@@ -31,7 +50,7 @@ def confirm_log_path(study_dir: Path, number: int) -> Path:
 
 
 def record(result: ProbeResult, settings: SweepSettings, capacity_bytes: int | None
-           ) -> dict[str, Any]:
+           ) -> Confirmation:
     """What best.yaml and `show` need of a confirming probe."""
     scored = score(result, settings.objective, settings.headroom, capacity_bytes)
     return {"status": result.status.value, "feasible": scored.feasible,
@@ -43,13 +62,13 @@ def record(result: ProbeResult, settings: SweepSettings, capacity_bytes: int | N
             "message": result.message}
 
 
-def confirm_best(study: Any, settings: SweepSettings, runner: Runner, capacity_bytes: int | None,
+def confirm_best(study: Study, settings: SweepSettings, runner: Runner, capacity_bytes: int | None,
                  say: Callable[[str], None] = lambda line: None) -> int:
     """Probe the best `settings.confirm` feasible configs with real ranks (more, down the
     ranking, while none has confirmed); returns how many probes ran."""
     wanted, probes = settings.confirm, 0
     real = dataclasses.replace(settings.request, emulated=False)
-    done = dict(study.user_attrs.get(CONFIRMATIONS) or {})
+    done: dict[str, Confirmation] = dict(study.user_attrs.get(CONFIRMATIONS) or {})
     for place, trial in enumerate(ranked_feasible(study)[:2 * wanted]):
         if place >= wanted and any(entry["feasible"] for entry in done.values()):
             break
@@ -76,7 +95,7 @@ def read_confirmed(log: Path) -> ProbeResult | None:
         return None
 
 
-def describe(entry: dict[str, Any]) -> str:
+def describe(entry: Confirmation) -> str:
     from autotune.config import format_bytes
 
     if entry["status"] != "ok":

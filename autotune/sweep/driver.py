@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.sweep.artifacts import write_artifacts
 from autotune.sweep.best_export import write_trainer_export
@@ -25,12 +25,15 @@ from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import Progress
 from autotune.sweep.tuner import Sweep
 
+if TYPE_CHECKING:
+    from optuna import Study
+
 
 @dataclass(frozen=True)
 class SweepOutcome:
     """How a sweep ended and what it left."""
 
-    study: Any  # the Optuna study, as the storage holds it (None: it never opened)
+    study: Study | None  # the Optuna study, as the storage holds it (None: it never opened)
     best_path: Path | None  # best.yaml, once a config fits
     export_path: Path | None  # best.<trainer>.yaml, with --trainer
     interrupted: bool
@@ -52,7 +55,7 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
     settings, target = plan.settings, plan.trainer
     exported: list[Path | None] = [None]
 
-    def artifacts(study: Any) -> Path | None:
+    def artifacts(study: Study) -> Path | None:
         best = write_artifacts(study, settings.study_dir)
         if target is not None:
             exported[0] = write_trainer_export(study, settings.study_dir, target.adapter,

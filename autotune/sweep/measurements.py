@@ -14,11 +14,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.probe.result import coefficient_of_variation
 from autotune.sweep.objective import scalar
 from autotune.sweep.sharing import params_key
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 SEPARATION_Z = 2.0  # two configs differ when their means are this many standard errors apart
 FINALIST = "finalist"  # the origin of a repeat probe
@@ -28,8 +32,8 @@ FINALIST = "finalist"  # the origin of a repeat probe
 class Measured:
     """One config's probes: the first trial that probed it, and every probe's figures."""
 
-    trial: Any  # the config's first probed trial (its number names the config)
-    trials: list[Any] = field(default_factory=list)  # every probe of it, in order
+    trial: FrozenTrial  # the config's first probed trial (its number names the config)
+    trials: list[FrozenTrial] = field(default_factory=list)  # every probe of it, in order
     values: list[float] = field(default_factory=list)  # the objective's scalar, per probe
     tokens_per_s: list[float] = field(default_factory=list)
     feasible: bool = True
@@ -86,13 +90,13 @@ class Measured:
         return abs(self.mean - other.mean) > SEPARATION_Z * error
 
 
-def is_probe(frozen: Any) -> bool:
+def is_probe(frozen: FrozenTrial) -> bool:
     """A trial that ran a probe of its own (not reused, not predicted) and was told."""
     return bool(frozen.user_attrs.get("probed")) and frozen.state.is_finished() and \
         frozen.user_attrs.get("status") is not None
 
 
-def by_config(study: Any) -> dict[str, Measured]:
+def by_config(study: Study) -> dict[str, Measured]:
     """Every probed config, keyed by its params, with all its probes."""
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
     configs: dict[str, Measured] = {}
@@ -111,7 +115,7 @@ def by_config(study: Any) -> dict[str, Measured]:
     return configs
 
 
-def ranked(study: Any) -> list[Measured]:
+def ranked(study: Study) -> list[Measured]:
     """Feasible configs, the best mean objective first, the earliest probed on ties."""
     feasible = [m for m in by_config(study).values() if m.feasible and m.values]
     return sorted(feasible, key=lambda m: (-m.mean, m.number))

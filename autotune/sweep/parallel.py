@@ -16,12 +16,22 @@ from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypedDict, TypeVar
 
 from autotune.errors import ConfigError
-from autotune.hardware import usable_cpu_ids, visible_gpu_ids
-from autotune.probe.result import ProbeRequest
+from autotune.hardware import NO_GPU_HERE, usable_cpu_ids, visible_gpu_ids
+from autotune.probe.result import ProbeRequest, ProbeResult
 from autotune.runners import Runner
+
+Tag = TypeVar("Tag")  # what the caller attaches to a probe, given back with its result
+
+
+class SlotFields(TypedDict, total=False):
+    """The ProbeRequest fields a slot sets."""
+
+    gpu_ids: tuple[int, ...]
+    cpu_ids: tuple[int, ...]
+    cpu_threads: int
 
 
 @dataclass(frozen=True)
@@ -32,11 +42,16 @@ class Slot:
     cpu_ids: tuple[int, ...] | None = None
     cpu_threads: int | None = None
 
-    def request_fields(self) -> dict[str, Any]:
+    def request_fields(self) -> SlotFields:
         """The ProbeRequest fields this slot sets (those it leaves None keep the template's)."""
-        fields = {"gpu_ids": self.gpu_ids, "cpu_ids": self.cpu_ids,
-                  "cpu_threads": self.cpu_threads}
-        return {k: v for k, v in fields.items() if v is not None}
+        fields = SlotFields()
+        if self.gpu_ids is not None:
+            fields["gpu_ids"] = self.gpu_ids
+        if self.cpu_ids is not None:
+            fields["cpu_ids"] = self.cpu_ids
+        if self.cpu_threads is not None:
+            fields["cpu_threads"] = self.cpu_threads
+        return fields
 
     def describe(self) -> str:
         if self.gpu_ids is not None:
@@ -96,19 +111,21 @@ def plan_slots(device: str, gpus: tuple[int, ...] | None, gpus_per_trial: int,
                      cpu_threads=cores[i % len(cores)].cpu_threads or threads_per_probe)
                 for i, s in enumerate(slots)]
     if device == "cuda":
-        raise ConfigError("--device cuda: no NVIDIA GPU visible; use --device cpu or auto")
+        raise ConfigError(NO_GPU_HERE)
     return cpu_slots(parallel or 1, usable_cpu_ids(), threads_per_probe)
 
 
-class ProbePool:
+class ProbePool(Generic[Tag]):
     """Probes in flight, one per slot, each on a thread that only waits for its runner call
-    (the runner isolates the probe itself: a subprocess, or a Ray task)."""
+    (the runner isolates the probe itself: a subprocess, or a Ray task); each carries the
+    caller's tag."""
 
     def __init__(self, runner: Runner, slots: list[Slot]) -> None:
         self.runner, self.slots = runner, slots
         self.executor = futures.ThreadPoolExecutor(max_workers=len(slots),
                                                    thread_name_prefix="probe")
-        self.in_flight: dict[futures.Future[Any], tuple[int, Any]] = {}  # -> (slot index, tag)
+        # each probe's future -> (its slot's index, its tag)
+        self.in_flight: dict[futures.Future[ProbeResult], tuple[int, Tag]] = {}
 
     def __len__(self) -> int:
         return len(self.in_flight)
@@ -116,7 +133,7 @@ class ProbePool:
     def full(self) -> bool:
         return len(self.in_flight) >= len(self.slots)
 
-    def tags(self) -> list[Any]:
+    def tags(self) -> list[Tag]:
         return [tag for _, tag in self.in_flight.values()]
 
     def free_slot(self) -> Slot | None:
@@ -125,7 +142,7 @@ class ProbePool:
         free = [slot for index, slot in enumerate(self.slots) if index not in used]
         return free[0] if free else None
 
-    def start(self, request: ProbeRequest, log_path: Path, tag: Any) -> Slot:
+    def start(self, request: ProbeRequest, log_path: Path, tag: Tag) -> Slot:
         """Run `request` on a free slot (its GPUs or cores); `tag` comes back with the result."""
         slot = self.free_slot()
         assert slot is not None, "start() on a full pool"
@@ -134,7 +151,8 @@ class ProbePool:
         self.in_flight[self.executor.submit(self.runner.run, request, log_path)] = (index, tag)
         return slot
 
-    def finished(self, only: set[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+    def finished(self, only: set[futures.Future[ProbeResult]] | None = None
+                 ) -> Iterator[tuple[Tag, ProbeResult]]:
         """(tag, result) of each probe that ended. A runner that raised re-raises here, and its
         probe stays in flight so that whoever handles the error still sees it."""
         for future in [f for f in self.in_flight if f.done() and (only is None or f in only)]:
@@ -144,7 +162,8 @@ class ProbePool:
     def wait(self, timeout_s: float) -> None:
         futures.wait(self.in_flight, timeout=timeout_s, return_when=futures.FIRST_COMPLETED)
 
-    def stop(self, timeout_s: float = 30.0) -> tuple[set[Any], list[Any]]:
+    def stop(self, timeout_s: float = 30.0
+             ) -> tuple[set[futures.Future[ProbeResult]], list[Tag]]:
         """Kill every probe in flight. Returns the probes that had ended cleanly before (to
         settle with `finished(only=...)`) and the tags of all the others."""
         ended = {f for f in self.in_flight if f.done() and f.exception() is None}

@@ -11,9 +11,14 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-from autotune.config import describe_params
+from autotune.config import Knobs, describe_params
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 
 @dataclass
@@ -29,8 +34,8 @@ class SweepState:
     counts: dict[str, int] = field(default_factory=lambda: {
         "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0, "killed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
-    running: dict[int, dict[str, Any]] = field(default_factory=dict)  # trial number -> params
-    tracing: dict[str, Any] | None = None  # the candidate traced now (sweep/traced.py)
+    running: dict[int, Knobs] = field(default_factory=dict)  # trial number -> params
+    tracing: Knobs | None = None  # the params of the candidate traced now (sweep/traced.py)
     best: str = "-"
     stop_reason: str | None = None
 
@@ -127,14 +132,14 @@ class PlainProgress:
 class LiveProgress:
     """A rich panel redrawn in place, with the last few trial lines above it."""
 
-    def __init__(self, console: Any = None) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
-        self.live: Any = None
+        self.live: Live | None = None
         self.state: SweepState | None = None
 
-    def _render(self) -> Any:
+    def _render(self) -> Table:
         from rich.table import Table
 
         state = self.state
@@ -159,7 +164,7 @@ class LiveProgress:
         self.state = state
 
         class _Panel:  # rich calls __rich__ at every refresh, so elapsed time keeps moving
-            def __rich__(_self) -> Any:
+            def __rich__(_self) -> Table:
                 return self._render()
 
         self.live = Live(_Panel(), console=self.console, refresh_per_second=2, transient=False)

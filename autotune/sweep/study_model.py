@@ -14,15 +14,25 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
+from autotune.files import JsonObject
 from autotune.memory.calibration import Calibration
 from autotune.memory.length import LengthHeadroom, at_length, length_headroom
-from autotune.memory.model import ModelShape, allocator_reserve, estimate_memory, model_shape
+from autotune.memory.model import (
+    ModelArgs,
+    ModelShape,
+    allocator_reserve,
+    estimate_memory,
+    model_shape,
+)
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.prescreen import memory_model_args
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 
 @dataclass(frozen=True)
@@ -30,12 +40,12 @@ class StudyModel:
     """A study's memory model: its model's shape, the probes' arguments, its calibration."""
 
     shape: ModelShape
-    args: dict[str, Any]
+    args: ModelArgs
     calibration: Calibration | None
     source: str  # for people: what the estimate stands on
 
     @classmethod
-    def of(cls, attrs: dict[str, Any], device_capacity_bytes: int | None) -> StudyModel | None:
+    def of(cls, attrs: JsonObject, device_capacity_bytes: int | None) -> StudyModel | None:
         """From a study's stored request and calibration; None when its model cannot be read
         (a trainer's checkpoint the model does not know) or its request is another version's."""
         try:
@@ -46,8 +56,11 @@ class StudyModel:
         if device_capacity_bytes:
             request = dataclasses.replace(
                 request, device=request.device.with_capacity(device_capacity_bytes))
-        stored = attrs.get("memory_calibration") or {}
-        calibration = Calibration.from_dict(stored["phases"]) if stored.get("phases") else None
+        stored = attrs.get("memory_calibration")
+        stored = stored if isinstance(stored, dict) else {}
+        phases = stored.get("phases")
+        calibration = Calibration.from_dict(phases) if isinstance(phases, dict) and phases \
+            else None
         source = (f"memory model calibrated on {stored.get('probes')} probes"
                   if calibration else "memory model, prior constants")
         return cls(shape, memory_model_args(request), calibration, source)
@@ -61,7 +74,8 @@ class StudyModel:
     def anchored(self, config: ProbeConfig, measured: dict[str, int] | None
                  ) -> Callable[[ProbeConfig], dict[str, int]]:
         """Peaks at other lengths: the model's, moved by the probe's own error at its length."""
-        held = {**self.args, "reserve_bytes": allocator_reserve(self.shape, config, **self.args)}
+        held: ModelArgs = {**self.args,
+                           "reserve_bytes": allocator_reserve(self.shape, config, **self.args)}
         model = dataclasses.replace(self, args=held)  # the allocator's reserve held
         if not measured:
             return model.phase_peaks
@@ -85,7 +99,7 @@ class StudyModel:
         return [max(peaks(at_length(config, tokens)).values()) for tokens in lengths]
 
 
-def study_model(study: Any) -> StudyModel | None:
+def study_model(study: Study) -> StudyModel | None:
     """The memory model of an Optuna study's probes (the device as its probes reported it)."""
     capacity = next((t.user_attrs["result"].get("device_capacity_bytes")
                      for t in study.get_trials(deepcopy=False)

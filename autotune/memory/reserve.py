@@ -23,8 +23,9 @@ returns, per phase, the replayed reserved peak less the replayed allocated peak.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from autotune.memory.allocator import (
     ALLOC,
@@ -34,6 +35,8 @@ from autotune.memory.allocator import (
     replay,
 )
 
+# a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
+Blocks: TypeAlias = "int | Sequence[Blocks]"
 COPY_IN, REDUCE = 1, 3  # FSDP's all-gather copy-in stream and reduce-scatter stream
 # Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
 # run's batches: the cache settles within them (the first step makes AdamW's state), so the
@@ -84,9 +87,9 @@ class _Stream:
             self.events.append((ALLOC, self._next, int(size), stream))
         return self._next
 
-    def free(self, *ids: int | list[Any]) -> None:
+    def free(self, *ids: Blocks) -> None:
         for item in ids:
-            if isinstance(item, list):
+            if not isinstance(item, int):
                 self.free(*item)
             elif item:
                 self.events.append((FREE, item))
@@ -243,71 +246,106 @@ def _first_keeps(out: _Stream, grads: list[int], made: list[int], first: bool) -
         out.free(made)
 
 
+def _update_forward(out: _Stream, s: StepShape
+                    ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """One update micro-batch's forward, the vision tower then layer by layer: what each
+    layer saves for the backward, on one GPU autocast's casts (kept for the backward), and
+    what the vision blocks save."""
+    c, n = s.compute_bytes, s.shards
+    saved, casts = [], []
+    vision_saved = _vision(out, s, s.update_rows, keep=True)
+    for _ in range(s.layers):
+        layer = _gather(out, s, s.layer_params) if n > 1 else \
+            [out.alloc(c * p) for p in s.layer_params]
+        saved.append(_saved(out, s, s.update_rows))
+        if s.checkpointing:
+            _layer_forward_temps(out, s, s.update_rows)
+        if n > 1:
+            out.free(layer)  # resharded after its forward
+        else:
+            casts.append(layer)  # autocast keeps them for the backward
+    _gathered_done(out)
+    return saved, casts, vision_saved
+
+
+def _layers_backward(out: _Stream, s: StepShape, saved: list[list[int]],
+                     casts: list[list[int]], grads: list[int], first: bool) -> None:
+    """The decoder's backward, last layer first: each layer gathered again (FSDP prefetches
+    the next), recomputed under checkpointing, its weight gradients made and reduced to an
+    fp32 shard (or widened to fp32 on one GPU)."""
+    c, n = s.compute_bytes, s.shards
+    ahead = _gather(out, s, s.layer_params) if n > 1 else []
+    for index in reversed(range(s.layers)):
+        if n > 1:  # FSDP prefetches the next layer's gather for the backward
+            layer, ahead = ahead, (_gather(out, s, s.layer_params) if index else [])
+        if s.checkpointing:
+            _layer_forward_temps(out, s, s.update_rows)
+        weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
+        out.free(saved.pop())
+        if n > 1:
+            out.free(layer)
+            reduce_in = out.alloc(4 * sum(s.layer_params))
+            out.free(weight_grads)
+            shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
+            _first_keeps(out, grads, [shard], first)
+            out.free(reduce_in)
+        else:
+            wide = [out.alloc(4 * p) for p in s.layer_params]
+            out.free(weight_grads, casts.pop())
+            _first_keeps(out, grads, wide, first)
+
+
+def _root_backward(out: _Stream, s: StepShape, root_held: list[int], head_grad: int,
+                   grads: list[int], first: bool) -> list[int]:
+    """The root unit's backward: the embedding's gradient beside the head's, reduced to an
+    fp32 shard with the root resharded (or kept in fp32 on one GPU); returns the root still
+    gathered after it."""
+    c, n = s.compute_bytes, s.shards
+    embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
+    if n == 1:
+        out.free(head_grad)
+        _first_keeps(out, grads, [embed_grad], first)
+        return root_held
+    out.free(root_held)
+    reduce_in = out.alloc(4 * sum(s.root_params))
+    out.free(embed_grad)
+    shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)
+    _first_keeps(out, grads, [shard], first)
+    out.free(head_grad, reduce_in)
+    return []
+
+
+def _update_micro_batch(out: _Stream, s: StepShape, root_held: list[int], grads: list[int],
+                        first: bool) -> list[int]:
+    """One micro-batch of the update: the root gathered anew, the forward, the logits and
+    their backward, the layers', the vision tower's and the root's backward; returns the
+    root still gathered."""
+    if s.shards > 1:
+        fresh = _gather(out, s, s.root_params)
+        out.free(root_held)
+        root_held = fresh
+    saved, casts, vision_saved = _update_forward(out, s)
+    kept = _logits(out, s, s.update_rows, backward=True)
+    whole = _logits_backward(out, s, s.update_rows, kept)
+    head_grad = out.alloc(s.compute_bytes * s.root_params[-1])
+    out.free(whole)
+    _layers_backward(out, s, saved, casts, grads, first)
+    _vision_backward(out, s, s.update_rows, vision_saved)
+    _gathered_done(out)
+    out.free(saved)
+    return _root_backward(out, s, root_held, head_grad, grads, first)
+
+
 def update(out: _Stream, s: StepShape, root_held: list[int], adam: list[int]
            ) -> tuple[list[int], list[int]]:
     """The optimizer steps, each over its micro-batches (forward, logits, backward, the
     gradients reduced or accumulated), then AdamW (its state made at the first)."""
-    c, n = s.compute_bytes, s.shards
+    n = s.shards
     every = s.root_params + s.layer_params * s.layers
     for _ in range(OPTIMIZER_STEPS):
         grads: list[int] = []
         for micro in range(MICRO_BATCHES):
-            first = micro == 0
-            if n > 1:
-                fresh = _gather(out, s, s.root_params)
-                out.free(root_held)
-                root_held = fresh
-            saved, casts = [], []
-            vision_saved = _vision(out, s, s.update_rows, keep=True)
-            for _ in range(s.layers):
-                layer = _gather(out, s, s.layer_params) if n > 1 else \
-                    [out.alloc(c * p) for p in s.layer_params]
-                saved.append(_saved(out, s, s.update_rows))
-                if s.checkpointing:
-                    _layer_forward_temps(out, s, s.update_rows)
-                if n > 1:
-                    out.free(layer)  # resharded after its forward
-                else:
-                    casts.append(layer)  # autocast keeps them for the backward
-            _gathered_done(out)
-            kept = _logits(out, s, s.update_rows, backward=True)
-            whole = _logits_backward(out, s, s.update_rows, kept)
-            head_grad = out.alloc(c * s.root_params[-1])
-            out.free(whole)
-            ahead = _gather(out, s, s.layer_params) if n > 1 else []
-            for index in reversed(range(s.layers)):
-                if n > 1:  # FSDP prefetches the next layer's gather for the backward
-                    layer, ahead = ahead, (_gather(out, s, s.layer_params) if index else [])
-                if s.checkpointing:
-                    _layer_forward_temps(out, s, s.update_rows)
-                weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
-                out.free(saved.pop())
-                if n > 1:
-                    out.free(layer)
-                    reduce_in = out.alloc(4 * sum(s.layer_params))
-                    out.free(weight_grads)
-                    shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
-                    _first_keeps(out, grads, [shard], first)
-                    out.free(reduce_in)
-                else:
-                    wide = [out.alloc(4 * p) for p in s.layer_params]
-                    out.free(weight_grads, casts.pop())
-                    _first_keeps(out, grads, wide, first)
-            _vision_backward(out, s, s.update_rows, vision_saved)
-            _gathered_done(out)
-            out.free(saved)
-            embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
-            if n > 1:
-                out.free(root_held)
-                root_held = []
-                reduce_in = out.alloc(4 * sum(s.root_params))
-                out.free(embed_grad)
-                shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)
-                _first_keeps(out, grads, [shard], first)
-                out.free(head_grad, reduce_in)
-            else:
-                out.free(head_grad)
-                _first_keeps(out, grads, [embed_grad], first)
+            root_held = _update_micro_batch(out, s, root_held, grads, first=micro == 0)
         if not adam:  # AdamW's state, made at the first step
             adam = [out.alloc(4 * p // n) for p in every for _ in range(2)]
         if not s.fused_optimizer:  # foreach: one fp32 temporary a parameter

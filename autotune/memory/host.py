@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from autotune.config import VLLM_ENGINES, ProbeConfig, device_share, format_bytes, parse_share
+from autotune.config import ProbeConfig, format_bytes, parse_share
 from autotune.memory.model import ADAM_BYTES, PARAM_BYTES, ModelShape
 
 RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
@@ -55,7 +55,9 @@ GPU_RANK_PROCESS_BYTES = 4 << 30
 # Ray's node processes (raylet, GCS, dashboard agent) and the trainer's driver (TaskRunner)
 # beyond the batch it holds: a prior.
 RAY_NODE_PROCESSES_BYTES = 2 << 30
-PHASES = ("rollout", "experience", "update")  # the order of a step
+# the phases whose host terms differ, in the order of a step (the critic's update holds no
+# more on the host than the rollout; validation is the rollout's)
+HOST_PHASES = ("rollout", "experience", "update")
 
 
 def ray_threshold() -> float:
@@ -223,85 +225,114 @@ class NodeHost:
                 f"{format_bytes(self.host_bytes)}, where {self.killer} acts)")
 
 
-def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: int,
-              threshold: float | None = None) -> NodeHost:
-    """The node's host memory for `config` on `run`'s node of `host_bytes` RAM: each phase of
-    a step and the start-up, every rank on the node counted, against `threshold` of it
-    (default: Ray's, read from the environment, or the whole of it without Ray)."""
-    profile = run.profile
-    r, w, c = run.ranks_per_node, run.world_size, run.compute_bytes
+def held_bytes(blocks: list[int], pinned: bool) -> int:
+    """Host memory of `blocks` (bytes each): pinned, each rounded up to a power of two
+    (pinned_bytes); unpinned (the CPU build never pins), their own sizes."""
+    return pinned_bytes(blocks) if pinned else sum(blocks)
+
+
+def critic_units(shape: ModelShape, config: ProbeConfig, units: list[int],
+                 world_size: int) -> list[int]:
+    """PPO's critic's tensors as offload moves them, from the actor's `units`: FSDP1's units
+    with the root holding the value head, else the actor's tensors less an untied head, plus
+    the value head's two."""
+    if config.fsdp_strategy == "fsdp" and world_size > 1:
+        return [shape.critic_params - sum(units[1:]), *units[1:]]
+    critic = [*units, shape.hidden, 1]
+    if not shape.tied_embeddings:
+        critic.remove(shape.embedding_params)
+    return critic
+
+
+def rank_held_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dict[str, int]:
+    """What one rank holds on the host, each term at its largest: the actor's offloaded params
+    and AdamW state, the reference where it waits there, the critic's offload, the engine's
+    weights asleep at level 1."""
+    w, c, pinned = run.world_size, run.compute_bytes, run.on_gpu
     units = offload_units(shape, config, w)
-    pinned = run.on_gpu  # the CPU build never pins: a host block is its own size
-
-    def held(blocks: list[int]) -> int:
-        return pinned_bytes(blocks) if pinned else sum(blocks)
-
-    # one rank's host terms, and the phases each is on the host in (memory/model.py)
-    params = held(shard_blocks(units, PARAM_BYTES, w)) if config.offload_params else 0
-    optimizer = held(2 * shard_blocks(units, ADAM_BYTES // 2, w)) \
-        if config.offload_optimizer else 0
-    ref_bytes = profile.ref_load_bytes or c
-    reference = 0
+    terms = dict.fromkeys(("offloaded_params", "offloaded_optimizer", "reference",
+                           "critic_offloaded_params", "critic_offloaded_optimizer",
+                           "engine_weights_asleep"), 0)
+    if config.offload_params:
+        terms["offloaded_params"] = held_bytes(shard_blocks(units, PARAM_BYTES, w), pinned)
+    if config.offload_optimizer:  # m and v, a block each
+        terms["offloaded_optimizer"] = held_bytes(
+            2 * shard_blocks(units, ADAM_BYTES // 2, w), pinned)
     if config.use_kl and config.ref_on_host:
-        copies = profile.ref_pinned_copies if pinned else 1
-        reference = copies * held(shard_blocks(units, ref_bytes, w))
-    critic_params = critic_optimizer = 0  # PPO: the critic's offload, its own FSDP units
-    if config.has_critic:
-        if config.fsdp_strategy == "fsdp" and w > 1:  # the root unit holds the value head
-            critic_units = [shape.critic_params - sum(units[1:]), *units[1:]]
-        else:  # the actor's tensors less an untied head, plus the value head's two
-            critic_units = [*units, shape.hidden, 1]
-            if not shape.tied_embeddings:
-                critic_units.remove(shape.embedding_params)
-        if config.critic_offload_params:
-            critic_params = held(shard_blocks(critic_units, PARAM_BYTES, w))
-        if config.critic_offload_optimizer:
-            critic_optimizer = held(2 * shard_blocks(critic_units, ADAM_BYTES // 2, w))
-    engine = 0
-    if config.rollout_engine in VLLM_ENGINES and config.enable_sleep and config.sleep_level == 1:
-        engine = held(engine_blocks(shape, c, config.rollout_tensor_parallel))
-    # the critic's params come back for its value forward (experience) and its update (its
-    # own phase, where no more is on the host than in rollout), its optimizer for the update
-    on_host = {"rollout": {"offloaded_params": 0 if config.rollout_engine == "policy" else
-                           params,  # the actor generating itself has them on the device
-                           "offloaded_optimizer": optimizer,
-                           "reference": reference, "critic_offloaded_params": critic_params,
-                           "critic_offloaded_optimizer": critic_optimizer},
-               "experience": {"offloaded_optimizer": optimizer, "reference": reference,
-                              "engine_weights_asleep": engine,
-                              "critic_offloaded_optimizer": critic_optimizer},
-               "update": {"reference": reference, "engine_weights_asleep": engine,
-                          "critic_offloaded_params": critic_params,
-                          "critic_offloaded_optimizer": critic_optimizer}}
-    if pinned:  # freed pinned blocks stay cached: from the second step on, all at once
+        copies = run.profile.ref_pinned_copies if pinned else 1
+        ref_bytes = run.profile.ref_load_bytes or c
+        terms["reference"] = copies * held_bytes(shard_blocks(units, ref_bytes, w), pinned)
+    critic = critic_units(shape, config, units, w) if config.has_critic else []
+    if critic and config.critic_offload_params:
+        terms["critic_offloaded_params"] = held_bytes(
+            shard_blocks(critic, PARAM_BYTES, w), pinned)
+    if critic and config.critic_offload_optimizer:
+        terms["critic_offloaded_optimizer"] = held_bytes(
+            2 * shard_blocks(critic, ADAM_BYTES // 2, w), pinned)
+    if config.engine_reserves and config.enable_sleep and config.sleep_level == 1:
+        terms["engine_weights_asleep"] = held_bytes(
+            engine_blocks(shape, c, config.rollout_tensor_parallel), pinned)
+    return terms
+
+
+def rank_phase_terms(shape: ModelShape, config: ProbeConfig,
+                     run: NodeRun) -> dict[str, dict[str, int]]:
+    """One rank's host terms in each of HOST_PHASES (memory/model.py's phases): the actor's
+    params come back for the rollout where it generates itself and for both training phases,
+    its optimizer for the update; the critic's params for its value forward (experience) and
+    its update (its own phase, where no more is on the host than in rollout), its optimizer
+    for the update. On a GPU freed pinned blocks stay cached: from the second step on, every
+    term is held in every phase."""
+    held = rank_held_terms(shape, config, run)
+    wanted = {"rollout": ("offloaded_params", "offloaded_optimizer", "reference",
+                          "critic_offloaded_params", "critic_offloaded_optimizer"),
+              "experience": ("offloaded_optimizer", "reference", "engine_weights_asleep",
+                             "critic_offloaded_optimizer"),
+              "update": ("reference", "engine_weights_asleep", "critic_offloaded_params",
+                         "critic_offloaded_optimizer")}
+    on_host = {phase: {name: held[name] for name in names} for phase, names in wanted.items()}
+    if config.actor_generates:  # generating itself, the actor has its params on the device
+        on_host["rollout"]["offloaded_params"] = 0
+    if run.on_gpu:
         union: dict[str, int] = {}
         for terms in on_host.values():
             for name, value in terms.items():
                 union[name] = max(union.get(name, 0), value)
         on_host = {phase: dict(union) for phase in on_host}
+    return on_host
+
+
+def node_host(shape: ModelShape, config: ProbeConfig, run: NodeRun, host_bytes: int,
+              threshold: float | None = None) -> NodeHost:
+    """The node's host memory for `config` on `run`'s node of `host_bytes` RAM: each phase of
+    a step and the start-up, every rank on the node counted, against `threshold` of it
+    (default: Ray's, read from the environment, or the whole of it without Ray)."""
+    profile, r = run.profile, run.ranks_per_node
+    on_host = rank_phase_terms(shape, config, run)
     shared = shared_terms(shape, config, run)
-    phases: dict[str, dict[str, int]] = {}
     processes = r * run.rank_process_bytes
-    for phase in PHASES:
-        terms = {"rank_processes": processes}
-        terms.update({f"{name} x{r}": r * value for name, value in on_host[phase].items()
-                      if value})
-        terms.update(shared)
-        phases[phase] = terms
+    phases = {phase: {"rank_processes": processes,
+                      **{f"{name} x{r}": r * value for name, value in on_host[phase].items()
+                         if value},
+                      **shared} for phase in HOST_PHASES}
     phases["startup"] = {"rank_processes": processes, **startup_terms(shape, config, run),
                          **{k: v for k, v in shared.items() if k.startswith("ray_processes")}}
     rank_held = max(sum(terms.values()) for terms in on_host.values())
-    notes = []
-    if run.process_bytes is None and run.on_gpu:
-        notes.append(f"rank processes: the prior {format_bytes(GPU_RANK_PROCESS_BYTES)} per "
-                     "rank, not yet measured on a GPU")
-    elif run.process_note:
-        notes.append(f"rank processes: {run.process_note}")
     if threshold is None:
         threshold = ray_threshold() if profile.ray else 1.0
     killer = "Ray's memory monitor" if profile.ray else "the kernel's OOM killer"
     return NodeHost(phases, host_bytes, threshold, killer, rank_held, run.rank_process_bytes,
-                    tuple(notes))
+                    process_notes(run))
+
+
+def process_notes(run: NodeRun) -> tuple[str, ...]:
+    """Where the rank processes' figure comes from, when a reader should know."""
+    if run.process_bytes is None and run.on_gpu:
+        return (f"rank processes: the prior {format_bytes(GPU_RANK_PROCESS_BYTES)} per rank, "
+                "not yet measured on a GPU",)
+    if run.process_note:
+        return (f"rank processes: {run.process_note}",)
+    return ()
 
 
 def engine_blocks(shape: ModelShape, compute_bytes: int, tensor_parallel: int) -> list[int]:
@@ -344,7 +375,7 @@ def shared_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dict[s
     """What the node holds once, whatever its ranks: Ray's processes and the step's batch in
     its object store (and the driver), and a VL batch's images."""
     terms: dict[str, int] = {}
-    share = device_share(config, run.world_size)
+    share = config.share(run.world_size)
     node_responses = share.responses_per_step * run.ranks_per_node
     if run.profile.ray:
         prompt, response = config.max_prompt_length, config.max_response_length

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.config import Topology
 from autotune.errors import ConfigError
@@ -22,11 +22,15 @@ from autotune.trainers.export_plan import ExportPlan, dotted_get, plan_export
 from autotune.trainers.measured import MeasuredRun
 from autotune.trainers.render import (
     TrainerYaml,
+    load_trainer_yaml,
     load_trainer_yaml_text,
     provenance_lines,
     render_plan,
     topology_for,
 )
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,16 @@ class TrainerExport:
     plan: ExportPlan
     text: str
     chosen: str = ""  # why another trial than the study's best was exported, if one was
+    study: str = ""  # the study's name
 
 
-def measured_topology(study: Any) -> Topology:
+def measured_topology(study: Study) -> Topology:
     """The topology the study's probes measured."""
     request = study.user_attrs.get("request", {})
     return Topology(request.get("nnodes", 1), request.get("gpus_per_node", 1))
 
 
-def measured_run(study: Any, adapter: Adapter, base: TrainerYaml | None) -> MeasuredRun:
+def measured_run(study: Study, adapter: Adapter, base: TrainerYaml | None) -> MeasuredRun:
     """What the study's probes ran besides the knobs, and the model the base config names
     compared with it (the registry's or a local checkpoint's shapes)."""
     identity = study.user_attrs["identity"]
@@ -62,7 +67,7 @@ def measured_run(study: Any, adapter: Adapter, base: TrainerYaml | None) -> Meas
                        command=identity.get("probe") == "command")
 
 
-def export_best(study: Any, adapter: Adapter, base: TrainerYaml | None,
+def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,
                 topology: Topology | None = None, force: bool = False) -> TrainerExport:
     """The study's best config for `adapter`, merged into `base` (the user's trainer YAML),
     checked for `topology` (default: the base config's, else the study's). A knob the study
@@ -87,8 +92,8 @@ def export_best(study: Any, adapter: Adapter, base: TrainerYaml | None,
     run = measured_run(study, adapter, base)
     searched, refused = list(study.user_attrs["search_space"]["params"]), list[str]()
     for trial in trials:
-        config, trainer_keys = trial_knobs(study, trial)
-        plan = plan_export(adapter, config, topology, base[0] if base else None, searched,
+        knobs, trainer_keys = trial_knobs(study, trial)
+        plan = plan_export(adapter, knobs, topology, base[0] if base else None, searched,
                            force, trainer_keys or None, run)
         if not plan.problems:
             break
@@ -105,10 +110,35 @@ def export_best(study: Any, adapter: Adapter, base: TrainerYaml | None,
                   f"({why}): this is the best trial it can run, trial {trial.number}")
         provenance.insert(-1, chosen)
     text = render_plan(plan, adapter, base, provenance)
-    return TrainerExport(adapter, topology, plan, text, chosen)
+    return TrainerExport(adapter, topology, plan, text, chosen, study.study_name)
 
 
-def write_trainer_export(study: Any, study_dir: Path, adapter: Adapter,
+def export_study(trainer: str, study: str | None = None, results_dir: str = "results",
+                 storage: str | None = None, base_config: str | None = None,
+                 nnodes: int | None = None, gpus_per_node: int | None = None,
+                 force: bool = False) -> TrainerExport:
+    """A study's best config as `trainer`'s YAML, as `autotune export` makes it, writing no
+    file: the study `study` (default: the most recently changed) of `results_dir` or of a
+    shared `storage`, merged into the user's `base_config` where given, checked against the
+    trainer's rules for the topology (`nnodes` and `gpus_per_node`, else the base config's,
+    else the study's). Another topology, model or engine than the study measured, or a knob
+    it held fixed at another value than the base config's, is refused unless `force`.
+
+    Raises:
+        ConfigError: an unknown trainer or study, nothing feasible to export, or a refusal.
+    """
+    from autotune.sweep.storage import load_study
+    from autotune.trainers import get_adapter
+
+    adapter = get_adapter(trainer)
+    loaded = load_study(results_dir, study, storage)
+    base = load_trainer_yaml(base_config) if base_config else None
+    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
+                            measured_topology(loaded))
+    return export_best(loaded, adapter, base, topology, force)
+
+
+def write_trainer_export(study: Study, study_dir: Path, adapter: Adapter,
                          base: TrainerYaml | None, topology: Topology) -> Path | None:
     """Rewrite results/<study>/best.<trainer>.yaml from the study's best (a study artifact,
     like best.yaml: replaced atomically as the best changes). The study's fixed values are the

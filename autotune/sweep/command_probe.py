@@ -14,14 +14,13 @@ import os
 import shlex
 import shutil
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.probe.result import TRIAL_DIR_TOKEN, TrainerCommand
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.trainer_target import TrainerTarget
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, TrainerKeys
 from autotune.trainers.export_plan import MISSING, dotted_get, plan_export
 from autotune.trainers.render import load_trainer_yaml_text, override_words, render_plan
 
@@ -47,17 +46,16 @@ class CommandTemplate:
         digest = hashlib.sha256(f"{self.launch}\0{self.base_text or ''}".encode())
         return f"command:{self.adapter.name}:{digest.hexdigest()[:12]}"
 
-    def command_for(self, config: ProbeConfig, trainer_values: dict[str, Any]) -> TrainerCommand:
+    def command_for(self, config: ProbeConfig, trainer_values: TrainerKeys) -> TrainerCommand:
         """The trial's command: its config file's text, or the override words, or both."""
-        knobs = config.as_dict()
         base = load_trainer_yaml_text(self.base_text) if self.base_text is not None else None
-        cycle = self.adapter.steps_per_rollout(knobs) if self.adapter.steps_per_rollout else 1
+        cycle = self.adapter.steps_per_rollout(config) if self.adapter.steps_per_rollout else 1
         short = self.adapter.short_run(self.steps * cycle, self.validate, TRIAL_DIR_TOKEN) \
             if self.adapter.short_run else {}
         extra = {**short, **trainer_values}
         provenance = [f"autotune probe: {self.adapter.name} for {self.steps} step(s), "
                       f"written per trial; not a config to train with", ""]
-        plan = plan_export(self.adapter, knobs, self.topology,
+        plan = plan_export(self.adapter, config.as_dict(), self.topology,
                            base[0] if base is not None else None, extra=extra)
         if plan.problems:
             raise ConfigError(plan.problems)

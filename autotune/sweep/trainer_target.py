@@ -9,14 +9,12 @@ best.<trainer>.yaml is written from the study as it goes (export.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.batching import sequence_tokens
-from autotune.config import ProbeConfig, Topology
+from autotune.config import Knobs, Topology
 from autotune.errors import ConfigError
 from autotune.sweep.search_space import SearchSpace
 from autotune.trainers import get_adapter
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, knob_config
 from autotune.trainers.export_plan import dotted_get, refused_settings
 from autotune.trainers.render import TrainerYaml, trainer_start
 
@@ -33,7 +31,7 @@ class TrainerTarget:
 
 def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
                    nnodes: int | None, gpus_per_node: int | None
-                   ) -> tuple[TrainerTarget, dict[str, Any], SearchSpace, list[str]]:
+                   ) -> tuple[TrainerTarget, Knobs, SearchSpace, list[str]]:
     """The target, the knobs the sweep starts from, the space with the trainer's rules, and
     the lines to say (starting values moved onto the space's)."""
     adapter = get_adapter(trainer)
@@ -49,14 +47,14 @@ def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
     if start.get("dynamic_batching") and "max_token_len_update" in adapter.keys:
         # the run batches by tokens: search the budgets the trainer takes (verl), in whole
         # sequences of the run's length; EasyR1's budget is its micro-batch x that length
-        tokens = sequence_tokens({**ProbeConfig().as_dict(), **start})
+        tokens = knob_config(start).sequence_length
         space = space.with_token_budgets(tokens)
         notes.append(f"{trainer} batches by tokens (dynamic batching on): searching "
                      f"token budgets in whole {tokens}-token sequences")
     start, moved = space.snapped(start)
     tree = base[0] if base else {}
     ruled = space.with_rules(lambda config: adapter.check(
-        config.as_dict(), topology, lambda key, default: dotted_get(tree, key, default))
+        config, topology, lambda key, default: dotted_get(tree, key, default))
     ).with_ties(adapter.ties)
     notes += [f"{trainer} starting config: {line}" for line in moved]
     return TrainerTarget(adapter, base, topology), start, ruled, notes

@@ -2,7 +2,8 @@
 
 Owns each trainer's mapping table (canonical knob -> the trainer's keys), its start-up rules
 for a topology (nodes x GPUs), export_plan.py: what an export writes and refuses, and
-render.py: merging a config into the user's own trainer YAML. May import batching, config, errors and files; never torch, the sweep, or the CLI.
+render.py: merging a config into the user's own trainer YAML. May import batching, config,
+errors and files; never torch, the sweep, or the CLI.
 """
 
 from __future__ import annotations

@@ -12,12 +12,28 @@ multiplies the latter by rollout.n in the worker; verl counts `train_batch_size`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
-from autotune.config import Topology
+from autotune.config import (
+    KNOB_NAMES,
+    Knobs,
+    ProbeConfig,
+    Topology,
+    parse_knob_value,
+    unknown_key_message,
+)
 from autotune.errors import ConfigError
+
+# a value of the trainer's own YAML (a scalar, a list, a mapping), and a whole tree of them as
+# loaded (ruamel's round-trip mapping, or a plain dict): foreign, as the user wrote it
+TrainerValue: TypeAlias = Any
+TrainerTree: TypeAlias = TrainerValue
+# dotted keys of a trainer's config and their values: what an export writes (never knobs)
+TrainerKeys: TypeAlias = dict[str, TrainerValue]
+Getter = Callable[[str, TrainerValue], TrainerValue]  # a dotted key of the trainer's config,
+# and its default
 
 
 @dataclass(frozen=True)
@@ -28,15 +44,12 @@ class Setting:
     already gives the measured shapes; a missing or null key is the trainer's default."""
 
     key: str
-    value: Any  # what the export writes
+    value: TrainerValue  # what the export writes
     why: str  # said in the exported file's header and on the terminal
-    ok: Callable[[Any], bool]
+    ok: Callable[[TrainerValue], bool]
     default_ok: bool  # the trainer's default gives the measured shapes: nothing to write
     refuse: bool = False  # another value in the user's config is a conflict (--force takes
     # `value`), not a setting to flip with a note
-
-
-Getter = Callable[[str, Any], Any]  # a dotted key of the trainer's config, and its default
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,8 @@ class Derived:
     as the knobs' values, nothing is written (the user's own spelling is kept)."""
 
     knobs: tuple[str, ...]
-    write: Callable[[dict[str, Any], Topology], dict[str, Any]]
-    read: Callable[[Getter, Topology], dict[str, Any]]
+    write: Callable[[ProbeConfig, Topology], TrainerKeys]
+    read: Callable[[Getter, Topology], Knobs]
     keys: tuple[str, ...]  # the config keys `read` reads: a base config that sets one states
     # the knobs (compared with a study's held-fixed values)
 
@@ -61,28 +74,30 @@ class Adapter:
     name: str
     keys: dict[str, tuple[str, ...]]
     topology_keys: tuple[str, str] | None  # (nnodes, gpus per node) where the config has them
-    companions: dict[str, Any]
-    rules: Callable[[dict[str, Any], Topology, Getter], list[str]]
+    companions: TrainerKeys
+    rules: Callable[[ProbeConfig, Topology, Getter], list[str]]
     launch: str  # the launch line: {path} the exported file, {overrides}, {world}
     # knobs written through several keys, or keys computed with the topology (TRL's batches)
     derived: tuple[Derived, ...] = ()
     # the knobs the trainer's own default or example config sets: the sweep's starting point
-    defaults: dict[str, Any] | None = None
-    # one GPU's share of the batches, computed as the trainer's own code normalises them
-    # (responses_per_step, responses_per_minibatch): must agree with config.device_share
-    share: Callable[[dict[str, Any], Topology], dict[str, int]] | None = None
+    defaults: Knobs | None = None
+    # one GPU's share of the batches as the trainer's own code normalises them
+    # (responses_per_step, responses_per_minibatch): TRL's from its per-process batches, must
+    # agree with config.device_share; EasyR1 and verl chunk equally (even_share: the config's)
+    share: Callable[[ProbeConfig, Topology], dict[str, int]] | None = None
     # a probe of the trainer's own run (`run --launch`): the keys that make it a short run of
     # `steps` logged steps (validating or not), and how many logged steps one rollout makes
-    short_run: Callable[[int, bool, str], dict[str, Any]] | None = None  # (steps, validate,
+    short_run: Callable[[int, bool, str], TrainerKeys] | None = None  # (steps, validate,
     # the trial's directory, where its output goes)
-    steps_per_rollout: Callable[[dict[str, Any]], int] | None = None
+    steps_per_rollout: Callable[[ProbeConfig], int] | None = None
     settings: tuple[Setting, ...] = ()
     # the tree an export without a base config starts from, and how that file is used
-    skeleton: dict[str, Any] | None = None
+    skeleton: TrainerKeys | None = None
     skeleton_note: str = ""
     model_key: str | None = None  # where the config names the model it trains
-    # what the trainer runs as measured but its config cannot say (no key): header lines
-    unheld: Callable[[dict[str, Any], Topology], list[str]] | None = None
+    # what the trainer runs as measured but its config cannot say (no key): header lines, for
+    # the study's config, topology and the knobs it recorded (one it did not is not said)
+    unheld: Callable[[ProbeConfig, Topology, Collection[str]], list[str]] | None = None
     engines: tuple[str, ...] = ("vllm-like", "vllm")  # the probe engines for its rollout
     # PPO: where the critic's knobs go (and the actor's knobs it shares: its mini-batch,
     # dynamic batching), written only for a config that trains a critic; None: the trainer's
@@ -91,11 +106,11 @@ class Adapter:
     critic_model_key: str | None = None  # where the config names the critic's model
     # knobs the trainer sets from others, with no key of their own (TRL scores log-probs at
     # its train micro-batch): applied to every trial's config before it is probed
-    ties: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ties: Callable[[ProbeConfig], Knobs] | None = None
 
-    def keys_for(self, knobs: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-        """Where each knob of `knobs` goes: the critic's keys too when it trains one."""
-        if knobs.get("algorithm") != "ppo" or not self.critic_keys:
+    def keys_for(self, config: ProbeConfig) -> dict[str, tuple[str, ...]]:
+        """Where each knob of `config` goes: the critic's keys too when it trains one."""
+        if not config.has_critic or not self.critic_keys:
             return self.keys
         merged = dict(self.keys)
         for knob, keys in self.critic_keys.items():
@@ -106,25 +121,28 @@ class Adapter:
     def derived_knobs(self) -> tuple[str, ...]:
         return tuple(knob for part in self.derived for knob in part.knobs)
 
-    def derived_values(self, knobs: dict[str, Any], topology: Topology,
-                       get: Getter | None = None) -> dict[str, Any]:
+    def derived_values(self, knobs: Knobs, topology: Topology,
+                       get: Getter | None = None) -> TrainerKeys:
         """The keys of every derived part whose knobs are all given; with `get` (the user's
         config), none of a part that already reads back as the knobs' values."""
-        values: dict[str, Any] = {}
+        config = knob_config(knobs)
+        values: TrainerKeys = {}
         for part in self.derived:
             if any(knobs.get(knob) is None for knob in part.knobs):
                 continue
             if get is not None and part.read(get, topology) == {
                     knob: knobs[knob] for knob in part.knobs}:
                 continue
-            values.update(part.write(knobs, topology))
+            values.update(part.write(config, topology))
         return values
 
-    def tuned_values(self, knobs: dict[str, Any], topology: Topology,
-                     get: Getter | None = None) -> dict[str, Any]:
-        """Every dotted key this export writes, with its value (`get`: the user's config)."""
-        values = {}
-        for knob, keys in self.keys_for(knobs).items():
+    def tuned_values(self, knobs: Knobs, topology: Topology,
+                     get: Getter | None = None) -> TrainerKeys:
+        """Every dotted key an export of `knobs` writes, with its value (`get`: the user's
+        config). `knobs` may be some of a config's (a study's, as it recorded them): a knob
+        not given, or none, is not written."""
+        values: TrainerKeys = {}
+        for knob, keys in self.keys_for(knob_config(knobs)).items():
             if knobs.get(knob) is None:
                 continue
             for key in keys:
@@ -133,28 +151,38 @@ class Adapter:
         if get is not None:  # the user's config as it will be, the tuned keys written
             base = get
 
-            def written(key: str, default: Any) -> Any:
+            def written(key: str, default: TrainerValue) -> TrainerValue:
                 return values[key] if key in values else base(key, default)
         return {**values, **self.derived_values(knobs, topology, written), **self.companions}
 
-    def read_knobs(self, get: Getter, topology: Topology) -> dict[str, Any]:
+    def read_knobs(self, get: Getter, topology: Topology) -> Knobs:
         """The canonical knobs a trainer config holds (for the round trip)."""
         knobs = {knob: get(keys[0], None) for knob, keys in self.keys.items()
                  if get(keys[0], None) is not None}
         for part in self.derived:
             knobs.update(part.read(get, topology))
-        if knobs.get("algorithm") == "ppo":  # the critic's own knobs, where it has them
+        if knob_config(knobs).has_critic:  # the critic's own knobs, where it has them
             knobs.update({knob: get(keys[0], None) for knob, keys in
                           (self.critic_keys or {}).items()
                           if knob not in knobs and get(keys[0], None) is not None})
         return knobs
 
-    def check(self, knobs: dict[str, Any], topology: Topology,
-              get: Getter = lambda key, default: default) -> list[str]:
-        """Every rule of this trainer the knobs break, one line each naming rule and values.
-        A setting the rules read from the user's config must be a plain value of the trainer
-        default's type (an interpolation such as ${oc.select:...} cannot be checked)."""
-        def plain(key: str, default: Any) -> Any:
+    def check(self, config: ProbeConfig, topology: Topology,
+              get: Getter = lambda key, default: default,
+              recorded: Collection[str] | None = None) -> list[str]:
+        """Every rule of this trainer `config` breaks, one line each naming rule and values.
+        The rules read the trainer's keys as the file will hold them: a knob's key with the
+        config's value where an export writes it (the knob is not None, and of `recorded`, the
+        knobs a study recorded: None, every knob), any other from the user's config (`get`).
+        A setting read from the user's config must be a plain value of the trainer default's
+        type (an interpolation such as ${oc.select:...} cannot be checked)."""
+        written = {keys[0]: getattr(config, knob) for knob, keys in self.keys.items()
+                   if (recorded is None or knob in recorded)
+                   and getattr(config, knob) is not None}
+
+        def plain(key: str, default: TrainerValue) -> TrainerValue:
+            if key in written:
+                return written[key]
             value = get(key, default)
             if isinstance(default, bool | int) and type(value) is not type(default):
                 raise ConfigError(f"{key}={value!r} in the base config: autotune checks "
@@ -163,13 +191,13 @@ class Adapter:
             return value
 
         lines = []
-        if knobs.get("algorithm") == "ppo" and not self.critic_keys:
+        if config.has_critic and not self.critic_keys:
             lines.append("PPO (a critic) is not supported: autotune writes this trainer's GRPO "
                          "config only; sweep with --algorithm grpo, or export for verl or easyr1")
-        return [f"{self.name}: {line}" for line in [*lines, *self.rules(knobs, topology, plain)]]
+        return [f"{self.name}: {line}" for line in [*lines, *self.rules(config, topology, plain)]]
 
-    def knobs_of_keys(self, given: dict[str, Any], topology: Topology,
-                      topology_given: bool = True) -> dict[str, Any]:
+    def knobs_of_keys(self, given: TrainerKeys, topology: Topology,
+                      topology_given: bool = True) -> Knobs:
         """The knobs this trainer's own keys set (`--set num_generations=8`): keys of its
         table, spelled in full or by their last part where that names one knob. Keys it reads
         through several knobs together (TRL's batches, its engine) are read as a group: every
@@ -178,24 +206,17 @@ class Adapter:
         Raises:
             ConfigError: a key the trainer's table does not have, or a group given in part.
         """
-        from autotune.config import KNOB_NAMES, parse_knob_value, unknown_key_message
-
         owners: dict[str, str | Derived] = {k: knob for knob, keys in self.keys.items()
                                              for k in keys}
         owners.update({k: part for part in self.derived for k in part.keys})
         critic = {k: knob for knob, keys in (self.critic_keys or {}).items() for k in keys}
-        knobs: dict[str, Any] = {}
-        groups: dict[int, tuple[Derived, dict[str, Any]]] = {}
-        by_key: dict[str, Any] = {}  # every given key by its full name: what a group reads
+        knobs: Knobs = {}
+        groups: dict[int, tuple[Derived, TrainerKeys]] = {}
+        by_key: TrainerKeys = {}  # every given key by its full name: what a group reads
         problems = []
         for key, value in given.items():
-            # the actor's keys by their last part before the critic's (which share them:
-            # ppo_micro_batch_size_per_gpu is the actor's, critic.ppo_... the critic's)
-            found = [k for k in (*owners, *critic) if k == key] or \
-                [k for k in owners if k.rsplit(".", 1)[-1] == key] or \
-                [k for k in critic if k.rsplit(".", 1)[-1] == key]
-            owners.update({k: critic[k] for k in found if k in critic and k not in owners})
-            if not found or len({id(owners[k]) for k in found}) > 1:
+            found = owning_keys(key, owners, critic)
+            if not found:
                 problems.append(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; nor a key of "
                                 f"{self.name}'s table (docs/trainers-and-export.md), spelled in "
                                 "full or by its last part")
@@ -208,29 +229,63 @@ class Adapter:
                 groups.setdefault(id(owner), (owner, {}))[1].update(
                     {k: value for k in found})
         for part, values in groups.values():
-            missing = [k for k in part.keys if k not in values]
-            if missing:
-                problems.append(f"{', '.join(values)}: {self.name} reads it with "
-                                f"{', '.join(missing)}; give those too, or set the knobs "
-                                f"({', '.join(part.knobs)})")
-                continue
-
-            def get(key: str, default: Any) -> Any:
-                return by_key.get(key, default)
-            try:
-                read = part.read(get, topology)
-                for knob, value in read.items():
-                    parse_knob_value(knob, value)
-            except (ConfigError, TypeError, ValueError, ZeroDivisionError):
-                problems.append(f"{', '.join(values)}: {self.name} reads them as knobs "
-                                f"autotune cannot probe ({', '.join(part.knobs)}); check the "
-                                "values, or set the knobs")
-                continue
-            if not topology_given and read != part.read(get, Topology(topology.nnodes, 2)):
-                problems.append(f"{', '.join(values)}: {self.name} reads it per process; "
-                                "give --nnodes and --gpus-per-node too")
-                continue
-            knobs.update(read)
+            read = self.read_group(part, values, by_key, topology, topology_given)
+            if isinstance(read, str):
+                problems.append(read)
+            else:
+                knobs.update(read)
         if problems:
             raise ConfigError(problems)
         return knobs
+
+    def read_group(self, part: Derived, values: TrainerKeys, by_key: TrainerKeys,
+                   topology: Topology, topology_given: bool) -> Knobs | str:
+        """The knobs the keys `values` of `part` set (`by_key`: every key given), or the line
+        saying why they cannot be read: a key of the group missing, values autotune cannot
+        probe, or a read that needs the topology where it was not given."""
+        named = ", ".join(values)
+        missing = [k for k in part.keys if k not in values]
+        if missing:
+            return (f"{named}: {self.name} reads it with {', '.join(missing)}; give those "
+                    f"too, or set the knobs ({', '.join(part.knobs)})")
+
+        def get(key: str, default: TrainerValue) -> TrainerValue:
+            return by_key.get(key, default)
+        try:
+            read = part.read(get, topology)
+            for knob, value in read.items():
+                parse_knob_value(knob, value)
+        except (ConfigError, TypeError, ValueError, ZeroDivisionError):
+            return (f"{named}: {self.name} reads them as knobs autotune cannot probe "
+                    f"({', '.join(part.knobs)}); check the values, or set the knobs")
+        if not topology_given and read != part.read(get, Topology(topology.nnodes, 2)):
+            return f"{named}: {self.name} reads it per process; give --nnodes and " \
+                "--gpus-per-node too"
+        return read
+
+
+def owning_keys(key: str, owners: dict[str, str | Derived], critic: dict[str, str]
+                ) -> list[str]:
+    """The table's keys `key` names, in full or by its last part, all of one owner (none:
+    unknown, or naming several). The actor's keys by their last part before the critic's
+    (which share them: ppo_micro_batch_size_per_gpu is the actor's, critic.ppo_... the
+    critic's); a critic's key found joins `owners`."""
+    found = [k for k in (*owners, *critic) if k == key] or \
+        [k for k in owners if k.rsplit(".", 1)[-1] == key] or \
+        [k for k in critic if k.rsplit(".", 1)[-1] == key]
+    owners.update({k: critic[k] for k in found if k in critic and k not in owners})
+    return found if found and len({id(owners[k]) for k in found}) == 1 else []
+
+
+def knob_config(knobs: Knobs) -> ProbeConfig:
+    """The whole config that `knobs` (some of a config's) give, the rest at their defaults:
+    what a derived part's keys, and whether a critic is trained, are read from."""
+    return ProbeConfig().replace(**knobs)
+
+
+def even_share(config: ProbeConfig, topology: Topology) -> dict[str, int]:
+    """A GPU's responses per step and per optimizer step where the trainer chunks each batch
+    equally over the world (EasyR1, verl): config.device_share's."""
+    share = config.share(topology.world_size)
+    return {"responses_per_step": share.responses_per_step,
+            "responses_per_minibatch": share.responses_per_minibatch}

@@ -6,30 +6,42 @@ for the whole run, micro-batches in responses per GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Collection
 
-from autotune.config import VLLM_ENGINES, Topology, old_pass_problem, torch_adamw_problem
-from autotune.trainers.adapter import Adapter, Derived, Setting
+from autotune.config import ProbeConfig, Topology, old_pass_problem, torch_adamw_problem
+from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys, even_share
 
 
-def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+def _easyr1_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     """verl/trainer/ray_trainer.py and verl/workers/fsdp_workers.py of hiyouga/EasyR1, and
     the equal splits (DataProto.split) of a device's share in workers/actor/dp_actor.py."""
-    world, n = topo.world_size, k["rollout_n"]
-    rbs, gbs = k["rollout_batch_size"], k["global_batch_size"]
-    mbu, mbe = k["micro_batch_size_update"], k["micro_batch_size_experience"]
+    world, length = topo.world_size, config.sequence_length
     ulysses = get("worker.actor.ulysses_size", 1)
-    tp = k.get("rollout_tensor_parallel") or get("worker.rollout.tensor_parallel_size", 2)
-    mini = get("data.mini_rollout_batch_size", 0)  # prompts per generation round when set
     problems = []
-    if k.get("entropy_coeff"):
-        problems.append(f"entropy_coeff={k['entropy_coeff']}: EasyR1 has no entropy bonus (its "
-                        "loss never takes the entropy): probe with entropy_coeff=0")
-    if k.get("fused_logprob"):
+    if config.entropy_coeff:
+        problems.append(f"entropy_coeff={config.entropy_coeff}: EasyR1 has no entropy bonus "
+                        "(its loss never takes the entropy): probe with entropy_coeff=0")
+    if config.fused_logprob:
         problems.append("fused_logprob: EasyR1 has no fused log-prob kernel (its "
                         "models/monkey_patch.py leaves linear cross-entropy a TODO): probe "
                         "with fused_logprob=false")
+    problems += _easyr1_batch_rules(config, world, ulysses, get)
+    problems += _easyr1_rollout_rules(config, world, get)
+    problems += old_pass_problem(config, "EasyR1")
+    problems += torch_adamw_problem(config, "EasyR1")
+    if config.has_critic:
+        problems += _easyr1_critic_rules(config, world, ulysses, length)
+    return problems
+
+
+def _easyr1_batch_rules(config: ProbeConfig, world: int, ulysses: int, get: Getter
+                        ) -> list[str]:
+    """ray_trainer.py's batch checks, fsdp_workers.py's normalisation of the global batch
+    per device, and dp_actor.py's equal splits of a device's share."""
+    n, rbs, gbs = config.rollout_n, config.rollout_batch_size, config.global_batch_size
+    mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
+    mini = get("data.mini_rollout_batch_size", 0)  # prompts per generation round when set
+    problems = []
     if rbs % gbs:
         problems.append(f"data.rollout_batch_size={rbs} must be divisible by "
                         f"worker.actor.global_batch_size={gbs}")
@@ -54,8 +66,7 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
     if not (rbs * n) % world and per_device and shard % per_device:
         problems.append(f"the {shard} responses on each device must split into whole "
                         f"mini-batches of {per_device} (global batch size per device)")
-    dynamic = bool(k.get("dynamic_batching"))
-    if not dynamic and not (rbs * n) % world and shard % mbe:  # DataProto.split
+    if not config.dynamic_batching and not (rbs * n) % world and shard % mbe:  # DataProto.split
         problems.append(f"the {shard} responses on each device must split into whole "
                         f"micro-batches of worker.actor.micro_batch_size_per_device_for_"
                         f"experience={mbe}")
@@ -63,42 +74,48 @@ def _easyr1_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], A
         problems.append(f"worker.actor.fsdp.enable_cpu_offload needs no gradient accumulation: "
                         f"micro_batch_size_per_device_for_update={mbu} must equal the global "
                         f"batch size per device {per_device}")
-    length = k["max_prompt_length"] + k["max_response_length"]
-    for knob, micro, key in (("max_token_len_update", mbu, "update"),
-                             ("max_token_len_experience", mbe, "experience")):
-        if dynamic and k.get(knob) not in (None, micro * length):
-            problems.append(f"{knob}={k[knob]}: EasyR1's token budget is worker.actor.micro_"
-                            f"batch_size_per_device_for_{key} x the padded sequence length "
-                            f"({length}), so it can only be {micro * length} here; search "
-                            "micro-batches for EasyR1")
-    if world % tp:
-        problems.append(f"the {world} GPUs must be divisible by "
-                        f"worker.rollout.tensor_parallel_size={tp}")
-    tokens = k.get("max_num_batched_tokens") or get("worker.rollout.max_num_batched_tokens",
-                                                    8192)
-    if tokens < length:
-        problems.append(f"worker.rollout.max_num_batched_tokens={tokens} must be at least "
-                        f"max_prompt_length+max_response_length={length}")
-    if k.get("enable_sleep") is False:
-        problems.append("EasyR1 always puts vLLM to sleep after rollout (enable_sleep_mode="
-                        "True, no key to turn it off): enable_sleep=false cannot be exported")
-    estimator = "gae" if k.get("algorithm") == "ppo" else get("algorithm.adv_estimator", "grpo")
-    if estimator in ("grpo", "rloo") and n <= 1:
-        problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {n})")
-    problems += old_pass_problem(k, "EasyR1")
-    problems += torch_adamw_problem(k, "EasyR1")
-    if k.get("algorithm") == "ppo":
-        problems += _easyr1_critic_rules(k, world, ulysses, length)
     return problems
 
 
-def _easyr1_critic_rules(k: dict[str, Any], world: int, ulysses: int, length: int
+def _easyr1_rollout_rules(config: ProbeConfig, world: int, get: Getter) -> list[str]:
+    """The token budgets dp_actor.py makes of the micro-batches, vLLM's rollout (its tensor
+    parallel size, prefill budget and sleep), and the estimator's need for groups."""
+    length, problems = config.sequence_length, []
+    for knob, budget, micro, key in (
+            ("max_token_len_update", config.max_token_len_update,
+             config.micro_batch_size_update, "update"),
+            ("max_token_len_experience", config.max_token_len_experience,
+             config.micro_batch_size_experience, "experience")):
+        if config.dynamic_batching and budget not in (None, micro * length):
+            problems.append(f"{knob}={budget}: EasyR1's token budget is worker.actor.micro_"
+                            f"batch_size_per_device_for_{key} x the padded sequence length "
+                            f"({length}), so it can only be {micro * length} here; search "
+                            "micro-batches for EasyR1")
+    # the keys as the file holds them: the knobs' values where the export writes them
+    tp = get("worker.rollout.tensor_parallel_size", 2)
+    tokens = get("worker.rollout.max_num_batched_tokens", 8192)
+    if world % tp:
+        problems.append(f"the {world} GPUs must be divisible by "
+                        f"worker.rollout.tensor_parallel_size={tp}")
+    if tokens < length:
+        problems.append(f"worker.rollout.max_num_batched_tokens={tokens} must be at least "
+                        f"max_prompt_length+max_response_length={length}")
+    if not config.enable_sleep:
+        problems.append("EasyR1 always puts vLLM to sleep after rollout (enable_sleep_mode="
+                        "True, no key to turn it off): enable_sleep=false cannot be exported")
+    estimator = "gae" if config.has_critic else get("algorithm.adv_estimator", "grpo")
+    if estimator in ("grpo", "rloo") and config.rollout_n <= 1:
+        problems.append(f"GRPO and RLOO need worker.rollout.n > 1 (got {config.rollout_n})")
+    return problems
+
+
+def _easyr1_critic_rules(config: ProbeConfig, world: int, ulysses: int, length: int
                          ) -> list[str]:
     """ray_trainer.py's critic checks and fsdp_workers.py's for the critic role: the critic's
     global batch (written as the actor's) and its micro-batch (update and experience, both
     written as critic_micro_batch_size_update)."""
-    n, rbs, gbs = k["rollout_n"], k["rollout_batch_size"], k["global_batch_size"]
-    mbc, problems = k.get("critic_micro_batch_size_update") or 4, []
+    n, rbs, gbs = config.rollout_n, config.rollout_batch_size, config.global_batch_size
+    mbc, problems = config.critic_micro_batch_size_update or 4, []
     if (rbs * n) % mbc:
         problems.append(f"Rollout batch size * rollout.n ({rbs * n}) must be divisible by "
                         f"worker.critic.micro_batch_size_per_device_for_experience={mbc}")
@@ -106,59 +123,52 @@ def _easyr1_critic_rules(k: dict[str, Any], world: int, ulysses: int, length: in
     if per_device and per_device % mbc:
         problems.append(f"critic global batch size per device {per_device} must be divisible "
                         f"by worker.critic.micro_batch_size_per_device_for_update={mbc}")
-    budget = k.get("critic_max_token_len_update")
-    if k.get("dynamic_batching") and budget not in (None, mbc * length):
+    budget = config.critic_max_token_len_update
+    if config.dynamic_batching and budget not in (None, mbc * length):
         problems.append(f"critic_max_token_len_update={budget}: EasyR1's critic budget is its "
                         f"micro-batch x the padded sequence length ({mbc * length}); search "
                         "critic micro-batches for EasyR1")
     return problems
 
 
-def _easyr1_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
-    """fsdp_workers.py: global_batch_size *= rollout.n, then // (world_size // ulysses_size);
-    the rollout batch (rollout_batch_size x n responses) is chunked equally over the world."""
-    n, world = k["rollout_n"], topo.world_size
-    return {"responses_per_step": k["rollout_batch_size"] * n // world,
-            "responses_per_minibatch": k["global_batch_size"] * n // world}
-
-
 REF_OFFLOAD = "worker.ref.offload.offload_params"
 REF_CPU_OFFLOAD = "worker.ref.fsdp.enable_cpu_offload"
 
 
-def _easyr1_ref_offload(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
-    on = k["offload_ref_params"]
+def _easyr1_ref_offload(config: ProbeConfig, topo: Topology) -> TrainerKeys:
+    on = config.offload_ref_params
     return {REF_OFFLOAD: True} if on else {REF_OFFLOAD: False, REF_CPU_OFFLOAD: False}
 
 
-def _easyr1_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
+def _easyr1_unheld(config: ProbeConfig, topo: Topology, recorded: Collection[str]
+                   ) -> list[str]:
     """What EasyR1's config has no key for: vLLM's max_num_seqs, its sleep level (1), the
     CUDA allocator (its Ray runtime env turns expandable segments off), and its FSDP wrapper
     (FSDP1 always)."""
     lines = ["allocator: the study trained with the CUDA allocator's expandable segments; "
              "EasyR1's Ray runtime env sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
              "(verl/trainer/main.py), so its training phases may hold more than measured: set "
-             "it to True there to run as probed"] if k.get("expandable_segments") else []
-    if k.get("entropy_metric"):
+             "it to True there to run as probed"] if config.expandable_segments else []
+    if config.entropy_metric:
         lines.append("entropy: the study took every position's entropy in its experience phase; "
                      "EasyR1 never does, so its experience phase holds less than measured")
-    if topo.world_size > 1 and k.get("fsdp_strategy") == "fsdp2":
+    if topo.world_size > 1 and "fsdp_strategy" in recorded and config.fsdp_strategy == "fsdp2":
         lines.append("sharding: the study's ranks ran FSDP2 (fully_shard); EasyR1 wraps with "
                      "FSDP1 (flat parameters, its own streams and state-dict copies at weight "
                      "sync), so its memory may differ from what was measured (probe with "
                      "--trainer easyr1: it runs FSDP1)")
-    if k.get("rollout_engine") not in VLLM_ENGINES:
+    if not config.engine_reserves:
         return lines
     lines += [f"rollout: EasyR1 has no key for max_num_seqs (the study's engine ran "
-              f"{k.get('max_num_seqs', 256)}); vLLM's own default applies, inside the same "
+              f"{config.max_num_seqs}); vLLM's own default applies, inside the same "
               "gpu_memory_utilization"]
-    if k.get("sleep_level") not in (None, 1):
-        lines.append(f"rollout: the study's engine slept at level {k['sleep_level']}; EasyR1 "
+    if config.sleep_level != 1:
+        lines.append(f"rollout: the study's engine slept at level {config.sleep_level}; EasyR1 "
                      "sleeps at level 1 (weights kept in host memory)")
     return lines
 
 
-def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
     """verl/trainer/config.py TrainerConfig of EasyR1: stop after `steps` steps, validate
     only before training when asked, log to the console, keep checkpoints out of the way."""
     return {"trainer.max_steps": steps, "trainer.val_freq": -1,
@@ -194,7 +204,7 @@ EASYR1 = Adapter(
     launch="python3 -m verl.trainer.main config={path}",  # EasyR1's OmegaConf entry point
     derived=(
         # ray_trainer.py: a reference model unless algorithm.disable_kl (false by default)
-        Derived(("use_kl",), lambda k, topo: {"algorithm.disable_kl": not k["use_kl"]},
+        Derived(("use_kl",), lambda config, topo: {"algorithm.disable_kl": not config.use_kl},
                 lambda get, topo: {"use_kl": not get("algorithm.disable_kl", False)},
                 ("algorithm.disable_kl",)),
         # the reference's params are off the GPU with its offload, or with FSDP's CPU offload
@@ -203,8 +213,8 @@ EASYR1 = Adapter(
             "offload_ref_params": bool(get(REF_OFFLOAD, False) or get(REF_CPU_OFFLOAD, False))},
             (REF_OFFLOAD, REF_CPU_OFFLOAD)),
         # ray_trainer.py: a critic exactly when the estimator is gae
-        Derived(("algorithm",), lambda k, topo: {
-            "algorithm.adv_estimator": "gae" if k["algorithm"] == "ppo" else "grpo"},
+        Derived(("algorithm",), lambda config, topo: {
+            "algorithm.adv_estimator": "gae" if config.has_critic else "grpo"},
             lambda get, topo: {"algorithm": "ppo" if get("algorithm.adv_estimator", "grpo")
                                == "gae" else "grpo"}, ("algorithm.adv_estimator",)),),
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
@@ -212,7 +222,9 @@ EASYR1 = Adapter(
               "offload_optimizer": True, "dynamic_batching": True,  # its default too
               "use_kl": True, "offload_ref_params": True,
               "critic_gradient_checkpointing": True},  # its critic's ModelConfig default
-    share=_easyr1_share,
+    # fsdp_workers.py: global_batch_size *= rollout.n, then // (world_size // ulysses_size);
+    # the rollout batch (rollout_batch_size x n responses) is chunked equally over the world
+    share=even_share,
     short_run=_easyr1_short_run,
     settings=(
         Setting("worker.actor.ulysses_size", 1, "sequence parallelism (Ulysses) splits each "

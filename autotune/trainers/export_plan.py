@@ -15,11 +15,18 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
 
-from autotune.batching import BUDGET_KNOB, batched_phases, with_token_budgets
-from autotune.config import VLLM_ENGINES, Topology, format_bytes
-from autotune.trainers.adapter import Adapter, Setting
+from autotune.batching import BUDGET_KNOB, with_token_budgets
+from autotune.config import Knobs, ProbeConfig, Topology, format_bytes
+from autotune.trainers.adapter import (
+    Adapter,
+    Getter,
+    Setting,
+    TrainerKeys,
+    TrainerTree,
+    TrainerValue,
+    knob_config,
+)
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
 MISSING = object()
@@ -31,7 +38,7 @@ FLAGS = ("offload_params", "offload_optimizer", "gradient_checkpointing",  # sai
          "critic_gradient_checkpointing")
 
 
-def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+def dotted_get(tree: TrainerTree, key: str, default: TrainerValue = None) -> TrainerValue:
     """tree["a"]["b"] for "a.b"; `default` when a key is missing or holds null (a trainer
     reads a null as its built-in default)."""
     node = tree
@@ -42,12 +49,12 @@ def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
     return default if node is None and default is not None else node
 
 
-def same(have: Any, value: Any) -> bool:
+def same(have: TrainerValue, value: TrainerValue) -> bool:
     """Whether the user's value is the study's (true is not 1 here, 0.6 is 0.6)."""
     return have == value and isinstance(have, bool) == isinstance(value, bool)
 
 
-def shown(value: Any) -> str:
+def shown(value: TrainerValue) -> str:
     """A value as the user wrote it in YAML."""
     if value is None or value is MISSING:
         return "null" if value is None else "(not set)"
@@ -56,7 +63,7 @@ def shown(value: Any) -> str:
 
 @dataclass
 class ExportPlan:
-    values: dict[str, Any] = field(default_factory=dict)  # every key written, in order
+    values: TrainerKeys = field(default_factory=dict)  # every key written, in order
     problems: list[str] = field(default_factory=list)  # rules broken, conflicts: not written
     changes: list[str] = field(default_factory=list)  # the header's account of the edit
     notes: list[str] = field(default_factory=list)  # settings flipped, for the terminal
@@ -67,67 +74,117 @@ class ExportPlan:
     # measured run: the header says so
 
 
-def measured_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+def measured_knobs(knobs: Knobs) -> Knobs:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
-    reserves (a study probed with the hf engine never ran them); a study recorded before
-    dynamic batching was a knob ran fixed micro-batches, and one before PPO ran GRPO; a
-    reference whose offload was not set waited where the actor's params did; one before
-    fused_optimizer stepped torch's default AdamW."""
-    measured = {"dynamic_batching": False, "algorithm": "grpo", "fused_optimizer": False,
-                **knobs}
+    reserves (a study probed with the hf engine never ran them; one that names no engine
+    keeps them); a study recorded before dynamic batching was a knob ran fixed micro-batches,
+    and one before PPO ran GRPO; a reference whose offload was not set waited where the
+    actor's params did; one before fused_optimizer stepped torch's default AdamW."""
+    measured: Knobs = {"dynamic_batching": False, "algorithm": "grpo", "fused_optimizer": False,
+                       **knobs}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
-    if knobs.get("rollout_engine", "vllm") in VLLM_ENGINES:  # hf, policy: no reservation
+    if "rollout_engine" not in knobs or knob_config(measured).engine_reserves:
         return measured
-    return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}
+    return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}  # hf, policy
 
 
-def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
+def recorded(knobs: Knobs) -> set[str]:
+    """The knobs `knobs` give a value (a study's, as recorded): what an export writes."""
+    return {knob for knob, value in knobs.items() if value is not None}
+
+
+def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: TrainerTree | None,
                 searched: Collection[str] | None = None, force: bool = False,
-                extra: dict[str, Any] | None = None,
+                extra: TrainerKeys | None = None,
                 run: MeasuredRun | None = None) -> ExportPlan:
     """The plan of writing `knobs` for `topology` into `tree` (the user's config, or None).
-    `searched`: the knobs the study searched (None: every knob is the caller's to set, as for
-    a trial's config, and nothing the study held fixed is compared with the base). `run`: what
-    the study measured besides its knobs (topology, model, engine); another is a conflict."""
+    `knobs`: a study's as recorded (one recorded before a knob existed lacks it), or a whole
+    config's (a trial's); a knob not given is not written. `searched`: the knobs the study
+    searched (None: every knob is the caller's to set, as for a trial's config, and nothing
+    the study held fixed is compared with the base). `run`: what the study measured besides
+    its knobs (topology, model, engine); another is a conflict."""
     if searched is not None and knobs.get("offload_ref_params") is None \
             and "offload_params" in searched:  # the reference followed the searched offload
         searched = {*searched, "offload_ref_params"}
     knobs = with_token_budgets(measured_knobs(knobs))
+    config = knob_config(knobs)  # the whole config the rules read, as the probe ran it
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
-    plan.run = adapter.unheld(knobs, topology) if adapter.unheld else []
-    if knobs.get("kv_cache_memory_bytes") is not None:  # no trainer has a key for it
-        plan.run.append(
-            f"rollout: the study's engine had a KV pool of "
-            f"{format_bytes(knobs['kv_cache_memory_bytes'])} (kv_cache_memory_bytes); "
-            f"{adapter.name} has no key for it: its vLLM sizes the pool from "
-            f"gpu_memory_utilization={knobs.get('gpu_memory_utilization')} of the GPU, so the "
-            "rollout's memory and speed differ from what was measured")
+    plan.run = run_lines(adapter, knobs, config, topology)
     if run is not None:
-        for difference in differences(adapter, run, knobs, topology):
-            if force:
-                plan.unmeasured.append(difference.unmeasured)
-            else:
-                plan.problems.append(difference.conflict)
-        model_values, model_text = model_lines(adapter, run, tree is not None)
-        if knobs.get("algorithm") == "ppo" and adapter.critic_model_key \
-                and adapter.model_key in model_values:  # the critic: the actor's model
-            model_values[adapter.critic_model_key] = model_values[adapter.model_key]
-        plan.run = model_text + plan.run
-        extra = {**model_values, **(extra or {})}
+        extra = {**measured_run_values(plan, adapter, run, knobs, config, topology,
+                                       tree is not None, force), **(extra or {})}
 
-    def get(key: str, default: Any) -> Any:
+    def get(key: str, default: TrainerValue) -> TrainerValue:
         return resolved_get(base, key, default)
 
-    plan.problems += adapter.check(knobs, topology, get)
-    why: dict[str, str] = {}
-    for key, value in adapter.tuned_values(knobs, topology,
-                                           get if tree is not None else None).items():
+    plan.problems += adapter.check(config, topology, get, recorded(knobs))
+    why = tuned_keys(plan, adapter, knobs, topology, base, get if tree is not None else None,
+                     searched)
+    if searched is not None and tree is not None:
+        plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
+    if tree is not None:
+        problems, notes = algorithm_lines(adapter, config, topology, tree, searched is None,
+                                          force)
+        plan.problems += problems
+        plan.notes += notes
+    setting_values(plan, adapter, base, why, force)
+    if adapter.topology_keys:
+        nodes_key, gpus_key = adapter.topology_keys
+        plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
+        why.update({nodes_key: "topology", gpus_key: "topology"})
+    plan.values.update(extra or {})
+    change_lines(plan, adapter, config, tree, why)
+    return plan
+
+
+def run_lines(adapter: Adapter, knobs: Knobs, config: ProbeConfig,
+              topology: Topology) -> list[str]:
+    """The header's lines on what the trainer runs as measured but its config cannot say
+    (Adapter.unheld), and on a KV pool the study sized in bytes (no trainer has a key)."""
+    lines = adapter.unheld(config, topology, recorded(knobs)) if adapter.unheld else []
+    pool = config.kv_cache_memory_bytes if "kv_cache_memory_bytes" in knobs else None
+    if pool is not None:  # measured: an engine that reserves
+        lines.append(
+            f"rollout: the study's engine had a KV pool of {format_bytes(pool)} "
+            f"(kv_cache_memory_bytes); {adapter.name} has no key for it: its vLLM sizes the "
+            f"pool from gpu_memory_utilization={knobs.get('gpu_memory_utilization')} of the "
+            "GPU, so the rollout's memory and speed differ from what was measured")
+    return lines
+
+
+def measured_run_values(plan: ExportPlan, adapter: Adapter, run: MeasuredRun, knobs: Knobs,
+                        config: ProbeConfig, topology: Topology, on_base: bool,
+                        force: bool) -> TrainerKeys:
+    """Each way the export is not the measured run into `plan` (a problem, or with --force a
+    line under unmeasured), and the model's lines on top of plan.run; returns the model keys
+    to write (a critic's model is the actor's)."""
+    for difference in differences(adapter, run, knobs, topology):
+        if force:
+            plan.unmeasured.append(difference.unmeasured)
+        else:
+            plan.problems.append(difference.conflict)
+    model_values, model_text = model_lines(adapter, run, on_base)
+    if config.has_critic and adapter.critic_model_key \
+            and adapter.model_key in model_values:  # the critic: the actor's model
+        model_values[adapter.critic_model_key] = model_values[adapter.model_key]
+    plan.run = model_text + plan.run
+    return model_values
+
+
+def tuned_keys(plan: ExportPlan, adapter: Adapter, knobs: Knobs, topology: Topology,
+               base: TrainerTree, get: Getter | None,
+               searched: Collection[str] | None) -> dict[str, str]:
+    """The tuned keys into plan.values (not a companion that only clears a key the user's
+    file does not have), and why each is written: searched, or held fixed."""
+    for key, value in adapter.tuned_values(knobs, topology, get).items():
         if value is None and dotted_get(base, key, MISSING) is MISSING:
             continue  # a companion that only clears a key the user's file does not have
         plan.values[key] = value
-    table = adapter.keys_for(knobs)
+    why: dict[str, str] = {}
+    config = knob_config(knobs)
+    table = adapter.keys_for(config)
     for knob in knobs:
         for key in table.get(knob, ()):
             why[key] = "searched" if searched is None or knob in searched else "held fixed"
@@ -135,14 +192,15 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
         if all(knobs.get(knob) is not None for knob in part.knobs):
             tuned = searched is None or any(knob in searched for knob in part.knobs)
             why.update({key: "searched" if tuned else "held fixed"
-                        for key in part.write(knobs, topology)})
-    if searched is not None and tree is not None:
-        plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
-    if tree is not None:
-        problems, notes = algorithm_lines(adapter, knobs, topology, tree, searched is None,
-                                          force)
-        plan.problems += problems
-        plan.notes += notes
+                        for key in part.write(config, topology)})
+    return why
+
+
+def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: dict[str, str],
+                   force: bool) -> None:
+    """The trainer settings the measured shapes need into `plan`: written with a note where
+    the user's config (or the trainer's default) has another value, or refused where
+    flipping it would change the algorithm (not with --force)."""
     for setting in adapter.settings:
         have = dotted_get(base, setting.key, MISSING)
         if have is MISSING or have is None:
@@ -157,34 +215,38 @@ def plan_export(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tre
         why[setting.key] = setting.why
         plan.notes.append(f"{setting.key}: {shown(have)} -> {shown(setting.value)}, because "
                           f"{setting.why}")
-    if adapter.topology_keys:
-        nodes_key, gpus_key = adapter.topology_keys
-        plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
-        why.update({nodes_key: "topology", gpus_key: "topology"})
-    plan.values.update(extra or {})
-    if tree is not None:
-        for key in [key for key in plan.values if follows(tree, key, plan.values)]:
-            del plan.values[key]  # the user's file already makes it the written key's value
-        flags = {key for knob in FLAGS for key in table.get(knob, ())}
-        for key, value in plan.values.items():
-            have = dotted_get(tree, key, MISSING)
-            if same(have, value):
-                continue
-            plan.changes.append(f"  {key}: {shown(have)} -> {shown(value)}"
-                                f"{f' ({why[key]})' if key in why else ''}")
-            if key in flags:  # offload and checkpointing: said on the terminal too
-                plan.notes.append(f"{key}: {shown(have)} -> {shown(value)} ({why[key]})")
-    else:
+
+
+def change_lines(plan: ExportPlan, adapter: Adapter, config: ProbeConfig,
+                 tree: TrainerTree | None, why: dict[str, str]) -> None:
+    """The header's account of the edit into `plan`: each key changed from the user's config,
+    with both values and why (offload and checkpointing said on the terminal too; a key that
+    already follows a written one by interpolation is left as it is); without a base, the
+    keys written for another reason than the study's knobs and the topology."""
+    if tree is None:
         plan.changes = [f"  {key}: {shown(value)} ({why[key]})"
                         for key, value in plan.values.items() if key in why and why[key]
                         not in ("searched", "held fixed", "topology")]
-    return plan
+        return
+    for key in [key for key in plan.values if follows(tree, key, plan.values)]:
+        del plan.values[key]  # the user's file already makes it the written key's value
+    table = adapter.keys_for(config)
+    flags = {key for knob in FLAGS for key in table.get(knob, ())}
+    for key, value in plan.values.items():
+        have = dotted_get(tree, key, MISSING)
+        if same(have, value):
+            continue
+        plan.changes.append(f"  {key}: {shown(have)} -> {shown(value)}"
+                            f"{f' ({why[key]})' if key in why else ''}")
+        if key in flags:  # offload and checkpointing: said on the terminal too
+            plan.notes.append(f"{key}: {shown(have)} -> {shown(value)} ({why[key]})")
 
 
 INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^{}]*))?\}")
 
 
-def resolved_get(tree: Any, key: str, default: Any = None, depth: int = 8) -> Any:
+def resolved_get(tree: TrainerTree, key: str, default: TrainerValue = None,
+                 depth: int = 8) -> TrainerValue:
     """dotted_get, with a whole-value interpolation `${key}` or `${oc.select:key,default}`
     (how verl's ppo_trainer.yaml makes its log-prob keys follow the actor's) read through."""
     value = dotted_get(tree, key, default)
@@ -195,7 +257,7 @@ def resolved_get(tree: Any, key: str, default: Any = None, depth: int = 8) -> An
     return resolved_get(tree, match.group(1), fallback, depth - 1)
 
 
-def plain_scalar(text: str) -> Any:
+def plain_scalar(text: str) -> bool | int | str | None:
     """An interpolation's default as OmegaConf reads it: an int, a bool, null or a string."""
     text = text.strip()
     words = {"true": True, "false": False, "null": None, "": None}
@@ -204,7 +266,7 @@ def plain_scalar(text: str) -> Any:
     return int(text) if re.fullmatch(r"-?\d+", text) else text
 
 
-def follows(tree: Any, key: str, values: dict[str, Any]) -> bool:
+def follows(tree: TrainerTree, key: str, values: TrainerKeys) -> bool:
     """Whether `key` holds an interpolation of another key written with the same value
     (verl's log-prob keys are ${oc.select:actor_rollout_ref.actor....} by default)."""
     have = dotted_get(tree, key, MISSING)
@@ -215,17 +277,18 @@ def follows(tree: Any, key: str, values: dict[str, Any]) -> bool:
     return source != key and source in values and same(values[source], values[key])
 
 
-def batching_line(adapter: Adapter, knobs: dict[str, Any], tree: Any) -> str:
+def batching_line(adapter: Adapter, knobs: Knobs, tree: TrainerTree | None) -> str:
     """How the exported run cuts micro-batches, as measured: token budgets where the study
-    probed them, else fixed micro-batches and why (the trainer has none, or dynamic batching
-    is off in the user's config, the trainer's default, or the study's --set)."""
+    probed them (`knobs`: with every budget written out), else fixed micro-batches and why
+    (the trainer has none, or dynamic batching is off in the user's config, the trainer's
+    default, or the study's --set)."""
     keys = adapter.keys.get("dynamic_batching")
     if not keys:
         return (f"batching: fixed micro-batches, as probed: {adapter.name} has no token "
                 "budgets (no dynamic batching)")
     if knobs.get("dynamic_batching"):
         budgets = ", ".join(f"{knobs[BUDGET_KNOB[phase]]:,} tokens per GPU per {phase} "
-                            "micro-batch" for phase in batched_phases(knobs))
+                            "micro-batch" for phase in knob_config(knobs).batched_phases)
         return (f"batching: token budgets (dynamic batching on, as probed): {budgets}, "
                 "probed with every response at its full length, so no micro-batch holds "
                 "more tokens than measured")
@@ -237,12 +300,13 @@ def batching_line(adapter: Adapter, knobs: dict[str, Any], tree: Any) -> str:
     return f"batching: fixed micro-batches, as probed: {why}"
 
 
-def refusal(setting: Setting, have: Any, force: str = ", or pass --force to export it") -> str:
+def refusal(setting: Setting, have: TrainerValue,
+            force: str = ", or pass --force to export it") -> str:
     return (f"{setting.key} is {shown(have)} in your base config: {setting.why}; set "
             f"{setting.key}: {shown(setting.value)} there{force}")
 
 
-def refused_settings(adapter: Adapter, tree: Any) -> list[str]:
+def refused_settings(adapter: Adapter, tree: TrainerTree) -> list[str]:
     """The settings in the user's config that the probe cannot stand for (a critic): a sweep
     on such a base config would measure another algorithm than the user runs."""
     lines = []
@@ -253,16 +317,16 @@ def refused_settings(adapter: Adapter, tree: Any) -> list[str]:
     return lines
 
 
-def algorithm_lines(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
-                    compare: bool, force: bool) -> tuple[list[str], list[str]]:
+def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
+                    tree: TrainerTree, compare: bool, force: bool) -> tuple[list[str], list[str]]:
     """The user's config trains another algorithm than the study measured (a critic, or
     none): refused where the config says so (`compare`: not already a held-fixed conflict;
     --force writes the study's), said on the terminal where only the trainer's default
     does (verl's is gae: a critic)."""
-    want = knobs.get("algorithm")
+    want = config.algorithm
     problems, notes = [], []
     for part in adapter.derived:
-        if "algorithm" not in part.knobs or want is None:
+        if "algorithm" not in part.knobs:
             continue
         have = part.read(lambda key, default: resolved_get(tree, key, default),
                          topology)["algorithm"]
@@ -275,7 +339,7 @@ def algorithm_lines(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
             notes.append(f"{where}: not set in your base config, where {adapter.name}'s "
                          f"default trains {have}; set to the study's algorithm, {want}")
         elif compare and not force:
-            held = "a critic beside the actor" if want == "ppo" else "no critic"
+            held = "a critic beside the actor" if config.has_critic else "no critic"
             problems.append(f"{' and '.join(stated)} in your base config train {have} but the "
                             f"study measured {want} ({held}): set them for {want} there, "
                             f"re-run the sweep with --algorithm {have}, or pass --force to "
@@ -283,18 +347,20 @@ def algorithm_lines(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
     return problems, notes
 
 
-def fixed_conflicts(adapter: Adapter, knobs: dict[str, Any], topology: Topology, tree: Any,
+def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: TrainerTree,
                     searched: Collection[str], force: bool) -> list[str]:
     """One line per key the study held fixed at another value than the user's config has
-    (none with --force: the study's values are then taken and listed in the header)."""
+    (none with --force: the study's values are then taken and listed in the header); a knob
+    the study did not record is not compared."""
     if force:
         return []
 
-    def get(key: str, default: Any) -> Any:
+    def get(key: str, default: TrainerValue) -> TrainerValue:
         return resolved_get(tree, key, default)
 
-    stated: dict[str, tuple[str, Any]] = {}  # knob -> (where the user's value is, the value)
-    for knob, keys in adapter.keys_for(knobs).items():
+    stated: dict[str, tuple[str, TrainerValue]] = {}  # knob -> (where the user's value is,
+    # the value)
+    for knob, keys in adapter.keys_for(knob_config(knobs)).items():
         have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
         if have is not MISSING and have is not None:
             stated[knob] = (keys[0], have)

@@ -11,10 +11,9 @@ caller (sweep/best_export.py reads the registry and local checkpoints).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.config import Topology
-from autotune.trainers.adapter import Adapter
+from autotune.config import Knobs, Topology
+from autotune.trainers.adapter import Adapter, TrainerKeys, TrainerValue
 
 RERUN = "re-run the sweep for that run"
 FORCE = "or pass --force to export it anyway (the file's header then says it is unmeasured)"
@@ -28,7 +27,7 @@ class MeasuredRun:
     model: str  # as the study names it: a registry name, or a local checkpoint's folder
     model_id: str | None  # what a file without a base config names as its model (a Hugging
     # Face id or the local checkpoint's path); None: a model built here (random weights)
-    base_model: Any = None  # the model the user's base config names (None: it names none)
+    base_model: TrainerValue = None  # the model the user's base config names (None: it names none)
     same_model: bool | None = None  # whether that model has the study's shapes (None: autotune
     # cannot tell: not in the registry and not a local checkpoint)
     command: bool = False  # probed by the user's own trainer: its config named the model
@@ -42,9 +41,10 @@ class Difference:
     unmeasured: str  # the header's line when --force exports it anyway
 
 
-def differences(adapter: Adapter, run: MeasuredRun, knobs: dict[str, Any],
+def differences(adapter: Adapter, run: MeasuredRun, knobs: Knobs,
                 topology: Topology) -> list[Difference]:
-    """Every way exporting `knobs` for `topology` would not be the run the study measured."""
+    """Every way exporting `knobs` (a study's, as recorded: one recorded before the engine was
+    a knob names none) for `topology` would not be the run the study measured."""
     found = []
     if topology != run.topology:
         probed, asked = run.topology, topology
@@ -76,7 +76,7 @@ def differences(adapter: Adapter, run: MeasuredRun, knobs: dict[str, Any],
     return found
 
 
-def model_lines(adapter: Adapter, run: MeasuredRun, on_base: bool) -> tuple[dict[str, Any],
+def model_lines(adapter: Adapter, run: MeasuredRun, on_base: bool) -> tuple[TrainerKeys,
                                                                           list[str]]:
     """The model key a file without a base config writes, and the header's line on the
     model (what it names, or what to set when the study's model has no checkpoint)."""

@@ -3,7 +3,7 @@
 With `--base-config`, the user's own trainer YAML is loaded round-trip (ruamel.yaml): only the
 tuned keys and their companions change; comments, key order and every other key stay. Without
 it, the trainer's tree holds just the tuned keys, companions and topology. The trainer's own
-rules (trainers.py) are checked for the topology first; a config it would reject is never
+rules (its adapter's) are checked for the topology first; a config it would reject is never
 written. Provenance goes on top as comments. Nothing already there is overwritten.
 """
 
@@ -14,17 +14,22 @@ import re
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from autotune.config import Topology, describe_engine, format_bytes
+from autotune.config import Knobs, Topology, describe_engine, format_bytes
 from autotune.errors import ConfigError
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, TrainerKeys, TrainerTree, TrainerValue
 from autotune.trainers.export_plan import ExportPlan, dotted_get, plan_export, resolved_get
 
-TrainerYaml = tuple[Any, str]  # a user's trainer YAML: its round-trip tree, and its text
+if TYPE_CHECKING:
+    from ruamel.yaml import YAML
+
+TrainerYaml = tuple[TrainerTree, str]  # a user's trainer YAML: its round-trip tree, its text
+# best.yaml's document (sweep/artifacts.py best_document): what the header says it measured
+BestDocument: TypeAlias = dict[str, Any]
 
 
-def _yaml() -> Any:
+def _yaml() -> YAML:
     from ruamel.yaml import YAML
 
     yaml = YAML()  # round-trip: comments, order and scalar styles are kept
@@ -35,7 +40,7 @@ def _yaml() -> Any:
     return yaml
 
 
-def dotted_set(tree: Any, key: str, value: Any) -> None:
+def dotted_set(tree: TrainerTree, key: str, value: TrainerValue) -> None:
     from ruamel.yaml.comments import CommentedMap
 
     *parents, leaf = key.split(".")
@@ -64,7 +69,7 @@ def load_trainer_yaml(path: str) -> TrainerYaml:
     return tree, text
 
 
-def scalar_text(value: Any) -> str:
+def scalar_text(value: TrainerValue) -> str:
     if value is None:
         return "null"
     if isinstance(value, str) and misread(value):
@@ -83,7 +88,7 @@ def misread(text: str) -> bool:
         return True
 
 
-def yaml_value(value: Any) -> Any:
+def yaml_value(value: TrainerValue) -> TrainerValue:
     """`value` as the tree holds it: a string a YAML 1.1 reader would misread, quoted."""
     from ruamel.yaml.scalarstring import SingleQuotedScalarString
 
@@ -91,7 +96,7 @@ def yaml_value(value: Any) -> Any:
         else value
 
 
-def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
+def edit_in_place(text: str, tree: TrainerTree, values: TrainerKeys) -> str | None:
     """`text` with each key's scalar replaced on its own line, every other byte kept; None
     when a key is missing or not a one-token scalar (then the tree is re-serialised)."""
     lines = text.splitlines(keepends=True)
@@ -114,7 +119,7 @@ def edit_in_place(text: str, tree: Any, values: dict[str, Any]) -> str | None:
     return "".join(lines)
 
 
-def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
+def topology_for(adapter: Adapter, tree: TrainerTree | None, nnodes: int | None,
                  gpus_per_node: int | None, fallback: Topology | None = None) -> Topology:
     """Flags first, then the base config's trainer.nnodes / n_gpus_per_node, then `fallback`
     (the study's own topology), then 1 x 1."""
@@ -131,13 +136,13 @@ def topology_for(adapter: Adapter, tree: Any, nnodes: int | None,
     return Topology(*values)
 
 
-def render(adapter: Adapter, knobs: dict[str, Any], topology: Topology,
+def render(adapter: Adapter, knobs: Knobs, topology: Topology,
            base: TrainerYaml | None, provenance: list[str],
-           extra: dict[str, Any] | None = None, searched: Collection[str] | None = None,
+           extra: TrainerKeys | None = None, searched: Collection[str] | None = None,
            force: bool = False) -> str:
     """The exported file's text; ConfigError naming every broken rule and every conflict
-    with the base config instead (plan.py). `extra`: more trainer keys to write as they are
-    (a command probe's short-run settings and the space's trainer keys)."""
+    with the base config instead (export_plan.py). `extra`: more trainer keys to write as they
+    are (a command probe's short-run settings and the space's trainer keys)."""
     plan = plan_export(adapter, knobs, topology, base[0] if base is not None else None,
                        searched, force, extra)
     if plan.problems:
@@ -178,7 +183,8 @@ def render_plan(plan: ExportPlan, adapter: Adapter, base: TrainerYaml | None,
     return header + buffer.getvalue()
 
 
-def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topology) -> list[str]:
+def provenance_lines(document: BestDocument, adapter: Adapter, topology: Topology
+                     ) -> list[str]:
     measured, prov = document["measured"], document["provenance"]
     versions = prov.get("versions") or {}
     phases = ", ".join(f"{p} {format_bytes(v)}" for p, v in
@@ -207,7 +213,7 @@ def provenance_lines(document: dict[str, Any], adapter: Adapter, topology: Topol
             f"{topology.gpus_per_node} GPU(s)", ""]
 
 
-def length_lines(document: dict[str, Any]) -> list[str]:
+def length_lines(document: BestDocument) -> list[str]:
     """How long responses may grow before this config runs out of memory (best.yaml's)."""
     headroom = document.get("length_headroom")
     if not headroom:
@@ -217,7 +223,7 @@ def length_lines(document: dict[str, Any]) -> list[str]:
             f"{headroom['by']})"]
 
 
-def ranks_lines(document: dict[str, Any]) -> list[str]:
+def ranks_lines(document: BestDocument) -> list[str]:
     """How the ranks were probed: emulated (time without communication), and the real-rank
     confirmation when there was one."""
     topology = document["provenance"]["topology"]
@@ -234,7 +240,7 @@ def ranks_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def override_line(adapter: Adapter, values: dict[str, Any]) -> str:
+def override_line(adapter: Adapter, values: TrainerKeys) -> str:
     """A plan's keys as `key=value` overrides for a launch script (`--key value` for TRL)."""
     if adapter.topology_keys is None:  # HfArgumentParser flags
         return " ".join(f"--{key} {scalar_text(value)}" for key, value in values.items()
@@ -242,7 +248,7 @@ def override_line(adapter: Adapter, values: dict[str, Any]) -> str:
     return " ".join(f"{key}={scalar_text(value)}" for key, value in values.items())
 
 
-def launch_lines(adapter: Adapter, path: Path, values: dict[str, Any], topology: Topology,
+def launch_lines(adapter: Adapter, path: Path, values: TrainerKeys, topology: Topology,
                  on_base: bool) -> list[str]:
     """How to launch the trainer with an exported file: its launch line, and the same keys as
     overrides where the launch line does not take them."""
@@ -256,7 +262,7 @@ def launch_lines(adapter: Adapter, path: Path, values: dict[str, Any], topology:
     return lines
 
 
-def override_words(adapter: Adapter, values: dict[str, Any]) -> list[str]:
+def override_words(adapter: Adapter, values: TrainerKeys) -> list[str]:
     """A plan's keys as command-line words: `key=value` for the Hydra and OmegaConf
     trainers, `--key value` for TRL's HfArgumentParser."""
     if adapter.topology_keys is None:  # argv words: nothing to quote
@@ -266,7 +272,7 @@ def override_words(adapter: Adapter, values: dict[str, Any]) -> list[str]:
     return [f"{key}={override_text(value)}" for key, value in values.items()]
 
 
-def override_text(value: Any) -> str:
+def override_text(value: TrainerValue) -> str:
     """A value as a Hydra/OmegaConf override writes it (lists as [a,b])."""
     if isinstance(value, list | tuple):
         return "[" + ",".join(override_text(item) for item in value) + "]"
@@ -274,8 +280,7 @@ def override_text(value: Any) -> str:
 
 
 def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
-                  gpus_per_node: int | None) -> tuple[TrainerYaml | None, Topology,
-                                                      dict[str, Any]]:
+                  gpus_per_node: int | None) -> tuple[TrainerYaml | None, Topology, Knobs]:
     """What `run --trainer` starts from: the user's trainer YAML (or none), the topology,
     and the canonical knobs of the starting config (the YAML's, else the trainer's defaults)."""
     from autotune.config import parse_knob_value
@@ -286,7 +291,8 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
         return None, topology, dict(adapter.defaults or {})
     read = adapter.read_knobs(lambda key, default: resolved_get(base[0], key, default),
                               topology)
-    problems, knobs = [], {}
+    problems: list[str] = []
+    knobs: Knobs = {}
     for knob, value in read.items():
         try:
             knobs[knob] = parse_knob_value(knob, value)

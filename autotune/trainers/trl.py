@@ -8,30 +8,30 @@ a token budget (no dynamic batching), so no setting is forced here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Collection
 
-from autotune.config import VLLM_ENGINES, Topology, old_pass_runs
-from autotune.trainers.adapter import Adapter, Derived, Getter, Setting
+from autotune.config import VLLM_ENGINES, Knobs, ProbeConfig, Topology
+from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys
 
 
-def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+def _trl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     """trl/trainer/grpo_config.py GRPOConfig.__post_init__, with generation_batch_size set."""
-    world, n, mbu = topo.world_size, k["rollout_n"], k["micro_batch_size_update"]
-    per_step, per_generation = mbu * world, k["rollout_batch_size"] * n
+    world, n, mbu = topo.world_size, config.rollout_n, config.micro_batch_size_update
+    per_step, per_generation = mbu * world, config.rollout_batch_size * n
+    gbs = config.global_batch_size
     problems = []
-    if k.get("entropy_coeff"):
-        problems.append(f"entropy_coeff={k['entropy_coeff']}: autotune does not write TRL's "
+    if config.entropy_coeff:
+        problems.append(f"entropy_coeff={config.entropy_coeff}: autotune does not write TRL's "
                         "entropy_coef (its bonus, normalised per loss type) yet: probe with "
                         "entropy_coeff=0")
-    if k.get("fused_logprob") and k.get("fused_logprob_kernel") != "trl":
-        problems.append(f"fused_logprob_kernel={k.get('fused_logprob_kernel')}: verl's kernel, "
+    if config.fused_logprob and config.fused_logprob_kernel != "trl":
+        problems.append(f"fused_logprob_kernel={config.fused_logprob_kernel}: verl's kernel, "
                         "which TRL does not have (TRL 1.x scores through its own fused LM "
                         "head): probe with fused_logprob_kernel=trl")
     if n < 2:
         problems.append(f"GRPO requires at least 2 generations per prompt (num_generations={n})")
-    if (k["global_batch_size"] * n) % per_step:
-        problems.append(f"global_batch_size*rollout_n={k['global_batch_size'] * n} completions "
+    if (gbs * n) % per_step:
+        problems.append(f"global_batch_size*rollout_n={gbs * n} completions "
                         f"per optimizer step must be divisible by per_device_train_batch_size="
                         f"{mbu} x {world} processes (gradient_accumulation_steps is their ratio)")
     if per_generation % per_step:
@@ -48,41 +48,49 @@ def _trl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]
                             f"divisible by the number of generations used for evaluation "
                             f"({generations}): set per_device_eval_batch_size or "
                             "num_generations_eval in your base config")
-    if k.get("dynamic_batching"):
+    if config.dynamic_batching:
         problems.append("dynamic_batching=true: TRL's GRPOConfig has no token budgets (its "
                         "micro-batch is per_device_train_batch_size completions); sweep with "
                         "dynamic_batching=false for TRL")
-    for knob in ("offload_params", "offload_optimizer", "offload_ref_params"):
-        if k.get(knob) and not (knob == "offload_ref_params" and k.get("offload_params")):
+    for knob, on in (("offload_params", config.offload_params),
+                     ("offload_optimizer", config.offload_optimizer),
+                     ("offload_ref_params", config.offload_ref_params)):
+        if on and not (knob == "offload_ref_params" and config.offload_params):
             problems.append(f"{knob}=true has no GRPOConfig key (offload is your accelerate "
                             f"DeepSpeed/FSDP config's): re-run the sweep with --set {knob}="
                             "false to hold it off for TRL")
-    if (k.get("rollout_tensor_parallel") or 1) > 1 and k.get("rollout_engine") not in VLLM_ENGINES:
-        problems.append(f"rollout_tensor_parallel={k['rollout_tensor_parallel']}: TRL generates "
+    if config.rollout_tensor_parallel > 1 and not config.engine_reserves:
+        problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel}: TRL generates "
                         "with the trained model on each process here (no engine to split); "
                         "sweep with rollout_tensor_parallel=1 for TRL")
     return problems
 
 
-def _trl_batches(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _trl_batches(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     """The whole-run batches as GRPOConfig's per-process keys; the generation batch set
     directly, so steps_per_generation (exclusive with it) is cleared."""
-    per_step = k["micro_batch_size_update"] * topo.world_size
-    return {"gradient_accumulation_steps": k["global_batch_size"] * k["rollout_n"] // per_step,
-            "generation_batch_size": k["rollout_batch_size"] * k["rollout_n"],
+    return {"gradient_accumulation_steps": _trl_accumulation(config, topo),
+            "generation_batch_size": config.rollout_batch_size * config.rollout_n,
             "steps_per_generation": None}
 
 
-def _trl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
+def _trl_accumulation(config: ProbeConfig, topo: Topology) -> int:
+    """gradient_accumulation_steps: one optimizer step's completions over the processes'
+    per_device_train_batch_size."""
+    per_step = config.micro_batch_size_update * topo.world_size
+    return config.global_batch_size * config.rollout_n // per_step
+
+
+def _trl_share(config: ProbeConfig, topo: Topology) -> dict[str, int]:
     """GRPOTrainer: each process generates generation_batch_size / processes completions and
     steps the optimizer every per_device_train_batch_size x gradient_accumulation_steps."""
-    derived = _trl_batches(k, topo)
-    return {"responses_per_step": derived["generation_batch_size"] // topo.world_size,
-            "responses_per_minibatch": k["micro_batch_size_update"]
-            * derived["gradient_accumulation_steps"]}
+    return {"responses_per_step": config.rollout_batch_size * config.rollout_n
+            // topo.world_size,
+            "responses_per_minibatch": config.micro_batch_size_update
+            * _trl_accumulation(config, topo)}
 
 
-def _trl_read_batches(get: Getter, topo: Topology) -> dict[str, Any]:
+def _trl_read_batches(get: Getter, topo: Topology) -> Knobs:
     """GRPOConfig.__post_init__: the generation batch is generation_batch_size, else
     per_device_train_batch_size x processes x steps_per_generation (which defaults to
     gradient_accumulation_steps)."""
@@ -94,41 +102,41 @@ def _trl_read_batches(get: Getter, topo: Topology) -> dict[str, Any]:
             "rollout_batch_size": generation // n}
 
 
-def _trl_engine(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _trl_engine(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     """vllm (and vllm-like) stand for TRL's colocated vLLM (vllm_mode colocate: the engine on the
     training GPUs, split over vllm_tensor_parallel_size); hf for generation by the trained
     model (TRL's default: policy; hf stands for it with a copy of the weights)."""
-    if k["rollout_engine"] not in VLLM_ENGINES:  # policy (hf: an engine copy TRL lacks)
+    if not config.engine_reserves:  # policy (hf: an engine copy TRL lacks)
         return {"use_vllm": False}
     return {"use_vllm": True, "vllm_mode": "colocate",
-            "vllm_tensor_parallel_size": k["rollout_tensor_parallel"]}
+            "vllm_tensor_parallel_size": config.rollout_tensor_parallel}
 
 
-def _trl_old_pass(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _trl_old_pass(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     """num_iterations 2 where the pass is asked for and one optimizer step takes the whole
     generation (TRL would skip it at 1), else TRL's default 1 (config.py refuses the pass
     off where the generation feeds several steps)."""
-    one_step = k["rollout_batch_size"] == k["global_batch_size"]
-    return {"num_iterations": 2 if k["old_logprob_pass"] and one_step else 1}
+    one_step = config.rollout_batch_size == config.global_batch_size
+    return {"num_iterations": 2 if config.old_logprob_pass and one_step else 1}
 
 
-def _trl_read_old_pass(get: Getter, topo: Topology) -> dict[str, Any]:
+def _trl_read_old_pass(get: Getter, topo: Topology) -> Knobs:
     return {"old_logprob_pass": True if get("num_iterations", 1) > 1 else None}
 
 
-def _trl_optim(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
-    return {"optim": "adamw_torch_fused" if k["fused_optimizer"] else "adamw_torch"}
+def _trl_optim(config: ProbeConfig, topo: Topology) -> TrainerKeys:
+    return {"optim": "adamw_torch_fused" if config.fused_optimizer else "adamw_torch"}
 
 
 PROBED_OPTIMS = ("adamw_torch", "adamw_torch_fused")  # the AdamW steps a probe runs
 
 
-def _trl_read_optim(get: Getter, topo: Topology) -> dict[str, Any]:
+def _trl_read_optim(get: Getter, topo: Topology) -> Knobs:
     """Another optimizer (8-bit, paged, Adafactor) is refused by the `optim` setting below."""
     return {"fused_optimizer": get("optim", "adamw_torch_fused") == "adamw_torch_fused"}
 
 
-def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
+def _trl_read_engine(get: Getter, topo: Topology) -> Knobs:
     if not get("use_vllm", False):
         return {"rollout_engine": "policy", "rollout_tensor_parallel": 1}
     mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own, not probed
@@ -136,62 +144,71 @@ def _trl_read_engine(get: Getter, topo: Topology) -> dict[str, Any]:
             "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1)}
 
 
-def _trl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
-    """What GRPOConfig has no key for. Its colocated vLLM (trl/generation/vllm_generation.py)
-    always prefills 4,096 tokens, sleeps at level 2, and runs per_device_train_batch_size x
-    vllm_tensor_parallel_size x steps_per_generation sequences at once."""
+def _trl_unheld(config: ProbeConfig, topo: Topology, recorded: Collection[str]
+                ) -> list[str]:
+    """What GRPOConfig has no key for: the prompt length, how it scores log-probs and
+    generates, the allocator, the FSDP version, and its colocated vLLM's own settings (each
+    only where the study recorded the knobs it reads)."""
     lines = [f"prompts: GRPOConfig (TRL 1.x) has no prompt length; the study probed prompts "
-             f"of {k['max_prompt_length']} tokens: keep your data set's prompts within that"]
-    if not k.get("fused_logprob"):
+             f"of {config.max_prompt_length} tokens: keep your data set's prompts within that"]
+    if not config.fused_logprob:
         lines.append("log-probs: the probe took them from the whole logits; TRL 1.x scores "
                      "through its fused LM head (vocabulary chunks of 32,768, every position's "
                      "entropy beside): probe with fused_logprob=true, fused_logprob_kernel=trl "
                      "(the --trainer trl default) to measure what it holds")
-    mbu, mbe = k["micro_batch_size_update"], k.get("micro_batch_size_experience")
-    scored = k.get("use_kl") or old_pass_runs(k.get("old_logprob_pass", True),
-                                              k["rollout_batch_size"], k["global_batch_size"])
-    if scored and mbe is not None and mbe != mbu:
+    mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
+    kl = "use_kl" in recorded and config.use_kl
+    if (kl or config.runs_old_logprob_pass) and "micro_batch_size_experience" in recorded \
+            and mbe != mbu:
         lines.append(f"log-prob micro-batch: the study took its old and reference log-probs "
                      f"{mbe} sequences at a time; GRPOTrainer takes them "
                      f"per_device_train_batch_size ({mbu}) at a time, so its experience phase "
                      f"holds {'more' if mbu > mbe else 'less'} than measured (a --trainer trl "
                      "sweep probes them equal)")
-    if k.get("rollout_engine") == "hf":
+    if "rollout_engine" in recorded and not config.engine_reserves \
+            and not config.actor_generates:  # hf: an engine copy
         lines.append("generation: the probe generated with an engine copy of the weights "
                      "(rollout_engine=hf); TRL generates with the trained model itself, so its "
                      "rollout holds that copy less than measured")
-    if k.get("expandable_segments"):
+    if config.expandable_segments:
         lines.append("allocator: the study trained with the CUDA allocator's expandable "
                      "segments; GRPOConfig has no key: launch with PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True, or the training phases may hold more than "
                      "measured")
-    if topo.world_size > 1 and k.get("fsdp_strategy"):
-        version = {"fsdp": 1, "fsdp2": 2}[k["fsdp_strategy"]]
+    if topo.world_size > 1 and "fsdp_strategy" in recorded:
+        version = {"fsdp": 1, "fsdp2": 2}[config.fsdp_strategy]
         lines.append(f"sharding: the study's ranks ran FSDP{version} "
-                     f"(fsdp_strategy={k['fsdp_strategy']}); this file does not set "
+                     f"(fsdp_strategy={config.fsdp_strategy}); this file does not set "
                      f"TrainingArguments' fsdp: shard with FSDP version {version} (accelerate's "
                      f"fsdp_version: {version}, or fsdp_config: {{version: {version}}}) to run "
                      "as probed")
-    if k.get("use_kl"):
+    if kl:
         lines.insert(0, "reference model: held by the probe; GRPOTrainer builds one when beta "
                         "!= 0 (0.04, its default before TRL 0.19, is written where your config "
                         "has none)")
-    if k.get("rollout_engine") not in VLLM_ENGINES:
-        return lines
-    tp = k.get("rollout_tensor_parallel") or 1
-    steps = k["rollout_batch_size"] * k["rollout_n"] // (k["micro_batch_size_update"]
-                                                          * topo.world_size)
-    trl = {"max_num_batched_tokens": 4096,
-           "max_num_seqs": k["micro_batch_size_update"] * tp * steps,
-           **({"sleep_level": 2} if k.get("enable_sleep") else {})}
-    for knob, value in trl.items():
-        if k.get(knob) is not None and k[knob] != value:
-            lines.append(f"rollout: TRL's colocated vLLM runs {knob}={value} (no GRPOConfig "
-                         f"key); the study's engine ran {k[knob]}")
-    return lines
+    return lines + _trl_engine_lines(config, topo, recorded)
 
 
-def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+def _trl_engine_lines(config: ProbeConfig, topo: Topology, recorded: Collection[str]
+                      ) -> list[str]:
+    """Where the study's engine ran otherwise than TRL's colocated vLLM
+    (trl/generation/vllm_generation.py), which always prefills 4,096 tokens, sleeps at level
+    2, and runs per_device_train_batch_size x vllm_tensor_parallel_size x
+    steps_per_generation sequences at once."""
+    if not config.engine_reserves:
+        return []
+    mbu = config.micro_batch_size_update
+    steps = config.rollout_batch_size * config.rollout_n // (mbu * topo.world_size)
+    trl = [("max_num_batched_tokens", 4096, config.max_num_batched_tokens),
+           ("max_num_seqs", mbu * config.rollout_tensor_parallel * steps, config.max_num_seqs),
+           *([("sleep_level", 2, config.sleep_level)]
+             if "enable_sleep" in recorded and config.enable_sleep else [])]
+    return [f"rollout: TRL's colocated vLLM runs {knob}={value} (no GRPOConfig key); the "
+            f"study's engine ran {ran}" for knob, value, ran in trl
+            if knob in recorded and ran != value]
+
+
+def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
     """transformers' TrainingArguments: stop after `steps` optimizer steps, save nothing,
     log every step as a dict on the console (PrinterCallback, with the progress bar off)."""
     evaluation = {"eval_strategy": "steps", "eval_steps": steps} if validate else \
@@ -220,7 +237,7 @@ TRL = Adapter(
                  "gradient_accumulation_steps")),
         # GRPOTrainer builds a reference model when beta != 0 (0.0 by default since TRL
         # 0.19); 0.04 was its default before
-        Derived(("use_kl",), lambda k, topo: {"beta": 0.04 if k["use_kl"] else 0.0},
+        Derived(("use_kl",), lambda config, topo: {"beta": 0.04 if config.use_kl else 0.0},
                 lambda get, topo: {"use_kl": get("beta", 0.0) != 0}, ("beta",)),
         Derived(("rollout_engine", "rollout_tensor_parallel"), _trl_engine, _trl_read_engine,
                 ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size")),
@@ -238,7 +255,8 @@ TRL = Adapter(
     share=_trl_share,
     short_run=_trl_short_run,
     # one generation feeds rollout_batch_size / global_batch_size optimizer steps, each logged
-    steps_per_rollout=lambda k: max(1, k["rollout_batch_size"] // k["global_batch_size"]),
+    steps_per_rollout=lambda config: max(1, config.rollout_batch_size
+                                         // config.global_batch_size),
     engines=("policy", "hf", *VLLM_ENGINES),
     settings=(Setting("optim", "adamw_torch", "the probe steps torch's AdamW with fp32 states "
                       "(fused_optimizer picks its kernel); another optimizer holds other "
@@ -246,5 +264,5 @@ TRL = Adapter(
                       default_ok=True, refuse=True),),
     unheld=_trl_unheld,
     # GRPOTrainer scores old and reference log-probs per_device_train_batch_size at a time
-    ties=lambda k: {"micro_batch_size_experience": k["micro_batch_size_update"]},
+    ties=lambda config: {"micro_batch_size_experience": config.micro_batch_size_update},
 )

@@ -6,23 +6,22 @@ ppo_micro_batch_size_per_gpu and the log-prob micro-batches count responses per 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Collection
 
-from autotune.config import VLLM_ENGINES, Topology, old_pass_problem, torch_adamw_problem
-from autotune.trainers.adapter import Adapter, Derived, Setting
+from autotune.config import Knobs, ProbeConfig, Topology, old_pass_problem, torch_adamw_problem
+from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys, even_share
 
 
-def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any]) -> list[str]:
+def _verl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     """verl/utils/config.py, workers/config/actor.py and workers/fsdp_workers.py of verl."""
-    world, n = topo.world_size, k["rollout_n"]
-    rbs, gbs, mbu = k["rollout_batch_size"], k["global_batch_size"], k["micro_batch_size_update"]
+    world, n = topo.world_size, config.rollout_n
+    rbs, gbs = config.rollout_batch_size, config.global_batch_size
+    mbu = config.micro_batch_size_update
     sp = get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
-    infer = ((k.get("rollout_tensor_parallel")
-              or get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2))
+    infer = (get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2)  # as written
              * get("actor_rollout_ref.rollout.data_parallel_size", 1)
              * get("actor_rollout_ref.rollout.pipeline_model_parallel_size", 1))
-    dynamic = bool(k.get("dynamic_batching"))  # verl skips the batch-count checks then
+    dynamic = config.dynamic_batching  # verl skips the batch-count checks then
     problems = []
     if not dynamic and (rbs * n) % world:
         problems.append(f"real_train_batch_size data.train_batch_size*rollout.n={rbs * n} must "
@@ -37,32 +36,34 @@ def _verl_rules(k: dict[str, Any], topo: Topology, get: Callable[[str, Any], Any
     elif not dynamic and normalized % mbu:
         problems.append(f"normalized ppo_mini_batch_size {normalized} should be divisible by "
                         f"ppo_micro_batch_size_per_gpu {mbu}")
-    for knob, key in (("max_token_len_update", "actor.ppo_max_token_len_per_gpu"),
-                      ("max_token_len_experience", "rollout.log_prob_max_token_len_per_gpu")):
-        length = k["max_prompt_length"] + k["max_response_length"]
-        if dynamic and k.get(knob) is not None and k[knob] * sp < length:
-            problems.append(f"{key}={k[knob]} x ulysses_sequence_parallel_size={sp} must be "
+    length = config.sequence_length
+    for budget, key in ((config.max_token_len_update, "actor.ppo_max_token_len_per_gpu"),
+                        (config.max_token_len_experience,
+                         "rollout.log_prob_max_token_len_per_gpu")):
+        if dynamic and budget is not None and budget * sp < length:
+            problems.append(f"{key}={budget} x ulysses_sequence_parallel_size={sp} must be "
                             f"at least max_prompt_length+max_response_length={length} "
                             "(seqlen_balancing: max_token_len must hold the sequence length)")
     if world % infer:
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
-    problems += old_pass_problem(k, "verl")
-    problems += torch_adamw_problem(k, "verl")
-    if k.get("algorithm") == "ppo":
-        problems += _verl_critic_rules(k, normalized, dynamic, sp)
+    problems += old_pass_problem(config, "verl")
+    problems += torch_adamw_problem(config, "verl")
+    if config.has_critic:
+        problems += _verl_critic_rules(config, normalized, dynamic, sp)
     return problems
 
 
-def _verl_critic_rules(k: dict[str, Any], normalized: int, dynamic: bool, sp: int) -> list[str]:
+def _verl_critic_rules(config: ProbeConfig, normalized: int, dynamic: bool, sp: int
+                       ) -> list[str]:
     """fsdp_workers.py CriticWorker: its mini-batch (the actor's, ppo_trainer.yaml) normalised
     as the actor's and split into whole micro-batches; seqlen_balancing's budget rule."""
-    mbc, problems = k.get("critic_micro_batch_size_update"), []
+    mbc, problems = config.critic_micro_batch_size_update, []
     if not dynamic and mbc and normalized > 0 and normalized % mbc:
         problems.append(f"normalized critic ppo_mini_batch_size {normalized} should be "
                         f"divisible by critic.ppo_micro_batch_size_per_gpu {mbc}")
-    length = k["max_prompt_length"] + k["max_response_length"]
-    budget = k.get("critic_max_token_len_update")
+    length = config.sequence_length
+    budget = config.critic_max_token_len_update
     if dynamic and budget is not None and budget * sp < length:
         problems.append(f"critic.ppo_max_token_len_per_gpu={budget} x ulysses_sequence_"
                         f"parallel_size={sp} must be at least max_prompt_length+"
@@ -70,19 +71,11 @@ def _verl_critic_rules(k: dict[str, Any], normalized: int, dynamic: bool, sp: in
     return problems
 
 
-def _verl_share(k: dict[str, Any], topo: Topology) -> dict[str, int]:
-    """fsdp_workers.py: ppo_mini_batch_size *= rollout.n, then //= (world // sp_size); the
-    train batch (train_batch_size x n responses) is dispatched equally over the world."""
-    n, world = k["rollout_n"], topo.world_size
-    return {"responses_per_step": k["rollout_batch_size"] * n // world,
-            "responses_per_minibatch": k["global_batch_size"] * n // world}
-
-
 KL_LOSS, KL_REWARD = "actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"
 ESTIMATOR, CRITIC_ENABLE = "algorithm.adv_estimator", "critic.enable"
 
 
-def _verl_algorithm(get: Callable[[str, Any], Any], topo: Topology) -> dict[str, Any]:
+def _verl_algorithm(get: Getter, topo: Topology) -> Knobs:
     """verl/trainer/ppo/utils.py need_critic: critic.enable when set, else whether the
     estimator is gae (ppo_trainer.yaml's default)."""
     enable = get(CRITIC_ENABLE, None)
@@ -90,34 +83,35 @@ def _verl_algorithm(get: Callable[[str, Any], Any], topo: Topology) -> dict[str,
     return {"algorithm": "ppo" if critic else "grpo"}
 
 
-def _verl_reference(k: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _verl_reference(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     """A reference model as the probe held it: the KL loss turns it on (GRPO's way); off,
     both switches off."""
-    return {KL_LOSS: True} if k["use_kl"] else {KL_LOSS: False, KL_REWARD: False}
+    return {KL_LOSS: True} if config.use_kl else {KL_LOSS: False, KL_REWARD: False}
 
 
-def _verl_unheld(k: dict[str, Any], topo: Topology) -> list[str]:
+def _verl_unheld(config: ProbeConfig, topo: Topology, recorded: Collection[str]
+                 ) -> list[str]:
     """verl/third_party/vllm: its vLLM (>= 0.8.5) sleeps at level 2, with no key to change;
     verl trains with the CUDA allocator's expandable segments on, and takes the entropy in
     its old-log-prob pass (fsdp_workers.py compute_log_prob: calculate_entropy unless LoRA),
     with no key either."""
     lines = []
-    if not k.get("entropy_metric"):
+    if not config.entropy_metric:
         lines.append("entropy: verl takes every response position's entropy in its old-log-prob "
                      "pass (its actor/entropy metric); the study's experience phase did not, so "
                      "verl's may hold more than measured (probe with --set entropy_metric=true)")
-    if k.get("expandable_segments") is False:
+    if "expandable_segments" in recorded and not config.expandable_segments:
         lines.append("allocator: verl trains with the CUDA allocator's expandable segments on "
                      "(off only for the rollout); the study probed without them, so verl's "
                      "training phases may hold less than measured")
-    level = k.get("sleep_level")
-    if k.get("rollout_engine") not in VLLM_ENGINES or level in (None, 2):
+    level = config.sleep_level
+    if not config.engine_reserves or "sleep_level" not in recorded or level == 2:
         return lines
     return [*lines, f"rollout: the study's engine slept at level {level}; verl's vLLM "
             "(>= 0.8.5) sleeps at level 2 (weights dropped, not kept in host memory)"]
 
 
-def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> dict[str, Any]:
+def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
     """verl/trainer/config/ppo_trainer.yaml's trainer section: stop after `steps` steps,
     validate only before training when asked, log to the console, never resume or save."""
     return {"trainer.total_training_steps": steps, "trainer.test_freq": -1,
@@ -181,16 +175,18 @@ VERL = Adapter(
         Derived(("use_kl",), _verl_reference, lambda get, topo: {"use_kl": bool(
             get(KL_LOSS, False) or get(KL_REWARD, False))}, (KL_LOSS, KL_REWARD)),
         # PPO is GAE with the critic on; GRPO, no critic
-        Derived(("algorithm",), lambda k, topo: {
-            ESTIMATOR: "gae" if k["algorithm"] == "ppo" else "grpo",
-            CRITIC_ENABLE: k["algorithm"] == "ppo"}, _verl_algorithm,
+        Derived(("algorithm",), lambda config, topo: {
+            ESTIMATOR: "gae" if config.has_critic else "grpo",
+            CRITIC_ENABLE: config.has_critic}, _verl_algorithm,
             (ESTIMATOR, CRITIC_ENABLE)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,
               "fsdp_strategy": "fsdp",  # dp_actor.yaml: strategy: fsdp
               "critic_gradient_checkpointing": True},  # critic.yaml's too
-    share=_verl_share,
+    # fsdp_workers.py: ppo_mini_batch_size *= rollout.n, then //= (world // sp_size); the
+    # train batch (train_batch_size x n responses) is dispatched equally over the world
+    share=even_share,
     short_run=_verl_short_run,
     settings=(
         *(Setting(key, 1, "sequence parallelism (Ulysses) splits each sequence over GPUs, "

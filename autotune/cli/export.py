@@ -35,27 +35,23 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
     autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
     autotune export --study qwen2.5-7b-grpo --trainer verl --out best.verl.yaml
     """
-    from autotune.sweep.best_export import export_best, measured_topology
-    from autotune.sweep.storage import load_study
-    from autotune.trainers import ADAPTERS, get_adapter
-    from autotune.trainers.render import launch_lines, load_trainer_yaml, topology_for, write_new
+    from autotune.sweep.best_export import export_study
+    from autotune.trainers import ADAPTERS
+    from autotune.trainers.render import launch_lines, write_new
 
     if trainer is None:
         raise ConfigError(f"export: give --trainer ({', '.join(ADAPTERS)}): the trainer whose "
                           "YAML to write")
-    loaded = load_study(results_dir, study, storage)
-    adapter = get_adapter(trainer)
-    base = load_trainer_yaml(base_config) if base_config else None
-    topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
-                            measured_topology(loaded))
-    exported = export_best(loaded, adapter, base, topology, force)
+    exported = export_study(trainer, study, results_dir, storage, base_config, nnodes,
+                            gpus_per_node, force)
     path = Path(out_path) if out_path else \
-        Path(results_dir) / loaded.study_name / f"best.{trainer}.yaml"
+        Path(results_dir) / exported.study / f"best.{trainer}.yaml"
     write_new(path, exported.text)
     click.echo(f"wrote {path}")
     if exported.chosen:
         click.echo(exported.chosen)
     for note in exported.plan.notes:
         click.echo(f"set {note}")
-    for line in launch_lines(adapter, path, exported.plan.values, topology, base is not None):
+    for line in launch_lines(exported.adapter, path, exported.plan.values, exported.topology,
+                             base_config is not None):
         click.echo(line)

@@ -7,16 +7,32 @@ Pure arithmetic over memory/model.py (and a calibration when a study has one): n
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.batching import BUDGET_KNOB, MICRO_KNOB
-from autotune.config import ProbeConfig, device_share, format_bytes
+from autotune.config import (
+    DTYPE_BYTES,
+    ProbeConfig,
+    budget_bytes,
+    compute_bytes,
+    format_bytes,
+)
 from autotune.memory.calibration import Calibration
-from autotune.memory.model import MemoryEstimate, ModelShape, estimate_memory
+from autotune.memory.model import MemoryEstimate, ModelArgs, ModelShape, estimate_memory
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 MAX_MICRO_BATCH = 1 << 16
 PHASE_COLUMN = 15  # the widest phase name, critic_update, and two spaces
+DTYPE_OF_WIDTH = {width: dtype for dtype, width in DTYPE_BYTES.items()}
+
+
+def headroom_budget(capacity_bytes: int, headroom: float) -> int:
+    """The budget `headroom` leaves of a known capacity (config.budget_bytes)."""
+    budget = budget_bytes(capacity_bytes, headroom)
+    assert budget is not None  # a known capacity always leaves one
+    return budget
 
 
 def phase_totals(estimate: MemoryEstimate, calibration: Calibration | None) -> dict[str, int]:
@@ -33,7 +49,7 @@ SAVING_SWITCHES = ("fused_logprob", "entropy_chunking", "entropy_checkpointing")
 
 
 def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibration | None,
-                   **model_args: Any) -> dict[str, dict[str, int]]:
+                   **model_args: Unpack[ModelArgs]) -> dict[str, dict[str, int]]:
     """Per switch of SAVING_SWITCHES that `config` has off: what turning it on would take
     off each phase's total (negative where it adds; the phases it changes; a switch that
     changes none is left out)."""
@@ -42,8 +58,7 @@ def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibrat
     for switch in SAVING_SWITCHES:
         if getattr(config, switch):
             continue
-        switched: dict[str, Any] = {switch: True}
-        on = phase_totals(estimate_memory(shape, dataclasses.replace(config, **switched),
+        on = phase_totals(estimate_memory(shape, config.replace(**{switch: True}),
                                           **model_args), calibration)
         saved = {phase: now[phase] - on[phase] for phase in now if now[phase] != on[phase]}
         if saved:
@@ -60,10 +75,11 @@ def format_savings(savings: dict[str, dict[str, int]]) -> list[str]:
 
 
 def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budget_bytes: int,
-                        calibration: Calibration | None, **model_args: Any) -> tuple[int, int]:
+                        calibration: Calibration | None,
+                        **model_args: Unpack[ModelArgs]) -> tuple[int, int]:
     """The largest value of micro-batch `knob` whose phase fits `budget_bytes` (0: not even
     1), searched past the batch, and how many responses the batch gives one GPU there."""
-    share = device_share(config, model_args.get("num_gpus", 1))
+    share = config.share(model_args.get("num_gpus", 1))
     phase = {micro: phase for phase, micro in MICRO_KNOB.items()}[knob]
     per_gpu = share.responses_per_step if phase == "experience" \
         else share.responses_per_minibatch
@@ -71,8 +87,7 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
     phases = (phase, "experience") if phase == "critic_update" else (phase,)
 
     def fits(micro: int) -> bool:  # `micro` full-length responses in the largest micro-batch
-        trial = dataclasses.replace(config, dynamic_batching=False,
-                                    **{knob: micro})  # type: ignore[arg-type]
+        trial = config.replace(dynamic_batching=False, **{knob: micro})
         totals = phase_totals(estimate_memory(shape, trial, **model_args), calibration)
         return all(totals[p] <= budget_bytes for p in phases)
 
@@ -85,15 +100,15 @@ def largest_micro_batch(shape: ModelShape, config: ProbeConfig, knob: str, budge
 
 def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_bytes: int,
                     headroom: float, calibration: Calibration | None, calibration_note: str,
-                    **model_args: Any) -> str:
+                    **model_args: Unpack[ModelArgs]) -> str:
     estimate = estimate_memory(shape, config, **model_args)
     totals = phase_totals(estimate, calibration)
-    budget = int((1 - headroom) * capacity_bytes)
+    budget = headroom_budget(capacity_bytes, headroom)
     binding = max(totals, key=lambda phase: totals[phase])
-    num_gpus = model_args.get("num_gpus", 1)
-    compute = {2: "bf16", 4: "fp32"}.get(model_args.get("compute_bytes") or 2, "bf16")
+    num_gpus, on_gpu = model_args.get("num_gpus", 1), model_args.get("on_gpu", True)
+    compute = DTYPE_OF_WIDTH[model_args.get("compute_bytes") or compute_bytes("auto", on_gpu)]
     where = (f"{num_gpus} GPU{'s' if num_gpus > 1 else ''} (FSDP)"
-             if model_args.get("on_gpu", True) else "the CPU as the device")
+             if on_gpu else "the CPU as the device")
     lines = [f"{name}: {shape.num_params / 1e9:.3f}B params, {where}, {compute} compute; "
              f"capacity {format_bytes(capacity_bytes)} per device, budget "
              f"{format_bytes(budget)} at {headroom:.0%} headroom",
@@ -120,9 +135,7 @@ def format_estimate(name: str, shape: ModelShape, config: ProbeConfig, capacity_
             f"{phase} {format_bytes(estimate.critic_bytes(phase))}" for phase in estimate.phases
             if estimate.critic_bytes(phase)) + " (its states, and its activations where it "
             "runs: the value forward in experience, its own update)")
-    phases = ("update", "experience", "critic_update") if config.has_critic else (
-        "update", "experience")
-    for phase in phases:
+    for phase in config.batched_phases:
         knob = MICRO_KNOB[phase]
         fits, per_gpu = largest_micro_batch(shape, config, knob, budget, calibration,
                                             **model_args)
@@ -153,7 +166,7 @@ def format_traced(traced_phase_bytes: dict[str, int], phase_context_bytes: dict[
     """The traced estimate (probe/trace.py) as a table beside the memory model's totals: per
     phase the live tensors, what the caching allocator reserves beyond them (a GPU's, the
     trace's allocations replayed), the fixed term, and their total."""
-    budget = int((1 - headroom) * capacity_bytes)
+    budget = headroom_budget(capacity_bytes, headroom)
     binding = max(traced_phase_bytes, key=lambda phase: traced_phase_bytes[phase])
     tensors_of = phase_tensor_bytes or {}
     lines = [f"traced: {what}", "",

@@ -17,8 +17,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.batching import BUDGET_KNOB, batched_phases
-from autotune.config import VLLM_ENGINES, ProbeConfig, device_share
+from autotune.batching import BUDGET_KNOB
+from autotune.config import ProbeConfig
+from autotune.files import JsonObject
 
 PhasePeaks = Callable[[ProbeConfig], dict[str, int]]  # a config's peak bytes per phase
 
@@ -54,7 +55,7 @@ class LengthHeadroom:
                      "holds the budget's tokens at any length)")
         return text
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> JsonObject:
         return {"fits_up_to_response_tokens": self.fits_up_to,
                 "searched_to_response_tokens": self.searched_to, "limit": self.limit,
                 "budget_growth": dict(self.budget_growth)}
@@ -67,11 +68,11 @@ def response_length_limit(config: ProbeConfig, context_tokens: int) -> tuple[int
     prompt = config.max_prompt_length
     limits = [(context_tokens - prompt, f"the model's context of {context_tokens:,} tokens")]
     if config.dynamic_batching:
-        for phase in batched_phases(config.as_dict()):
+        for phase in config.batched_phases:
             budget = getattr(config, BUDGET_KNOB[phase])
             if budget is not None:
                 limits.append((budget - prompt, f"{BUDGET_KNOB[phase]}={budget:,}"))
-    if config.rollout_engine in VLLM_ENGINES:
+    if config.engine_reserves:
         limits.append((config.max_num_batched_tokens - prompt,
                        f"max_num_batched_tokens={config.max_num_batched_tokens:,}"))
     return min(limits)
@@ -114,7 +115,7 @@ def longest_fitting_near(fits: Callable[[int], bool], guess: int, high: int) -> 
 
 
 def at_length(config: ProbeConfig, tokens: int) -> ProbeConfig:
-    return dataclasses.replace(config, max_response_length=tokens)
+    return config.replace(max_response_length=tokens)
 
 
 def row_breaks(config: ProbeConfig, world_size: int, high: int) -> list[int]:
@@ -125,11 +126,11 @@ def row_breaks(config: ProbeConfig, world_size: int, high: int) -> list[int]:
     fixed micro-batches, or EasyR1's budget (micro-batch x length: the same rows at any L)."""
     if not config.dynamic_batching:
         return []
-    share = device_share(config, world_size)
+    share = config.share(world_size)
     breaks: set[int] = set()
     counts = {"update": share.responses_per_minibatch, "experience": share.responses_per_step,
               "critic_update": share.responses_per_step}  # the critic's value forwards
-    for phase in batched_phases(config.as_dict()):
+    for phase in config.batched_phases:
         count = counts[phase]
         budget = getattr(config, BUDGET_KNOB[phase])
         if budget is None:
@@ -168,5 +169,5 @@ def length_headroom(config: ProbeConfig, peaks: PhasePeaks, budget_bytes: int,
     if config.dynamic_batching and high > config.max_response_length:
         here, there = peaks(config), peaks(at_length(config, high))
         growth = {phase: round(there[phase] / here[phase] - 1, 4)
-                  for phase in batched_phases(config.as_dict()) if here.get(phase)}
+                  for phase in config.batched_phases if here.get(phase)}
     return LengthHeadroom(fits_up_to, high, limit, growth)

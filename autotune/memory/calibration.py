@@ -14,9 +14,10 @@ is stored with the study as a small dict.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from autotune.files import JsonObject, JsonValue
 from autotune.memory.model import MemoryEstimate, PhaseEstimate
 
 MIN_SCALE, MAX_SCALE = 0.25, 4.0  # a fitted scale outside this is noise, not physics
@@ -29,9 +30,24 @@ class PhaseFit:
     transient_scale: float
     samples: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"context_bytes": self.context_bytes, "transient_scale": self.transient_scale,
                 "samples": self.samples}
+
+    @classmethod
+    def from_dict(cls, data: JsonValue) -> PhaseFit:
+        """From as_dict's form, read back from a study's stored attributes."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a phase's calibration is a mapping, not {data!r}")
+        return cls(int(_number(data["context_bytes"])), float(_number(data["transient_scale"])),
+                   int(_number(data["samples"])))
+
+
+def _number(value: JsonValue) -> int | float | str:
+    """A stored number as int() and float() read it."""
+    if isinstance(value, (int, float, str)):
+        return value
+    raise TypeError(f"a calibration's figure is a number, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -64,13 +80,13 @@ class Calibration:
         contexts = [fit.context_bytes for fit in self.phases.values()]
         return PhaseFit(sum(contexts) // len(contexts), 1.0, 0)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {name: fit.as_dict() for name, fit in self.phases.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        return cls({name: PhaseFit(int(f["context_bytes"]), float(f["transient_scale"]),
-                                   int(f["samples"])) for name, f in data.items()})
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> Calibration:
+        """From as_dict's form (a phase's fit by name), as a study stores it."""
+        return cls({name: PhaseFit.from_dict(fit) for name, fit in data.items()})
 
 
 def fit_phase(points: list[tuple[int, int]]) -> PhaseFit:

@@ -19,9 +19,9 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from autotune.config import describe_params
+from autotune.config import Knobs, describe_params
 from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeResult, ProbeStatus
@@ -35,6 +35,7 @@ from autotune.sweep.parallel import ProbePool
 from autotune.sweep.prescreen import Prescreen
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.record import tell_given_up, tell_result, tell_reused
+from autotune.sweep.search_space import Candidate
 from autotune.sweep.settings import SAMPLERS, SweepSettings
 from autotune.sweep.sharing import (
     STALE_AFTER_HEARTBEATS,
@@ -52,6 +53,12 @@ from autotune.sweep.storage import StudyLock, open_study
 from autotune.sweep.tally import Tally
 from autotune.sweep.traced import SubprocessTracer, Tracer
 
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from optuna import Study, Trial
+    from optuna.trial import FrozenTrial
+
 STUCK_AFTER_ASKS = 8  # asks in a row that probe nothing new before an unexplored config is queued
 NEIGHBOUR_EVERY = 3  # after the startup probes, every second probe a neighbour of the best
 MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only repeats itself
@@ -61,8 +68,8 @@ MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only rep
 class Pending:
     """A trial asked and not yet told: probing in a slot, waiting for its owner, or ready."""
 
-    trial: Any
-    params: dict[str, Any]
+    trial: Trial
+    params: Knobs
     owner: int | None = None  # the trial whose result this one waits for
 
 
@@ -71,7 +78,7 @@ class Sweep:
 
     def __init__(self, settings: SweepSettings, runner: Runner,
                  progress: Progress | None = None,
-                 on_trial: Callable[[Any], object] | None = None,
+                 on_trial: Callable[[Study], object] | None = None,
                  tracer: Tracer | None = None) -> None:
         if settings.objective not in OBJECTIVES:
             raise ConfigError(
@@ -92,8 +99,8 @@ class Sweep:
         self.frontier = Frontier(self.space, self.feasibility, settings.seed)
         self.nothing_fits: str | None = None  # why nothing left could fit, once known
         self.tracing_stopped = False  # said that tracing turned itself off
-        self.tally = Tally(self.state, self.feasibility, settings.objective)
-        self.pool = ProbePool(runner, list(settings.slots))  # Pending trials probing now
+        self.tally = Tally(self.state, self.feasibility, settings.objective, self.space)
+        self.pool: ProbePool[Pending] = ProbePool(runner, list(settings.slots))  # probing now
         self.waiting: dict[int, Pending] = {}  # trial number -> a trial waiting for its owner
         self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
         self.others_running = 0  # probes other drivers run in this study now
@@ -101,8 +108,8 @@ class Sweep:
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
         self.last_beat_s = 0.0
-        self.trials: list[Any] = []  # the study's trials as refresh() last read them
-        self.study: Any = None  # the Optuna study, once opened
+        self.trials: list[FrozenTrial] = []  # the study's trials as refresh() last read them
+        self.study: Study | None = None  # the Optuna study, once opened
         self.where = ""  # where it lives: the SQLite file, journal or database URL
 
     def feasibility_rules(self, tracer: Tracer | None) -> Feasibility:
@@ -114,14 +121,14 @@ class Sweep:
         dominance = Dominance(self.space.directions, self.space.batches_by_tokens,
                               self.space.trains_critic) \
             if settings.prune_dominated else None
-        prescreen = Prescreen.for_request(request, self.space.config_for, settings.prescreen,
+        prescreen = Prescreen.for_request(request, settings.prescreen,
                                           settings.node_host_bytes, settings.node_trainer)
         if prescreen is None or not settings.prescreen:
             tracer = None
         elif tracer is None and settings.trace and settings.command is None:
             tracer = SubprocessTracer(
-                lambda params, device: dataclasses.replace(settings.request_for(params),
-                                                           device=device),
+                lambda candidate, device: dataclasses.replace(settings.request_for(candidate),
+                                                              device=device),
                 request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing,
                 free_cores=self.free_cores)
         return Feasibility(request.device, dominance, prescreen, tracer)
@@ -141,7 +148,7 @@ class Sweep:
             self.progress.note(self.state, f"tracing off: {tracer.unavailable}; the memory "
                                "model's pre-screen goes on")
 
-    def tracing(self, params: dict[str, Any] | None) -> None:
+    def tracing(self, params: Knobs | None) -> None:
         """The tracer starts (params) or ends (None) a trace: shown, as a probe is."""
         self.state.tracing = params
         if params is not None:
@@ -149,7 +156,7 @@ class Sweep:
 
     # -- study -----------------------------------------------------------------------------
 
-    def resume(self, study: Any) -> None:
+    def resume(self, study: Study) -> None:
         """Finish or re-queue trials a dead driver left RUNNING; learn what is done. On a
         shared storage only trials whose heartbeat stopped are dead; the rest run elsewhere."""
         import optuna
@@ -180,7 +187,7 @@ class Sweep:
             if base and params_key(base) != params_key(self.space.safe_params()):
                 study.enqueue_trial(base, user_attrs={"origin": "base"})
 
-    def refresh(self, study: Any) -> None:
+    def refresh(self, study: Study) -> None:
         """Read the study: fold in trials finished here or by other drivers, note what every
         trial holds, keep our running trials' heartbeats fresh, take over dead drivers' trials,
         and settle trials waiting for an owner that has finished."""
@@ -199,7 +206,7 @@ class Sweep:
         for number, pending in list(self.waiting.items()):
             self.settle_waiting(study, trials, number, pending)
 
-    def settle_waiting(self, study: Any, trials: list[Any], number: int,
+    def settle_waiting(self, study: Study, trials: list[FrozenTrial], number: int,
                        pending: Pending) -> None:
         import optuna
 
@@ -229,7 +236,7 @@ class Sweep:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> Any:
+    def run(self) -> Study:
         study_dir = self.settings.study_dir
         new = not study_dir.exists()  # a new study that cannot open leaves nothing behind
         with contextlib.ExitStack() as held:
@@ -262,7 +269,7 @@ class Sweep:
                 self.progress.finished(self.state)
             return study
 
-    def loop(self, study: Any) -> None:
+    def loop(self, study: Study) -> None:
         while True:
             self.settle_probes(study)
             self.refresh(study)
@@ -308,7 +315,7 @@ class Sweep:
                     "times", False)
         return None, False
 
-    def step(self, study: Any) -> None:
+    def step(self, study: Study) -> None:
         """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""
         if self.ready:
             self.submit(self.ready.pop(0))
@@ -332,7 +339,8 @@ class Sweep:
             trial.set_user_attr("waiting_on", owner)
             self.waiting[trial.number] = Pending(trial, params, owner=owner)
             return
-        problems = self.space.problems_for(params)
+        candidate = self.space.candidate(params)  # its config, made once
+        problems = candidate.problems
         if problems:
             result = ProbeResult(status=ProbeStatus.INVALID, message="; ".join(problems))
             self.tell(study, trial, result, probed=False)
@@ -340,7 +348,7 @@ class Sweep:
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
         prediction = self.feasibility.predict(  # the safe config is measured: its OOM ends it
-            params, measure=params_key(params) == params_key(self.space.safe_params()))
+            candidate, measure=candidate.key == params_key(self.space.safe_params()))
         self.say_if_tracing_stopped()
         if prediction is not None:
             result = ProbeResult(status=ProbeStatus(prediction.status),
@@ -351,9 +359,9 @@ class Sweep:
             self.finish(study, trial.number, f"not run, {prediction.reason}")
             return
         self.stuck_asks = 0
-        self.submit(Pending(trial, params))
+        self.submit(Pending(trial, params), candidate)
 
-    def owner(self, study: Any, number: int, key: str) -> int | None:
+    def owner(self, study: Study, number: int, key: str) -> int | None:
         """The trial that owns this config, once every lower trial is fully asked. Alone on
         the study, the trials read at the top of this loop turn are current: nothing was told
         since; with other drivers the storage is read again."""
@@ -364,10 +372,11 @@ class Sweep:
                 return owner
             time.sleep(0.05)  # another driver is between writing two params of a trial
 
-    def submit(self, pending: Pending) -> None:
-        """Start the trial's probe on a free slot."""
+    def submit(self, pending: Pending, candidate: Candidate | None = None) -> None:
+        """Start the trial's probe on a free slot (`candidate`: its config, as the ask made
+        it; else made here)."""
         number = pending.trial.number
-        request = self.settings.request_for(pending.params)
+        request = self.settings.request_for(candidate or self.space.candidate(pending.params))
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
         self.state.running[number] = pending.params
@@ -375,7 +384,7 @@ class Sweep:
         self.progress.trial_started(self.state,
                                     f"trial {number}{where}: {describe_params(pending.params)}")
 
-    def settle_probes(self, study: Any, done: set[Any] | None = None) -> None:
+    def settle_probes(self, study: Study, done: set[Future[ProbeResult]] | None = None) -> None:
         """Tell every finished probe; one that says nothing about its config (lost with its
         node, killed from outside) is queued once more."""
         from optuna.exceptions import UpdateFinishedTrialError
@@ -404,12 +413,12 @@ class Sweep:
             if result.ok and calibration is not None:
                 study.set_user_attr("memory_calibration", calibration)
 
-    def tell(self, study: Any, trial: Any, result: ProbeResult, probed: bool,
+    def tell(self, study: Study, trial: Trial, result: ProbeResult, probed: bool,
              predicted: bool = False) -> str:
         return tell_result(study, trial, result, self.settings,
                            self.feasibility.capacity_bytes, probed, predicted)
 
-    def reuse(self, study: Any, trial: Any, earlier: Any) -> None:
+    def reuse(self, study: Study, trial: Trial, earlier: FrozenTrial) -> None:
         import optuna
 
         try:
@@ -418,19 +427,19 @@ class Sweep:
             return  # while this one was blocked past its heartbeat: nothing to tell
         self.finish(study, trial.number, f"same as trial {earlier.number}, result reused")
 
-    def give_up(self, study: Any, pending: Pending, status: str, requeue: bool) -> None:
+    def give_up(self, study: Study, pending: Pending, status: str, requeue: bool) -> None:
         with contextlib.suppress(Exception):  # another driver may have taken it over
             tell_given_up(study, pending.trial, pending.params, status, requeue)
         self.state.running.pop(pending.trial.number, None)
 
-    def finish(self, study: Any, number: int, line: str) -> None:
+    def finish(self, study: Study, number: int, line: str) -> None:
         frozen = trial_by_number(study, number)
         self.tally.fold(frozen)
         if self.on_trial is not None and frozen.user_attrs.get("probed"):
             self.on_trial(study)  # after every probe, and once when the sweep stops
         self.progress.trial_finished(self.state, f"trial {number}: {line}")
 
-    def release(self, study: Any) -> None:
+    def release(self, study: Study) -> None:
         """At a stop: trials that never got to probe go back to the queue; those waiting for
         another driver's probe leave the config to it."""
         for pending in self.ready:
@@ -439,7 +448,7 @@ class Sweep:
             self.give_up(study, pending, "duplicate", requeue=False)
         self.ready, self.waiting = [], {}
 
-    def abandon(self, study: Any) -> None:
+    def abandon(self, study: Study) -> None:
         """The driver is stopping mid-sweep: keep probes that finished, kill the rest and
         queue their configs again, so the next run redoes exactly those."""
         ended, cut = self.pool.stop()
@@ -449,7 +458,7 @@ class Sweep:
             self.give_up(study, pending, "interrupted", requeue=True)
         self.release(study)
 
-    def queue_neighbour(self, study: Any) -> None:
+    def queue_neighbour(self, study: Study) -> None:
         """TPE's sweeps: every NEIGHBOUR_EVERY-th probe after the sampler's startup probes is
         an untried neighbour of the best config so far (frontier.py), queued for the next ask;
         once per probe slot, so a neighbour predicted to OOM hands the slot to the sampler."""
@@ -464,7 +473,7 @@ class Sweep:
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
 
-    def queue_unexplored(self, study: Any) -> None:
+    def queue_unexplored(self, study: Study) -> None:
         """The sampler keeps proposing known configs: queue an untried one that may fit, or
         stop when none is left that could."""
         params = self.frontier.pick_untried(self.seen)

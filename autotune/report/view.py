@@ -9,9 +9,8 @@ an earlier trial and trials still running are left out: they say nothing new.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.config import (
     DEFAULT_HEADROOM,
@@ -27,7 +26,7 @@ from autotune.files import JsonObject
 from autotune.hardware import usable_bytes
 from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
-from autotune.sweep.finalists import current_record
+from autotune.sweep.finalists import FinalistsRecord, current_record
 from autotune.sweep.measurements import by_config
 from autotune.sweep.sharing import params_key
 
@@ -79,8 +78,7 @@ class StudyView:
     calibration: JsonObject | None
     reused: int
     versions: dict[str, str]  # what the probes ran with (vLLM's, where the real engine ran)
-    finalists: Mapping[str, Any] | None = None  # the pick among the finalists, as
-    # finalists.py stored it (its shape is that module's: current_record)
+    finalists: FinalistsRecord | None = None  # the pick among the finalists (finalists.py)
     best_figures: tuple[float, int] | None = None  # the best config's mean tokens/s over its
     # probes and the most peak memory any of them held (measurements.py)
     contended: int = 0  # probes measured while other processes took the machine

@@ -25,7 +25,13 @@ from autotune.errors import ConfigError
 from autotune.hardware import Device
 from autotune.probe.command import launch_argv
 from autotune.probe.oom import classify_exit
-from autotune.probe.process_tag import PROBE_TAG_ENV, ProcessTree, kill_orphaned, tagged_processes
+from autotune.probe.process_tag import (
+    PROBE_TAG_ENV,
+    ProcessTree,
+    kill_orphaned,
+    tag_scope,
+    tagged_processes,
+)
 from autotune.probe.result import TRIAL_DIR_TOKEN, ProbeRequest, ProbeStatus, TrainerCommand
 from autotune.probe.trainer_logs import StepLog
 from autotune.runners.local import SubprocessRunner
@@ -248,24 +254,37 @@ def test_processes_the_run_started_outside_its_tree_are_killed(tmp_path):
         time.sleep(0.1)
 
 
-def test_processes_of_a_dead_driver_are_killed_by_the_next_runner():
+def test_processes_of_a_dead_driver_are_killed_when_its_study_next_probes():
+    """A driver SIGKILLed mid-probe leaves tagged processes: making the next runner kills
+    nothing (planning has no side effects); its first probe kills those of its own study's
+    scope, never another study's nor a live driver's."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    alive_tag = f"{os.getpid()}.{int(psutil.Process().create_time())}.cafe"
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, PROBE_TAG_ENV: f"{dead.pid}.1.beef"})
-    owned = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**os.environ, PROBE_TAG_ENV: alive_tag})
+    mine, theirs = tag_scope("study-a"), tag_scope("study-b")
+
+    def sleeper(tag: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env={**os.environ, PROBE_TAG_ENV: tag})
+
+    orphan = sleeper(f"{dead.pid}.1.{mine}.beef")
+    stranger = sleeper(f"{dead.pid}.1.{theirs}.beef")  # another study's driver died too
+    owned = sleeper(f"{os.getpid()}.{int(psutil.Process().create_time())}.{mine}.cafe")
     try:
         deadline = time.monotonic() + 10
-        while not any(p.pid == orphan.pid for p, _ in tagged_processes()):
+        pids = {orphan.pid, stranger.pid, owned.pid}
+        while not pids <= {p.pid for p, _ in tagged_processes()}:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert kill_orphaned() >= 1
+        runner = SubprocessRunner(scope=mine)
+        time.sleep(0.2)
+        assert orphan.poll() is None  # made, not started: nothing killed
+        runner.start()
         assert orphan.wait(timeout=10) is not None
+        assert stranger.poll() is None  # another study's leftovers are its own to clean
         assert owned.poll() is None  # its driver (this test) is alive
+        assert kill_orphaned(theirs) == 1 and stranger.wait(timeout=10) is not None
     finally:
-        for proc in (orphan, owned):
+        for proc in (orphan, stranger, owned):
             proc.kill()
             proc.wait()
 

@@ -9,6 +9,7 @@ The names here are the ones used in search-space YAML, the Optuna param names, r
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -242,6 +243,12 @@ class ProbeConfig:
     def share(self, world_size: int = 1) -> DeviceShare:
         """What one of `world_size` GPUs runs of each batch (device_share)."""
         return device_share(self, world_size)
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, KnobValue]) -> ProbeConfig:
+        """A config from knobs by name, the defaults for the rest: the one place a map of knobs
+        becomes a config (each value already of its knob's type: config.parse_knob_value)."""
+        return cls(**knobs)  # type: ignore[arg-type]  # a union per name, typed when parsed
 
     def replace(self, **changes: Any) -> ProbeConfig:
         """This config with `changes` (knob names to values), unchecked."""

@@ -4,6 +4,7 @@ memory budget that share leaves. The one place a size is parsed or formatted."""
 from __future__ import annotations
 
 import re
+from typing import overload
 
 from autotune.errors import ConfigError
 
@@ -20,6 +21,10 @@ MAX_BYTES = 2**60  # an exabyte: past it a size is a typo
 DEFAULT_HEADROOM = 0.10
 
 
+@overload
+def budget_bytes(capacity_bytes: int, headroom: float = ...) -> int: ...
+@overload
+def budget_bytes(capacity_bytes: int | None, headroom: float = ...) -> int | None: ...
 def budget_bytes(capacity_bytes: int | None, headroom: float = DEFAULT_HEADROOM) -> int | None:
     """The memory a config may use under `headroom`: (1 - headroom) x the capacity (None: no
     known capacity). The one place the budget is computed."""

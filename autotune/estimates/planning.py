@@ -169,7 +169,7 @@ def estimate_config(options: ProbeOptions, fixed: Knobs, on_gpu: bool, trainer: 
         note = (f"; batches: the defaults per GPU, rollout_batch_size="
                 f"{values['rollout_batch_size']} and global_batch_size="
                 f"{values['global_batch_size']} over {world} GPUs (--set your run's)")
-    return ProbeConfig(**values), note
+    return ProbeConfig.from_knobs(values), note
 
 
 def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,

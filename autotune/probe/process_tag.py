@@ -7,16 +7,19 @@ outlives a driver killed with SIGKILL.
 
 A trainer's run leaves processes that are not its children: Ray's raylet and its workers, a
 vLLM engine, anything that called setsid. Killing a process group misses them. So the runner
-gives each probe an environment variable, PROBE_TAG_ENV = `<driver pid>.<driver start>.<id>`,
+gives each probe an environment variable, PROBE_TAG_ENV =
+`<driver pid>.<driver start>.<scope>.<id>`,
 that every process it starts inherits (Ray passes its driver's environment to the workers it
 spawns), and after the probe every process of this user that carries that value is killed.
-A driver killed with SIGKILL cannot clean up: the next runner made on the machine kills the
-processes whose tag names a driver that is gone. Torch-free: the runners use it.
+A driver killed with SIGKILL cannot clean up: the next sweep of the same study, when its first
+probe starts, kills the processes tagged with its scope whose driver is gone. Torch-free: the
+runners use it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import secrets
@@ -44,16 +47,22 @@ def die_with_parent(parent_pid: int) -> None:
             os._exit(1)
 
 
-def new_tag() -> str:
-    """A tag for one probe, naming the driver that owns it (pid and start time)."""
+def tag_scope(name: str) -> str:
+    """The scope a study's probes are tagged with: a short digest of its name."""
+    return hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+def new_tag(scope: str = "") -> str:
+    """A tag for one probe, naming the driver that owns it (pid and start time) and the scope
+    it runs in (tag_scope of its study; "" for a probe of its own)."""
     me = psutil.Process()
-    return f"{me.pid}.{int(me.create_time())}.{secrets.token_hex(6)}"
+    return f"{me.pid}.{int(me.create_time())}.{scope}.{secrets.token_hex(6)}"
 
 
 def tag_owner_alive(tag: str) -> bool:
     """Whether the driver named in `tag` still runs (the same process, not a reused pid)."""
     try:
-        pid_text, started_text, _ = tag.split(".")
+        pid_text, started_text = tag.split(".")[:2]
         owner = psutil.Process(int(pid_text))
         return int(owner.create_time()) == int(started_text)
     except (ValueError, psutil.Error):
@@ -98,9 +107,11 @@ def kill_tagged(tag: str, spare: tuple[int, ...] = ()) -> int:
     return killed
 
 
-def kill_orphaned() -> int:
-    """Kill tagged processes whose driver is gone (it was SIGKILLed mid-probe)."""
-    orphans = [proc for proc, tag in tagged_processes() if not tag_owner_alive(tag)]
+def kill_orphaned(scope: str) -> int:
+    """Kill the processes tagged in `scope` whose driver is gone (it was SIGKILLed mid-probe):
+    a study's own leftovers, never another study's."""
+    orphans = [proc for proc, tag in tagged_processes()
+               if tag.split(".")[2:3] == [scope] and not tag_owner_alive(tag)]
     return kill_processes(orphans) if orphans else 0
 
 

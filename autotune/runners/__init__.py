@@ -46,7 +46,7 @@ EXECUTORS = ("local", "ray")  # --executor: subprocesses here, or Ray tasks on a
 def get_runner(kind: str = "local", **options: Any) -> Runner:
     """The runner for `kind`, made with `options`; imports its backend only when asked for.
 
-    local: SubprocessRunner(worker_argv=None). ray: RayRunner(address=None,
+    local: SubprocessRunner(worker_argv=None, scope=""). ray: RayRunner(address=None,
     num_cpus_per_probe=1.0, num_gpus_per_probe=0.0, resources=None, worker_argv=None).
     """
     if kind == "local":

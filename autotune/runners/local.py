@@ -130,12 +130,24 @@ def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
 class SubprocessRunner:
     """Runs each probe as `python -m autotune.probe.worker` in its own process group."""
 
-    def __init__(self, worker_argv: list[str] | None = None) -> None:
+    def __init__(self, worker_argv: list[str] | None = None, scope: str = "") -> None:
         # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
         self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.probe.worker"]
         self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
-        remove_stale_scratch_dirs()
-        kill_orphaned()  # processes of probes whose driver was SIGKILLed
+        self.scope = scope  # its probes' tag scope: the study's (process_tag.tag_scope)
+        self.started = False  # whether the first probe cleaned up after a killed driver
+        self.starting = threading.Lock()
+
+    def start(self) -> None:
+        """Before the first probe (once; making the runner changes nothing): remove the
+        scratch folders of drivers that are gone and kill the processes of this scope's
+        probes whose driver was SIGKILLed."""
+        with self.starting:
+            if not self.started:
+                remove_stale_scratch_dirs()
+                if self.scope:
+                    kill_orphaned(self.scope)
+                self.started = True
 
     def stop(self) -> None:
         """Kill every probe in flight (from any thread); their `run` calls return at once."""
@@ -145,6 +157,7 @@ class SubprocessRunner:
         """Nothing to release: every probe's processes end with its `run`."""
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
+        self.start()
         if log_path is None:
             with scratch_dir() as scratch:
                 return self.run(request, scratch / "probe.log")
@@ -162,7 +175,7 @@ class SubprocessRunner:
         host_peak_rss_bytes = 0
         driver_pid = os.getpid()
         witness = OOMWitness()  # the worker starts in this process's memory cgroup
-        tag = new_tag()
+        tag = new_tag(self.scope)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*self.worker_argv, str(request_path), str(result_path)],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from autotune.config import Topology
 from autotune.errors import ConfigError
 from autotune.hardware import Device, usable_cpu_ids, visible_gpu_ids
+from autotune.probe.process_tag import tag_scope
 from autotune.probe.result import ProbeRequest
 from autotune.runners import Runner, connect_ray, get_runner
 from autotune.sweep.parallel import Slot, plan_slots
@@ -108,12 +109,16 @@ def plan_command_ranks(topology: Topology, device: Device, gpus: tuple[int, ...]
 
 
 def make_runner(executor: str, address: str | None, request: ProbeRequest,
-                parallel: int | None, gpus_per_trial: int) -> tuple[Runner, list[Slot]]:
+                parallel: int | None, gpus_per_trial: int,
+                study_name: str = "") -> tuple[Runner, list[Slot]]:
     """The runner for --executor, and the slots its probes run in side by side: GPU or core
-    groups of this machine, or as many probes as the Ray cluster holds (--parallel caps)."""
+    groups of this machine, or as many probes as the Ray cluster holds (--parallel caps).
+    A local runner's probes are tagged with the study's scope: its first probe cleans up
+    after a driver of the same study that was killed, and nothing else."""
     if executor == "local":
-        return get_runner("local"), plan_slots(request.device.kind, request.gpu_ids,
-                                               gpus_per_trial, parallel, request.cpu_threads)
+        runner = get_runner("local", scope=tag_scope(study_name) if study_name else "")
+        return runner, plan_slots(request.device.kind, request.gpu_ids, gpus_per_trial,
+                                  parallel, request.cpu_threads)
     runner = connect_ray(address, num_cpus_per_probe=request.cpu_threads or 1,
                          num_gpus_per_probe=gpus_per_trial if request.device.on_gpu else 0)
     held = parallel or runner.probe_slots()

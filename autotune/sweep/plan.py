@@ -386,7 +386,7 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
         check_model_on_device(request, safe, device_checks=local, device_asked=probe.device)
     notes += [ranks.note] if ranks.note else []
     runner, slots = make_runner(options.executor, options.address, request, options.parallel,
-                                ranks.gpus_per_trial)
+                                ranks.gpus_per_trial, name)
     settings = SweepSettings(
         study_name=name, study_dir=Path(options.results_dir) / name, space=space,
         request=request, objective=options.objective, headroom=options.headroom,
@@ -425,7 +425,7 @@ def user_space(loaded: SearchSpace, topology: Topology, probe: ProbeOptions, dev
     named = frozenset({*loaded.params, *loaded.fixed, *probe.knobs, *base})
     engine = {**engine_knobs(probe.engine, device.on_gpu, options.trainer, named),
               **trainer_knobs(options.trainer, device.on_gpu, named)}
-    algorithm = algorithm_defaults({**dict.fromkeys(loaded.params), **loaded.fixed, **base,
+    algorithm = algorithm_defaults({**dict.fromkeys(loaded.params), **loaded.fixed_knobs, **base,
                                     **probe.knobs})  # PPO's rollout_n, where none is named
     space, base_params = loaded.with_user_values({**engine, **algorithm, **probe.knobs}, base,
                                                  options.base_config or options.trainer)

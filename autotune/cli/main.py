@@ -90,8 +90,8 @@ def probe(log_path: str | None, as_json: bool, **given: Any) -> None:
 
     from autotune.cli.run import interrupt_on_sigterm
     from autotune.cli.text import format_probe_result
-    from autotune.probe.result import ProbeStatus
-    from autotune.runners.local import SubprocessRunner, probe_files
+    from autotune.probe.result import ProbeStatus, probe_files
+    from autotune.runners.local import SubprocessRunner
     from autotune.sweep.plan import plan_probe
 
     request = plan_probe(opt.take_probe_options(given))

@@ -248,6 +248,7 @@ def format_outcome(outcome: SweepOutcome, settings: SweepSettings, report_line: 
     """What `run` prints when a sweep ends: the study in brief, the report and the files
     (standard output), and why nothing fits when nothing does (standard error)."""
     study = outcome.study
+    assert study is not None  # a sweep that was not interrupted opened its study
     lines = [format_study(study, brief=True), "", report_line]
     best = outcome.best_path is not None
     exported = f", {outcome.export_path.name}" if outcome.export_path and best else ""

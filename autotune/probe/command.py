@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -34,8 +35,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypedDict
 
 import psutil
 
@@ -56,7 +59,7 @@ from autotune.probe.result import (
     ProbeStatus,
     TrainerCommand,
 )
-from autotune.probe.trainer_logs import StepLog
+from autotune.probe.trainer_logs import StepLog, Throughput
 
 TAIL_LINES = 200
 
@@ -84,12 +87,19 @@ def launch_argv(command: TrainerCommand, config_path: Path, trial_dir: Path) -> 
     return argv
 
 
+class DeviceName(TypedDict):
+    """What a command probe's result says of its device: its name and its memory."""
+
+    device_name: str
+    device_capacity_bytes: int
+
+
 class GpuMemory:
     """NVML's used bytes on each of the probe's GPUs, above what was used before the run."""
 
     def __init__(self) -> None:
-        self.nvml: Any = None
-        self.handles: list[Any] = []
+        self.nvml: Any = None  # pynvml, untyped (pyproject's mypy overrides): its handles
+        self.handles: list[Any] = []  # are opaque
         self.baseline_bytes: list[int] = []
         self.peak_bytes: list[int] = []
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -121,7 +131,7 @@ class GpuMemory:
         self.peak_bytes = [max(p, n) for p, n in zip(self.peak_bytes, now, strict=True)]
         return max(now)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> DeviceName:
         handle = self.handles[0]
         name = self.nvml.nvmlDeviceGetName(handle)
         return {"device_name": name.decode() if isinstance(name, bytes) else name,
@@ -143,9 +153,10 @@ def kill_run(proc: subprocess.Popen[bytes], tag: str | None) -> None:
         proc.wait(timeout=10)
 
 
-def clean_up_on_parent_death(state: dict[str, Any]) -> None:
-    """If the driver dies, this worker gets SIGTERM (not SIGKILL) and ends the run first."""
-    def on_term(signum: int, frame: Any) -> None:
+def clean_up_on_parent_death(state: dict[str, subprocess.Popen[bytes]]) -> None:
+    """If the driver dies, this worker gets SIGTERM (not SIGKILL) and ends the run first
+    (`state["proc"]`, once it is started)."""
+    def on_term(signum: int, frame: FrameType | None) -> None:
         proc = state.get("proc")
         if proc is not None:
             kill_run(proc, os.environ.get(PROBE_TAG_ENV))
@@ -162,7 +173,7 @@ def run_command(request: ProbeRequest, result_path: str) -> ProbeResult:
     """Run the trainer's command for its few steps and measure it; never raises."""
     command = request.command
     assert command is not None
-    state: dict[str, Any] = {}
+    state: dict[str, subprocess.Popen[bytes]] = {}
     clean_up_on_parent_death(state)
     trial_dir = trial_dir_for(result_path)
     shutil.rmtree(trial_dir, ignore_errors=True)  # a retried trial starts clean
@@ -189,21 +200,20 @@ def run_command(request: ProbeRequest, result_path: str) -> ProbeResult:
 
 
 def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
-         env: dict[str, str], gpu: GpuMemory, state: dict[str, Any]) -> ProbeResult:
+         env: dict[str, str], gpu: GpuMemory, state: dict[str, subprocess.Popen[bytes]]
+         ) -> ProbeResult:
+    """Start the trainer, watch it until its steps are logged, it ends or it passes a
+    limit, end it, and say what it did."""
     tag = os.environ.get(PROBE_TAG_ENV)
-    capacity: dict[str, Any] = gpu.describe() if gpu.present else {
+    capacity: DeviceName = gpu.describe() if gpu.present else {
         "device_name": "cpu (the run's anonymous RSS)",
         "device_capacity_bytes": int(psutil.virtual_memory().total)}
     limit = request.device.with_capacity(capacity["device_capacity_bytes"]).cap_bytes
     log = StepLog(command.trainer, steps_per_cycle=command.steps_per_cycle)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     started = time.monotonic()
-    worker_pid = os.getpid()
     try:
-        proc = subprocess.Popen(argv, cwd=command.cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                preexec_fn=lambda: die_with_parent(worker_pid))
+        proc = start_trainer(argv, command.cwd, env)
     except OSError as exc:
         return ProbeResult(status=ProbeStatus.CRASH, probe_kind="command",
                            message=f"--launch: cannot start {argv[0]!r}: {exc.strerror}; check "
@@ -214,61 +224,106 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
     reader = threading.Thread(target=copy_output, args=(proc, log, tail), daemon=True)
     reader.start()
     memory = ProcessTree(psutil.Process(proc.pid), tag)
-    killed_for: tuple[ProbeStatus, str] | None = None
-    device_peak = 0
-    interval_s = sample_interval_s(gpu.present)  # the built-in probe's, on this device
-    ended_early = False  # every step asked for is logged: what follows (a last validation,
-    # a checkpoint the trainer always writes at the end) is not measured, so not waited for
     try:
-        while proc.poll() is None:
-            if log.steps_seen >= command.steps:
-                ended_early = True
-                break
-            rss = memory.rss_bytes()
-            device = gpu.sample() if gpu.present else memory.anon_rss_bytes
-            device_peak = max(device_peak, device if gpu.present else
-                              memory.peak_anon_rss_bytes)  # the kernel's peak, between reads
-            if limit is not None and device > limit:
-                what = "NVML: every process on the GPU" if gpu.present else \
-                    "the run's anonymous RSS"
-                killed_for = (ProbeStatus.GPU_OOM, f"device memory limit exceeded: {device} "
-                              f"bytes > {limit} bytes ({what}), at step {log.steps_seen + 1}")
-                break
-            host_limit = request.host_memory_limit_bytes
-            if host_limit is not None and rss > host_limit:
-                killed_for = (ProbeStatus.HOST_OOM, f"host memory limit exceeded: {rss} "
-                              f"bytes > {host_limit} bytes (the run's RSS), at step "
-                              f"{log.steps_seen + 1}")
-                break
-            time.sleep(interval_s)
+        watched = watch_run(proc, request, command.steps, gpu, memory, log, limit)
     finally:
         kill_run(proc, tag)
     reader.join(timeout=10)
-    text_tail = "".join(tail)
-    base = dict(probe_kind="command", device_limit_bytes=limit, returncode=proc.returncode,
-                host_peak_rss_bytes=memory.peak_rss_bytes, peak_mem_bytes=device_peak or None,
-                rank_peak_mem_bytes=list(gpu.peak_bytes) if len(gpu.peak_bytes) > 1 else [],
-                steps_logged=log.steps_seen, world_size=request.world_size,
-                trainer_metrics=log.trainer_metrics(), **capacity,
-                versions=versions(command))
-    if killed_for is not None:
-        return ProbeResult(status=killed_for[0], message=killed_for[1], **base)
-    if proc.returncode != 0 and not ended_early:
-        status, message = classify_exit(proc.returncode, text_tail)
-        return ProbeResult(status=status, message=message, **base)
+    result = functools.partial(
+        ProbeResult, probe_kind="command", device_limit_bytes=limit,
+        returncode=proc.returncode, host_peak_rss_bytes=memory.peak_rss_bytes,
+        peak_mem_bytes=watched.device_peak or None,
+        rank_peak_mem_bytes=list(gpu.peak_bytes) if len(gpu.peak_bytes) > 1 else [],
+        steps_logged=log.steps_seen, world_size=request.world_size,
+        trainer_metrics=log.trainer_metrics(), **capacity, versions=versions(command))
+    measured = measured_steps(watched, proc.returncode, command, log, "".join(tail))
+    if not isinstance(measured, Throughput):  # a status and why
+        return result(status=measured[0], message=measured[1])
+    first_step_s = log.first_step_at - started if log.first_step_at else None
+    machine = watch.stop()  # over the whole run: the trainer logs its steps, not their window
+    return result(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
+                  step_s=measured.step_s, step_times_s=list(measured.step_times_s),
+                  machine=machine.as_dict(), contention=machine.contention(),
+                  startup_s=first_step_s, build_s=0.0)
+
+
+def start_trainer(argv: list[str], cwd: str | None, env: dict[str, str]
+                  ) -> subprocess.Popen[bytes]:
+    """The trainer's command in a session of its own, its output piped here, dying with
+    this worker."""
+    worker_pid = os.getpid()
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            preexec_fn=lambda: die_with_parent(worker_pid))
+
+
+@dataclass
+class Watched:
+    """What watching a run saw: its device peak, the limit it was killed for (a status and
+    why), and whether it was ended once every step asked for was logged (what follows, a
+    last validation or the checkpoint a trainer always writes at the end, is not measured,
+    so not waited for)."""
+
+    device_peak: int = 0
+    killed_for: tuple[ProbeStatus, str] | None = None
+    ended_early: bool = False
+
+
+def watch_run(proc: subprocess.Popen[bytes], request: ProbeRequest, steps: int,
+              gpu: GpuMemory, memory: ProcessTree, log: StepLog, limit: int | None) -> Watched:
+    """Sample the run's device and host memory at the built-in probe's interval until it
+    exits, logs `steps` steps, or passes a limit."""
+    watched = Watched()
+    interval_s = sample_interval_s(gpu.present)  # the built-in probe's, on this device
+    while proc.poll() is None:
+        if log.steps_seen >= steps:
+            watched.ended_early = True
+            break
+        rss = memory.rss_bytes()
+        device = gpu.sample() if gpu.present else memory.anon_rss_bytes
+        watched.device_peak = max(watched.device_peak, device if gpu.present else
+                                  memory.peak_anon_rss_bytes)  # the kernel's peak, between reads
+        watched.killed_for = limit_passed(request, gpu.present, limit, device, rss,
+                                          log.steps_seen + 1)
+        if watched.killed_for is not None:
+            break
+        time.sleep(interval_s)
+    return watched
+
+
+def limit_passed(request: ProbeRequest, on_gpu: bool, limit: int | None, device: int,
+                 rss: int, step: int) -> tuple[ProbeStatus, str] | None:
+    """The status and message of a run past its device or host memory limit at `step`;
+    None while it is within them."""
+    if limit is not None and device > limit:
+        what = "NVML: every process on the GPU" if on_gpu else "the run's anonymous RSS"
+        return (ProbeStatus.GPU_OOM, f"device memory limit exceeded: {device} bytes > "
+                f"{limit} bytes ({what}), at step {step}")
+    host_limit = request.host_memory_limit_bytes
+    if host_limit is not None and rss > host_limit:
+        return (ProbeStatus.HOST_OOM, f"host memory limit exceeded: {rss} bytes > "
+                f"{host_limit} bytes (the run's RSS), at step {step}")
+    return None
+
+
+def measured_steps(watched: Watched, returncode: int | None, command: TrainerCommand,
+                   log: StepLog, text_tail: str) -> Throughput | tuple[ProbeStatus, str]:
+    """The throughput of a run watched to its end, or why it has none (a status and a
+    message): killed past a limit, a bad exit (oom.py classifies its log tail), or no step
+    line its parser can time."""
+    if watched.killed_for is not None:
+        return watched.killed_for
+    if returncode != 0 and not watched.ended_early:
+        return classify_exit(returncode, text_tail)
     measured = log.throughput()
     if measured is None:
         seen = f"{log.steps_seen} step line(s)" if log.steps_seen else "no step line"
-        return ProbeResult(status=ProbeStatus.CRASH, **base, message=(
+        return ProbeStatus.CRASH, (
             f"the trainer exited 0 with {seen} its {command.trainer} log parser can time "
             f"(last line: {summarize(text_tail) or 'none'}); check the launch line and that "
-            "the run logs every step to the console"))
-    first_step_s = log.first_step_at - started if log.first_step_at else None
-    machine = watch.stop()  # over the whole run: the trainer logs its steps, not their window
-    return ProbeResult(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
-                       step_s=measured.step_s, step_times_s=list(measured.step_times_s),
-                       machine=machine.as_dict(), contention=machine.contention(),
-                       startup_s=first_step_s, build_s=0.0, **base)
+            "the run logs every step to the console")
+    return measured
 
 
 def copy_output(proc: subprocess.Popen[bytes], log: StepLog,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from autotune.files import write_text_atomic
 from autotune.hardware import nvidia_gpu_count
@@ -95,7 +95,7 @@ def visible_gpus(request: ProbeRequest) -> list[str]:
 
 
 def start_rank(rank: int, request: ProbeRequest, request_path: Path, result_path: Path,
-               port: int, gpu: str | None, log: IO[Any] | int) -> subprocess.Popen[bytes]:
+               port: int, gpu: str | None, log: IO[str] | int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), **{RANK_ENV: str(rank)},
                WORLD_SIZE=str(request.world_size), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), OMP_NUM_THREADS=str(request.cpu_threads))

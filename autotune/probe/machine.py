@@ -22,7 +22,6 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
@@ -62,7 +61,7 @@ class MachineState:
             reasons.append(f"{self.gpu_other_processes} other process(es) on the GPU")
         return "; ".join(reasons) or None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float]:
         data = {"window_s": round(self.window_s, 3), "cpu_count": self.cpu_count,
                 "probe_threads": self.probe_threads,
                 "others_cpu_cores": round(self.others_cpu_cores, 3),

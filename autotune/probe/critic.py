@@ -15,9 +15,12 @@ response's reward), whitened over the response tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CLIP_VALUE = 0.5  # verl's and EasyR1's critic.cliprange_value
 
@@ -25,7 +28,7 @@ CLIP_VALUE = 0.5  # verl's and EasyR1's critic.cliprange_value
 class ValueModel(torch.nn.Module):
     """A causal LM's backbone with a scalar head: one value per token, [batch, tokens]."""
 
-    def __init__(self, causal_lm: Any) -> None:
+    def __init__(self, causal_lm: PreTrainedModel) -> None:
         super().__init__()
         self.backbone = causal_lm.model  # the decoder (and vision tower): no LM head
         self.config = causal_lm.config
@@ -35,7 +38,7 @@ class ValueModel(torch.nn.Module):
         # FSDP wraps the same units as the actor's (sharding.shard_model reads this)
         self._no_split_modules = list(getattr(causal_lm, "_no_split_modules", None) or ())
 
-    def forward(self, input_ids: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, use_cache=False, **inputs)[0]
         return self.score(hidden).squeeze(-1)
 

@@ -25,11 +25,11 @@ Failures use vLLM's own words, so oom.py classifies them `cache_oom` as it does 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import torch
 
-from autotune.config import VLLM_ENGINES, ProbeConfig
+from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
 from autotune.hardware import Device
 from autotune.probe.meter import Meter
@@ -41,11 +41,26 @@ from autotune.probe.sharding import (
     local_tensor,
 )
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from transformers.cache_utils import DynamicCache, StaticCache
+
 BLOCK_TOKENS = 16  # vLLM's default KV block
+
+# a model's forward inputs beside the token ids (a VL model's image) for some prompt rows,
+# and `rows` prompts' whole inputs for the engine's profile run
+InputsFor: TypeAlias = "Callable[[torch.Tensor], dict[str, torch.Tensor]]"
+ProfileInputs: TypeAlias = "Callable[[int], dict[str, torch.Tensor]]"
 
 
 class KvCacheError(RuntimeError):
     """The engine cannot start: its words are vLLM's (oom.py reads them as cache_oom)."""
+
+
+def real_vllm(config: ProbeConfig) -> bool:
+    """Whether the rollout engine is the real vLLM (vllm_engine.py), not the stand-in with
+    its memory (vllm-like): a rule ProbeConfig has no member for."""
+    return config.rollout_engine == "vllm"
 
 
 def engine_capacity_bytes(config: ProbeConfig, device: Device) -> int | None:
@@ -53,7 +68,7 @@ def engine_capacity_bytes(config: ProbeConfig, device: Device) -> int | None:
     of its device (its cap, else the device); on a CPU only under a cap. None where nothing
     reserves a share: hf, or a KV pool of kv_cache_memory_bytes (vLLM then ignores the
     utilisation)."""
-    if config.rollout_engine not in VLLM_ENGINES:
+    if not config.engine_reserves:
         return None
     if config.kv_cache_memory_bytes is not None:
         return device.usable_bytes
@@ -73,14 +88,14 @@ class Rollout(Protocol):
 
     figures: dict[str, int]
 
-    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None: ...
+    def start(self, profile_inputs: ProfileInputs) -> None: ...
     def weight_names(self) -> list[str]: ...
     def part(self, name: str, whole: torch.Tensor) -> torch.Tensor: ...
     def held_weight_bytes(self) -> int: ...
     def wake(self, actor_weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
     def sleep(self) -> None: ...
-    def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
-                 dict[str, Any]], rows: torch.Tensor) -> torch.Tensor: ...
+    def generate(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
+                 rows: torch.Tensor) -> torch.Tensor: ...
 
 
 def _gib(num_bytes: float) -> str:
@@ -90,12 +105,13 @@ def _gib(num_bytes: float) -> str:
 class RolloutEngine:
     """The rollout engine of one rank; `figures` says what the vllm-like engine reserved."""
 
-    def __init__(self, model: Any, model_config: Any, config: ProbeConfig, device: Any,
-                 dtype: torch.dtype, tensor_parallel: bool, capacity_bytes: int | None,
+    def __init__(self, model: torch.nn.Module, model_config: PretrainedConfig,
+                 config: ProbeConfig, device: torch.device, dtype: torch.dtype,
+                 tensor_parallel: bool, capacity_bytes: int | None,
                  move: Callable[[torch.Tensor, bool], torch.Tensor], meter: Meter) -> None:
         self.model, self.model_config, self.config = model, model_config, config
         self.device, self.dtype, self.tensor_parallel = device, dtype, tensor_parallel
-        self.vllm_like = config.rollout_engine == "vllm-like"  # else hf
+        self.vllm_like = config.engine_reserves  # else hf (the real vLLM: vllm_engine.py)
         self.capacity_bytes = capacity_bytes
         self.move, self.meter = move, meter  # the meter reads the device and profiles
         text = getattr(model_config, "text_config", model_config)
@@ -116,7 +132,7 @@ class RolloutEngine:
 
     # -- start, wake, sleep ---------------------------------------------------------------
 
-    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+    def start(self, profile_inputs: ProfileInputs) -> None:
         """Engine start: vLLM's free-memory check, the profile run and the pool's size
         (vllm-like); then it sleeps, as verl and EasyR1 put it to sleep once built."""
         if self.vllm_like:
@@ -124,7 +140,7 @@ class RolloutEngine:
         self._free_weights(keep_on_host=False)
         self.awake = False
 
-    def _size_pool(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+    def _size_pool(self, profile_inputs: ProfileInputs) -> None:
         config, capacity = self.config, self.capacity_bytes
         util, kv_bytes = config.gpu_memory_utilization, config.kv_cache_memory_bytes
         weights = local_bytes(self.model.parameters())
@@ -242,8 +258,8 @@ class RolloutEngine:
 
     # -- generation -------------------------------------------------------------------------
 
-    def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
-                 dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
+    def generate(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
+                 rows: torch.Tensor) -> torch.Tensor:
         """Exactly max_response_length tokens for each prompt row, greedy, on the CPU: HF
         generation's memory (`max_num_seqs` rows at a time) or the pool's (vllm-like)."""
         size = self.figures["concurrency"] if self.vllm_like else self.config.max_num_seqs
@@ -264,8 +280,8 @@ class RolloutEngine:
         scores[:, self.vocab_size - 1] = float("-inf")  # EOS, never picked: fixed length
         return scores.argmax(-1)
 
-    def _generate_growing(self, prompt_ids: torch.Tensor, inputs_for: Callable[
-                          [torch.Tensor], dict[str, Any]], batch: torch.Tensor) -> torch.Tensor:
+    def _generate_growing(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
+                          batch: torch.Tensor) -> torch.Tensor:
         """HF generation's memory with a loop of the engine's own (no stopping checks, which
         fake tensors could not follow): a DynamicCache that grows by concatenation each step,
         freed with the batch. A trace runs the first steps, then grows the cache to the last
@@ -283,18 +299,30 @@ class RolloutEngine:
                 token = torch.zeros_like(token)
                 tokens.append(token)
                 continue
-            if cache.layers[0].keys.shape[2] < ids.shape[1] + step:  # skipped steps' growth
-                for layer in cache.layers:
-                    shape = (*layer.keys.shape[:2], ids.shape[1] + step, layer.keys.shape[3])
-                    layer.keys = torch.empty(shape, dtype=layer.keys.dtype, device=self.device)
-                    layer.values = torch.empty_like(layer.keys)
+            self._grow(cache, ids.shape[1] + step)  # the skipped steps' growth, if any
             token = self._greedy(self.model(input_ids=token[:, None], past_key_values=cache,
                                             use_cache=True, logits_to_keep=1).logits)
             tokens.append(token)
         return torch.stack(tokens, dim=1).cpu()
 
-    def _generate_batch(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
-                        dict[str, Any]], batch: torch.Tensor) -> torch.Tensor:
+    def _grow(self, cache: DynamicCache, tokens: int) -> None:
+        """Where the cache holds fewer than `tokens` positions (a trace skipped the steps
+        that grow it), every layer's K and V at `tokens` positions: new, unfilled tensors of
+        the bytes those steps would have left."""
+        from transformers.cache_utils import DynamicLayer
+
+        first = cache.layers[0]
+        assert isinstance(first, DynamicLayer) and first.keys is not None  # the prefill's
+        if first.keys.shape[2] >= tokens:
+            return
+        for layer in cache.layers:
+            assert isinstance(layer, DynamicLayer) and layer.keys is not None  # the prefill's
+            shape = (*layer.keys.shape[:2], tokens, layer.keys.shape[3])
+            layer.keys = torch.empty(shape, dtype=layer.keys.dtype, device=self.device)
+            layer.values = torch.empty_like(layer.keys)
+
+    def _generate_batch(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
+                        batch: torch.Tensor) -> torch.Tensor:
         """One batch of sequences in the pool: chunked prefill, then a fixed-length decode."""
         assert self.pool is not None
         prompt, response = self.config.max_prompt_length, self.config.max_response_length
@@ -337,14 +365,15 @@ class RolloutEngine:
                 for i in range(self.layers)]
 
     def _static_cache(self, views: list[tuple[torch.Tensor, torch.Tensor]],
-                      filled: int) -> Any:
+                      filled: int) -> StaticCache:
         """transformers' StaticCache over `views` (no memory of its own), `filled` tokens in."""
-        from transformers.cache_utils import StaticCache
+        from transformers.cache_utils import StaticCache, StaticLayer
 
         rows, heads, length, head_dim = views[0][0].shape
         cache = StaticCache(config=self.model_config, max_cache_len=length)
         cache.early_initialization(rows, heads, head_dim, self.dtype, torch.device("meta"))
         for layer, (keys, values) in zip(cache.layers, views, strict=True):
+            assert isinstance(layer, StaticLayer)  # a full-attention model's
             layer.keys, layer.values, layer.device = keys, values, keys.device
             layer.cumulative_length = torch.tensor(filled, device=keys.device)
         return cache
@@ -355,7 +384,7 @@ class PolicyRollout(RolloutEngine):
     without vLLM): HF generation's growing KV cache, no weights of its own to hold, load or
     free; the step runs it under the actor's autocast."""
 
-    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+    def start(self, profile_inputs: ProfileInputs) -> None:
         self.awake = False
 
     def weight_names(self) -> list[str]:

@@ -17,9 +17,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from autotune.probe.process_tag import read_anon_peak_bytes, read_statm_bytes, sample_interval_s
+
+if TYPE_CHECKING:
+    import torch
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -95,7 +98,7 @@ class Meter(Protocol):
     the same bytes in place of each other.
     """
 
-    device: Any  # the torch device the step's tensors live on
+    device: torch.device  # the device the step's tensors live on
     gpu_kernels: bool  # the step uses a GPU's kernels (dtype, AdamW's foreach step)
     runs_kernels: bool  # the step's kernels really run (a trace only allocates their outputs)
     current_phase: str | None
@@ -126,15 +129,15 @@ class Meter(Protocol):
         """Bytes `run` adds at its peak (vLLM's profile run)."""
         ...
 
-    def to_host(self, tensor: Any) -> Any:
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of `tensor` (offload), counted as host memory."""
         ...
 
-    def to_device(self, tensor: Any) -> Any:
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A device copy of a host tensor."""
         ...
 
-    def on_host(self, tensor: Any) -> bool:
+    def on_host(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor` is held in host memory."""
         ...
 
@@ -143,11 +146,11 @@ class MemoryMeter:
     """Per-phase peaks of device memory and host RSS, sampled and read from the kernel: the
     probe's Meter."""
 
-    def __init__(self, device: Any, device_limit_bytes: int | None = None,
+    def __init__(self, device: torch.device, device_limit_bytes: int | None = None,
                  on_limit: Callable[[str, int], None] | None = None,
                  interval_s: float | None = None) -> None:
         self.device = device
-        self.is_cuda = getattr(device, "type", str(device)) == "cuda"
+        self.is_cuda = device.type == "cuda"
         self.gpu_kernels = self.is_cuda  # whose kernels' memory the step has (trace.py: set)
         self.runs_kernels = True
         self.device_limit_bytes = device_limit_bytes
@@ -189,7 +192,7 @@ class MemoryMeter:
 
     # -- host memory: where offload puts a tensor, so the device figure leaves it out --------
 
-    def to_host(self, tensor: Any) -> Any:
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy: pinned memory beside a GPU; shared memory on a CPU device (RSS counts
         it, the device figure, anonymous RSS, does not)."""
         import torch
@@ -199,12 +202,12 @@ class MemoryMeter:
             return host.copy_(tensor, non_blocking=False)
         return tensor.clone().share_memory_()
 
-    def to_device(self, tensor: Any) -> Any:
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.is_cuda:
             return tensor.to(self.device, non_blocking=True)
         return tensor.clone()
 
-    def on_host(self, tensor: Any) -> bool:
+    def on_host(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type == "cpu" if self.is_cuda else tensor.is_shared()
 
     def read_host_held_bytes(self) -> int:
@@ -332,10 +335,10 @@ def write_allocator_snapshot(folder: Path, phase: str) -> None:
          "allocated_bytes": int(torch.cuda.memory_allocated()), "segments": segments}))
 
 
-def measure_peak_bytes(device: Any, run: Callable[[], None]) -> int:
+def measure_peak_bytes(device: torch.device, run: Callable[[], None]) -> int:
     """Bytes `run` adds at its peak on `device`: the allocator's peak on a GPU (as vLLM's
     profile run reads it), the RSS high-water mark over the RSS before on a CPU."""
-    if getattr(device, "type", str(device)) == "cuda":
+    if device.type == "cuda":
         import torch
 
         torch.cuda.synchronize(device)
@@ -357,7 +360,7 @@ def read_rss_bytes() -> int:
         return int(handle.read().split()[1]) * _PAGE_BYTES
 
 
-def torch_device(kind: str) -> Any:
+def torch_device(kind: str) -> torch.device:
     """The torch device of a Device's kind (cuda or cpu), checked to be there."""
     import torch
 
@@ -370,7 +373,18 @@ def torch_device(kind: str) -> Any:
     return torch.device(kind)
 
 
-def describe_device(device: Any, limit_bytes: int | None) -> dict[str, Any]:
+class DeviceDescription(TypedDict, total=False):
+    """A probe's device in its result: what it is, its memory, the limit in force, and the
+    versions that produced the figures (describe_device gives them all; a result of a probe
+    that never reached its device, none)."""
+
+    device_name: str
+    device_capacity_bytes: int
+    device_limit_bytes: int | None
+    versions: dict[str, str]
+
+
+def describe_device(device: torch.device, limit_bytes: int | None) -> DeviceDescription:
     """Device name, capacity, the limit in force, and the versions that produced a figure."""
     import platform
 

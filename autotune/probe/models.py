@@ -8,12 +8,16 @@ when it has them. torch and transformers are imported only inside the functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.registry import get_model_spec, read_model_path_config
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-def load_model_config(name: str, model_path: str | None = None) -> Any:
+
+def load_model_config(name: str, model_path: str | None = None) -> PretrainedConfig:
     """The transformers config of a registry model, or of a local directory's config.json."""
     if model_path is not None:
         return _load_local_config(model_path)
@@ -29,14 +33,14 @@ def load_model_config(name: str, model_path: str | None = None) -> Any:
     return Qwen2Config(**spec.text_config, tie_word_embeddings=spec.tie_word_embeddings)
 
 
-def _load_local_config(model_path: str) -> Any:
+def _load_local_config(model_path: str) -> PretrainedConfig:
     read_model_path_config(model_path)  # one clear line before transformers reads it
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_path), local_files_only=True)
 
 
-def is_vl_config(model_config: Any) -> bool:
+def is_vl_config(model_config: PretrainedConfig) -> bool:
     return getattr(model_config, "model_type", "") in ("qwen2_5_vl", "qwen2_vl")
 
 
@@ -47,7 +51,8 @@ def has_weights(model_path: str | None) -> bool:
     return any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
 
 
-def model_class(model_config: Any) -> Any:
+def model_class(model_config: PretrainedConfig
+                ) -> type[PreTrainedModel] | type[AutoModelForCausalLM]:
     """The transformers class that trains this config (causal LM, or Qwen-VL generation)."""
     if getattr(model_config, "model_type", "") == "qwen2_5_vl":
         from transformers import Qwen2_5_VLForConditionalGeneration
@@ -62,7 +67,7 @@ def model_class(model_config: Any) -> Any:
     return AutoModelForCausalLM
 
 
-def count_params(model_config: Any) -> int:
+def count_params(model_config: PretrainedConfig) -> int:
     """Parameter count of the architecture, built on the meta device (no memory, no init)."""
     import torch
 
@@ -71,7 +76,8 @@ def count_params(model_config: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_model(model_config: Any, device: Any, dtype: Any, model_path: str | None = None) -> Any:
+def build_model(model_config: PretrainedConfig, device: torch.device, dtype: torch.dtype,
+                model_path: str | None = None) -> PreTrainedModel:
     """Build the model directly on `device` in `dtype`: random weights, or the checkpoint's.
 
     Weights are initialised where they live (never a full CPU init of a GPU model), so a 7B
@@ -79,7 +85,7 @@ def build_model(model_config: Any, device: Any, dtype: Any, model_path: str | No
     """
     import torch
 
-    if has_weights(model_path):
+    if model_path is not None and has_weights(model_path):
         cls = model_class(model_config)
         return cls.from_pretrained(model_path, dtype=dtype, device_map=str(device),
                                    local_files_only=True)
@@ -87,7 +93,7 @@ def build_model(model_config: Any, device: Any, dtype: Any, model_path: str | No
         return _instantiate(model_config, dtype)
 
 
-def _instantiate(model_config: Any, dtype: Any) -> Any:
+def _instantiate(model_config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
     import torch
 
     cls = model_class(model_config)
@@ -101,7 +107,7 @@ def _instantiate(model_config: Any, dtype: Any) -> Any:
         torch.set_default_dtype(previous)
 
 
-def special_token_ids(model_config: Any) -> set[int]:
+def special_token_ids(model_config: PretrainedConfig) -> set[int]:
     """Every `*_token_id` the config names (its text config's too): BOS, EOS, padding, and a
     VL model's image, video and vision frame tokens."""
     ids: set[int] = set()
@@ -115,7 +121,8 @@ def special_token_ids(model_config: Any) -> set[int]:
     return ids
 
 
-def synthetic_prompt_ids(model_config: Any, rows: int, length: int, generator: Any) -> Any:
+def synthetic_prompt_ids(model_config: PretrainedConfig, rows: int, length: int,
+                         generator: torch.Generator) -> torch.Tensor:
     """[rows, length] random prompt ids that are never a special token: drawn below the
     added-token block at the top of the vocabulary (Qwen's start at <|endoftext|>), with a
     special id lower down replaced (an image token in a prompt would make a VL model expect
@@ -128,7 +135,7 @@ def synthetic_prompt_ids(model_config: Any, rows: int, length: int, generator: A
                                model_config)
 
 
-def without_special_ids(ids: Any, model_config: Any) -> Any:
+def without_special_ids(ids: torch.Tensor, model_config: PretrainedConfig) -> torch.Tensor:
     """`ids` with every special token id replaced by the first ordinary id: what a
     random-weight model generates can be an image token, which a real run's would not."""
     import torch

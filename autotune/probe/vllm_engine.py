@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
-from autotune.probe.engine import KvCacheError
+from autotune.probe.engine import InputsFor, KvCacheError, ProfileInputs
 from autotune.probe.meter import Meter
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from vllm import LLM  # untyped here (pyproject's mypy overrides): its calls unchecked
 
 TIED_HEAD = ("model.embed_tokens.weight", "lm_head.weight")  # what a tied LM head reads
 
@@ -41,9 +45,9 @@ TIED_HEAD = ("model.embed_tokens.weight", "lm_head.weight")  # what a tied LM he
 class VllmEngine:
     """The rollout engine of one rank, a real vLLM; `figures` says what it reserved."""
 
-    def __init__(self, model_config: Any, config: ProbeConfig, device: Any, dtype: torch.dtype,
-                 capacity_bytes: int | None, meter: Meter, weight_names: list[str],
-                 num_params: int, seed: int) -> None:
+    def __init__(self, model_config: PretrainedConfig, config: ProbeConfig,
+                 device: torch.device, dtype: torch.dtype, capacity_bytes: int | None,
+                 meter: Meter, weight_names: list[str], num_params: int, seed: int) -> None:
         self.model_config, self.config, self.device = model_config, config, device
         self.dtype, self.capacity_bytes, self.meter = dtype, capacity_bytes, meter
         self.on_gpu = device.type == "cuda"
@@ -58,7 +62,7 @@ class VllmEngine:
         self.kv_bytes_per_token = (2 * self.element_bytes * int(text.num_hidden_layers)
                                    * int(text.num_key_value_heads) * head_dim)
         self.seed = seed
-        self.llm: Any = None
+        self._llm: LLM | None = None  # built by start()
         self.model_dir = ""
         self.awake = True
         self.figures: dict[str, int] = {}
@@ -76,7 +80,13 @@ class VllmEngine:
                                "`gpu_memory_utilization` when initializing the engine.")
         return budget
 
-    def start(self, profile_inputs: Callable[[int], dict[str, Any]]) -> None:
+    @property
+    def llm(self) -> LLM:
+        """The engine, once `start` has built it."""
+        assert self._llm is not None, "the vLLM engine is used before start()"
+        return self._llm
+
+    def start(self, profile_inputs: ProfileInputs) -> None:
         """Build the engine (vLLM's start-up check and profile run on a GPU), then put it to
         sleep as the trainers do once it is built."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
@@ -91,7 +101,7 @@ class VllmEngine:
         self.model_config.save_pretrained(self.model_dir)
         kv_bytes = self.kv_budget_bytes()
         before = self.meter.read_device_bytes()
-        kwargs: dict[str, Any] = dict(
+        kwargs: dict[str, str | int | float | bool] = dict(
             model=self.model_dir, load_format="dummy", skip_tokenizer_init=True,
             dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[self.dtype],
             enforce_eager=True, max_model_len=config.sequence_length,
@@ -103,7 +113,7 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
-        self.llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
+        self._llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
         cache = self.llm.llm_engine.vllm_config.cache_config
         pool_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
         per_sequence = -(-config.sequence_length // cache.block_size) * cache.block_size
@@ -158,8 +168,8 @@ class VllmEngine:
             self.llm.sleep(level=self.config.sleep_level)
             self.awake = False
 
-    def generate(self, prompt_ids: torch.Tensor, inputs_for: Callable[[torch.Tensor],
-                 dict[str, Any]], rows: torch.Tensor) -> torch.Tensor:
+    def generate(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
+                 rows: torch.Tensor) -> torch.Tensor:
         """Exactly max_response_length sampled tokens for each prompt row, one request per
         row (as verl's agent loop sends them); vLLM schedules them inside its pool."""
         from vllm import SamplingParams

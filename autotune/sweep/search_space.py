@@ -75,22 +75,33 @@ SpaceValue: TypeAlias = "KnobValue | list[Any]"
 SpaceValues: TypeAlias = "dict[str, SpaceValue]"
 
 
+def _no_rules(config: ProbeConfig) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One trial's config, made once from the params Optuna gave (SearchSpace.candidate): the
     params themselves (what dominance compares, what the study keys trials by), the whole
     ProbeConfig they make with the space's fixed knobs and the trainer's ties, the trainer's
-    own keys, and every rule the config breaks. Everything after the ask takes this."""
+    own keys, and the rules the config must pass. Everything after the ask takes this."""
 
     params: Knobs
     config: ProbeConfig
     trainer_values: SpaceValues = field(default_factory=dict)
-    problems: tuple[str, ...] = ()
+    rules: Callable[[ProbeConfig], list[str]] = field(default=_no_rules, repr=False,
+                                                      compare=False)
 
     @property
     def key(self) -> str:
         """The params' identity across trials and drivers (sharing.params_key)."""
         return params_key(self.params)
+
+    @functools.cached_property
+    def problems(self) -> tuple[str, ...]:
+        """Every rule the config breaks, checked when first asked (a config of the space's
+        valid grid, or one being told, needs no check)."""
+        return tuple(self.rules(self.config))
 
 
 @dataclass(frozen=True)
@@ -167,12 +178,16 @@ class SearchSpace:
 
     def candidate(self, params: Mapping[str, KnobValue]) -> Candidate:
         """A trial's params made into its config, once: the config (`config_for`), the
-        trainer's own keys (`trainer_values`), and every rule the config breaks on the
-        space's GPUs (validate_probe_config, then the target trainer's)."""
-        config = self.config_for(params)
-        problems = validate_probe_config(config, self.world_size) + \
+        trainer's own keys (`trainer_values`), and the rules it must pass
+        (`config_problems`)."""
+        return Candidate(dict(params), self.config_for(params), self.trainer_values(params),
+                         self.config_problems)
+
+    def config_problems(self, config: ProbeConfig) -> list[str]:
+        """Every rule `config` breaks on the space's GPUs: validate_probe_config's, then the
+        target trainer's."""
+        return validate_probe_config(config, self.world_size) + \
             (self.rules(config) if self.rules else [])
-        return Candidate(dict(params), config, self.trainer_values(params), tuple(problems))
 
     def config_for(self, params: Mapping[str, KnobValue]) -> ProbeConfig:
         """The full configuration of a trial (not checked: see `candidate`), with the

@@ -122,7 +122,8 @@ def trl_config(shapes: dict, on_gpu: bool = False) -> ProbeConfig:
              **trainer_knobs("trl", on_gpu=on_gpu), **shapes,
              "old_logprob_pass": None, "gradient_checkpointing": False,
              "max_prompt_length": PROMPT_TOKENS}
-    return ProbeConfig(**knobs, **get_adapter("trl").ties(knobs))
+    config = ProbeConfig(**knobs)
+    return config.replace(**get_adapter("trl").ties(config))
 
 
 def imported(text: str) -> list[str]:

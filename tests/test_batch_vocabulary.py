@@ -35,13 +35,12 @@ def test_the_share_is_the_same_everywhere(world):
     assert (share.prompts_per_step, share.responses_per_step, share.responses_per_minibatch,
             share.minibatches, share.val_prompts) == EXPECTED[world]
     assert estimate_memory(model_shape("tiny-qwen2.5"), CONFIG, num_gpus=world).share == share
-    knobs = CONFIG.as_dict()
     for adapter in ADAPTERS.values():
-        assert adapter.share(knobs, Topology(1, world)) == {
+        assert adapter.share(CONFIG, Topology(1, world)) == {
             "responses_per_step": share.responses_per_step,
             "responses_per_minibatch": share.responses_per_minibatch}, adapter.name
-        assert adapter.share(knobs, Topology(world, 1)) == adapter.share(
-            knobs, Topology(1, world))  # nodes x GPUs: only the product counts
+        assert adapter.share(CONFIG, Topology(world, 1)) == adapter.share(
+            CONFIG, Topology(1, world))  # nodes x GPUs: only the product counts
 
 
 @pytest.mark.parametrize("world,emulated", [(1, False), (2, False), (8, True)])

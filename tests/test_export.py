@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.config import Topology
+from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import measured_knobs
@@ -108,7 +108,9 @@ def test_rule_checker_agrees_with_the_simulated_trainer_on_random_configs(adapte
                             "actor": {"fsdp": {"enable_cpu_offload": cfg["cpu_offload"]}}}}
                 if adapter is EASYR1 else
                 {"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": cfg["tp"]}}})
-        problems = adapter.check(knobs, Topology(nnodes, gpus),
+        config = ProbeConfig(**knobs, rollout_tensor_parallel=cfg["tp"],
+                             max_num_batched_tokens=cfg["max_tokens"])  # written as probed
+        problems = adapter.check(config, Topology(nnodes, gpus),
                                  lambda key, default, tree=tree: dotted_get(tree, key, default))
         assert (not problems) == accepts(knobs, nnodes, gpus, cfg), (knobs, nnodes, gpus, cfg,
                                                                        problems)
@@ -270,8 +272,9 @@ def test_trl_rules_agree_with_grpo_config_on_random_configs(tmp_path):
     rng, accepted, refused = random.Random(3), 0, 0
     for _ in range(300):
         knobs = {**random_knobs(rng), "offload_params": False, "offload_optimizer": False}
-        knobs.update(TRL.ties(knobs))  # the sweep's tie: log-probs at the train micro-batch
-        problems = TRL.check(knobs, Topology(1, 1))
+        knobs.update(TRL.ties(ProbeConfig(**knobs)))  # the sweep's tie: log-probs at the
+        # train micro-batch
+        problems = TRL.check(ProbeConfig(**knobs), Topology(1, 1))
         whole_steps = (knobs["global_batch_size"] * knobs["rollout_n"]) \
             % knobs["micro_batch_size_update"] == 0
         if not whole_steps:  # no integer gradient_accumulation_steps: never exported

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.config import Topology
+from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import plan_export
@@ -209,12 +209,12 @@ def test_easyr1_generation_rounds_are_chunked_over_the_gpus(tmp_path):
     knobs = {**STUDY, "rollout_batch_size": 16, "global_batch_size": 8}
     rounds = tmp_path / "rounds.yaml"
     rounds.write_text("data:\n  mini_rollout_batch_size: 4\n")
-    problems = EASYR1.check(knobs, Topology(1, 8), lambda key, default: dotted_get(
+    problems = EASYR1.check(ProbeConfig(**knobs), Topology(1, 8), lambda key, default: dotted_get(
         load_trainer_yaml(str(rounds))[0], key, default))
     assert problems == ["easyr1: data.mini_rollout_batch_size=4 must be divisible by the 8 "
                         "GPUs (each generation round is chunked equally)"]
     rounds.write_text("data:\n  mini_rollout_batch_size: 8\n")
-    assert EASYR1.check(knobs, Topology(1, 8), lambda key, default: dotted_get(
+    assert EASYR1.check(ProbeConfig(**knobs), Topology(1, 8), lambda key, default: dotted_get(
         load_trainer_yaml(str(rounds))[0], key, default)) == []
 
 
@@ -228,7 +228,7 @@ def test_trl_eval_batch_rule_agrees_with_grpo_config(tmp_path, eval_batch, gener
     settings = {"eval_strategy": "steps", "per_device_eval_batch_size": eval_batch,
                 "num_generations_eval": generations_eval}
     knobs = {**STUDY, "micro_batch_size_update": 4 // world}
-    problems = TRL.check(knobs, Topology(1, world), lambda key, default: (
+    problems = TRL.check(ProbeConfig(**knobs), Topology(1, world), lambda key, default: (
         settings.get(key) if settings.get(key) is not None else default))
     values = TRL.tuned_values(knobs, Topology(1, world))
 

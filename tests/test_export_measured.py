@@ -391,9 +391,10 @@ def test_verl_and_easyr1_refuse_a_study_that_skipped_the_old_log_prob_pass():
     probed without it measured less than they hold, and is refused, not exported."""
     for adapter in (VERL, EASYR1):
         knobs = {**KNOBS, "global_batch_size": 8, "old_logprob_pass": False}
-        assert any("old_logprob_pass" in line for line in adapter.check(knobs, Topology(1, 8)))
+        assert any("old_logprob_pass" in line
+                   for line in adapter.check(ProbeConfig(**knobs), Topology(1, 8)))
         assert not any("old_logprob_pass" in line for line in adapter.check(
-            {**knobs, "old_logprob_pass": True}, Topology(1, 8)))
+            ProbeConfig(**{**knobs, "old_logprob_pass": True}), Topology(1, 8)))
 
 
 def test_trl_old_log_prob_pass_round_trips_to_what_was_probed():

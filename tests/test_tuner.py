@@ -307,7 +307,7 @@ def test_a_trainers_rules_keep_the_sweep_to_configs_it_accepts(tmp_path):
 
     topology = Topology(1, 8)  # 16 responses over 8 GPUs: 1 per GPU per mini-batch of 2 prompts
     space = load_search_space("cpu-demo").with_rules(
-        lambda config: VERL.check(config.as_dict(), topology))
+        lambda config: VERL.check(config, topology))
     study, runner = sweep(tmp_path, ModelRunner(limit_bytes=2**40), space=space,
                           max_trials=1000, sampler="random", trainer="verl on 1x8 GPUs")
     assert runner.calls and all(c["micro_batch_size_update"] == 1 for c in runner.calls)

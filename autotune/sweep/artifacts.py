@@ -132,7 +132,7 @@ def best_document(study: Study, trial: FrozenTrial) -> dict[str, Any]:
     attrs = study.user_attrs
     identity = attrs["identity"]
     knobs, trainer_keys = trial_knobs(study, trial)
-    config = ProbeConfig().replace(**knobs)
+    config = ProbeConfig.from_knobs(knobs)
     objective = identity["objective"]
     record = current_record(study)
     return {

@@ -193,7 +193,7 @@ class SearchSpace:
         """The full configuration of a trial (not checked: see `candidate`), with the
         target trainer's ties; the trainer's own keys are left out (see `trainer_values`)."""
         searched = {k: v for k, v in params.items() if not is_trainer_key(k)}
-        config = ProbeConfig().replace(**{**self.fixed_knobs, **searched})
+        config = ProbeConfig.from_knobs({**self.fixed_knobs, **searched})
         return config.replace(**self.ties(config)) if self.ties else config
 
     @property

@@ -79,7 +79,7 @@ class TableTracer(SubprocessTracer):
     term per phase, the least each probe held beyond its trace, 1 GiB before one."""
 
     def __init__(self, space, traced: dict[str, dict[str, int]], on_gpu: bool = False) -> None:
-        super().__init__(lambda params, device: params, on_gpu=False)
+        super().__init__(lambda candidate, device: candidate.params, on_gpu=False)
         self.space, self.table = space, traced
         if on_gpu:
             self.prior_context_bytes = LANDSCAPE_PRIOR_BYTES
@@ -230,9 +230,9 @@ class BeforeTracer(TableTracer):
     taught no fixed term, so the prior stood until a traced config was probed; a trace whose
     engine could not start turned tracing off for the sweep."""
 
-    def learn(self, params, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
-        if params_key(params) in self.traces:
-            super().learn(params, phase_peak_mem_bytes, device)
+    def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
+        if candidate.key in self.traces:
+            super().learn(candidate, phase_peak_mem_bytes, device)
 
     def _run(self, params, key=None):
         traced = super()._run(params)

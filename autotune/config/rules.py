@@ -186,12 +186,12 @@ def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool
         problems.append(f"rollout_engine={engine} on the CPU reserves a share of the device "
                         "cap: add --gpu-memory-limit (e.g. 1GiB), set kv_cache_memory_bytes "
                         "(e.g. 64MiB), or use --engine hf")
-    if engine == "vllm" and config.rollout_tensor_parallel > 1:
+    if config.runs_real_vllm and config.rollout_tensor_parallel > 1:
         problems.append(f"rollout_engine=vllm with rollout_tensor_parallel="
                         f"{config.rollout_tensor_parallel}: the probe runs one vLLM in its "
                         "process, on one GPU; use rollout_engine=vllm-like for tensor-parallel "
                         "rollouts")
-    if engine == "vllm" and is_vl:
+    if config.runs_real_vllm and is_vl:
         problems.append("rollout_engine=vllm runs text models only for now (a VL prompt's "
                         "image would go through vLLM's processor); use rollout_engine=vllm-like")
     return problems

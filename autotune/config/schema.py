@@ -229,6 +229,12 @@ class ProbeConfig:
         return engine_reserves(self.rollout_engine)
 
     @property
+    def runs_real_vllm(self) -> bool:
+        """The rollout is the real vLLM, in the probe's process (not the stand-in with its
+        memory)."""
+        return self.rollout_engine == "vllm"
+
+    @property
     def actor_generates(self) -> bool:
         """The trained model generates itself: no engine copy of the weights (TRL without
         vLLM)."""

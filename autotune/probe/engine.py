@@ -57,12 +57,6 @@ class KvCacheError(RuntimeError):
     """The engine cannot start: its words are vLLM's (oom.py reads them as cache_oom)."""
 
 
-def real_vllm(config: ProbeConfig) -> bool:
-    """Whether the rollout engine is the real vLLM (vllm_engine.py), not the stand-in with
-    its memory (vllm-like): a rule ProbeConfig has no member for."""
-    return config.rollout_engine == "vllm"
-
-
 def engine_capacity_bytes(config: ProbeConfig, device: Device) -> int | None:
     """The memory whose gpu_memory_utilization a vLLM engine reserves: what the probe may use
     of its device (its cap, else the device); on a CPU only under a cap. None where nothing

@@ -56,7 +56,6 @@ from autotune.probe.engine import (
     Rollout,
     RolloutEngine,
     engine_capacity_bytes,
-    real_vllm,
 )
 from autotune.probe.logprob import entropy, fused_head
 from autotune.probe.machine import MachineWatch
@@ -243,7 +242,7 @@ class TrainingProbe:
         compute-dtype copy of the actor, split over `rollout_tensor_parallel` ranks."""
         config, request = self.config, self.request
         capacity = engine_capacity_bytes(config, request.device)
-        if real_vllm(config):
+        if config.runs_real_vllm:
             names = [name for name, _ in named_weights(self.model)]
             return VllmEngine(self.model_config, config, self.device, self.compute_dtype,
                               capacity, self.meter, names, self.num_params, request.seed)

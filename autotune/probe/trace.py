@@ -401,12 +401,11 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     it: the same bytes). `events`, when given, receives the recorded allocation stream
     (memory/allocator.py's events), for a replay under other settings or caps.
     """
-    from autotune.probe.engine import real_vllm
     from autotune.probe.sharding import leave_group
     from autotune.probe.step import TrainingProbe, allocator_settings
 
     started = time.perf_counter()
-    if real_vllm(request.config):
+    if request.config.runs_real_vllm:
         request = dataclasses.replace(request, config=request.config.replace(
             rollout_engine="vllm-like"))
     if request.world_size > 1:  # rank 0, its peers over the fake process group

@@ -37,15 +37,15 @@ _FACE = {
 }
 __all__ = ["__version__", *_FACE]
 
-if TYPE_CHECKING:
-    from autotune.config import ProbeConfig, Topology
-    from autotune.errors import AutotuneError, ConfigError
-    from autotune.estimates import Estimate, estimate
-    from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
-    from autotune.sweep.best_export import TrainerExport, export_study
-    from autotune.sweep.driver import SweepOutcome, run_sweep
-    from autotune.sweep.plan import ProbeOptions, RunOptions, SweepPlan, plan_sweep
-    from autotune.sweep.storage import load_study
+if TYPE_CHECKING:  # the face's types for a type checker; at run time __getattr__ loads them
+    from autotune.config import ProbeConfig, Topology  # noqa: F401
+    from autotune.errors import AutotuneError, ConfigError  # noqa: F401
+    from autotune.estimates import Estimate, estimate  # noqa: F401
+    from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: F401
+    from autotune.sweep.best_export import TrainerExport, export_study  # noqa: F401
+    from autotune.sweep.driver import SweepOutcome, run_sweep  # noqa: F401
+    from autotune.sweep.plan import ProbeOptions, RunOptions, SweepPlan, plan_sweep  # noqa: F401
+    from autotune.sweep.storage import load_study  # noqa: F401
 
 
 def __getattr__(name: str) -> object:

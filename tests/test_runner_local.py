@@ -155,7 +155,9 @@ def test_probe_files_sit_beside_the_log_and_scratch_dirs_of_dead_processes_go(
     for path in (stale, live):
         path.mkdir(exist_ok=True)
     try:
-        SubprocessRunner()
+        runner = SubprocessRunner()
+        assert stale.exists()  # making a runner changes nothing; its first probe cleans up
+        runner.start()
         assert not stale.exists() and live.exists()
     finally:
         shutil.rmtree(live, ignore_errors=True)

@@ -16,6 +16,7 @@ import click
 
 from autotune.config import (
     ALGORITHMS,
+    DEFAULT_HEADROOM,
     DTYPE_CHOICES,
     engine_choices,
     parse_assignments,
@@ -106,7 +107,8 @@ algorithm = click.option(
     help="grpo (no critic) or ppo (GAE with a critic on the same GPUs; rollout_n 1 unless "
          "set). Default: a trainer base config's estimator, else the space's, else grpo; the "
          "same as --set algorithm=...")
-headroom = click.option("--headroom", type=SHARE, default="10%", show_default=True,
+headroom = click.option("--headroom", type=SHARE, default=f"{DEFAULT_HEADROOM:.0%}",
+                        show_default=True,
                         help="Device memory kept free in every phase of a feasible config.")
 
 # -- how a probe runs: `probe` and `run` --------------------------------------------------

@@ -17,6 +17,7 @@ from autotune.config import (
     Knobs,
     ProbeConfig,
     algorithm_defaults,
+    budget_bytes,
     format_bytes,
     model_problems,
     validate_probe_config,
@@ -60,7 +61,7 @@ class EstimatePlan:
         """Which constraint the config is closest to (or past): the GPU's budget, the node's
         RAM where its OOM killer acts (`host`: node_host()), or --host-memory-limit on one
         rank's host memory."""
-        budget = int((1 - headroom) * self.capacity_bytes)
+        budget = budget_bytes(self.capacity_bytes, headroom)
         shares = {f"the GPU's budget ({gpu_peak_bytes / budget:.0%} of "
                   f"{format_bytes(budget)})": gpu_peak_bytes / budget,
                   f"the node's host memory ({host.peak_bytes / host.kill_bytes:.0%} of the "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import Knobs, Topology
+from autotune.config import Knobs, ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.sweep.search_space import SearchSpace
 from autotune.trainers import get_adapter
-from autotune.trainers.adapter import Adapter, knob_config
+from autotune.trainers.adapter import Adapter
 from autotune.trainers.export_plan import dotted_get, refused_settings
 from autotune.trainers.render import TrainerYaml, trainer_start
 
@@ -47,7 +47,7 @@ def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
     if start.get("dynamic_batching") and "max_token_len_update" in adapter.keys:
         # the run batches by tokens: search the budgets the trainer takes (verl), in whole
         # sequences of the run's length; EasyR1's budget is its micro-batch x that length
-        tokens = knob_config(start).sequence_length
+        tokens = ProbeConfig.from_knobs(start).sequence_length
         space = space.with_token_budgets(tokens)
         notes.append(f"{trainer} batches by tokens (dynamic batching on): searching "
                      f"token budgets in whole {tokens}-token sequences")

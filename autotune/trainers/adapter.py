@@ -125,7 +125,7 @@ class Adapter:
                        get: Getter | None = None) -> TrainerKeys:
         """The keys of every derived part whose knobs are all given; with `get` (the user's
         config), none of a part that already reads back as the knobs' values."""
-        config = knob_config(knobs)
+        config = ProbeConfig.from_knobs(knobs)
         values: TrainerKeys = {}
         for part in self.derived:
             if any(knobs.get(knob) is None for knob in part.knobs):
@@ -142,7 +142,7 @@ class Adapter:
         config). `knobs` may be some of a config's (a study's, as it recorded them): a knob
         not given, or none, is not written."""
         values: TrainerKeys = {}
-        for knob, keys in self.keys_for(knob_config(knobs)).items():
+        for knob, keys in self.keys_for(ProbeConfig.from_knobs(knobs)).items():
             if knobs.get(knob) is None:
                 continue
             for key in keys:
@@ -161,7 +161,7 @@ class Adapter:
                  if get(keys[0], None) is not None}
         for part in self.derived:
             knobs.update(part.read(get, topology))
-        if knob_config(knobs).has_critic:  # the critic's own knobs, where it has them
+        if ProbeConfig.from_knobs(knobs).has_critic:  # the critic's own knobs, where it has them
             knobs.update({knob: get(keys[0], None) for knob, keys in
                           (self.critic_keys or {}).items()
                           if knob not in knobs and get(keys[0], None) is not None})
@@ -275,12 +275,6 @@ def owning_keys(key: str, owners: dict[str, str | Derived], critic: dict[str, st
         [k for k in critic if k.rsplit(".", 1)[-1] == key]
     owners.update({k: critic[k] for k in found if k in critic and k not in owners})
     return found if found and len({id(owners[k]) for k in found}) == 1 else []
-
-
-def knob_config(knobs: Knobs) -> ProbeConfig:
-    """The whole config that `knobs` (some of a config's) give, the rest at their defaults:
-    what a derived part's keys, and whether a critic is trained, are read from."""
-    return ProbeConfig().replace(**knobs)
 
 
 def even_share(config: ProbeConfig, topology: Topology) -> dict[str, int]:

@@ -25,7 +25,6 @@ from autotune.trainers.adapter import (
     TrainerKeys,
     TrainerTree,
     TrainerValue,
-    knob_config,
 )
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
@@ -84,7 +83,7 @@ def measured_knobs(knobs: Knobs) -> Knobs:
                        **knobs}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
-    if "rollout_engine" not in knobs or knob_config(measured).engine_reserves:
+    if "rollout_engine" not in knobs or ProbeConfig.from_knobs(measured).engine_reserves:
         return measured
     return {k: v for k, v in measured.items() if k not in ENGINE_ONLY_KNOBS}  # hf, policy
 
@@ -108,7 +107,7 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
             and "offload_params" in searched:  # the reference followed the searched offload
         searched = {*searched, "offload_ref_params"}
     knobs = with_token_budgets(measured_knobs(knobs))
-    config = knob_config(knobs)  # the whole config the rules read, as the probe ran it
+    config = ProbeConfig.from_knobs(knobs)  # the whole config the rules read, as the probe ran it
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
     plan.run = run_lines(adapter, knobs, config, topology)
@@ -183,7 +182,7 @@ def tuned_keys(plan: ExportPlan, adapter: Adapter, knobs: Knobs, topology: Topol
             continue  # a companion that only clears a key the user's file does not have
         plan.values[key] = value
     why: dict[str, str] = {}
-    config = knob_config(knobs)
+    config = ProbeConfig.from_knobs(knobs)
     table = adapter.keys_for(config)
     for knob in knobs:
         for key in table.get(knob, ()):
@@ -287,8 +286,9 @@ def batching_line(adapter: Adapter, knobs: Knobs, tree: TrainerTree | None) -> s
         return (f"batching: fixed micro-batches, as probed: {adapter.name} has no token "
                 "budgets (no dynamic batching)")
     if knobs.get("dynamic_batching"):
+        phases = ProbeConfig.from_knobs(knobs).batched_phases
         budgets = ", ".join(f"{knobs[BUDGET_KNOB[phase]]:,} tokens per GPU per {phase} "
-                            "micro-batch" for phase in knob_config(knobs).batched_phases)
+                            "micro-batch" for phase in phases)
         return (f"batching: token budgets (dynamic batching on, as probed): {budgets}, "
                 "probed with every response at its full length, so no micro-batch holds "
                 "more tokens than measured")
@@ -360,7 +360,7 @@ def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Tr
 
     stated: dict[str, tuple[str, TrainerValue]] = {}  # knob -> (where the user's value is,
     # the value)
-    for knob, keys in adapter.keys_for(knob_config(knobs)).items():
+    for knob, keys in adapter.keys_for(ProbeConfig.from_knobs(knobs)).items():
         have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
         if have is not MISSING and have is not None:
             stated[knob] = (keys[0], have)

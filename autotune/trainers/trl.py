@@ -114,7 +114,7 @@ def _trl_engine(config: ProbeConfig, topo: Topology) -> TrainerKeys:
 
 def _trl_old_pass(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     """num_iterations 2 where the pass is asked for and one optimizer step takes the whole
-    generation (TRL would skip it at 1), else TRL's default 1 (config.py refuses the pass
+    generation (TRL would skip it at 1), else TRL's default 1 (config/rules.py refuses the pass
     off where the generation feeds several steps)."""
     one_step = config.rollout_batch_size == config.global_batch_size
     return {"num_iterations": 2 if config.old_logprob_pass and one_step else 1}

@@ -7,9 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.batching import ALGORITHM_WITH_CRITIC, KnobMapping, budget_problems
+from autotune.batching import KnobMapping, budget_problems
 from autotune.config.kernels import IMAGE_FRAME_TOKENS, IMAGE_TOKEN_PX
-from autotune.config.schema import CRITIC_KNOBS, Knobs, ProbeConfig, image_tokens
+from autotune.config.schema import (
+    CRITIC_KNOBS,
+    Knobs,
+    ProbeConfig,
+    image_tokens,
+    trains_critic,
+)
 from autotune.errors import ConfigError
 
 
@@ -29,7 +35,7 @@ def old_pass_problem(config: ProbeConfig, trainer: str) -> list[str]:
 
 def make_probe_config(values: Mapping[str, Any], world_size: int = 1) -> ProbeConfig:
     """Build a ProbeConfig from typed values and check the rules every trainer shares."""
-    config = ProbeConfig(**values)
+    config = ProbeConfig.from_knobs(values)
     problems = validate_probe_config(config, world_size)
     if problems:
         raise ConfigError(problems)
@@ -154,7 +160,7 @@ def critic_problems(config: ProbeConfig, world_size: int = 1) -> list[str]:
 def algorithm_defaults(named: KnobMapping) -> Knobs:
     """The knobs an algorithm sets when nothing else names them: PPO's rollout.n is 1 (one
     response per prompt, the value model is the baseline; verl's ppo_trainer.yaml)."""
-    if named.get("algorithm") == ALGORITHM_WITH_CRITIC and "rollout_n" not in named:
+    if trains_critic(named.get("algorithm")) and "rollout_n" not in named:
         return {"rollout_n": 1}
     return {}
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from autotune.batching import BATCHED_PHASES, KnobValue
+from autotune.batching import ALGORITHM_WITH_CRITIC, BATCHED_PHASES, KnobValue
 from autotune.config.kernels import IMAGE_TOKEN_PX
 
 # a knob's value, and knobs by name where only some are given (a space's fixed values, a
@@ -39,7 +39,7 @@ VLLM_ENGINES = ("vllm", "vllm-like")
 
 def trains_critic(algorithm: KnobValue) -> bool:
     """Whether `algorithm` trains a critic on the run's GPUs (PPO); ProbeConfig.has_critic."""
-    return algorithm == "ppo"
+    return algorithm == ALGORITHM_WITH_CRITIC
 
 
 def engine_reserves(engine: KnobValue) -> bool:

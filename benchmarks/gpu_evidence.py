@@ -393,8 +393,9 @@ NOISE_REPEATS = 5
 NOISE_MODEL, NOISE_SHAPES = "qwen2.5-0.5b", SHAPES
 
 
-def noise_repeats(device: str, left_s: Callable[[], float]) -> dict:
-    """Each NOISE_CONFIGS config probed NOISE_REPEATS times, interleaved, quiet and then with
+def noise_repeats(device: str, left_s: Callable[[], float], repeats: int = NOISE_REPEATS
+                  ) -> dict:
+    """Each NOISE_CONFIGS config probed `repeats` times, interleaved, quiet and then with
     traces running beside the probes (a pool of trace processes on the CPU, as the old
     evidence run did): each probe's tokens/s, its step spread and contention flag, and each
     config's coefficient of variation over its repeats in each condition."""
@@ -403,7 +404,7 @@ def noise_repeats(device: str, left_s: Callable[[], float]) -> dict:
     from autotune.probe.result import coefficient_of_variation
 
     runner = SubprocessRunner()
-    out: dict = {"repeats": NOISE_REPEATS, "conditions": {}}
+    out: dict = {"repeats": repeats, "conditions": {}}
     for condition in ("quiet", "beside traces"):
         pool = None
         if condition == "beside traces":
@@ -411,7 +412,7 @@ def noise_repeats(device: str, left_s: Callable[[], float]) -> dict:
             for case in CASES[:8]:
                 pool.submit(trace_case, case, None)
         runs: dict[str, list[dict]] = {label: [] for label in NOISE_CONFIGS}
-        for _ in range(NOISE_REPEATS):
+        for _ in range(repeats):
             for label, knobs in NOISE_CONFIGS.items():
                 if left_s() < 30:
                     break
@@ -462,6 +463,8 @@ def main() -> int:
     parser.add_argument("--noise", choices=("cuda", "cpu"), default=None,
                         help="only the noise experiment (issue 49), on this device (cpu: a "
                              "dry run of its code)")
+    parser.add_argument("--noise-repeats", type=int, default=NOISE_REPEATS,
+                        help="repeats of each config in the noise experiment")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     started = time.monotonic()
@@ -470,7 +473,7 @@ def main() -> int:
         return args.deadline_s - (time.monotonic() - started)
 
     if args.noise is not None:
-        noise = noise_repeats(args.noise, left_s)
+        noise = noise_repeats(args.noise, left_s, args.noise_repeats)
         lines = describe_noise(noise)
         print("\n".join(lines), flush=True)
         args.out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,11 @@ _KNOB_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(P
 _KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     f.name: f.metadata["choices"] for f in dataclasses.fields(ProbeConfig)
     if "choices" in f.metadata}
+_KNOB_MINIMUM: dict[str, int] = {f.name: f.metadata.get("minimum", 1)
+                                 for f in dataclasses.fields(ProbeConfig)}
+# a module name as peft matches it (a suffix of the module's path): letters, digits, _ and .
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+ALL_LINEAR = "all-linear"  # peft's (and the trainers') every linear layer but the LM head
 
 
 def engine_choices() -> tuple[str, ...]:
@@ -47,6 +53,8 @@ def parse_knob_value(key: str, raw: object) -> KnobValue:
         if text in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{key}={raw!r}: expected true or false")
+    if kind == "str" and key not in _KNOB_CHOICES:
+        return parse_module_names(key, raw)
     if kind == "str":
         choices = _KNOB_CHOICES[key]
         if isinstance(raw, str) and text in choices:
@@ -71,11 +79,24 @@ def parse_knob_value(key: str, raw: object) -> KnobValue:
         value = int(str(raw).strip())
     except ValueError:
         raise ConfigError(f"{key}={raw!r}: expected a positive integer") from None
-    if value < 1:
-        raise ConfigError(f"{key}={value}: must be at least 1")
+    if value < _KNOB_MINIMUM[key]:
+        raise ConfigError(f"{key}={value}: must be at least {_KNOB_MINIMUM[key]}")
     if value > MAX_KNOB_VALUE:
         raise ConfigError(f"{key}={value}: must be at most {MAX_KNOB_VALUE}")
     return value
+
+
+def parse_module_names(key: str, raw: object) -> str:
+    """`all-linear`, or module names (a YAML list or comma-separated) as one comma-separated
+    string: the form a knob's value takes."""
+    names = [str(name).strip() for name in raw] if isinstance(raw, list | tuple) \
+        else str(raw).split(",") if isinstance(raw, str) else None
+    if names is not None and [n.lower() for n in names] == [ALL_LINEAR]:
+        return ALL_LINEAR
+    if not names or not all(_MODULE_NAME.fullmatch(name.strip()) for name in names):
+        raise ConfigError(f"{key}={raw!r}: expected {ALL_LINEAR} or module names, "
+                          "comma-separated (q_proj,v_proj)")
+    return ",".join(name.strip() for name in names)
 
 
 def parse_share(raw: object, problem: str) -> float:

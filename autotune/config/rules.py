@@ -11,6 +11,7 @@ from autotune.batching import KnobMapping, budget_problems
 from autotune.config.kernels import IMAGE_FRAME_TOKENS, IMAGE_TOKEN_PX
 from autotune.config.schema import (
     CRITIC_KNOBS,
+    LORA_KNOBS,
     Knobs,
     ProbeConfig,
     image_tokens,
@@ -46,7 +47,10 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     """The trainer-independent rules of a GRPO step on `world_size` GPUs; returns every broken
     rule as one line. Each GPU takes an equal share of the prompts, and its share of each
     optimizer step (and of each step) must split into whole micro-batches."""
-    problems = batch_problems(config, world_size)
+    problems = parallel_problems(config, world_size)
+    problems += batch_problems(config, world_size // config.ulysses_sequence_parallel_size
+                               if not world_size % config.ulysses_sequence_parallel_size
+                               else world_size)
     problems += budget_problems(config.as_dict())
     problems += critic_problems(config, world_size)
     problems += rollout_problems(config, world_size)
@@ -57,8 +61,26 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     return problems + logprob_problems(config)
 
 
+def parallel_problems(config: ProbeConfig, world_size: int) -> list[str]:
+    """Ulysses sequence parallelism divides the run's GPUs (its data-parallel size is the
+    GPUs over it); LoRA's knobs are read only with a rank."""
+    problems = []
+    sp = config.ulysses_sequence_parallel_size
+    if world_size % sp:
+        problems.append(f"ulysses_sequence_parallel_size={sp} does not divide the {world_size} "
+                        f"GPU{'s' if world_size > 1 else ''} of the run (each sequence is "
+                        f"split over {sp} ranks); use a divisor of {world_size}")
+    defaults = ProbeConfig()
+    lora_knobs = [k for k in LORA_KNOBS if getattr(config, k) != getattr(defaults, k)]
+    if not config.uses_lora and lora_knobs:
+        problems.append(f"{', '.join(lora_knobs)}: LoRA knobs, but lora_rank=0 (full "
+                        "fine-tuning); set lora_rank (e.g. 64) or remove them")
+    return problems
+
+
 def batch_problems(config: ProbeConfig, world_size: int) -> list[str]:
-    """How the batches split: an optimizer step within a step, equal shares per GPU, whole
+    """How the batches split over `world_size` data-parallel ranks (the GPUs over the
+    sequence-parallel size): an optimizer step within a step, equal shares per rank, whole
     micro-batches (dynamic batching cuts by tokens: no whole-count rule)."""
     problems = []
     w, n = world_size, config.rollout_n

@@ -30,6 +30,7 @@ ALGORITHMS = ("grpo", "ppo")
 CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
                 "critic_gradient_checkpointing", "critic_offload_params",
                 "critic_offload_optimizer")  # read only where the algorithm has a critic
+LORA_KNOBS = ("lora_alpha", "lora_target_modules")  # read only where lora_rank > 0
 # float knobs that are a loss coefficient (0 or more), not a share of the device
 COEFFICIENT_KNOBS = ("entropy_coeff",)
 # the engines with vLLM's memory: a KV pool reserved at start, sized by gpu_memory_utilization
@@ -198,6 +199,22 @@ class ProbeConfig:
     critic_offload_optimizer: bool = field(
         default=False, metadata={"help": "ppo: the critic's optimizer state to host between "
                                          "phases"})
+    lora_rank: int = field(default=0, metadata={
+        "help": "LoRA adapters' rank (0: full fine-tuning): the base weights frozen, gradients "
+                "and AdamW state for the adapters only, the reference model the actor with its "
+                "adapters off (verl's lora_rank, EasyR1's lora.rank, TRL's peft_config.r)",
+        "minimum": 0})
+    lora_alpha: int = field(default=16, metadata={
+        "help": "LoRA's scaling numerator (verl's lora_alpha; no effect on memory)"})
+    lora_target_modules: str = field(default="all-linear", metadata={
+        "help": "the linear layers that get adapters: all-linear (every linear layer but the "
+                "LM head, as peft reads it) or their names, comma-separated "
+                "(q_proj,v_proj)", "pattern": "modules"})
+    ulysses_sequence_parallel_size: int = field(default=1, metadata={
+        "help": "Ulysses sequence parallelism: each sequence's tokens split over this many "
+                "ranks, all-to-all around attention; divides the run's GPUs and the attention "
+                "heads; the data-parallel size is the GPUs over it (verl's "
+                "ulysses_sequence_parallel_size, EasyR1's ulysses_size)"})
     image_size_px: int = field(
         default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
                                         "tokens, room in the default 256-token prompt"})
@@ -239,6 +256,18 @@ class ProbeConfig:
         """The trained model generates itself: no engine copy of the weights (TRL without
         vLLM)."""
         return self.rollout_engine == "policy"
+
+    @property
+    def uses_lora(self) -> bool:
+        """LoRA: the base weights frozen, adapters trained, the reference the actor with its
+        adapters off (no copy)."""
+        return self.lora_rank > 0
+
+    @property
+    def holds_ref_copy(self) -> bool:
+        """A reference model of its own: KL without LoRA (with LoRA the trainers take the
+        reference log-probs from the actor with its adapters off)."""
+        return self.use_kl and not self.uses_lora
 
     @property
     def batched_phases(self) -> tuple[str, ...]:
@@ -357,4 +386,11 @@ MEMORY_DIRECTION: dict[str, int] = {
     "critic_gradient_checkpointing": -1, "critic_offload_params": -1,
     "critic_offload_optimizer": -1,
     "algorithm": 0,  # not ordered (a critic adds memory, but the values name algorithms)
+    # LoRA: more rank, more adapters (with their gradients and AdamW state); on (any rank)
+    # drops the base's gradients, AdamW state and the reference copy, but the order of the
+    # values starts at 0: rank 0 needs the most, so no monotone direction across 0
+    "lora_rank": 0, "lora_alpha": 0, "lora_target_modules": 0,
+    # each rank holds 1/sp of each sequence's activations and logits, but sp x the
+    # sequences of a W-rank share (its data-parallel group is W/sp): less per token budget
+    "ulysses_sequence_parallel_size": -1,
 }

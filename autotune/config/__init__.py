@@ -37,11 +37,13 @@ from autotune.config.rules import (
     make_probe_config,
     model_problems,
     old_pass_problem,
+    sequence_parallel_problems,
     torch_adamw_problem,
     validate_probe_config,
 )
 from autotune.config.schema import (
     ALGORITHMS,
+    ALL_LINEAR,
     COEFFICIENT_KNOBS,
     CRITIC_KNOBS,
     DTYPE_BYTES,
@@ -77,8 +79,8 @@ from autotune.config.units import (
 )
 
 __all__ = [
-    "ALGORITHMS", "COEFFICIENT_KNOBS", "CRITIC_KNOBS", "LORA_KNOBS", "DEFAULT_HEADROOM",
-    "DTYPE_BYTES",
+    "ALL_LINEAR", "ALGORITHMS", "COEFFICIENT_KNOBS", "CRITIC_KNOBS", "LORA_KNOBS",
+    "DEFAULT_HEADROOM", "DTYPE_BYTES",
     "DTYPE_CHOICES", "ENTROPY_CHUNK_ROWS", "FUSED_CHUNK_TOKENS", "IMAGE_FRAME_TOKENS",
     "IMAGE_TOKEN_PX", "KNOB_NAMES", "MAX_BYTES", "MAX_KNOB_VALUE", "MEMORY_DIRECTION", "PHASES",
     "TRITON_DLOGITS_COLUMNS", "TRITON_VOCAB_SPLIT", "TRL_TOKEN_TILE", "TRL_VOCAB_CHUNK",
@@ -87,7 +89,8 @@ __all__ = [
     "budget_bytes", "compute_bytes", "compute_dtype", "critic_problems", "describe_engine",
     "describe_params", "device_problems", "device_share", "engine_choices", "engine_problems",
     "format_bytes", "image_tokens", "load_knob_file", "make_probe_config", "model_problems",
-    "old_pass_problem", "old_pass_runs", "parse_assignments", "parse_bytes",
+    "old_pass_problem", "sequence_parallel_problems", "old_pass_runs", "parse_assignments",
+    "parse_bytes",
     "parse_duration_s", "parse_headroom", "parse_knob_value", "parse_share",
     "torch_adamw_problem", "trains_critic", "engine_reserves", "unknown_key_message",
     "validate_probe_config",

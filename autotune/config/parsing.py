@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.config.schema import (
+    ALL_LINEAR,
     COEFFICIENT_KNOBS,
     KNOB_NAMES,
     MAX_KNOB_VALUE,
@@ -28,7 +29,6 @@ _KNOB_MINIMUM: dict[str, int] = {f.name: f.metadata.get("minimum", 1)
                                  for f in dataclasses.fields(ProbeConfig)}
 # a module name as peft matches it (a suffix of the module's path): letters, digits, _ and .
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-ALL_LINEAR = "all-linear"  # peft's (and the trainers') every linear layer but the LM head
 
 
 def engine_choices() -> tuple[str, ...]:

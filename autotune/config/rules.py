@@ -70,6 +70,14 @@ def parallel_problems(config: ProbeConfig, world_size: int) -> list[str]:
         problems.append(f"ulysses_sequence_parallel_size={sp} does not divide the {world_size} "
                         f"GPU{'s' if world_size > 1 else ''} of the run (each sequence is "
                         f"split over {sp} ranks); use a divisor of {world_size}")
+    if sp > 1 and config.has_critic:
+        problems.append(f"ulysses_sequence_parallel_size={sp} with algorithm=ppo: the probe "
+                        "splits the actor's and the reference's sequences, not the critic's "
+                        "(its own ulysses size); probe PPO with 1")
+    if sp > 1 and config.fused_logprob:
+        problems.append(f"ulysses_sequence_parallel_size={sp} with fused_logprob: the probe "
+                        "takes a slice's log-probs from its whole logits; set fused_logprob="
+                        "false")
     defaults = ProbeConfig()
     lora_knobs = [k for k in LORA_KNOBS if getattr(config, k) != getattr(defaults, k)]
     if not config.uses_lora and lora_knobs:
@@ -229,6 +237,11 @@ def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool
 
 def model_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
     """The rules a config must pass for this kind of model (a VL prompt holds its image)."""
+    sp = config.ulysses_sequence_parallel_size
+    if is_vl and sp > 1:
+        return [f"ulysses_sequence_parallel_size={sp} with a VL model: the probe splits text "
+                "sequences only (a VL prompt's image embeddings would be sliced after the "
+                "vision tower); probe it with 1"]
     if is_vl and image_tokens(config) + IMAGE_FRAME_TOKENS > config.max_prompt_length:
         fits = IMAGE_TOKEN_PX * int((config.max_prompt_length - IMAGE_FRAME_TOKENS) ** 0.5)
         return [f"image_size_px={config.image_size_px} makes {image_tokens(config)} image "
@@ -236,3 +249,13 @@ def model_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
                 f"--set max_prompt_length={image_tokens(config) + 64} or "
                 f"image_size_px={max(IMAGE_TOKEN_PX, fits)}"]
     return []
+
+
+def sequence_parallel_problems(sp: int, heads: int, kv_heads: int) -> list[str]:
+    """Ulysses' rule for a model of `heads` attention and `kv_heads` KV heads: sp divides the
+    heads (each rank attends with heads/sp of them), and the KV heads divide sp or sp them
+    (fewer than sp are repeated up to sp: verl's check in its Ulysses attention)."""
+    if sp == 1 or (not heads % sp and not (kv_heads % sp if kv_heads >= sp else sp % kv_heads)):
+        return []
+    return [f"ulysses_sequence_parallel_size={sp} must divide the model's {heads} attention "
+            f"heads, and its {kv_heads} KV heads must divide it or be divisible by it"]

@@ -30,6 +30,7 @@ ALGORITHMS = ("grpo", "ppo")
 CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
                 "critic_gradient_checkpointing", "critic_offload_params",
                 "critic_offload_optimizer")  # read only where the algorithm has a critic
+ALL_LINEAR = "all-linear"  # peft's (and the trainers') every linear layer but the LM head
 LORA_KNOBS = ("lora_alpha", "lora_target_modules")  # read only where lora_rank > 0
 # float knobs that are a loss coefficient (0 or more), not a share of the device
 COEFFICIENT_KNOBS = ("entropy_coeff",)
@@ -206,7 +207,7 @@ class ProbeConfig:
         "minimum": 0})
     lora_alpha: int = field(default=16, metadata={
         "help": "LoRA's scaling numerator (verl's lora_alpha; no effect on memory)"})
-    lora_target_modules: str = field(default="all-linear", metadata={
+    lora_target_modules: str = field(default=ALL_LINEAR, metadata={
         "help": "the linear layers that get adapters: all-linear (every linear layer but the "
                 "LM head, as peft reads it) or their names, comma-separated "
                 "(q_proj,v_proj)", "pattern": "modules"})

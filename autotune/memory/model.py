@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.batching import worst_case_rows
 from autotune.config import (
+    ALL_LINEAR,
     DTYPE_BYTES,
     ENTROPY_CHUNK_ROWS,
     FUSED_CHUNK_TOKENS,
@@ -247,6 +248,20 @@ class ModelShape:
             split += 2 * self.embedding_params
         return self.num_params - split + split // tensor_parallel
 
+    def lora_params(self, rank: int, targets: str) -> int:
+        """LoRA adapters' parameters: rank x (in + out) features of each targeted linear layer
+        of every decoder layer (q, k, v, o, gate, up, down; `all-linear` is all seven, peft's
+        every linear layer but the LM head; the vision tower gets none), 0 at rank 0."""
+        if not rank:
+            return 0
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        inter = self.intermediate
+        features = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                    "gate_proj": h + inter, "up_proj": h + inter, "down_proj": inter + h}
+        named = features if targets == ALL_LINEAR else {
+            name: features.get(name, 0) for name in targets.split(",")}
+        return self.layers * rank * sum(named.values())
+
     @property
     def critic_params(self) -> int:
         """PPO's value model: every parameter but an untied LM head, plus hidden x 1 and a
@@ -272,13 +287,17 @@ class ModelStates:
 
 
 def model_state_bytes(num_params: int, num_gpus: int = 1, offload_params: bool = False,
-                      offload_optimizer: bool = False) -> ModelStates:
-    """16 bytes per parameter in the update, sharded over `num_gpus` (FSDP / ZeRO-3)."""
+                      offload_optimizer: bool = False,
+                      trained_params: int | None = None) -> ModelStates:
+    """16 bytes per trained parameter in the update, sharded over `num_gpus` (FSDP / ZeRO-3);
+    a frozen one (LoRA's base: `trained_params` of the `num_params` are trained) keeps its
+    4-byte fp32 param only."""
     if num_gpus < 1:
         raise ValueError(f"num_gpus={num_gpus}: need at least one GPU")
+    trained = num_params if trained_params is None else trained_params
     params = PARAM_BYTES * num_params // num_gpus
-    grads = GRAD_BYTES * num_params // num_gpus
-    adam = ADAM_BYTES * num_params // num_gpus
+    grads = GRAD_BYTES * trained // num_gpus
+    adam = ADAM_BYTES * trained // num_gpus
     offloaded = (params if offload_params else 0) + (adam if offload_optimizer else 0)
     return ModelStates(update_bytes=params + grads + adam,
                        resident_bytes=params + adam - offloaded,
@@ -388,11 +407,23 @@ def shard_bytes(bytes_per_param: int, params: int, shards: int) -> int:
     return bytes_per_param * params // shards
 
 
+def lora_param_count(s: Sizing) -> int:
+    """The actor's LoRA adapters' parameters (0 without LoRA)."""
+    return s.shape.lora_params(s.config.lora_rank, s.config.lora_target_modules)
+
+
+def trained_param_count(s: Sizing) -> int:
+    """The actor's parameters with a gradient and AdamW state: all, or LoRA's adapters."""
+    return lora_param_count(s) if s.config.uses_lora else s.shape.num_params
+
+
 def actor_states(s: Sizing) -> ModelStates:
-    """The actor's fp32 params, grads and Adam state (model_state_bytes), its offload applied."""
+    """The actor's fp32 params, grads and Adam state (model_state_bytes; with LoRA the frozen
+    base's params and the adapters' all three), its offload applied."""
     config = s.config
-    return model_state_bytes(s.shape.num_params, s.shards, config.offload_params,
-                             config.offload_optimizer)
+    return model_state_bytes(s.shape.num_params + lora_param_count(s), s.shards,
+                             config.offload_params, config.offload_optimizer,
+                             trained_params=trained_param_count(s))
 
 
 def critic_param_count(s: Sizing) -> int:
@@ -414,8 +445,10 @@ def critic_held(s: Sizing) -> dict[str, int]:
 
 
 def reference_bytes(s: Sizing) -> int:
-    """The reference model (use_kl): its params in the compute dtype, sharded as the actor's."""
-    return shard_bytes(s.compute_bytes, s.shape.num_params, s.shards) if s.config.use_kl else 0
+    """The reference model (use_kl): its params in the compute dtype, sharded as the actor's
+    (none with LoRA: the reference is the actor with its adapters off)."""
+    return shard_bytes(s.compute_bytes, s.shape.num_params, s.shards) \
+        if s.config.holds_ref_copy else 0
 
 
 def reference_resident_bytes(s: Sizing) -> int:
@@ -482,9 +515,12 @@ def fsdp_gather_bytes(s: Sizing) -> int:
 
 def root_backward_bytes(s: Sizing) -> int:
     """The root's backward: its fp32 gradient held for the reduce-scatter beside its
-    compute-dtype embedding and head gradients, and the root itself still gathered."""
+    compute-dtype embedding and head gradients, and the root itself still gathered (no
+    gradient with LoRA: the root is frozen)."""
     if s.shards == 1:
         return 0
+    if s.config.uses_lora:
+        return fsdp_root_bytes(s)
     return (2 * s.compute_bytes * s.shape.embedding_params + 4 * s.shape.root_params
             + fsdp_root_bytes(s))
 
@@ -744,9 +780,10 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     """The experience phase: the actor's params and Adam state, the reference and the log-prob
     forwards (logprob_forward_bytes), or with a critic its value forward where that is more."""
     config = s.config
-    psi = s.shape.num_params
+    psi, trained = s.shape.num_params + lora_param_count(s), trained_param_count(s)
     states = {"actor": shard_bytes(PARAM_BYTES, psi, s.shards),
-              "adam": 0 if config.offload_optimizer else shard_bytes(ADAM_BYTES, psi, s.shards),
+              "adam": 0 if config.offload_optimizer
+              else shard_bytes(ADAM_BYTES, trained, s.shards),
               "reference": reference_bytes(s), **critic_held(s), **held}
     forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
     gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
@@ -814,10 +851,34 @@ def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     text, vision = saved_activation_bytes(s, rows, config.gradient_checkpointing)
     backward = {"cast_weights": actor_cast_bytes(s), "activations": text,
                 "vision_activations": vision, "logits": update_logits_bytes(s, rows)}
-    root, step = root_backward_bytes(s), optimizer_step_bytes(s, s.shape.num_params)
+    root, step = root_backward_bytes(s), optimizer_step_bytes(s, trained_param_count(s))
     return PhaseEstimate(sum(states.values()), max(sum(backward.values()), root, step), context,
                          {**states, **backward, "root_backward": root, "optimizer_step": step},
                          critic_states(s).resident_bytes)
+
+
+def sliced_config(config: ProbeConfig) -> ProbeConfig:
+    """The config as one rank of the trained phases runs it: with Ulysses sequence
+    parallelism each rank runs a slice of every sequence, a 1/sp of it padded to a multiple
+    of sp (probe/ulysses.py), and takes every local position's fp32 log-prob: as a sequence of
+    that many response tokens and no prompt (a per-GPU token budget then fits sp times the
+    sequences, verl's rule). Unchanged without."""
+    sp = config.ulysses_sequence_parallel_size
+    if sp == 1:
+        return config
+    return config.replace(max_prompt_length=0,
+                          max_response_length=-(-config.sequence_length // sp))
+
+
+def sequence_slice(s: Sizing) -> Sizing:
+    """The trained phases' sizing (sliced_config)."""
+    return dataclasses.replace(s, config=sliced_config(s.config))
+
+
+def trained_share_of(config: ProbeConfig, num_gpus: int) -> DeviceShare:
+    """What one GPU trains of each batch: a sequence-parallel group of sp GPUs trains the
+    same sequences, so its share is of the W / sp data-parallel ranks' (the rollout's: W)."""
+    return config.share(max(1, num_gpus // config.ulysses_sequence_parallel_size))
 
 
 def with_allocator_reserve(phases: dict[str, PhaseEstimate],
@@ -865,14 +926,15 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     s = Sizing(shape, config, state_shards or num_gpus,
                compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)], on_gpu)
     share = config.share(num_gpus)
+    trained, trained_share = sequence_slice(s), trained_share_of(config, num_gpus)
     context = context_bytes(config, num_gpus, on_gpu, outside_bytes)
     reservation = engine_reservation_bytes(s, engine_capacity_bytes)
     held, between = engine_held(s, reservation), rollout_states(s, reservation)
     phases = {"rollout": rollout_phase(s, share.responses_per_step, between, context),
-              "experience": experience_phase(s, share, held, context)}
+              "experience": experience_phase(trained, trained_share, held, context)}
     if config.has_critic:
-        phases["critic_update"] = critic_update_phase(s, share, held, context)
-    phases["update"] = update_phase(s, share, held, context)
+        phases["critic_update"] = critic_update_phase(trained, trained_share, held, context)
+    phases["update"] = update_phase(trained, trained_share, held, context)
     if share.val_prompts:
         phases["validation"] = validation_phase(s, share.val_prompts, between, context)
     if on_gpu:
@@ -896,7 +958,8 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
         return {}
     shards = args.get("state_shards") or num_gpus
     width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
-    return phase_reserve_bytes(step_shape(shape, config, shards, width, config.share(num_gpus)),
+    return phase_reserve_bytes(step_shape(shape, sliced_config(config), shards, width,
+                                          trained_share_of(config, num_gpus)),
                                AllocatorSettings(expandable_segments=config.expandable_segments))
 
 

@@ -3,7 +3,9 @@
 Owns the built-in GRPO step (step.py) and its rollout engine (engine.py: the Rollout protocol, the
 stand-in with vLLM-like memory or HF generation's; vllm_engine.py: the real vLLM, imported only
 when that engine starts), PPO's critic (critic.py), the log-probs fused with the LM head
-(logprob.py), the models it builds (models.py), the Meter protocol they measure through and the
+(logprob.py), LoRA's adapters on the actor (lora.py, through peft), Ulysses sequence
+parallelism (ulysses.py: each sequence split over ranks, all-to-all around attention), the
+models it builds (models.py), the Meter protocol they measure through and the
 probe's meter (meter.py), FSDP sharding over real or emulated ranks (sharding.py), the worker entry
 point (`python -m autotune.probe.worker`), the launcher of a real multi-rank probe's processes
 (launcher.py), the step traced with fake tensors for its memory (trace.py, with its own meter), the

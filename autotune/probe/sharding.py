@@ -83,11 +83,12 @@ def leave_group() -> None:
 
 
 def shard_model(model: ModuleT, group: RankGroup, compute_dtype: torch.dtype,
-                strategy: str = "fsdp2") -> ModuleT:
+                strategy: str = "fsdp2", lora: bool = False) -> ModuleT:
     """Each decoder layer and vision block a unit, then the root; the forward gathers one
     unit at a time in `compute_dtype`. fsdp2: in place, parameters become DTensor shards;
     fsdp: the FSDP1 wrapper returned, one flat fp32 shard a unit, which stands in for the
-    model (it reads every attribute it lacks through to the model it wraps)."""
+    model (it reads every attribute it lacks through to the model it wraps); with `lora`,
+    FSDP1 also makes each trained leaf module a unit (lora.trained_leaf, verl's rule)."""
     units = set(getattr(model, "_no_split_modules", None) or ())
     if strategy == "fsdp":
         from torch.distributed.fsdp import (
@@ -95,11 +96,19 @@ def shard_model(model: ModuleT, group: RankGroup, compute_dtype: torch.dtype,
             MixedPrecision,
             ShardingStrategy,
         )
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        from torch.distributed.fsdp.wrap import (
+            CustomPolicy,
+            ModuleWrapPolicy,
+        )
+
+        from autotune.probe.lora import trained_leaf
 
         classes = {type(m) for m in model.modules() if type(m).__name__ in units}
+        wrap: ModuleWrapPolicy | CustomPolicy = ModuleWrapPolicy(classes)
+        if lora:
+            wrap = CustomPolicy(lambda m: trained_leaf(m) or type(m) in classes)
         wrapped = FullyShardedDataParallel(
-            model, auto_wrap_policy=ModuleWrapPolicy(classes),
+            model, auto_wrap_policy=wrap,
             sharding_strategy=ShardingStrategy.FULL_SHARD,
             mixed_precision=MixedPrecision(param_dtype=compute_dtype,
                                            reduce_dtype=torch.float32,
@@ -128,12 +137,18 @@ def named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """(name, tensor) of each of the model's own parameters as the trainer's weight sync
     reads them: FSDP1's sharded state dict (one DTensor a parameter, EasyR1's and verl's
     get_model_state_dict), else the parameters (DTensors under FSDP2)."""
+    from autotune.probe.lora import base_name, is_adapter
+
     if is_fsdp1(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return [(name, value) for name, value in get_model_state_dict(model).items()
-                if isinstance(value, torch.Tensor)]  # a model's state: tensors only
-    return model.named_parameters()
+        named = [(name, value) for name, value in get_model_state_dict(model).items()
+                 if isinstance(value, torch.Tensor)]  # a model's state: tensors only
+    else:
+        named = list(model.named_parameters())
+    # with LoRA, the base's weights by their names in the base model (the engine's); the
+    # adapters are not the engine's weights
+    return [(base_name(name), value) for name, value in named if not is_adapter(name)]
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

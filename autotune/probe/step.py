@@ -33,7 +33,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -46,6 +46,7 @@ from autotune.config import (
     device_share,
     image_tokens,
     model_problems,
+    sequence_parallel_problems,
     validate_probe_config,
 )
 from autotune.errors import ConfigError
@@ -58,6 +59,7 @@ from autotune.probe.engine import (
     engine_capacity_bytes,
 )
 from autotune.probe.logprob import entropy, fused_head
+from autotune.probe.lora import adapters_off, apply_lora, trained_parameters
 from autotune.probe.machine import MachineWatch
 from autotune.probe.meter import (
     MemoryMeter,
@@ -87,6 +89,14 @@ from autotune.probe.sharding import (
     shard_model,
     tensor_parallel_engine,
 )
+from autotune.probe.ulysses import (
+    SequenceGroup,
+    gather_positions,
+    install_attention,
+    padded_length,
+    sequence_group,
+    sequence_parallel,
+)
 from autotune.probe.vllm_engine import VllmEngine
 
 if TYPE_CHECKING:
@@ -97,6 +107,17 @@ _KL_COEF = 0.01
 
 
 MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here (timed_min_s)
+
+
+def sequence_parallel_budgets(config: ProbeConfig) -> dict[str, KnobValue]:
+    """The knobs as batching.py cuts micro-batches by: a token budget set per GPU is a
+    sequence-parallel group's sp times over (verl's dp_actor: max_token_len x sp)."""
+    knobs = config.as_dict()
+    sp = config.ulysses_sequence_parallel_size
+    for key in ("max_token_len_update", "max_token_len_experience"):
+        if sp > 1 and knobs[key] is not None:
+            knobs[key] = int(knobs[key]) * sp
+    return knobs
 
 
 def training_s(phase_s: dict[str, float]) -> float:
@@ -132,8 +153,9 @@ class TrainingProbe:
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         self.request = request
         self.config: ProbeConfig = request.config
-        # the knobs as batching.py reads them, by name (the config stays the working form)
-        self.batching_knobs: Mapping[str, KnobValue] = self.config.as_dict()
+        # the knobs as batching.py reads them, by name (the config stays the working form);
+        # a token budget is per GPU, a sequence-parallel group's sp times it (verl's rule)
+        self.batching_knobs: Mapping[str, KnobValue] = sequence_parallel_budgets(self.config)
         self.meter = meter or MemoryMeter(torch_device(request.device.kind))
         self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
@@ -141,6 +163,11 @@ class TrainingProbe:
         wanted = compute_dtype(request.dtype, self.gpu_kernels)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.share = device_share(self.config, request.world_size)  # this GPU's part
+        sp = self.config.ulysses_sequence_parallel_size
+        # the trained phases' share: a sequence-parallel group of sp ranks trains the same
+        # sequences, so the data-parallel size is W / sp (the rollout's stays W)
+        self.train_share = device_share(self.config, max(1, request.world_size // sp))
+        self.sequence_group: SequenceGroup | None = None  # made by build() when sp > 1
         self.allocator = allocator_settings(request)  # the CUDA allocator's, per phase
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors
         self.host_offload_bytes = 0  # bytes of actor/ref tensors in host memory now
@@ -186,8 +213,14 @@ class TrainingProbe:
         self._check()
         if self.request.world_size > 1:
             self.group = join_group(self.request.world_size, self.request.emulated, self.device)
+        if config.ulysses_sequence_parallel_size > 1:
+            assert self.group is not None  # config rules: sp divides W, so W > 1
+            install_attention()
+            self.sequence_group = sequence_group(config.ulysses_sequence_parallel_size,
+                                                 self.group.rank, self.group.world_size,
+                                                 self.group.emulated)
         self._build_actor()
-        self.ref_model = self._build_copy(shard=True) if config.use_kl else None
+        self.ref_model = self._build_copy(shard=True) if config.holds_ref_copy else None
         if config.has_critic:
             self._build_critic()
         self._make_prompts()
@@ -212,6 +245,7 @@ class TrainingProbe:
         if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
             problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel} must "
                             f"divide the model's {heads[0]} attention and {heads[1]} KV heads")
+        problems += sequence_parallel_problems(config.ulysses_sequence_parallel_size, *heads)
         if problems:
             raise ConfigError(problems)
 
@@ -230,12 +264,14 @@ class TrainingProbe:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
+        if config.uses_lora:  # adapters trained, the base frozen (lora.py)
+            self.model = cast(PreTrainedModel, apply_lora(self.model, config, self.is_vl))
         self.model.eval()  # as between steps (the update trains, then evaluates): a policy
         # that generates itself keeps its KV cache (HF drops it in training with checkpointing)
         if self.group is not None:
             self.model = shard_model(self.model, self.group, self.compute_dtype,
-                                     config.fsdp_strategy)
-        self.optimizer = self._adamw(self.model.parameters(), lr=1e-6)
+                                     config.fsdp_strategy, lora=config.uses_lora)
+        self.optimizer = self._adamw(trained_parameters(self.model), lr=1e-6)
 
     def _build_engine(self) -> Rollout:
         """The rollout engine (engine.py): the real vLLM, the actor generating itself, or a
@@ -285,7 +321,7 @@ class TrainingProbe:
     def _build_copy(self, shard: bool) -> PreTrainedModel:
         """A compute-dtype model that holds the actor's weights (reference or rollout engine);
         with FSDP, the reference is sharded like the actor and built from the same seed."""
-        if self.group is None:
+        if self.group is None and not self.config.uses_lora:
             copy = build_model(self.model_config, self.device, self.compute_dtype)
             copy.load_state_dict(self.model.state_dict())
             return copy.eval().requires_grad_(False)
@@ -293,7 +329,7 @@ class TrainingProbe:
         copy = build_model(self.model_config, self.device, self.compute_dtype,
                            self.request.model_path)
         copy.eval().requires_grad_(False)
-        if shard:
+        if shard and self.group is not None:
             copy = shard_model(copy, self.group, self.compute_dtype, self.config.fsdp_strategy)
         return copy
 
@@ -434,6 +470,11 @@ class TrainingProbe:
         self.ran.update(world_size=self.request.world_size,
                         prompts_per_step=len(rows) // config.rollout_n,
                         responses_per_step=len(self.responses))
+        if self.sequence_group is not None:  # the group's sequences: each rank's, gathered
+            sp = self.sequence_group.size
+            self.responses = self.responses.repeat(sp, 1)
+            self.response_rows = self.response_rows.repeat(sp)
+            self.response_lengths = self.response_lengths.repeat(sp)
         self._sleep_engine()
 
     def _response_lengths(self, responses: int) -> torch.Tensor:
@@ -508,6 +549,8 @@ class TrainingProbe:
         """Log-probs of the first `tokens` response tokens of sequences `index` (fp32 over
         the vocabulary): from the whole logits, or fused (probe/logprob.py); `with_entropy`:
         [..., 2], each position's entropy beside its log-prob."""
+        if self.sequence_group is not None:
+            return self._sequence_parallel_log_probs(model, index, tokens, with_entropy)
         rows, ids, response, start = self._sequences(index, tokens)
         end = start + response.shape[1]
         config = self.config
@@ -537,6 +580,34 @@ class TrainingProbe:
         if entropies is None:
             return log_probs
         return torch.stack([log_probs, entropies], dim=-1)
+
+    def _sequence_parallel_log_probs(self, model: PreTrainedModel, index: torch.Tensor,
+                                     tokens: int, with_entropy: bool) -> torch.Tensor:
+        """`_forward_log_probs` on this rank's slice of each sequence (ulysses.py): the
+        slice's logits, every local position's fp32 log-prob (and entropy), gathered over the
+        group into the response's, as verl's padding-removed path computes them."""
+        group = self.sequence_group
+        assert group is not None  # sp > 1
+        _, ids, response, start = self._sequences(index, tokens)
+        end, length = start + response.shape[1], ids.shape[1]
+        pad = (0, padded_length(length, group.size) - length)
+        labels = torch.nn.functional.pad(torch.roll(ids, -1, dims=1), pad)[:, group.local_slice(
+            length)]
+        local = group.local_slice(length)
+        positions = torch.arange(local.start, local.stop, device=self.device)
+        with self._autocast(), sequence_parallel(group):
+            logits = model(input_ids=torch.nn.functional.pad(ids, pad)[:, local],
+                           position_ids=positions.expand(len(ids), -1), use_cache=False).logits
+        local_logits = logits.to(torch.float32, copy=True)
+        del logits
+        log_probs = torch.log_softmax(local_logits, dim=-1).gather(
+            -1, labels.unsqueeze(-1)).squeeze(-1)
+        whole = gather_positions(log_probs, group)[:, start:end]
+        if not with_entropy:
+            return whole
+        entropies = entropy(local_logits, self.config.entropy_chunking,
+                            self.config.entropy_checkpointing)
+        return torch.stack([whole, gather_positions(entropies, group)[:, start:end]], dim=-1)
 
     def _micro_batches(self, index: torch.Tensor, phase: str) -> list[torch.Tensor]:
         """`index` (responses) cut into `phase`'s micro-batches (batching.py), recording the
@@ -589,9 +660,13 @@ class TrainingProbe:
                 self.ref_log_probs = self._chunked(lambda c: self._log_probs(ref, c), chunks)
                 if config.ref_on_host:
                     self._place_module(ref, False)
+            elif config.use_kl:  # LoRA: the reference is the actor with its adapters off
+                with adapters_off(self.model):
+                    self.ref_log_probs = self._chunked(
+                        lambda c: self._log_probs(self.model, c), chunks)
         if config.offload_params:
             self._place_module(self.model, False)
-        rewards = torch.randn(self.share.prompts_per_step, config.rollout_n)
+        rewards = torch.randn(total // config.rollout_n, config.rollout_n)
         if self.critic is None:  # GRPO: each response against its group
             advantages = (rewards - rewards.mean(1, keepdim=True)) / (
                 rewards.std(1, keepdim=True) + 1e-6)
@@ -615,7 +690,7 @@ class TrainingProbe:
         config = self.config
         self._place_actor(params_on_device=True, optimizer_on_device=True)
         self.model.train()
-        per_minibatch = self.share.responses_per_minibatch
+        per_minibatch = self.train_share.responses_per_minibatch
         minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
@@ -641,7 +716,7 @@ class TrainingProbe:
                 ratio = torch.exp(log_probs - old)
                 clipped = torch.clamp(ratio, 1 - _CLIP_EPS, 1 + _CLIP_EPS)
                 loss = -torch.min(ratio * advantage, clipped * advantage)
-                if self.ref_model is not None:
+                if config.use_kl:
                     delta = self.ref_log_probs[micro].to(self.device) - log_probs
                     loss = loss + _KL_COEF * (torch.exp(delta) - delta - 1)  # k3 estimator
                 if entropies is not None:  # verl's entropy bonus: policy_loss - coeff * H
@@ -663,7 +738,7 @@ class TrainingProbe:
         self._place_states(self.critic, self.critic_optimizer, True, True)
         self.critic.train()
         minibatches = torch.randperm(len(self.responses)).split(
-            self.share.responses_per_minibatch)
+            self.train_share.responses_per_minibatch)
         runs = self.meter.runs
         for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
             micros = self._micro_batches(minibatch, "critic_update")

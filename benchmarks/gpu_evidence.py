@@ -75,6 +75,11 @@ CASES = [  # (label, model, world, emulated, knobs, gpu memory limit[, worker en
     # allocator's segment maps at each phase's end (the 0.5B update the replay under-counts
     # by one logits-sized block; the 7B update with expandable segments off and on), FSDP1
     # ranks (EasyR1 under its allocator environment)
+    # issue 51: LoRA (peft's adapters, the base frozen, no reference copy) and Ulysses SP 4
+    ("7b rank0/8 lora", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 2, "lora_rank": 64}, None),
+    ("7b rank0/8 sp4", "qwen2.5-7b", 8, True,
+     {**BIG, "micro_batch_size_update": 2, "ulysses_sequence_parallel_size": 4}, None),
     ("0.5b plain snapshot", "qwen2.5-0.5b", 1, False, {**SMALL}, None),
     ("7b rank0/8 snapshot", "qwen2.5-7b", 8, True, {**BIG, "micro_batch_size_update": 2},
      None),
@@ -208,7 +213,10 @@ def run_case(case: tuple, where: Path, timeout_s: float, snapshots: Path | None 
             "host_held_peak_bytes": result.host_held_peak_bytes,
             "host_held_model_bytes": node_host(shape, config, NodeRun(1, world, True, 2),
                                                2**50).rank_held_bytes,
-            "states_model_bytes": model_state_bytes(shape.num_params, world).update_bytes + (
+            "states_model_bytes": model_state_bytes(
+                shape.num_params + (lora := shape.lora_params(config.lora_rank,
+                                                              config.lora_target_modules)),
+                world, trained_params=lora if config.uses_lora else None).update_bytes + (
                 model_state_bytes(shape.critic_params, world).update_bytes
                 if config.has_critic else 0),
             "build_s": result.build_s, "probe_wall_s": result.probe_wall_s,

@@ -984,7 +984,8 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         response=config.max_response_length, update_rows=rows_u, experience_rows=rows_e,
         forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
-        with_reference=config.use_kl, fused_optimizer=config.fused_optimizer,
+        with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
+        frozen_base=config.uses_lora,
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

@@ -71,6 +71,7 @@ class StepShape:
     vision_intermediate: int = 0
     patches_per_row: int = 0  # vision patches of one sequence's image
     fused_optimizer: bool = False
+    frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
 
 
 class _Stream:
@@ -280,6 +281,10 @@ def _layers_backward(out: _Stream, s: StepShape, saved: list[list[int]],
             layer, ahead = ahead, (_gather(out, s, s.layer_params) if index else [])
         if s.checkpointing:
             _layer_forward_temps(out, s, s.update_rows)
+        if s.frozen_base:  # the adapters' gradients alone: a few MB, not laid out
+            out.free(saved.pop())
+            out.free(layer if n > 1 else casts.pop())
+            continue
         weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
         out.free(saved.pop())
         if n > 1:
@@ -301,6 +306,11 @@ def _root_backward(out: _Stream, s: StepShape, root_held: list[int], head_grad: 
     fp32 shard with the root resharded (or kept in fp32 on one GPU); returns the root still
     gathered after it."""
     c, n = s.compute_bytes, s.shards
+    if s.frozen_base:  # no gradient for the embedding nor the head
+        if n == 1:
+            return root_held
+        out.free(root_held)
+        return []
     embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
     if n == 1:
         out.free(head_grad)
@@ -327,7 +337,7 @@ def _update_micro_batch(out: _Stream, s: StepShape, root_held: list[int], grads:
     saved, casts, vision_saved = _update_forward(out, s)
     kept = _logits(out, s, s.update_rows, backward=True)
     whole = _logits_backward(out, s, s.update_rows, kept)
-    head_grad = out.alloc(s.compute_bytes * s.root_params[-1])
+    head_grad = 0 if s.frozen_base else out.alloc(s.compute_bytes * s.root_params[-1])
     out.free(whole)
     _layers_backward(out, s, saved, casts, grads, first)
     _vision_backward(out, s, s.update_rows, vision_saved)
@@ -346,6 +356,8 @@ def update(out: _Stream, s: StepShape, root_held: list[int], adam: list[int]
         grads: list[int] = []
         for micro in range(MICRO_BATCHES):
             root_held = _update_micro_batch(out, s, root_held, grads, first=micro == 0)
+        if s.frozen_base:  # AdamW over the adapters alone: a few MB, not laid out
+            continue
         if not adam:  # AdamW's state, made at the first step
             adam = [out.alloc(4 * p // n) for p in every for _ in range(2)]
         if not s.fused_optimizer:  # foreach: one fp32 temporary a parameter
@@ -378,7 +390,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             for p in every:
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
-            if name == "experience" else []
+            if name == "experience" and not s.frozen_base else []
         root = [out.alloc(c * p) for p in s.root_params] if n > 1 else []
         out.phase(None)
         for _ in range(2):

@@ -265,7 +265,7 @@ class TrainingProbe:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.model.config.use_cache = False
         if config.uses_lora:  # adapters trained, the base frozen (lora.py)
-            self.model = cast(PreTrainedModel, apply_lora(self.model, config, self.is_vl))
+            self.model = cast("PreTrainedModel", apply_lora(self.model, config, self.is_vl))
         self.model.eval()  # as between steps (the update trains, then evaluates): a policy
         # that generates itself keeps its KV cache (HF drops it in training with checkpointing)
         if self.group is not None:
@@ -595,7 +595,7 @@ class TrainingProbe:
             length)]
         local = group.local_slice(length)
         positions = torch.arange(local.start, local.stop, device=self.device)
-        with self._autocast(), sequence_parallel(group):
+        with self._autocast():  # the phase runs inside sequence_parallel (step)
             logits = model(input_ids=torch.nn.functional.pad(ids, pad)[:, local],
                            position_ids=positions.expand(len(ids), -1), use_cache=False).logits
         local_logits = logits.to(torch.float32, copy=True)
@@ -778,7 +778,11 @@ class TrainingProbe:
             if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
                 torch.cuda.memory._set_allocator_settings(
                     f"expandable_segments:{self.allocator.expandable_in(name)}")
-            with self.meter.phase(name):
+            # the trained phases' forwards and backwards (a checkpointed layer's recompute
+            # too) run each rank's slice; generation runs whole sequences
+            split = self.sequence_group is not None and name in ("experience", "update")
+            with self.meter.phase(name), sequence_parallel(self.sequence_group) if split \
+                    else contextlib.nullcontext():
                 started = time.perf_counter()
                 run()
                 if self.on_gpu:

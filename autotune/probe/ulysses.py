@@ -146,8 +146,10 @@ def install_attention() -> None:
 
 
 @contextlib.contextmanager
-def sequence_parallel(group: SequenceGroup) -> Iterator[None]:
-    """The forwards inside run on the local slice, attention over `group`."""
+def sequence_parallel(group: SequenceGroup | None) -> Iterator[None]:
+    """The forwards inside (and their backwards, a checkpointed layer's recompute too) run on
+    the local slice, attention over `group`."""
+    assert group is not None  # a probe with sequence parallelism
     _active.append(group)
     try:
         yield

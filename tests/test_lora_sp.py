@@ -123,3 +123,16 @@ def test_lora_target_modules_take_the_trainers_forms():
     assert parse_knob_value("lora_rank", 0) == 0
     with pytest.raises(ConfigError, match="module names"):
         parse_knob_value("lora_target_modules", "q proj")
+
+
+def test_a_checkpointed_sequence_parallel_step_recomputes_on_its_slice(make_request):
+    """Gradient checkpointing recomputes each layer in the backward, outside the forward:
+    the recompute runs the same slice through the same all-to-all (on a GPU it once ran
+    whole sequences there and torch refused the mismatch)."""
+    from autotune.probe.trace import trace_request
+
+    knobs = dict(gpus_per_node=4, emulated=True, rollout_batch_size=8,
+                 ulysses_sequence_parallel_size=2)
+    plain = trace_request(make_request(**knobs), 0)
+    checkpointed = trace_request(make_request(gradient_checkpointing=True, **knobs), 0)
+    assert checkpointed.phase_peak_mem_bytes["update"] < plain.phase_peak_mem_bytes["update"]

@@ -122,7 +122,8 @@ def test_each_phase_moves_only_with_its_knobs():
                "fused_optimizer": True,
                "entropy_chunking": True, "entropy_checkpointing": True, "entropy_coeff": 0.01,
                "kv_cache_memory_bytes": 2**30, "expandable_segments": True,
-               "old_logprob_pass": False}
+               "old_logprob_pass": False, "lora_rank": 16, "lora_target_modules": "q_proj",
+               "ulysses_sequence_parallel_size": 2}
     device = {"engine_capacity_bytes": 80 * 2**30}
     # three engines: HF generation, vllm-like asleep outside rollout, vllm-like held; and
     # PPO (a critic) with each
@@ -171,6 +172,7 @@ def test_each_phase_moves_only_with_its_knobs():
     wides += [replace(base, algorithm="ppo", max_prompt_length=16, max_response_length=16,
                       micro_batch_size_update=1, critic_micro_batch_size_update=1,
                       image_size_px=28)]
+    wides += [replace(base, lora_rank=8), replace(base, lora_rank=8, algorithm="ppo")]
 
     def total(config: ProbeConfig, phase: str) -> int | None:
         phases = estimate_memory(shape, config, **device).phases

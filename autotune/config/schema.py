@@ -280,6 +280,24 @@ class ProbeConfig:
         """What one of `world_size` GPUs runs of each batch (device_share)."""
         return device_share(self, world_size)
 
+    def trained_share(self, world_size: int = 1) -> DeviceShare:
+        """What one of `world_size` GPUs trains of each batch: a sequence-parallel group of
+        sp GPUs trains the same sequences, so the data-parallel size is W / sp (the
+        rollout's share stays `share`'s)."""
+        return device_share(self, max(1, world_size // self.ulysses_sequence_parallel_size))
+
+    def batching_knobs(self) -> dict[str, KnobValue]:
+        """The knobs by name as batching.py cuts micro-batches by them: a token budget is per
+        GPU, and a sequence-parallel group's is sp times it (verl's dp_actor: max_token_len
+        x ulysses_sequence_parallel_size), cut over whole sequences."""
+        knobs = self.as_dict()
+        sp = self.ulysses_sequence_parallel_size
+        for key in ("max_token_len_update", "max_token_len_experience",
+                    "critic_max_token_len_update"):
+            if sp > 1 and knobs[key] is not None:
+                knobs[key] = int(knobs[key]) * sp
+        return knobs
+
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, KnobValue]) -> ProbeConfig:
         """A config from knobs by name, the defaults for the rest: the one place a map of knobs

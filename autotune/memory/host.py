@@ -258,7 +258,7 @@ def rank_held_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dic
     if config.offload_optimizer:  # m and v, a block each
         terms["offloaded_optimizer"] = held_bytes(
             2 * shard_blocks(units, ADAM_BYTES // 2, w), pinned)
-    if config.use_kl and config.ref_on_host:
+    if config.holds_ref_copy and config.ref_on_host:
         copies = run.profile.ref_pinned_copies if pinned else 1
         ref_bytes = run.profile.ref_load_bytes or c
         terms["reference"] = copies * held_bytes(shard_blocks(units, ref_bytes, w), pinned)
@@ -365,7 +365,7 @@ def startup_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dict[
     loaders = run.ranks_per_node if every else 1
     actor = PARAM_BYTES * shape.num_params
     reference = (profile.ref_load_bytes or run.compute_bytes) * shape.num_params \
-        if config.use_kl else 0
+        if config.holds_ref_copy else 0
     if profile.ref_loaded_beside_actor:
         return {f"checkpoint_load x{loaders}": loaders * (actor + reference)}
     return {f"checkpoint_load x{loaders}": loaders * max(actor, reference)}

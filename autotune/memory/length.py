@@ -126,14 +126,14 @@ def row_breaks(config: ProbeConfig, world_size: int, high: int) -> list[int]:
     fixed micro-batches, or EasyR1's budget (micro-batch x length: the same rows at any L)."""
     if not config.dynamic_batching:
         return []
-    share = config.share(world_size)
+    share, knobs = config.trained_share(world_size), config.batching_knobs()
     breaks: set[int] = set()
     counts = {"update": share.responses_per_minibatch, "experience": share.responses_per_step,
               "critic_update": share.responses_per_step}  # the critic's value forwards
     for phase in config.batched_phases:
         count = counts[phase]
-        budget = getattr(config, BUDGET_KNOB[phase])
-        if budget is None:
+        budget = knobs[BUDGET_KNOB[phase]]  # a sequence-parallel group's
+        if not isinstance(budget, int):
             continue
         for k in range(1, count + 1):
             length = k * budget // count - config.max_prompt_length

@@ -92,7 +92,9 @@ ADAM_BYTES = 8  # fp32 m and v
 ALLOCATOR_KNOBS = ("expandable_segments", "fsdp_strategy")
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
                 "algorithm",  # a critic is one more model on the GPU in every phase
+                "lora_rank", "lora_target_modules",  # the states, the reference copy
                 *ALLOCATOR_KNOBS)
+_SEQUENCE_KNOBS = ("ulysses_sequence_parallel_size",)  # a trained phase's rank's slice
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
 _CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
 _REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
@@ -110,15 +112,17 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
                              *_LOGITS_KNOBS, "entropy_metric", *_OLD_PASS_KNOBS,
                              "dynamic_batching",
-                             "max_token_len_experience", *_CRITIC_HELD,
+                             "max_token_len_experience", *_CRITIC_HELD, *_SEQUENCE_KNOBS,
                              *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
                                 "fused_optimizer",
                                 "offload_params", "offload_optimizer", *_REF_KNOBS,
-                                "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS}),
+                                "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS,
+                                *_SEQUENCE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
                          *_LOGITS_KNOBS, "entropy_coeff", "fused_optimizer",
                          "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
+                         *_SEQUENCE_KNOBS,
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
@@ -875,12 +879,6 @@ def sequence_slice(s: Sizing) -> Sizing:
     return dataclasses.replace(s, config=sliced_config(s.config))
 
 
-def trained_share_of(config: ProbeConfig, num_gpus: int) -> DeviceShare:
-    """What one GPU trains of each batch: a sequence-parallel group of sp GPUs trains the
-    same sequences, so its share is of the W / sp data-parallel ranks' (the rollout's: W)."""
-    return config.share(max(1, num_gpus // config.ulysses_sequence_parallel_size))
-
-
 def with_allocator_reserve(phases: dict[str, PhaseEstimate],
                            reserve: dict[str, int]) -> dict[str, PhaseEstimate]:
     """`phases` with what the caching allocator reserves beyond the tensors (reserve.py) added
@@ -926,7 +924,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     s = Sizing(shape, config, state_shards or num_gpus,
                compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)], on_gpu)
     share = config.share(num_gpus)
-    trained, trained_share = sequence_slice(s), trained_share_of(config, num_gpus)
+    trained, trained_share = sequence_slice(s), config.trained_share(num_gpus)
     context = context_bytes(config, num_gpus, on_gpu, outside_bytes)
     reservation = engine_reservation_bytes(s, engine_capacity_bytes)
     held, between = engine_held(s, reservation), rollout_states(s, reservation)
@@ -959,7 +957,7 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     shards = args.get("state_shards") or num_gpus
     width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
     return phase_reserve_bytes(step_shape(shape, sliced_config(config), shards, width,
-                                          trained_share_of(config, num_gpus)),
+                                          config.trained_share(num_gpus)),
                                AllocatorSettings(expandable_segments=config.expandable_segments))
 
 

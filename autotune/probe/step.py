@@ -109,17 +109,6 @@ _KL_COEF = 0.01
 MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here (timed_min_s)
 
 
-def sequence_parallel_budgets(config: ProbeConfig) -> dict[str, KnobValue]:
-    """The knobs as batching.py cuts micro-batches by: a token budget set per GPU is a
-    sequence-parallel group's sp times over (verl's dp_actor: max_token_len x sp)."""
-    knobs = config.as_dict()
-    sp = config.ulysses_sequence_parallel_size
-    for key in ("max_token_len_update", "max_token_len_experience"):
-        if sp > 1 and knobs[key] is not None:
-            knobs[key] = int(knobs[key]) * sp
-    return knobs
-
-
 def training_s(phase_s: dict[str, float]) -> float:
     """Seconds of a step's training phases (validation is not part of a training step)."""
     return sum(v for k, v in phase_s.items() if k != "validation")
@@ -155,7 +144,7 @@ class TrainingProbe:
         self.config: ProbeConfig = request.config
         # the knobs as batching.py reads them, by name (the config stays the working form);
         # a token budget is per GPU, a sequence-parallel group's sp times it (verl's rule)
-        self.batching_knobs: Mapping[str, KnobValue] = sequence_parallel_budgets(self.config)
+        self.batching_knobs: Mapping[str, KnobValue] = self.config.batching_knobs()
         self.meter = meter or MemoryMeter(torch_device(request.device.kind))
         self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
@@ -163,10 +152,8 @@ class TrainingProbe:
         wanted = compute_dtype(request.dtype, self.gpu_kernels)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[wanted]
         self.share = device_share(self.config, request.world_size)  # this GPU's part
-        sp = self.config.ulysses_sequence_parallel_size
-        # the trained phases' share: a sequence-parallel group of sp ranks trains the same
-        # sequences, so the data-parallel size is W / sp (the rollout's stays W)
-        self.train_share = device_share(self.config, max(1, request.world_size // sp))
+        # the trained phases' share: an SP group trains the same sequences (ProbeConfig)
+        self.train_share = self.config.trained_share(request.world_size)
         self.sequence_group: SequenceGroup | None = None  # made by build() when sp > 1
         self.allocator = allocator_settings(request)  # the CUDA allocator's, per phase
         self.ran: dict[str, int] = {}  # the share as it ran: counted from the tensors

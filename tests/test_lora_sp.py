@@ -131,7 +131,7 @@ def test_a_checkpointed_sequence_parallel_step_recomputes_on_its_slice(make_requ
     whole sequences there and torch refused the mismatch)."""
     from autotune.probe.trace import trace_request
 
-    knobs = dict(gpus_per_node=4, emulated=True, rollout_batch_size=8,
+    knobs = dict(LONG_RESPONSES, micro_batch_size_update=4, gpus_per_node=2, emulated=True,
                  ulysses_sequence_parallel_size=2)
     plain = trace_request(make_request(**knobs), 0)
     checkpointed = trace_request(make_request(gradient_checkpointing=True, **knobs), 0)

@@ -136,3 +136,29 @@ def test_a_checkpointed_sequence_parallel_step_recomputes_on_its_slice(make_requ
     plain = trace_request(make_request(**knobs), 0)
     checkpointed = trace_request(make_request(gradient_checkpointing=True, **knobs), 0)
     assert checkpointed.phase_peak_mem_bytes["update"] < plain.phase_peak_mem_bytes["update"]
+
+
+def test_estimate_names_sequence_parallelism_where_it_would_make_a_long_run_fit():
+    """16k-token responses of the 7B on 8 GPUs: over the budget as given; the estimate names
+    the sizes of Ulysses SP (and the other changes) that would bring it within, and never a
+    size the model's 28 heads cannot take (8)."""
+    import subprocess
+    import sys
+
+    def estimate(*sets: str) -> subprocess.CompletedProcess[str]:
+        args = [arg for s in ("max_response_length=16384", *sets) for arg in ("--set", s)]
+        return subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model",
+                               "qwen2.5-7b", "--gpus-per-node", "8", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    small = estimate("micro_batch_size_update=1", "micro_batch_size_experience=2")
+    assert small.returncode == 0, small.stderr
+    fits = next(line for line in small.stdout.splitlines() if line.startswith("would fit"))
+    assert "ulysses_sequence_parallel_size=4 " in fits
+    assert "ulysses_sequence_parallel_size=8" not in fits
+    given = estimate()  # the engine's prefill budget follows the 16,640-token sequence
+    assert given.returncode == 0, given.stderr
+    assert "would fit with: " in given.stdout
+    refused = estimate("ulysses_sequence_parallel_size=8")
+    assert refused.returncode == 2
+    assert "must divide the model's 28 attention heads" in refused.stderr

@@ -13,9 +13,10 @@ def test_shipped_spaces_load_and_have_a_valid_safe_config(path):
     space = load_search_space(path.stem)
     assert space.source == f"autotune/search_spaces/{path.name}"
     grid = space.valid_grid()
-    # shipped choices never break a rule on one GPU, but a rollout engine spanning 2 or 4
-    # GPUs, which needs a run of that many (the trainers' spaces search it)
-    one_gpu = [p for p in space.grid() if p.get("rollout_tensor_parallel", 1) == 1]
+    # shipped choices never break a rule on one GPU, but a rollout engine or a sequence split
+    # spanning 2 or 4 GPUs, which needs a run of that many (the trainers' spaces search them)
+    one_gpu = [p for p in space.grid() if p.get("rollout_tensor_parallel", 1) == 1
+               and p.get("ulysses_sequence_parallel_size", 1) == 1]
     assert grid and len(grid) == len(one_gpu)
     safe = space.safe_params()
     assert not space.problems_for(safe)

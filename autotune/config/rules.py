@@ -188,11 +188,21 @@ def critic_problems(config: ProbeConfig, world_size: int = 1) -> list[str]:
 
 
 def algorithm_defaults(named: KnobMapping) -> Knobs:
-    """The knobs an algorithm sets when nothing else names them: PPO's rollout.n is 1 (one
-    response per prompt, the value model is the baseline; verl's ppo_trainer.yaml)."""
+    """The knobs other knobs set when nothing else names them: PPO's rollout.n is 1 (one
+    response per prompt, the value model is the baseline; verl's ppo_trainer.yaml); the
+    engine's prefill budget (max_num_batched_tokens) at least one whole sequence, vLLM's
+    max_model_len (what users set beside long responses, and EasyR1 requires)."""
+    defaults: Knobs = {}
     if trains_critic(named.get("algorithm")) and "rollout_n" not in named:
-        return {"rollout_n": 1}
-    return {}
+        defaults["rollout_n"] = 1
+    if "max_num_batched_tokens" not in named:
+        base = ProbeConfig()
+        lengths = [named.get(k, getattr(base, k))
+                   for k in ("max_prompt_length", "max_response_length")]
+        sequence = sum(n for n in lengths if isinstance(n, int))
+        if sequence > base.max_num_batched_tokens:
+            defaults["max_num_batched_tokens"] = sequence
+    return defaults
 
 
 def engine_problems(config: ProbeConfig) -> list[str]:
@@ -235,8 +245,27 @@ def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool
 
 
 
-def model_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
-    """The rules a config must pass for this kind of model (a VL prompt holds its image)."""
+def model_problems(config: ProbeConfig, is_vl: bool,
+                   heads: tuple[int, int] | None = None) -> list[str]:
+    """The rules a config must pass for this kind of model (a VL prompt holds its image) and,
+    given its attention and KV `heads`, how its heads split (the engine's tensor parallelism,
+    Ulysses')."""
+    problems = head_problems(config, *heads) if heads else []
+    return problems + kind_problems(config, is_vl)
+
+
+def head_problems(config: ProbeConfig, heads: int, kv_heads: int) -> list[str]:
+    """The rollout engine's tensor parallelism divides the attention and KV heads; Ulysses'
+    rule (sequence_parallel_problems)."""
+    tp = config.rollout_tensor_parallel
+    problems = [f"rollout_tensor_parallel={tp} must divide the model's {heads} attention and "
+                f"{kv_heads} KV heads"] if heads % tp or kv_heads % tp else []
+    return problems + sequence_parallel_problems(config.ulysses_sequence_parallel_size, heads,
+                                                 kv_heads)
+
+
+def kind_problems(config: ProbeConfig, is_vl: bool) -> list[str]:
+    """What a VL model's prompt needs (its image fits the prompt; no Ulysses split)."""
     sp = config.ulysses_sequence_parallel_size
     if is_vl and sp > 1:
         return [f"ulysses_sequence_parallel_size={sp} with a VL model: the probe splits text "

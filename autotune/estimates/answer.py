@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.config import DEFAULT_HEADROOM, budget_bytes
+from autotune.config import DEFAULT_HEADROOM, Knobs, budget_bytes
 from autotune.estimates.planning import EstimatePlan, plan_estimate
 from autotune.estimates.tracing import TracedEstimate, length_step, run_trace, traced_length
 from autotune.files import JsonObject
@@ -21,7 +21,9 @@ from autotune.memory.length import LengthHeadroom, length_headroom
 from autotune.memory.model import MemoryEstimate, ModelArgs, allocator_reserve, estimate_memory
 from autotune.memory.trainer_figures import TrainerFigure, trainer_figures
 from autotune.memory.verdict import (
+    fitting_changes,
     format_estimate,
+    format_fitting_changes,
     format_savings,
     format_traced,
     phase_totals,
@@ -44,6 +46,7 @@ class Estimate:
     node_host: NodeHost
     binding_constraint: str
     switch_savings: dict[str, dict[str, int]]
+    fitting_changes: list[tuple[Knobs, int]]  # what would bring an over-budget config within
     trainer_figures: list[TrainerFigure] = field(default_factory=list)
     traced: TracedEstimate | None = None
     traced_fits_up_to: int | None = None  # tokens; None: not traced
@@ -75,6 +78,8 @@ class Estimate:
             "length_headroom": self.length.as_dict(),
             "node_host": node, "binding_constraint": self.binding_constraint,
             "switch_savings": self.switch_savings,
+            "fitting_changes": [{"changes": changes, "peak_bytes": at}
+                                for changes, at in self.fitting_changes],
             "trainer_figures": {f.metric: {"label": f.label, "bytes": f.value_bytes,
                                            "gib": round(f.value_gib, 2), "how": f.how}
                                 for f in self.trainer_figures}}
@@ -91,7 +96,8 @@ class Estimate:
         lines = [format_estimate(plan.name, plan.shape, request.config, plan.capacity_bytes,
                                  self.headroom, plan.calibration, plan.note, **self.model_args),
                  f"length headroom: {self.length.describe('on this card')} (memory model, "
-                 "everything else held)", *format_savings(self.switch_savings), "",
+                 "everything else held)", *format_savings(self.switch_savings),
+                 *format_fitting_changes(self.fitting_changes), "",
                  format_node_host(self.node_host, request.gpus_per_node),
                  self.binding_constraint]
         if self.trainer_figures:
@@ -161,6 +167,8 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
         binding_constraint=plan.binding_constraint(max(totals.values()), host, headroom),
         switch_savings=switch_savings(plan.shape, request.config, plan.calibration,
                                       **model_args),
+        fitting_changes=fitting_changes(plan.shape, request.config, budget, plan.calibration,
+                                        **model_args),
         trainer_figures=trainer_figures(plan.trainer, memory, host)
         if request.device.on_gpu else [],
         traced=traced,

@@ -205,7 +205,8 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     config, batches_note = estimate_config(options, calibrated.fixed, device.on_gpu, trainer,
                                            world)
     note += batches_note
-    problems = validate_probe_config(config, world) + model_problems(config, shape.is_vl)
+    heads = (shape.heads, shape.kv_heads)
+    problems = validate_probe_config(config, world) + model_problems(config, shape.is_vl, heads)
     if problems:
         raise ConfigError(problems)
     if response_length is not None:

@@ -7,15 +7,18 @@ Pure arithmetic over memory/model.py (and a calibration when a study has one): n
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from autotune.batching import BUDGET_KNOB, MICRO_KNOB
 from autotune.config import (
     DTYPE_BYTES,
+    Knobs,
     ProbeConfig,
     budget_bytes,
     compute_bytes,
     format_bytes,
+    sequence_parallel_problems,
 )
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate, ModelArgs, ModelShape, estimate_memory
@@ -64,6 +67,53 @@ def switch_savings(shape: ModelShape, config: ProbeConfig, calibration: Calibrat
         if saved:
             savings[switch] = saved
     return savings
+
+
+def fitting_changes(shape: ModelShape, config: ProbeConfig, budget: int,
+                    calibration: Calibration | None, **model_args: Unpack[ModelArgs]
+                    ) -> list[tuple[Knobs, int]]:
+    """For a config whose peak is over `budget`: the changes that would bring it within,
+    with the peak each gives (memory model), fewest changes first: each of LoRA (rank 64),
+    Ulysses sequence parallelism (each size the run's GPUs and the model's heads allow),
+    gradient checkpointing and fused_logprob alone, then in pairs. Empty when it fits, or
+    when nothing here would make it."""
+    def peak(changes: Knobs) -> int:
+        return max(phase_totals(estimate_memory(shape, config.replace(**changes),
+                                                **model_args), calibration).values())
+
+    if peak({}) <= budget:
+        return []
+    world = model_args.get("num_gpus", 1)
+    options: list[Knobs] = [{"lora_rank": 64}] if not config.uses_lora else []
+    options += [{"ulysses_sequence_parallel_size": sp} for sp in range(2, world + 1)
+                if not world % sp and sp > config.ulysses_sequence_parallel_size
+                and not sequence_parallel_problems(sp, shape.heads, shape.kv_heads)
+                and not shape.is_vl and not config.has_critic and not config.fused_logprob]
+    options += [{k: True} for k in ("gradient_checkpointing", "fused_logprob")
+                if not getattr(config, k)]
+    for size in (1, 2):
+        found = []
+        for picked in itertools.combinations(options, size):
+            changes: Knobs = {k: v for option in picked for k, v in option.items()}
+            if len(changes) == sum(len(o) for o in picked):  # one value a knob
+                if (config.ulysses_sequence_parallel_size > 1
+                        or "ulysses_sequence_parallel_size" in changes) \
+                        and changes.get("fused_logprob"):
+                    continue  # the probe runs SP's log-probs unfused
+                if (at := peak(changes)) <= budget:
+                    found.append((changes, at))
+        if found:
+            return sorted(found, key=lambda item: item[1])
+    return []
+
+
+def format_fitting_changes(changes: list[tuple[Knobs, int]]) -> list[str]:
+    """One line naming the changes that would fit, each with its peak."""
+    if not changes:
+        return []
+    return ["would fit with: " + "; ".join(
+        ", ".join(f"{k}={str(v).lower()}" for k, v in knobs.items())
+        + f" (peak {format_bytes(at)})" for knobs, at in changes) + " (memory model)"]
 
 
 def format_savings(savings: dict[str, dict[str, int]]) -> list[str]:

@@ -46,7 +46,6 @@ from autotune.config import (
     device_share,
     image_tokens,
     model_problems,
-    sequence_parallel_problems,
     validate_probe_config,
 )
 from autotune.errors import ConfigError
@@ -224,15 +223,11 @@ class TrainingProbe:
         """A ConfigError with every problem of the config for this model and device."""
         request, config = self.request, self.config
         problems = validate_probe_config(config, request.world_size)
-        problems += model_problems(config, self.is_vl)
+        heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
+        problems += model_problems(config, self.is_vl, heads)
         if self.meter.runs_kernels:  # a trace runs neither Triton nor vLLM
             problems += device_problems(config, self.on_gpu, self.is_vl,
                                         request.device.cap_bytes is not None)
-        heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
-        if heads[0] % config.rollout_tensor_parallel or heads[1] % config.rollout_tensor_parallel:
-            problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel} must "
-                            f"divide the model's {heads[0]} attention and {heads[1]} KV heads")
-        problems += sequence_parallel_problems(config.ulysses_sequence_parallel_size, *heads)
         if problems:
             raise ConfigError(problems)
 

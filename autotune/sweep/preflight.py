@@ -41,7 +41,8 @@ def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_che
     model's own rules are checked."""
     name = request.model_path or request.model
     shape = model_shape(request.model, request.model_path)
-    problems = [f"{what}: {p}" for p in model_problems(config, shape.is_vl)]
+    heads = (shape.heads, shape.kv_heads)
+    problems = [f"{what}: {p}" for p in model_problems(config, shape.is_vl, heads)]
     if not device_checks:
         if problems:
             raise ConfigError(problems)

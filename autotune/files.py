@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias
@@ -58,24 +58,34 @@ def describe_os_error(exc: OSError, path: str | os.PathLike[str] | None = None) 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write a file so that readers see either nothing or the whole of it. On failure (a full
-    disk) the temporary file is removed and the old file, if any, is left as it was."""
+    disk) the temporary file is removed and the old file, if any, is left as it was. The file
+    gets the mode open() would give it (0666 less the umask), set by os.open's own mode
+    argument: the process umask is never changed, not even for an instant."""
     path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:  # said of the file asked for, not of a temporary name
-        exc.filename = str(path)
-        raise
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside `path` under a fresh hidden name, opened for writing with mode 0666
+    (the umask applies); the OSError of a refusal names `path`, not the temporary name."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:  # said of the file asked for, not of a temporary name
+            exc.filename = str(path)
+            raise
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
 
 
 def read_text_file(path: str | os.PathLike[str], what: str) -> str:

@@ -66,6 +66,9 @@ def make_sandbox(root: Path) -> None:
     (root / "zero" / "zero" / "study.db").write_bytes(b"")
     (root / "rand" / "rand").mkdir(parents=True)
     (root / "rand" / "rand" / "study.db").write_bytes(os.urandom(50000))
+    whole = (root / "results" / "s" / "study.db").read_bytes()
+    (root / "cut" / "cut").mkdir(parents=True)
+    (root / "cut" / "cut" / "study.db").write_bytes(whole[:len(whole) // 2])  # truncated
     (root / "renamed").mkdir()
     shutil.copytree(root / "results" / "s", root / "renamed" / "old")
 
@@ -197,6 +200,10 @@ CASES: list[tuple[list[str], str]] = [
     # a study that is not one, or that another setup made: refused before anything is written
     (RUN + ["--results-dir", "zero", "--study", "zero"], "empty (0 bytes), not a study"),
     (RUN + ["--results-dir", "rand", "--study", "rand"], "not a study database"),
+    (RUN + ["--results-dir", "cut", "--study", "cut"], "cut/cut/study.db: not a study database "
+     "(database disk image is malformed); it may be damaged: keep a copy"),
+    (["show", "--results-dir", "cut"], "cut/cut/study.db: not a study database (database disk "
+     "image is malformed); it may be damaged: keep a copy"),
     (RUN + ["--study", "s", "--headroom", "30%"], "was started with a different setup"),
     # contradictions: refused, not silently resolved
     (RUN + ["--set", "max_prompt_length=32", "--set", "max_prompt_length=128"],

@@ -251,12 +251,15 @@ def driver_running(study_dir: Path) -> bool:
 
 
 class StudyLock:
-    """One driver per study directory: a lock file the kernel releases when the driver dies.
-    The driver's pid is written only once the study opened (`claim`): a refused study keeps
-    its lock file as it was, or none if it had none."""
+    """One driver per study directory, whatever the storage: a lock file the kernel releases
+    when the driver dies (drivers that share a study in a journal or a database each write
+    their logs, trials.csv and best.yaml in their own folder). The driver's pid is written
+    only once the study opened (`claim`): a refused study keeps its lock file as it was, or
+    none if it had none."""
 
-    def __init__(self, study_dir: Path) -> None:
+    def __init__(self, study_dir: Path, shared: bool = False) -> None:
         self.path = study_dir / ".driver.lock"
+        self.shared = shared  # the study is in a --storage several drivers share
         self.created = False
         self.claimed = False
 
@@ -269,8 +272,10 @@ class StudyLock:
             self.handle.seek(0)
             owner = self.handle.read().strip() or "?"
             self.handle.close()
+            advice = ("give each driver of a shared study its own --results-dir" if self.shared
+                      else "wait for it or pick another --study")
             raise AutotuneError(f"study {self.path.parent.name} is being run by another "
-                                f"autotune (pid {owner}); wait for it or pick another --study") \
+                                f"autotune (pid {owner}) in {self.path.parent}; {advice}") \
                 from None
         return self
 

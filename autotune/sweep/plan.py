@@ -23,6 +23,7 @@ from autotune.config import (
     Topology,
     algorithm_defaults,
     engine_reserves,
+    format_bytes,
     load_knob_file,
     make_probe_config,
     trains_critic,
@@ -241,9 +242,27 @@ def resolve_device(options: ProbeOptions, local: bool = True,
         raise ConfigError(f"--threads {options.cpu_threads}: this machine lets autotune use "
                           f"{cores} core(s); use --threads {cores} or less")
     if local:
-        return this_device(kind, options.gpu_memory_limit_bytes,
-                           options.reserve_gpu_memory_bytes)
+        device = this_device(kind, options.gpu_memory_limit_bytes,
+                             options.reserve_gpu_memory_bytes)
+        check_memory_flags(device, "this GPU's" if kind == "cuda" else "this machine's RAM,")
+        return device
     return Device(kind, None, options.gpu_memory_limit_bytes, options.reserve_gpu_memory_bytes)
+
+
+def check_memory_flags(device: Device, capacity_said: str) -> None:
+    """ConfigError when --reserve-gpu-memory leaves nothing of the device, or
+    --gpu-memory-limit is more than the device has (it would be planned as if it were there);
+    `capacity_said` names where the capacity came from (`--capacity`, `this GPU's`)."""
+    capacity = device.capacity_bytes
+    if capacity is None:
+        return
+    if device.reserve_bytes >= capacity:
+        raise ConfigError(f"--reserve-gpu-memory {format_bytes(device.reserve_bytes)}: leaves "
+                          f"nothing of {capacity_said} {format_bytes(capacity)}; reserve less")
+    if device.limit_bytes is not None and device.limit_bytes > capacity:
+        raise ConfigError(f"--gpu-memory-limit {format_bytes(device.limit_bytes)}: more than "
+                          f"{capacity_said} {format_bytes(capacity)}; give at most that, or "
+                          "leave it out")
 
 
 def probe_request(options: ProbeOptions, model: str, device: Device, topology: Topology,

@@ -240,6 +240,12 @@ CASES: list[tuple[list[str], str]] = [
     (["estimate", "--model", "qwen2.5-7b", "--capacity", "80GiB", "--gpu-memory-limit",
       "100GiB"], "--gpu-memory-limit 100.00 GiB: more than --capacity 80.00 GiB"),
     (RUN + ["--reserve-gpu-memory", "100TiB"], "leaves nothing of this machine's RAM"),
+    (["estimate", "--model", "qwen2.5-7b", "--trainer", "verl", "--set",
+      "actor_rollout_ref.rollout.n=4", "--set", "n=8"], "--set n=8 and "
+     "actor_rollout_ref.rollout.n=4 name one key (actor_rollout_ref.rollout.n); give it once"),
+    (["estimate", "--model", "qwen2.5-7b", "--trainer", "verl", "--set", "param_offload=true"],
+     "--set param_offload: ambiguous, names actor_rollout_ref.actor.fsdp_config.param_offload, "
+     "actor_rollout_ref.ref.fsdp_config.param_offload; spell it in full"),
     (RUN + ["--seed", "-1"], "-1 is not in the range"),
     (RUN + ["--seed", str(2**70)], "is not in the range"),
     (["export"], "export: give --trainer"),

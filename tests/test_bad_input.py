@@ -246,6 +246,15 @@ CASES: list[tuple[list[str], str]] = [
     (["estimate", "--model", "qwen2.5-7b", "--trainer", "verl", "--set", "param_offload=true"],
      "--set param_offload: ambiguous, names actor_rollout_ref.actor.fsdp_config.param_offload, "
      "actor_rollout_ref.ref.fsdp_config.param_offload; spell it in full"),
+    (RUN + ["--host-memory", "1MiB"], "--host-memory 1 MiB: less than 1.00 GiB, below any "
+                                       "node of a training run"),
+    (RUN + ["--host-memory", "1GiB"], "--host-memory 1.00 GiB: at the smallest config, "
+                                       "predicted host_oom"),
+    (RUN + ["--device", "cpu", "--gpu-memory-limit", "2GiB", "--host-memory-limit", "1GiB"],
+     "--host-memory-limit 1.00 GiB: below the device cap of 2.00 GiB, and on the CPU both cap "
+     "the same memory"),
+    (RUN + ["--engine", "hf", "--set", "kv_cache_memory_bytes=64MiB"],
+     "rollout_engine=hf ignores it"),
     (RUN + ["--seed", "-1"], "-1 is not in the range"),
     (RUN + ["--seed", str(2**70)], "is not in the range"),
     (["export"], "export: give --trainer"),

@@ -208,7 +208,8 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     device = Device(kind, capacity_bytes, options.gpu_memory_limit_bytes,
                     options.reserve_gpu_memory_bytes)
     check_memory_flags(device, "--capacity" if capacity_given else
-                       "this GPU's" if gpu_capacity_bytes() else "the default --capacity")
+                       "this GPU's" if gpu_capacity_bytes() else "the default --capacity",
+                       options.host_memory_limit_bytes)
     topology = default_topology(options.nnodes, options.gpus_per_node, device, None)
     world = topology.world_size
     config, batches_note = estimate_config(options, calibrated.fixed, device.on_gpu, trainer,

@@ -79,3 +79,28 @@ def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_che
             f"sharded over the run's {world} GPU{'s' if world > 1 else ''}), more than the "
             f"{format_bytes(capacity)} a probe may use on {where}; use {more}a larger "
             "device, a higher --gpu-memory-limit, or a smaller model")
+
+
+# the least RAM a node of an RL run can have: a trainer's Python processes alone hold more
+MIN_NODE_HOST_BYTES = 2**30
+
+
+def check_node_host(request: ProbeRequest, config: ProbeConfig, host_bytes: int | None,
+                    trainer: str | None) -> None:
+    """ConfigError when --host-memory (`host_bytes`, one node's RAM) is below
+    MIN_NODE_HOST_BYTES, or when the node's host memory is predicted past it at `config` (the
+    space's safe config: then every config would be, and the sweep would probe nothing)."""
+    from autotune.sweep.prescreen import Prescreen
+
+    if host_bytes is None:
+        return
+    if host_bytes < MIN_NODE_HOST_BYTES:
+        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: less than "
+                          f"{format_bytes(MIN_NODE_HOST_BYTES)}, below any node of a training "
+                          "run; give the RAM of one node, e.g. 512GiB")
+    screen = Prescreen.for_request(request, node_host_bytes=host_bytes, node_trainer=trainer)
+    past = screen.host_past(config) if screen is not None else None
+    if past is not None:
+        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: at the smallest config, "
+                          f"{past.reason}; no config can run on such a node: give the RAM of "
+                          "one node of the run, or plan offloading with `autotune estimate`")

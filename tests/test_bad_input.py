@@ -255,6 +255,8 @@ CASES: list[tuple[list[str], str]] = [
      "the same memory"),
     (RUN + ["--engine", "hf", "--set", "kv_cache_memory_bytes=64MiB"],
      "rollout_engine=hf ignores it"),
+    (["estimate", "--model", "qwen2.5-7b", "--bisect-length"], "--bisect-length: only with "
+                                                              "--trace"),
     (RUN + ["--seed", "-1"], "-1 is not in the range"),
     (RUN + ["--seed", str(2**70)], "is not in the range"),
     (["export"], "export: give --trainer"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import budget_bytes
 from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
@@ -216,6 +217,34 @@ def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
                           timeout=300)
     assert "traced: the probe's own step as rank 0 of 1" in text.stdout
     assert "fixed term" in text.stdout and "model - traced" in text.stdout
+
+
+def test_the_traced_length_headroom_comes_from_the_one_trace_and_agrees_with_it():
+    """`estimate --trace` traces once (the length headroom: the model's growth with the length
+    moved onto the traced peaks), and its headroom agrees with the trace's verdict: at least
+    the traced length where the trace fits the budget, below it where it does not (a trace
+    that fit beside "fits to 0 of 256 tokens" was a contradiction). --bisect-length traces
+    more, and says so first."""
+    def estimate(*args):
+        done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace",
+                               "--model", "tiny-qwen2.5", "--device", "cpu", "--set",
+                               "max_response_length=64", "--json", *args],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    for capacity in ("1GiB", "600MiB"):  # the trace fits the budget; it does not
+        report, said = estimate("--capacity", capacity)
+        traced = report["traced"]
+        budget = budget_bytes(report["capacity_bytes"])  # the default headroom's
+        fits = max(traced["phase_peak_mem_bytes"].values()) <= budget
+        assert fits == (capacity == "1GiB")
+        reach = traced["fits_up_to_response_tokens"]
+        assert reach >= 64 if fits else reach < 64, (capacity, reach)
+        assert said.count("tracing") == 1, said  # one trace, no bisection
+    report, said = estimate("--capacity", "1GiB", "--bisect-length")
+    assert "--bisect-length: after the trace, up to" in said.splitlines()[0]
+    assert "tracing at" in said and report["traced"]["fits_up_to_response_tokens"] >= 64
 
 
 def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
@@ -487,6 +516,7 @@ def test_the_replayed_reserve_skips_a_7b_update_its_tensors_would_let_through():
 
 INTERRUPTED_IN_FORK = """
 import os, signal, sys
+from autotune.config import budget_bytes
 from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.search_space import SearchSpace

@@ -41,6 +41,9 @@ def parse_knob_value(key: str, raw: object) -> KnobValue:
     if key not in _KNOB_TYPES:
         raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
     kind = _KNOB_TYPES[key]
+    names_knob = kind == "str" and key not in _KNOB_CHOICES  # module names: a list may do
+    if names_knob and isinstance(raw, list | tuple) and all(isinstance(n, str) for n in raw):
+        return parse_module_names(key, raw)
     if not isinstance(raw, str | int | float | None):  # a list or a mapping, never stringified
         raise ConfigError(f"{key}: expected one value, not a {type(raw).__name__}")
     text = str(raw).strip().lower()

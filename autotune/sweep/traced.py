@@ -25,8 +25,9 @@ the study's calibration and the arithmetic pre-screen goes on. Imports no torch:
 one process started at the first and kept for the next (torch and transformers load once), which
 ends when tracing turns off or with the sweep (at the end of its input), or with the driver when
 it dies (its parent-death signal); a Ctrl-C while it forks is raised once the fork is done
-(interrupts_held). A trace never shares a running probe's cores: it runs pinned to a free slot's cores
-(parallel.py), and while every slot runs a probe it is put off (counted as deferred).
+(interrupts_held). A trace never shares a running probe's cores: it runs pinned to a free
+slot's cores (parallel.py), and while every slot runs a probe it is put off (counted as
+deferred).
 """
 
 from __future__ import annotations

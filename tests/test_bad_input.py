@@ -248,8 +248,8 @@ CASES: list[tuple[list[str], str]] = [
      "actor_rollout_ref.ref.fsdp_config.param_offload; spell it in full"),
     (RUN + ["--host-memory", "1MiB"], "--host-memory 1 MiB: less than 1.00 GiB, below any "
                                        "node of a training run"),
-    (RUN + ["--host-memory", "1GiB"], "--host-memory 1.00 GiB: at the smallest config, "
-                                       "predicted host_oom"),
+    (RUN + ["--host-memory", "1GiB"], "--host-memory 1.00 GiB: the node's start-up alone "
+                                       "(its rank processes, the checkpoint read into RAM)"),
     (RUN + ["--device", "cpu", "--gpu-memory-limit", "2GiB", "--host-memory-limit", "1GiB"],
      "--host-memory-limit 1.00 GiB: below the device cap of 2.00 GiB, and on the CPU both cap "
      "the same memory"),

@@ -88,8 +88,10 @@ MIN_NODE_HOST_BYTES = 2**30
 def check_node_host(request: ProbeRequest, config: ProbeConfig, host_bytes: int | None,
                     trainer: str | None) -> None:
     """ConfigError when --host-memory (`host_bytes`, one node's RAM) is below
-    MIN_NODE_HOST_BYTES, or when the node's host memory is predicted past it at `config` (the
-    space's safe config: then every config would be, and the sweep would probe nothing)."""
+    MIN_NODE_HOST_BYTES, or when the node's start-up alone (its rank processes and the
+    checkpoint read into host RAM: no config of a space holds less) passes where the node's
+    OOM killer acts: then every config would be predicted host_oom and nothing probed."""
+    from autotune.memory.host import node_host
     from autotune.sweep.prescreen import Prescreen
 
     if host_bytes is None:
@@ -99,8 +101,12 @@ def check_node_host(request: ProbeRequest, config: ProbeConfig, host_bytes: int 
                           f"{format_bytes(MIN_NODE_HOST_BYTES)}, below any node of a training "
                           "run; give the RAM of one node, e.g. 512GiB")
     screen = Prescreen.for_request(request, node_host_bytes=host_bytes, node_trainer=trainer)
-    past = screen.host_past(config) if screen is not None else None
-    if past is not None:
-        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: at the smallest config, "
-                          f"{past.reason}; no config can run on such a node: give the RAM of "
-                          "one node of the run, or plan offloading with `autotune estimate`")
+    if screen is None:
+        return
+    host = node_host(screen.shape, config, screen.node_run, host_bytes)
+    if host.total("startup") > host.kill_bytes:
+        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: the node's start-up "
+                          f"alone (its rank processes, the checkpoint read into RAM) reaches "
+                          f"{format_bytes(host.total('startup'))}, past the "
+                          f"{format_bytes(host.kill_bytes)} where {host.killer} acts; give the "
+                          "RAM of one node of the run")

@@ -26,6 +26,10 @@ params:
 fixed: {rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_length: 64,
         max_response_length: 64, micro_batch_size_update: 1, micro_batch_size_experience: 2}
 """
+# an anchor bomb: 9 aliases of 9 aliases ... 8 deep, 387 million strings once expanded
+BOMB = "a: &a [" + ", ".join(["lol"] * 9) + "]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{before}'] * 9)}]\n"
+    for before, name in zip("abcdefgh", "bcdefghi", strict=True))
 NOT_UTF8 = b"params:\n  gradient_checkpointing: {type: bool}\n# caf\xe9\n"
 
 
@@ -38,6 +42,16 @@ def make_sandbox(root: Path) -> None:
         "deep.yaml": "[" * 5000, "notjournal.txt": "hello\n", "existing.log": "keep me\n",
         "a_file": "not a folder\n", "badjson/config.json": "{oops", "noconfig/.keep": "",
         "out_exists.yaml": "keep: me\n",
+        "bomb_space.yaml": f"{BOMB}{SPACE}".replace("fixed: {", "fixed: {max_num_seqs: *i, "),
+        "bomb_knobs.yaml": f"{BOMB}micro_batch_size_update: *i\n",
+        "bomb_trainer.yaml": f"{BOMB}data:\n  rollout_batch_size: *i\n",
+        "small_bomb.yaml": BOMB.split("f:")[0] + "micro_batch_size_update: *e\n",
+        "loop.yaml": "a: &a [1, *a]\nmicro_batch_size_update: 1\n",
+        "huge.yaml": "micro_batch_size_update: 1\n" + "# padding\n" * 110_000,
+        "dup_space.yaml": SPACE.replace("bool}\n", "bool}\n  gradient_checkpointing: "
+                                                "{type: categorical, choices: [true]}\n"),
+        "dup_knobs.yaml": "micro_batch_size_update: 1\nmicro_batch_size_update: 2\n",
+        "dup_trainer.yaml": "data:\n  rollout_batch_size: 4\n  rollout_batch_size: 8\n",
         "trainer_key.yaml": "params:\n  micro_batch_size_experience: {type: categorical, "
                             "choices: [1, 2]}\n  "
                             "a.b: {type: categorical, choices: [1, 2], memory_direction: 1}\n",
@@ -52,6 +66,9 @@ def make_sandbox(root: Path) -> None:
     (root / "zero" / "zero" / "study.db").write_bytes(b"")
     (root / "rand" / "rand").mkdir(parents=True)
     (root / "rand" / "rand" / "study.db").write_bytes(os.urandom(50000))
+    whole = (root / "results" / "s" / "study.db").read_bytes()
+    (root / "cut" / "cut").mkdir(parents=True)
+    (root / "cut" / "cut" / "study.db").write_bytes(whole[:len(whole) // 2])  # truncated
     (root / "renamed").mkdir()
     shutil.copytree(root / "results" / "s", root / "renamed" / "old")
 
@@ -183,6 +200,10 @@ CASES: list[tuple[list[str], str]] = [
     # a study that is not one, or that another setup made: refused before anything is written
     (RUN + ["--results-dir", "zero", "--study", "zero"], "empty (0 bytes), not a study"),
     (RUN + ["--results-dir", "rand", "--study", "rand"], "not a study database"),
+    (RUN + ["--results-dir", "cut", "--study", "cut"], "cut/cut/study.db: not a study database "
+     "(database disk image is malformed); it may be damaged: keep a copy"),
+    (["show", "--results-dir", "cut"], "cut/cut/study.db: not a study database (database disk "
+     "image is malformed); it may be damaged: keep a copy"),
     (RUN + ["--study", "s", "--headroom", "30%"], "was started with a different setup"),
     # contradictions: refused, not silently resolved
     (RUN + ["--set", "max_prompt_length=32", "--set", "max_prompt_length=128"],
@@ -212,6 +233,30 @@ CASES: list[tuple[list[str], str]] = [
     (["estimate", "--model", "qwen2.5-7b", "--gpus", "8"], "No such option '--gpus'"),
     (["estimate", "--model", "qwen2.5-7b", "--gpu-memory-limit", "0"],
      "--gpu-memory-limit '0': must be more than zero"),
+    (["estimate", "--model", "qwen2.5-7b", "--capacity", "80GiB", "--reserve-gpu-memory",
+      "80GiB"], "--reserve-gpu-memory 80.00 GiB: leaves nothing of --capacity 80.00 GiB"),
+    (["estimate", "--model", "qwen2.5-7b", "--capacity", "80GiB", "--reserve-gpu-memory",
+      "90GiB"], "--reserve-gpu-memory 90.00 GiB: leaves nothing of --capacity 80.00 GiB"),
+    (["estimate", "--model", "qwen2.5-7b", "--capacity", "80GiB", "--gpu-memory-limit",
+      "100GiB"], "--gpu-memory-limit 100.00 GiB: more than --capacity 80.00 GiB"),
+    (RUN + ["--reserve-gpu-memory", "100TiB"], "leaves nothing of this machine's RAM"),
+    (["estimate", "--model", "qwen2.5-7b", "--trainer", "verl", "--set",
+      "actor_rollout_ref.rollout.n=4", "--set", "n=8"], "--set n=8 and "
+     "actor_rollout_ref.rollout.n=4 name one key (actor_rollout_ref.rollout.n); give it once"),
+    (["estimate", "--model", "qwen2.5-7b", "--trainer", "verl", "--set", "param_offload=true"],
+     "--set param_offload: ambiguous, names actor_rollout_ref.actor.fsdp_config.param_offload, "
+     "actor_rollout_ref.ref.fsdp_config.param_offload; spell it in full"),
+    (RUN + ["--host-memory", "1MiB"], "--host-memory 1 MiB: less than 1.00 GiB, below any "
+                                       "node of a training run"),
+    (RUN + ["--host-memory", "1GiB"], "--host-memory 1.00 GiB: the node's start-up alone "
+                                       "(its rank processes, the checkpoint read into RAM)"),
+    (RUN + ["--device", "cpu", "--gpu-memory-limit", "2GiB", "--host-memory-limit", "1GiB"],
+     "--host-memory-limit 1.00 GiB: below the device cap of 2.00 GiB, and on the CPU both cap "
+     "the same memory"),
+    (RUN + ["--engine", "hf", "--set", "kv_cache_memory_bytes=64MiB"],
+     "rollout_engine=hf ignores it"),
+    (["estimate", "--model", "qwen2.5-7b", "--bisect-length"], "--bisect-length: only with "
+                                                              "--trace"),
     (RUN + ["--seed", "-1"], "-1 is not in the range"),
     (RUN + ["--seed", str(2**70)], "is not in the range"),
     (["export"], "export: give --trainer"),
@@ -257,6 +302,28 @@ CASES: list[tuple[list[str], str]] = [
     (["export", "--trainer", "trl", "--results-dir", "zero"], "empty (0 bytes)"),
     (["export", "--trainer", "trl", "--results-dir", "renamed"], "holds study s, not old"),
     (["export", "--trainer", "deepspeed"], "'deepspeed' is not one of"),
+    # hostile YAML: refused in about a second (test_hostile_yaml_is_refused_at_once)
+    (["validate", "bomb_space.yaml"], "bomb_space.yaml:7: its aliases expand to more than "
+     "1,000,000 values"),
+    (RUN[:3] + ["--space", "bomb_space.yaml"], "its aliases expand to more than 1,000,000"),
+    (RUN + ["--base-config", "bomb_knobs.yaml"], "bomb_knobs.yaml:7: its aliases expand"),
+    (RUN + ["--base-config", "small_bomb.yaml"], "micro_batch_size_update: expected one "
+                                                 "value, not a list"),
+    (RUN + ["--trainer", "verl", "--base-config", "bomb_trainer.yaml"],
+     "--base-config bomb_trainer.yaml:7: its aliases expand"),
+    (EXPORT + ["--base-config", "bomb_trainer.yaml"], "its aliases expand"),
+    (RUN + ["--base-config", "loop.yaml"], "loop.yaml:1: an alias names a value that holds it"),
+    (["validate", "huge.yaml"], "huge.yaml: larger than 1 MiB, not a config"),
+    (RUN + ["--base-config", "huge.yaml"], "huge.yaml: larger than 1 MiB"),
+    (RUN + ["--trainer", "verl", "--base-config", "huge.yaml"], "larger than 1 MiB"),
+    (["validate", "dup_space.yaml"], "dup_space.yaml:4: not valid YAML (key "
+     "'gradient_checkpointing' given twice (first on line 3); give it once)"),
+    (RUN + ["--base-config", "dup_knobs.yaml"], "dup_knobs.yaml:2: not valid YAML (key "
+     "'micro_batch_size_update' given twice"),
+    (RUN + ["--trainer", "verl", "--base-config", "dup_trainer.yaml"],
+     "dup_trainer.yaml:3: not valid YAML (key 'rollout_batch_size' given twice"),
+    (RUN + ["--trainer", "verl", "--set", "data.train_batch_size={a: 1, a: 2}"],
+     "key 'a' given twice"),
     # validate
     (["validate", "noconfig"], "is a directory; give a .yaml file"),
     (["validate", "not_utf8.yaml"], "not UTF-8 text"),
@@ -299,6 +366,22 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(args, message, sandbox
     assert message in lines[0], lines[0]
     assert "secret" not in err  # a database password is never printed
     assert snapshot(sandbox) == before
+
+
+HOSTILE = [case for case in CASES if any(
+    name in arg for arg in case[0] for name in ("bomb", "huge", "loop"))]
+
+
+@pytest.mark.parametrize("args,message", HOSTILE, ids=[" ".join(a)[:60] for a, _ in HOSTILE])
+def test_hostile_yaml_is_refused_at_once(args, message, sandbox, capsys, monkeypatch):
+    """An anchor bomb, a file too large: refused within seconds, not after minutes (the pure
+    Python loader took minutes on 50 MB; str() of a bomb's value never ends)."""
+    import time
+
+    monkeypatch.chdir(sandbox)
+    started = time.monotonic()
+    code, _ = invoke(args, capsys)
+    assert code == 2 and time.monotonic() - started < 3
 
 
 @pytest.fixture

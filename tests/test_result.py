@@ -24,3 +24,25 @@ def test_result_round_trip_and_oom_classes(tmp_path):
     assert result.fixed_cost_s == 3.0
     assert [s.value for s in ProbeStatus if s.is_oom] == ["gpu_oom", "host_oom", "cache_oom"]
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_atomic_write_gives_open_s_mode_without_touching_the_umask(tmp_path, monkeypatch):
+    """The file gets 0666 less the umask, as open() would give it, and the process umask is
+    never set (setting it, even for an instant, races every other thread creating a file)."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        def refuse(mask: int) -> int:
+            raise AssertionError(f"os.umask({mask:#o}) called")
+
+        monkeypatch.setattr(os, "umask", refuse)
+        path = tmp_path / "best.yaml"
+        write_text_atomic(path, "a: 1\n")
+        write_text_atomic(path, "a: 2\n")  # over an existing file
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert path.read_text() == "a: 2\n"
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert list(tmp_path.iterdir()) == [path]

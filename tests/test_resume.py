@@ -44,9 +44,9 @@ study_dir, worker = Path(sys.argv[1]), sys.argv[2:]
 settings = SweepSettings(study_name="s", study_dir=study_dir,
                          space=load_search_space("cpu-demo"),
                          request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
-                         max_trials=2)
+                         max_trials=2, storage=os.environ.get("DRIVER_STORAGE"))
 Sweep(settings, SubprocessRunner(worker)).run()
-"""
+""".replace("import sys\n", "import os\nimport sys\n", 1)
 
 
 def settings(study_dir: Path, **changes) -> SweepSettings:
@@ -122,3 +122,27 @@ def test_a_probe_killed_from_outside_is_retried_once_and_prunes_nothing(tmp_path
         if trial.user_attrs.get("predicted_by") == "dominance":
             cause = int(re.search(r"of trial (\d+)", trial.user_attrs["reason"]).group(1))
             assert study.trials[cause].user_attrs["status"] in ("gpu_oom", "host_oom")
+
+
+def test_a_second_driver_on_one_results_folder_is_refused_whatever_the_storage(tmp_path):
+    """Two real drivers on one results folder, the study in a journal file (which two drivers
+    may share, each in its own folder): the second is refused before it writes anything; it
+    once rewrote the first's request, truncated its log and rewrote its trials.csv."""
+    study_dir, pid_file = tmp_path / "s", tmp_path / "worker.pid"
+    env = {**os.environ, "DRIVER_STORAGE": str(tmp_path / "study.journal"),
+           "FAULTY_WORKER_PID_FILE": str(pid_file)}
+    command = [sys.executable, "-c", textwrap.dedent(DRIVER), str(study_dir), *FAULTY, "sleep"]
+    first = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        assert wait_until(pid_file.exists, 60), "the first driver's probe never started"
+        before = {p: p.read_bytes() for p in study_dir.rglob("*") if p.is_file()}
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert re.search(r"study s is being run by another autotune \(pid \d+\) in .*; give "
+                         r"each driver of a shared study its own --results-dir", second.stderr)
+        assert {p: p.read_bytes() for p in study_dir.rglob("*") if p.is_file()} == before
+        assert first.poll() is None  # the first goes on
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # its worker dies by PDEATHSIG
+        first.wait()
+    assert wait_until(lambda: not processes_mentioning(str(study_dir)), 10), "orphaned worker"

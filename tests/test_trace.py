@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import budget_bytes
 from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
@@ -218,6 +219,34 @@ def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
     assert "fixed term" in text.stdout and "model - traced" in text.stdout
 
 
+def test_the_traced_length_headroom_comes_from_the_one_trace_and_agrees_with_it():
+    """`estimate --trace` traces once (the length headroom: the model's growth with the length
+    moved onto the traced peaks), and its headroom agrees with the trace's verdict: at least
+    the traced length where the trace fits the budget, below it where it does not (a trace
+    that fit beside "fits to 0 of 256 tokens" was a contradiction). --bisect-length traces
+    more, and says so first."""
+    def estimate(*args):
+        done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace",
+                               "--model", "tiny-qwen2.5", "--device", "cpu", "--set",
+                               "max_response_length=64", "--json", *args],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    for capacity in ("1GiB", "600MiB"):  # the trace fits the budget; it does not
+        report, said = estimate("--capacity", capacity)
+        traced = report["traced"]
+        budget = budget_bytes(report["capacity_bytes"])  # the default headroom's
+        fits = max(traced["phase_peak_mem_bytes"].values()) <= budget
+        assert fits == (capacity == "1GiB")
+        reach = traced["fits_up_to_response_tokens"]
+        assert reach >= 64 if fits else reach < 64, (capacity, reach)
+        assert said.count("tracing") == 1, said  # one trace, no bisection
+    report, said = estimate("--capacity", "1GiB", "--bisect-length")
+    assert "--bisect-length: after the trace, up to" in said.splitlines()[0]
+    assert "tracing at" in said and report["traced"]["fits_up_to_response_tokens"] >= 64
+
+
 def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
     """The trace process for a GPU's sweep (fake tensors on this CPU): each trace comes back
     as torch's replayed reserve per phase and the smallest cap it runs under; the tracer adds
@@ -343,9 +372,18 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     assert tracer.traced_bytes(as_candidate({"kind": "broken"}), requests["ok"].device) is None
     assert tracer.unavailable.startswith("the trace cannot follow this model or config: "
                                          "ConfigError"), tracer.unavailable
-    assert process.poll() is None  # the process goes on: the sweep decides
-    tracer.close()
-    assert process.returncode == 0
+    # tracing is off: its idle process (torch loaded, hundreds of MB) ends now, not with
+    # the sweep
+    assert tracer._process is None and process.wait(timeout=30) == 0
+
+    probe_wall_s = [0.001]  # probes far cheaper than a trace: tracing turns itself off
+    tracer = SubprocessTracer(lambda candidate, device: requests["ok"], on_gpu=False,
+                              probe_wall_s=probe_wall_s)
+    assert tracer.traced_bytes(as_candidate({"n": 1}), requests["ok"].device) is not None
+    process = tracer._process
+    assert tracer.traced_bytes(as_candidate({"n": 2}), requests["ok"].device) is None
+    assert tracer.unavailable.startswith("a trace takes"), tracer.unavailable
+    assert tracer._process is None and process.wait(timeout=30) == 0
 
     tracer = SubprocessTracer(lambda candidate, device: requests["ok"], on_gpu=False)
     assert tracer.traced_bytes(as_candidate({"n": 1}), requests["ok"].device) is not None
@@ -474,3 +512,47 @@ def test_the_replayed_reserve_skips_a_7b_update_its_tensors_would_let_through():
         assert traced_prediction(tracer, as_candidate({"label": "7b"}), 2 * nvml, roomy) is None
     tensors_only = RecordedTracer({"7b": {"update": tensors}})
     assert traced_prediction(tensors_only, as_candidate({"label": "7b"}), 2 * nvml, tight) is None
+
+
+INTERRUPTED_IN_FORK = """
+import os, signal, sys
+from autotune.config import budget_bytes
+from autotune.hardware import Device
+from autotune.probe.result import ProbeRequest
+from autotune.sweep.search_space import SearchSpace
+from autotune.sweep.traced import SubprocessTracer
+
+sent = []
+
+def interrupt_mid_fork():  # Ctrl-C landing while the trace process forks
+    if not sent:
+        sent.append(os.getpid())
+        os.kill(os.getpid(), signal.SIGINT)
+
+os.register_at_fork(after_in_parent=interrupt_mid_fork)
+request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
+tracer = SubprocessTracer(lambda candidate, device: request, on_gpu=False)
+try:
+    tracer.traced_bytes(SearchSpace({}).candidate({"n": 1}), request.device)
+    print("went on")
+except KeyboardInterrupt:
+    print("interrupted")
+finally:
+    tracer.close()
+"""
+
+
+def test_a_ctrl_c_while_the_trace_process_forks_stops_the_sweep():
+    """A SIGINT that lands inside the fork of the trace process (Python's at-fork hooks run
+    then, and drop what they raise: 7 of 8 Ctrl-Cs at a resumed sweep's `tracing ...` line
+    were lost) is raised once the fork is done: the trace never runs."""
+    import subprocess
+    import sys
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_FORK], capture_output=True,
+                          text=True, timeout=600)
+    assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert time.monotonic() - started < 60  # not after a whole trace

@@ -44,10 +44,15 @@ from autotune.cli import options as opt
 @click.option("--trace", is_flag=True,
               help="Also trace the probe's own step with fake tensors, as rank 0 of the run "
                    "(no GPU, no weights; seconds for small models, about a minute for 7B).")
+@click.option("--bisect-length", is_flag=True,
+              help="With --trace: find the traced length headroom by further traces (up to "
+                   "about a dozen, each as long as the first) instead of from the one trace "
+                   "and the memory model's growth with the length.")
 @opt.as_json
 def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom: float,
              study: str | None, results_dir: str, storage: str | None,
-             response_length: int | None, trace: bool, as_json: bool, **given: Any) -> None:
+             response_length: int | None, trace: bool, bisect_length: bool, as_json: bool,
+             **given: Any) -> None:
     """Estimate peak memory per GPU and phase, without running anything.
 
     \b
@@ -56,15 +61,21 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
         --set gradient_checkpointing=true
     autotune estimate --model tiny-qwen2.5 --device cpu --capacity 545MiB
     autotune estimate --trace --model qwen2.5-7b --gpus-per-node 8
+    autotune estimate --trace --bisect-length --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
     autotune estimate --model qwen2.5-7b --gpus-per-node 8 --set max_response_length=2048 \
         --response-length 512
     autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \
         --host-memory 760GB --set offload_params=true --set offload_optimizer=true
     """
+    from autotune.errors import ConfigError
     from autotune.estimates import estimate as estimate_run
 
+    if bisect_length and not trace:
+        raise ConfigError("--bisect-length: only with --trace (it bisects the traced length "
+                          "headroom)")
     answer = estimate_run(opt.take_probe_options(given), capacity_bytes, headroom, study,
                           results_dir, storage, response_length, host_memory_bytes,
-                          given["trainer"], trace, say=lambda line: click.echo(line, err=True))
+                          given["trainer"], trace, bisect_length,
+                          say=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(answer.as_dict(), indent=2) if as_json else answer.text())

@@ -41,6 +41,11 @@ def parse_knob_value(key: str, raw: object) -> KnobValue:
     if key not in _KNOB_TYPES:
         raise ConfigError(unknown_key_message(key, KNOB_NAMES, "knob"))
     kind = _KNOB_TYPES[key]
+    names_knob = kind == "str" and key not in _KNOB_CHOICES  # module names: a list may do
+    if names_knob and isinstance(raw, list | tuple) and all(isinstance(n, str) for n in raw):
+        return parse_module_names(key, raw)
+    if not isinstance(raw, str | int | float | None):  # a list or a mapping, never stringified
+        raise ConfigError(f"{key}: expected one value, not a {type(raw).__name__}")
     text = str(raw).strip().lower()
     if kind.endswith(" | None") and (raw is None or text in ("none", "null", "")):
         return None
@@ -116,7 +121,7 @@ def parse_assignments(assignments: list[str] | tuple[str, ...],
     """Parse `key=value` strings from `--set` into typed knob values; report every problem.
     `translate` turns the keys that are not knobs (a trainer's own keys, their values read as
     YAML) into the knobs they set, all at once, or raises ConfigError naming what it cannot."""
-    import yaml
+    from autotune.files import load_yaml
 
     values: Knobs = {}
     foreign: dict[str, Any] = {}  # keys that are not knobs (YAML values), for `translate`
@@ -138,13 +143,11 @@ def parse_assignments(assignments: list[str] | tuple[str, ...],
             continue
         try:
             if translate is not None and key not in _KNOB_TYPES:
-                foreign[key] = yaml.safe_load(raw)
+                foreign[key] = load_yaml(raw, f"{key}={raw}")
             else:
                 add(key, parse_knob_value(key, raw))
-        except (ConfigError, yaml.YAMLError) as err:
-            lines = err.problems if isinstance(err, ConfigError) else [f"{key}: {raw!r} is "
-                                                                      "not a YAML value"]
-            problems.extend(f"--set {p}" for p in lines)
+        except ConfigError as err:
+            problems.extend(f"--set {p}" for p in err.problems)
     if foreign and translate is not None:
         try:
             for knob, value in translate(foreign).items():
@@ -170,18 +173,9 @@ def unknown_key_message(key: str, valid: tuple[str, ...] | list[str], what: str)
 
 def load_knob_file(path: str) -> Knobs:
     """Canonical knobs from a flat YAML mapping (`--base-config`); every problem in one go."""
-    import yaml
+    from autotune.files import load_yaml, read_text_file
 
-    from autotune.files import read_text_file
-
-    text = read_text_file(path, "--base-config")
-    try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)})") \
-            from None
+    data = load_yaml(read_text_file(path, "--base-config"), path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of knob names to values, "
                           "e.g. micro_batch_size_update: 4")

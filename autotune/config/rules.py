@@ -127,6 +127,10 @@ def rollout_problems(config: ProbeConfig, world_size: int) -> list[str]:
                         f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
     if config.engine_reserves:
         problems += engine_problems(config)
+    elif config.kv_cache_memory_bytes is not None:
+        problems.append(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} sizes a vLLM "
+                        f"engine's KV pool; rollout_engine={config.rollout_engine} ignores it "
+                        "(its cache grows with the batch); remove it, or use --engine vllm-like")
     if config.actor_generates and tp > 1:
         problems.append(f"rollout_engine=policy with rollout_tensor_parallel={tp}: the trained "
                         "model generates itself, with nothing to split; set it to 1")

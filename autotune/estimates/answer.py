@@ -12,9 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.config import DEFAULT_HEADROOM, Knobs, budget_bytes
+from autotune.config import DEFAULT_HEADROOM, Knobs, ProbeConfig, budget_bytes
 from autotune.estimates.planning import EstimatePlan, plan_estimate
-from autotune.estimates.tracing import TracedEstimate, length_step, run_trace, traced_length
+from autotune.estimates.tracing import (
+    TracedEstimate,
+    bisection_traces,
+    length_step,
+    run_trace,
+    traced_headroom,
+    traced_length,
+)
 from autotune.files import JsonObject
 from autotune.memory.host import NodeHost, format_node_host
 from autotune.memory.length import LengthHeadroom, length_headroom
@@ -50,6 +57,7 @@ class Estimate:
     trainer_figures: list[TrainerFigure] = field(default_factory=list)
     traced: TracedEstimate | None = None
     traced_fits_up_to: int | None = None  # tokens; None: not traced
+    traced_bisected: bool = False  # the traced headroom bisected by traces, not the model's
 
     @property
     def budget_bytes(self) -> int:
@@ -116,10 +124,14 @@ class Estimate:
         what = (f"the probe's own step as rank 0 of {world} under fake tensors, build and 2 "
                 f"steps in {traced.trace_s:.1f} s")
         step = length_step(self.length.searched_to)
+        how = (f"trace bisection, to {step} tokens" if self.traced_bisected else
+               "the memory model's growth with the length from the traced peaks; "
+               "--bisect-length traces it")
         reach = (f"traced length headroom: fits up to {self.traced_fits_up_to:,}-token "
-                 f"responses within the budget (trace bisection, to {step} tokens)"
+                 f"responses within the budget ({how})"
                  if self.traced_fits_up_to else "traced length headroom: not even "
-                 f"{step}-token responses fit within the budget")
+                 f"{step if self.traced_bisected else 1}-token responses fit within the "
+                 f"budget ({how})")
         return "\n".join([format_traced(
             traced.phase_peak_mem_bytes, traced.phase_context_bytes, traced.context_note,
             self.phase_bytes, self.plan.capacity_bytes, self.headroom,
@@ -131,13 +143,14 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
              headroom: float = DEFAULT_HEADROOM, study: str | None = None,
              results_dir: str = "results", storage: str | None = None,
              response_length: int | None = None, host_memory_bytes: int | None = None,
-             trainer: str | None = None, trace: bool = False,
+             trainer: str | None = None, trace: bool = False, bisect_length: bool = False,
              say: Callable[[str], None] = lambda line: None) -> Estimate:
     """The memory model's answer for the run `options` describe, on a device of
     `capacity_bytes` (default: this machine's GPU, else 80 GiB; host RAM on a CPU), under
     `headroom`; with `study`, calibrated on its probes (estimates/planning.py says how the run
     is planned). `trace` also traces the probe's step with fake tensors (torch is imported;
-    `say` hears what is being traced).
+    `say` hears what is being traced); its length headroom comes from that one trace and the
+    model, or with `bisect_length` from a bisection of further traces.
 
     Raises:
         ConfigError: no model, a study without a calibration or of another model, or a config
@@ -156,11 +169,21 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     totals = phase_totals(memory, plan.calibration)
     budget = budget_bytes(plan.capacity_bytes, headroom)
     assert budget is not None
-    reach = length_headroom(request.config, lambda config: phase_totals(
-        estimate_memory(plan.shape, config, **held), plan.calibration), budget,
-        plan.shape.context_tokens, request.world_size)
+
+    def peaks(config: ProbeConfig) -> dict[str, int]:
+        return phase_totals(estimate_memory(plan.shape, config, **held), plan.calibration)
+
+    reach = length_headroom(request.config, peaks, budget, plan.shape.context_tokens,
+                            request.world_size)
     host = plan.node_host()
+    if trace and bisect_length:
+        say(f"--bisect-length: after the trace, up to {bisection_traces(reach.searched_to)} "
+            "more traces of about as long each")
     traced = run_trace(plan, say) if trace else None
+    traced_reach = None
+    if traced is not None:
+        traced_reach = traced_length(plan, traced, budget, reach, say) if bisect_length \
+            else traced_headroom(plan, traced, peaks, budget)
     return Estimate(
         plan=plan, headroom=headroom, model_args=held, memory=memory, phase_bytes=totals,
         length=reach, node_host=host,
@@ -171,5 +194,4 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                                         **model_args),
         trainer_figures=trainer_figures(plan.trainer, memory, host)
         if request.device.on_gpu else [],
-        traced=traced,
-        traced_fits_up_to=traced_length(plan, traced, budget, reach, say) if traced else None)
+        traced=traced, traced_fits_up_to=traced_reach, traced_bisected=bisect_length)

@@ -30,7 +30,13 @@ from autotune.memory.host import NodeHost, NodeRun, node_host
 from autotune.memory.model import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.placement import default_topology
-from autotune.sweep.plan import ProbeOptions, engine_knobs, probe_request, trainer_knobs
+from autotune.sweep.plan import (
+    ProbeOptions,
+    check_memory_flags,
+    engine_knobs,
+    probe_request,
+    trainer_knobs,
+)
 from autotune.sweep.prescreen import memory_model_args
 
 DEFAULT_GPU_BYTES = 80 * 2**30  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
@@ -195,11 +201,15 @@ def plan_estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                           "--model-path DIR")
     name = options.model or options.model_path or ""
     shape = model_shape(options.model or "", options.model_path)
+    capacity_given = capacity_bytes is not None
     if capacity_bytes is None:
         capacity_bytes = (gpu_capacity_bytes() or DEFAULT_GPU_BYTES) if kind == "cuda" \
             else host_memory_bytes()
     device = Device(kind, capacity_bytes, options.gpu_memory_limit_bytes,
                     options.reserve_gpu_memory_bytes)
+    check_memory_flags(device, "--capacity" if capacity_given else
+                       "this GPU's" if gpu_capacity_bytes() else "the default --capacity",
+                       options.host_memory_limit_bytes)
     topology = default_topology(options.nnodes, options.gpus_per_node, device, None)
     world = topology.world_size
     config, batches_note = estimate_config(options, calibrated.fixed, device.on_gpu, trainer,

@@ -1,6 +1,10 @@
 """`estimate --trace`: the probe's own step traced with fake tensors in this process, as rank
 0 of the run (probe/trace.py), with what a process holds outside torch, and the longest
-response length whose traced peak stays in the budget.
+response length whose traced peak stays in the budget: from the one trace, the memory model's
+growth with the length moved onto the traced peaks (traced_headroom), or with
+`--bisect-length` a bisection of further traces (traced_length, several times one trace).
+Either answer agrees with the trace: at least the traced length when the trace fits the
+budget, below it when it does not.
 
 torch is imported inside these functions only: `autotune estimate` without --trace never
 loads it.
@@ -12,10 +16,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.config import format_bytes
+from autotune.config import ProbeConfig, format_bytes
 from autotune.estimates.planning import EstimatePlan
 from autotune.files import JsonObject
-from autotune.memory.length import LengthHeadroom
+from autotune.memory.length import LengthHeadroom, PhasePeaks, length_headroom
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,42 @@ def fitted_phase_terms(trace: JsonObject) -> dict[str, int]:
             if isinstance(value, (int, float))}
 
 
+def traced_headroom(plan: EstimatePlan, traced: TracedEstimate, peaks: PhasePeaks,
+                    budget_bytes: int) -> int:
+    """The longest response length whose peaks stay within `budget_bytes`, from the one trace:
+    each phase's traced peak at the traced length, grown with the length as the memory model
+    (`peaks`) grows it (the model's peak at each length, moved by what the trace found more or
+    less than the model at the traced length). No further trace."""
+    request = plan.request
+    modelled = peaks(request.config)
+    moved = {p: v - modelled.get(p, 0) for p, v in traced.phase_peak_mem_bytes.items()}
+
+    def shifted(config: ProbeConfig) -> dict[str, int]:
+        at = peaks(config)
+        return {p: at.get(p, 0) + by for p, by in moved.items()}
+
+    reach = length_headroom(request.config, shifted, budget_bytes,
+                            plan.shape.context_tokens, request.world_size)
+    return agreeing(reach.fits_up_to, traced, request.config.max_response_length,
+                    budget_bytes)
+
+
+def agreeing(fits_up_to: int, traced: TracedEstimate, traced_tokens: int,
+             budget_bytes: int) -> int:
+    """A length headroom that agrees with the trace's own verdict: at least the traced length
+    `traced_tokens` when the traced peak fits the budget, below it when it does not (a
+    headroom of 0 beside a trace that fits was a contradiction)."""
+    if max(traced.phase_peak_mem_bytes.values()) <= budget_bytes:
+        return max(fits_up_to, traced_tokens)
+    return min(fits_up_to, traced_tokens - 1)
+
+
+def bisection_traces(searched_to: int) -> int:
+    """The most traces a length bisection takes (`longest_fitting_near`: about 2 log2 of its
+    miss, steps of length_step up to `searched_to`), said up front."""
+    return 2 * max(1, (searched_to // length_step(searched_to)).bit_length())
+
+
 def length_step(longest: int) -> int:
     """The trace bisection's resolution: 1/64 of the longest length looked at, 16 at least."""
     return max(16, longest // 64)
@@ -135,7 +175,11 @@ def traced_length(plan: EstimatePlan, traced: TracedEstimate, budget_bytes: int,
     if row_breaks(request.config, request.world_size, reach.searched_to):
         answer = reach.fits_up_to // step
         if not fits(answer):
-            return longest_fitting(fits, max(0, answer - 1)) * step
-        return (answer + 1 if answer * step < reach.searched_to and fits(answer + 1)
-                else answer) * step
-    return longest_fitting_near(fits, reach.fits_up_to // step, reach.searched_to // step) * step
+            found = longest_fitting(fits, max(0, answer - 1)) * step
+        else:
+            found = (answer + 1 if answer * step < reach.searched_to and fits(answer + 1)
+                     else answer) * step
+    else:
+        found = longest_fitting_near(fits, reach.fits_up_to // step,
+                                     reach.searched_to // step) * step
+    return agreeing(found, traced, request.config.max_response_length, budget_bytes)

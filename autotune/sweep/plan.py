@@ -23,6 +23,7 @@ from autotune.config import (
     Topology,
     algorithm_defaults,
     engine_reserves,
+    format_bytes,
     load_knob_file,
     make_probe_config,
     trains_critic,
@@ -49,7 +50,7 @@ from autotune.sweep.placement import (
     plan_command_ranks,
     plan_ranks,
 )
-from autotune.sweep.preflight import check_model_on_device, vllm_installed
+from autotune.sweep.preflight import check_model_on_device, check_node_host, vllm_installed
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.settings import SweepSettings
 from autotune.sweep.sharing import HEARTBEAT_S
@@ -241,9 +242,37 @@ def resolve_device(options: ProbeOptions, local: bool = True,
         raise ConfigError(f"--threads {options.cpu_threads}: this machine lets autotune use "
                           f"{cores} core(s); use --threads {cores} or less")
     if local:
-        return this_device(kind, options.gpu_memory_limit_bytes,
-                           options.reserve_gpu_memory_bytes)
+        device = this_device(kind, options.gpu_memory_limit_bytes,
+                             options.reserve_gpu_memory_bytes)
+        check_memory_flags(device, "this GPU's" if kind == "cuda" else "this machine's RAM,",
+                           options.host_memory_limit_bytes)
+        return device
     return Device(kind, None, options.gpu_memory_limit_bytes, options.reserve_gpu_memory_bytes)
+
+
+def check_memory_flags(device: Device, capacity_said: str,
+                       host_limit_bytes: int | None = None) -> None:
+    """ConfigError when --reserve-gpu-memory leaves nothing of the device, --gpu-memory-limit
+    is more than the device has (it would be planned as if it were there), or on a CPU
+    --host-memory-limit is below the device cap (the same memory: the probe would be killed
+    as host_oom before it reached the cap); `capacity_said` names where the capacity came
+    from (`--capacity`, `this GPU's`)."""
+    cap = device.cap_bytes
+    if not device.on_gpu and host_limit_bytes is not None and cap is not None \
+            and host_limit_bytes < cap:
+        raise ConfigError(f"--host-memory-limit {format_bytes(host_limit_bytes)}: below the "
+                          f"device cap of {format_bytes(cap)}, and on the CPU both cap the same "
+                          "memory; raise it, or lower --gpu-memory-limit to it")
+    capacity = device.capacity_bytes
+    if capacity is None:
+        return
+    if device.reserve_bytes >= capacity:
+        raise ConfigError(f"--reserve-gpu-memory {format_bytes(device.reserve_bytes)}: leaves "
+                          f"nothing of {capacity_said} {format_bytes(capacity)}; reserve less")
+    if device.limit_bytes is not None and device.limit_bytes > capacity:
+        raise ConfigError(f"--gpu-memory-limit {format_bytes(device.limit_bytes)}: more than "
+                          f"{capacity_said} {format_bytes(capacity)}; give at most that, or "
+                          "leave it out")
 
 
 def probe_request(options: ProbeOptions, model: str, device: Device, topology: Topology,
@@ -384,6 +413,8 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
                             options.trainer)
     if template is None:
         check_model_on_device(request, safe, device_checks=local, device_asked=probe.device)
+    check_node_host(request, safe, options.host_memory_bytes,
+                    target.adapter.name if target is not None else None)
     notes += [ranks.note] if ranks.note else []
     runner, slots = make_runner(options.executor, options.address, request, options.parallel,
                                 ranks.gpus_per_trial, name)

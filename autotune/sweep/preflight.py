@@ -80,3 +80,34 @@ def check_model_on_device(request: ProbeRequest, config: ProbeConfig, device_che
             f"sharded over the run's {world} GPU{'s' if world > 1 else ''}), more than the "
             f"{format_bytes(capacity)} a probe may use on {where}; use {more}a larger "
             "device, a higher --gpu-memory-limit, or a smaller model")
+
+
+# the least RAM a node of an RL run can have: a trainer's Python processes alone hold more
+MIN_NODE_HOST_BYTES = 2**30
+
+
+def check_node_host(request: ProbeRequest, config: ProbeConfig, host_bytes: int | None,
+                    trainer: str | None) -> None:
+    """ConfigError when --host-memory (`host_bytes`, one node's RAM) is below
+    MIN_NODE_HOST_BYTES, or when the node's start-up alone (its rank processes and the
+    checkpoint read into host RAM: no config of a space holds less) passes where the node's
+    OOM killer acts: then every config would be predicted host_oom and nothing probed."""
+    from autotune.memory.host import node_host
+    from autotune.sweep.prescreen import Prescreen
+
+    if host_bytes is None:
+        return
+    if host_bytes < MIN_NODE_HOST_BYTES:
+        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: less than "
+                          f"{format_bytes(MIN_NODE_HOST_BYTES)}, below any node of a training "
+                          "run; give the RAM of one node, e.g. 512GiB")
+    screen = Prescreen.for_request(request, node_host_bytes=host_bytes, node_trainer=trainer)
+    if screen is None:
+        return
+    host = node_host(screen.shape, config, screen.node_run, host_bytes)
+    if host.total("startup") > host.kill_bytes:
+        raise ConfigError(f"--host-memory {format_bytes(host_bytes)}: the node's start-up "
+                          f"alone (its rank processes, the checkpoint read into RAM) reaches "
+                          f"{format_bytes(host.total('startup'))}, past the "
+                          f"{format_bytes(host.kill_bytes)} where {host.killer} acts; give the "
+                          "RAM of one node of the run")

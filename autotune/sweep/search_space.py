@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-import yaml
-
 from autotune.batching import BUDGET_KNOB, MICRO_KNOB
 from autotune.config import (
     MEMORY_DIRECTION,
@@ -53,7 +51,7 @@ from autotune.config import (
     validate_probe_config,
 )
 from autotune.errors import ConfigError
-from autotune.files import read_text_file
+from autotune.files import load_yaml, read_text_file
 from autotune.sweep.sharing import params_key
 from autotune.sweep.space_params import (
     ParamSpec,
@@ -350,13 +348,9 @@ def check_search_space(name_or_path: str) -> tuple[SearchSpace | None, list[str]
 
 def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
     try:
-        data = yaml.safe_load(read_text_file(path, "search space"))
+        data = load_yaml(read_text_file(path, "search space"), where)
     except ConfigError as err:
         return None, err.problems
-    except (yaml.YAMLError, RecursionError) as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        return None, [f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})"]
     if not isinstance(data, dict):
         return None, [f"{where}: expected a mapping with 'params' and 'fixed' sections"]
     problems = [f"{where}: {unknown_key_message(k, ['params', 'fixed'], 'section')}"

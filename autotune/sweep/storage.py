@@ -197,11 +197,29 @@ def sqlite_storage(db_path: Path) -> RDBStorage:
 
 def use_wal(db_path: Path) -> None:
     """Put a SQLite study in write-ahead-log mode (stored in the file): one fsync per commit
-    instead of several, still crash-safe, and readers such as optuna-dashboard never block."""
+    instead of several, still crash-safe, and readers such as optuna-dashboard never block.
+    A damaged study (truncated, overwritten in part) is refused first, by SQLite's own check
+    of every page (milliseconds for a study of thousands of trials): ConfigError."""
     import sqlite3
 
-    with contextlib.closing(sqlite3.connect(db_path)) as connection:
-        connection.execute("PRAGMA journal_mode=WAL")
+    try:
+        with contextlib.closing(sqlite3.connect(db_path)) as connection:
+            found = connection.execute("PRAGMA quick_check").fetchone()
+            if found is not None and found[0] != "ok":
+                raise ConfigError(damaged_study(db_path, str(found[0])))
+            connection.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError:  # the disk's, not the file's: full, read-only, locked
+        raise
+    except sqlite3.DatabaseError as exc:  # the file's: malformed, not a database
+        raise ConfigError(damaged_study(db_path, str(exc))) from None
+
+
+def damaged_study(path: Path, problem: str) -> str:
+    """What to tell the user about a study.db SQLite cannot read: the line every command
+    gives."""
+    first = (problem.strip().splitlines() or ["unreadable"])[0]
+    return (f"{path}: not a study database ({first}); it may be damaged: keep a copy, and run "
+            "the sweep again under another --study")
 
 
 def private_copy(db: Path, wal: Path) -> Path:
@@ -233,12 +251,15 @@ def driver_running(study_dir: Path) -> bool:
 
 
 class StudyLock:
-    """One driver per study directory: a lock file the kernel releases when the driver dies.
-    The driver's pid is written only once the study opened (`claim`): a refused study keeps
-    its lock file as it was, or none if it had none."""
+    """One driver per study directory, whatever the storage: a lock file the kernel releases
+    when the driver dies (drivers that share a study in a journal or a database each write
+    their logs, trials.csv and best.yaml in their own folder). The driver's pid is written
+    only once the study opened (`claim`): a refused study keeps its lock file as it was, or
+    none if it had none."""
 
-    def __init__(self, study_dir: Path) -> None:
+    def __init__(self, study_dir: Path, shared: bool = False) -> None:
         self.path = study_dir / ".driver.lock"
+        self.shared = shared  # the study is in a --storage several drivers share
         self.created = False
         self.claimed = False
 
@@ -251,8 +272,10 @@ class StudyLock:
             self.handle.seek(0)
             owner = self.handle.read().strip() or "?"
             self.handle.close()
+            advice = ("give each driver of a shared study its own --results-dir" if self.shared
+                      else "wait for it or pick another --study")
             raise AutotuneError(f"study {self.path.parent.name} is being run by another "
-                                f"autotune (pid {owner}); wait for it or pick another --study") \
+                                f"autotune (pid {owner}) in {self.path.parent}; {advice}") \
                 from None
         return self
 
@@ -443,6 +466,4 @@ def read_only_sqlite(path: Path) -> RDBStorage:
         except DatabaseError as exc:
             last = exc
     assert last is not None
-    first = str(getattr(last, "orig", last)).strip().splitlines()[0]
-    raise ConfigError(f"{path}: not a study database ({first}); it may be damaged: keep a "
-                      "copy, and run the sweep again under another --study") from None
+    raise ConfigError(damaged_study(path, str(getattr(last, "orig", last)))) from None

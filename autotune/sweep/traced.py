@@ -23,9 +23,11 @@ TRACE_COST_SHARE of the median probe's wall time. A trace that fails (a model th
 follow), or a trace process that dies, turns tracing off too. Either way the reason is kept with
 the study's calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in
 one process started at the first and kept for the next (torch and transformers load once), which
-ends with the sweep, at the end of its input, or with the driver when it dies (its parent-death
-signal). A trace never shares a running probe's cores: it runs pinned to a free slot's cores
-(parallel.py), and while every slot runs a probe it is put off (counted as deferred).
+ends when tracing turns off or with the sweep (at the end of its input), or with the driver when
+it dies (its parent-death signal); a Ctrl-C while it forks is raised once the fork is done
+(interrupts_held). A trace never shares a running probe's cores: it runs pinned to a free
+slot's cores (parallel.py), and while every slot runs a probe it is put off (counted as
+deferred).
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ import dataclasses
 import json
 import os
 import select
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Literal, Protocol, TypedDict
 
 from autotune.config import Knobs, format_bytes
@@ -144,6 +148,33 @@ def traced_prediction(tracer: Tracer, candidate: Candidate, modelled_bytes: int,
                       phase, "trace")
 
 
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM (where a Python handler takes them: Ctrl-C, the CLI's SIGTERM) held
+    inside: recorded, then raised by their own handler on the way out. A fork runs Python's
+    at-fork hooks (logging's lock release), and an exception raised inside one is printed and
+    dropped ("Exception ignored in _releaseLock"): a Ctrl-C that lands in a fork would be lost
+    and the sweep would go on. Only the main thread sets handlers; elsewhere this holds
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    for signum in previous:
+        signal.signal(signum, lambda number, _frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in held[:1]:  # the first one: its handler raises (KeyboardInterrupt)
+            handler = previous[signal.Signals(number)]
+            assert callable(handler)
+            handler(number, None)
+
+
 def trace_margin(device: Device) -> float:
     """How far past the capacity a traced peak must be to skip its config, on `device`."""
     return TRACE_MARGIN_GPU if device.on_gpu else TRACE_MARGIN_CPU
@@ -213,6 +244,8 @@ class SubprocessTracer:
         unavailable."""
         key = candidate.key
         self.weigh_cost()
+        if self.unavailable is not None:
+            self.close()  # tracing is off: its idle process (torch loaded) goes now
         if key not in self.traces and key not in self.failures and self.unavailable is None:
             cores = self.free_cores() if self.free_cores is not None else None
             if cores is False:  # never beside a running probe on its cores: later, or the
@@ -296,6 +329,7 @@ class SubprocessTracer:
             return result["oom"], result["message"]
         if "error" in result:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
+            self.close()  # tracing is off: its idle process goes now, not with the sweep
             return None
         self.trace_cost_s.append(float(result["trace_s"]))
         fits_under = result.get("fits_under_bytes")
@@ -309,10 +343,11 @@ class SubprocessTracer:
         if self._process is None:
             self._stderr = tempfile.TemporaryFile("w+")
             driver_pid = os.getpid()
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "autotune.probe.trace"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                preexec_fn=lambda: die_with_parent(driver_pid))
+            with interrupts_held():  # a Ctrl-C mid-fork is raised after it, not lost in it
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "autotune.probe.trace"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+                    preexec_fn=lambda: die_with_parent(driver_pid))
         process = self._process
         assert process.stdin is not None and process.stdout is not None
         line, ended = "", False  # ended: its output closed, it died

@@ -241,13 +241,11 @@ class Sweep:
         new = not study_dir.exists()  # a new study that cannot open leaves nothing behind
         with contextlib.ExitStack() as held:
             try:
-                lock = None
-                if self.settings.storage is None:  # SQLite in study_dir: one driver at a time
-                    study_dir.mkdir(parents=True, exist_ok=True)
-                    lock = held.enter_context(StudyLock(study_dir))
+                study_dir.mkdir(parents=True, exist_ok=True)  # one driver writes its files,
+                lock = held.enter_context(  # whatever the storage
+                    StudyLock(study_dir, shared=self.settings.storage is not None))
                 study, opened = open_study(self.settings)
-                if lock is not None:
-                    lock.claim()
+                lock.claim()
             except BaseException:
                 if new:
                     shutil.rmtree(study_dir, ignore_errors=True)

@@ -214,13 +214,24 @@ class Adapter:
         groups: dict[int, tuple[Derived, TrainerKeys]] = {}
         by_key: TrainerKeys = {}  # every given key by its full name: what a group reads
         problems = []
+        spelled: dict[str, str] = {}  # each table key found: the spelling that gave it
         for key, value in given.items():
             found = owning_keys(key, owners, critic)
             if not found:
-                problems.append(f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; nor a key of "
-                                f"{self.name}'s table (docs/trainers-and-export.md), spelled in "
-                                "full or by its last part")
+                named = ambiguous_keys(key, owners, critic)
+                problems.append(
+                    f"{key}: ambiguous, names {', '.join(named)}; spell it in full" if named
+                    else f"{unknown_key_message(key, KNOB_NAMES, 'knob')}; nor a key of "
+                    f"{self.name}'s table (docs/trainers-and-export.md), spelled in full or "
+                    "by its last part")
                 continue
+            twice = [f"{spelled[k]}={by_key[k]}" for k in found
+                     if k in spelled and by_key[k] != value]
+            if twice:
+                problems.append(f"{key}={value} and {twice[0]} name one key ({found[0]}); "
+                                "give it once")
+                continue
+            spelled.update({k: key for k in found})
             owner = owners[found[0]]
             by_key.update({k: value for k in found})
             if isinstance(owner, str):
@@ -275,6 +286,15 @@ def owning_keys(key: str, owners: dict[str, str | Derived], critic: dict[str, st
         [k for k in critic if k.rsplit(".", 1)[-1] == key]
     owners.update({k: critic[k] for k in found if k in critic and k not in owners})
     return found if found and len({id(owners[k]) for k in found}) == 1 else []
+
+
+def ambiguous_keys(key: str, owners: dict[str, str | Derived], critic: dict[str, str]
+                   ) -> list[str]:
+    """The table's keys whose last part is `key`, where they belong to several owners (then
+    `key` alone names none of them); [] otherwise."""
+    named = [k for k in owners if k.rsplit(".", 1)[-1] == key] or \
+        [k for k in critic if k.rsplit(".", 1)[-1] == key]  # as owning_keys looks
+    return named if len(named) > 1 else []
 
 
 def even_share(config: ProbeConfig, topology: Topology) -> dict[str, int]:

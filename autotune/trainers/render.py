@@ -56,9 +56,10 @@ def load_trainer_yaml(path: str) -> TrainerYaml:
     """The user's trainer YAML, as a round-trip tree (with line numbers) and as text."""
     from ruamel.yaml.error import YAMLError
 
-    from autotune.files import read_text_file
+    from autotune.files import load_yaml, read_text_file
 
     text = read_text_file(path, "--base-config")
+    load_yaml(text, f"--base-config {path}")  # refuses a key given twice, an anchor bomb
     try:
         tree = _yaml().load(text)
     except (YAMLError, RecursionError) as err:
@@ -80,11 +81,11 @@ def scalar_text(value: TrainerValue) -> str:
 def misread(text: str) -> bool:
     """Whether a YAML 1.1 reader (PyYAML, OmegaConf: what the trainers load with) would not
     read `text`, written plain, back as this string: `no` is false there, `1e-5` a string."""
-    import yaml
+    from autotune.files import load_yaml
 
     try:
-        return yaml.safe_load(text) != text
-    except yaml.YAMLError:
+        return bool(load_yaml(text, "a value") != text)
+    except ConfigError:
         return True
 
 

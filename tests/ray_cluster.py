@@ -7,8 +7,9 @@ Fixtures:
   ``ray_cluster.add_node(num_cpus, resources)`` starts another node (its own raylet and
   agents) on the same machine; ``ray_cluster.kill_node(node)`` SIGKILLs all its processes, as
   a machine that vanishes would; ``ray_cluster.freeze_node(node)`` SIGSTOPs it instead, as a
-  machine that hangs or leaves the network. At the end the driver disconnects, every node is
-  stopped, and the fixture fails if a process of the cluster outlived it.
+  machine that hangs or leaves the network. At the end the driver disconnects (once the Ray
+  runner's cancel threads have ended), every node is stopped, and the fixture fails if a
+  process of the cluster or a cancel thread outlived it.
 
 Nodes are real processes started by ``ray.cluster_utils.Cluster``: a later node can have
 resources and environment of its own (e.g. a lower ``RAY_memory_usage_threshold``).
@@ -86,11 +87,18 @@ class RayTestCluster:
                 proc.suspend()
         self.frozen[node] = frozen
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> list[Any]:
+        """Disconnect the driver (once the Ray runner's cancel threads ended: a thread left in
+        a Ray call as Ray shuts down can abort this process later) and stop every node;
+        returns the cancel threads that had not ended."""
         import ray
 
+        from autotune.runners.ray_runner import wait_for_cancels
+
+        left = wait_for_cancels()
         ray.shutdown()
         self.cluster.shutdown()
+        return left
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -129,9 +137,10 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         finally:
             # Workers are the raylets' children: list them while their parents still live.
             started = [proc for proc in cluster_processes() if proc.pid not in before]
-            cluster.shutdown()
+            cancelling = cluster.shutdown()
             left = wait_for_exit(started, EXIT_TIMEOUT_S)
             for proc in left:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
             assert not left, f"Ray processes outlived the cluster: {left}"
+            assert not cancelling, f"Ray cancel threads still in a Ray call: {cancelling}"

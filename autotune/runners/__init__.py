@@ -8,6 +8,7 @@ its own process); ray only inside ray_runner.py, and only when a RayRunner is ma
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,12 +60,11 @@ def get_runner(kind: str = "local", **options: Any) -> Runner:
 
 
 def _require_ray() -> None:
-    """ConfigError, in one line, when Ray is not installed."""
-    try:
-        from autotune.runners import ray_runner  # noqa: F401
-    except ImportError:
+    """ConfigError, in one line, when Ray is not installed (ray_runner.py imports Ray only
+    inside its functions, so importing that module says nothing: Ray itself is looked for)."""
+    if importlib.util.find_spec("ray") is None:  # finds it without importing it
         raise ConfigError("--executor ray: Ray is not installed; pip install "
-                          "'autotune[ray]'") from None
+                          "'autotune[ray]'")
 
 
 def connect_ray(address: str | None = None, num_cpus_per_probe: float = 1.0,

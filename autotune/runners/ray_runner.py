@@ -15,9 +15,19 @@ answers, though the GCS marks the node dead within seconds.
 Ray never retries a probe (max_retries=0): one that dies with its node (LOST) says nothing
 about the configuration; the sweep decides whether to run it again.
 
-`stop` first cancels every task in flight softly: Ray raises KeyboardInterrupt in the task and
-the local runner kills the whole probe tree. A task still running STOP_GRACE_S later has its
-Ray worker force-killed, and PR_SET_PDEATHSIG takes the probe process down with it.
+`stop` kills every probe in flight without waiting on Ray: each task's local runner tags its
+probe's processes with the RayRunner's own tag scope (process_tag.py), and every process of
+that scope on the driver's machine is SIGKILLed at once; the task then returns the killed
+probe's result. Every task in flight is also cancelled softly (Ray raises KeyboardInterrupt in
+the task and the local runner kills the whole probe tree): that reaches other nodes. A task
+still running STOP_GRACE_S later has its Ray worker force-killed (PR_SET_PDEATHSIG takes the
+probe process down with it; the next probe of this runner on that node kills what the probe
+left, as orphans of its scope), and a `run` whose task has still not answered STOP_GRACE_S
+after that returns "stopped". No Ray call that can block is made on `run`'s or `stop`'s
+thread after a stop: `ray.cancel` is a call to the task's owner and node that can block under
+load (a `run` that waited on one did not return 30 s after `stop` in full CI runs), so every
+cancel runs on a thread of its own, and `close` waits for those threads before it disconnects
+(a thread left inside a Ray call when Ray shuts down can abort the process later).
 
 Ray is imported in this module only, and only when a RayRunner is made.
 """
@@ -37,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import RunnerError
+from autotune.probe.process_tag import kill_processes, tag_scope, tagged_processes
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.runners.local import SubprocessRunner, scratch_dir
 
@@ -50,6 +61,7 @@ WAIT_POLL_S = 0.5  # how often a waiting `run` looks at `stop`
 NODE_CHECK_S = 2.0  # how often it asks the GCS whether the probe's node is alive
 REPLY_GRACE_S = 120.0  # past the probe's own timeout, silence from its node means it is lost
 CONNECT_CHECK_S = 60.0  # how long a new runner waits for a first reply from a Ray worker
+CANCEL_JOIN_S = 10.0  # how long `close` waits for the cancel threads before disconnecting
 
 # What Ray raises when the probe's node, worker or owner went away (not the probe's doing).
 LOST_ERROR_NAMES = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
@@ -99,21 +111,50 @@ class ProbeReply(TypedDict):
     log: bytes  # the tail of the probe's log (LOG_TAIL_BYTES at most)
 
 
+_cancels: set[threading.Thread] = set()  # cancel threads not ended yet
+_cancels_lock = threading.Lock()
+
+
 def cancel_in_background(probe: ObjectRefGenerator, force: bool = True) -> None:
     """Cancel a task on a thread of its own: `ray.cancel` is a call to the task's owner and
-    its node that can block under load, and neither `stop` nor a deadline may wait on it."""
+    its node that can block under load, and neither `stop` nor `run` may wait on it."""
     import ray
 
     def cancel() -> None:
-        with contextlib.suppress(Exception):
-            ray.cancel(probe, force=force)
+        try:
+            with contextlib.suppress(Exception):
+                ray.cancel(probe, force=force)
+        finally:
+            with _cancels_lock:
+                _cancels.discard(threading.current_thread())
 
-    threading.Thread(target=cancel, name="autotune-ray-cancel", daemon=True).start()
+    thread = threading.Thread(target=cancel, name="autotune-ray-cancel", daemon=True)
+    with _cancels_lock:
+        _cancels.add(thread)
+    thread.start()
 
 
-def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None
-                      ) -> Iterator[NodeReply | ProbeReply]:
-    """The Ray task: say where it runs, then run one probe (if any) with the local runner."""
+def wait_for_cancels(timeout_s: float = CANCEL_JOIN_S) -> list[threading.Thread]:
+    """Wait for the cancel threads to end (at most `timeout_s`); those still in a Ray call."""
+    deadline = time.monotonic() + timeout_s
+    with _cancels_lock:
+        threads = list(_cancels)
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    return [thread for thread in threads if thread.is_alive()]
+
+
+def kill_scope_here(scope: str) -> int:
+    """SIGKILL every process on this machine tagged with `scope` (a RayRunner's probes that
+    run on the driver's node); how many there were."""
+    procs = [proc for proc, tag in tagged_processes() if tag.split(".")[2:3] == [scope]]
+    return kill_processes(procs) if procs else 0
+
+
+def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = None,
+                      scope: str = "") -> Iterator[NodeReply | ProbeReply]:
+    """The Ray task: say where it runs, then run one probe (if any) with the local runner, its
+    processes tagged with `scope` (the RayRunner's)."""
     import ray
 
     yield {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname()}
@@ -122,7 +163,7 @@ def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = 
     with scratch_dir() as tmp:
         log_path = tmp / "probe.log"
         request = ProbeRequest.from_json(request_json)
-        result = SubprocessRunner(worker_argv).run(request, log_path=log_path)
+        result = SubprocessRunner(worker_argv, scope=scope).run(request, log_path=log_path)
         yield {"result": result.to_json(), "log": read_log_tail(log_path, LOG_TAIL_BYTES)}
 
 
@@ -176,6 +217,8 @@ class RayRunner:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.in_flight: set[ObjectRefGenerator] = set()  # the probe tasks not returned
+        # the tag scope of this runner's probes (process_tag.py): `stop` kills them by it
+        self.scope = tag_scope(f"ray-{os.getpid()}-{id(self)}-{time.time_ns()}")
         connect(address)
         self.check_replies()
 
@@ -212,19 +255,23 @@ class RayRunner:
         return max(1, slots)
 
     def close(self) -> None:
-        """Disconnect from Ray if this module connected (a local Ray it started stops)."""
+        """Disconnect from Ray if this module connected (a local Ray it started stops), once
+        the cancel threads have ended."""
         import ray
 
         global _connected_here
+        wait_for_cancels()
         if _connected_here and ray.is_initialized():
             ray.shutdown()
         _connected_here = False
 
     def stop(self) -> None:
-        """Cancel every probe in flight (from any thread); their `run` calls return soon."""
+        """Kill every probe in flight (from any thread): those on this machine at once, the
+        others through Ray; their `run` calls return soon."""
         with self.lock:
             self.stopping.set()
             probes = list(self.in_flight)
+        kill_scope_here(self.scope)
         for probe in probes:  # KeyboardInterrupt in the task: its probe's tree killed
             cancel_in_background(probe, force=False)
 
@@ -243,7 +290,7 @@ class RayRunner:
             probe = _remote_probe.options(
                 num_cpus=self.num_cpus_per_probe, num_gpus=self.num_gpus_per_probe,
                 resources=self.resources or None, name=f"autotune-probe:{request.model}",
-            ).remote(sent.to_json(), self.worker_argv)
+            ).remote(sent.to_json(), self.worker_argv, self.scope)
             self.in_flight.add(probe)
         node: NodeReply | None = None
         try:
@@ -255,13 +302,12 @@ class RayRunner:
             log_bytes = reply["log"]
         except (ray.exceptions.RayError, ProbeLost) as exc:
             if isinstance(exc, ProbeLost):  # tidy up, should the node come back
-                with contextlib.suppress(Exception):
-                    ray.cancel(probe, force=True)
+                cancel_in_background(probe)
             result = self.failed(exc)
             log_bytes = f"{result.message}\n{result.stderr_tail}\n".encode()
         except BaseException:  # KeyboardInterrupt in the driver: no probe outlives this call
-            with contextlib.suppress(Exception):
-                ray.cancel(probe, force=True)
+            kill_scope_here(self.scope)
+            cancel_in_background(probe)
             raise
         finally:
             with self.lock:

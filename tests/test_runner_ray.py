@@ -6,8 +6,10 @@ nodes a test adds with a custom resource of their own, so that its probe runs th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -228,3 +230,91 @@ def test_runner_without_address_starts_and_stops_its_own_ray(tmp_path):
     slots_and_status, left = done.stdout.split("\n")[-3:-1]
     assert slots_and_status == "4 crash"  # 2 CPUs / 0.5
     assert left == "0", "processes of the local Ray outlived close()"
+
+
+def probe_processes() -> list[psutil.Process]:
+    """This session's probe processes (those of other sessions on the machine do not count):
+    they carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
+    from conftest import SESSION_ENV
+
+    mine = []
+    for proc in processes_mentioning("autotune.probe.worker"):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_ENV) == os.environ[SESSION_ENV]:
+                mine.append(proc)
+    return mine
+
+
+def ray_cpus_in_use(address: str) -> float:
+    """CPUs the cluster's tasks hold now (this process connected to the cluster)."""
+    import ray
+
+    from autotune.runners.ray_runner import connect
+
+    connect(address)
+    return ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+
+
+def clean_after(address: str, what: str) -> None:
+    assert wait_until(lambda: not probe_processes(), 15), f"a probe outlived {what}"
+    assert wait_until(lambda: ray_cpus_in_use(address) == 0, 15), f"a Ray task outlived {what}"
+
+
+@pytest.mark.slow
+def test_a_ray_sweep_stopped_by_ctrl_c_or_its_timeout_leaves_nothing_and_resumes(ray_cluster,
+                                                                               tmp_path):
+    """`autotune run --executor ray` on the loopback cluster, with real tiny probes: a SIGINT
+    mid-probe ends the driver promptly (exit 130); the resumed run reaches --timeout during
+    its probe (which ends; nothing new starts); each time no probe process and no Ray task is
+    left. The last run finishes the study: the config cut by the SIGINT probed again, nothing
+    twice."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune.sweep.sharing import params_key
+
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "autotune", "run", "--finalists", "0", "--model",
+               "tiny-qwen2.5", "--device", "cpu", "--space", "cpu-demo", "--sampler", "random",
+               "--no-prune", "--no-prescreen", "--no-trace", "--threads", "1",
+               "--warmup-steps", "0", "--timed-steps", "1", "--study", "s",
+               "--executor", "ray", "--address", ray_cluster.address,
+               "--results-dir", str(results)]
+    log = tmp_path / "driver.log"
+    with open(log, "ab") as out:
+        first = subprocess.Popen([*command, "--trials", "2"], stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(probe_processes, 180), log.read_text()[-3000:]
+        time.sleep(1)  # into the probe
+        stopped_at = time.monotonic()
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 130, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert time.monotonic() - stopped_at < 45, "the driver took long to stop"
+    clean_after(ray_cluster.address, "a Ctrl-C")
+
+    timed = subprocess.run([*command, "--trials", "3", "--timeout", "1s"], capture_output=True,
+                           text=True, timeout=400)
+    assert timed.returncode == 0, timed.stderr[-3000:]
+    assert "--timeout" in timed.stderr
+    clean_after(ray_cluster.address, "a --timeout")
+
+    last = subprocess.run([*command, "--trials", "2"], capture_output=True, text=True,
+                          timeout=400)
+    assert last.returncode == 0, last.stderr[-3000:]
+    clean_after(ray_cluster.address, "the last run")
+    study = optuna.load_study(study_name="s",
+                              storage=f"sqlite:///{results / 's' / 'study.db'}")
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    cut = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    assert study.trials[0] in cut  # the probe the SIGINT cut (a stop also gives back trials
+    # asked but not started: interrupted too)
+    ok = [t for t in study.trials if t.user_attrs.get("probed")
+          and t.user_attrs.get("status") == "ok"]
+    keys = [params_key(t.params) for t in ok]
+    assert len(ok) == 2 and len(set(keys)) == 2, [t.user_attrs for t in study.trials]
+    for trial in cut:  # queued again and probed: nothing lost
+        assert trial.user_attrs["requeued"] and params_key(trial.params) in keys

@@ -19,7 +19,7 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep import trial_files
-from autotune.sweep.artifacts import best_trial, write_artifacts
+from autotune.sweep.artifacts import SweepFiles, best_trial
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.settings import SweepSettings
 from autotune.sweep.storage import StudyLock
@@ -36,15 +36,32 @@ def settings_for(tmp_path, space=None, **changes):
 
 
 def sweep(tmp_path, runner=None, **changes):
+    """A sweep keeping its files as `autotune run` does (artifacts.SweepFiles)."""
     settings = settings_for(tmp_path, **changes)
     runner = runner or ScriptedRunner()
-    study = Sweep(settings, runner,
-                  on_trial=lambda s: write_artifacts(s, settings.study_dir)).run()
+    study = Sweep(settings, runner, on_trial=SweepFiles(settings.study_dir).after_trial).run()
     return study, runner
 
 
 def probed(study):
     return [t for t in study.trials if t.user_attrs.get("probed")]
+
+
+def demo_grid(tmp_path, mbu=(1, 8), mbe=(2, 16), offload_optimizer=False):
+    """cpu-demo's knobs and shapes with fewer choices (2 x 2 x 2 x 2 = 16 configs by default,
+    the scripted OOMs at both ends: mbu=8 without checkpointing, mbe=16 without offload): the
+    loop's rules show on it as on the 128 of cpu-demo, in a fraction of the trials."""
+    path = tmp_path / "demo-grid.yaml"
+    path.write_text(f"""
+params:
+  micro_batch_size_update: {{type: categorical, choices: {list(mbu)}}}
+  micro_batch_size_experience: {{type: categorical, choices: {list(mbe)}}}
+  gradient_checkpointing: {{type: bool}}
+  offload_params: {{type: bool}}
+fixed: {{rollout_batch_size: 4, rollout_n: 4, global_batch_size: 2, max_prompt_length: 64,
+        max_response_length: 64, offload_optimizer: {str(offload_optimizer).lower()}}}
+""")
+    return load_search_space(str(path))
 
 
 def test_first_trial_is_the_safe_config_then_the_base_config(tmp_path):
@@ -60,12 +77,14 @@ def test_first_trial_is_the_safe_config_then_the_base_config(tmp_path):
 
 
 def test_sweep_to_exhaustion_probes_every_valid_config_exactly_once(tmp_path):
-    # The random sampler keeps this fast; dedupe and exhaustion do not depend on the sampler.
-    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random",
-                          prune_dominated=False)
+    # The random sampler keeps this fast; dedupe and exhaustion do not depend on the sampler
+    # or on the grid's size.
+    study, runner = sweep(tmp_path, space=demo_grid(tmp_path), max_trials=1000, seed=3,
+                          sampler="random", prune_dominated=False)
     keys = [json.dumps({k: c[k] for k in sorted(study.trials[0].params)}, sort_keys=True)
             for c in runner.calls]
-    assert len(keys) == len(set(keys)) == 128  # every config of the 4x4x2x2x2 grid, once
+    assert len(keys) == len(set(keys)) == 16  # every config of the 2x2x2x2 grid, once
+    assert any(t.user_attrs.get("reused_from") is not None for t in study.trials)
     reused = [t for t in study.trials if t.user_attrs.get("reused_from") is not None]
     for trial in reused:  # a reused trial carries the earlier trial's outcome
         earlier = study.trials[trial.user_attrs["reused_from"]]
@@ -75,7 +94,7 @@ def test_sweep_to_exhaustion_probes_every_valid_config_exactly_once(tmp_path):
 def test_oom_is_complete_with_constraint_and_crash_is_fail_with_log(tmp_path):
     crash = lambda c: c.micro_batch_size_update == 2 and not c.offload_params  # noqa: E731
     study, _ = sweep(tmp_path, ScriptedRunner(crash_when=crash), max_trials=1000,
-                     sampler="random")
+                     space=demo_grid(tmp_path, mbu=(2, 8)), sampler="random")
     ooms = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
     crashes = [t for t in probed(study) if t.user_attrs["status"] == "crash"]
     assert ooms and crashes
@@ -247,13 +266,14 @@ def test_study_is_a_plain_optuna_study(tmp_path):
 
 
 def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
-    study, runner = sweep(tmp_path, max_trials=1000, seed=3, sampler="random", prescreen=False)
+    space = demo_grid(tmp_path, mbu=(1, 4, 8))
+    study, runner = sweep(tmp_path, space=space, max_trials=1000, seed=3, sampler="random",
+                          prescreen=False)
     predicted = [t for t in study.trials
                  if t.user_attrs.get("predicted") and t.user_attrs.get("reused_from") is None]
     measured_oom = [t for t in probed(study) if t.user_attrs["status"] == "gpu_oom"]
     assert predicted and measured_oom
     run_keys = {params_key({k: c[k] for k in study.trials[0].params}) for c in runner.calls}
-    space = load_search_space("cpu-demo")
     # run, predicted as a trial, or left when nothing left could fit: never a feasible one
     for params in space.valid_grid():
         if params_key(params) not in run_keys:
@@ -274,21 +294,22 @@ def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
 def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, prescreen):
     from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
-    space = load_search_space("cpu-demo")
+    space = load_search_space("cpu-demo")  # the pre-screen needs its spread of peaks
     probe = ModelRunner(limit_bytes=1)
     peaks = sorted(max(probe.phase_bytes(space.config_for(p)).values()) for p in space.grid())
     runner = ModelRunner(limit_bytes=peaks[len(peaks) // 2])  # half the grid fits
-    study, _ = sweep(tmp_path, runner, max_trials=1000, seed=1, sampler="random",
-                     prune_dominated=False, prescreen=prescreen)
+    study, _ = sweep(tmp_path, runner, space=space, max_trials=1000, seed=1,
+                     sampler="random", prune_dominated=False, prescreen=prescreen)
     by_estimate = [t for t in study.trials if t.user_attrs.get("predicted_by") == "estimate"
                    and t.user_attrs.get("reused_from") is None]
     calibration = study.user_attrs["memory_calibration"]
     assert calibration["probes"] >= MIN_CALIBRATION_PROBES and calibration["on_gpu"] is False
     assert set(calibration["phases"]) == {"rollout", "experience", "update"}
+    grid = len(space.valid_grid())
     if not prescreen:
-        assert not by_estimate and len(runner.calls) == 128
+        assert not by_estimate and len(runner.calls) == grid
         return
-    assert by_estimate and len(runner.calls) + len(by_estimate) <= 128
+    assert by_estimate and len(runner.calls) + len(by_estimate) <= grid
     run_keys = {params_key({k: c[k] for k in space.params}) for c in runner.calls}
     for params in space.valid_grid():  # what never ran is far past capacity, never near
         if params_key(params) not in run_keys:
@@ -385,3 +406,67 @@ def test_tracing_that_turns_itself_off_is_said_once(tmp_path):
     said = [line for line in stream.getvalue().splitlines() if "tracing off" in line]
     assert len(said) == 1, stream.getvalue()
     assert "the trace process failed: Killed" in said[0]
+
+
+def test_a_running_sweep_appends_trials_csv_and_rewrites_best_yaml_only_when_it_changes(
+        tmp_path):
+    """SweepFiles: the first call writes trials.csv whole, later ones append the rows of the
+    trials finished since (the header once); best.yaml is left alone while what it says holds;
+    a new driver (a resumed sweep) rewrites trials.csv once from the storage, so a row cut by
+    a killed driver is neither kept nor duplicated."""
+    settings = settings_for(tmp_path, max_trials=6, seed=1, sampler="random")
+    files = SweepFiles(settings.study_dir)
+    texts: list[str] = []
+    inodes: set[int] = set()  # an atomic rewrite is a new file; an append, the same one
+
+    def after_trial(study):
+        files.after_trial(study)
+        texts.append((settings.study_dir / "trials.csv").read_text())
+        inodes.add((settings.study_dir / "trials.csv").stat().st_ino)
+
+    study = Sweep(settings, ScriptedRunner(), on_trial=after_trial).run()
+    assert len(texts) >= 6 and len(inodes) == 1
+    assert all(later.startswith(earlier)
+               for earlier, later in zip(texts, texts[1:], strict=False))
+    assert texts[-1].count("number,state,") == 1
+    rows = list(csv.DictReader(open(settings.study_dir / "trials.csv")))
+    assert [int(r["number"]) for r in rows] == [t.number for t in study.trials]
+    best = settings.study_dir / "best.yaml"
+    stamp = best.stat().st_mtime_ns
+    assert files.after_trial(study) == best and not files.best_changed
+    assert best.stat().st_mtime_ns == stamp  # nothing changed: not rewritten
+    # a driver killed mid-append left a cut row; the next driver resumes the study
+    with open(settings.study_dir / "trials.csv", "a") as handle:
+        handle.write("6,complete,ok,Fa")
+    resumed = settings_for(tmp_path, max_trials=9, seed=2, sampler="random")
+    resumed_files = SweepFiles(resumed.study_dir)
+    study = Sweep(resumed, ScriptedRunner(), on_trial=resumed_files.after_trial).run()
+    rows = list(csv.DictReader(open(settings.study_dir / "trials.csv")))
+    assert [int(r["number"]) for r in rows] == [t.number for t in study.trials]
+    assert len(study.trials) > 6
+
+
+def test_the_pareto_front_is_every_config_nothing_beats_on_both(tmp_path):
+    """pareto_front's one pass by memory keeps exactly the configs no other config beats on
+    tokens/s and memory together (ties on both kept), checked against every pair."""
+    import random
+
+    from autotune.sweep.artifacts import pareto_front
+    from autotune.sweep.measurements import Measured
+
+    rng = random.Random(0)
+    for _ in range(200):
+        configs = {}
+        for number in range(rng.randint(1, 12)):
+            trial = optuna.trial.create_trial(
+                params={}, distributions={}, value=1.0,
+                user_attrs={"result": {"peak_mem_bytes": rng.choice([1, 2, 3, 4]) * 2**20}})
+            trial.number = number
+            configs[str(number)] = Measured(trial, [trial], [rng.random()],
+                                            [float(rng.choice([10, 20, 30]))])
+        points = [(m.trial.number, m.tokens_per_s_mean, m.peak_mem_bytes)
+                  for m in configs.values()]
+        beaten = {n for n, tps, mem in points for _, o_tps, o_mem in points
+                  if o_tps >= tps and o_mem <= mem and (o_tps > tps or o_mem < mem)}
+        expected = sorted((mem, n) for n, _, mem in points if n not in beaten)
+        assert [t.number for t in pareto_front(None, configs)] == [n for _, n in expected]

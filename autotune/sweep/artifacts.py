@@ -1,8 +1,14 @@
 """What a study leaves in results/<study>/ besides study.db: trials.csv and best.yaml.
 
-Both are derived from the Optuna storage (the one record of the study) and rewritten whole,
-atomically, after every trial, so a killed sweep never leaves a half-written file and the
-files always agree with study.db.
+Both are derived from the Optuna storage (the one record of the study). `write_artifacts`
+writes them whole, atomically, from the storage. A running sweep keeps them with SweepFiles,
+whose work per trial does not grow with the study: its first call writes both whole (on a
+resumed study too: the storage is the truth, whatever an earlier driver left), then
+trials.csv gets the rows of the trials finished since, appended (a finished trial never
+changes), and best.yaml is rewritten only when what it says changed. A driver killed
+mid-append leaves a cut last row at most; the next driver's first call rewrites the file. When
+the sweep stops, `write_all` writes both whole again: every trial in trial order, those still
+running (other drivers') included, so the files agree with study.db.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +27,14 @@ from autotune.config import KNOB_NAMES, PHASES, Knobs, ProbeConfig
 from autotune.files import JsonObject, JsonValue, write_text_atomic
 from autotune.probe.result import coefficient_of_variation
 from autotune.sweep.finalists import current_record
-from autotune.sweep.measurements import Measured, by_config, ranked
+from autotune.sweep.measurements import Measured, by_config, fold, ranked, study_objective
 from autotune.sweep.sharing import params_key
 
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
 
+FINISHED_STATES = ("complete", "fail", "pruned")  # trials.csv's state of a finished trial
 FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
                   "host_peak_rss_bytes", "host_offload_bytes", "host_held_peak_bytes",
@@ -69,25 +77,34 @@ def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str
     return row
 
 
-def study_rows(study: Study) -> tuple[list[str], list[dict[str, JsonValue]]]:
-    """Columns and rows of every trial of a study, in trial order."""
-    space = study.user_attrs.get("search_space", {})
-    param_names = list(space.get("params", {}))
-    value_names = study.user_attrs.get("objective_names", ["value"])
-    rows = [trial_row(t, param_names, value_names) for t in study.get_trials(deepcopy=False)]
+def study_columns(study: Study) -> tuple[list[str], list[str], list[str]]:
+    """trials.csv's columns, and the study's param and objective names among them."""
+    attrs = study.user_attrs
+    param_names = list(attrs.get("search_space", {}).get("params", {}))
+    value_names = attrs.get("objective_names", ["value"])
     columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
                "repeat_of", *param_names, *value_names, *FIGURE_COLUMNS, "timed_steps",
                "step_cv", "contention", "binding_phase", "failed_phase", "reason", "log"]
+    return columns, param_names, value_names
+
+
+def study_rows(study: Study) -> tuple[list[str], list[dict[str, JsonValue]]]:
+    """Columns and rows of every trial of a study, in trial order."""
+    columns, param_names, value_names = study_columns(study)
+    rows = [trial_row(t, param_names, value_names) for t in study.get_trials(deepcopy=False)]
     return columns, rows
 
 
-def ranked_feasible(study: Study) -> list[FrozenTrial]:
+def ranked_feasible(study: Study, configs: Mapping[str, Measured] | None = None
+                    ) -> list[FrozenTrial]:
     """Each feasible config's first probed trial, the best mean objective over its probes
-    first, the earliest on ties (measurements.py)."""
-    return [measured.trial for measured in ranked(study)]
+    first, the earliest on ties (measurements.py; `configs`: the study's by_config, when the
+    caller holds it)."""
+    return [measured.trial for measured in ranked(study, configs)]
 
 
-def best_trial(study: Study) -> FrozenTrial | None:
+def best_trial(study: Study, configs: Mapping[str, Measured] | None = None
+               ) -> FrozenTrial | None:
     """The best feasible config's first trial: the finalists' pick while nothing was probed
     since it was made, else the best mean; a config whose real-rank confirmation did not fit
     is never the best."""
@@ -96,8 +113,9 @@ def best_trial(study: Study) -> FrozenTrial | None:
     def fits(number: int) -> bool:
         return bool(confirmed.get(str(number), {}).get("feasible", True))
 
-    trials = ranked_feasible(study)
-    record = current_record(study)
+    configs = by_config(study) if configs is None else configs
+    trials = ranked_feasible(study, configs)
+    record = current_record(study, configs)
     if record is not None and fits(record["chosen"]):
         chosen = next((t for t in trials if t.number == record["chosen"]), None)
         if chosen is not None:
@@ -105,15 +123,27 @@ def best_trial(study: Study) -> FrozenTrial | None:
     return next((trial for trial in trials if fits(trial.number)), None)
 
 
-def pareto_front(study: Study) -> list[FrozenTrial]:
+def pareto_front(study: Study, configs: Mapping[str, Measured] | None = None
+                 ) -> list[FrozenTrial]:
     """Feasible configs (each by its first probed trial) no other beats on both its mean
-    tokens/s (up) and the most peak memory its probes held (down), least memory first."""
-    points = [(m.trial, m.tokens_per_s_mean, m.peak_mem_bytes) for m in ranked(study)
-              if m.tokens_per_s_mean and m.peak_mem_bytes]
-    front = [(t, mem) for t, tps, mem in points
-             if not any((o_tps >= tps and o_mem <= mem) and (o_tps > tps or o_mem < mem)
-                        for _, o_tps, o_mem in points)]
-    return [t for t, _ in sorted(front, key=lambda item: (item[1], item[0].number))]
+    tokens/s (up) and the most peak memory its probes held (down), least memory first.
+    One pass over the configs by memory: a config is on the front when no config of less
+    memory is as fast, and none of the same memory is faster."""
+    points = sorted(((m.peak_mem_bytes, m.tokens_per_s_mean, m.number, m.trial)
+                     for m in ranked(study, configs)
+                     if m.tokens_per_s_mean and m.peak_mem_bytes),
+                    key=lambda point: (point[0], -point[1], point[2]))
+    front: list[FrozenTrial] = []
+    fastest_below = -float("inf")  # the fastest config of less memory seen so far
+    i = 0
+    while i < len(points):
+        memory, top = points[i][0], points[i][1]  # the fastest of this memory comes first
+        same = [point for point in points[i:] if point[0] == memory]
+        if top > fastest_below:
+            front.extend(point[3] for point in same if point[1] == top)
+        fastest_below = max(fastest_below, top)
+        i += len(same)
+    return front
 
 
 def trial_knobs(study: Study, trial: FrozenTrial) -> tuple[Knobs, JsonObject]:
@@ -126,15 +156,18 @@ def trial_knobs(study: Study, trial: FrozenTrial) -> tuple[Knobs, JsonObject]:
             {name: value for name, value in fixed.items() if name not in KNOB_NAMES})
 
 
-def best_document(study: Study, trial: FrozenTrial) -> dict[str, Any]:
+def best_document(study: Study, trial: FrozenTrial,
+                  configs: Mapping[str, Measured] | None = None) -> dict[str, Any]:
     """best.yaml's content: the canonical knobs, what was measured, and where it came from
-    (a YAML document: `show` and the trainers' exports read it as such)."""
+    (a YAML document: `show` and the trainers' exports read it as such; `configs`: the
+    study's by_config, when the caller holds it)."""
     attrs = study.user_attrs
+    configs = by_config(study) if configs is None else configs
     identity = attrs["identity"]
     knobs, trainer_keys = trial_knobs(study, trial)
     config = ProbeConfig.from_knobs(knobs)
     objective = identity["objective"]
-    record = current_record(study)
+    record = current_record(study, configs)
     return {
         "study": study.study_name,
         "trial": trial.number,
@@ -143,7 +176,7 @@ def best_document(study: Study, trial: FrozenTrial) -> dict[str, Any]:
         "config": knobs,
         **({"trainer_keys": trainer_keys} if trainer_keys else {}),
         "searched": list(attrs["search_space"]["params"]),
-        "measured": measured_record(trial, by_config(study)[params_key(trial.params)],
+        "measured": measured_record(trial, configs[params_key(trial.params)],
                                     identity["headroom"]),
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),
@@ -152,7 +185,7 @@ def best_document(study: Study, trial: FrozenTrial) -> dict[str, Any]:
         if record is not None and record["chosen"] == trial.number else
         {"rule": f"the highest mean {objective} over each config's probes (no finalists "
                  "were probed again)"},
-        "pareto_front": [t.number for t in pareto_front(study)],
+        "pareto_front": [t.number for t in pareto_front(study, configs)],
         "provenance": provenance_record(study, trial),
     }
 
@@ -258,17 +291,22 @@ def node_host_record(study: Study, config: ProbeConfig) -> JsonObject | None:
 
 
 def write_artifacts(study: Study, study_dir: Path) -> Path | None:
-    """Rewrite trials.csv and best.yaml from the storage; returns best.yaml's path if any."""
-    columns, rows = study_rows(study)
+    """Write trials.csv and best.yaml whole from the storage; returns best.yaml's path if any."""
+    return SweepFiles(study_dir).write_all(study)
+
+
+def csv_text(columns: list[str], rows: list[dict[str, JsonValue]], header: bool) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     writer.writerows(rows)
-    write_text_atomic(study_dir / "trials.csv", buffer.getvalue())
-    trial = best_trial(study)
-    if trial is None:
-        return None
-    document = best_document(study, trial)
+    return buffer.getvalue()
+
+
+def best_text(study: Study, trial: FrozenTrial, configs: Mapping[str, Measured]) -> str:
+    """best.yaml: a header for people, then the document."""
+    document = best_document(study, trial, configs)
     measured = document["measured"]
     emulated = document["provenance"]["topology"]["ranks"] == "emulated"
     command = document["provenance"].get("command")
@@ -279,6 +317,89 @@ def write_artifacts(study: Study, study_dir: Path) -> Path | None:
               f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak{how}\n"
               f"# model {document['provenance']['model']} on {document['provenance']['device']}"
               f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
-    path = study_dir / "best.yaml"
-    write_text_atomic(path, header + yaml.safe_dump(document, sort_keys=False))
-    return path
+    return header + yaml.safe_dump(document, sort_keys=False)
+
+
+def unstamped(text: str) -> str:
+    """best.yaml's text without the time it was written (what tells a change)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(
+        "written:"))
+
+
+class SweepFiles:
+    """trials.csv and best.yaml of one study folder, kept by a sweep as it runs (the module's
+    docstring says how): the trials already in trials.csv, and every finished probe folded
+    once into its config's measurements (measurements.fold)."""
+
+    def __init__(self, study_dir: Path) -> None:
+        self.study_dir = study_dir
+        self.columns: list[str] | None = None  # trials.csv's header, once written whole
+        self.in_csv: set[int] = set()  # the numbers of the trials trials.csv holds
+        self.folded: set[int] = set()  # finished trials folded into `configs`
+        self.configs: dict[str, Measured] = {}
+        self.best: str | None = None  # best.yaml as last written, without its time stamp
+        self.best_changed = False  # whether the last call rewrote best.yaml
+
+    @property
+    def best_path(self) -> Path:
+        return self.study_dir / "best.yaml"
+
+    def after_trial(self, study: Study) -> Path | None:
+        """After a probe: append the trials finished since the last call to trials.csv (the
+        first call writes it whole), and rewrite best.yaml if what it says changed; returns
+        best.yaml's path if any."""
+        columns, param_names, value_names = study_columns(study)
+        finished = self.fold_new(study)
+        if columns != self.columns:
+            self.write_csv(columns, [trial_row(t, param_names, value_names)
+                                     for t in finished])
+            self.in_csv = {t.number for t in finished}
+        else:
+            new = [t for t in finished if t.number not in self.in_csv]
+            if new:
+                with open(self.study_dir / "trials.csv", "a", encoding="utf-8") as handle:
+                    handle.write(csv_text(columns, [trial_row(t, param_names, value_names)
+                                                    for t in new], header=False))
+                self.in_csv.update(t.number for t in new)
+        return self.write_best(study)
+
+    def write_all(self, study: Study) -> Path | None:
+        """trials.csv and best.yaml whole from the storage: every trial, in trial order."""
+        columns, rows = study_rows(study)
+        self.fold_new(study)
+        self.write_csv(columns, rows)
+        self.in_csv = {int(str(row["number"])) for row in rows}
+        if any(row["state"] not in FINISHED_STATES for row in rows):
+            self.columns = None  # a row of a trial still running: the next call rewrites
+        return self.write_best(study)
+
+    def fold_new(self, study: Study) -> list[FrozenTrial]:
+        """The study's finished trials (in trial order), folding those not folded yet."""
+        objective: str | None = None
+        finished = []
+        for frozen in study.get_trials(deepcopy=False):
+            if not frozen.state.is_finished():
+                continue
+            finished.append(frozen)
+            if frozen.number not in self.folded:
+                objective = objective or study_objective(study)
+                fold(self.configs, frozen, objective)
+                self.folded.add(frozen.number)
+        return finished
+
+    def write_csv(self, columns: list[str], rows: list[dict[str, JsonValue]]) -> None:
+        self.study_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.study_dir / "trials.csv", csv_text(columns, rows, header=True))
+        self.columns = columns
+
+    def write_best(self, study: Study) -> Path | None:
+        """Rewrite best.yaml when what it says changed; its path, or None while nothing fits."""
+        self.best_changed = False
+        trial = best_trial(study, self.configs)
+        if trial is None:
+            return None
+        text = best_text(study, trial, self.configs)
+        if unstamped(text) != self.best or not self.best_path.exists():
+            write_text_atomic(self.best_path, text)
+            self.best, self.best_changed = unstamped(text), True
+        return self.best_path

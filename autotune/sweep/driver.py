@@ -1,8 +1,9 @@
 """A planned sweep run to its end: the probes, the finalists probed again, the files the study
 leaves, the confirmations.
 
-`run_sweep` runs the Sweep of a SweepPlan, rewrites trials.csv, best.yaml and (with
---trainer) best.<trainer>.yaml from the study after every probe and when it stops, probes the
+`run_sweep` runs the Sweep of a SweepPlan, keeps trials.csv, best.yaml and (with --trainer)
+best.<trainer>.yaml after every probe (artifacts.SweepFiles: rows appended, best.yaml and the
+export rewritten when the best changed) and writes them whole when it stops, probes the
 best K again before the pick (finalists.py), probes the best configs again with real ranks
 when the plan says so, and always releases the runner. A
 Ctrl-C (or SIGTERM, raised as one) leaves the files as the study stands and is said in the
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.sweep.artifacts import write_artifacts
+from autotune.sweep.artifacts import SweepFiles
 from autotune.sweep.best_export import write_trainer_export
 from autotune.sweep.confirm import confirm_best
 from autotune.sweep.finalists import remeasure
@@ -54,10 +55,11 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
     """Run `plan` to a stop; `progress` shows it, `say` gets the lines of the confirmations."""
     settings, target = plan.settings, plan.trainer
     exported: list[Path | None] = [None]
+    files = SweepFiles(settings.study_dir)
 
-    def artifacts(study: Study) -> Path | None:
-        best = write_artifacts(study, settings.study_dir)
-        if target is not None:
+    def artifacts(study: Study, whole: bool = False) -> Path | None:
+        best = files.write_all(study) if whole else files.after_trial(study)
+        if target is not None and (whole or files.best_changed or exported[0] is None):
             exported[0] = write_trainer_export(study, settings.study_dir, target.adapter,
                                                target.base, target.topology)
         return best
@@ -75,11 +77,11 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
         except KeyboardInterrupt:
             if sweep.study is not None:  # the files agree with the study as it was left
                 with contextlib.suppress(Exception):
-                    artifacts(sweep.study)
+                    artifacts(sweep.study, whole=True)
             return SweepOutcome(sweep.study, None, None, True, None, sweep.where,
                                 sweep.others_running)
     finally:
         plan.runner.close()  # a Ray runner disconnects (and stops a Ray it started)
-    best = artifacts(study)  # rewritten from the storage, other drivers' trials included
+    best = artifacts(study, whole=True)  # from the storage, other drivers' trials included
     return SweepOutcome(study, best, exported[0], False, sweep.nothing_fits, sweep.where,
                         sweep.others_running)

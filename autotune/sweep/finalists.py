@@ -23,7 +23,7 @@ repeat's result left by a driver that died before adding it is read back, not pr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -196,13 +196,15 @@ def entry(measured: Measured, spread: float) -> FinalistEntry:
             "peak_mem_bytes": measured.peak_mem_bytes, "contended": measured.contended}
 
 
-def current_record(study: Study) -> FinalistsRecord | None:
-    """The stored pick, while no config was probed since it was made; else None."""
+def current_record(study: Study, configs: Mapping[str, Measured] | None = None
+                   ) -> FinalistsRecord | None:
+    """The stored pick, while no config was probed since it was made; else None (`configs`:
+    the study's by_config, when the caller holds it)."""
     record: FinalistsRecord | None = study.user_attrs.get(FINALISTS)
     if not record:
         return None
-    return record if record.get("probes_counted") == sum(m.probes for m in ranked(study)) \
-        else None
+    counted = sum(m.probes for m in ranked(study, configs))
+    return record if record.get("probes_counted") == counted else None
 
 
 def describe(record: FinalistsRecord) -> list[str]:

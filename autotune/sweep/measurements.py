@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -96,28 +97,47 @@ def is_probe(frozen: FrozenTrial) -> bool:
         frozen.user_attrs.get("status") is not None
 
 
+def fold(configs: dict[str, Measured], frozen: FrozenTrial, objective: str) -> None:
+    """Add one trial to `configs` if it is a probe that says something of its config (by_config
+    folds every trial of a study through here; a sweep's files fold each new one once)."""
+    attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
+    if not is_probe(frozen) or attrs.get("status") in ("lost", "killed"):  # a probe lost
+        return  # with its node, or killed from outside, says nothing about the config
+    key = params_key(frozen.params)
+    earlier = configs.get(key)
+    if earlier is not None and frozen.number < earlier.trials[-1].number:
+        del configs[key]  # told after a later probe of its config: fold them in trial order
+        for trial in sorted([*earlier.trials, frozen], key=lambda t: t.number):
+            fold(configs, trial, objective)
+        return
+    measured = configs.setdefault(key, Measured(frozen))
+    measured.trials.append(frozen)
+    if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
+        measured.feasible = False
+        return
+    measured.values.append(scalar(frozen.values, objective))
+    measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
+    measured.contended += bool(result.get("contention"))
+
+
+def study_objective(study: Study) -> str:
+    return str(study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory"))
+
+
 def by_config(study: Study) -> dict[str, Measured]:
     """Every probed config, keyed by its params, with all its probes."""
-    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    objective = study_objective(study)
     configs: dict[str, Measured] = {}
     for frozen in study.get_trials(deepcopy=False):
-        attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
-        if not is_probe(frozen) or attrs.get("status") in ("lost", "killed"):  # a probe lost
-            continue  # with its node, or killed from outside, says nothing about the config
-        measured = configs.setdefault(params_key(frozen.params), Measured(frozen))
-        measured.trials.append(frozen)
-        if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
-            measured.feasible = False
-            continue
-        measured.values.append(scalar(frozen.values, objective))
-        measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
-        measured.contended += bool(result.get("contention"))
+        fold(configs, frozen, objective)
     return configs
 
 
-def ranked(study: Study) -> list[Measured]:
-    """Feasible configs, the best mean objective first, the earliest probed on ties."""
-    feasible = [m for m in by_config(study).values() if m.feasible and m.values]
+def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[Measured]:
+    """Feasible configs, the best mean objective first, the earliest probed on ties (`configs`:
+    the study's by_config, when the caller holds it)."""
+    configs = by_config(study) if configs is None else configs
+    feasible = [m for m in configs.values() if m.feasible and m.values]
     return sorted(feasible, key=lambda m: (-m.mean, m.number))
 
 

@@ -55,6 +55,18 @@ def trial_params(frozen: FrozenTrial) -> Knobs:
     return frozen.params
 
 
+def held_key(frozen: FrozenTrial, keys: dict[int, str] | None = None) -> str:
+    """params_key of the config a trial holds; `keys` (a driver's, by trial number) keeps those
+    of finished trials, whose params never change, so that a read of a study of n trials
+    does not encode n configs again."""
+    if keys is not None and frozen.number in keys:
+        return keys[frozen.number]
+    key = params_key(trial_params(frozen))
+    if keys is not None and frozen.state.is_finished():
+        keys[frozen.number] = key
+    return key
+
+
 def trial_by_number(study: Study, number: int) -> FrozenTrial:
     """One trial read from the storage (study.trials would read them all)."""
     storage = study._storage
@@ -99,9 +111,10 @@ def holds_config(frozen: FrozenTrial, n_params: int) -> bool:
 
 
 def owner_of(trials: Iterable[FrozenTrial], number: int, key: str, n_params: int,
-             now_s: float | None = None) -> int | None:
+             now_s: float | None = None, keys: dict[int, str] | None = None) -> int | None:
     """The trial that owns the config `key` for trial `number`: the lowest-numbered lower trial
-    holding it; None when `number` owns it itself; WAIT while a lower trial is being asked."""
+    holding it; None when `number` owns it itself; WAIT while a lower trial is being asked
+    (`keys`: see held_key)."""
     now_s = time.time() if now_s is None else now_s
     owner = None
     for frozen in trials:
@@ -111,7 +124,7 @@ def owner_of(trials: Iterable[FrozenTrial], number: int, key: str, n_params: int
                 now_s - last_sign_of_life_s(frozen) < ASK_GRACE_S:
             return WAIT
         if (owner is None or frozen.number < owner) and holds_config(frozen, n_params) and \
-                params_key(trial_params(frozen)) == key:
+                held_key(frozen, keys) == key:
             owner = frozen.number
     return owner
 
@@ -149,15 +162,16 @@ def take_over(study: Study, frozen: FrozenTrial, reason: str, asked: bool = True
 
 
 def scan(study: Study, trials: Sequence[FrozenTrial], mine: set[int], n_params: int, now_s: float,
-         stale_after_s: float | None) -> tuple[dict[str, int], int]:
+         stale_after_s: float | None, keys: dict[int, str] | None = None
+         ) -> tuple[dict[str, int], int]:
     """One read of the study: which trial holds each config, and how many probes other
     drivers are running; with `stale_after_s` (a shared study), trials of dead drivers are
-    taken over on the way."""
+    taken over on the way (`keys`: see held_key)."""
     seen: dict[str, int] = {}
     others_running = 0
     for frozen in trials:
         if holds_config(frozen, n_params):
-            seen.setdefault(params_key(trial_params(frozen)), frozen.number)
+            seen.setdefault(held_key(frozen, keys), frozen.number)
         if frozen.number in mine or not is_running(frozen):
             continue
         asked = is_asked(frozen, n_params)

@@ -93,6 +93,7 @@ class Sweep:
         self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
                                 slots=len(settings.slots))
         self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
+        self.keys: dict[int, str] = {}  # finished trials' params_key (sharing.held_key)
         self.stuck_asks = 0  # asks in a row that probed nothing
         self.neighbour_at = -1  # the probe count a neighbour was last queued at
         self.feasibility = self.feasibility_rules(tracer)
@@ -197,7 +198,8 @@ class Sweep:
             self.tally.fold(frozen)
         mine = {p.trial.number for p in self.pending()}
         self.seen, self.others_running = scan(study, trials, mine, self.n_params, now_s,
-                                              self.stale_after_s if self.shared else None)
+                                              self.stale_after_s if self.shared else None,
+                                              self.keys)
         if self.shared and now_s - self.last_beat_s >= self.settings.heartbeat_s:
             self.last_beat_s = now_s
             for pending in self.pending():
@@ -218,7 +220,8 @@ class Sweep:
             del self.waiting[number]
             self.reuse(study, pending.trial, owner)
             return
-        new_owner = owner_of(trials, number, params_key(pending.params), self.n_params)
+        new_owner = owner_of(trials, number, params_key(pending.params), self.n_params,
+                             keys=self.keys)
         if new_owner == WAIT:
             return
         pending.owner = new_owner
@@ -365,7 +368,7 @@ class Sweep:
         since; with other drivers the storage is read again."""
         while True:
             trials = study.get_trials(deepcopy=False) if self.shared else self.trials
-            owner = owner_of(trials, number, key, self.n_params)
+            owner = owner_of(trials, number, key, self.n_params, keys=self.keys)
             if owner != WAIT:
                 return owner
             time.sleep(0.05)  # another driver is between writing two params of a trial

@@ -3,7 +3,8 @@
 Fixtures:
 
 - ``postgres_server`` (session): starts a throwaway cluster in a temporary directory and
-  stops it (``pg_ctl -m immediate stop``) and removes the directory at the end of the session.
+  stops it (``pg_ctl -m immediate stop``) and removes the directory at the end of the session;
+  it fails if a server process outlived the stop (killed first).
 - ``postgres_url`` (session): ``postgresql://postgres@127.0.0.1:PORT/autotune``.
 - ``fresh_postgres_db`` (function): a new empty database per test, so tests never see each
   other's studies; dropped after the test.
@@ -217,6 +218,30 @@ class _Runner:
         return proc.returncode, proc.stdout
 
 
+def _postmaster_pid(data_dir: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+    return None
+
+
+def _still_running(postmaster: int | None, timeout_s: float = 10.0) -> list[int]:
+    """The postmaster and its server processes still alive `timeout_s` after its stop (killed
+    before they are returned)."""
+    import psutil
+
+    if postmaster is None:
+        return []
+    with contextlib.suppress(psutil.Error):
+        procs = [psutil.Process(postmaster)]
+        procs += procs[0].children(recursive=True)
+        alive = psutil.wait_procs(procs, timeout=timeout_s)[1]
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        return [proc.pid for proc in alive]
+    return []
+
+
 def _kill_postmaster(data_dir: Path) -> None:
     """Last resort if pg_ctl stop failed: kill the postmaster this fixture started."""
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -274,12 +299,16 @@ def run_postgres_server() -> Iterator[PostgresServer]:
         server.create_database("autotune")
         yield server
     finally:
+        left: list[int] = []
         if started:
+            postmaster = _postmaster_pid(data_dir)
             rc, _ = run("pg_ctl", "-D", str(data_dir), "-m", "immediate", "-w", "stop",
                         timeout=60)
             if rc != 0:
                 _kill_postmaster(data_dir)
+            left = _still_running(postmaster)
         shutil.rmtree(root, ignore_errors=True)
+    assert not left, f"PostgreSQL processes outlived the server's stop: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -79,6 +79,17 @@ def session_processes(mark: str) -> list[psutil.Process]:
     return list(found.values())
 
 
+def of_this_session(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `procs` this session started (they carry its mark): another test session on
+    the same machine runs probes of its own."""
+    mine = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(SESSION_ENV) == os.environ.get(SESSION_ENV):
+                mine.append(proc)
+    return mine
+
+
 def describe(proc: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         return f"{proc.pid} {' '.join(proc.cmdline())[:160]}"

@@ -41,12 +41,15 @@ def driver(results_dir: Path, *args: str) -> subprocess.Popen:
 
 
 def probe_processes() -> list[psutil.Process]:
+    """This session's probe processes (another test session on the machine runs its own)."""
+    from conftest import of_this_session
+
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if "autotune.probe.worker" in cmdline:
             found.append(proc)
-    return found
+    return of_this_session(found)
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:

@@ -6,7 +6,6 @@ nodes a test adds with a custom resource of their own, so that its probe runs th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -233,16 +232,11 @@ def test_runner_without_address_starts_and_stops_its_own_ray(tmp_path):
 
 
 def probe_processes() -> list[psutil.Process]:
-    """This session's probe processes (those of other sessions on the machine do not count):
-    they carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
-    from conftest import SESSION_ENV
+    """This session's probe processes (another session's on the machine do not count): they
+    carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
+    from conftest import of_this_session
 
-    mine = []
-    for proc in processes_mentioning("autotune.probe.worker"):
-        with contextlib.suppress(psutil.Error):
-            if proc.environ().get(SESSION_ENV) == os.environ[SESSION_ENV]:
-                mine.append(proc)
-    return mine
+    return of_this_session(processes_mentioning("autotune.probe.worker"))
 
 
 def ray_cpus_in_use(address: str) -> float:

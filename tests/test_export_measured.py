@@ -163,32 +163,38 @@ def test_another_model_in_the_base_is_a_conflict(tmp_path):
                            "set actor_rollout_ref.model.path to a checkpoint of its shapes")
 
 
-def test_sequence_parallelism_is_refused_and_forced_it_is_turned_off(tmp_path):
+def test_sequence_parallelism_in_a_base_is_held_or_refused_and_forced_it_is_stated(tmp_path):
+    """Ulysses SP is a knob: a base that sets it is a held-fixed conflict with a study that
+    ran without it (--force writes the study's, and the header says what changed), and a
+    sweep on that base probes it (the knob read from the base)."""
     easy = base_file(tmp_path, (FIXTURES / "easyr1-config.yaml").read_text()
                      .replace("ulysses_size: 1", "ulysses_size: 2"), "easy.yaml")
     knobs = {**KNOBS, "rollout_batch_size": 512, "rollout_n": 5, "global_batch_size": 128,
              "max_prompt_length": 2048, "max_response_length": 2048,
              "rollout_tensor_parallel": 2, "dynamic_batching": True}
-    plan = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], None)
+    searched = [*knobs, "use_kl", "offload_ref_params"]  # all but SP: held at 1 (no knob yet)
+    plan = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], searched)
     assert plan.problems == [
-        "worker.actor.ulysses_size is 2 in your base config: sequence parallelism (Ulysses) "
-        "splits each sequence over GPUs, which no probe ran; set worker.actor.ulysses_size: 1 "
-        "there, or pass --force to export it"]
-    forced = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], None, force=True)
+        "worker.actor.ulysses_size is 2 in your base config but the study measured 1 (held "
+        "fixed, not searched): re-run the sweep with this --base-config so it measures your "
+        "shapes, or pass --force to export the study's"]
+    forced = plan_export(EASYR1, knobs, Topology(1, 8), easy[0], searched, force=True)
     assert forced.values["worker.actor.ulysses_size"] == 1
+    assert "  worker.actor.ulysses_size: 2 -> 1 (held fixed)" in forced.changes
     verl = base_file(tmp_path, "actor_rollout_ref:\n  actor:\n    "
                      "ulysses_sequence_parallel_size: 2\nalgorithm:\n  adv_estimator: grpo\n",
                      "verl.yaml")
-    plan = plan_export(VERL, KNOBS, Topology(1, 8), verl[0], None)
-    assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size is 2")
-               for line in plan.problems)
-    # and a sweep on such a base is refused before it starts: it would measure another run
+    plan = plan_export(VERL, KNOBS, Topology(1, 8), verl[0], [*KNOBS])
+    assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size is 2 "
+                               "in your base config but the study measured 1")
+               for line in plan.problems), plan.problems
+    # a sweep on such a base holds the base's SP (the knob, probed that way)
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.trainer_target import trainer_target
 
-    with pytest.raises(ConfigError, match="ulysses_size is 2 in your base config"):
-        trainer_target("easyr1", str(tmp_path / "easy.yaml"), load_search_space("easyr1"),
-                       None, None)
+    _, start, _, _ = trainer_target("easyr1", str(tmp_path / "easy.yaml"),
+                                    load_search_space("easyr1"), None, None)
+    assert start["ulysses_sequence_parallel_size"] == 2
 
 
 def test_trl_follows_its_generation_batch_arithmetic(tmp_path):

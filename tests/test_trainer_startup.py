@@ -6,17 +6,22 @@ TRL: the real GRPOConfig parses each export in-process (always run: the test ext
 trl). EasyR1 and verl: scripts/check_easyr1_load.py and check_verl_load.py run their real
 start-up (config, trainer init, the workers' batch normalisation as rank 0 of W on torch's fake
 process group, the rollout's checks; only GPU, Ray, vLLM and weights are stubbed, as their
-docstrings say). Those need the trainers' sources, which CI cannot download: set
-AUTOTUNE_EASYR1_SRC and AUTOTUNE_VERL_SRC to checkouts (hiyouga/EasyR1 b44b311, volcengine/verl
-b178a3c) and AUTOTUNE_TRAINER_PYTHON to a python with their dependencies; skipped otherwise.
+docstrings say). Those need the trainers' sources: verl's is its PyPI release (0.7.1, the last
+with the FSDP workers), downloaded once, run with the test extra's dependencies (hydra-core,
+tensordict, codetiming, pillow); AUTOTUNE_VERL_SRC names a checkout instead (volcengine/verl
+b178a3c). EasyR1 is not on PyPI: set AUTOTUNE_EASYR1_SRC to a checkout (hiyouga/EasyR1 b44b311)
+and AUTOTUNE_TRAINER_PYTHON to a python with its dependencies; skipped otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -97,8 +102,48 @@ def grpo_config(topology: Topology, values: dict, tmp_path: Path):
                         **{k: v for k, v in values.items() if v is not None}})
 
 
+VERL_PYPI = "verl==0.7.1"  # the last release on PyPI with the FSDP workers (fsdp_workers.py)
+# what check_verl_load.py imports besides this project's own dependencies (the test extra)
+VERL_IMPORTS = "import hydra, omegaconf, tensordict, codetiming, PIL"
+
+
+@functools.cache
+def trainer_source(trainer: str) -> str | None:
+    """The trainer's sources: AUTOTUNE_<TRAINER>_SRC, else for verl its PyPI release unpacked
+    once under ~/.cache/autotune-tests/ (pip download, no install: the check puts it first on
+    sys.path), where the trainer's python has the check's dependencies. EasyR1 is not on
+    PyPI. PyPI unreachable: the test fails with pip's output, as tests/vllm_env.py does."""
+    given = os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC")
+    if given or trainer != "verl":
+        return given
+    python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", VERL_IMPORTS], capture_output=True).returncode:
+        return None
+    root = Path(os.environ.get("AUTOTUNE_VERL_CACHE") or Path.home() / ".cache"
+                / "autotune-tests" / VERL_PYPI.replace("==", "-"))
+    if not (root / ".complete").exists():
+        wheels = root.with_name(root.name + ".download")
+        shutil.rmtree(root, ignore_errors=True)
+        done = subprocess.run([python, "-m", "pip", "download", "-q", "--no-deps", "-d",
+                               str(wheels), VERL_PYPI], capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode:
+            pytest.fail(f"pip download {VERL_PYPI} failed:\n{done.stdout}\n{done.stderr}")
+        with zipfile.ZipFile(next(wheels.glob("verl-*.whl"))) as wheel:
+            wheel.extractall(root)
+        (root / ".complete").write_text(VERL_PYPI)
+    return str(root)
+
+
+def need_source(trainer: str) -> None:
+    if trainer_source(trainer) is None:
+        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its "
+                    "start-up" + (f" (nor the check's dependencies for {VERL_PYPI}: the "
+                                  "test extra installs them)" if trainer == "verl" else ""))
+
+
 def trainer_verdict(trainer: str, path: Path) -> tuple[bool, str]:
-    source = os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC")
+    source = trainer_source(trainer)
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
     script = ROOT / "scripts" / f"check_{trainer}_load.py"
     out = subprocess.run([python, str(script), source, str(path)], capture_output=True,
@@ -112,8 +157,7 @@ def trainer_verdict(trainer: str, path: Path) -> tuple[bool, str]:
 @pytest.mark.parametrize("trainer", ["easyr1", "verl"])
 def test_the_trainers_start_up_accepts_every_export_and_rejects_every_refusal(
         trainer, nnodes, gpus, with_base, tmp_path):
-    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
-        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    need_source(trainer)
     adapter, topology = {"easyr1": EASYR1, "verl": VERL}[trainer], Topology(nnodes, gpus)
     base_path = None
     if with_base:
@@ -137,8 +181,7 @@ def test_the_trainers_start_up_accepts_every_export_and_rejects_every_refusal(
 def test_the_trainers_start_up_accepts_token_budget_exports(trainer, tmp_path):
     """Dynamic batching kept on: EasyR1 without a base (its default), verl on its default
     config turned to use_dynamic_bsz, with the budgets the study probed."""
-    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
-        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    need_source(trainer)
     adapter = {"easyr1": EASYR1, "verl": VERL}[trainer]
     base_path = None
     knobs = {**STUDY, "dynamic_batching": True, "micro_batch_size_update": 2,
@@ -162,8 +205,7 @@ def test_the_trainers_start_up_accepts_token_budget_exports(trainer, tmp_path):
 
 
 def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
-    if not os.environ.get("AUTOTUNE_VERL_SRC"):
-        pytest.skip("AUTOTUNE_VERL_SRC: no verl checkout to run its start-up")
+    need_source("verl")
     base = load_trainer_yaml(str(FIXTURES / "verl-ppo-trainer.yaml"))
     knobs = {**STUDY, **BASE_SHAPES["verl"], "micro_batch_size_update": 4,
              "micro_batch_size_experience": 8}
@@ -211,8 +253,7 @@ def test_the_trainers_start_up_accepts_ppo_exports_with_their_critic(trainer, nn
     """A PPO study's exports through the trainers' start-up with a critic (verl's
     validate_config with use_critic and its CriticWorker; EasyR1's critic checks and worker):
     written ones accepted, refused ones (a critic micro-batch that splits no share) rejected."""
-    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
-        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    need_source(trainer)
     adapter, topology = {"easyr1": EASYR1, "verl": VERL}[trainer], Topology(nnodes, gpus)
     knobs, base_path = ppo_cases(trainer)
     for critic_micro in (2, 3):
@@ -348,8 +389,7 @@ def test_the_trainer_runs_every_per_gpu_quantity_the_probe_ran(trainer, nnodes, 
                                                                 with_base, tmp_path):
     """Export, load through the trainer's own start-up (its normalised worker config), read
     back every per-GPU quantity, compare with what the probe ran: equal."""
-    if not os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC"):
-        pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its start-up")
+    need_source(trainer)
     accepted, line, differ, compared = round_trip(trainer, Topology(nnodes, gpus), with_base,
                                                   tmp_path)
     assert accepted, line
@@ -407,8 +447,7 @@ def trl_quantities(config, world: int) -> dict:
 def test_verl_start_up_accepts_the_fused_log_prob_and_entropy_keys(tmp_path):
     """use_fused_kernels with the Triton backend and the actor's entropy keys, as a study with
     them on exports them, pass verl's own config checks."""
-    if not os.environ.get("AUTOTUNE_VERL_SRC"):
-        pytest.skip("AUTOTUNE_VERL_SRC: no verl checkout to run its start-up")
+    need_source("verl")
     knobs = {**STUDY, "micro_batch_size_update": 1, "micro_batch_size_experience": 1,
              "fused_logprob": True, "fused_logprob_kernel": "triton", "entropy_coeff": 0.001,
              "entropy_chunking": True, "entropy_checkpointing": True}

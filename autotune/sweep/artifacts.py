@@ -52,8 +52,9 @@ def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str
         "feasible": attrs.get("feasible", ""),
         "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", ""),
         "repeat_of": attrs.get("repeat_of", "")}
+    ran = {**frozen.params, **attrs.get("tied", {})}  # as probed: the trainer's ties applied
     for name in param_names:
-        row[name] = frozen.params.get(name, "")
+        row[name] = ran.get(name, "")
     values = frozen.values or []
     for i, name in enumerate(value_names):
         row[name] = values[i] if i < len(values) else ""
@@ -150,7 +151,7 @@ def trial_knobs(study: Study, trial: FrozenTrial) -> tuple[Knobs, JsonObject]:
     """A trial's canonical knobs, and the trainer's own keys a command sweep searched or
     fixed (as the trainer spells them)."""
     space = study.user_attrs["search_space"]
-    fixed = {**space["fixed"], **trial.params}
+    fixed = {**space["fixed"], **trial.params, **trial.user_attrs.get("tied", {})}  # as probed
     merged = {**study.user_attrs.get("request", {}).get("config", {}), **fixed}
     return ({name: merged[name] for name in KNOB_NAMES if name in merged},
             {name: value for name, value in fixed.items() if name not in KNOB_NAMES})

@@ -17,7 +17,7 @@ from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
 from autotune.registry import REGISTRY, architecture_of
 from autotune.sweep.artifacts import best_document, best_trial, ranked_feasible, trial_knobs
-from autotune.trainers.adapter import Adapter
+from autotune.trainers.adapter import Adapter, TrainerValue
 from autotune.trainers.export_plan import ExportPlan, dotted_get, plan_export
 from autotune.trainers.measured import MeasuredRun
 from autotune.trainers.render import (
@@ -57,14 +57,24 @@ def measured_run(study: Study, adapter: Adapter, base: TrainerYaml | None) -> Me
     identity = study.user_attrs["identity"]
     model, path = identity["model"], identity.get("model_path")
     spec = REGISTRY.get(model)
-    model_id = path if path else (spec.hf_id if spec is not None and not spec.tiny else None)
-    named = dotted_get(base[0], adapter.model_key) if base and adapter.model_key else None
-    same = None
-    if named is not None:
+    # a local checkpoint by its absolute path (the sweep's --model-path may be relative to
+    # where it ran), else the registry's Hugging Face id
+    model_id = str(Path(path).expanduser().resolve()) if path else \
+        (spec.hf_id if spec is not None and not spec.tiny else None)
+
+    def named_and_same(key: str | None) -> tuple[TrainerValue, bool | None]:
+        """The model the base config names at `key`, and whether it has the study's shapes."""
+        named = dotted_get(base[0], key) if base and key else None
+        if named is None:
+            return None, None
         ours, theirs = architecture_of(path or model), architecture_of(str(named))
-        same = None if ours is None or theirs is None else ours == theirs
+        return named, None if ours is None or theirs is None else ours == theirs
+
+    named, same = named_and_same(adapter.model_key)
+    critic, same_critic = named_and_same(adapter.critic_model_key)
     return MeasuredRun(measured_topology(study), model, model_id, named, same,
-                       command=identity.get("probe") == "command")
+                       command=identity.get("probe") == "command", base_critic_model=critic,
+                       same_critic_model=same_critic)
 
 
 def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,

@@ -95,6 +95,18 @@ class Candidate:
         """The params' identity across trials and drivers (sharing.params_key)."""
         return params_key(self.params)
 
+    @property
+    def tied(self) -> Knobs:
+        """The params the trainer's ties set otherwise (TRL scores log-probs at its update
+        micro-batch): their values as the probe runs them."""
+        return {name: getattr(self.config, name) for name, value in self.params.items()
+                if hasattr(self.config, name) and getattr(self.config, name) != value}
+
+    @property
+    def ran(self) -> Knobs:
+        """The params as the probe runs them (the ties applied): what the study shows."""
+        return {**self.params, **self.tied}
+
     @functools.cached_property
     def problems(self) -> tuple[str, ...]:
         """Every rule the config breaks, checked when first asked (a config of the space's

@@ -341,6 +341,8 @@ class Sweep:
             self.waiting[trial.number] = Pending(trial, params, owner=owner)
             return
         candidate = self.space.candidate(params)  # its config, made once
+        if candidate.tied:  # the values the probe runs, shown wherever the trial is
+            trial.set_user_attr("tied", candidate.tied)
         problems = candidate.problems
         if problems:
             result = ProbeResult(status=ProbeStatus.INVALID, message="; ".join(problems))
@@ -377,13 +379,14 @@ class Sweep:
         """Start the trial's probe on a free slot (`candidate`: its config, as the ask made
         it; else made here)."""
         number = pending.trial.number
-        request = self.settings.request_for(candidate or self.space.candidate(pending.params))
+        candidate = candidate or self.space.candidate(pending.params)
+        request = self.settings.request_for(candidate)
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
-        self.state.running[number] = pending.params
+        self.state.running[number] = candidate.ran
         where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
         self.progress.trial_started(self.state,
-                                    f"trial {number}{where}: {describe_params(pending.params)}")
+                                    f"trial {number}{where}: {describe_params(candidate.ran)}")
 
     def settle_probes(self, study: Study, done: set[Future[ProbeResult]] | None = None) -> None:
         """Tell every finished probe; one that says nothing about its config (lost with its

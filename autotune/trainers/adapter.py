@@ -24,6 +24,7 @@ from autotune.config import (
     parse_knob_value,
     unknown_key_message,
 )
+from autotune.config.parsing import ALL_LINEAR, parse_module_names
 from autotune.errors import ConfigError
 
 # a value of the trainer's own YAML (a scalar, a list, a mapping), and a whole tree of them as
@@ -50,6 +51,12 @@ class Setting:
     default_ok: bool  # the trainer's default gives the measured shapes: nothing to write
     refuse: bool = False  # another value in the user's config is a conflict (--force takes
     # `value`), not a setting to flip with a note
+    refuse_if: Callable[[TrainerValue], bool] | None = None  # which other values are (the
+    # rest are flipped with a note)
+
+    def refuses(self, have: TrainerValue) -> bool:
+        """Whether `have` (not ok) in the user's config is a conflict, not a flip."""
+        return self.refuse or (self.refuse_if is not None and self.refuse_if(have))
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class Adapter:
     skeleton: TrainerKeys | None = None
     skeleton_note: str = ""
     model_key: str | None = None  # where the config names the model it trains
+    writes_model: bool = True  # a file without a base names the model (TRL: the script
+    # loads it, and a script may parse GRPOConfig alone)
     # what the trainer runs as measured but its config cannot say (no key): header lines, for
     # the study's config, topology and the knobs it recorded (one it did not is not said)
     unheld: Callable[[ProbeConfig, Topology, Collection[str]], list[str]] | None = None
@@ -107,6 +116,12 @@ class Adapter:
     # knobs the trainer sets from others, with no key of their own (TRL scores log-probs at
     # its train micro-batch): applied to every trial's config before it is probed
     ties: Callable[[ProbeConfig], Knobs] | None = None
+    # keys of the table the trainer checks but does not run for `config` (verl's per-GPU
+    # micro-batches under token budgets, still asserted where set): written as null
+    unused: Callable[[ProbeConfig], tuple[str, ...]] | None = None
+
+    def unused_keys(self, config: ProbeConfig) -> tuple[str, ...]:
+        return self.unused(config) if self.unused else ()
 
     def keys_for(self, config: ProbeConfig) -> dict[str, tuple[str, ...]]:
         """Where each knob of `config` goes: the critic's keys too when it trains one."""
@@ -142,11 +157,13 @@ class Adapter:
         config). `knobs` may be some of a config's (a study's, as it recorded them): a knob
         not given, or none, is not written."""
         values: TrainerKeys = {}
-        for knob, keys in self.keys_for(ProbeConfig.from_knobs(knobs)).items():
+        config = ProbeConfig.from_knobs(knobs)
+        for knob, keys in self.keys_for(config).items():
             if knobs.get(knob) is None:
                 continue
             for key in keys:
                 values[key] = knobs[knob]
+        values.update({key: None for key in self.unused_keys(config) if key in values})
         written = None
         if get is not None:  # the user's config as it will be, the tuned keys written
             base = get
@@ -176,9 +193,10 @@ class Adapter:
         knobs a study recorded: None, every knob), any other from the user's config (`get`).
         A setting read from the user's config must be a plain value of the trainer default's
         type (an interpolation such as ${oc.select:...} cannot be checked)."""
-        written = {keys[0]: getattr(config, knob) for knob, keys in self.keys.items()
-                   if (recorded is None or knob in recorded)
+        written = {key: getattr(config, knob) for knob, keys in self.keys_for(config).items()
+                   for key in keys if (recorded is None or knob in recorded)
                    and getattr(config, knob) is not None}
+        written.update({key: None for key in self.unused_keys(config) if key in written})
 
         def plain(key: str, default: TrainerValue) -> TrainerValue:
             if key in written:
@@ -295,6 +313,20 @@ def ambiguous_keys(key: str, owners: dict[str, str | Derived], critic: dict[str,
     named = [k for k in owners if k.rsplit(".", 1)[-1] == key] or \
         [k for k in critic if k.rsplit(".", 1)[-1] == key]  # as owning_keys looks
     return named if len(named) > 1 else []
+
+
+def module_list(modules: str) -> TrainerValue:
+    """lora_target_modules as the trainers take it: `all-linear` as the string, module names
+    as a list."""
+    return modules if modules == ALL_LINEAR else modules.split(",")
+
+
+def module_names(value: TrainerValue) -> Knobs:
+    """A trainer's target modules (a string or a list) as the knob's comma-separated value
+    (no knob where the config has none: the trainer's default applies)."""
+    if value is None:
+        return {}
+    return {"lora_target_modules": parse_module_names("lora_target_modules", value)}
 
 
 def even_share(config: ProbeConfig, topology: Topology) -> dict[str, int]:

@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from autotune.config import ProbeConfig, Topology, old_pass_problem, torch_adamw_problem
-from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys, even_share
+from autotune.trainers.adapter import (
+    Adapter,
+    Derived,
+    Getter,
+    Setting,
+    TrainerKeys,
+    even_share,
+    module_list,
+    module_names,
+)
 
 
 def _easyr1_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
@@ -25,12 +34,18 @@ def _easyr1_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]
         problems.append("fused_logprob: EasyR1 has no fused log-prob kernel (its "
                         "models/monkey_patch.py leaves linear cross-entropy a TODO): probe "
                         "with fused_logprob=false")
+    if world % ulysses:
+        problems.append(f"worker.actor.ulysses_size={ulysses} must divide the {world} GPUs (the "
+                        "(dp, sp) device mesh; the global batch per device is global_batch_size "
+                        "// (GPUs // ulysses_size))")
+        ulysses = 1
     problems += _easyr1_batch_rules(config, world, ulysses, get)
     problems += _easyr1_rollout_rules(config, world, get)
     problems += old_pass_problem(config, "EasyR1")
     problems += torch_adamw_problem(config, "EasyR1")
     if config.has_critic:
-        problems += _easyr1_critic_rules(config, world, ulysses, length)
+        problems += _easyr1_critic_rules(config, world, get("worker.critic.ulysses_size", 1),
+                                         length)
     return problems
 
 
@@ -116,6 +131,9 @@ def _easyr1_critic_rules(config: ProbeConfig, world: int, ulysses: int, length: 
     written as critic_micro_batch_size_update)."""
     n, rbs, gbs = config.rollout_n, config.rollout_batch_size, config.global_batch_size
     mbc, problems = config.critic_micro_batch_size_update or 4, []
+    if world % ulysses:
+        return [f"worker.critic.ulysses_size={ulysses} must divide the {world} GPUs (the "
+                "critic's (dp, sp) mesh)"]
     if (rbs * n) % mbc:
         problems.append(f"Rollout batch size * rollout.n ({rbs * n}) must be divisible by "
                         f"worker.critic.micro_batch_size_per_device_for_experience={mbc}")
@@ -132,6 +150,22 @@ def _easyr1_critic_rules(config: ProbeConfig, world: int, ulysses: int, length: 
 
 
 REF_OFFLOAD = "worker.ref.offload.offload_params"
+TARGET_MODULES = "worker.actor.model.lora.target_modules"
+
+# The keys of EasyR1's config besides the table above that change what runs: each is the
+# value the probe ran, or refused (--force writes the value and says so in the header). The
+# critic's model is compared with the study's model (measured.py: critic_model_key).
+EASYR1_SETTINGS = (
+    # fsdp_workers.py: FSDP's CPUOffload for the actor (parameters, gradients and the
+    # optimizer step on the host), which no probe ran (offload_params/offload_optimizer are
+    # EasyR1's worker.actor.offload keys, between phases)
+    Setting("worker.actor.fsdp.enable_cpu_offload", False, "FSDP's CPU offload keeps the "
+            "actor's parameters and gradients on the host and steps the optimizer there, which "
+            "no probe ran", ok=lambda value: value is False, default_ok=True, refuse=True),
+    Setting("worker.critic.fsdp.enable_cpu_offload", False, "FSDP's CPU offload keeps the "
+            "critic's parameters and gradients on the host, which no probe ran",
+            ok=lambda value: value is False, default_ok=True, refuse=True),
+)
 REF_CPU_OFFLOAD = "worker.ref.fsdp.enable_cpu_offload"
 
 
@@ -197,7 +231,13 @@ EASYR1 = Adapter(
           "val_batch_size": ("data.val_batch_size",),
           "rollout_tensor_parallel": ("worker.rollout.tensor_parallel_size",),
           "gpu_memory_utilization": ("worker.rollout.gpu_memory_utilization",),
-          "max_num_batched_tokens": ("worker.rollout.max_num_batched_tokens",)},
+          "max_num_batched_tokens": ("worker.rollout.max_num_batched_tokens",),
+          # LoRA on the actor (verl/workers/actor/config.py LoraConfig: target_modules a
+          # string or a list); the reference is the actor with its adapters off
+          "lora_rank": ("worker.actor.model.lora.rank",),
+          "lora_alpha": ("worker.actor.model.lora.alpha",),
+          # Ulysses: the reference copies the actor's (WorkerConfig.post_init)
+          "ulysses_sequence_parallel_size": ("worker.actor.ulysses_size",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     companions={},
     rules=_easyr1_rules,
@@ -216,7 +256,11 @@ EASYR1 = Adapter(
         Derived(("algorithm",), lambda config, topo: {
             "algorithm.adv_estimator": "gae" if config.has_critic else "grpo"},
             lambda get, topo: {"algorithm": "ppo" if get("algorithm.adv_estimator", "grpo")
-                               == "gae" else "grpo"}, ("algorithm.adv_estimator",)),),
+                               == "gae" else "grpo"}, ("algorithm.adv_estimator",)),
+        Derived(("lora_target_modules",), lambda config, topo: {
+            TARGET_MODULES: module_list(config.lora_target_modules)},
+            lambda get, topo: module_names(get(TARGET_MODULES, None)),
+            (TARGET_MODULES,)),),
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True, "dynamic_batching": True,  # its default too
@@ -226,10 +270,7 @@ EASYR1 = Adapter(
     # the rollout batch (rollout_batch_size x n responses) is chunked equally over the world
     share=even_share,
     short_run=_easyr1_short_run,
-    settings=(
-        Setting("worker.actor.ulysses_size", 1, "sequence parallelism (Ulysses) splits each "
-                "sequence over GPUs, which no probe ran", ok=lambda value: value == 1,
-                default_ok=True, refuse=True),),
+    settings=EASYR1_SETTINGS,
     model_key="worker.actor.model.model_path",
     unheld=_easyr1_unheld,
     # verl/workers/critic/config.py of EasyR1: nothing follows the actor's (post_init fills
@@ -242,6 +283,7 @@ EASYR1 = Adapter(
         "critic_offload_params": ("worker.critic.offload.offload_params",),
         "critic_offload_optimizer": ("worker.critic.offload.offload_optimizer",),
         "global_batch_size": ("worker.critic.global_batch_size",),
-        "dynamic_batching": ("worker.critic.dynamic_batching",)},
+        "dynamic_batching": ("worker.critic.dynamic_batching",),
+        "ulysses_sequence_parallel_size": ("worker.critic.ulysses_size",)},
     critic_model_key="worker.critic.model.model_path",
 )

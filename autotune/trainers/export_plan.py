@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from autotune.batching import BUDGET_KNOB, with_token_budgets
-from autotune.config import Knobs, ProbeConfig, Topology, format_bytes
+from autotune.config import LORA_KNOBS, Knobs, ProbeConfig, Topology, format_bytes
 from autotune.trainers.adapter import (
     Adapter,
     Getter,
@@ -77,10 +77,13 @@ def measured_knobs(knobs: Knobs) -> Knobs:
     """The knobs the probe measured: the engine's reservation knobs only with an engine that
     reserves (a study probed with the hf engine never ran them; one that names no engine
     keeps them); a study recorded before dynamic batching was a knob ran fixed micro-batches,
-    and one before PPO ran GRPO; a reference whose offload was not set waited where the
+    one before PPO ran GRPO, one before LoRA and Ulysses full fine-tuning without SP (LoRA's
+    other knobs are dropped without a rank); a reference whose offload was not set waited where the
     actor's params did; one before fused_optimizer stepped torch's default AdamW."""
     measured: Knobs = {"dynamic_batching": False, "algorithm": "grpo", "fused_optimizer": False,
-                       **knobs}
+                       "lora_rank": 0, "ulysses_sequence_parallel_size": 1, **knobs}
+    if not measured["lora_rank"]:  # LoRA's other knobs mean nothing without a rank
+        measured = {k: v for k, v in measured.items() if k not in LORA_KNOBS}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
         measured["offload_ref_params"] = measured["offload_params"]  # the reference followed
     if "rollout_engine" not in knobs or ProbeConfig.from_knobs(measured).engine_reserves:
@@ -165,9 +168,11 @@ def measured_run_values(plan: ExportPlan, adapter: Adapter, run: MeasuredRun, kn
         else:
             plan.problems.append(difference.conflict)
     model_values, model_text = model_lines(adapter, run, on_base)
-    if config.has_critic and adapter.critic_model_key \
-            and adapter.model_key in model_values:  # the critic: the actor's model
-        model_values[adapter.critic_model_key] = model_values[adapter.model_key]
+    actor_model = model_values.get(adapter.model_key or "", run.base_model or run.model_id)
+    critic = adapter.critic_model_key
+    if config.has_critic and critic and actor_model is not None and not run.command and (
+            not on_base or run.base_critic_model is None):
+        model_values[critic] = actor_model  # the critic: the actor's model, as probed
     plan.run = model_text + plan.run
     return model_values
 
@@ -192,6 +197,9 @@ def tuned_keys(plan: ExportPlan, adapter: Adapter, knobs: Knobs, topology: Topol
             tuned = searched is None or any(knob in searched for knob in part.knobs)
             why.update({key: "searched" if tuned else "held fixed"
                         for key in part.write(config, topology)})
+    why.update({key: f"dynamic batching: {adapter.name} runs the token budgets and would still "
+                "check a micro-batch set here" for key in adapter.unused_keys(config)
+                if key in plan.values})
     return why
 
 
@@ -207,7 +215,7 @@ def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: d
                 continue
         elif setting.ok(have):
             continue
-        elif setting.refuse and not force:
+        elif setting.refuses(have) and not force:
             plan.problems.append(refusal(setting, have))
             continue
         plan.values[setting.key] = setting.value
@@ -312,7 +320,8 @@ def refused_settings(adapter: Adapter, tree: TrainerTree) -> list[str]:
     lines = []
     for setting in adapter.settings:
         have = dotted_get(tree, setting.key, MISSING)
-        if setting.refuse and have is not MISSING and have is not None and not setting.ok(have):
+        if have is not MISSING and have is not None and not setting.ok(have) \
+                and setting.refuses(have):
             lines.append(refusal(setting, have, force=""))
     return lines
 
@@ -360,10 +369,14 @@ def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Tr
 
     stated: dict[str, tuple[str, TrainerValue]] = {}  # knob -> (where the user's value is,
     # the value)
-    for knob, keys in adapter.keys_for(ProbeConfig.from_knobs(knobs)).items():
-        have = resolved_get(tree, keys[0], MISSING)  # an interpolation read through
-        if have is not MISSING and have is not None:
-            stated[knob] = (keys[0], have)
+    config = ProbeConfig.from_knobs(knobs)
+    unused = adapter.unused_keys(config)  # keys the trainer does not run (written as null)
+    for knob, keys in adapter.keys_for(config).items():
+        for key in keys:  # every key the knob is written to (the critic's too)
+            have = resolved_get(tree, key, MISSING)  # an interpolation read through
+            if key not in unused and have is not MISSING and have is not None \
+                    and (knob not in stated or same(stated[knob][1], knobs.get(knob))):
+                stated[knob] = (key, have)
     for part in adapter.derived:  # knobs the config holds in several keys (TRL's batches)
         if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in part.keys):
             read, where = part.read(get, topology), " and ".join(part.keys)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import Knobs, Topology
+from autotune.config import Knobs, ProbeConfig, Topology
 from autotune.trainers.adapter import Adapter, TrainerKeys, TrainerValue
 
 RERUN = "re-run the sweep for that run"
@@ -31,6 +31,9 @@ class MeasuredRun:
     same_model: bool | None = None  # whether that model has the study's shapes (None: autotune
     # cannot tell: not in the registry and not a local checkpoint)
     command: bool = False  # probed by the user's own trainer: its config named the model
+    base_critic_model: TrainerValue = None  # the critic's model the base config names (PPO)
+    same_critic_model: bool | None = None  # whether it has the study's shapes (the probe's
+    # critic is the actor's architecture with a value head: probe/critic.py)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,16 @@ def differences(adapter: Adapter, run: MeasuredRun, knobs: Knobs,
             f"study measured {run.model}: {RERUN} with that model (--model, or --model-path "
             f"to a local copy of it), {FORCE}",
             f"model {run.base_model}: the study measured {run.model}"))
+    critic = adapter.critic_model_key
+    if ProbeConfig.from_knobs(knobs).has_critic and critic and run.base_critic_model is not None \
+            and run.same_critic_model is not True and not run.command:
+        what = "another model" if run.same_critic_model is False else \
+            "a model autotune cannot compare (not in `autotune models`, not a local checkpoint)"
+        found.append(Difference(
+            f"{critic}={run.base_critic_model} in your base config is {what}, but the study's "
+            f"critic was {run.model} (the actor's model with a value head): set {critic} to "
+            f"the actor's model there, {RERUN} with that critic, {FORCE}",
+            f"critic model {run.base_critic_model}: the study's critic was {run.model}"))
     return found
 
 
@@ -82,7 +95,7 @@ def model_lines(adapter: Adapter, run: MeasuredRun, on_base: bool) -> tuple[Trai
     model (what it names, or what to set when the study's model has no checkpoint)."""
     if on_base or run.command:
         return {}, []
-    if adapter.model_key is None:  # TRL: the script loads the model
+    if adapter.model_key is None or not adapter.writes_model:  # TRL: the script loads it
         named = f" ({run.model_id})" if run.model_id else ""
         return {}, [f"model: load {run.model}{named} in your script, as measured"]
     if run.model_id is None:

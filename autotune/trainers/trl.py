@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from autotune.config import VLLM_ENGINES, Knobs, ProbeConfig, Topology
-from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys
+from autotune.trainers.adapter import (
+    Adapter,
+    Derived,
+    Getter,
+    Setting,
+    TrainerKeys,
+    module_names,
+)
 
 
 def _trl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
@@ -59,6 +66,11 @@ def _trl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
             problems.append(f"{knob}=true has no GRPOConfig key (offload is your accelerate "
                             f"DeepSpeed/FSDP config's): re-run the sweep with --set {knob}="
                             "false to hold it off for TRL")
+    if config.ulysses_sequence_parallel_size > 1:
+        problems.append(f"ulysses_sequence_parallel_size={config.ulysses_sequence_parallel_size}: "
+                        "GRPOTrainer does not support sequence-dim parallelism (TRL's "
+                        "grpo_config.py refuses parallelism_config sp_size or cp_size > 1): "
+                        "sweep with ulysses_sequence_parallel_size=1 for TRL")
     if config.rollout_tensor_parallel > 1 and not config.engine_reserves:
         problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel}: TRL generates "
                         "with the trained model on each process here (no engine to split); "
@@ -130,10 +142,36 @@ def _trl_optim(config: ProbeConfig, topo: Topology) -> TrainerKeys:
 
 PROBED_OPTIMS = ("adamw_torch", "adamw_torch_fused")  # the AdamW steps a probe runs
 
+# The keys of GRPOConfig and ModelConfig besides the table above that change what runs: each
+# is the value the probe ran, or refused (--force writes the value and says so in the header).
+TRL_SETTINGS = (
+    Setting("optim", "adamw_torch", "the probe steps torch's AdamW with fp32 states "
+            "(fused_optimizer picks its kernel); another optimizer holds other states, which "
+            "no probe measured", ok=lambda value: value in PROBED_OPTIMS, default_ok=True,
+            refuse=True),
+    # trl/trainer/grpo_trainer.py: Liger's fused GRPO loss (its own chunked logits), which
+    # no probe ran
+    Setting("use_liger_kernel", False, "Liger's fused GRPO loss computes the logits in chunks "
+            "of its own, a logits path no probe ran", ok=lambda value: value is False,
+            default_ok=True, refuse=True),
+)
+
 
 def _trl_read_optim(get: Getter, topo: Topology) -> Knobs:
     """Another optimizer (8-bit, paged, Adafactor) is refused by the `optim` setting below."""
     return {"fused_optimizer": get("optim", "adamw_torch_fused") == "adamw_torch_fused"}
+
+
+def _trl_lora(config: ProbeConfig, topo: Topology) -> TrainerKeys:
+    """ModelConfig's peft switch and rank (trl/trainer/model_config.py): use_peft builds a
+    LoraConfig of lora_r, lora_alpha and lora_target_modules (get_peft_config)."""
+    if not config.uses_lora:  # TRL's default, written (as null: off) only over a base's
+        return {"use_peft": None}  # true, since a script may parse GRPOConfig alone
+    return {"use_peft": True, "lora_r": config.lora_rank}
+
+
+def _trl_read_lora(get: Getter, topo: Topology) -> Knobs:
+    return {"lora_rank": get("lora_r", 16) if get("use_peft", False) else 0}
 
 
 def _trl_read_engine(get: Getter, topo: Topology) -> Knobs:
@@ -226,7 +264,8 @@ TRL = Adapter(
           "max_response_length": ("max_completion_length",),
           # the colocated vLLM (vllm-like studies only: measured_knobs drops them for hf)
           "gpu_memory_utilization": ("vllm_gpu_memory_utilization",),
-          "enable_sleep": ("vllm_enable_sleep_mode",)},
+          "enable_sleep": ("vllm_enable_sleep_mode",),
+          "lora_alpha": ("lora_alpha",)},  # ModelConfig's (with use_peft)
     topology_keys=None,  # the process count comes from `accelerate launch`
     companions={},
     rules=_trl_rules,
@@ -247,6 +286,12 @@ TRL = Adapter(
         Derived(("old_logprob_pass",), _trl_old_pass, _trl_read_old_pass, ("num_iterations",)),
         # transformers' TrainingArguments.optim: adamw_torch_fused by default (torch >= 2.8)
         Derived(("fused_optimizer",), _trl_optim, _trl_read_optim, ("optim",)),
+        Derived(("lora_rank",), _trl_lora, _trl_read_lora, ("use_peft", "lora_r")),
+        # ModelConfig.lora_target_modules: a list (one item, all-linear, read as the string)
+        Derived(("lora_target_modules",), lambda config, topo: {
+            "lora_target_modules": config.lora_target_modules.split(",")},
+            lambda get, topo: module_names(get("lora_target_modules", None)),
+            ("lora_target_modules",)),
     ),
     defaults={"micro_batch_size_update": 8, "gradient_checkpointing": True,  # GRPOConfig
               "use_kl": False, "rollout_engine": "policy", "rollout_tensor_parallel": 1,
@@ -258,10 +303,11 @@ TRL = Adapter(
     steps_per_rollout=lambda config: max(1, config.rollout_batch_size
                                          // config.global_batch_size),
     engines=("policy", "hf", *VLLM_ENGINES),
-    settings=(Setting("optim", "adamw_torch", "the probe steps torch's AdamW with fp32 states "
-                      "(fused_optimizer picks its kernel); another optimizer holds other "
-                      "states, which no probe measured", ok=lambda value: value in PROBED_OPTIMS,
-                      default_ok=True, refuse=True),),
+    settings=TRL_SETTINGS,
+    # ModelConfig's (TrlParser reads GRPOConfig and ModelConfig from one file): a base that
+    # names a model is compared with the study's; a file without one says to load it
+    model_key="model_name_or_path",
+    writes_model=False,
     unheld=_trl_unheld,
     # GRPOTrainer scores old and reference log-probs per_device_train_batch_size at a time
     ties=lambda config: {"micro_batch_size_experience": config.micro_batch_size_update},

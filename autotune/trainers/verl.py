@@ -9,19 +9,34 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from autotune.config import Knobs, ProbeConfig, Topology, old_pass_problem, torch_adamw_problem
-from autotune.trainers.adapter import Adapter, Derived, Getter, Setting, TrainerKeys, even_share
+from autotune.trainers.adapter import (
+    Adapter,
+    Derived,
+    Getter,
+    Setting,
+    TrainerKeys,
+    even_share,
+    module_list,
+    module_names,
+)
+
+ACTOR_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+CRITIC_MICRO = "critic.ppo_micro_batch_size_per_gpu"
+ACTOR_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+CRITIC_SP = "critic.ulysses_sequence_parallel_size"
 
 
 def _verl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
-    """verl/utils/config.py, workers/config/actor.py and workers/fsdp_workers.py of verl."""
+    """verl/utils/config.py, workers/config/actor.py and workers/fsdp_workers.py of verl
+    (0.7.1 on PyPI, the last release with the FSDP workers; b178a3c the same), read for the
+    keys as the file holds them (`get`)."""
     world, n = topo.world_size, config.rollout_n
     rbs, gbs = config.rollout_batch_size, config.global_batch_size
-    mbu = config.micro_batch_size_update
-    sp = get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+    sp = get(ACTOR_SP, 1)
     infer = (get("actor_rollout_ref.rollout.tensor_model_parallel_size", 2)  # as written
              * get("actor_rollout_ref.rollout.data_parallel_size", 1)
              * get("actor_rollout_ref.rollout.pipeline_model_parallel_size", 1))
-    dynamic = config.dynamic_batching  # verl skips the batch-count checks then
+    dynamic = config.dynamic_batching  # validate_config skips the batch-count checks then
     problems = []
     if not dynamic and (rbs * n) % world:
         problems.append(f"real_train_batch_size data.train_batch_size*rollout.n={rbs * n} must "
@@ -29,13 +44,17 @@ def _verl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     if rbs < gbs:
         problems.append(f"data.train_batch_size={rbs} must be >= "
                         f"actor.ppo_mini_batch_size={gbs}")
-    normalized = gbs * n // max(1, world // sp)
-    if normalized <= 0:
-        problems.append(f"actor.ppo_mini_batch_size={gbs} x rollout.n={n} over {world} GPUs "
-                        "should be larger than 0 after normalization")
-    elif not dynamic and normalized % mbu:
-        problems.append(f"normalized ppo_mini_batch_size {normalized} should be divisible by "
-                        f"ppo_micro_batch_size_per_gpu {mbu}")
+    if world % sp:
+        problems.append(f"{ACTOR_SP}={sp} must divide the {world} GPUs (fsdp_workers.py: the "
+                        "(dp, sp) device mesh)")
+        sp = 1
+    if sp > 1 and not get("actor_rollout_ref.model.use_remove_padding", True):
+        problems.append(f"{ACTOR_SP}={sp}: when using sequence parallelism for actor/ref policy, "
+                        "you must enable `use_remove_padding` (actor_rollout_ref.model."
+                        "use_remove_padding: true)")
+    normalized = gbs * n // (world // sp)
+    micro = get(ACTOR_MICRO, None if dynamic else config.micro_batch_size_update)
+    problems += _micro_rules("", normalized, micro, gbs, n, world // sp)
     length = config.sequence_length
     for budget, key in ((config.max_token_len_update, "actor.ppo_max_token_len_per_gpu"),
                         (config.max_token_len_experience,
@@ -47,24 +66,51 @@ def _verl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     if world % infer:
         problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
                         f"{infer} (tensor x data x pipeline parallel)")
+    if config.lora_rank > VLLM_MAX_LORA_RANK and get(ENGINE_NAME, "vllm") == "vllm":
+        problems.append(f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANK}, but got "
+                        f"{config.lora_rank} (utils/config.py: vLLM's largest LoRA rank)")
     problems += old_pass_problem(config, "verl")
     problems += torch_adamw_problem(config, "verl")
     if config.has_critic:
-        problems += _verl_critic_rules(config, normalized, dynamic, sp)
+        problems += _verl_critic_rules(config, world, get)
     return problems
 
 
-def _verl_critic_rules(config: ProbeConfig, normalized: int, dynamic: bool, sp: int
-                       ) -> list[str]:
+def _micro_rules(role: str, normalized: int, micro: int | None, gbs: int, n: int, dp: int
+                 ) -> list[str]:
+    """fsdp_workers.py (ActorRolloutRefWorker.__init__, CriticWorker.__init__): the mini-batch
+    times rollout.n over the data-parallel size (the GPUs over sp) must be above 0, and, when
+    the per-GPU micro-batch is set (null under token budgets: unused, not written), split into
+    whole micro-batches; asserted with dynamic batching on or off."""
+    if normalized <= 0:
+        return [f"{role}ppo_mini_batch_size={gbs} x rollout.n={n} over a data-parallel size "
+                f"of {dp} should be larger than 0 after normalization"]
+    if micro is not None and (normalized % micro or normalized // micro == 0):
+        return [f"normalized {role}ppo_mini_batch_size {normalized} should be divisible by "
+                f"{role}ppo_micro_batch_size_per_gpu {micro}"]
+    return []
+
+
+def _verl_critic_rules(config: ProbeConfig, world: int, get: Getter) -> list[str]:
     """fsdp_workers.py CriticWorker: its mini-batch (the actor's, ppo_trainer.yaml) normalised
-    as the actor's and split into whole micro-batches; seqlen_balancing's budget rule."""
-    mbc, problems = config.critic_micro_batch_size_update, []
-    if not dynamic and mbc and normalized > 0 and normalized % mbc:
-        problems.append(f"normalized critic ppo_mini_batch_size {normalized} should be "
-                        f"divisible by critic.ppo_micro_batch_size_per_gpu {mbc}")
+    over its own data-parallel size (its own ulysses size) and split into whole micro-batches;
+    workers/config/critic.py: sequence parallelism needs the critic model's
+    use_remove_padding (false in critic.yaml); seqlen_balancing's budget rule."""
+    problems = []
+    sp = get(CRITIC_SP, 1)
+    if world % sp:
+        return [f"{CRITIC_SP}={sp} must divide the {world} GPUs (the critic's (dp, sp) mesh)"]
+    if sp > 1 and not get("critic.model.use_remove_padding", False):
+        problems.append(f"{CRITIC_SP}={sp}: when using sequence parallelism for critic, you "
+                        "must enable `use_remove_padding` (critic.model.use_remove_padding: "
+                        "true)")
+    gbs, n = config.global_batch_size, config.rollout_n
+    micro = get(CRITIC_MICRO, None if config.dynamic_batching
+                else config.critic_micro_batch_size_update)
+    problems += _micro_rules("critic ", gbs * n // (world // sp), micro, gbs, n, world // sp)
     length = config.sequence_length
     budget = config.critic_max_token_len_update
-    if dynamic and budget is not None and budget * sp < length:
+    if config.dynamic_batching and budget is not None and budget * sp < length:
         problems.append(f"critic.ppo_max_token_len_per_gpu={budget} x ulysses_sequence_"
                         f"parallel_size={sp} must be at least max_prompt_length+"
                         f"max_response_length={length}")
@@ -72,6 +118,31 @@ def _verl_critic_rules(config: ProbeConfig, normalized: int, dynamic: bool, sp: 
 
 
 KL_LOSS, KL_REWARD = "actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward"
+TARGET_MODULES = "actor_rollout_ref.model.target_modules"
+ENGINE_NAME = "actor_rollout_ref.rollout.name"
+VLLM_MAX_LORA_RANK = 512  # vllm/config/lora.py MaxLoRARanks' largest (verl's fallback table)
+
+# The keys of verl's config besides the table above that change what runs: each is the value
+# the probe ran, or refused (--force writes the value and says so in the header). The
+# critic's model is compared with the study's model (measured.py: critic_model_key).
+VERL_SETTINGS = (
+    # the FSDP engine's own Ulysses size (workers/config/engine.py): the actor's key above is
+    # the one autotune writes; another value here would split sequences otherwise
+    Setting("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", 1,
+            "sequence parallelism set in the FSDP engine's config, which autotune does not "
+            "write (it writes actor.ulysses_sequence_parallel_size)",
+            ok=lambda value: value == 1, default_ok=True, refuse=True),
+    # ppo_trainer.yaml leaves the engine mandatory (???): a file composed on it names one;
+    # another engine (sglang, trtllm) reserves its own memory, which no probe measured
+    Setting(ENGINE_NAME, "vllm", "the rollout engine: autotune's vllm-like and vllm probes "
+            "stand for vLLM (verl's ppo_trainer.yaml leaves it to set, ???); another engine "
+            "reserves and frees memory otherwise", ok=lambda value: value == "vllm",
+            default_ok=False, refuse_if=lambda value: value != "???"),
+    # LoRA adapters loaded from a path: the probe trained fresh ones from lora_rank
+    Setting("actor_rollout_ref.model.lora_adapter_path", None, "LoRA adapters loaded from a "
+            "path, which the probe did not load", ok=lambda value: value is None,
+            default_ok=True, refuse=True),
+)
 ESTIMATOR, CRITIC_ENABLE = "algorithm.adv_estimator", "critic.enable"
 
 
@@ -161,7 +232,15 @@ VERL = Adapter(
           "entropy_checkpointing": ("actor_rollout_ref.actor.entropy_checkpointing",),
           # the FSDP wrapper: fsdp (FSDP1) or fsdp2; the reference follows the actor's
           # (ref.yaml: strategy: ${actor_rollout_ref.actor.strategy})
-          "fsdp_strategy": ("actor_rollout_ref.actor.strategy",)},
+          "fsdp_strategy": ("actor_rollout_ref.actor.strategy",),
+          # LoRA on the actor (the reference is the actor with its adapters off: no copy)
+          "lora_rank": ("actor_rollout_ref.model.lora_rank",),
+          "lora_alpha": ("actor_rollout_ref.model.lora_alpha",),
+          # Ulysses sequence parallelism: the actor's, and the reference's (ref.yaml follows
+          # the actor's by ${oc.select:...}; a base that spells it otherwise is written over)
+          "ulysses_sequence_parallel_size": (ACTOR_SP,
+                                             "actor_rollout_ref.ref.ulysses_sequence_parallel_"
+                                             "size")},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
     # the per-GPU micro-batches must not be set together with the deprecated global ones
     companions={"actor_rollout_ref.actor.ppo_micro_batch_size": None,
@@ -178,7 +257,12 @@ VERL = Adapter(
         Derived(("algorithm",), lambda config, topo: {
             ESTIMATOR: "gae" if config.has_critic else "grpo",
             CRITIC_ENABLE: config.has_critic}, _verl_algorithm,
-            (ESTIMATOR, CRITIC_ENABLE)),),
+            (ESTIMATOR, CRITIC_ENABLE)),
+        # target_modules: all-linear as a string, module names as a list (HFModelConfig)
+        Derived(("lora_target_modules",), lambda config, topo: {
+            TARGET_MODULES: module_list(config.lora_target_modules)},
+            lambda get, topo: module_names(get(TARGET_MODULES, None)),
+            (TARGET_MODULES,)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,
@@ -188,17 +272,7 @@ VERL = Adapter(
     # train batch (train_batch_size x n responses) is dispatched equally over the world
     share=even_share,
     short_run=_verl_short_run,
-    settings=(
-        *(Setting(key, 1, "sequence parallelism (Ulysses) splits each sequence over GPUs, "
-                  "which no probe ran", ok=lambda value: value == 1, default_ok=True,
-                  refuse=True)
-          for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                      "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size")),
-        # ppo_trainer.yaml leaves the engine mandatory (???): a file composed on it must name one
-        Setting("actor_rollout_ref.rollout.name", "vllm",
-                "verl's ppo_trainer.yaml leaves the rollout engine to set (???); vllm is the "
-                "engine autotune's vllm-like probe stands for", ok=lambda value: value != "???",
-                default_ok=False)),
+    settings=VERL_SETTINGS,
     # without the user's config, the file composes on verl's own defaults (Hydra)
     skeleton={"hydra": {"searchpath": ["pkg://verl.trainer.config"]},
               "defaults": ["ppo_trainer", "_self_"]},
@@ -219,6 +293,12 @@ VERL = Adapter(
         "critic_offload_optimizer": ("critic.model.fsdp_config.optimizer_offload",),
         "global_batch_size": ("critic.ppo_mini_batch_size",),
         "dynamic_batching": ("critic.use_dynamic_bsz",),
-        "fsdp_strategy": ("critic.strategy",)},
+        "fsdp_strategy": ("critic.strategy",),
+        # the critic splits sequences as the probe's critic did (the run's one SP size)
+        "ulysses_sequence_parallel_size": (CRITIC_SP,)},
     critic_model_key="critic.model.path",
+    # fsdp_workers.py asserts the per-GPU micro-batches divide the normalised mini-batch
+    # whenever they are set; under token budgets verl never runs them: written as null
+    unused=lambda config: (ACTOR_MICRO, CRITIC_MICRO, "critic.forward_micro_batch_size_per_gpu")
+    if config.dynamic_batching else (),
 )

@@ -16,6 +16,7 @@ from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import plan_export
+from autotune.trainers.measured import MeasuredRun
 from autotune.trainers.render import dotted_get, load_trainer_yaml, render
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
@@ -283,3 +284,182 @@ def test_export_command_refuses_conflicts_one_line_each_and_force_takes_the_stud
     assert forced.returncode == 0, forced.stderr
     assert "set worker.actor.dynamic_batching: true -> false (held fixed)" in forced.stdout
     assert "#   data.rollout_batch_size: 512 -> 4 (held fixed)" in out.read_text()
+
+
+# -- issue 53: every key of a base that changes what runs is held, refused or stated ----------
+
+RUN_7B = MeasuredRun(Topology(1, 1), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct")
+
+
+def forced_and_refused(adapter, knobs, base, searched=SEARCHED, run=None):
+    """The plan without --force (its problems) and with it (the header's lines)."""
+    refused = plan_export(adapter, knobs, Topology(1, 1), base[0], searched, run=run)
+    forced = plan_export(adapter, knobs, Topology(1, 1), base[0], searched, force=True, run=run)
+    assert forced.problems == [], forced.problems
+    return refused.problems, [*forced.changes, *forced.unmeasured]
+
+
+@pytest.mark.parametrize("adapter, text, key, have, value", [
+    # the engine a base names (verl): sglang reserves memory otherwise than the vLLM measured
+    (VERL, "actor_rollout_ref:\n  rollout:\n    name: sglang\n",
+     "actor_rollout_ref.rollout.name", "sglang", "vllm"),
+    # EasyR1's FSDP CPU offload: parameters, gradients and the optimizer step on the host
+    (EASYR1, "worker:\n  actor:\n    fsdp:\n      enable_cpu_offload: true\n",
+     "worker.actor.fsdp.enable_cpu_offload", "true", "false"),
+    # TRL's Liger GRPO loss: another logits path
+    (TRL, "use_liger_kernel: true\n", "use_liger_kernel", "true", "false"),
+    # an optimizer no probe stepped: written as torch's AdamW only with --force, and said
+    (TRL, "optim: adamw_8bit\n", "optim", "adamw_8bit", "adamw_torch"),
+], ids=["verl-engine", "easyr1-cpu-offload", "trl-liger", "trl-8bit"])
+def test_a_setting_that_changes_the_run_is_refused_and_forced_it_is_stated(
+        tmp_path, adapter, text, key, have, value):
+    path = tmp_path / "base.yaml"
+    path.write_text(text)
+    base = load_trainer_yaml(str(path))
+    knobs = {**STUDY, "fused_optimizer": False}
+    problems, header = forced_and_refused(adapter, knobs, base)
+    assert [p for p in problems if p.startswith(f"{key} is {have} in your base config")], \
+        problems
+    assert [line for line in header if line.startswith(f"  {key}: {have} -> {value} (")], \
+        header
+    # and a sweep on such a base is refused before it starts: it would measure another run
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.trainer_target import trainer_target
+
+    with pytest.raises(ConfigError, match=f"{key} is {have} in your base config"):
+        trainer_target(adapter.name, str(path), load_search_space("cpu-demo"), 1, 1)
+
+
+@pytest.mark.parametrize("adapter, text, key", [
+    (VERL, "actor_rollout_ref:\n  model:\n    lora_rank: 32\n",
+     "actor_rollout_ref.model.lora_rank"),
+    (EASYR1, "worker:\n  actor:\n    model:\n      lora:\n        rank: 32\n",
+     "worker.actor.model.lora.rank"),
+    (TRL, "use_peft: true\nlora_r: 32\n", "lora_rank (from use_peft and lora_r)"),
+], ids=["verl", "easyr1", "trl"])
+def test_lora_in_a_base_is_a_held_fixed_conflict_and_a_sweep_on_it_probes_it(
+        tmp_path, adapter, text, key):
+    """A study without LoRA (rank 0, as every study before the knob) on a base with LoRA:
+    refused as a held-fixed conflict; --force writes rank 0 and the header says so; a sweep
+    on the base holds the base's rank (the knob, probed)."""
+    path = tmp_path / "base.yaml"
+    path.write_text(text)
+    base = load_trainer_yaml(str(path))
+    problems, header = forced_and_refused(adapter, STUDY, base)
+    assert [p for p in problems if p.startswith(f"{key} is 32 in your base config but the "
+                                                "study measured 0 (held fixed")], problems
+    off = "  use_peft: true -> null (held fixed)" if adapter is TRL else f"  {key}: 32 -> 0 ("
+    assert [line for line in header if line.startswith(off)], header
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.trainer_target import trainer_target
+
+    _, start, _, _ = trainer_target(adapter.name, str(path), load_search_space("cpu-demo"), 1, 1)
+    assert start["lora_rank"] == 32
+
+
+def test_lora_and_sp_are_written_in_each_trainers_keys_and_read_back(tmp_path):
+    """A LoRA study with Ulysses SP 2 on 2 GPUs: verl's and EasyR1's keys (target modules a
+    list where the trainer takes one), read back as the same knobs; TRL writes its peft
+    fields and refuses SP in one line."""
+    knobs = {**STUDY, "lora_rank": 16, "lora_alpha": 32, "lora_target_modules": "q_proj,v_proj",
+             "ulysses_sequence_parallel_size": 2, "rollout_batch_size": 8,
+             "global_batch_size": 4}
+    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
+    want = {"lora_rank": 16, "lora_alpha": 32, "lora_target_modules": "q_proj,v_proj",
+            "ulysses_sequence_parallel_size": 2}
+    for adapter, keys in ((VERL, {"actor_rollout_ref.model.target_modules": ["q_proj", "v_proj"],
+                                  "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2}),
+                          (EASYR1, {"worker.actor.model.lora.target_modules":
+                                    ["q_proj", "v_proj"], "worker.actor.ulysses_size": 2})):
+        plan = plan_export(adapter, knobs, Topology(1, 2), None, searched)
+        assert plan.problems == [], plan.problems
+        assert {k: plan.values[k] for k in keys} == keys
+        read = adapter.read_knobs(lambda key, default, v=plan.values: v.get(key, default),
+                                  Topology(1, 2))
+        assert {k: read[k] for k in want} == want
+    trl = plan_export(TRL, {**knobs, "ulysses_sequence_parallel_size": 1}, Topology(1, 2), None,
+                      searched)
+    assert trl.problems == []
+    assert {k: trl.values[k] for k in ("use_peft", "lora_r", "lora_alpha",
+                                       "lora_target_modules")} == {
+        "use_peft": True, "lora_r": 16, "lora_alpha": 32,
+        "lora_target_modules": ["q_proj", "v_proj"]}
+    refused = plan_export(TRL, knobs, Topology(1, 2), None, searched)
+    assert refused.problems == [
+        "trl: ulysses_sequence_parallel_size=2: GRPOTrainer does not support sequence-dim "
+        "parallelism (TRL's grpo_config.py refuses parallelism_config sp_size or cp_size > 1): "
+        "sweep with ulysses_sequence_parallel_size=1 for TRL"]
+    # verl: SP needs the actor model's use_remove_padding, and divides the GPUs
+    path = tmp_path / "verl.yaml"
+    path.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: false\n")
+    plan = plan_export(VERL, knobs, Topology(1, 2), load_trainer_yaml(str(path))[0], searched)
+    assert any("you must enable `use_remove_padding`" in p for p in plan.problems), plan.problems
+    assert any("ulysses_sequence_parallel_size=2 must divide the 3 GPUs" in p for p in
+               plan_export(VERL, knobs, Topology(1, 3), None, searched).problems)
+
+
+def test_the_critics_model_and_sequence_parallelism_are_compared(tmp_path):
+    """PPO: a base's critic model other than the study's (the critic is the actor's model
+    with a value head) is refused, forced it is stated; a base's critic SP is a held knob;
+    a PPO study forced onto a GRPO base with no critic model sets it to the actor's."""
+    ppo = {**STUDY, "algorithm": "ppo", "critic_micro_batch_size_update": 2}
+    path = tmp_path / "verl.yaml"
+    path.write_text("actor_rollout_ref:\n  model:\n    path: Qwen/Qwen2.5-7B-Instruct\n"
+                    "critic:\n  model:\n    path: ~/models/deepseek-llm-7b-chat\n"
+                    "algorithm:\n  adv_estimator: gae\n")
+    base = load_trainer_yaml(str(path))
+    run = MeasuredRun(Topology(1, 1), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct",
+                      "Qwen/Qwen2.5-7B-Instruct", True, base_critic_model="~/models/deepseek-"
+                      "llm-7b-chat", same_critic_model=None)
+    problems, header = forced_and_refused(VERL, ppo, base, run=run)
+    assert [p for p in problems if p.startswith(
+        "critic.model.path=~/models/deepseek-llm-7b-chat in your base config is a model "
+        "autotune cannot compare")], problems
+    assert "  critic model ~/models/deepseek-llm-7b-chat: the study's critic was qwen2.5-7b" \
+        in [f"  {line}" for line in header]
+    # the critic's SP in a base: held as the run's one SP size
+    path.write_text("critic:\n  ulysses_sequence_parallel_size: 2\nalgorithm:\n"
+                    "  adv_estimator: gae\n")
+    problems, header = forced_and_refused(VERL, ppo, load_trainer_yaml(str(path)))
+    assert [p for p in problems if p.startswith("critic.ulysses_sequence_parallel_size is 2 "
+                                                "in your base config but the study measured 1")]
+    assert "  critic.ulysses_sequence_parallel_size: 2 -> 1 (held fixed)" in header
+    # EasyR1's GRPO base (no critic model) forced to the PPO study: the critic is the actor's
+    easy = load_trainer_yaml(str(EASYR1_BASE))
+    run = MeasuredRun(Topology(1, 8), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct",
+                      "Qwen/Qwen2.5-7B-Instruct", True)
+    forced = plan_export(EASYR1, ppo, Topology(1, 8), easy[0], SEARCHED, force=True, run=run)
+    assert forced.values["worker.critic.model.model_path"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_trl_compares_the_model_its_base_names():
+    """TRL's model_name_or_path (ModelConfig's, read by TrlParser from the same file): another
+    model is refused like any trainer's; a file without a base still names none (the script
+    loads it), and the header says which."""
+    for named, same, refused in (("Qwen/Qwen2.5-3B-Instruct", False, True),
+                                 ("Qwen/Qwen2.5-7B-Instruct", True, False)):
+        run = MeasuredRun(Topology(1, 1), "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", named, same)
+        plan = plan_export(TRL, STUDY, Topology(1, 1), {"model_name_or_path": named},
+                           SEARCHED, run=run)
+        lines = [p for p in plan.problems if p.startswith(f"model_name_or_path={named}")]
+        assert bool(lines) == refused, plan.problems
+    plan = plan_export(TRL, STUDY, Topology(1, 1), None, SEARCHED, run=RUN_7B)
+    assert "model_name_or_path" not in plan.values
+    assert "model: load qwen2.5-7b (Qwen/Qwen2.5-7B-Instruct) in your script, as measured" \
+        in plan.run
+
+
+def test_a_local_model_is_exported_by_its_absolute_path(tmp_path, monkeypatch):
+    """A study swept with a relative --model-path: the file names the checkpoint absolutely."""
+    from types import SimpleNamespace
+
+    from autotune.sweep.best_export import measured_run
+
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    study = SimpleNamespace(user_attrs={"identity": {"model": "ckpt", "model_path": "ckpt"},
+                                        "request": {}})
+    run = measured_run(study, VERL, None)  # type: ignore[arg-type]
+    assert run.model_id == str(tmp_path / "ckpt")
+    plan = plan_export(VERL, STUDY, Topology(1, 1), None, SEARCHED, run=run)
+    assert plan.values["actor_rollout_ref.model.path"] == str(tmp_path / "ckpt")

@@ -438,6 +438,52 @@ def test_a_trl_sweep_scores_log_probs_at_its_train_micro_batch():
         == ProbeConfig().micro_batch_size_experience
 
 
+def test_a_trl_study_records_the_log_prob_micro_batch_its_probes_ran(tmp_path):
+    """A --trainer trl sweep over a space that searches micro_batch_size_experience: each
+    probe runs it tied to the update micro-batch, and the trial's record, trials.csv,
+    best.yaml and the progress line show that value, not the one sampled (a real SQLite
+    study, the memory model's runner)."""
+    import csv
+
+    from scripted_runner import ModelRunner
+
+    from autotune.hardware import Device
+    from autotune.probe.result import ProbeRequest
+    from autotune.sweep.artifacts import best_trial, trial_knobs, write_artifacts
+    from autotune.sweep.search_space import load_search_space
+    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.storage import load_study
+    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.tuner import Sweep
+
+    _, _, space, _ = trainer_target("trl", None, load_search_space("cpu-demo"), 1, 1)
+    assert "micro_batch_size_experience" in space.params  # sampled, then tied
+    runner = ModelRunner(limit_bytes=2**40)
+    settings = SweepSettings(study_name="trl", study_dir=tmp_path / "trl", space=space,
+                             request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
+                             max_trials=10, sampler="random")
+    Sweep(settings, runner).run()
+    assert runner.calls and all(c["micro_batch_size_experience"] == c["micro_batch_size_update"]
+                                for c in runner.calls)
+    study = load_study(str(tmp_path), "trl")
+    write_artifacts(study, tmp_path / "trl")
+    rows = list(csv.DictReader((tmp_path / "trl" / "trials.csv").open()))
+    probed = [row for row in rows if row["status"]]
+    assert probed and all(row["micro_batch_size_experience"] == row["micro_batch_size_update"]
+                          for row in probed), rows
+    sampled_otherwise = [t for t in study.trials if t.params["micro_batch_size_experience"]
+                         != t.params["micro_batch_size_update"]]
+    assert sampled_otherwise  # the sampler did draw other values: the record ties them
+    assert all(t.user_attrs["tied"] == {"micro_batch_size_experience":
+                                        t.params["micro_batch_size_update"]}
+               for t in sampled_otherwise)
+    best = yaml.safe_load((tmp_path / "trl" / "best.yaml").read_text())
+    assert best["config"]["micro_batch_size_experience"] == \
+        best["config"]["micro_batch_size_update"]
+    knobs, _ = trial_knobs(study, best_trial(study))
+    assert knobs["micro_batch_size_experience"] == knobs["micro_batch_size_update"]
+
+
 def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
     """fused_optimizer is TRL's `optim`: written as the probe stepped and read back; an
     optimizer no probe runs (8-bit, paged) is refused at export and before a sweep on that

@@ -135,6 +135,15 @@ def trainer_source(trainer: str) -> str | None:
     return str(root)
 
 
+def verl_default() -> Path:
+    """verl's own default config (ppo_trainer, generated whole) of the verl being checked, as
+    a base: the fixture is b178a3c's, which another verl may not compose (0.7.1 reads a
+    `reward` section b178a3c's has not)."""
+    source = trainer_source("verl")
+    own = Path(source or "") / "verl" / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    return own if source and own.is_file() else FIXTURES / "verl-ppo-trainer.yaml"
+
+
 def need_source(trainer: str) -> None:
     if trainer_source(trainer) is None:
         pytest.skip(f"AUTOTUNE_{trainer.upper()}_SRC: no {trainer} checkout to run its "
@@ -142,11 +151,12 @@ def need_source(trainer: str) -> None:
                                   "test extra installs them)" if trainer == "verl" else ""))
 
 
-def trainer_verdict(trainer: str, path: Path) -> tuple[bool, str]:
+def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, str]:
     source = trainer_source(trainer)
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
     script = ROOT / "scripts" / f"check_{trainer}_load.py"
-    out = subprocess.run([python, str(script), source, str(path)], capture_output=True,
+    out = subprocess.run([python, str(script), source, str(path), *overrides],
+                         capture_output=True,
                          text=True, timeout=300)
     assert out.returncode in (0, 1), out.stdout + out.stderr[-2000:]  # 2: the check broke
     return out.returncode == 0, out.stdout.strip()
@@ -161,8 +171,7 @@ def test_the_trainers_start_up_accepts_every_export_and_rejects_every_refusal(
     adapter, topology = {"easyr1": EASYR1, "verl": VERL}[trainer], Topology(nnodes, gpus)
     base_path = None
     if with_base:
-        fixture = FIXTURES / ("easyr1-config.yaml" if trainer == "easyr1"
-                              else "verl-ppo-trainer.yaml")
+        fixture = FIXTURES / "easyr1-config.yaml" if trainer == "easyr1" else verl_default()
         base_path = tmp_path / fixture.name
         # verl's default trains a critic: the GRPO study's base names its estimator (the
         # refusal of gae is test_verl_rejects_what_autotune_refuses_for_a_critic)
@@ -188,7 +197,7 @@ def test_the_trainers_start_up_accepts_token_budget_exports(trainer, tmp_path):
              "micro_batch_size_experience": 4}
     if trainer == "verl":
         base_path = tmp_path / "ppo.yaml"
-        base_path.write_text((FIXTURES / "verl-ppo-trainer.yaml").read_text()
+        base_path.write_text(verl_default().read_text()
                              .replace("adv_estimator: gae", "adv_estimator: grpo")
                              .replace("    use_dynamic_bsz: false", "    use_dynamic_bsz: true"))
         # the base's own budget (held fixed, as a sweep on it without budgets searched has it)
@@ -206,7 +215,7 @@ def test_the_trainers_start_up_accepts_token_budget_exports(trainer, tmp_path):
 
 def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
     need_source("verl")
-    base = load_trainer_yaml(str(FIXTURES / "verl-ppo-trainer.yaml"))
+    base = load_trainer_yaml(str(verl_default()))
     knobs = {**STUDY, **BASE_SHAPES["verl"], "micro_batch_size_update": 4,
              "micro_batch_size_experience": 8}
     refused = plan_export(VERL, knobs, Topology(1, 8), base[0], searched=SEARCHED)
@@ -222,7 +231,7 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
     assert not accepted and "critic" in line, line
     path = tmp_path / "forced.yaml"
     path.write_text(render_plan(forced, VERL, load_trainer_yaml(
-        str(FIXTURES / "verl-ppo-trainer.yaml")), ["p", ""]))
+        str(verl_default())), ["p", ""]))
     accepted, line = trainer_verdict("verl", path)
     assert accepted, line
 
@@ -240,7 +249,7 @@ def ppo_cases(trainer: str) -> tuple[dict, Path | None]:
     its shapes; EasyR1: without a base (its default estimator is grpo), the demo's shapes."""
     if trainer == "verl":
         return {**STUDY, **BASE_SHAPES["verl"], **PPO_KNOBS, "micro_batch_size_update": 4,
-                "micro_batch_size_experience": 8}, FIXTURES / "verl-ppo-trainer.yaml"
+                "micro_batch_size_experience": 8}, verl_default()
     return {**STUDY, **PPO_KNOBS, "micro_batch_size_update": 2,
             "micro_batch_size_experience": 4}, None
 
@@ -335,7 +344,7 @@ def round_trip_base(trainer: str, tmp_path: Path) -> Path:
     if trainer == "easyr1":
         text = (FIXTURES / "easyr1-config.yaml").read_text()
     else:
-        text = ((FIXTURES / "verl-ppo-trainer.yaml").read_text()
+        text = (verl_default().read_text()
                 .replace("adv_estimator: gae", "adv_estimator: grpo")
                 .replace("use_kl_loss: false", "use_kl_loss: true")
                 .replace("path: ~/models/deepseek-llm-7b-chat", "path: Qwen/Qwen2.5-7B-Instruct"))
@@ -457,3 +466,100 @@ def test_verl_start_up_accepts_the_fused_log_prob_and_entropy_keys(tmp_path):
     assert problems == []
     accepted, line = trainer_verdict("verl", path)
     assert accepted, line
+
+
+# -- issue 53 / issue 51: keys the trainers check, and the new knobs, through their start-up ----
+
+def test_verl_accepts_a_dynamic_batching_study_exported_for_1_2_4_8_gpus(tmp_path):
+    """A verl study that batched by tokens held a per-GPU micro-batch it never ran (8, above
+    the normalised mini-batch on 8 GPUs): written as null, every export passes verl's worker
+    start-up; the same file with the micro-batch kept is what fsdp_workers.py rejects."""
+    need_source("verl")
+    knobs = {**STUDY, "dynamic_batching": True, "micro_batch_size_update": 8,
+             "micro_batch_size_experience": 8}
+    for gpus in (1, 2, 4, 8):
+        path, problems = exported(VERL, knobs, Topology(1, gpus), None, tmp_path, f"dyn{gpus}")
+        assert problems == []
+        tree = yaml.safe_load(path.read_text())
+        assert tree["actor_rollout_ref"]["actor"].get("ppo_micro_batch_size_per_gpu") is None
+        accepted, line = trainer_verdict("verl", path)
+        assert accepted, line
+    accepted, line = trainer_verdict("verl", path,
+                                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+    assert not accepted and "should be divisible by ppo_micro_batch_size_per_gpu 8" in line, line
+
+
+def test_verl_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
+    """LoRA (rank, alpha, target modules as a list) and Ulysses SP 2, exported for 2 and 8
+    GPUs and read back from verl's own normalised worker config: the same knobs, the
+    mini-batch normalised over the SP data-parallel size as the probe split it; SP without
+    use_remove_padding is refused by autotune and by verl alike."""
+    need_source("verl")
+    knobs = {**STUDY, "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",
+             "ulysses_sequence_parallel_size": 2, "micro_batch_size_update": 2,
+             "micro_batch_size_experience": 4}
+    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
+    for gpus in (2, 8):
+        path, problems = exported(VERL, knobs, Topology(1, gpus), None, tmp_path, f"lora{gpus}",
+                                  searched=searched)
+        assert problems == []
+        quantities = path.with_suffix(".json")
+        os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
+        try:
+            accepted, line = trainer_verdict("verl", path)
+        finally:
+            del os.environ["AUTOTUNE_CHECK_JSON"]
+        assert accepted, line
+        ran = json.loads(quantities.read_text())
+        assert {k: ran[k] for k in ("lora_rank", "lora_alpha", "lora_target_modules",
+                                    "sequence_parallel", "ref_sequence_parallel")} == {
+            "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": ["q_proj", "v_proj"],
+            "sequence_parallel": 2, "ref_sequence_parallel": 2}
+        # the probe's share: the data-parallel rank's (GPUs over SP) mini-batch
+        assert ran["responses_per_minibatch"] == 8 * 4 // (gpus // 2)
+    base = tmp_path / "no-padding.yaml"
+    base.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: false\n"
+                    "algorithm:\n  adv_estimator: grpo\n")
+    path, problems = exported(VERL, knobs, Topology(1, 2), base, tmp_path, "nopad",
+                              searched=searched)
+    assert any("you must enable `use_remove_padding`" in p for p in problems)
+    accepted, line = trainer_verdict("verl", path)
+    assert not accepted and "use_remove_padding" in line, line
+
+
+def test_trl_loads_lora_exports_and_refuses_what_its_base_changes(tmp_path):
+    """TRL's own loader (TrlParser over GRPOConfig and ModelConfig, as trl's grpo script
+    parses one file): LoRA's keys land on ModelConfig's peft fields; a base's Liger kernel or
+    LoRA is refused, and forced the file reads back as the measured run."""
+    pytest.importorskip("trl")
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    def load(plan, base=None):
+        path = tmp_path / "trl.yaml"
+        path.write_text(render_plan(plan, TRL, base, ["p", ""]))
+        values = {k: v for k, v in yaml.safe_load(path.read_text()).items() if v is not None}
+        return TrlParser((GRPOConfig, ModelConfig)).parse_dict(
+            {"output_dir": str(tmp_path / "out"), "report_to": "none", "use_cpu": True,
+             "bf16": False, **values})
+
+    knobs = {**STUDY, "micro_batch_size_update": 2, "lora_rank": 16, "lora_alpha": 32,
+             "lora_target_modules": "all-linear"}
+    plan = plan_export(TRL, knobs, Topology(1, 2), None, searched=[*SEARCHED, "lora_rank"])
+    assert plan.problems == []
+    _, model = load(plan)
+    assert (model.use_peft, model.lora_r, model.lora_alpha, model.lora_target_modules) == \
+        (True, 16, 32, "all-linear")
+    for text, key in (("use_liger_kernel: true\n", "use_liger_kernel"),
+                      ("use_peft: true\nlora_r: 8\n", "lora_rank (from use_peft and lora_r)")):
+        base_path = tmp_path / "grpo.yaml"
+        base_path.write_text(TRL_BASE + text)
+        base = load_trainer_yaml(str(base_path))
+        study = {**knobs, **BASE_SHAPES["trl"], "lora_rank": 0, "micro_batch_size_update": 8,
+                 "global_batch_size": 8, "rollout_batch_size": 8}
+        refused = plan_export(TRL, study, Topology(1, 2), base[0], searched=SEARCHED)
+        assert any(p.startswith(key) for p in refused.problems), refused.problems
+        forced = plan_export(TRL, study, Topology(1, 2), base[0], searched=SEARCHED,
+                             force=True)
+        assert forced.problems == []
+        args, model = load(forced, load_trainer_yaml(str(base_path)))
+        assert not args.use_liger_kernel and not model.use_peft

@@ -118,8 +118,10 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         extra = {**measured_run_values(plan, adapter, run, knobs, config, topology,
                                        tree is not None, force), **(extra or {})}
 
-    def get(key: str, default: TrainerValue) -> TrainerValue:
-        return resolved_get(base, key, default)
+    settled = settings_written(adapter, base, force)
+
+    def get(key: str, default: TrainerValue) -> TrainerValue:  # as the file will hold it
+        return settled[key] if key in settled else resolved_get(base, key, default)
 
     plan.problems += adapter.check(config, topology, get, recorded(knobs))
     why = tuned_keys(plan, adapter, knobs, topology, base, get if tree is not None else None,
@@ -201,6 +203,19 @@ def tuned_keys(plan: ExportPlan, adapter: Adapter, knobs: Knobs, topology: Topol
                 "check a micro-batch set here" for key in adapter.unused_keys(config)
                 if key in plan.values})
     return why
+
+
+def settings_written(adapter: Adapter, base: TrainerTree, force: bool) -> TrainerKeys:
+    """The settings an export writes over `base` (setting_values' choice, without a plan)."""
+    written = {}
+    for setting in adapter.settings:
+        have = dotted_get(base, setting.key, MISSING)
+        if have is MISSING or have is None:
+            if not setting.default_ok:
+                written[setting.key] = setting.value
+        elif not setting.ok(have) and (force or not setting.refuses(have)):
+            written[setting.key] = setting.value
+    return written
 
 
 def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: dict[str, str],

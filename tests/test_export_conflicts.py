@@ -322,6 +322,10 @@ def test_a_setting_that_changes_the_run_is_refused_and_forced_it_is_stated(
         problems
     assert [line for line in header if line.startswith(f"  {key}: {have} -> {value} (")], \
         header
+    if key == "optim":  # a study of the fused step: forced, the file runs the fused step
+        _, header = forced_and_refused(adapter, {**knobs, "fused_optimizer": True}, base)
+        assert [line for line in header if line.startswith(
+            "  optim: adamw_8bit -> adamw_torch_fused (the probe steps torch's AdamW")], header
     # and a sweep on such a base is refused before it starts: it would measure another run
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.trainer_target import trainer_target

@@ -233,9 +233,12 @@ def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: d
         elif setting.refuses(have) and not force:
             plan.problems.append(refusal(setting, have))
             continue
-        plan.values[setting.key] = setting.value
+        # a key a knob also writes (TRL's optim: fused or not) keeps the study's value
+        tuned = plan.values.get(setting.key, MISSING)
+        value = tuned if tuned is not MISSING and setting.ok(tuned) else setting.value
+        plan.values[setting.key] = value
         why[setting.key] = setting.why
-        plan.notes.append(f"{setting.key}: {shown(have)} -> {shown(setting.value)}, because "
+        plan.notes.append(f"{setting.key}: {shown(have)} -> {shown(value)}, because "
                           f"{setting.why}")
 
 

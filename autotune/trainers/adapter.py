@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 
 from autotune.config import (
     KNOB_NAMES,
+    LORA_KNOBS,
     Knobs,
     ProbeConfig,
     Topology,
@@ -182,6 +183,8 @@ class Adapter:
             knobs.update({knob: get(keys[0], None) for knob, keys in
                           (self.critic_keys or {}).items()
                           if knob not in knobs and get(keys[0], None) is not None})
+        if not knobs.get("lora_rank"):  # LoRA's other knobs mean nothing without a rank
+            knobs = {k: v for k, v in knobs.items() if k not in LORA_KNOBS}
         return knobs
 
     def check(self, config: ProbeConfig, topology: Topology,

@@ -253,7 +253,9 @@ def quantities(config, trainer, workers, world_size: int, per_device) -> dict:
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
         "rollout_tensor_parallel": rollout.tensor_parallel_size,
         "max_num_batched_tokens": rollout.max_num_batched_tokens,
-        "sequence_parallel": actor.ulysses_size, "model": actor.model.model_path}
+        "sequence_parallel": actor.ulysses_size, "model": actor.model.model_path,
+        "lora_rank": actor.model.lora.rank, "lora_alpha": actor.model.lora.alpha,
+        "lora_target_modules": actor.model.lora.target_modules}
 
 
 def main(argv: list[str]):

@@ -363,8 +363,8 @@ def test_lora_in_a_base_is_a_held_fixed_conflict_and_a_sweep_on_it_probes_it(
 
 def test_lora_and_sp_are_written_in_each_trainers_keys_and_read_back(tmp_path):
     """A LoRA study with Ulysses SP 2 on 2 GPUs: verl's and EasyR1's keys (target modules a
-    list where the trainer takes one), read back as the same knobs; TRL writes its peft
-    fields and refuses SP in one line."""
+    list where the trainer takes one, EasyR1's LoraConfig a string), read back as the same
+    knobs; TRL writes its peft fields and refuses SP in one line."""
     knobs = {**STUDY, "lora_rank": 16, "lora_alpha": 32, "lora_target_modules": "q_proj,v_proj",
              "ulysses_sequence_parallel_size": 2, "rollout_batch_size": 8,
              "global_batch_size": 4}
@@ -373,8 +373,8 @@ def test_lora_and_sp_are_written_in_each_trainers_keys_and_read_back(tmp_path):
             "ulysses_sequence_parallel_size": 2}
     for adapter, keys in ((VERL, {"actor_rollout_ref.model.target_modules": ["q_proj", "v_proj"],
                                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2}),
-                          (EASYR1, {"worker.actor.model.lora.target_modules":
-                                    ["q_proj", "v_proj"], "worker.actor.ulysses_size": 2})):
+                          (EASYR1, {"worker.actor.model.lora.target_modules":  # a string
+                                    "q_proj,v_proj", "worker.actor.ulysses_size": 2})):
         plan = plan_export(adapter, knobs, Topology(1, 2), None, searched)
         assert plan.problems == [], plan.problems
         assert {k: plan.values[k] for k in keys} == keys

@@ -563,3 +563,31 @@ def test_trl_loads_lora_exports_and_refuses_what_its_base_changes(tmp_path):
         assert forced.problems == []
         args, model = load(forced, load_trainer_yaml(str(base_path)))
         assert not args.use_liger_kernel and not model.use_peft
+
+
+def test_easyr1_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
+    """EasyR1's own start-up on a LoRA study with ulysses_size 2: its LoraConfig (target
+    modules a string) and its global batch per device over GPUs // ulysses_size, as the
+    probe split it."""
+    need_source("easyr1")
+    knobs = {**STUDY, "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",
+             "ulysses_sequence_parallel_size": 2, "micro_batch_size_update": 2,
+             "micro_batch_size_experience": 4}
+    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
+    for gpus in (2, 8):
+        path, problems = exported(EASYR1, knobs, Topology(1, gpus), None, tmp_path, f"e{gpus}",
+                                  searched=searched)
+        assert problems == []
+        quantities = path.with_suffix(".json")
+        os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
+        try:
+            accepted, line = trainer_verdict("easyr1", path)
+        finally:
+            del os.environ["AUTOTUNE_CHECK_JSON"]
+        assert accepted, line
+        ran = json.loads(quantities.read_text())
+        assert {k: ran[k] for k in ("lora_rank", "lora_alpha", "lora_target_modules",
+                                    "sequence_parallel")} == {
+            "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",
+            "sequence_parallel": 2}
+        assert ran["responses_per_minibatch"] == 8 * 4 // (gpus // 2)

@@ -16,8 +16,6 @@ from autotune.trainers.adapter import (
     Setting,
     TrainerKeys,
     even_share,
-    module_list,
-    module_names,
 )
 
 
@@ -150,7 +148,6 @@ def _easyr1_critic_rules(config: ProbeConfig, world: int, ulysses: int, length: 
 
 
 REF_OFFLOAD = "worker.ref.offload.offload_params"
-TARGET_MODULES = "worker.actor.model.lora.target_modules"
 
 # The keys of EasyR1's config besides the table above that change what runs: each is the
 # value the probe ran, or refused (--force writes the value and says so in the header). The
@@ -232,10 +229,13 @@ EASYR1 = Adapter(
           "rollout_tensor_parallel": ("worker.rollout.tensor_parallel_size",),
           "gpu_memory_utilization": ("worker.rollout.gpu_memory_utilization",),
           "max_num_batched_tokens": ("worker.rollout.max_num_batched_tokens",),
-          # LoRA on the actor (verl/workers/actor/config.py LoraConfig: target_modules a
-          # string or a list); the reference is the actor with its adapters off
+          # LoRA on the actor (verl/workers/actor/config.py LoraConfig); the reference is the
+          # actor with its adapters off
           "lora_rank": ("worker.actor.model.lora.rank",),
           "lora_alpha": ("worker.actor.model.lora.alpha",),
+          # a string, all-linear or comma-separated names (LoraConfig.post_init refuses a
+          # list; fsdp_workers.py splits it), the knob's own form
+          "lora_target_modules": ("worker.actor.model.lora.target_modules",),
           # Ulysses: the reference copies the actor's (WorkerConfig.post_init)
           "ulysses_sequence_parallel_size": ("worker.actor.ulysses_size",)},
     topology_keys=("trainer.nnodes", "trainer.n_gpus_per_node"),
@@ -257,10 +257,7 @@ EASYR1 = Adapter(
             "algorithm.adv_estimator": "gae" if config.has_critic else "grpo"},
             lambda get, topo: {"algorithm": "ppo" if get("algorithm.adv_estimator", "grpo")
                                == "gae" else "grpo"}, ("algorithm.adv_estimator",)),
-        Derived(("lora_target_modules",), lambda config, topo: {
-            TARGET_MODULES: module_list(config.lora_target_modules)},
-            lambda get, topo: module_names(get(TARGET_MODULES, None)),
-            (TARGET_MODULES,)),),
+        ),
     defaults={"micro_batch_size_update": 1, "micro_batch_size_experience": 2,  # examples/
               "gradient_checkpointing": True, "offload_params": True,  # config.yaml
               "offload_optimizer": True, "dynamic_batching": True,  # its default too

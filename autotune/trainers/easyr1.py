@@ -149,9 +149,9 @@ def _easyr1_critic_rules(config: ProbeConfig, world: int, ulysses: int, length: 
 
 REF_OFFLOAD = "worker.ref.offload.offload_params"
 
-# The keys of EasyR1's config besides the table above that change what runs: each is the
-# value the probe ran, or refused (--force writes the value and says so in the header). The
-# critic's model is compared with the study's model (measured.py: critic_model_key).
+# The keys of EasyR1's config besides its knob table (EASYR1.keys, below) that change what
+# runs: each holds the value the probe ran, or is refused (--force writes the value, and the
+# header says so). The critic's model is compared with the study's (measured.py).
 EASYR1_SETTINGS = (
     # fsdp_workers.py: FSDP's CPUOffload for the actor (parameters, gradients and the
     # optimizer step on the host), which no probe ran (offload_params/offload_optimizer are

@@ -142,8 +142,9 @@ def _trl_optim(config: ProbeConfig, topo: Topology) -> TrainerKeys:
 
 PROBED_OPTIMS = ("adamw_torch", "adamw_torch_fused")  # the AdamW steps a probe runs
 
-# The keys of GRPOConfig and ModelConfig besides the table above that change what runs: each
-# is the value the probe ran, or refused (--force writes the value and says so in the header).
+# The keys of GRPOConfig and ModelConfig besides TRL's knob table (TRL.keys, below) that
+# change what runs: each holds the value the probe ran, or is refused (--force writes the
+# value, and the header says so). The model it names is compared with the study's.
 TRL_SETTINGS = (
     Setting("optim", "adamw_torch", "the probe steps torch's AdamW with fp32 states "
             "(fused_optimizer picks its kernel); another optimizer holds other states, which "

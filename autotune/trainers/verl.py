@@ -122,9 +122,9 @@ TARGET_MODULES = "actor_rollout_ref.model.target_modules"
 ENGINE_NAME = "actor_rollout_ref.rollout.name"
 VLLM_MAX_LORA_RANK = 512  # vllm/config/lora.py MaxLoRARanks' largest (verl's fallback table)
 
-# The keys of verl's config besides the table above that change what runs: each is the value
-# the probe ran, or refused (--force writes the value and says so in the header). The
-# critic's model is compared with the study's model (measured.py: critic_model_key).
+# The keys of verl's config besides its knob table (VERL.keys, below) that change what runs:
+# each holds the value the probe ran, or is refused (--force writes the value, and the header
+# says so). The critic's model is compared with the study's (measured.py).
 VERL_SETTINGS = (
     # the FSDP engine's own Ulysses size (workers/config/engine.py): the actor's key above is
     # the one autotune writes; another value here would split sequences otherwise

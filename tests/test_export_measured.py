@@ -482,6 +482,14 @@ def test_a_trl_study_records_the_log_prob_micro_batch_its_probes_ran(tmp_path):
         best["config"]["micro_batch_size_update"]
     knobs, _ = trial_knobs(study, best_trial(study))
     assert knobs["micro_batch_size_experience"] == knobs["micro_batch_size_update"]
+    # `autotune show` and the report's trial view read the same record
+    from autotune.report.view import trial_view
+    from autotune.sweep.sharing import ran_params
+
+    for trial in sampled_otherwise:
+        shown = trial_view(trial).params
+        assert shown == ran_params(trial) and shown["micro_batch_size_experience"] == \
+            trial.params["micro_batch_size_update"]
 
 
 def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):

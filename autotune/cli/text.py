@@ -74,6 +74,8 @@ def format_table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> st
 
 
 def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
+    from autotune.sweep.sharing import ran_params
+
     attrs = trial.user_attrs
     result = attrs.get("result") or {}
     tokens = result.get("tokens_per_s")
@@ -91,7 +93,7 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
     spread = "-" if cv is None else f"{cv:.1%}"
     if result.get("contention"):
         spread += " busy"  # measured while other processes took the machine
-    return {"#": trial.number, "status": status, "config": describe_params(trial.params),
+    return {"#": trial.number, "status": status, "config": describe_params(ran_params(trial)),
             "tokens/s": f"{tokens:,.1f}" if tokens else "-",
             "peak": format_bytes(peak) if peak else "-",
             "step cv": spread,
@@ -102,6 +104,7 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
 def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
     """Each run or predicted config's length headroom, for the trials table."""
     from autotune.config import KNOB_NAMES, ProbeConfig
+    from autotune.sweep.sharing import ran_params
     from autotune.sweep.study_model import study_model
 
     model = study_model(study)
@@ -116,7 +119,7 @@ def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
         status = trial.user_attrs.get("status")
         if status not in ("ok", "gpu_oom") and not trial.user_attrs.get("predicted"):
             continue
-        merged = {**base, **trial.params}
+        merged = {**base, **ran_params(trial)}
         config = ProbeConfig(**{k: merged[k] for k in KNOB_NAMES if k in merged})
         measured = (trial.user_attrs.get("result") or {}).get("phase_peak_mem_bytes") \
             if status == "ok" else None

@@ -28,7 +28,7 @@ from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
 from autotune.sweep.finalists import FinalistsRecord, current_record
 from autotune.sweep.measurements import by_config
-from autotune.sweep.sharing import params_key
+from autotune.sweep.sharing import params_key, ran_params
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -122,7 +122,7 @@ def trial_view(frozen: FrozenTrial) -> TrialView:
     attrs = frozen.user_attrs
     result = attrs.get("result") or {}
     return TrialView(
-        number=frozen.number, params=dict(frozen.params), outcome=outcome_of(attrs),
+        number=frozen.number, params=ran_params(frozen), outcome=outcome_of(attrs),
         status=attrs.get("status", ""), origin=attrs.get("origin", "sampler"),
         reason=attrs.get("reason") or "", tokens_per_s=result.get("tokens_per_s"),
         peak_mem_bytes=result.get("peak_mem_bytes"),

@@ -28,7 +28,7 @@ from autotune.files import JsonObject, JsonValue, write_text_atomic
 from autotune.probe.result import coefficient_of_variation
 from autotune.sweep.finalists import current_record
 from autotune.sweep.measurements import Measured, by_config, fold, ranked, study_objective
-from autotune.sweep.sharing import params_key
+from autotune.sweep.sharing import params_key, ran_params
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -52,7 +52,7 @@ def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str
         "feasible": attrs.get("feasible", ""),
         "origin": attrs.get("origin", "sampler"), "reused_from": attrs.get("reused_from", ""),
         "repeat_of": attrs.get("repeat_of", "")}
-    ran = {**frozen.params, **attrs.get("tied", {})}  # as probed: the trainer's ties applied
+    ran = ran_params(frozen)  # as probed: the trainer's ties applied
     for name in param_names:
         row[name] = ran.get(name, "")
     values = frozen.values or []
@@ -151,7 +151,7 @@ def trial_knobs(study: Study, trial: FrozenTrial) -> tuple[Knobs, JsonObject]:
     """A trial's canonical knobs, and the trainer's own keys a command sweep searched or
     fixed (as the trainer spells them)."""
     space = study.user_attrs["search_space"]
-    fixed = {**space["fixed"], **trial.params, **trial.user_attrs.get("tied", {})}  # as probed
+    fixed = {**space["fixed"], **ran_params(trial)}  # as probed: the trainer's ties applied
     merged = {**study.user_attrs.get("request", {}).get("config", {}), **fixed}
     return ({name: merged[name] for name in KNOB_NAMES if name in merged},
             {name: value for name, value in fixed.items() if name not in KNOB_NAMES})

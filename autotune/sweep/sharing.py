@@ -67,6 +67,13 @@ def held_key(frozen: FrozenTrial, keys: dict[int, str] | None = None) -> str:
     return key
 
 
+def ran_params(frozen: FrozenTrial) -> Knobs:
+    """A trial's params as its probe ran them: the target trainer's ties applied (a TRL
+    trial's log-prob micro-batch is its update micro-batch, whatever was sampled), as the
+    tuner recorded them (the trial's `tied` attr)."""
+    return {**frozen.params, **frozen.user_attrs.get("tied", {})}
+
+
 def trial_by_number(study: Study, number: int) -> FrozenTrial:
     """One trial read from the storage (study.trials would read them all)."""
     storage = study._storage

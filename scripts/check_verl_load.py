@@ -333,7 +333,8 @@ def quantities(main_ppo, config, workers, world):
         "sequence_parallel": actor.ulysses_sequence_parallel_size,
         "ref_sequence_parallel": ref.get("ulysses_sequence_parallel_size", 1),
         "lora_rank": arr.model.lora_rank, "lora_alpha": arr.model.lora_alpha,
-        "lora_target_modules": arr.model.target_modules,
+        "lora_target_modules": modules if isinstance(modules := arr.model.target_modules, str)
+        else list(modules),
         "model": config.actor_rollout_ref.model.path}
 
 

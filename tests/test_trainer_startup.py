@@ -517,11 +517,13 @@ def test_verl_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
             "sequence_parallel": 2, "ref_sequence_parallel": 2}
         # the probe's share: the data-parallel rank's (GPUs over SP) mini-batch
         assert ran["responses_per_minibatch"] == 8 * 4 // (gpus // 2)
-    base = tmp_path / "no-padding.yaml"
-    base.write_text("actor_rollout_ref:\n  model:\n    use_remove_padding: false\n"
-                    "algorithm:\n  adv_estimator: grpo\n")
+    base = tmp_path / "no-padding.yaml"  # verl's default with the actor's padding kept
+    text = verl_default().read_text()
+    assert "    use_remove_padding: true\n" in text
+    base.write_text(text.replace("adv_estimator: gae", "adv_estimator: grpo")
+                    .replace("    use_remove_padding: true\n", "    use_remove_padding: false\n"))
     path, problems = exported(VERL, knobs, Topology(1, 2), base, tmp_path, "nopad",
-                              searched=searched)
+                              searched=[*knobs])
     assert any("you must enable `use_remove_padding`" in p for p in problems)
     accepted, line = trainer_verdict("verl", path)
     assert not accepted and "use_remove_padding" in line, line

@@ -401,9 +401,15 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
     if problems:
         return None, problems
     space = SearchSpace(params, fixed, where)
-    valid = space.valid_grid()
+    checked = space
+    if "kv_cache_memory_bytes" in {*params, *fixed} and "rollout_engine" not in {*params,
+                                                                                 *fixed}:
+        # it sizes a vLLM engine's KV pool and the run's --engine names the engine: the
+        # file alone is checked with one that reads it (the run checks the engine it gets)
+        checked = space.with_fixed({"rollout_engine": "vllm-like"})
+    valid = checked.valid_grid()
     if valid is not None and not valid:
-        first = space.problems_for(next(space.grid()))
+        first = checked.problems_for(next(checked.grid()))
         problems.append(f"{where}: no combination of params and fixed passes the rules, "
                         f"e.g. {first[0]}")
     return space, problems

@@ -324,10 +324,9 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     assert len(feasibility.tracer.trace_wall_s) == traces
     assert feasibility.tracer.unavailable.startswith("a trace takes")
     assert feasibility.tracer.summary()["off"] == feasibility.tracer.unavailable
-    process = feasibility.tracer._process  # one process served every trace, then ends
-    assert process is not None and process.poll() is None
+    # tracing turned itself off: its idle process (torch loaded) ended then, not with the sweep
+    assert feasibility.tracer._process is None
     feasibility.tracer.close()
-    assert process.returncode == 0
 
 
 def test_run_measures_the_safe_config_then_skips_a_traced_oom(tmp_path):

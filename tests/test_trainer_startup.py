@@ -489,28 +489,37 @@ def test_verl_accepts_a_dynamic_batching_study_exported_for_1_2_4_8_gpus(tmp_pat
     assert not accepted and "should be divisible by ppo_micro_batch_size_per_gpu 8" in line, line
 
 
+LORA_SP_KNOBS = {**STUDY, "lora_rank": 32, "lora_alpha": 64,
+                 "lora_target_modules": "q_proj,v_proj", "ulysses_sequence_parallel_size": 2,
+                 "micro_batch_size_update": 2, "micro_batch_size_experience": 4}
+
+
+def lora_sp_export_ran(adapter, trainer: str, gpus: int, where) -> dict:
+    """A LoRA + SP 2 study exported for `gpus` GPUs with no base, accepted by the trainer's
+    own start-up: the quantities it ran, as its check reports them."""
+    where.mkdir(parents=True)
+    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
+    path, problems = exported(adapter, LORA_SP_KNOBS, Topology(1, gpus), None, where, "run",
+                              searched=searched)
+    assert problems == []
+    quantities = path.with_suffix(".json")
+    os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
+    try:
+        accepted, line = trainer_verdict(trainer, path)
+    finally:
+        del os.environ["AUTOTUNE_CHECK_JSON"]
+    assert accepted, line
+    return json.loads(quantities.read_text())
+
+
 def test_verl_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
     """LoRA (rank, alpha, target modules as a list) and Ulysses SP 2, exported for 2 and 8
     GPUs and read back from verl's own normalised worker config: the same knobs, the
     mini-batch normalised over the SP data-parallel size as the probe split it; SP without
     use_remove_padding is refused by autotune and by verl alike."""
     need_source("verl")
-    knobs = {**STUDY, "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",
-             "ulysses_sequence_parallel_size": 2, "micro_batch_size_update": 2,
-             "micro_batch_size_experience": 4}
-    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
     for gpus in (2, 8):
-        path, problems = exported(VERL, knobs, Topology(1, gpus), None, tmp_path, f"lora{gpus}",
-                                  searched=searched)
-        assert problems == []
-        quantities = path.with_suffix(".json")
-        os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
-        try:
-            accepted, line = trainer_verdict("verl", path)
-        finally:
-            del os.environ["AUTOTUNE_CHECK_JSON"]
-        assert accepted, line
-        ran = json.loads(quantities.read_text())
+        ran = lora_sp_export_ran(VERL, "verl", gpus, tmp_path / f"lora{gpus}")
         assert {k: ran[k] for k in ("lora_rank", "lora_alpha", "lora_target_modules",
                                     "sequence_parallel", "ref_sequence_parallel")} == {
             "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": ["q_proj", "v_proj"],
@@ -522,8 +531,8 @@ def test_verl_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
     assert "    use_remove_padding: true\n" in text
     base.write_text(text.replace("adv_estimator: gae", "adv_estimator: grpo")
                     .replace("    use_remove_padding: true\n", "    use_remove_padding: false\n"))
-    path, problems = exported(VERL, knobs, Topology(1, 2), base, tmp_path, "nopad",
-                              searched=[*knobs])
+    path, problems = exported(VERL, LORA_SP_KNOBS, Topology(1, 2), base, tmp_path, "nopad",
+                              searched=[*LORA_SP_KNOBS])
     assert any("you must enable `use_remove_padding`" in p for p in problems)
     accepted, line = trainer_verdict("verl", path)
     assert not accepted and "use_remove_padding" in line, line
@@ -572,22 +581,8 @@ def test_easyr1_runs_the_lora_and_sequence_parallel_knobs_as_probed(tmp_path):
     modules a string) and its global batch per device over GPUs // ulysses_size, as the
     probe split it."""
     need_source("easyr1")
-    knobs = {**STUDY, "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",
-             "ulysses_sequence_parallel_size": 2, "micro_batch_size_update": 2,
-             "micro_batch_size_experience": 4}
-    searched = [*SEARCHED, "lora_rank", "ulysses_sequence_parallel_size"]
     for gpus in (2, 8):
-        path, problems = exported(EASYR1, knobs, Topology(1, gpus), None, tmp_path, f"e{gpus}",
-                                  searched=searched)
-        assert problems == []
-        quantities = path.with_suffix(".json")
-        os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
-        try:
-            accepted, line = trainer_verdict("easyr1", path)
-        finally:
-            del os.environ["AUTOTUNE_CHECK_JSON"]
-        assert accepted, line
-        ran = json.loads(quantities.read_text())
+        ran = lora_sp_export_ran(EASYR1, "easyr1", gpus, tmp_path / f"e{gpus}")
         assert {k: ran[k] for k in ("lora_rank", "lora_alpha", "lora_target_modules",
                                     "sequence_parallel")} == {
             "lora_rank": 32, "lora_alpha": 64, "lora_target_modules": "q_proj,v_proj",

@@ -2,6 +2,7 @@
 
     python scripts/check_verl_load.py VERL_ROOT EXPORT.yaml [key=value ...]
     python scripts/check_verl_load.py VERL_ROOT -- key=value ...
+    python scripts/check_verl_load.py VERL_ROOT --serve
 
 EXPORT.yaml is a whole Hydra primary config (a full one like verl's _generated_ppo_trainer.yaml,
 or a small one whose defaults list `ppo_trainer` with `hydra.searchpath: [pkg://verl.trainer.config]`),
@@ -63,14 +64,25 @@ AUTOTUNE_CHECK_JSON=PATH set, every per-GPU quantity verl will run is written th
 read from its own normalised config); exit 1
 `verl rejected: STAGE: Type: message` (for InstantiationException its root cause); exit 2 usage
 error or missing dependency.
+
+--serve: many checks for one import of verl (about 5 s of the 6 a check takes). verl is imported
+once; each JSON line read from stdin, {"argv": [EXPORT.yaml or --, key=value ...], "env": {...}},
+is checked in a process forked from that one (so no check sees another's process group, Hydra or
+config state) and answered by one JSON line, {"rc": exit code, "out": its stdout, "err": its stderr}. A check that
+runs past its "timeout_s" (default 300) is killed: rc 2. Ends at the end of stdin.
 """
 
 import contextlib
 import copy
+import functools
 import importlib.util
 import io
+import json
 import os
+import signal
 import sys
+import tempfile
+import time
 import types
 import warnings
 from pathlib import Path
@@ -82,7 +94,8 @@ PIP = {
     "zmq": "pyzmq",
     "megatron": "megatron-core",
 }
-USAGE = "usage: check_verl_load.py VERL_ROOT (EXPORT.yaml [key=value ...] | -- key=value ...)"
+USAGE = ("usage: check_verl_load.py VERL_ROOT (EXPORT.yaml [key=value ...] | -- key=value ... "
+         "| --serve)")
 
 
 def done(code, line):
@@ -124,7 +137,7 @@ def compose(config_dir, name, overrides):
 def stub_torchdata():
     """torchdata (verl imports StatefulDataLoader at module level, for the dataloaders this
     script never builds): a stub package where it is not installed."""
-    if importlib.util.find_spec("torchdata") is not None:
+    if "torchdata" in sys.modules or importlib.util.find_spec("torchdata") is not None:
         return
     class StatefulDataLoader:  # stub: RayPPOTrainer._create_dataloader is not run
         def __init__(self, *args, **kwargs):
@@ -165,6 +178,7 @@ def stub_vllm_lora_table():
     sys.modules[module.__name__] = module
 
 
+@functools.cache
 def import_verl():
     import transformers.processing_utils  # noqa: F401 - settles sys.modules["transformers"]
 
@@ -338,12 +352,77 @@ def quantities(main_ppo, config, workers, world):
         "model": config.actor_rollout_ref.model.path}
 
 
+def verl_root(word):
+    root = Path(word).resolve()
+    if not (root / "verl" / "trainer" / "main_ppo.py").is_file():
+        done(2, f"{USAGE}: {root} is not a verl checkout (no verl/trainer/main_ppo.py)")
+    return root
+
+
+def load_verl(root):
+    """verl first on sys.path, offline, imported quietly (with what the checks need)."""
+    sys.path.insert(0, str(root))
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    warnings.simplefilter("ignore")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import_verl()
+            from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
+    except ModuleNotFoundError as e:
+        missing(e, "")
+
+
+def checked_in_child(root, request):
+    """Fork; the child runs one check (main) with its stdout and stderr in files;
+    (rc, stdout, stderr)."""
+    timeout_s = float(request.get("timeout_s", 300))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                os.environ.update(request.get("env", {}))
+                main([str(root), *request["argv"]])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:  # noqa: BLE001 - as an uncaught exception would: rc 1
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout_s
+        while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return 2, "", f"check timed out after {timeout_s:g} s"
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        return os.waitstatus_to_exitcode(ended[1]), out.read(), err.read()
+
+
+def serve(root):
+    load_verl(root)
+    for line in sys.stdin:
+        if line.strip():
+            rc, out, err = checked_in_child(root, json.loads(line))
+            print(json.dumps({"rc": rc, "out": out, "err": err}), flush=True)
+
+
 def main(argv):
     if len(argv) < 2 or argv[0].startswith("-"):
         done(2, USAGE)
-    root = Path(argv[0]).resolve()
-    if not (root / "verl" / "trainer" / "main_ppo.py").is_file():
-        done(2, f"{USAGE}: {root} is not a verl checkout (no verl/trainer/main_ppo.py)")
+    root = verl_root(argv[0])
+    if argv[1:] == ["--serve"]:
+        serve(root)
+        return
     if argv[1] == "--":
         config_dir, name = root / "verl" / "trainer" / "config", "ppo_trainer"
     else:
@@ -354,16 +433,10 @@ def main(argv):
     overrides = argv[2:]
     if any("=" not in word and not word.startswith("~") for word in overrides):
         done(2, f"{USAGE}: overrides are key=value words")
-    sys.path.insert(0, str(root))
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    warnings.simplefilter("ignore")
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            main_ppo = import_verl()
-            import torch.distributed as dist
-            from torch.testing._internal.distributed.fake_pg import FakeStore
-    except ModuleNotFoundError as e:
-        missing(e, "")
+    load_verl(root)
+    main_ppo = import_verl()
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     config = stage("compose", compose, config_dir, name, overrides)
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node

@@ -36,7 +36,7 @@ from autotune.trainers.verl import VERL
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-TOPOLOGIES = [(1, 2), (1, 6), (1, 8), (2, 8)]  # 1x4 lies between 1x2 and 1x8
+TOPOLOGIES = [(1, 2), (1, 4), (1, 6), (1, 8), (2, 8)]
 SEARCHED = ("micro_batch_size_update", "micro_batch_size_experience", "gradient_checkpointing",
             "offload_params", "offload_optimizer")
 # a study without a base config: the demo's shapes, scaled to a multi-GPU run
@@ -151,15 +151,67 @@ def need_source(trainer: str) -> None:
                                   "test extra installs them)" if trainer == "verl" else ""))
 
 
+class VerlChecks:
+    """check_verl_load.py --serve: one import of verl for the module's checks, each check in
+    a process forked from it (the script's docstring), so a check costs about 1 s, not 6."""
+
+    def __init__(self, python: str, source: str) -> None:
+        self.server = subprocess.Popen(
+            [python, str(ROOT / "scripts" / "check_verl_load.py"), source, "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def check(self, argv: list[str], env: dict) -> tuple[int, str, str]:
+        assert self.server.stdin and self.server.stdout
+        self.server.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        if not line:  # the server ended: it could not import verl (its one line says why)
+            self.server.wait(timeout=30)
+            assert self.server.stderr
+            pytest.fail(f"check_verl_load.py --serve ended: {self.server.stderr.read()[-2000:]}")
+        answer = json.loads(line)
+        return answer["rc"], answer["out"], answer["err"]
+
+    def close(self) -> None:
+        assert self.server.stdin
+        self.server.stdin.close()
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+        for stream in (self.server.stdout, self.server.stderr):
+            if stream:
+                stream.close()
+
+
+VERL_CHECKS: dict[tuple[str, str], VerlChecks] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_verl_checks():
+    yield
+    while VERL_CHECKS:
+        VERL_CHECKS.popitem()[1].close()
+
+
 def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, str]:
     source = trainer_source(trainer)
+    assert source is not None
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
-    script = ROOT / "scripts" / f"check_{trainer}_load.py"
-    out = subprocess.run([python, str(script), source, str(path), *overrides],
-                         capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode in (0, 1), out.stdout + out.stderr[-2000:]  # 2: the check broke
-    return out.returncode == 0, out.stdout.strip()
+    env = {key: os.environ[key] for key in ("AUTOTUNE_CHECK_JSON",) if key in os.environ}
+    if trainer == "verl":
+        checks = VERL_CHECKS.get((python, source))
+        if checks is None:
+            checks = VERL_CHECKS[python, source] = VerlChecks(python, source)
+        code, stdout, stderr = checks.check([str(path), *overrides], env)
+    else:
+        script = ROOT / "scripts" / f"check_{trainer}_load.py"
+        out = subprocess.run([python, str(script), source, str(path), *overrides],
+                             capture_output=True, text=True, timeout=300)
+        code, stdout, stderr = out.returncode, out.stdout, out.stderr
+    assert code in (0, 1), stdout + stderr[-2000:]  # 2: the check broke
+    return code == 0, stdout.strip()
 
 
 @pytest.mark.parametrize("with_base", [False, True], ids=["defaults", "base"])
@@ -236,7 +288,7 @@ def test_verl_rejects_what_autotune_refuses_for_a_critic(tmp_path):
     assert accepted, line
 
 
-PPO_TOPOLOGIES = [(1, 2), (1, 8), (2, 8)]
+PPO_TOPOLOGIES = [(1, 2), (1, 4), (1, 8), (2, 8)]
 # a PPO study's searched critic knobs; a critic micro-batch of 3 splits no GPU's share
 PPO_KNOBS = {"algorithm": "ppo", "critic_gradient_checkpointing": True,
              "critic_offload_params": True, "critic_offload_optimizer": False}
@@ -466,6 +518,28 @@ def test_verl_start_up_accepts_the_fused_log_prob_and_entropy_keys(tmp_path):
     assert problems == []
     accepted, line = trainer_verdict("verl", path)
     assert accepted, line
+
+
+def test_the_verl_check_alone_gives_the_served_checks_verdicts(tmp_path):
+    """check_verl_load.py run alone, as docs/trainers-and-export.md tells a user to, answers
+    as the forked checks the tests use do: one accepted file, one rejected by an override, one
+    usage error (exit 2)."""
+    need_source("verl")
+    source = trainer_source("verl")
+    knobs = {**STUDY, "micro_batch_size_update": 2, "micro_batch_size_experience": 4}
+    path, problems = exported(VERL, knobs, Topology(1, 4), None, tmp_path, "alone")
+    assert problems == []
+    script = ROOT / "scripts" / "check_verl_load.py"
+    bad = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
+    for overrides in ([], [bad]):
+        alone = subprocess.run([sys.executable, str(script), source, str(path), *overrides],
+                               capture_output=True, text=True, timeout=300)
+        assert (alone.returncode == 0, alone.stdout.strip()) == trainer_verdict(
+            "verl", path, *overrides), alone.stderr[-2000:]
+    assert alone.returncode == 1 and "ppo_micro_batch_size_per_gpu 3" in alone.stdout
+    usage = subprocess.run([sys.executable, str(script), source, str(path), "oops"],
+                           capture_output=True, text=True, timeout=300)
+    assert usage.returncode == 2 and "key=value" in usage.stdout
 
 
 # -- issue 53 / issue 51: keys the trainers check, and the new knobs, through their start-up ----

@@ -68,8 +68,9 @@ error or missing dependency.
 --serve: many checks for one import of verl (about 5 s of the 6 a check takes). verl is imported
 once; each JSON line read from stdin, {"argv": [EXPORT.yaml or --, key=value ...], "env": {...}},
 is checked in a process forked from that one (so no check sees another's process group, Hydra or
-config state) and answered by one JSON line, {"rc": exit code, "out": its stdout, "err": its stderr}. A check that
-runs past its "timeout_s" (default 300) is killed: rc 2. Ends at the end of stdin.
+config state) and answered by one JSON line, {"rc": exit code, "out": its stdout, "err": its
+stderr}. A check that runs past its "timeout_s" (default 300) is killed: rc 2. Ends at the end
+of stdin.
 """
 
 import contextlib

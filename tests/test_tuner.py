@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import sys
 
 import optuna
 import pytest
@@ -20,6 +22,9 @@ from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
 from autotune.sweep import trial_files
 from autotune.sweep.artifacts import SweepFiles, best_trial
+from autotune.sweep.driver import run_sweep
+from autotune.sweep.plan import SweepPlan
+from autotune.sweep.progress import SilentProgress
 from autotune.sweep.search_space import SearchSpace, load_search_space
 from autotune.sweep.settings import SweepSettings
 from autotune.sweep.storage import StudyLock
@@ -202,6 +207,38 @@ def test_interrupt_during_a_probe_requeues_it(tmp_path):
     assert [t.params for t in interrupted] == [lost]
     assert {k: runner.calls[0][k] for k in names} == lost  # the queued config runs first
     assert len(probed(resumed)) == 5
+
+
+class DropsACtrlC(SilentProgress):
+    """After `after` trials, a Ctrl-C lands in code that drops it: raised inside a __del__
+    (as in a sqlalchemy connection's cleanup, or logging's at-fork hook), so Python prints
+    "Exception ignored" and the code around goes on."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.finished_trials = after, 0
+
+    def trial_finished(self, state, line) -> None:
+        self.finished_trials += 1
+        if self.finished_trials == self.after:
+            class Cleanup:
+                def __del__(self):
+                    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+            Cleanup()  # dropped at once: its __del__ raises KeyboardInterrupt, swallowed
+
+
+def test_a_ctrl_c_that_cleanup_code_drops_still_stops_the_sweep(tmp_path, monkeypatch):
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(
+        type(unraisable.exc_value).__name__))
+    settings = settings_for(tmp_path, max_trials=8)
+    outcome = run_sweep(SweepPlan(settings, ScriptedRunner(), None, ()), DropsACtrlC(after=2))
+    assert dropped == ["KeyboardInterrupt"]  # Python did drop it where it landed
+    assert outcome.interrupted
+    assert len(probed(outcome.study)) == 2  # no probe ran after it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    resumed = run_sweep(SweepPlan(settings, ScriptedRunner(), None, ()))
+    assert not resumed.interrupted and len(probed(resumed.study)) == 8
 
 
 def test_changed_space_or_objective_is_refused(tmp_path):

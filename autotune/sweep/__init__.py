@@ -12,8 +12,9 @@ space (search_space.py, space_params.py), where the study lives and who may writ
 which the driver writes after every probe; study_model.py: the calibrated model of the study's
 configs and their length headroom), each config's probes taken
 together (measurements.py), the finalists probed again before the pick (finalists.py),
-real-rank confirmations (confirm.py), a probe of the user's trainer (command_probe.py) and the
-progress view (progress.py). The driver alone talks to Optuna.
+real-rank confirmations (confirm.py), a probe of the user's trainer (command_probe.py), the
+progress view (progress.py) and a Ctrl-C that is never lost (interrupts.py). The driver
+alone talks to Optuna.
 May import batching, config, errors, files, hardware, registry, probe.result, probe.oom,
 probe.process_tag, runners, memory and trainers; never torch (probes and traces run in
 their own processes), never the CLI.

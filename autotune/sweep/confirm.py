@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from autotune.probe.result import ProbeResult
 from autotune.runners import Runner
-from autotune.sweep import trial_files
+from autotune.sweep import interrupts, trial_files
 from autotune.sweep.artifacts import ranked_feasible
 from autotune.sweep.objective import score
 from autotune.sweep.settings import SweepSettings
@@ -79,6 +79,7 @@ def confirm_best(study: Study, settings: SweepSettings, runner: Runner, capacity
         result = read_confirmed(log)
         if result is None:
             say(f"confirming trial {trial.number} with {real.world_size} real ranks")
+            interrupts.raise_if_interrupted()
             result = runner.run(request, log)
             probes += 1
         done[str(trial.number)] = record(result, settings, capacity_bytes)

@@ -7,7 +7,8 @@ export rewritten when the best changed) and writes them whole when it stops, pro
 best K again before the pick (finalists.py), probes the best configs again with real ranks
 when the plan says so, and always releases the runner. A
 Ctrl-C (or SIGTERM, raised as one) leaves the files as the study stands and is said in the
-outcome: nothing is lost, and the same command resumes.
+outcome: nothing is lost, and the same command resumes. One that code on the way drops (a
+cleanup's "Exception ignored") is still seen (interrupts.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.sweep import interrupts
 from autotune.sweep.artifacts import SweepFiles
 from autotune.sweep.best_export import write_trainer_export
 from autotune.sweep.confirm import confirm_best
@@ -67,13 +69,16 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
     try:
         sweep = Sweep(settings, plan.runner, progress, on_trial=artifacts)
         try:
-            study = sweep.run()
-            if settings.finalists and sweep.nothing_fits is None:
-                remeasure(study, settings, plan.runner, settings.finalists,
-                          sweep.feasibility.capacity_bytes, say)
-            if settings.confirm and sweep.nothing_fits is None:
-                confirm_best(study, settings, plan.runner, sweep.feasibility.capacity_bytes,
-                             say)
+            with interrupts.recorded():  # a Ctrl-C some cleanup code drops is raised again
+                study = sweep.run()
+                if settings.finalists and sweep.nothing_fits is None:
+                    remeasure(study, settings, plan.runner, settings.finalists,
+                              sweep.feasibility.capacity_bytes, say)
+                interrupts.raise_if_interrupted()
+                if settings.confirm and sweep.nothing_fits is None:
+                    confirm_best(study, settings, plan.runner,
+                                 sweep.feasibility.capacity_bytes, say)
+                interrupts.raise_if_interrupted()
         except KeyboardInterrupt:
             if sweep.study is not None:  # the files agree with the study as it was left
                 with contextlib.suppress(Exception):

@@ -31,7 +31,7 @@ from autotune.config import describe_params, format_bytes
 from autotune.files import JsonObject, write_text_atomic
 from autotune.probe.result import ProbeResult
 from autotune.runners import Runner
-from autotune.sweep import trial_files
+from autotune.sweep import interrupts, trial_files
 from autotune.sweep.measurements import FINALIST, SEPARATION_Z, Measured, noise, ranked
 from autotune.sweep.objective import score
 from autotune.sweep.record import result_attrs
@@ -129,6 +129,7 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
                                       **settings.slots[0].request_fields())
         log.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(log.with_suffix(".request.json"), request.to_json())
+        interrupts.raise_if_interrupted()
         result = runner.run(request, log)
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
     attrs: JsonObject = {

@@ -37,14 +37,12 @@ import dataclasses
 import json
 import os
 import select
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Literal, Protocol, TypedDict
 
 from autotune.config import Knobs, format_bytes
@@ -54,6 +52,7 @@ from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
 from autotune.probe.process_tag import die_with_parent
 from autotune.probe.result import ProbeRequest
+from autotune.sweep.interrupts import interrupts_held
 from autotune.sweep.prescreen import Prediction
 from autotune.sweep.search_space import Candidate
 
@@ -146,33 +145,6 @@ def traced_prediction(tracer: Tracer, candidate: Candidate, modelled_bytes: int,
                       f"{format_bytes(traced[phase])} in {phase}{at_least}, more than "
                       f"{1 + margin:.2f} x the {format_bytes(capacity)} the device has",
                       phase, "trace")
-
-
-@contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
-    """SIGINT and SIGTERM (where a Python handler takes them: Ctrl-C, the CLI's SIGTERM) held
-    inside: recorded, then raised by their own handler on the way out. A fork runs Python's
-    at-fork hooks (logging's lock release), and an exception raised inside one is printed and
-    dropped ("Exception ignored in _releaseLock"): a Ctrl-C that lands in a fork would be lost
-    and the sweep would go on. Only the main thread sets handlers; elsewhere this holds
-    nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    previous = {signum: handler for signum, handler in previous.items() if callable(handler)}
-    for signum in previous:
-        signal.signal(signum, lambda number, _frame: held.append(number))
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for number in held[:1]:  # the first one: its handler raises (KeyboardInterrupt)
-            handler = previous[signal.Signals(number)]
-            assert callable(handler)
-            handler(number, None)
 
 
 def trace_margin(device: Device) -> float:

@@ -26,7 +26,7 @@ from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
 from autotune.probe.result import ProbeResult, ProbeStatus
 from autotune.runners import Runner
-from autotune.sweep import trial_files
+from autotune.sweep import interrupts, trial_files
 from autotune.sweep.dominance import Dominance
 from autotune.sweep.feasibility import Feasibility
 from autotune.sweep.frontier import Frontier
@@ -272,6 +272,7 @@ class Sweep:
 
     def loop(self, study: Study) -> None:
         while True:
+            interrupts.raise_if_interrupted()  # at least once a second (the wait below)
             self.settle_probes(study)
             self.refresh(study)
             if self.nothing_fits is None and self.frontier.learned_something():

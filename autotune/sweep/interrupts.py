@@ -1,0 +1,87 @@
+"""Ctrl-C and SIGTERM during a sweep: never lost, whatever code they land in.
+
+Python raises a Ctrl-C (and the CLI's SIGTERM, raised as one) as a KeyboardInterrupt wherever
+the main thread is. Some code drops it there: an exception raised in a `__del__`, a weakref
+callback (a sqlalchemy connection's cleanup) or an at-fork hook (logging's lock release) is
+printed as "Exception ignored in ..." and the sweep would go on probing. Two rules stop that:
+
+- `recorded()`, around a whole sweep (run_sweep): each such signal is recorded before its own
+  handler raises, and the sweep's loop calls `raise_if_interrupted()` at least once a second,
+  so a dropped KeyboardInterrupt is raised again where it is handled.
+- `interrupts_held()`, around a fork: the signals are held inside and raised on the way out.
+
+Both act in the main thread only (the only one signal handlers run in); elsewhere they do
+nothing. Imports nothing of autotune's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []  # the signals recorded inside recorded(), in order
+
+
+def _python_handlers() -> dict[signal.Signals, Callable[[int, FrameType | None], Any]]:
+    """The handlers Python code set for SIGNALS (not SIG_DFL or SIG_IGN), by signal."""
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    return {signum: handler for signum, handler in handlers.items() if callable(handler)}
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM (where Python handles them) are recorded, then handled as
+    before; `raise_if_interrupted` raises again for one that was. Nothing recorded outlives
+    the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = _python_handlers()
+
+    def record(number: int, frame: FrameType | None) -> None:
+        _received.append(number)
+        previous[signal.Signals(number)](number, frame)
+
+    _received.clear()
+    for signum in previous:
+        signal.signal(signum, record)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _received.clear()
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt if a signal was recorded (its own raise may have been dropped)."""
+    if _received:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM (where a Python handler takes them: Ctrl-C, the CLI's SIGTERM) held
+    inside: recorded, then raised by their own handler on the way out. A fork runs Python's
+    at-fork hooks (logging's lock release), and an exception raised inside one is printed and
+    dropped ("Exception ignored in _releaseLock"): a Ctrl-C that lands in a fork would be lost
+    and the sweep would go on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = _python_handlers()
+    for signum in previous:
+        signal.signal(signum, lambda number, _frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in held[:1]:  # the first one: its handler raises (KeyboardInterrupt)
+            previous[signal.Signals(number)](number, None)

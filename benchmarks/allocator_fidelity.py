@@ -38,7 +38,8 @@ import gpu_evidence  # noqa: E402  (the cases the committed rows are of)
 
 from autotune.config import format_bytes  # noqa: E402
 from autotune.memory.allocator import AllocatorSettings, replay  # noqa: E402
-from autotune.memory.model import estimate_memory, model_shape  # noqa: E402
+from autotune.memory.model import estimate_memory  # noqa: E402
+from autotune.memory.shape import model_shape  # noqa: E402
 
 GPU_RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 H200_CAPACITY_BYTES = 150_109_880_320  # what the committed vLLM-like rows' engine read

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
-from autotune.memory.model import ModelShape, kv_cache_bytes, model_shape
+from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
 
 # one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)
 GPU_SPECS = {80 << 30: ("H100 SXM 80 GB", 989e12, 3.35e12),

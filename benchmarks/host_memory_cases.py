@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig, format_bytes
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import model_shape
+from autotune.memory.shape import model_shape
 
 OUT_DIR = Path(__file__).parent / "results"
 GB = 10**9

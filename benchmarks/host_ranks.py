@@ -28,7 +28,8 @@ from pathlib import Path
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import estimate_memory
+from autotune.memory.shape import model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device
 from autotune.memory.length import at_length, length_headroom
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import estimate_memory
+from autotune.memory.shape import model_shape
 from autotune.memory.verdict import phase_totals
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner

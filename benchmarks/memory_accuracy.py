@@ -40,10 +40,8 @@ from landscape import record  # noqa: E402
 
 from autotune.hardware import Device
 from autotune.memory.calibration import fit_calibration  # noqa: E402
-from autotune.memory.model import (
-    estimate_memory,  # noqa: E402
-    model_shape,  # noqa: E402
-)
+from autotune.memory.model import estimate_memory  # noqa: E402
+from autotune.memory.shape import model_shape  # noqa: E402
 from autotune.probe.result import ProbeRequest  # noqa: E402
 from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
 from autotune.sweep.search_space import load_search_space  # noqa: E402

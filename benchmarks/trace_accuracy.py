@@ -46,8 +46,8 @@ from autotune.memory.model import (  # noqa: E402
     TRACE_CPU_CONTEXT_BYTES,
     TRACE_GPU_CONTEXT_BYTES,
     estimate_memory,
-    model_shape,
 )
+from autotune.memory.shape import model_shape  # noqa: E402
 from autotune.probe.result import ProbeRequest  # noqa: E402
 from autotune.sweep.search_space import load_search_space  # noqa: E402
 from autotune.sweep.sharing import params_key  # noqa: E402

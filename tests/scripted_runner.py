@@ -77,7 +77,7 @@ class ModelRunner:
     memory model is exactly right, to test the estimate pre-screen inside a real sweep."""
 
     def __init__(self, limit_bytes: int, context_bytes: int = 250 * MiB) -> None:
-        from autotune.memory.model import model_shape
+        from autotune.memory.shape import model_shape
 
         self.limit_bytes, self.context_bytes = limit_bytes, context_bytes
         self.shape = model_shape("tiny-qwen2.5")

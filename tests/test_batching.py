@@ -12,7 +12,8 @@ import torch
 from autotune.batching import micro_batches, token_budget, worst_case_rows
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import estimate_memory
+from autotune.memory.shape import model_shape
 from autotune.probe.models import load_model_config, special_token_ids, synthetic_prompt_ids
 from autotune.probe.result import ProbeRequest
 from autotune.probe.step import TrainingProbe

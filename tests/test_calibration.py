@@ -6,7 +6,8 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.memory.calibration import Calibration, PhaseFit, fit_calibration, fit_phase
-from autotune.memory.model import estimate_memory, model_shape
+from autotune.memory.model import estimate_memory
+from autotune.memory.shape import model_shape
 
 MiB = 2**20
 TINY = model_shape("tiny-qwen2.5")

@@ -126,7 +126,7 @@ def test_show_without_a_study_says_what_to_do(tmp_path):
 
 
 def test_estimate_every_registry_model_in_one_run_each():
-    from autotune.memory.model import model_shape
+    from autotune.memory.shape import model_shape
     from autotune.registry import REGISTRY
 
     for name in REGISTRY:

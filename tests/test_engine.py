@@ -187,7 +187,8 @@ def test_the_policy_generates_itself_with_its_cache_and_no_copy():
     its KV cache even where it trains with checkpointing (HF drops the cache in training
     mode), and no engine copy of the weights exists: the probe counts none and the memory
     model's rollout has no engine weights but the actor's compute-dtype cast."""
-    from autotune.memory.model import estimate_memory, model_shape
+    from autotune.memory.model import estimate_memory
+    from autotune.memory.shape import model_shape
     from autotune.probe.result import ProbeRequest
     from autotune.probe.step import TrainingProbe
 

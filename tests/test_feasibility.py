@@ -106,7 +106,8 @@ def test_model_states_alone_past_capacity_are_predicted_before_any_calibration()
 
 def test_calibrated_prescreen_skips_only_well_past_capacity():
     from autotune.config import ProbeConfig
-    from autotune.memory.model import estimate_memory, model_shape
+    from autotune.memory.model import estimate_memory
+    from autotune.memory.shape import model_shape
     from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     shape = model_shape("tiny-qwen2.5")

@@ -28,7 +28,7 @@ from autotune.memory.host import (
     pinned_bytes,
     ray_threshold,
 )
-from autotune.memory.model import model_shape
+from autotune.memory.shape import model_shape
 from autotune.probe.result import ProbeRequest, ProbeStatus
 from autotune.registry import REGISTRY
 from autotune.runners.local import SubprocessRunner

@@ -11,7 +11,8 @@ from autotune.memory.length import (
     longest_fitting,
     longest_fitting_near,
 )
-from autotune.memory.model import allocator_reserve, estimate_memory, model_shape
+from autotune.memory.model import allocator_reserve, estimate_memory
+from autotune.memory.shape import model_shape
 from autotune.memory.verdict import phase_totals
 
 SHAPE = model_shape("qwen2.5-7b")

@@ -14,7 +14,8 @@ import yaml
 
 from autotune.config import FUSED_CHUNK_TOKENS, ProbeConfig, Topology
 from autotune.errors import ConfigError
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory, model_shape
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory
+from autotune.memory.shape import model_shape
 from autotune.probe.logprob import fused_head, fused_log_probs
 from autotune.probe.models import build_model, load_model_config
 from autotune.trainers.easyr1 import EASYR1

@@ -14,14 +14,16 @@ from autotune.memory.model import (
     ALLOCATOR_KNOBS,
     CRITIC_PHASE_KNOBS,
     PHASE_KNOBS,
+    estimate_memory,
+    model_state_bytes,
+    phase_knobs,
+)
+from autotune.memory.shape import (
     ModelShape,
     activation_bytes_per_token,
-    estimate_memory,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
     model_shape,
-    model_state_bytes,
-    phase_knobs,
 )
 from autotune.probe.models import count_params, load_model_config
 from autotune.registry import REGISTRY

@@ -38,7 +38,8 @@ def test_forced_gpu_oom_is_classified():
 def test_memory_model_bounds_the_measured_gpu_peaks():
     """The exact model states are a lower bound of every measured phase; the uncalibrated
     prior is within a factor of 1.5 either way (calibration takes it the rest of the way)."""
-    from autotune.memory.model import estimate_memory, model_shape
+    from autotune.memory.model import estimate_memory
+    from autotune.memory.shape import model_shape
 
     result = SubprocessRunner().run(ProbeRequest(model="qwen2.5-0.5b", config=CONFIG,
                                                  device=Device("cuda")))

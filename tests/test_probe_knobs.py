@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import model_shape
+from autotune.memory.shape import model_shape
 from autotune.probe.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 

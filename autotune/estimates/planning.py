@@ -27,7 +27,7 @@ from autotune.files import JsonObject
 from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memory_bytes
 from autotune.memory.calibration import Calibration
 from autotune.memory.host import NodeHost, NodeRun, node_host
-from autotune.memory.model import ModelShape, model_shape
+from autotune.memory.shape import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.placement import default_topology
 from autotune.sweep.plan import (

@@ -21,7 +21,8 @@ from autotune.config import (
     sequence_parallel_problems,
 )
 from autotune.memory.calibration import Calibration
-from autotune.memory.model import MemoryEstimate, ModelArgs, ModelShape, estimate_memory
+from autotune.memory.model import MemoryEstimate, ModelArgs, estimate_memory
+from autotune.memory.shape import ModelShape
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

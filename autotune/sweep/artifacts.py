@@ -267,7 +267,7 @@ def node_host_record(study: Study, config: ProbeConfig) -> JsonObject | None:
 
     from autotune.errors import AutotuneError
     from autotune.memory.host import NodeRun, node_host
-    from autotune.memory.model import model_shape
+    from autotune.memory.shape import model_shape
     from autotune.probe.result import ProbeRequest
     from autotune.sweep.prescreen import memory_model_args
 

@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from autotune.config import ProbeConfig, device_problems, format_bytes, model_problems
 from autotune.errors import ConfigError
-from autotune.memory.model import estimate_memory, model_shape, model_state_bytes
+from autotune.memory.model import estimate_memory, model_state_bytes
+from autotune.memory.shape import model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY
 

@@ -23,13 +23,8 @@ from autotune.files import JsonObject
 from autotune.hardware import Device
 from autotune.memory.calibration import Calibration, fit_calibration
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import (
-    MemoryEstimate,
-    ModelArgs,
-    ModelShape,
-    estimate_memory,
-    model_shape,
-)
+from autotune.memory.model import MemoryEstimate, ModelArgs, estimate_memory
+from autotune.memory.shape import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 
 MIN_CALIBRATION_PROBES = 6

@@ -21,13 +21,8 @@ from autotune.errors import AutotuneError
 from autotune.files import JsonObject
 from autotune.memory.calibration import Calibration
 from autotune.memory.length import LengthHeadroom, at_length, length_headroom
-from autotune.memory.model import (
-    ModelArgs,
-    ModelShape,
-    allocator_reserve,
-    estimate_memory,
-    model_shape,
-)
+from autotune.memory.model import ModelArgs, allocator_reserve, estimate_memory
+from autotune.memory.shape import ModelShape, model_shape
 from autotune.probe.result import ProbeRequest
 from autotune.sweep.prescreen import memory_model_args
 

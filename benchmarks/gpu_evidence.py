@@ -57,8 +57,9 @@ from pathlib import Path
 from autotune.config import ProbeConfig, format_bytes
 from autotune.hardware import Device, gpu_capacity_bytes, gpu_name, has_nvidia_gpu
 from autotune.memory.host import NodeRun, node_host
-from autotune.memory.model import estimate_memory, model_state_bytes
+from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
+from autotune.memory.states import model_state_bytes
 from autotune.probe.meter import SNAPSHOT_ENV
 from autotune.probe.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner

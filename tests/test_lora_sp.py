@@ -9,8 +9,9 @@ import pytest
 
 from autotune.config import make_probe_config, parse_knob_value
 from autotune.errors import ConfigError
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory, model_state_bytes
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory
 from autotune.memory.shape import model_shape
+from autotune.memory.states import model_state_bytes
 from autotune.runners.local import SubprocessRunner
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,6 @@ from autotune.memory.model import (
     CRITIC_PHASE_KNOBS,
     PHASE_KNOBS,
     estimate_memory,
-    model_state_bytes,
     phase_knobs,
 )
 from autotune.memory.shape import (
@@ -25,6 +24,7 @@ from autotune.memory.shape import (
     layer_activation_bytes_per_token,
     model_shape,
 )
+from autotune.memory.states import model_state_bytes
 from autotune.probe.models import count_params, load_model_config
 from autotune.registry import REGISTRY
 

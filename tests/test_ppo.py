@@ -20,8 +20,9 @@ from sweep_driver import kill_after_trials
 
 from autotune.config import ProbeConfig, Topology, make_probe_config, parse_assignments
 from autotune.errors import ConfigError
-from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory, model_state_bytes
+from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory
 from autotune.memory.shape import model_shape
+from autotune.memory.states import model_state_bytes
 from autotune.runners.local import SubprocessRunner
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import plan_export

@@ -44,8 +44,8 @@ import os
 from dataclasses import dataclass, field
 
 from autotune.config import ProbeConfig, format_bytes, parse_share
-from autotune.memory.model import ADAM_BYTES, PARAM_BYTES
 from autotune.memory.shape import ModelShape
+from autotune.memory.states import ADAM_BYTES, PARAM_BYTES
 
 RAY_THRESHOLD_ENV = "RAY_memory_usage_threshold"
 RAY_DEFAULT_THRESHOLD = 0.95  # ray_config_def.h: RAY_CONFIG(float, memory_usage_threshold, 0.95)

@@ -3,23 +3,13 @@
 No torch here: the inputs are the model's config numbers and the knobs, so `autotune estimate`
 answers in milliseconds and the sweep can screen configs before running them.
 
-Model states follow the standard mixed-precision Adam accounting as verl and EasyR1 run it
-(actor in fp32, FSDP full sharding over N GPUs): 4 bytes of fp32 params, 4 of fp32 grads and 8
-of Adam m and v per parameter, 16 in all, divided by N. Offload (verl/EasyR1 semantics) moves
-params and optimizer state to host *between* phases: it lowers the rollout and log-prob phases,
-never the update. The model's numbers, its parameter counts and the per-token activations
-and KV cache are shape.py's; logits are [tokens, vocabulary]; a vllm-like rollout engine is the
-resident states plus its reservation, gpu_memory_utilization x the device (section 4.2).
-PPO's critic (probe/critic.py) is the decoder without the LM head plus a scalar head, with
-the same 16 bytes per parameter in its own update phase (`critic_update`, before the actor's)
-and its own offload between phases; its value forward in the experience phase holds its
+The model's numbers, its parameter counts and the per-token activations and KV cache are
+shape.py's; the model states (16 bytes per trained parameter, offload, the reference, the
+engine's copy, PPO's critic) and FSDP's moments are states.py's. Logits are [tokens,
+vocabulary]; a vllm-like rollout engine is the resident states plus its reservation,
+gpu_memory_utilization x the device (section 4.2). PPO's critic has its own update phase
+(`critic_update`, before the actor's); its value forward in the experience phase holds its
 params and no vocabulary logits.
-
-Sharded over W > 1 GPUs, each phase peaks at one of FSDP's moments, all counted: the root
-unit (embeddings, LM head) stays gathered between phases and is gathered anew beside the
-last forward's copy (experience); a sleeping engine wakes one whole fp32 tensor at a time
-(rollout); the root's backward holds its fp32 gradient for the reduce-scatter beside its
-compute-dtype gradients (update).
 
 On a GPU the card holds more than the tensors: the caching allocator's reserve, sketched by
 reserve.py (the step's large allocations in order, replayed through allocator.py) for the
@@ -63,6 +53,29 @@ from autotune.memory.shape import (
     kv_cache_bytes,
     vision_activation_bytes_per_patch,
 )
+from autotune.memory.states import (
+    ADAM_BYTES,
+    PARAM_BYTES,
+    Sizing,
+    actor_cast_bytes,
+    actor_states,
+    critic_cast_bytes,
+    critic_held,
+    critic_param_count,
+    critic_states,
+    engine_weight_bytes,
+    fsdp_gather_bytes,
+    fsdp_root_bytes,
+    lora_param_count,
+    optimizer_step_bytes,
+    reference_bytes,
+    reference_resident_bytes,
+    resident_bytes,
+    root_backward_bytes,
+    shard_bytes,
+    trained_param_count,
+    wake_gather_bytes,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -80,10 +93,6 @@ class ModelArgs(TypedDict, total=False):
     outside_bytes: int  # what a process holds outside torch
     reserve_bytes: dict[str, int]  # the allocator's reserve per phase, held
 
-
-PARAM_BYTES = 4  # fp32 master params
-GRAD_BYTES = 4  # fp32 grads (FSDP reduces in fp32)
-ADAM_BYTES = 8  # fp32 m and v
 
 # The knobs that move each phase's peak in this model (a test checks every other knob leaves
 # the phase unchanged). Offload moves states between phases, so it moves the rollout but not
@@ -155,33 +164,6 @@ TRACE_CPU_CONTEXT_BYTES = 264 << 20
 
 
 @dataclass(frozen=True)
-class ModelStates:
-    """Model-state bytes on one GPU, in the update and between phases, and on the host."""
-
-    update_bytes: int  # params + grads + Adam state during the update
-    resident_bytes: int  # what stays on the GPU between phases (grads freed)
-    host_offload_bytes: int  # what offload holds in host memory for this GPU
-
-
-def model_state_bytes(num_params: int, num_gpus: int = 1, offload_params: bool = False,
-                      offload_optimizer: bool = False,
-                      trained_params: int | None = None) -> ModelStates:
-    """16 bytes per trained parameter in the update, sharded over `num_gpus` (FSDP / ZeRO-3);
-    a frozen one (LoRA's base: `trained_params` of the `num_params` are trained) keeps its
-    4-byte fp32 param only."""
-    if num_gpus < 1:
-        raise ValueError(f"num_gpus={num_gpus}: need at least one GPU")
-    trained = num_params if trained_params is None else trained_params
-    params = PARAM_BYTES * num_params // num_gpus
-    grads = GRAD_BYTES * trained // num_gpus
-    adam = ADAM_BYTES * trained // num_gpus
-    offloaded = (params if offload_params else 0) + (adam if offload_optimizer else 0)
-    return ModelStates(update_bytes=params + grads + adam,
-                       resident_bytes=params + adam - offloaded,
-                       host_offload_bytes=offloaded)
-
-
-@dataclass(frozen=True)
 class PhaseEstimate:
     """One phase's estimated peak on one GPU, split as calibration treats it."""
 
@@ -214,161 +196,6 @@ class MemoryEstimate:
     def critic_bytes(self, phase: str) -> int:
         """PPO's critic's share of `phase`'s peak (PhaseEstimate.critic_bytes)."""
         return self.phases[phase].critic_bytes
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """What every term of one GPU's step reads: the model's numbers, the knobs, the ranks the
-    model states are sharded over (FSDP; 1: none), the compute dtype's width, and whether the
-    device is a GPU (a CPU stands in for one in the demo and the tests)."""
-
-    shape: ModelShape
-    config: ProbeConfig
-    shards: int
-    compute_bytes: int
-    on_gpu: bool
-
-    def rows(self, sequences: int, phase: str) -> int:
-        """Sequences in `phase`'s largest micro-batch of `sequences`, every response at full
-        length (batching.worst_case_rows)."""
-        return worst_case_rows(self.config.as_dict(), sequences, phase)
-
-    @property
-    def patches(self) -> int:
-        """Vision patches of one sequence's image (0: a text model)."""
-        return (self.config.image_size_px // self.shape.patch_px) ** 2 if self.shape.is_vl else 0
-
-
-def shard_bytes(bytes_per_param: int, params: int, shards: int) -> int:
-    """One rank's FSDP shard of `params` parameters held at `bytes_per_param` each."""
-    return bytes_per_param * params // shards
-
-
-def lora_param_count(s: Sizing) -> int:
-    """The actor's LoRA adapters' parameters (0 without LoRA)."""
-    return s.shape.lora_params(s.config.lora_rank, s.config.lora_target_modules)
-
-
-def trained_param_count(s: Sizing) -> int:
-    """The actor's parameters with a gradient and AdamW state: all, or LoRA's adapters."""
-    return lora_param_count(s) if s.config.uses_lora else s.shape.num_params
-
-
-def actor_states(s: Sizing) -> ModelStates:
-    """The actor's fp32 params, grads and Adam state (model_state_bytes; with LoRA the frozen
-    base's params and the adapters' all three), its offload applied."""
-    config = s.config
-    return model_state_bytes(s.shape.num_params + lora_param_count(s), s.shards,
-                             config.offload_params, config.offload_optimizer,
-                             trained_params=trained_param_count(s))
-
-
-def critic_param_count(s: Sizing) -> int:
-    """PPO's critic's parameters (ModelShape.critic_params; 0 without a critic)."""
-    return s.shape.critic_params if s.config.has_critic else 0
-
-
-def critic_states(s: Sizing) -> ModelStates:
-    """PPO's critic (probe/critic.py): its own 16 bytes per parameter in its update, where its
-    offload puts it between phases (all zero without a critic)."""
-    config = s.config
-    return model_state_bytes(critic_param_count(s), s.shards, config.critic_offload_params,
-                             config.critic_offload_optimizer)
-
-
-def critic_held(s: Sizing) -> dict[str, int]:
-    """The critic where it waits through the actor's phases ({} without one)."""
-    return {"critic": critic_states(s).resident_bytes} if s.config.has_critic else {}
-
-
-def reference_bytes(s: Sizing) -> int:
-    """The reference model (use_kl): its params in the compute dtype, sharded as the actor's
-    (none with LoRA: the reference is the actor with its adapters off)."""
-    return shard_bytes(s.compute_bytes, s.shape.num_params, s.shards) \
-        if s.config.holds_ref_copy else 0
-
-
-def reference_resident_bytes(s: Sizing) -> int:
-    """The reference on the device between its forwards (none where it waits on the host)."""
-    return 0 if s.config.ref_on_host else reference_bytes(s)
-
-
-def resident_bytes(s: Sizing) -> int:
-    """What stays on the device between phases: the actor's states (grads freed, offload
-    applied) and the reference where it waits there."""
-    return actor_states(s).resident_bytes + reference_resident_bytes(s)
-
-
-def engine_weight_bytes(s: Sizing) -> int:
-    """The rollout engine's compute-dtype copy of the weights, one rank's share of a
-    `rollout_tensor_parallel` engine (none where the actor generates itself: no copy)."""
-    if s.config.actor_generates:
-        return 0
-    return s.compute_bytes * s.shape.engine_params(s.config.rollout_tensor_parallel)
-
-
-def cast_weight_bytes(s: Sizing, params: int, root: int) -> int:
-    """Compute-dtype weights the forward of a model of `params` parameters uses: autocast's
-    cast cache on one GPU (none in fp32), the gathered FSDP units on several (its root unit of
-    `root` parameters and about two layers in flight). None for a model that is not there."""
-    if not params:
-        return 0
-    if s.shards == 1:
-        return s.compute_bytes * params if s.compute_bytes < PARAM_BYTES else 0
-    return s.compute_bytes * (root + 2 * s.shape.layer_params)
-
-
-def actor_cast_bytes(s: Sizing) -> int:
-    """The actor's (and the reference's) compute-dtype weights in a forward (cast_weight_bytes)."""
-    return cast_weight_bytes(s, s.shape.num_params, s.shape.root_params)
-
-
-def critic_cast_bytes(s: Sizing) -> int:
-    """The critic's compute-dtype weights in a forward: its root unit has no LM head."""
-    return cast_weight_bytes(s, critic_param_count(s), s.shape.embedding_params)
-
-
-# Sharded over W > 1 GPUs each phase peaks at one of FSDP's moments: the four below, the
-# moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak).
-def fsdp_root_bytes(s: Sizing) -> int:
-    """FSDP keeps the root unit (embeddings, LM head) gathered from its forward to the end of
-    the next backward, so between phases too: the rollout holds it."""
-    return s.compute_bytes * s.shape.root_params if s.shards > 1 else 0
-
-
-def wake_gather_bytes(s: Sizing) -> int:
-    """A sharded rank's engine wakes one whole fp32 tensor at a time: the largest, the
-    embedding (none without an engine copy)."""
-    return 4 * s.shape.embedding_params if s.shards > 1 and not s.config.actor_generates else 0
-
-
-def fsdp_gather_bytes(s: Sizing) -> int:
-    """A forward's gathered units: the root twice over (the last forward's copy, kept, beside
-    the one the next forward gathers anew) and about two layers in flight."""
-    if s.shards == 1:
-        return 0
-    return s.compute_bytes * (3 * s.shape.root_params + 2 * s.shape.layer_params)
-
-
-def root_backward_bytes(s: Sizing) -> int:
-    """The root's backward: its fp32 gradient held for the reduce-scatter beside its
-    compute-dtype embedding and head gradients, and the root itself still gathered (no
-    gradient with LoRA: the root is frozen)."""
-    if s.shards == 1:
-        return 0
-    if s.config.uses_lora:
-        return fsdp_root_bytes(s)
-    return (2 * s.compute_bytes * s.shape.embedding_params + 4 * s.shape.root_params
-            + fsdp_root_bytes(s))
-
-
-def optimizer_step_bytes(s: Sizing, params: int) -> int:
-    """AdamW's step over a model of `params` parameters: foreach on a GPU keeps one fp32
-    shard-sized temporary; the CPU's per-tensor loop, one of the largest tensor (the
-    embedding); the fused kernel, none (one kernel per tensor, in place)."""
-    if s.config.fused_optimizer:
-        return 0
-    return shard_bytes(4, params, s.shards) if s.on_gpu else 4 * s.shape.embedding_params
 
 
 def context_bytes(config: ProbeConfig, num_gpus: int, on_gpu: bool,

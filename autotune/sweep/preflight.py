@@ -21,8 +21,9 @@ from dataclasses import replace
 
 from autotune.config import ProbeConfig, device_problems, format_bytes, model_problems
 from autotune.errors import ConfigError
-from autotune.memory.model import estimate_memory, model_state_bytes
+from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
+from autotune.memory.states import model_state_bytes
 from autotune.probe.result import ProbeRequest
 from autotune.registry import REGISTRY
 

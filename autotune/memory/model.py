@@ -5,8 +5,8 @@ answers in milliseconds and the sweep can screen configs before running them.
 
 The model's numbers, its parameter counts and the per-token activations and KV cache are
 shape.py's; the model states (16 bytes per trained parameter, offload, the reference, the
-engine's copy, PPO's critic) and FSDP's moments are states.py's. Logits are [tokens,
-vocabulary]; a vllm-like rollout engine is the resident states plus its reservation,
+engine's copy, PPO's critic) and FSDP's moments are states.py's; the log-prob logits
+by kernel, logits.py's. A vllm-like rollout engine is the resident states plus its reservation,
 gpu_memory_utilization x the device (section 4.2). PPO's critic has its own update phase
 (`critic_update`, before the actor's); its value forward in the experience phase holds its
 params and no vocabulary logits.
@@ -33,17 +33,15 @@ from typing import TYPE_CHECKING, TypedDict
 from autotune.batching import worst_case_rows
 from autotune.config import (
     DTYPE_BYTES,
-    ENTROPY_CHUNK_ROWS,
-    FUSED_CHUNK_TOKENS,
-    TRITON_DLOGITS_COLUMNS,
-    TRITON_VOCAB_SPLIT,
-    TRL_TOKEN_TILE,
-    TRL_VOCAB_CHUNK,
     DeviceShare,
     ProbeConfig,
     compute_dtype,
 )
 from autotune.memory.allocator import AllocatorSettings
+from autotune.memory.logits import (
+    logprob_logits_bytes,
+    update_logits_bytes,
+)
 from autotune.memory.outside_torch import outside_torch
 from autotune.memory.reserve import StepShape, phase_reserve_bytes
 from autotune.memory.shape import (
@@ -283,110 +281,6 @@ def engine_asleep_bytes(s: Sizing) -> int:
     config = s.config
     asleep = config.engine_reserves and config.enable_sleep and config.sleep_level == 1
     return engine_weight_bytes(s) if asleep else 0
-
-
-def fused_kernel(config: ProbeConfig) -> str | None:
-    """The fused log-prob kernel the config runs (None: the whole logits)."""
-    return config.fused_logprob_kernel if config.fused_logprob else None
-
-
-def fused_chunk_tokens(s: Sizing, rows: int) -> int:
-    """Tokens of one chunk of the torch fused log-probs (FUSED_CHUNK_TOKENS at most)."""
-    return min(FUSED_CHUNK_TOKENS, rows * s.config.sequence_length)
-
-
-def trl_positions(s: Sizing, rows: int) -> int:
-    """Positions TRL's head scores: the completion tokens where Triton runs (a GPU), else
-    every position but each sequence's last."""
-    config = s.config
-    if s.on_gpu:
-        return rows * config.max_response_length
-    return rows * (config.sequence_length - 1)
-
-
-def trl_logits_bytes(s: Sizing, rows: int, backward: bool) -> int:
-    """TRL's fused LM head: one reused [4,096 tokens, 32,768 columns] buffer in the compute
-    dtype, a copy of the scored hidden states and TRL's seven fp32 accumulators per token;
-    without Triton (a CPU) the fold's fp32 temporaries of a tile, 3 in the forward and 8 in
-    the backward; the backward's fp32 gradients of the hidden states and the weight."""
-    c, hidden, vocab = s.compute_bytes, s.shape.hidden, s.shape.vocab
-    positions = trl_positions(s, rows)
-    tile = min(positions, TRL_TOKEN_TILE)
-    held = tile * TRL_VOCAB_CHUNK * c + positions * (hidden * c + 28)
-    fold = 0 if s.on_gpu else tile * min(vocab, TRL_VOCAB_CHUNK) * 4 * (8 if backward else 3)
-    grads = 4 * (positions * hidden + vocab * hidden) if backward else 0
-    return held + fold + grads
-
-
-def triton_forward_bytes(s: Sizing, rows: int) -> int:
-    """verl's Triton kernel forward: every position's fp32 partials per vocabulary split (max,
-    sum, entropy's b), then the log-prob, entropy, max and the two reduced sums per position."""
-    splits = -(-s.shape.vocab // TRITON_VOCAB_SPLIT)
-    return rows * s.config.sequence_length * (12 * splits + 20)
-
-
-def triton_backward_bytes(s: Sizing, rows: int) -> int:
-    """Its backward: the logits' gradient for one band of vocabulary columns in the compute
-    dtype, and the three fp32 per-position values the forward saved."""
-    band = min(TRITON_DLOGITS_COLUMNS, s.shape.vocab) * s.compute_bytes
-    return rows * s.config.sequence_length * (band + 12)
-
-
-def unfused_logits_bytes(s: Sizing, rows: int, with_entropy: bool) -> int:
-    """The full [seq, vocab] logits and the fp32 response log-softmax; on a GPU the bf16
-    logits are freed once their fp32 response slice exists. With the entropy (no gradient),
-    its softmax and logsumexp's exponentials beside the fp32 slice, or a chunk's of them."""
-    config, c, vocab = s.config, s.compute_bytes, s.shape.vocab
-    response = config.max_response_length
-    entropy = 0
-    if with_entropy:
-        positions = rows * response
-        chunk = min(ENTROPY_CHUNK_ROWS, positions) if config.entropy_chunking else positions
-        entropy = 4 * vocab * (positions + 2 * chunk)
-    return max(rows * (c * config.sequence_length + 4 * response) * vocab,
-               rows * 8 * response * vocab, entropy)
-
-
-def logprob_logits_bytes(s: Sizing, rows: int, with_entropy: bool = False) -> int:
-    """A log-prob forward's logits by kernel: Triton's partials (the entropy at no extra
-    memory), TRL's head, torch's chunks (one chunk's logits in the compute dtype and fp32,
-    then its fp32 log-softmax, and the entropy's two), or the whole logits."""
-    kernel = fused_kernel(s.config)
-    if kernel == "triton":
-        return triton_forward_bytes(s, rows)
-    if kernel == "trl":
-        return trl_logits_bytes(s, rows, backward=False)
-    if kernel is not None:
-        c = s.compute_bytes
-        return fused_chunk_tokens(s, rows) * s.shape.vocab * max(c + 4, 12 if with_entropy else 8)
-    return unfused_logits_bytes(s, rows, with_entropy)
-
-
-def entropy_grad_bytes(s: Sizing, rows: int) -> int:
-    """entropy_coeff: the entropy's fp32 softmax, product and exponentials kept for the
-    backward and its gradient (recomputed, checkpointed, at the same point: the same peak),
-    one more fp32 tensor with chunks (each chunk's copies); measured by the trace
-    (tests/test_logprob.py)."""
-    config = s.config
-    if not config.entropy_coeff:
-        return 0
-    positions = rows * config.max_response_length
-    return positions * s.shape.vocab * (20 if config.entropy_chunking else 16)
-
-
-def update_logits_bytes(s: Sizing, rows: int) -> int:
-    """The update's logits by kernel: unfused, the fp32 log-softmax is kept for the backward
-    beside its gradient (and the entropy's); fused, the backward recomputes one chunk at a
-    time: its logits, softmax and gradient."""
-    kernel, c, vocab = fused_kernel(s.config), s.compute_bytes, s.shape.vocab
-    if kernel == "triton":
-        return max(triton_forward_bytes(s, rows), triton_backward_bytes(s, rows))
-    if kernel == "trl":
-        return trl_logits_bytes(s, rows, backward=True)
-    if kernel is not None:
-        return fused_chunk_tokens(s, rows) * vocab * (max(c + 4, 8) + c)
-    return (logprob_logits_bytes(s, rows) + rows * 4 * s.config.max_response_length * vocab
-            + entropy_grad_bytes(s, rows))
 
 
 def rollout_states(s: Sizing, reservation: int) -> dict[str, int]:

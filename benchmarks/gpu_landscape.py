@@ -6,7 +6,7 @@ Memory. Each phase's peak on rank 0 of 8 is the probe's own step traced under fa
 (probe/trace.py: every tensor, exactly, for this torch and transformers) plus the fixed term
 an H200 held beyond the traced tensors in that phase for that model (benchmarks/results/gpu:
 the CUDA context and the caching allocator's slack). A phase's peak moves only with the
-knobs memory.model.PHASE_KNOBS lists for it (the engine sleeps, so its share of the GPU
+knobs memory.phases.PHASE_KNOBS lists for it (the engine sleeps, so its share of the GPU
 moves the rollout alone), so the traces are taken per phase: a set of 36 whole-step traces
 per GPU size covers every phase's knob combination, and a config's row puts the three
 phases together. `check` traces whole configs at random and compares them with the
@@ -43,7 +43,7 @@ from landscape import figures  # noqa: E402
 
 from autotune.config import PHASES  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
-from autotune.memory.model import phase_knobs  # noqa: E402
+from autotune.memory.phases import phase_knobs  # noqa: E402
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
 from autotune.sweep.search_space import SearchSpace, load_search_space  # noqa: E402
 from autotune.sweep.sharing import params_key  # noqa: E402
@@ -77,7 +77,7 @@ def space() -> SearchSpace:
 
 
 def phase_key_knobs(grid: SearchSpace) -> dict[str, tuple[str, ...]]:
-    """The space's knobs that move each phase's peak (memory.model.PHASE_KNOBS); the engine
+    """The space's knobs that move each phase's peak (memory.phases.PHASE_KNOBS); the engine
     sleeps after its rollout, so its share of the GPU moves the rollout alone."""
     moving = phase_knobs(False)
     return {phase: tuple(name for name in grid.params if name in moving[phase] and (

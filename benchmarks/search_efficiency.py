@@ -247,12 +247,12 @@ def before_issue_35():
     """The sweep as it was before issue 35: dominance compared an OOM's phase on knobs that
     left out the log-prob switches (a config with fused_logprob was proven to OOM by one
     without it); with BeforeTracer, the tracer's two faults."""
-    from autotune.memory import model
+    from autotune.memory import phases
     from autotune.sweep import dominance
 
     switches = {"fused_logprob", "fused_logprob_kernel", "entropy_chunking", "entropy_metric",
                 "entropy_coeff", "kv_cache_memory_bytes"}
-    old = {phase: knobs - switches for phase, knobs in model.PHASE_KNOBS.items()}
+    old = {phase: knobs - switches for phase, knobs in phases.PHASE_KNOBS.items()}
     saved = dominance.phase_knobs
     dominance.phase_knobs = lambda critic: old
     try:

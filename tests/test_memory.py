@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.config import ProbeConfig
-from autotune.memory.model import (
-    ALLOCATOR_KNOBS,
-    CRITIC_PHASE_KNOBS,
-    PHASE_KNOBS,
-    estimate_memory,
-    phase_knobs,
-)
+from autotune.memory.model import estimate_memory
+from autotune.memory.phases import ALLOCATOR_KNOBS, CRITIC_PHASE_KNOBS, PHASE_KNOBS, phase_knobs
 from autotune.memory.shape import (
     ModelShape,
     activation_bytes_per_token,
@@ -204,7 +199,8 @@ def test_shape_from_the_registry_and_no_torch_import():
     assert (shape.hidden, shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == \
         (3584, 28, 4, 128, 152064)
     assert shape.is_vl and not shape.tied_embeddings
-    code = ("import sys, autotune.memory.model, autotune.memory.calibration, "
+    code = ("import sys, autotune.memory.model, autotune.memory.shape, autotune.memory.states, "
+            "autotune.memory.logits, autotune.memory.phases, autotune.memory.calibration, "
             "autotune.memory.verdict, autotune.cli.estimate; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

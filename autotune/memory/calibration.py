@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.files import JsonObject, JsonValue
-from autotune.memory.model import MemoryEstimate, PhaseEstimate
+from autotune.memory.model import MemoryEstimate
+from autotune.memory.phases import PhaseEstimate
 
 MIN_SCALE, MAX_SCALE = 0.25, 4.0  # a fitted scale outside this is noise, not physics
 MIN_SPREAD = 0.05  # transient parts must differ by 5% of their mean to fit a scale

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from autotune.batching import ROW_COUNT_KNOBS
 from autotune.config import MEMORY_DIRECTION, Knobs, KnobValue
-from autotune.memory.model import phase_knobs
+from autotune.memory.phases import phase_knobs
 from autotune.probe.result import ProbeStatus
 from autotune.sweep.space_params import value_order
 

@@ -1,0 +1,335 @@
+"""The phases of one GPU's step: what each holds at its peak, as named terms.
+
+The rollout, the experience, PPO's critic update, the update and the validation each add up
+to a PhaseEstimate: the model states and copies present through the phase (states.py), what
+grows with its micro-batch (activations, the logits by kernel from logits.py, the KV cache,
+vision patches) and the fixed context they are given. A vllm-like rollout engine is the
+resident states plus its reservation, gpu_memory_utilization x the device (section 4.2), held
+through the other phases unless it sleeps. PPO's critic has its own update phase
+(`critic_update`, before the actor's); its value forward in the experience phase holds its
+params and no vocabulary logits.
+
+Each phase's peak is split into `states_bytes` (tensors whose size is known exactly: model
+states, the reference model, the rollout engine's weights), `transient_bytes` (what grows with
+the micro-batch: activations, logits, KV cache, vision patches, the allocator's reserve; the
+arithmetic here is the uncalibrated prior) and a fixed context. Calibration (calibration.py)
+fits the context and a scale on the transient part per phase and device; the states are never
+fitted.
+
+PHASE_KNOBS names the knobs each phase's peak reads here; dominance (sweep/dominance.py)
+compares configs on those alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import DeviceShare
+from autotune.memory.logits import logprob_logits_bytes, update_logits_bytes
+from autotune.memory.shape import (
+    activation_bytes_per_token,
+    forward_bytes_per_token,
+    kv_cache_bytes,
+    vision_activation_bytes_per_patch,
+)
+from autotune.memory.states import (
+    ADAM_BYTES,
+    PARAM_BYTES,
+    Sizing,
+    actor_cast_bytes,
+    actor_states,
+    critic_cast_bytes,
+    critic_held,
+    critic_param_count,
+    critic_states,
+    engine_weight_bytes,
+    fsdp_gather_bytes,
+    fsdp_root_bytes,
+    lora_param_count,
+    optimizer_step_bytes,
+    reference_bytes,
+    reference_resident_bytes,
+    resident_bytes,
+    root_backward_bytes,
+    shard_bytes,
+    trained_param_count,
+    wake_gather_bytes,
+)
+
+# The knobs that move each phase's peak in this model (a test checks every other knob leaves
+# the phase unchanged). Offload moves states between phases, so it moves the rollout but not
+# the update, which loads them back; the log-prob forwards load the actor params back too.
+# The allocator's settings and the FSDP wrapper move what every phase holds on the card
+# (the trace's replay sees them; this model only expandable segments, in the training
+# phases' reserve): declared for every phase, so dominance never compares across them.
+ALLOCATOR_KNOBS = ("expandable_segments", "fsdp_strategy")
+_SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
+                "algorithm",  # a critic is one more model on the GPU in every phase
+                "lora_rank", "lora_target_modules",  # the states, the reference copy
+                *ALLOCATOR_KNOBS)
+_SEQUENCE_KNOBS = ("ulysses_sequence_parallel_size",)  # a trained phase's rank's slice
+_CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
+_CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")
+_REF_KNOBS = ("offload_params", "offload_ref_params")  # where the reference waits
+_ENGINE_KNOBS = ("rollout_engine", "gpu_memory_utilization",  # the reservation
+                 "kv_cache_memory_bytes")
+_HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does not sleep
+# whether the old-log-prob forward runs: its switch, and where that is none the batches
+_OLD_PASS_KNOBS = ("old_logprob_pass", "rollout_batch_size", "global_batch_size")
+_LOGITS_KNOBS = ("fused_logprob", "fused_logprob_kernel", "entropy_chunking")  # the log-probs
+PHASE_KNOBS: dict[str, frozenset[str]] = {
+    "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
+                          *_CRITIC_HELD,
+                          "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
+                          *_SHAPE_KNOBS}),
+    "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
+                             *_LOGITS_KNOBS, "entropy_metric", *_OLD_PASS_KNOBS,
+                             "dynamic_batching",
+                             "max_token_len_experience", *_CRITIC_HELD, *_SEQUENCE_KNOBS,
+                             *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
+    "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
+                                "fused_optimizer",
+                                "offload_params", "offload_optimizer", *_REF_KNOBS,
+                                "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS,
+                                *_SEQUENCE_KNOBS}),
+    "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
+                         *_LOGITS_KNOBS, "entropy_coeff", "fused_optimizer",
+                         "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
+                         *_SEQUENCE_KNOBS,
+                         *_HELD_KNOBS, *_SHAPE_KNOBS}),
+    "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
+                             "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
+                             *_CRITIC_HELD, *_SHAPE_KNOBS}),
+}
+# With a critic, the experience phase's value forward runs after the actor's params and the
+# reference went back to where they wait: their offload moves that phase too.
+CRITIC_PHASE_KNOBS: dict[str, frozenset[str]] = {
+    **PHASE_KNOBS, "experience": PHASE_KNOBS["experience"] | set(_REF_KNOBS)}
+
+
+def phase_knobs(critic: bool) -> dict[str, frozenset[str]]:
+    """The knobs that move each phase's peak, for a run with or without a critic."""
+    return CRITIC_PHASE_KNOBS if critic else PHASE_KNOBS
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    """One phase's estimated peak on one GPU, split as calibration treats it."""
+
+    states_bytes: int  # exact: model states, reference and engine weights present
+    transient_bytes: int  # the prior for what grows with the batch (scaled by calibration)
+    context_bytes: int  # the fixed per-process overhead (fitted by calibration)
+    parts: dict[str, int]  # the named terms, for the table
+    critic_bytes: int = 0  # PPO: the critic's share of the peak (its states there, and what
+    # it runs where it runs: its value forward, its update)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.states_bytes + self.transient_bytes + self.context_bytes
+
+
+def vision_forward_bytes(s: Sizing) -> int:
+    """The ViT's no-grad forward for one sequence's image: 4 hv + 3 Iv values per patch (its
+    SwiGLU's three I-wide tensors), in the compute dtype."""
+    shape = s.shape
+    return (4 * shape.vision_hidden + 3 * shape.vision_intermediate) * s.compute_bytes \
+        * s.patches
+
+
+def forward_bytes(s: Sizing, rows: int, tokens: int) -> int:
+    """A no-grad forward of `rows` sequences of `tokens` tokens: one layer's live tensors
+    (forward_bytes_per_token) and each image's (vision_forward_bytes)."""
+    per_token = forward_bytes_per_token(s.shape, s.compute_bytes)
+    return rows * (tokens * per_token + vision_forward_bytes(s))
+
+
+def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool) -> tuple[int, int]:
+    """What a micro-batch of `rows` sequences saves for its backward: the decoder's
+    activations (Korthikanti et al. 2022, activation_bytes_per_token) and the ViT's (per
+    patch, vision_activation_bytes_per_patch)."""
+    seq, c = s.config.sequence_length, s.compute_bytes
+    return (rows * seq * activation_bytes_per_token(s.shape, checkpointing, c),
+            rows * s.patches * vision_activation_bytes_per_patch(s.shape, checkpointing, c))
+
+
+def generation_bytes(s: Sizing, sequences: int) -> dict[str, int]:
+    """An engine generating `sequences` (max_num_seqs at a time) that grows with its batch:
+    the KV cache (kv_cache_bytes, its KV heads split over the tensor-parallel ranks), the
+    prefill's forward and the sampler's logits in the compute dtype and fp32. {} for an
+    engine with vLLM's memory: it generates inside its reservation."""
+    config, c = s.config, s.compute_bytes
+    if config.engine_reserves:
+        return {}
+    batch = min(sequences, config.max_num_seqs)
+    kv = kv_cache_bytes(s.shape, batch * config.sequence_length, c)
+    return {"kv_cache": kv // config.rollout_tensor_parallel,
+            "prefill": forward_bytes(s, batch, config.max_prompt_length),
+            "sampling_logits": batch * s.shape.vocab * (c + 4)}
+
+
+def engine_reservation_bytes(s: Sizing, engine_capacity_bytes: int | None) -> int:
+    """What an engine with vLLM's memory reserves whatever the batch (0 for another engine):
+    with kv_cache_memory_bytes the pool in bytes beside its weights and its profile run (a
+    prefill chunk, the sampler's fp32 logits), else gpu_memory_utilization x
+    `engine_capacity_bytes` (the device, or its memory limit)."""
+    config = s.config
+    if not config.engine_reserves:
+        return 0
+    if config.kv_cache_memory_bytes is not None:  # the pool in bytes: what it takes
+        rows = max(1, min(config.max_num_seqs,
+                          config.max_num_batched_tokens // config.max_prompt_length))
+        profile = (forward_bytes(s, rows, config.max_prompt_length)
+                   + config.max_num_seqs * s.shape.vocab * 4)  # a prefill chunk, the sampler
+        return engine_weight_bytes(s) + config.kv_cache_memory_bytes + profile
+    if engine_capacity_bytes is None:
+        raise ValueError("a vllm-like engine reserves a share of the device: pass "
+                         "engine_capacity_bytes")
+    return int(config.gpu_memory_utilization * engine_capacity_bytes)
+
+
+def engine_held(s: Sizing, reservation: int) -> dict[str, int]:
+    """What an engine with vLLM's memory that does not sleep keeps through the other phases:
+    its whole reservation ({} for any other engine)."""
+    config = s.config
+    awake = config.engine_reserves and not config.enable_sleep
+    return {"engine_reservation": reservation} if awake else {}
+
+
+def engine_asleep_bytes(s: Sizing) -> int:
+    """Host bytes of an engine with vLLM's memory asleep at level 1: its weights (level 2
+    drops them)."""
+    config = s.config
+    asleep = config.engine_reserves and config.enable_sleep and config.sleep_level == 1
+    return engine_weight_bytes(s) if asleep else 0
+
+
+def rollout_states(s: Sizing, reservation: int) -> dict[str, int]:
+    """What the rollout and validation hold beside generating: the resident states, the
+    critic, and the engine (its reservation; its weights; or, where the actor generates, the
+    actor's own params back on the device and the compute-dtype weights its forward uses),
+    and FSDP's root unit, still gathered."""
+    config = s.config
+    if config.engine_reserves:
+        engine = {"engine_reservation": reservation}
+    elif config.actor_generates:
+        params = shard_bytes(PARAM_BYTES, s.shape.num_params, s.shards)
+        engine = {"actor_params": params if config.offload_params else 0,
+                  "cast_weights": actor_cast_bytes(s)}
+    else:
+        engine = {"engine_weights": engine_weight_bytes(s)}
+    states = {"resident": resident_bytes(s), **critic_held(s), **engine}
+    root = fsdp_root_bytes(s)
+    return {**states, "fsdp_root": root} if root else states
+
+
+def rollout_phase(s: Sizing, sequences: int, states: dict[str, int],
+                  context: int) -> PhaseEstimate:
+    """The rollout: `states` (rollout_states) and generating `sequences`, or a sharded engine
+    waking, whichever is more."""
+    generating, wake = generation_bytes(s, sequences), wake_gather_bytes(s)
+    return PhaseEstimate(sum(states.values()), max(sum(generating.values()), wake), context,
+                         {**states, **generating, "wake_gather": wake},
+                         critic_states(s).resident_bytes)
+
+
+def validation_phase(s: Sizing, prompts: int, states: dict[str, int],
+                     context: int) -> PhaseEstimate:
+    """Validation: the rollout's states and generating the validation batch's `prompts`."""
+    generating = generation_bytes(s, prompts)
+    return PhaseEstimate(sum(states.values()), sum(generating.values()), context,
+                         {**states, **generating}, critic_states(s).resident_bytes)
+
+
+def logprob_forward_bytes(s: Sizing, rows: int) -> dict[str, int]:
+    """The experience's forwards of `rows` sequences: the old-log-prob forward (the actor's
+    cast weights, the entropy's logits), then the reference's (its own compute-dtype weights:
+    gathered like the actor's when sharded); with neither (TRL at beta 0 and one optimizer
+    step), no forward at all."""
+    config = s.config
+    old_pass = config.runs_old_logprob_pass
+    forward = {"cast_weights": actor_cast_bytes(s) if old_pass or s.shards > 1 else 0,
+               "logits": logprob_logits_bytes(s, rows, config.entropy_metric and old_pass),
+               "activations": forward_bytes(s, rows, config.sequence_length)}
+    return forward if old_pass or config.use_kl else dict.fromkeys(forward, 0)
+
+
+def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                     context: int) -> PhaseEstimate:
+    """The experience phase: the actor's params and Adam state, the reference and the log-prob
+    forwards (logprob_forward_bytes), or with a critic its value forward where that is more."""
+    config = s.config
+    psi, trained = s.shape.num_params + lora_param_count(s), trained_param_count(s)
+    states = {"actor": shard_bytes(PARAM_BYTES, psi, s.shards),
+              "adam": 0 if config.offload_optimizer
+              else shard_bytes(ADAM_BYTES, trained, s.shards),
+              "reference": reference_bytes(s), **critic_held(s), **held}
+    forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
+    gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
+    # on one GPU the no-grad forward keeps no cast weights (autocast caches only for a
+    # gradient) and each layer's activations are gone by the logits: those peak apart
+    peak = sum(forward.values()) if s.shards > 1 else max(
+        forward["logits"], forward["cast_weights"] + forward["activations"])
+    phase = PhaseEstimate(sum(states.values()), max(peak, gathering), context,
+                          {**states, **forward, "fsdp_gather": gathering},
+                          critic_states(s).resident_bytes)
+    if not config.has_critic:
+        return phase
+    values = value_forward_phase(s, share, held, context)
+    return values if values.total_bytes > phase.total_bytes else phase
+
+
+def value_forward_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                        context: int) -> PhaseEstimate:
+    """PPO's value forward, after the actor's and the reference's (their params back where
+    they wait): the critic's params and Adam state (where not offloaded), its cast weights,
+    a no-grad forward of its micro-batch with no vocabulary logits, and its values."""
+    config, seq, c = s.config, s.config.sequence_length, s.compute_bytes
+    rows = s.rows(share.responses_per_step, "critic_update")
+    psi_c = critic_param_count(s)
+    params = shard_bytes(PARAM_BYTES, psi_c, s.shards)
+    adam = 0 if config.critic_offload_optimizer else shard_bytes(ADAM_BYTES, psi_c, s.shards)
+    states = {"resident": resident_bytes(s), "critic_params": params, "critic_adam": adam,
+              **held}
+    values = {"critic_cast_weights": critic_cast_bytes(s),
+              "critic_activations": forward_bytes(s, rows, seq) + rows * seq * (c + 4)}
+    return PhaseEstimate(sum(states.values()), sum(values.values()), context,
+                         {**states, **values}, params + adam + sum(values.values()))
+
+
+def critic_update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                        context: int) -> PhaseEstimate:
+    """PPO's critic update (before the actor's): its 16 bytes per parameter, the actor's
+    resident states, its backward (cast weights, saved activations, fp32 values) or its
+    optimizer step, whichever is more."""
+    config, seq = s.config, s.config.sequence_length
+    rows = s.rows(share.responses_per_minibatch, "critic_update")
+    critic = critic_states(s)
+    states = {"critic_params_grads_adam": critic.update_bytes, "resident": resident_bytes(s),
+              **held}
+    text, vision = saved_activation_bytes(s, rows, config.critic_gradient_checkpointing)
+    backward = {"critic_cast_weights": critic_cast_bytes(s), "critic_activations": text,
+                "critic_vision_activations": vision,
+                "critic_values": rows * seq * (s.compute_bytes + 3 * 4)}
+    step = optimizer_step_bytes(s, critic_param_count(s))
+    transient = max(sum(backward.values()), step)
+    return PhaseEstimate(sum(states.values()), transient, context,
+                         {**states, **backward, "critic_optimizer_step": step},
+                         critic.update_bytes + transient)
+
+
+def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
+                 context: int) -> PhaseEstimate:
+    """The actor's update: its 16 bytes per parameter and the resident reference, then its
+    backward (cast weights, saved activations, logits), the root's backward or the optimizer
+    step, whichever is more."""
+    config = s.config
+    rows = s.rows(share.responses_per_minibatch, "update")
+    states = {"params_grads_adam": actor_states(s).update_bytes,
+              "reference": reference_resident_bytes(s), **critic_held(s), **held}
+    text, vision = saved_activation_bytes(s, rows, config.gradient_checkpointing)
+    backward = {"cast_weights": actor_cast_bytes(s), "activations": text,
+                "vision_activations": vision, "logits": update_logits_bytes(s, rows)}
+    root, step = root_backward_bytes(s), optimizer_step_bytes(s, trained_param_count(s))
+    return PhaseEstimate(sum(states.values()), max(sum(backward.values()), root, step), context,
+                         {**states, **backward, "root_backward": root, "optimizer_step": step},
+                         critic_states(s).resident_bytes)

@@ -1,11 +1,12 @@
 """The node's host memory: what every rank on one node holds in host RAM, per phase and at
 start-up, and whether the node's OOM killer ends the run.
 
-Pure arithmetic over memory/model.py (no torch). The most reported OOM of these trainers is
-the node's RAM, not a GPU: Ray's memory monitor kills a worker once the node's used memory
-(MemTotal - MemAvailable, or the cgroup's usage; pinned memory and /dev/shm count) passes
-`RAY_memory_usage_threshold` (0.95 by default; ray_config_def.h `memory_usage_threshold`),
-and without Ray (TRL) the kernel's OOM killer acts at the whole of it.
+Pure arithmetic over memory/shape.py and memory/states.py (no torch). The most reported OOM
+of these trainers is the node's RAM, not a GPU: Ray's memory monitor kills a worker once the
+node's used memory (MemTotal - MemAvailable, or the cgroup's usage; pinned memory and
+/dev/shm count) passes `RAY_memory_usage_threshold` (0.95 by default; ray_config_def.h
+`memory_usage_threshold`), and without Ray (TRL) the kernel's OOM killer acts at the whole of
+it.
 
 A node runs R = gpus_per_node ranks of a run of W ranks. Each term below is what the trainer's
 own code allocates, with its source; `HostProfile` holds what differs between trainers.
@@ -278,7 +279,7 @@ def rank_held_terms(shape: ModelShape, config: ProbeConfig, run: NodeRun) -> dic
 
 def rank_phase_terms(shape: ModelShape, config: ProbeConfig,
                      run: NodeRun) -> dict[str, dict[str, int]]:
-    """One rank's host terms in each of HOST_PHASES (memory/model.py's phases): the actor's
+    """One rank's host terms in each of HOST_PHASES (memory/phases.py's phases): the actor's
     params come back for the rollout where it generates itself and for both training phases,
     its optimizer for the update; the critic's params for its value forward (experience) and
     its update (its own phase, where no more is on the host than in rollout), its optimizer

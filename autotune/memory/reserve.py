@@ -1,6 +1,6 @@
 """The memory model's allocator term: what the caching allocator reserves beyond the tensors.
 
-The arithmetic model (model.py) counts the tensors a phase holds at its peak; a GPU holds
+The arithmetic model (phases.py) counts the tensors a phase holds at its peak; a GPU holds
 more, because PyTorch's caching allocator keeps freed blocks cached for their own stream and
 splits large cached blocks for smaller requests, so a later large request finds no block
 that fits and takes a new segment. How much more depends on the sizes and the order of the
@@ -171,7 +171,7 @@ def _layer_forward_temps(out: _Stream, s: StepShape, rows: int) -> None:
 
 def _saved(out: _Stream, s: StepShape, rows: int) -> list[int]:
     """What one layer saves for its backward: its input with checkpointing; else its
-    attention's and MLP's activations (model.py's per-token formula, by tensor)."""
+    attention's and MLP's activations (shape.py's per-token formula, by tensor)."""
     c, tokens = s.compute_bytes, rows * s.seq
     if s.checkpointing:
         return [out.alloc(c * tokens * s.hidden)]

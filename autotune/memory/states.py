@@ -10,7 +10,7 @@ compute-dtype copy split over its tensor-parallel ranks. PPO's critic (probe/cri
 decoder without the LM head plus a scalar head, with the same 16 bytes per parameter and its
 own offload between phases.
 
-Sharded over W > 1 GPUs, each phase peaks at one of FSDP's moments, all counted here: the root
+Sharded over W > 1 GPUs, each phase peaks at one of FSDP's moments, each sized here: the root
 unit (embeddings, LM head) stays gathered between phases and is gathered anew beside the
 last forward's copy (experience); a sleeping engine wakes one whole fp32 tensor at a time
 (rollout); the root's backward holds its fp32 gradient for the reduce-scatter beside its

@@ -44,12 +44,15 @@ def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
     study = optuna.load_study(study_name="f", storage=f"sqlite:///{study_dir / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
     repeats = [t for t in trials if t.user_attrs.get("origin") == "finalist"]
-    # two finalists probed again (at least one more probe each), as trials of the study
-    # holding their config, with logs of their own (ranked after their repeats, a config
-    # probed once can rank between them: the noise the repeats are there for)
+    # the two finalists probed again (at least one more probe each), as trials of the study
+    # holding their config, with logs of their own. The finalists are the best two by their
+    # mean as it stands: a repeat can drop one below the third config, which is then a
+    # finalist and probed again too (the noise the repeats are there for; seen on a loaded
+    # machine), so the best two at the end were all repeated, and maybe one more
     repeated = {t.user_attrs["repeat_of"] for t in repeats}
-    finalists = [m for m in ranked(study) if m.number in repeated]
-    assert len(repeated) == len(finalists) == 2
+    finalists = ranked(study)[:2]
+    assert len(finalists) == 2 and {m.number for m in finalists} <= repeated
+    assert 2 <= len(repeated) <= 3
     for repeat in repeats:
         owner = trials[repeat.user_attrs["repeat_of"]]
         assert repeat.params == owner.params and repeat.user_attrs["probed"]

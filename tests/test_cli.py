@@ -21,6 +21,24 @@ def test_help_does_not_import_heavy_modules():
     assert help_run.returncode == 0 and "probe" in help_run.stdout and "models" in help_run.stdout
 
 
+def test_every_commands_examples_read_as_typed():
+    """Each command's help prints its example lines as a user would type them: a long one
+    continued with a backslash on the next line (a lone backslash in the docstring joined
+    the two lines with a run of spaces)."""
+    from click.testing import CliRunner
+
+    from autotune.cli.main import cli
+
+    commands = sorted(cli.commands)
+    assert {"run", "estimate", "export"} <= set(commands)
+    for name in commands:
+        shown = CliRunner().invoke(cli, [name, "--help"], terminal_width=200)
+        assert shown.exit_code == 0, (name, shown.output)
+        examples = [line.strip().split("  #")[0] for line in shown.output.splitlines()
+                    if line.strip().startswith("autotune ")]  # less an aligned comment
+        assert all("   " not in line.rstrip() for line in examples), (name, examples)
+
+
 def test_version():
     out = autotune("--version")
     assert out.returncode == 0 and "autotune, version" in out.stdout

@@ -63,9 +63,9 @@ def estimate(capacity_bytes: int | None, host_memory_bytes: int | None, headroom
     autotune estimate --trace --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --trace --bisect-length --model qwen2.5-7b --gpus-per-node 8
     autotune estimate --study tiny-qwen2.5-cpu-demo --set micro_batch_size_experience=16
-    autotune estimate --model qwen2.5-7b --gpus-per-node 8 --set max_response_length=2048 \
+    autotune estimate --model qwen2.5-7b --gpus-per-node 8 --set max_response_length=2048 \\
         --response-length 512
-    autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \
+    autotune estimate --model qwen2.5-vl-7b --gpus-per-node 8 --trainer easyr1 \\
         --host-memory 760GB --set offload_params=true --set offload_optimizer=true
     """
     from autotune.errors import ConfigError

@@ -114,8 +114,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests before the vLLM ones (about 100 s of downloads and unpacking a fresh machine
     would otherwise wait for when the first of them starts)."""
     env = vllm_env_dir()
-    if (env / ".complete").exists() or not any(item.get_closest_marker("vllm")
-                                               for item in session.items):
+    if session.config.option.collectonly or (env / ".complete").exists() or not any(
+            item.get_closest_marker("vllm") for item in session.items):
         return
     _builds[env] = build = _Build(env)
     build.start()

@@ -15,12 +15,15 @@ and AUTOTUNE_TRAINER_PYTHON to a python with its dependencies; skipped otherwise
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -102,6 +105,7 @@ def grpo_config(topology: Topology, values: dict, tmp_path: Path):
                         **{k: v for k, v in values.items() if v is not None}})
 
 
+CHECK_TIMEOUT_S = 300  # one start-up check (the served ones: the script's own default)
 VERL_PYPI = "verl==0.7.1"  # the last release on PyPI with the FSDP workers (fsdp_workers.py)
 # what check_verl_load.py imports besides this project's own dependencies (the test extra)
 VERL_IMPORTS = "import hydra, omegaconf, tensordict, codetiming, PIL"
@@ -153,36 +157,49 @@ def need_source(trainer: str) -> None:
 
 class VerlChecks:
     """check_verl_load.py --serve: one import of verl for the module's checks, each check in
-    a process forked from it (the script's docstring), so a check costs about 1 s, not 6."""
+    a process forked from it (the script's docstring), so a check costs about 1 s, not 6.
+    The server starts without AUTOTUNE_CHECK_JSON (a check names it in its request); its
+    stderr goes to a file, so nothing blocks on a pipe no one reads."""
 
     def __init__(self, python: str, source: str) -> None:
+        self.errors = tempfile.TemporaryFile("w+")
         self.server = subprocess.Popen(
             [python, str(ROOT / "scripts" / "check_verl_load.py"), source, "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
+            env={k: v for k, v in os.environ.items() if k != "AUTOTUNE_CHECK_JSON"})
 
     def check(self, argv: list[str], env: dict) -> tuple[int, str, str]:
         assert self.server.stdin and self.server.stdout
-        self.server.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
-        self.server.stdin.flush()
-        line = self.server.stdout.readline()
-        if not line:  # the server ended: it could not import verl (its one line says why)
-            self.server.wait(timeout=30)
-            assert self.server.stderr
-            pytest.fail(f"check_verl_load.py --serve ended: {self.server.stderr.read()[-2000:]}")
-        answer = json.loads(line)
+        if self.server.poll() is None:
+            self.server.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+            self.server.stdin.flush()
+        ready, _, _ = select.select([self.server.stdout], [], [], CHECK_TIMEOUT_S + 30)
+        line = self.server.stdout.readline() if ready else ""
+        try:
+            answer = json.loads(line)
+        except ValueError:  # it ended (could not import verl: its one line says why) or hung
+            self.errors.seek(0)
+            said = self.errors.read()[-2000:]
+            self.close()
+            pytest.fail(f"check_verl_load.py --serve gave no answer within "
+                        f"{CHECK_TIMEOUT_S + 30} s: {line.strip()}\n{said}")
         return answer["rc"], answer["out"], answer["err"]
 
     def close(self) -> None:
+        for key, checks in list(VERL_CHECKS.items()):
+            if checks is self:
+                del VERL_CHECKS[key]
         assert self.server.stdin
-        self.server.stdin.close()
+        with contextlib.suppress(OSError):
+            self.server.stdin.close()
         try:
             self.server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.server.kill()
             self.server.wait()
-        for stream in (self.server.stdout, self.server.stderr):
-            if stream:
-                stream.close()
+        if self.server.stdout:
+            self.server.stdout.close()
+        self.errors.close()
 
 
 VERL_CHECKS: dict[tuple[str, str], VerlChecks] = {}
@@ -191,8 +208,8 @@ VERL_CHECKS: dict[tuple[str, str], VerlChecks] = {}
 @pytest.fixture(scope="module", autouse=True)
 def _close_verl_checks():
     yield
-    while VERL_CHECKS:
-        VERL_CHECKS.popitem()[1].close()
+    for checks in list(VERL_CHECKS.values()):
+        checks.close()
 
 
 def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, str]:
@@ -208,7 +225,7 @@ def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, st
     else:
         script = ROOT / "scripts" / f"check_{trainer}_load.py"
         out = subprocess.run([python, str(script), source, str(path), *overrides],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     assert code in (0, 1), stdout + stderr[-2000:]  # 2: the check broke
     return code == 0, stdout.strip()
@@ -530,15 +547,16 @@ def test_the_verl_check_alone_gives_the_served_checks_verdicts(tmp_path):
     path, problems = exported(VERL, knobs, Topology(1, 4), None, tmp_path, "alone")
     assert problems == []
     script = ROOT / "scripts" / "check_verl_load.py"
+    python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)  # as trainer_verdict
     bad = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"
     for overrides in ([], [bad]):
-        alone = subprocess.run([sys.executable, str(script), source, str(path), *overrides],
-                               capture_output=True, text=True, timeout=300)
+        alone = subprocess.run([python, str(script), source, str(path), *overrides],
+                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
         assert (alone.returncode == 0, alone.stdout.strip()) == trainer_verdict(
             "verl", path, *overrides), alone.stderr[-2000:]
     assert alone.returncode == 1 and "ppo_micro_batch_size_per_gpu 3" in alone.stdout
-    usage = subprocess.run([sys.executable, str(script), source, str(path), "oops"],
-                           capture_output=True, text=True, timeout=300)
+    usage = subprocess.run([python, str(script), source, str(path), "oops"],
+                           capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     assert usage.returncode == 2 and "key=value" in usage.stdout
 
 

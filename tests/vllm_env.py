@@ -14,7 +14,7 @@ of torchvision, torchaudio and torchcodec it drags in are removed (nothing here 
 they do not load next to a CPU torch). A half-made environment (no ``.complete`` marker) is
 made again. Where that torch cannot be reached the tests are skipped, saying so; where PyPI
 cannot be reached they fail with pip's output. Made in about 100 s on this project's 2 cores,
-on a thread started when the run's tests are collected (where any is marked `vllm`), beside the
+on a thread started with the run's first test (where any test is marked `vllm`), beside the
 tests that come first.
 """
 
@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -109,21 +110,20 @@ class _Build(threading.Thread):
 _builds: dict[Path, _Build] = {}
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A run that will use vLLM and lacks its environment starts making it now, beside the
-    tests before the vLLM ones (about 100 s of downloads and unpacking a fresh machine
-    would otherwise wait for when the first of them starts)."""
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_env_made_beside(request: pytest.FixtureRequest, nothing_left_running: None
+                          ) -> Iterator[None]:
+    """A run that will use vLLM and lacks its environment starts making it as its first test
+    starts, beside the tests before the vLLM ones (about 100 s of downloads and unpacking a
+    fresh machine would otherwise wait for when the first of them starts). After the
+    leftover check's start (its processes carry the session's mark) and ended before that
+    check's end, also when the run stops early: no pip is left behind."""
     env = vllm_env_dir()
-    if session.config.option.collectonly or (env / ".complete").exists() or not any(
-            item.get_closest_marker("vllm") for item in session.items):
-        return
-    _builds[env] = build = _Build(env)
-    build.start()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A build still running (a run stopped early) ends before pytest does, so no pip is
-    left behind; a half-made environment is made again next time."""
+    if not (env / ".complete").exists() and any(item.get_closest_marker("vllm")
+                                                for item in request.session.items):
+        _builds[env] = _Build(env)
+        _builds[env].start()
+    yield
     for build in _builds.values():
         build.join(INSTALL_TIMEOUT_S)
 

@@ -377,7 +377,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
     its allocated peak. Each phase is laid out on its own, twice over (as two training steps
     run it), after the states it finds: the fp32 master shards and the reference, AdamW's
     state (the update makes it at its first step), and FSDP's root unit gathered; so a phase
-    moves only with its own knobs (model.PHASE_KNOBS), as the dominance rules need."""
+    moves only with its own knobs (phases.PHASE_KNOBS), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
     every = s.root_params + s.layer_params * s.layers
     reserve = {}

@@ -5,9 +5,9 @@ the main thread is. Some code drops it there: an exception raised in a `__del__`
 callback (a sqlalchemy connection's cleanup) or an at-fork hook (logging's lock release) is
 printed as "Exception ignored in ..." and the sweep would go on probing. Two rules stop that:
 
-- `recorded()`, around a whole sweep (run_sweep): each such signal is recorded before its own
-  handler raises, and the sweep's loop calls `raise_if_interrupted()` at least once a second,
-  so a dropped KeyboardInterrupt is raised again where it is handled.
+- `recorded()`, around a whole sweep (run_sweep): each such signal whose handler raises is
+  recorded, and the sweep calls `raise_if_interrupted()` at least once a second and before
+  it starts a probe, so a dropped KeyboardInterrupt is raised again where it is handled.
 - `interrupts_held()`, around a fork: the signals are held inside and raised on the way out.
 
 Both act in the main thread only (the only one signal handlers run in); elsewhere they do
@@ -33,19 +33,36 @@ def _python_handlers() -> dict[signal.Signals, Callable[[int, FrameType | None],
     return {signum: handler for signum, handler in handlers.items() if callable(handler)}
 
 
+def _restore(handlers: dict[signal.Signals, Callable[[int, FrameType | None], Any]]) -> None:
+    """Put `handlers` back as one step: SIGNALS are blocked meanwhile (one that arrives is
+    delivered, to its restored handler, once all are back), so a Ctrl-C mid-way never leaves
+    the other signal on a handler of this module's."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 @contextlib.contextmanager
 def recorded() -> Iterator[None]:
-    """Inside, SIGINT and SIGTERM (where Python handles them) are recorded, then handled as
-    before; `raise_if_interrupted` raises again for one that was. Nothing recorded outlives
-    the block."""
+    """Inside, SIGINT and SIGTERM (where Python handles them) are handled as before, and
+    one whose handler raised (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM) is recorded;
+    `raise_if_interrupted` raises again for it. A handler that does not raise (a library
+    user's own) is left to do what it does. Nothing recorded outlives the block; blocks do
+    not nest (one sweep at a time in a process)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = _python_handlers()
 
     def record(number: int, frame: FrameType | None) -> None:
-        _received.append(number)
-        previous[signal.Signals(number)](number, frame)
+        try:
+            previous[signal.Signals(number)](number, frame)
+        except BaseException:
+            _received.append(number)
+            raise
 
     _received.clear()
     for signum in previous:
@@ -53,8 +70,7 @@ def recorded() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        _restore(previous)
         _received.clear()
 
 
@@ -81,7 +97,6 @@ def interrupts_held() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        _restore(previous)
         for number in held[:1]:  # the first one: its handler raises (KeyboardInterrupt)
             previous[signal.Signals(number)](number, None)

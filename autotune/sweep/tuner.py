@@ -379,6 +379,11 @@ class Sweep:
     def submit(self, pending: Pending, candidate: Candidate | None = None) -> None:
         """Start the trial's probe on a free slot (`candidate`: its config, as the ask made
         it; else made here)."""
+        try:  # a Ctrl-C code dropped since the loop last looked: no probe starts after it
+            interrupts.raise_if_interrupted()
+        except KeyboardInterrupt:
+            self.ready.insert(0, pending)  # queued again as the sweep stops (release)
+            raise
         number = pending.trial.number
         candidate = candidate or self.space.candidate(pending.params)
         request = self.settings.request_for(candidate)

@@ -231,6 +231,12 @@ def test_runner_without_address_starts_and_stops_its_own_ray(tmp_path):
     assert left == "0", "processes of the local Ray outlived close()"
 
 
+def ctrl_c_raises() -> None:
+    """In a child before it runs: SIGINT to its default, as in a terminal (a run started in
+    the background, as by a CI script, ignores it, and Python keeps an ignored SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def probe_processes() -> list[psutil.Process]:
     """This session's probe processes (another session's on the machine do not count): they
     carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
@@ -277,7 +283,8 @@ def test_a_ray_sweep_stopped_by_ctrl_c_or_its_timeout_leaves_nothing_and_resumes
     log = tmp_path / "driver.log"
     with open(log, "ab") as out:
         first = subprocess.Popen([*command, "--trials", "2"], stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=ctrl_c_raises)
     try:
         assert wait_until(probe_processes, 180), log.read_text()[-3000:]
         time.sleep(1)  # into the probe

@@ -521,7 +521,8 @@ from autotune.probe.result import ProbeRequest
 from autotune.sweep.search_space import SearchSpace
 from autotune.sweep.traced import SubprocessTracer
 
-sent = []
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: a run started
+sent = []                                                # in the background ignores SIGINT
 
 def interrupt_mid_fork():  # Ctrl-C landing while the trace process forks
     if not sent:

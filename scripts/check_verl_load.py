@@ -412,9 +412,14 @@ def checked_in_child(root, request):
 def serve(root):
     load_verl(root)
     for line in sys.stdin:
-        if line.strip():
-            rc, out, err = checked_in_child(root, json.loads(line))
-            print(json.dumps({"rc": rc, "out": out, "err": err}), flush=True)
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if request["argv"][:1] == ["--serve"]:  # a child would read this server's stdin
+            rc, out, err = 2, f"{USAGE}: --serve is not a check\n", ""
+        else:
+            rc, out, err = checked_in_child(root, request)
+        print(json.dumps({"rc": rc, "out": out, "err": err}), flush=True)
 
 
 def main(argv):

@@ -212,11 +212,14 @@ def _close_verl_checks():
         checks.close()
 
 
-def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, str]:
+def trainer_verdict(trainer: str, path: Path, *overrides: str,
+                    quantities: Path | None = None) -> tuple[bool, str]:
+    """The trainer's start-up on `path`: (accepted, its line); with `quantities`, the check
+    writes there every per-GPU quantity the trainer will run (AUTOTUNE_CHECK_JSON)."""
     source = trainer_source(trainer)
     assert source is not None
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
-    env = {key: os.environ[key] for key in ("AUTOTUNE_CHECK_JSON",) if key in os.environ}
+    env = {"AUTOTUNE_CHECK_JSON": str(quantities)} if quantities is not None else {}
     if trainer == "verl":
         checks = VERL_CHECKS.get((python, source))
         if checks is None:
@@ -225,7 +228,8 @@ def trainer_verdict(trainer: str, path: Path, *overrides: str) -> tuple[bool, st
     else:
         script = ROOT / "scripts" / f"check_{trainer}_load.py"
         out = subprocess.run([python, str(script), source, str(path), *overrides],
-                             capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+                             capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                             env={**os.environ, **env})
         code, stdout, stderr = out.returncode, out.stdout, out.stderr
     assert code in (0, 1), stdout + stderr[-2000:]  # 2: the check broke
     return code == 0, stdout.strip()
@@ -447,11 +451,7 @@ def round_trip(trainer: str, topology: Topology, with_base: bool, tmp_path: Path
     path = tmp_path / f"{trainer}-{topology.nnodes}x{topology.gpus_per_node}-{with_base}.yaml"
     path.write_text(render_plan(plan, adapter, base, ["round trip", ""]))
     quantities = path.with_suffix(".json")
-    os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
-    try:
-        accepted, line = trainer_verdict(trainer, path)
-    finally:
-        del os.environ["AUTOTUNE_CHECK_JSON"]
+    accepted, line = trainer_verdict(trainer, path, quantities=quantities)
     if not accepted:
         return False, line, {}, 0
     ran, expected = json.loads(quantities.read_text()), probed(knobs, topology)
@@ -595,11 +595,7 @@ def lora_sp_export_ran(adapter, trainer: str, gpus: int, where) -> dict:
                               searched=searched)
     assert problems == []
     quantities = path.with_suffix(".json")
-    os.environ["AUTOTUNE_CHECK_JSON"] = str(quantities)
-    try:
-        accepted, line = trainer_verdict(trainer, path)
-    finally:
-        del os.environ["AUTOTUNE_CHECK_JSON"]
+    accepted, line = trainer_verdict(trainer, path, quantities=quantities)
     assert accepted, line
     return json.loads(quantities.read_text())
 

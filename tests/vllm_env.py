@@ -91,8 +91,8 @@ def make_vllm_env(env: Path) -> Path:
 
 
 class _Build(threading.Thread):
-    """make_vllm_env on a thread of its own, started as the session starts; what it returned
-    or raised (pytest's skip and fail included) is handed to the fixture."""
+    """make_vllm_env on a thread of its own, started with the run's first test; what it
+    returned or raised (pytest's skip and fail included) is handed to the fixture."""
 
     def __init__(self, env: Path) -> None:
         super().__init__(name="autotune-vllm-env", daemon=True)

@@ -23,7 +23,7 @@ from autotune.sweep.parallel import Slot
 from autotune.sweep.record import tell_result
 from autotune.sweep.search_space import load_search_space
 from autotune.sweep.settings import SweepSettings
-from autotune.sweep.sharing import ASK_GRACE_S, WAIT, owner_of, params_key, scan
+from autotune.sweep.sharing import ASK_GRACE_S, WAIT, Holdings, owner_of, params_key
 from autotune.sweep.tuner import Sweep
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
@@ -186,6 +186,46 @@ def test_owner_waits_for_a_lower_trial_still_being_asked(tmp_path):
     assert owner_of(trials, full.number, key, n) == WAIT
     assert owner_of(trials, full.number, key, n, now_s=time.time() + 60) is None  # died asking
     assert half.number < full.number
+    holdings = Holdings(n)  # the same rule over what a driver's scan read
+    holdings.scan(study, trials, mine=set(), now_s=time.time(), stale_after_s=None)
+    assert holdings.owner_of(full.number, key) == WAIT
+    assert holdings.owner_of(full.number, key, now_s=time.time() + 60) is None
+
+
+def test_holdings_read_each_finished_trial_once_and_agree_with_owner_of(tmp_path):
+    """A driver's scan after every probe reads a finished trial once (its holding never
+    changes) and still names the lowest holder of each config, queued and running trials
+    included, as owner_of does over the whole study."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'h.db'}")
+    space = load_search_space("cpu-demo")
+    n = len(space.params)
+    base = space.safe_params()
+    configs = [dict(base, micro_batch_size_update=m) for m in (1, 2, 1, 4, 2)]
+    holdings = Holdings(n)
+    statuses = ["ok", "ok", "ok", "interrupted", "gpu_oom"]
+    for params, status in zip(configs, statuses, strict=True):  # finished, in order
+        study.enqueue_trial(params)
+        trial = study.ask(space.distributions())
+        trial.set_user_attr("status", status)
+        study.tell(trial, state=TrialState.FAIL)
+        holdings.scan(study, study.get_trials(deepcopy=False), mine=set(), now_s=time.time(),
+                      stale_after_s=None)
+    queued = dict(base, micro_batch_size_update=8)
+    study.enqueue_trial(queued)  # a queued trial holds its config at once
+    running = study.ask(space.distributions())  # pops the queued one: running, fully asked
+    study.enqueue_trial(dict(base, micro_batch_size_update=4))  # a later copy of a dropped one
+    trials = study.get_trials(deepcopy=False)
+    holdings.scan(study, trials, mine={running.number}, now_s=time.time(), stale_after_s=None)
+    assert holdings.read == {0, 1, 2, 3, 4}  # the finished trials, each read once
+    assert [t.number for t in holdings.unfinished] == [5, 6]
+    assert holdings.seen == {params_key(configs[0]): 0, params_key(configs[1]): 1,
+                             params_key(queued): 5, params_key(configs[3]): 6}
+    later = trials[-1].number + 1  # a trial asked after all of them
+    for params in (*configs, queued, dict(base, micro_batch_size_experience=16)):
+        key = params_key(params)
+        for number in range(later + 1):
+            assert holdings.owner_of(number, key) == owner_of(trials, number, key, n), \
+                (params, number)
 
 
 def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(tmp_path):
@@ -206,10 +246,11 @@ def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(t
         trial.set_user_attr("heartbeat_at", now_s - 60)
     n = len(space.params)
     trials = study.get_trials(deepcopy=False)
-    scan(study, trials, mine=set(), n_params=n, now_s=now_s - 58, stale_after_s=4.0)
+    holdings = Holdings(n)
+    holdings.scan(study, trials, mine=set(), now_s=now_s - 58, stale_after_s=4.0)
     assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * 4  # all still fresh
-    _, others_running = scan(study, study.get_trials(deepcopy=False), mine=set(), n_params=n,
-                             now_s=now_s + ASK_GRACE_S + 1, stale_after_s=4.0)
+    others_running = holdings.scan(study, study.get_trials(deepcopy=False), mine=set(),
+                                   now_s=now_s + ASK_GRACE_S + 1, stale_after_s=4.0)
     assert others_running == 0
     by_number = {t.number: t for t in study.get_trials()}
     assert by_number[waiting.number].state == TrialState.FAIL

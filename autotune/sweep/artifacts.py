@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -136,14 +137,12 @@ def pareto_front(study: Study, configs: Mapping[str, Measured] | None = None
                     key=lambda point: (point[0], -point[1], point[2]))
     front: list[FrozenTrial] = []
     fastest_below = -float("inf")  # the fastest config of less memory seen so far
-    i = 0
-    while i < len(points):
-        memory, top = points[i][0], points[i][1]  # the fastest of this memory comes first
-        same = [point for point in points[i:] if point[0] == memory]
+    for _, group in itertools.groupby(points, key=lambda point: point[0]):
+        same = list(group)  # one memory, the fastest first
+        top = same[0][1]
         if top > fastest_below:
             front.extend(point[3] for point in same if point[1] == top)
         fastest_below = max(fastest_below, top)
-        i += len(same)
     return front
 
 

@@ -31,7 +31,8 @@ FINALIST = "finalist"  # the origin of a repeat probe
 
 @dataclass
 class Measured:
-    """One config's probes: the first trial that probed it, and every probe's figures."""
+    """One config's probes: the first trial that probed it, and every probe's figures (its
+    means and peak kept as probes are folded in: a sweep ranks every config after each probe)."""
 
     trial: FrozenTrial  # the config's first probed trial (its number names the config)
     trials: list[FrozenTrial] = field(default_factory=list)  # every probe of it, in order
@@ -39,6 +40,20 @@ class Measured:
     tokens_per_s: list[float] = field(default_factory=list)
     feasible: bool = True
     contended: int = 0  # probes measured under contention (probe/machine.py)
+    mean: float = field(init=False, default=0.0)  # the objective's mean over its probes
+    tokens_per_s_mean: float = field(init=False, default=0.0)
+    peak_mem_bytes: int = field(init=False, default=0)  # the most any of its probes held
+
+    def __post_init__(self) -> None:
+        self.refigure()
+
+    def refigure(self) -> None:
+        """Recompute the means and the peak from the probes (after one is added)."""
+        self.mean = statistics.fmean(self.values) if self.values else 0.0
+        self.tokens_per_s_mean = statistics.fmean(self.tokens_per_s) \
+            if self.tokens_per_s else 0.0
+        self.peak_mem_bytes = max(((t.user_attrs.get("result") or {}).get("peak_mem_bytes")
+                                   or 0 for t in self.trials), default=0)
 
     @property
     def number(self) -> int:
@@ -49,25 +64,12 @@ class Measured:
         return len(self.trials)
 
     @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values) if self.values else 0.0
-
-    @property
-    def tokens_per_s_mean(self) -> float:
-        return statistics.fmean(self.tokens_per_s) if self.tokens_per_s else 0.0
-
-    @property
     def relative_sd(self) -> float | None:
         """Spread between its probes (two or more), else of its first probe's timed steps."""
         if len(self.values) >= 2:
             return coefficient_of_variation(self.values)
         result = self.trial.user_attrs.get("result") or {}
         return coefficient_of_variation(result.get("step_times_s") or [])
-
-    @property
-    def peak_mem_bytes(self) -> int:
-        return max((t.user_attrs.get("result") or {}).get("peak_mem_bytes") or 0
-                   for t in self.trials)
 
     def phase_peak_mem_bytes(self) -> dict[str, int]:
         """Each phase's most over the config's probes."""
@@ -114,10 +116,11 @@ def fold(configs: dict[str, Measured], frozen: FrozenTrial, objective: str) -> N
     measured.trials.append(frozen)
     if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
         measured.feasible = False
-        return
-    measured.values.append(scalar(frozen.values, objective))
-    measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
-    measured.contended += bool(result.get("contention"))
+    else:
+        measured.values.append(scalar(frozen.values, objective))
+        measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
+        measured.contended += bool(result.get("contention"))
+    measured.refigure()
 
 
 def study_objective(study: Study) -> str:

@@ -48,9 +48,7 @@ def params_key(params: Mapping[str, KnobValue]) -> str:
 
 def trial_params(frozen: FrozenTrial) -> Knobs:
     """A trial's params; for a queued (WAITING) trial, the params it was queued with."""
-    from optuna.trial import TrialState
-
-    if frozen.state == TrialState.WAITING:
+    if frozen.state.name == "WAITING":
         return dict(frozen.system_attrs.get("fixed_params") or {})
     return frozen.params
 
@@ -90,9 +88,7 @@ def last_sign_of_life_s(frozen: FrozenTrial) -> float:
 
 
 def is_running(frozen: FrozenTrial) -> bool:
-    from optuna.trial import TrialState
-
-    return frozen.state == TrialState.RUNNING
+    return frozen.state.name == "RUNNING"
 
 
 def is_asked(frozen: FrozenTrial, n_params: int) -> bool:
@@ -103,14 +99,14 @@ def is_asked(frozen: FrozenTrial, n_params: int) -> bool:
 def holds_config(frozen: FrozenTrial, n_params: int) -> bool:
     """Whether this trial holds its config: queued with it, running it, waiting for it, or a
     standing result. A queued trial holds its config from the moment it is queued, so a trial
-    asked later with the same params waits for it instead of racing it."""
-    from optuna.trial import TrialState
-
-    if frozen.state == TrialState.WAITING:
+    asked later with the same params waits for it instead of racing it (the state by name:
+    this runs for every trial a driver reads, and needs no import of optuna)."""
+    state = frozen.state.name
+    if state == "WAITING":
         return bool(trial_params(frozen))
-    if frozen.state == TrialState.RUNNING:
+    if state == "RUNNING":
         return bool(frozen.params) and is_asked(frozen, n_params)
-    if frozen.state not in (TrialState.COMPLETE, TrialState.FAIL):
+    if state not in ("COMPLETE", "FAIL"):
         return False
     attrs = frozen.user_attrs
     return attrs.get("status") not in NO_RESULT_STATUSES and \
@@ -168,25 +164,74 @@ def take_over(study: Study, frozen: FrozenTrial, reason: str, asked: bool = True
     return True
 
 
-def scan(study: Study, trials: Sequence[FrozenTrial], mine: set[int], n_params: int, now_s: float,
-         stale_after_s: float | None, keys: dict[int, str] | None = None
-         ) -> tuple[dict[str, int], int]:
-    """One read of the study: which trial holds each config, and how many probes other
-    drivers are running; with `stale_after_s` (a shared study), trials of dead drivers are
-    taken over on the way (`keys`: see held_key)."""
-    seen: dict[str, int] = {}
-    others_running = 0
-    for frozen in trials:
-        if holds_config(frozen, n_params):
-            seen.setdefault(held_key(frozen, keys), frozen.number)
-        if frozen.number in mine or not is_running(frozen):
-            continue
-        asked = is_asked(frozen, n_params)
-        # a trial another driver waits in or is still asking is beaten like a probing one; left
-        # RUNNING by a dead driver, it would stay so for good: it is taken over, never counted
-        if stale_after_s is not None and is_stale(
-                frozen, now_s, stale_after_s if asked else max(stale_after_s, ASK_GRACE_S)):
-            take_over(study, frozen, "its driver stopped sending heartbeats", asked)
-        elif asked and frozen.user_attrs.get("waiting_on") is None:
-            others_running += 1
-    return seen, others_running
+class Holdings:
+    """Which trial holds each config, read from the study a driver sees, and how many probes
+    other drivers run. A finished trial's holding never changes (Optuna refuses to change a
+    finished trial), so each is read once; queued and running trials are read at every scan.
+    A scan costs the study's unfinished trials, not its whole length: an overnight sweep of
+    hundreds of trials reads the study after every probe."""
+
+    def __init__(self, n_params: int) -> None:
+        self.n_params = n_params
+        self.finished: dict[str, int] = {}  # params_key -> the lowest finished trial holding it
+        self.read: set[int] = set()  # the finished trials folded into `finished`
+        self.unfinished: list[FrozenTrial] = []  # queued and running, as the last scan read them
+        self.seen: dict[str, int] = {}  # params_key -> the lowest trial holding it
+
+    def scan(self, study: Study, trials: Sequence[FrozenTrial], mine: set[int], now_s: float,
+             stale_after_s: float | None) -> int:
+        """Read the study: which trial holds each config (`seen`); returns how many probes
+        other drivers are running. With `stale_after_s` (a shared study), trials of dead
+        drivers are taken over on the way."""
+        unfinished = []
+        for frozen in trials:
+            if frozen.number in self.read:
+                continue
+            if frozen.state.is_finished():
+                self.read.add(frozen.number)
+                if holds_config(frozen, self.n_params):
+                    _hold(self.finished, held_key(frozen), frozen.number)
+            else:
+                unfinished.append(frozen)
+        seen = dict(self.finished)
+        others_running = 0
+        for frozen in unfinished:
+            if holds_config(frozen, self.n_params):
+                _hold(seen, held_key(frozen), frozen.number)
+            if frozen.number in mine or not is_running(frozen):
+                continue
+            asked = is_asked(frozen, self.n_params)
+            # a trial another driver waits in or is still asking is beaten like a probing one;
+            # left RUNNING by a dead driver, it would stay so for good: it is taken over, never
+            # counted
+            if stale_after_s is not None and is_stale(
+                    frozen, now_s, stale_after_s if asked else max(stale_after_s, ASK_GRACE_S)):
+                take_over(study, frozen, "its driver stopped sending heartbeats", asked)
+            elif asked and frozen.user_attrs.get("waiting_on") is None:
+                others_running += 1
+        self.seen, self.unfinished = seen, unfinished
+        return others_running
+
+    def owner_of(self, number: int, key: str, now_s: float | None = None) -> int | None:
+        """owner_of over the trials the last scan read (a driver alone on its study: nothing
+        was told since)."""
+        now_s = time.time() if now_s is None else now_s
+        owner = self.finished.get(key)
+        if owner is not None and owner >= number:
+            owner = None  # the lowest finished holder is not lower: none is
+        for frozen in self.unfinished:
+            if frozen.number >= number:
+                continue
+            if is_running(frozen) and not is_asked(frozen, self.n_params) and \
+                    now_s - last_sign_of_life_s(frozen) < ASK_GRACE_S:
+                return WAIT
+            if (owner is None or frozen.number < owner) and \
+                    holds_config(frozen, self.n_params) and held_key(frozen) == key:
+                owner = frozen.number
+        return owner
+
+
+def _hold(holders: dict[str, int], key: str, number: int) -> None:
+    """Note that trial `number` holds `key`: the lowest-numbered holder is kept."""
+    if number < holders.get(key, number + 1):
+        holders[key] = number

@@ -40,12 +40,12 @@ from autotune.sweep.settings import SAMPLERS, SweepSettings
 from autotune.sweep.sharing import (
     STALE_AFTER_HEARTBEATS,
     WAIT,
+    Holdings,
     holds_config,
     is_asked,
     is_stale,
     owner_of,
     params_key,
-    scan,
     take_over,
     trial_by_number,
 )
@@ -92,7 +92,7 @@ class Sweep:
         self.n_params = len(self.space.params)
         self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
                                 slots=len(settings.slots))
-        self.seen: dict[str, int] = {}  # params_key -> the trial holding that config
+        self.holdings = Holdings(self.n_params)  # which trial holds each config
         self.keys: dict[int, str] = {}  # finished trials' params_key (sharing.held_key)
         self.stuck_asks = 0  # asks in a row that probed nothing
         self.neighbour_at = -1  # the probe count a neighbour was last queued at
@@ -197,9 +197,8 @@ class Sweep:
         for frozen in trials:
             self.tally.fold(frozen)
         mine = {p.trial.number for p in self.pending()}
-        self.seen, self.others_running = scan(study, trials, mine, self.n_params, now_s,
-                                              self.stale_after_s if self.shared else None,
-                                              self.keys)
+        self.others_running = self.holdings.scan(study, trials, mine, now_s,
+                                                 self.stale_after_s if self.shared else None)
         if self.shared and now_s - self.last_beat_s >= self.settings.heartbeat_s:
             self.last_beat_s = now_s
             for pending in self.pending():
@@ -276,7 +275,7 @@ class Sweep:
             self.settle_probes(study)
             self.refresh(study)
             if self.nothing_fits is None and self.frontier.learned_something():
-                self.nothing_fits = self.frontier.nothing_fits(self.seen, self.trials)
+                self.nothing_fits = self.frontier.nothing_fits(self.holdings.seen, self.trials)
             reason, counts_others = self.stop_reason()
             if reason is None and not self.pool.full():
                 self.step(study)
@@ -310,7 +309,8 @@ class Sweep:
         if s.patience is not None and self.tally.since_improvement >= s.patience:
             return f"no better config in the last {s.patience} probes (--patience)", False
         valid_keys = self.frontier.valid_keys
-        if valid_keys is not None and valid_keys <= self.seen.keys() and not self.ready:
+        if valid_keys is not None and valid_keys <= self.holdings.seen.keys() and \
+                not self.ready:
             return f"space exhausted: all {len(valid_keys)} valid configs tried", True
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
             return (f"the sampler proposed only known or invalid configs {self.stuck_asks} "
@@ -370,8 +370,9 @@ class Sweep:
         the study, the trials read at the top of this loop turn are current: nothing was told
         since; with other drivers the storage is read again."""
         while True:
-            trials = study.get_trials(deepcopy=False) if self.shared else self.trials
-            owner = owner_of(trials, number, key, self.n_params, keys=self.keys)
+            owner = owner_of(study.get_trials(deepcopy=False), number, key, self.n_params,
+                             keys=self.keys) if self.shared else \
+                self.holdings.owner_of(number, key)
             if owner != WAIT:
                 return owner
             time.sleep(0.05)  # another driver is between writing two params of a trial
@@ -479,15 +480,15 @@ class Sweep:
                 self.neighbour_at == started:
             return
         self.neighbour_at = started
-        params = self.frontier.neighbour(self.tally.best_params, self.seen)
+        params = self.frontier.neighbour(self.tally.best_params, self.holdings.seen)
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
 
     def queue_unexplored(self, study: Study) -> None:
         """The sampler keeps proposing known configs: queue an untried one that may fit, or
         stop when none is left that could."""
-        params = self.frontier.pick_untried(self.seen)
+        params = self.frontier.pick_untried(self.holdings.seen)
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "unexplored"})
         else:
-            self.nothing_fits = self.frontier.nothing_fits(self.seen, self.trials)
+            self.nothing_fits = self.frontier.nothing_fits(self.holdings.seen, self.trials)

@@ -220,6 +220,32 @@ def test_a_command_probe_times_the_steps_after_the_first_and_ends_the_run(tmp_pa
     assert "config: 1" in log  # the trial's config was written and handed to the command
 
 
+def test_a_run_whose_steps_all_came_before_the_first_look_is_sampled_before_it_ends(
+        monkeypatch):
+    """On a loaded machine the output thread can read every step line before the watch loop
+    first looks (seen in a CI run: an OK probe with no peak); the live run is sampled first."""
+    from autotune.probe.command import GpuMemory, watch_run
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: the run's anonymous RSS
+    log = StepLog("verl")
+    for step in range(1, 4):
+        log.feed(f"step:{step} - perf/total_num_tokens:100 - timing_s/step:1.0", float(step))
+    assert log.steps_seen == 3
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "b = bytearray(64 * 2**20); import time; time.sleep(60)"])
+    try:
+        time.sleep(1.0)  # the bytearray is touched
+        gpu = GpuMemory()
+        memory = ProcessTree(psutil.Process(proc.pid))
+        request = ProbeRequest(model="verl-run", device=Device("cpu"))
+        watched = watch_run(proc, request, 3, gpu, memory, log, limit=None)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert watched.ended_early and watched.killed_for is None
+    assert watched.device_peak >= 64 * 2**20 and memory.peak_rss_bytes >= 64 * 2**20
+
+
 @pytest.mark.parametrize("body, status, words", [
     ("print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')\n"
      "sys.exit(1)", ProbeStatus.GPU_OOM, "CUDA out of memory"),

@@ -273,13 +273,12 @@ class Watched:
 def watch_run(proc: subprocess.Popen[bytes], request: ProbeRequest, steps: int,
               gpu: GpuMemory, memory: ProcessTree, log: StepLog, limit: int | None) -> Watched:
     """Sample the run's device and host memory at the built-in probe's interval until it
-    exits, logs `steps` steps, or passes a limit."""
+    exits, logs `steps` steps, or passes a limit. A live run is sampled before it is ended,
+    so a run whose step lines all came before the first look (a loaded machine, a trainer
+    that buffers its output) still has a peak."""
     watched = Watched()
     interval_s = sample_interval_s(gpu.present)  # the built-in probe's, on this device
     while proc.poll() is None:
-        if log.steps_seen >= steps:
-            watched.ended_early = True
-            break
         rss = memory.rss_bytes()
         device = gpu.sample() if gpu.present else memory.anon_rss_bytes
         watched.device_peak = max(watched.device_peak, device if gpu.present else
@@ -287,6 +286,9 @@ def watch_run(proc: subprocess.Popen[bytes], request: ProbeRequest, steps: int,
         watched.killed_for = limit_passed(request, gpu.present, limit, device, rss,
                                           log.steps_seen + 1)
         if watched.killed_for is not None:
+            break
+        if log.steps_seen >= steps:
+            watched.ended_early = True
             break
         time.sleep(interval_s)
     return watched

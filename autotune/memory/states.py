@@ -182,8 +182,15 @@ def fsdp_root_bytes(s: Sizing) -> int:
 
 def wake_gather_bytes(s: Sizing) -> int:
     """A sharded rank's engine wakes one whole fp32 tensor at a time: the largest, the
-    embedding (none without an engine copy)."""
-    return 4 * s.shape.embedding_params if s.shards > 1 and not s.config.actor_generates else 0
+    embedding (none without an engine copy). Under FSDP1 the weight sync first reads a
+    sharded state dict, which copies the rank's whole fp32 shard (its chunk of each flat
+    parameter cloned), and holds it while the tensors are gathered: 3.5 GiB on the H200's
+    7B rank (benchmarks/results/gpu/gpu_evidence_rerun.txt, FSDP1 against FSDP2)."""
+    if s.shards == 1 or s.config.actor_generates:
+        return 0
+    state_dict = shard_bytes(PARAM_BYTES, s.shape.num_params, s.shards) \
+        if s.config.fsdp_strategy == "fsdp" else 0
+    return state_dict + 4 * s.shape.embedding_params
 
 
 def fsdp_gather_bytes(s: Sizing) -> int:

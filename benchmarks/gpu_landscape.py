@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import figures  # noqa: E402
 
-from autotune.config import PHASES  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
 from autotune.memory.phases import phase_knobs  # noqa: E402
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402

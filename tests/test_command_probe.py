@@ -231,10 +231,11 @@ def test_a_run_whose_steps_all_came_before_the_first_look_is_sampled_before_it_e
     for step in range(1, 4):
         log.feed(f"step:{step} - perf/total_num_tokens:100 - timing_s/step:1.0", float(step))
     assert log.steps_seen == 3
-    proc = subprocess.Popen([sys.executable, "-c",
-                             "b = bytearray(64 * 2**20); import time; time.sleep(60)"])
+    proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(64 * 2**20); "
+                             "print('held', flush=True); import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # the bytearray is touched
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"  # touched
         gpu = GpuMemory()
         memory = ProcessTree(psutil.Process(proc.pid))
         request = ProbeRequest(model="verl-run", device=Device("cpu"))

@@ -214,21 +214,13 @@ class Holdings:
 
     def owner_of(self, number: int, key: str, now_s: float | None = None) -> int | None:
         """owner_of over the trials the last scan read (a driver alone on its study: nothing
-        was told since)."""
-        now_s = time.time() if now_s is None else now_s
-        owner = self.finished.get(key)
-        if owner is not None and owner >= number:
-            owner = None  # the lowest finished holder is not lower: none is
-        for frozen in self.unfinished:
-            if frozen.number >= number:
-                continue
-            if is_running(frozen) and not is_asked(frozen, self.n_params) and \
-                    now_s - last_sign_of_life_s(frozen) < ASK_GRACE_S:
-                return WAIT
-            if (owner is None or frozen.number < owner) and \
-                    holds_config(frozen, self.n_params) and held_key(frozen) == key:
-                owner = frozen.number
-        return owner
+        was told since): the module's rule over the unfinished ones, beside the lowest
+        finished holder."""
+        unfinished = owner_of(self.unfinished, number, key, self.n_params, now_s)
+        if unfinished == WAIT:
+            return WAIT
+        lower = [n for n in (self.finished.get(key), unfinished) if n is not None and n < number]
+        return min(lower, default=None)
 
 
 def _hold(holders: dict[str, int], key: str, number: int) -> None:

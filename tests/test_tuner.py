@@ -209,6 +209,25 @@ def test_interrupt_during_a_probe_requeues_it(tmp_path):
     assert len(probed(resumed)) == 5
 
 
+def test_a_queued_config_is_run_before_the_space_counts_as_exhausted(tmp_path):
+    """The last config left is the one a stop cut off: queued again, it holds its config, but
+    it was never tried. The resumed sweep runs it, then says the space is exhausted."""
+    path = tmp_path / "two.yaml"
+    path.write_text("params:\n  gradient_checkpointing: {type: bool}\n"
+                    "fixed: {micro_batch_size_update: 1, micro_batch_size_experience: 2}\n")
+    space = load_search_space(str(path))
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, ScriptedRunner(interrupt_on_call=2), space=space)
+    runner = ScriptedRunner()
+    resuming = Sweep(settings_for(tmp_path, space=space), runner)
+    resumed = resuming.run()
+    assert len(runner.calls) == 1
+    assert sorted(params_key(t.params) for t in probed(resumed)) == sorted(
+        params_key({"gradient_checkpointing": gc}) for gc in (False, True))
+    assert resuming.state.stop_reason == "space exhausted: all 2 valid configs tried"
+    assert not [t for t in resumed.trials if t.state == TrialState.WAITING]
+
+
 class DropsACtrlC(SilentProgress):
     """After `after` trials, a Ctrl-C lands in code that drops it: raised inside a __del__
     (as in a sqlalchemy connection's cleanup, or logging's at-fork hook), so Python prints

@@ -177,6 +177,7 @@ class Holdings:
         self.read: set[int] = set()  # the finished trials folded into `finished`
         self.unfinished: list[FrozenTrial] = []  # queued and running, as the last scan read them
         self.seen: dict[str, int] = {}  # params_key -> the lowest trial holding it
+        self.queued = 0  # trials queued (WAITING) as the last scan read them: not yet tried
 
     def scan(self, study: Study, trials: Sequence[FrozenTrial], mine: set[int], now_s: float,
              stale_after_s: float | None) -> int:
@@ -210,6 +211,7 @@ class Holdings:
             elif asked and frozen.user_attrs.get("waiting_on") is None:
                 others_running += 1
         self.seen, self.unfinished = seen, unfinished
+        self.queued = sum(frozen.state.name == "WAITING" for frozen in unfinished)
         return others_running
 
     def owner_of(self, number: int, key: str, now_s: float | None = None) -> int | None:

@@ -309,8 +309,10 @@ class Sweep:
         if s.patience is not None and self.tally.since_improvement >= s.patience:
             return f"no better config in the last {s.patience} probes (--patience)", False
         valid_keys = self.frontier.valid_keys
+        # a queued trial holds its config but has not tried it (a probe a stop cut off, queued
+        # again): it is asked and run before the space counts as exhausted
         if valid_keys is not None and valid_keys <= self.holdings.seen.keys() and \
-                not self.ready:
+                not self.ready and not self.holdings.queued:
             return f"space exhausted: all {len(valid_keys)} valid configs tried", True
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
             return (f"the sampler proposed only known or invalid configs {self.stuck_asks} "

@@ -29,7 +29,7 @@ AUTOTUNE = [sys.executable, "-m", "autotune"]
 MEASURED = ("ok", "gpu_oom", "host_oom", "cache_oom", "crash", "timeout")
 SPACE = """\
 params:
-  micro_batch_size_update: {type: categorical, choices: [2, 4, 8, 16]}
+  micro_batch_size_update: {type: categorical, choices: [4, 16]}
   rollout_n: {type: categorical, choices: [4, 8]}
   gradient_checkpointing: {type: bool}
 """
@@ -78,7 +78,7 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     launch = f"{sys.executable} {workspace.script} --config {{config}}"
     command = [*AUTOTUNE, "run", "--finalists", "0",
                "--trainer", "trl", "--base-config", str(workspace.config),
-               "--launch", launch, "--device", "cpu", "--space", str(space), "--trials", "6",
+               "--launch", launch, "--device", "cpu", "--space", str(space), "--trials", "4",
                "--timed-steps", "2",
                "--gpu-memory-limit", "900MiB", "--results-dir", str(results), "--study", "trl"]
     env = workspace.env()
@@ -105,8 +105,9 @@ def test_a_sweep_of_the_trl_launch_is_killed_resumed_and_exports_a_grpo_config(w
     study = results / "trl"
     with open(study / "trials.csv") as handle:
         rows = list(csv.DictReader(handle))
-    probed = [r for r in rows if r["status"] in MEASURED and not r["reused_from"]]
-    assert len(probed) >= 6
+    probed = [r for r in rows if r["status"] in MEASURED and not r["reused_from"]
+              and r["predicted"] != "True"]  # an OOM predicted from a measured one: no run
+    assert len(probed) >= 4
     statuses = {r["status"] for r in probed}
     assert "ok" in statuses and "gpu_oom" in statuses  # the cap made at least one OOM
     finished = [json.loads((study / "logs" / f"trial-{int(r['number']):05d}.result.json")

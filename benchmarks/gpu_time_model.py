@@ -158,7 +158,7 @@ class TimeModel:
                                        micro_batch_size_experience) for r in FIT]
         # the step-time difference is the log-prob passes' (update's known from the MFUs)
         parts = [model.phase_seconds(c, BASELINE_MODEL, 80 << 30) for c in configs]
-        rest = [r.step_s - p["update"] for r, p in zip(FIT, parts)]
+        rest = [r.step_s - p["update"] for r, p in zip(FIT, parts, strict=True)]
         forward_gain = (parts[0]["experience"] - parts[1]["experience"]) / (rest[0] - rest[1])
         model = dataclasses.replace(model, forward_gain=forward_gain)
         part = model.phase_seconds(configs[0], BASELINE_MODEL, 80 << 30)

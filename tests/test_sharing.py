@@ -263,3 +263,33 @@ def test_a_dead_drivers_waiting_and_half_asked_trials_are_taken_over_mid_sweep(t
     # the probing trial's config and the popped one's are queued again; nothing else
     assert sorted(params_key(t.system_attrs["fixed_params"]) for t in again) == \
         sorted([params_key(owner.params), params_key(queued)])
+
+
+def test_the_last_config_a_dead_driver_held_is_run_before_the_space_counts_as_exhausted(
+        tmp_path):
+    """Every config is seen, the last one only in a dead driver's RUNNING trial: the scan that
+    takes it over queues it again after the study was read, and the sweep runs it instead of
+    stopping with the space exhausted and the config still queued."""
+    path = tmp_path / "two.yaml"
+    path.write_text("params:\n  gradient_checkpointing: {type: bool}\n"
+                    "fixed: {micro_batch_size_update: 1, micro_batch_size_experience: 2}\n")
+    space = load_search_space(str(path))
+    journal = str(tmp_path / "study.journal")
+    settings = settings_for(tmp_path, space=space, max_trials=1, storage=journal,
+                            heartbeat_s=0.5)
+    Sweep(settings, ScriptedRunner()).run()
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal))
+    study = optuna.load_study(study_name="s", storage=storage)
+    (left,) = [p for p in space.valid_grid() if params_key(p) not in set(probed_keys(study))]
+    study.enqueue_trial(left)
+    dead = study.ask(space.distributions())
+    # alive when the sweep starts (its resume leaves it be), dead a second later: the sweep
+    # waits on it, then takes it over mid-sweep
+    stale_after_s = Sweep(settings, ScriptedRunner()).stale_after_s
+    dead.set_user_attr("heartbeat_at", time.time() - stale_after_s + 1.0)
+    runner = ScriptedRunner()
+    sweep = Sweep(dataclasses.replace(settings, max_trials=None), runner)
+    sweep.run()
+    assert [params_key({k: c[k] for k in left}) for c in runner.calls] == [params_key(left)]
+    assert sweep.state.stop_reason == "space exhausted: all 2 valid configs tried"
+    assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))

@@ -136,6 +136,18 @@ def is_stale(frozen: FrozenTrial, now_s: float, stale_after_s: float) -> bool:
     return is_running(frozen) and now_s - last_sign_of_life_s(frozen) > stale_after_s
 
 
+def taken_params(frozen: FrozenTrial, asked: bool) -> Knobs:
+    """The config a dead driver's trial held: its params, or for a half-asked trial popped from
+    the queue, the config it was queued with."""
+    return frozen.params if asked else dict(frozen.system_attrs.get("fixed_params") or {})
+
+
+def requeues(frozen: FrozenTrial, asked: bool) -> bool:
+    """Whether taking the trial over queues its config again (a waiting trial's config is its
+    owner's business; a trial that died being asked has none)."""
+    return bool(taken_params(frozen, asked)) and "waiting_on" not in frozen.user_attrs
+
+
 def take_over(study: Study, frozen: FrozenTrial, reason: str, asked: bool = True) -> bool:
     """Fail a running trial a dead driver left behind and re-queue its config (a waiting trial's
     config is its owner's business; a trial that died being asked has none, unless it was
@@ -145,9 +157,8 @@ def take_over(study: Study, frozen: FrozenTrial, reason: str, asked: bool = True
 
     storage, trial_id = study._storage, frozen._trial_id
     waiting = "waiting_on" in frozen.user_attrs
-    # a half-asked trial popped from the queue holds the config it was queued with
-    params = frozen.params if asked else dict(frozen.system_attrs.get("fixed_params") or {})
-    requeue = bool(params) and not waiting
+    params = taken_params(frozen, asked)
+    requeue = requeues(frozen, asked)
     status = "duplicate" if waiting else "interrupted" if asked or params else "abandoned"
     try:
         storage.set_trial_user_attr(trial_id, "status", status)
@@ -195,7 +206,7 @@ class Holdings:
             else:
                 unfinished.append(frozen)
         seen = dict(self.finished)
-        others_running = 0
+        others_running = taken_over = 0
         for frozen in unfinished:
             if holds_config(frozen, self.n_params):
                 _hold(seen, held_key(frozen), frozen.number)
@@ -208,10 +219,13 @@ class Holdings:
             if stale_after_s is not None and is_stale(
                     frozen, now_s, stale_after_s if asked else max(stale_after_s, ASK_GRACE_S)):
                 take_over(study, frozen, "its driver stopped sending heartbeats", asked)
+                # queued again (here, or by the driver that won the race) after `trials` was
+                # read: counted as queued, or its config would count as tried
+                taken_over += requeues(frozen, asked)
             elif asked and frozen.user_attrs.get("waiting_on") is None:
                 others_running += 1
         self.seen, self.unfinished = seen, unfinished
-        self.queued = sum(frozen.state.name == "WAITING" for frozen in unfinished)
+        self.queued = taken_over + sum(frozen.state.name == "WAITING" for frozen in unfinished)
         return others_running
 
     def owner_of(self, number: int, key: str, now_s: float | None = None) -> int | None:

@@ -24,6 +24,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.probe.result import ProbeRequest
+from autotune.runners.forking import close_servers
 
 # Real servers on loopback: PostgreSQL for the shared-study tests (tests/postgres_server.py),
 # a Ray cluster for the Ray runner and multi-node tests (tests/ray_cluster.py), a headless
@@ -56,7 +57,8 @@ def make_request():
 
 SESSION_ENV = "AUTOTUNE_TEST_SESSION"  # in every process the test session starts
 LEFTOVER_GRACE_S = 15.0  # how long processes may take to exit once the session is over
-KNOWN_THREADS = ("autotune-ray-cancel",)  # daemon threads that must have ended too
+# Daemon threads that must have ended too: the Ray runner's cancels, a fork server's reader.
+KNOWN_THREADS = ("autotune-ray-cancel", "autotune-fork-server")
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -109,6 +111,7 @@ def nothing_left_running() -> Iterator[None]:
     os.environ[SESSION_ENV] = mark
     before = {proc.pid for proc in psutil.Process().children(recursive=True)}
     yield
+    close_servers()  # the probes' fork servers live as long as the process that made them
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     left = [p for p in session_processes(mark) if p.pid not in before]
     while (left or leftover_threads()) and time.monotonic() < deadline:

@@ -36,6 +36,20 @@ def processes_mentioning(marker: str) -> list[psutil.Process]:
     return found
 
 
+def is_probe(proc: psutil.Process) -> bool:
+    """Whether `proc` is a probe: a started worker, or a child a fork server forked (it shows
+    the server's command line; the server itself is no probe)."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+        if "autotune.probe.worker" in cmdline:
+            return True
+        parent = proc.parent()
+        return ("autotune.probe.fork_server" in cmdline and parent is not None
+                and "autotune.probe.fork_server" in " ".join(parent.cmdline()))
+    except psutil.Error:
+        return False
+
+
 def wait_until(condition: Callable[[], object], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -19,6 +19,7 @@ import optuna
 import psutil
 import pytest
 from optuna.trial import TrialState
+from runner_contract import is_probe
 
 from autotune.sweep.sharing import params_key
 
@@ -44,12 +45,7 @@ def probe_processes() -> list[psutil.Process]:
     """This session's probe processes (another test session on the machine runs its own)."""
     from conftest import of_this_session
 
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "autotune.probe.worker" in cmdline:
-            found.append(proc)
-    return of_this_session(found)
+    return of_this_session([proc for proc in psutil.process_iter() if is_probe(proc)])
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
@@ -111,10 +107,9 @@ def test_two_drivers_share_one_postgres_study_through_a_kill_and_restart(fresh_p
 
 
 def probes_under(root_pid: int) -> list[psutil.Process]:
-    """The probe worker processes running under a process (a Ray node's raylet)."""
+    """The probe processes running under a process (a Ray node's raylet)."""
     with contextlib.suppress(psutil.Error):
-        return [p for p in psutil.Process(root_pid).children(recursive=True)
-                if "autotune.probe.worker" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process(root_pid).children(recursive=True) if is_probe(p)]
     return []
 
 

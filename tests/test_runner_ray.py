@@ -18,7 +18,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from runner_contract import FAULTY, RunnerContract, is_gone, processes_mentioning, wait_until
+from runner_contract import (
+    FAULTY,
+    RunnerContract,
+    is_gone,
+    is_probe,
+    processes_mentioning,
+    wait_until,
+)
 
 from autotune.probe.result import ProbeStatus
 from autotune.runners import get_runner
@@ -242,7 +249,7 @@ def probe_processes() -> list[psutil.Process]:
     carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
     from conftest import of_this_session
 
-    return of_this_session(processes_mentioning("autotune.probe.worker"))
+    return of_this_session([proc for proc in psutil.process_iter() if is_probe(proc)])
 
 
 def ray_cpus_in_use(address: str) -> float:

@@ -1,4 +1,5 @@
-"""runners: where a probe runs (a local subprocess, a Ray task), and killing it whole.
+"""runners: where a probe runs (a local subprocess, forked on a CPU from a fork server that has
+imported torch once: forking.py; a Ray task), and killing it whole.
 
 Each runner takes a ProbeRequest and returns a ProbeResult. May import config, errors, files,
 hardware, probe.result, probe.oom and probe.process_tag (every process a probe starts dies

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -41,6 +42,7 @@ from autotune.probe.process_tag import (
     new_tag,
 )
 from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus, probe_files
+from autotune.runners.forking import can_fork, close_idle_servers, forked_probe
 from autotune.runners.oom_evidence import OOMWitness
 
 SCRATCH_PREFIX = "autotune-probe-"  # + the owning process's pid + "-"
@@ -72,6 +74,15 @@ def probe_env(request: ProbeRequest, tag: str = "") -> dict[str, str]:
     return env
 
 
+def forkable(request: ProbeRequest) -> bool:
+    """Whether a probe may be forked from a fork server: a built-in probe on the CPU in one
+    process (a GPU probe initialises CUDA in its own process, as the trainer's does; a command
+    probe runs the user's trainer; a real multi-rank probe's launcher imports no torch, and
+    its ranks start as processes of their own)."""
+    return (not request.device.on_gpu and request.command is None
+            and (request.world_size == 1 or request.emulated))
+
+
 def prepare_child(parent_pid: int, cpu_ids: tuple[int, ...] | None) -> None:
     """In the child before exec: pin it to its cores, and die with the driver."""
     if cpu_ids:
@@ -80,7 +91,18 @@ def prepare_child(parent_pid: int, cpu_ids: tuple[int, ...] | None) -> None:
     die_with_parent(parent_pid)
 
 
-def kill_tree(proc: subprocess.Popen[bytes], tag: str = "") -> None:
+class ProbeProcess(Protocol):
+    """What the runner asks of a probe's process: a Popen, or a probe forked by a server."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_tree(proc: ProbeProcess, tag: str = "") -> None:
     """SIGKILL the probe's process group, any descendant that left it, and any process that
     carries the probe's tag (a Ray worker the trainer's run started is no descendant)."""
     descendants: list[psutil.Process] = []
@@ -130,9 +152,13 @@ def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
 class SubprocessRunner:
     """Runs each probe as `python -m autotune.probe.worker` in its own process group."""
 
-    def __init__(self, worker_argv: list[str] | None = None, scope: str = "") -> None:
+    def __init__(self, worker_argv: list[str] | None = None, scope: str = "",
+                 fork: bool = True) -> None:
         # The command that runs a probe; it gets REQUEST.json RESULT.json appended.
         self.worker_argv = worker_argv or [sys.executable, "-m", "autotune.probe.worker"]
+        # Built-in CPU probes of the real worker are forked from a server that has imported
+        # torch (forking.py); a Ray task's runner starts each probe as a process.
+        self.fork = fork and worker_argv is None and can_fork()
         self.stopping = threading.Event()  # set by stop(): every probe in flight is killed
         self.scope = scope  # its probes' tag scope: the study's (process_tag.tag_scope)
         self.started = False  # whether the first probe cleaned up after a killed driver
@@ -154,7 +180,10 @@ class SubprocessRunner:
         self.stopping.set()
 
     def close(self) -> None:
-        """Nothing to release: every probe's processes end with its `run`."""
+        """Close the idle fork servers (the sweep is over); every probe's processes ended
+        with its `run`."""
+        if self.fork:
+            close_idle_servers()
 
     def run(self, request: ProbeRequest, log_path: Path | None = None) -> ProbeResult:
         self.start()
@@ -176,18 +205,26 @@ class SubprocessRunner:
         driver_pid = os.getpid()
         witness = OOMWitness()  # the worker starts in this process's memory cgroup
         tag = new_tag(self.scope)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [*self.worker_argv, str(request_path), str(result_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=probe_env(request, tag), start_new_session=True,
-                preexec_fn=(lambda: prepare_child(driver_pid, request.cpu_ids))
-                if sys.platform == "linux" else None)
+        env = probe_env(request, tag)
+        proc: ProbeProcess | None = None
+        if self.fork and forkable(request):
+            proc = forked_probe(env, request.cpu_ids, request.model, request.model_path,
+                                request_path, result_path, log_path, request.timeout_s,
+                                self.stopping)
+        if proc is None:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [*self.worker_argv, str(request_path), str(result_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True,
+                    preexec_fn=(lambda: prepare_child(driver_pid, request.cpu_ids))
+                    if sys.platform == "linux" else None)
         tree = None
         try:
-            tree = ProcessTree(psutil.Process(proc.pid), tag)
+            with contextlib.suppress(psutil.NoSuchProcess):  # a forked probe may be reaped
+                tree = ProcessTree(psutil.Process(proc.pid), tag)
             while proc.poll() is None:
-                rss = tree.rss_bytes()
+                rss = tree.rss_bytes() if tree else 0
                 host_peak_rss_bytes = max(host_peak_rss_bytes, rss)
                 limit = request.host_memory_limit_bytes
                 if limit is not None and rss > limit:

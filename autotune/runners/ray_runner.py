@@ -163,7 +163,8 @@ def run_probe_on_node(request_json: str | None, worker_argv: list[str] | None = 
     with scratch_dir() as tmp:
         log_path = tmp / "probe.log"
         request = ProbeRequest.from_json(request_json)
-        result = SubprocessRunner(worker_argv, scope=scope).run(request, log_path=log_path)
+        result = SubprocessRunner(worker_argv, scope=scope, fork=False).run(request,
+                                                                            log_path=log_path)
         yield {"result": result.to_json(), "log": read_log_tail(log_path, LOG_TAIL_BYTES)}
 
 

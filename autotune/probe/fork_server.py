@@ -1,0 +1,157 @@
+"""`python -m autotune.probe.fork_server MODEL [MODEL_PATH]`: CPU probes forked, not started.
+
+A CPU probe of a tiny model spends about half its wall time importing torch, transformers and
+its model's class (docs/development.md, "Where the suite's time goes"). This process imports
+them once, as the worker would (its environment is the probe's: `probe_env`, whose OMP and
+malloc settings the libraries read as they load), then forks one child per probe. A child
+is what `python -m autotune.probe.worker REQUEST RESULT` would be a few seconds later: its
+own session (process group), its parent's death as SIGKILL, its log on stdout and stderr,
+the probe's tag in the environment it passes on, and `worker.main` run on the request. Its
+anonymous RSS, the CPU probe's device figure, holds the same imports a started worker's would.
+
+Never for a GPU probe: CUDA must be initialised in the probe's own process, as the trainer's
+is, and a GPU probe's minutes make an import's seconds irrelevant (runners/forking.py decides).
+
+Protocol, one JSON object per line. In, on stdin: {"id", "request", "result", "log", "tag"}.
+Out, on stdout: {"ready": true} once the imports are done (or {"error": "..."} and the process
+exits), {"id", "pid"} per child forked, {"exited": pid, "returncode"} per child reaped
+(Popen's convention: -N for a child killed by signal N). On EOF on stdin, or when the driver
+that started it is gone, it kills its children and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+
+from autotune.probe.process_tag import PROBE_TAG_ENV, die_with_parent
+
+PARENT_CHECK_S = 0.5  # how often it looks whether its driver is still there
+
+
+def preload(model: str, model_path: str | None) -> None:
+    """Import what a built-in probe's worker imports (worker.run_request), its model's
+    transformers class included; then freeze the heap so children copy no page for it."""
+    import torch  # noqa: F401
+
+    from autotune.probe import meter, oom, step  # noqa: F401
+    from autotune.probe.models import load_model_config, model_class
+    from autotune.probe.worker import quiet_libraries
+
+    quiet_libraries()
+    config = load_model_config(model, model_path)
+    cls = model_class(config)
+    mapping = getattr(cls, "_model_mapping", None)  # an Auto class: import the one it builds
+    if mapping is not None and type(config) in mapping:
+        mapping[type(config)]
+    gc.collect()
+    gc.freeze()
+
+
+def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]) -> None:
+    """In a forked child: become the probe's worker, then exit with its code (never returns)."""
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent(server_pid)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in own_fds:
+            os.close(fd)
+        log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.environ[PROBE_TAG_ENV] = message["tag"]  # for every process the probe starts
+        from autotune.probe import worker
+
+        sys.argv = [worker.__file__, message["request"], message["result"]]
+        code = worker.main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(requests_fd: int, replies_fd: int, driver_pid: int) -> None:
+    """Fork a child per request, report each child's pid and exit code, until stdin closes or
+    the driver is gone; then kill the children still running."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # its wake-up fd ends the select at once
+    signal.set_wakeup_fd(wake_write)
+    own_fds = (requests_fd, replies_fd, wake_read, wake_write)
+    server_pid = os.getpid()
+    children: set[int] = set()
+    pending = b""
+
+    def reply(message: dict[str, object]) -> None:
+        os.write(replies_fd, (json.dumps(message) + "\n").encode())
+
+    try:
+        while os.getppid() == driver_pid:
+            readable, _, _ = select.select([requests_fd, wake_read], [], [], PARENT_CHECK_S)
+            if wake_read in readable:
+                os.read(wake_read, 4096)
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.discard(pid)
+                reply({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+            if requests_fd not in readable:
+                continue
+            chunk = os.read(requests_fd, 1 << 16)
+            if not chunk:
+                break  # the driver closed our stdin: it is done with us
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                message = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    run_child(message, server_pid, own_fds)
+                children.add(pid)
+                reply({"id": message["id"], "pid": pid})
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print("usage: python -m autotune.probe.fork_server MODEL [MODEL_PATH]", file=sys.stderr)
+        return 2
+    driver_pid = os.getppid()
+    requests_fd, replies_fd = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):  # a stray print must not end up in the protocol
+        os.dup2(null, fd)
+    try:
+        preload(argv[0], argv[1] if len(argv) == 2 and argv[1] else None)
+    except Exception as exc:  # the driver starts its probes as processes instead
+        os.write(replies_fd, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+                 .encode())
+        return 1
+    os.write(replies_fd, b'{"ready": true}\n')
+    serve(requests_fd, replies_fd, driver_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

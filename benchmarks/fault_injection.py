@@ -57,6 +57,8 @@ ORPHAN_WAIT_S = 1.0
 WORKER = "autotune.probe.worker"
 TRACER = "autotune.probe.trace"
 TRIAL_RE = re.compile(r"trial-(\d+)\.re(?:quest|sult)\.json")
+FORK_SERVER = "autotune.probe.fork_server"  # a CPU probe is forked by one (its command line)
+LOG_RE = re.compile(r"trial-(\d+)\.log$")
 
 
 class Driver:
@@ -98,14 +100,31 @@ def result_files(logs: Path) -> set[str]:
     return {n for n in names if n.startswith("trial-") and n.endswith(".result.json")}
 
 
+def probe_trial(proc: psutil.Process, study_dir: Path) -> int | None:
+    """The trial a probe of this study runs, None for any other process: a started worker
+    names its request on its command line; a forked one (a child of a fork server, with the
+    server's command line) holds its trial's log open as its output."""
+    cmdline = " ".join(proc.cmdline())
+    if WORKER in cmdline and str(study_dir) in cmdline:
+        return int(TRIAL_RE.search(cmdline).group(1))
+    parent = proc.parent()
+    if FORK_SERVER in cmdline and parent is not None and \
+            FORK_SERVER in " ".join(parent.cmdline()):
+        for opened in proc.open_files():
+            match = LOG_RE.search(opened.path)
+            if match and opened.path.startswith(str(study_dir)):
+                return int(match.group(1))
+    return None
+
+
 def live_workers(study_dir: Path, parent: int | None = None) -> list[psutil.Process]:
-    """Probe workers of this study (children of `parent` when given), zombies excluded."""
-    procs = psutil.Process(parent).children() if parent else psutil.process_iter()
+    """Probe processes of this study (under `parent` when given), zombies excluded."""
+    procs = psutil.Process(parent).children(recursive=True) if parent else \
+        psutil.process_iter()
     found = []
     for proc in procs:
         try:
-            cmdline = " ".join(proc.cmdline())
-            if WORKER in cmdline and str(study_dir) in cmdline and \
+            if probe_trial(proc, study_dir) is not None and \
                     proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
@@ -132,7 +151,8 @@ def sweep_tree(driver_pid: int) -> list[tuple[psutil.Process, str]]:
             cmdline = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        kind = "worker" if WORKER in cmdline else "trace" if TRACER in cmdline else "other"
+        kind = "worker" if WORKER in cmdline else "trace" if TRACER in cmdline else \
+            "fork server or forked probe" if FORK_SERVER in cmdline else "other"
         found.append((proc, kind))
     return found
 
@@ -218,7 +238,12 @@ def worker_kills(command, study_dir, plan, rng, runs, report) -> list[tuple[int,
             continue
         worker = fresh[0]
         seen.add(worker.pid)
-        number = int(TRIAL_RE.search(" ".join(worker.cmdline())).group(1))
+        try:
+            number = probe_trial(worker, study_dir)
+        except psutil.Error:
+            continue  # it ended first
+        if number is None:
+            continue
         time.sleep(rng.uniform(1.0, 4.0))
         result = study_dir / "logs" / f"trial-{number:05d}.result.json"
         if not worker.is_running() or result.exists():

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
-from runner_contract import is_probe, wait_until
+from runner_contract import is_gone, is_probe, wait_until
 
 from autotune.hardware import Device
 from autotune.probe.result import ProbeStatus
@@ -60,7 +60,7 @@ def test_a_stopped_forked_probe_returns_at_once_and_leaves_no_process(make_reque
     runner.stop()
     thread.join(timeout=15)
     assert not thread.is_alive() and results[0].status is not ProbeStatus.OK
-    assert wait_until(lambda: not child.is_running() or child.status() == "zombie", 10)
+    assert wait_until(lambda: is_gone(child.pid), 10)
 
 
 def test_a_forked_probe_past_its_timeout_is_a_timeout(make_request):
@@ -106,3 +106,29 @@ def test_only_a_built_in_cpu_probe_in_one_process_is_forked(make_request):
     assert forkable(make_request(gpus_per_node=2, emulated=True))  # one process: fake ranks
     assert not forkable(make_request(gpus_per_node=2))  # a launcher and two rank processes
     assert not forkable(dataclasses.replace(request, device=Device("cuda", None, None)))
+
+
+def test_a_forked_probe_runs_where_its_driver_is_now(make_request, tmp_path, monkeypatch):
+    """Relative paths (a sweep's default `results/`) mean the driver's directory at the probe,
+    not the one its fork server was started in."""
+    runner = SubprocessRunner()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert runner.run(make_request(), Path("logs/trial-00000.log")).ok
+    monkeypatch.chdir(tmp_path / "b")
+    result = runner.run(make_request(), Path("logs/trial-00001.log"))
+    assert result.ok and result.startup_s < 0.3, result.stderr_tail  # forked, not started
+    assert (tmp_path / "b" / "logs" / "trial-00001.result.json").is_file()
+    assert (tmp_path / "b" / "logs" / "trial-00001.log").is_file()
+    assert not (tmp_path / "a" / "logs" / "trial-00001.log").exists()
+
+
+def test_a_probe_its_server_cannot_prepare_fails_as_a_started_one_does(make_request):
+    """A model the fork server cannot import (here: no such model) is started as a process,
+    and ends as the started worker says."""
+    started = SubprocessRunner(fork=False).run(make_request(model="no-such-model"))
+    forked = SubprocessRunner().run(make_request(model="no-such-model"))
+    assert forked.status is started.status and started.status is not ProbeStatus.OK
+    assert forked.message == started.message
+    assert forked.startup_s is None or forked.startup_s > 0.3  # it was started, not forked

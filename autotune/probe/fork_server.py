@@ -12,10 +12,11 @@ anonymous RSS, the CPU probe's device figure, holds the same imports a started w
 Never for a GPU probe: CUDA must be initialised in the probe's own process, as the trainer's
 is, and a GPU probe's minutes make an import's seconds irrelevant (runners/forking.py decides).
 
-Protocol, one JSON object per line. In, on stdin: {"id", "request", "result", "log", "tag"}.
-Out, on stdout: {"ready": true} once the imports are done (or {"error": "..."} and the process
-exits), {"id", "pid"} per child forked, {"exited": pid, "returncode"} per child reaped
-(Popen's convention: -N for a child killed by signal N). On EOF on stdin, or when the driver
+Protocol, one JSON object per line. In, on stdin: {"id", "request", "result", "log", "tag",
+"cwd"}. Out, on stdout: {"ready": true} once the imports are done (or {"error": "..."} and the
+process exits), {"id", "pid"} per child forked (or {"id", "error"} when the fork failed),
+{"exited": pid, "returncode"} per child reaped (Popen's convention: -N for a child killed by
+signal N). On EOF on stdin, or when the driver
 that started it is gone, it kills its children and exits.
 """
 
@@ -64,6 +65,7 @@ def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in own_fds:
             os.close(fd)
+        os.chdir(message["cwd"])  # the driver's, as a started worker inherits it
         log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -76,14 +78,24 @@ def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]
 
         sys.argv = [worker.__file__, message["request"], message["result"]]
         code = worker.main(sys.argv[1:])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except SystemExit as exc:  # as the interpreter ends on one
+        if isinstance(exc.code, int) or exc.code is None:
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # as the interpreter ends on one: killed by SIGINT
+        traceback.print_exc()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
         os._exit(code)
 
 
@@ -122,7 +134,11 @@ def serve(requests_fd: int, replies_fd: int, driver_pid: int) -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 message = json.loads(line)
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # a pids or memory limit: the driver starts a process
+                    reply({"id": message["id"], "error": str(exc)})
+                    continue
                 if pid == 0:
                     run_child(message, server_pid, own_fds)
                 children.add(pid)
@@ -142,6 +158,7 @@ def main(argv: list[str]) -> int:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):  # a stray print must not end up in the protocol
         os.dup2(null, fd)
+    os.close(null)
     try:
         preload(argv[0], argv[1] if len(argv) == 2 and argv[1] else None)
     except Exception as exc:  # the driver starts its probes as processes instead

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from autotune.probe.process_tag import PROBE_TAG_ENV
 
@@ -67,6 +67,7 @@ class ForkServer:
             start_new_session=True, preexec_fn=pin if cpu_ids else None)
         self.state = threading.Condition()
         self.ready: bool | None = None  # None until the server says; False: it cannot serve
+        self.error: str | None = None  # why it could not import what a probe needs
         self.forked: dict[int, ForkedProbe] = {}  # request id -> its probe, until spawn
         self.probes: dict[int, ForkedProbe] = {}  # pid -> its probe, until it exits
         self.users = 0  # threads between finding this server and forking their probe
@@ -78,33 +79,44 @@ class ForkServer:
         self.reader.start()
 
     def _read(self, replies: IO[bytes]) -> None:
-        for line in replies:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
+        try:
+            for line in replies:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(message, dict):
+                    with self.state:
+                        self._take(message)
+                        self.state.notify_all()
+        finally:  # the server is gone (or speaks nonsense), and its children with it
             with self.state:
-                if "ready" in message:
-                    self.ready = True
-                elif "error" in message:
-                    self.ready = False
-                elif "id" in message:
-                    probe = ForkedProbe(message["pid"])
-                    self.probes[probe.pid] = probe
-                    if message["id"] in self.abandoned:  # nobody waits for it: it must not run
-                        with contextlib.suppress(OSError):
-                            os.killpg(probe.pid, signal.SIGKILL)
-                    else:
-                        self.forked[message["id"]] = probe
-                elif "exited" in message and message["exited"] in self.probes:
-                    self.probes.pop(message["exited"]).finish(message["returncode"])
+                self.ready = False
+                for probe in self.probes.values():
+                    kill_probe(probe.pid)
+                    probe.finish(-9)
+                self.probes.clear()
                 self.state.notify_all()
-        with self.state:  # the server is gone, and its children with it (parent death)
-            self.ready = False
-            for probe in self.probes.values():
-                probe.finish(-9)
-            self.probes.clear()
-            self.state.notify_all()
+
+    def _take(self, message: dict[str, Any]) -> None:
+        """One message of the server's (the caller holds the state lock)."""
+        if "ready" in message:
+            self.ready = True
+        elif "id" in message:
+            request_id = message["id"]
+            if "pid" not in message:  # the fork failed: the caller starts a process
+                self.abandoned.add(request_id)
+            elif request_id in self.abandoned:  # nobody waits for it: it must never run
+                self.abandoned.discard(request_id)
+                kill_probe(message["pid"])
+                self.probes[message["pid"]] = ForkedProbe(message["pid"])  # to be reaped
+            else:
+                probe = self.forked[request_id] = ForkedProbe(message["pid"])
+                self.probes[probe.pid] = probe
+        elif "error" in message:
+            self.ready, self.error = False, str(message["error"])
+        elif "exited" in message and message["exited"] in self.probes:
+            self.probes.pop(message["exited"]).finish(message["returncode"])
 
     def wait_ready(self, timeout_s: float, stopping: threading.Event) -> bool:
         """Whether the server has its imports done (False: it failed, or it was not ready
@@ -124,13 +136,16 @@ class ForkServer:
 
     def spawn(self, request_path: Path, result_path: Path, log_path: Path,
               tag: str) -> ForkedProbe | None:
-        """Fork a probe of `request_path`; None when the server cannot (it is gone)."""
+        """Fork a probe of `request_path`, run in this process's working directory as a
+        started worker would be; None when the server cannot (it is gone, or broken: then
+        it is closed, and a probe it forks too late dies with it)."""
         with self.state:
             if not self.ready or self.proc.stdin is None:
                 return None
             request_id, self.next_id = self.next_id, self.next_id + 1
             message = {"id": request_id, "request": str(request_path),
-                       "result": str(result_path), "log": str(log_path), "tag": tag}
+                       "result": str(result_path), "log": str(log_path), "tag": tag,
+                       "cwd": os.getcwd()}
             try:
                 self.proc.stdin.write((json.dumps(message) + "\n").encode())
                 self.proc.stdin.flush()
@@ -138,7 +153,8 @@ class ForkServer:
                 return None
             deadline = time.monotonic() + SPAWN_REPLY_S
             try:
-                while request_id not in self.forked and self.ready:
+                while request_id not in self.forked and request_id not in self.abandoned \
+                        and self.ready:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -146,14 +162,17 @@ class ForkServer:
             except BaseException:  # a Ctrl-C: the probe must not run on without its caller
                 self.abandoned.add(request_id)
                 if request_id in self.forked:
-                    with contextlib.suppress(OSError):
-                        os.killpg(self.forked.pop(request_id).pid, signal.SIGKILL)
+                    kill_probe(self.forked.pop(request_id).pid)
                 raise
             self.last_used = time.monotonic()
             probe = self.forked.pop(request_id, None)  # it may have exited already: it ran
-            if probe is None:  # not forked in time: it must never run later
-                self.abandoned.add(request_id)
-            return probe
+            if probe is not None or request_id in self.abandoned:  # forked, or fork failed
+                self.abandoned.discard(request_id)
+                return probe
+            self.abandoned.add(request_id)
+            self.ready = False  # no answer in SPAWN_REPLY_S: broken
+        self.close()
+        return None
 
     def close(self) -> None:
         """End the server (its children, if any, die with it) and its reader."""
@@ -166,12 +185,24 @@ class ForkServer:
             self.proc.kill()
             self.proc.wait()
         self.reader.join(timeout=5)
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def kill_probe(pid: int) -> None:
+    """SIGKILL a forked probe by its pid and its group (until it has called setsid, its
+    group is not there yet)."""
+    for kill in (os.kill, os.killpg):
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
 
 
 ServerKey = tuple[object, ...]
 _servers: dict[ServerKey, ForkServer] = {}
 _servers_lock = threading.Lock()
 _exit_hook: list[object] = []  # close_servers, once registered to run at exit
+_failed: set[ServerKey] = set()  # kinds whose server could not import what a probe needs
 
 
 def can_fork() -> bool:
@@ -184,24 +215,42 @@ def forked_probe(env: dict[str, str], cpu_ids: tuple[int, ...] | None, model: st
                  stopping: threading.Event) -> ForkedProbe | None:
     """The probe forked by the server for its kind (its environment less the probe's tag,
     its cores, its model; started now if there is none, and waited for at most `timeout_s`);
-    None when it cannot be forked: start it as a process."""
+    None when it cannot be forked: start it as a process. A kind whose server failed to
+    import is never tried again in this process."""
+    if stopping.is_set():
+        return None
     tag = env.get(PROBE_TAG_ENV, "")
     server_env = {name: value for name, value in env.items() if name != PROBE_TAG_ENV}
+    model_path = str(Path(model_path).resolve()) if model_path else None
     key: ServerKey = (tuple(sorted(server_env.items())), cpu_ids, model, model_path,
                       _server_tag(tag))
+    closing: list[ForkServer] = []
     with _servers_lock:
+        if key in _failed:
+            return None
         server = _servers.get(key)
-        if server is None or server.ready is False:
-            if server is not None:
-                server.close()
+        if server is not None and server.ready is False:
+            if server.error is not None:
+                _failed.add(key)
+            closing.append(_servers.pop(key))
+            server = None
+        if server is None and key not in _failed:
             if not _exit_hook:
                 _exit_hook.append(atexit.register(close_servers))
             server = _servers[key] = ForkServer(
                 {**server_env, PROBE_TAG_ENV: _server_tag(tag)}, cpu_ids, model, model_path)
-        server.users += 1
-        _close_idle(keep=MAX_IDLE_SERVERS)
+        if server is not None:
+            server.users += 1
+        closing += _pop_idle(keep=MAX_IDLE_SERVERS)
+    for old in closing:  # outside the lock: a close waits for the server to exit
+        old.close()
+    if server is None:
+        return None
     try:
         if not server.wait_ready(timeout_s, stopping):
+            if server.error is not None:
+                with _servers_lock:
+                    _failed.add(key)
             return None
         return server.spawn(request_path, result_path, log_path, tag)
     finally:
@@ -216,23 +265,26 @@ def _server_tag(probe_tag: str) -> str:
     return probe_tag.rsplit(".", 1)[0] + ".server" if probe_tag else ""
 
 
-def _close_idle(keep: int) -> None:
-    """Close idle servers, least recently used first, until at most `keep` are idle (the
-    caller holds the lock)."""
-    idle = sorted((s.last_used, key) for key, s in _servers.items() if not s.busy)
-    for _, key in idle[:max(0, len(idle) - keep)]:
-        _servers.pop(key).close()
+def _pop_idle(keep: int) -> list[ForkServer]:
+    """Take idle servers out of the pool, least recently used first, until at most `keep`
+    are idle; the caller holds the lock, and closes them once it has let it go."""
+    idle = sorted((key for key, server in _servers.items() if not server.busy),
+                  key=lambda key: _servers[key].last_used)
+    return [_servers.pop(key) for key in idle[:max(0, len(idle) - keep)]]
 
 
 def close_idle_servers() -> None:
     """Close every server with no probe in flight (a sweep is over)."""
     with _servers_lock:
-        _close_idle(keep=0)
+        idle = _pop_idle(keep=0)
+    for server in idle:
+        server.close()
 
 
 def close_servers() -> None:
     """Close every server; their probes in flight die with them (this process exits)."""
     with _servers_lock:
-        for server in _servers.values():
-            server.close()
+        servers = list(_servers.values())
         _servers.clear()
+    for server in servers:
+        server.close()

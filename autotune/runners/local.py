@@ -1,9 +1,11 @@
 """SubprocessRunner: each probe in a process group of its own, watched, and killed whole.
 
 The worker runs as `python -m autotune.probe.worker` in a new session, pinned to its GPUs with
-CUDA_VISIBLE_DEVICES (or to CPU threads), its output in a log file. A watchdog polls the
-process tree: past `timeout_s` or past the host-memory limit it kills every process of the
-probe. Whatever happened, `run` returns a classified ProbeResult and leaves no process behind.
+CUDA_VISIBLE_DEVICES (or to CPU threads), its output in a log file; a built-in CPU probe is
+forked instead, by a fork server that has imported torch (forking.py), into the same. A
+watchdog polls the process tree: past `timeout_s` or past the host-memory limit it kills every
+process of the probe. Whatever happened, `run` returns a classified ProbeResult and leaves no
+process behind.
 
 Files: with a log path (a sweep's `logs/trial-00007.log`) the request and the worker's result
 go beside it (probe_files: `trial-00007.request.json`, `trial-00007.result.json`, written
@@ -110,6 +112,9 @@ def kill_tree(proc: ProbeProcess, tag: str = "") -> None:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:  # a forked probe that has not made its group yet
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGKILL)
     for child in descendants:
         with contextlib.suppress(psutil.Error):
             child.kill()
@@ -150,7 +155,8 @@ def read_tail(path: Path, max_chars: int = STDERR_TAIL_CHARS) -> str:
 
 
 class SubprocessRunner:
-    """Runs each probe as `python -m autotune.probe.worker` in its own process group."""
+    """Runs each probe as `python -m autotune.probe.worker` in its own process group (a
+    built-in CPU probe forked by a fork server, unless `fork` is False)."""
 
     def __init__(self, worker_argv: list[str] | None = None, scope: str = "",
                  fork: bool = True) -> None:

@@ -14,7 +14,7 @@ How to read the figures (each target is 0):
   lost            a probe that finished (valid result.json for the trial's config) whose trial
                   is not COMPLETE/FAIL with that result: finished work thrown away or redone
   duplicated      a config probed to a finished result more than once (retries after
-                  killed/lost and interrupted probes excepted)
+                  killed/lost and interrupted probes, and a finalist's repeats, excepted)
   stuck           trials still RUNNING or WAITING after the final clean run
   orphaned        processes of the sweep still alive 1 s after a driver kill: its probe
                   workers and ranks, and its trace process (the driver's whole process tree
@@ -59,6 +59,7 @@ TRACER = "autotune.probe.trace"
 TRIAL_RE = re.compile(r"trial-(\d+)\.re(?:quest|sult)\.json")
 FORK_SERVER = "autotune.probe.fork_server"  # a CPU probe is forked by one (its command line)
 LOG_RE = re.compile(r"trial-(\d+)\.log$")
+RESULT_RE = re.compile(r"trial-\d+\.result\.json")
 
 
 class Driver:
@@ -96,8 +97,10 @@ class Driver:
 
 
 def result_files(logs: Path) -> set[str]:
+    """The trials' own result files (a finalist's repeats, trial-N.repeat-K.result.json, are
+    not a trial's result)."""
     names = os.listdir(logs) if logs.is_dir() else []
-    return {n for n in names if n.startswith("trial-") and n.endswith(".result.json")}
+    return {n for n in names if RESULT_RE.fullmatch(n)}
 
 
 def probe_trial(proc: psutil.Process, study_dir: Path) -> int | None:
@@ -244,7 +247,7 @@ def worker_kills(command, study_dir, plan, rng, runs, report) -> list[tuple[int,
             continue  # it ended first
         if number is None:
             continue
-        time.sleep(rng.uniform(1.0, 4.0))
+        time.sleep(rng.uniform(0.3, 1.5))  # mid-probe: a forked CPU probe takes seconds
         result = study_dir / "logs" / f"trial-{number:05d}.result.json"
         if not worker.is_running() or result.exists():
             continue  # it finished first: not a mid-probe kill
@@ -270,6 +273,7 @@ def check_study(study_dir: Path, sent: list[tuple[int, str]]) -> dict:
     from optuna.trial import TrialState
 
     from autotune.sweep import trial_files
+    from autotune.sweep.measurements import FINALIST
     from autotune.sweep.search_space import load_search_space
     from autotune.sweep.sharing import params_key
 
@@ -279,8 +283,8 @@ def check_study(study_dir: Path, sent: list[tuple[int, str]]) -> dict:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     status = {n: t.user_attrs.get("status") for n, t in trials.items()}
     lost = []
-    for path in sorted((study_dir / "logs").glob("trial-*.result.json")):
-        number = int(TRIAL_RE.search(path.name).group(1))
+    for name in sorted(result_files(study_dir / "logs")):
+        number = int(TRIAL_RE.search(name).group(1))
         trial = trials.get(number)
         if trial is None or not trial.params:
             lost.append(f"trial {number}: result.json but no such trial in the study")
@@ -302,6 +306,8 @@ def check_study(study_dir: Path, sent: list[tuple[int, str]]) -> dict:
             continue
         if attrs.get("origin") == "retry" and \
                 status.get(attrs.get("requeued_from")) in ("killed", "lost"):
+            continue
+        if attrs.get("origin") == FINALIST:  # a finalist's repeat probes its config again
             continue
         finished[params_key(trial.params)].append(number)
     duplicated = [numbers for numbers in finished.values() if len(numbers) > 1]

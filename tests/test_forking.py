@@ -132,3 +132,28 @@ def test_a_probe_its_server_cannot_prepare_fails_as_a_started_one_does(make_requ
     assert forked.status is started.status and started.status is not ProbeStatus.OK
     assert forked.message == started.message
     assert forked.startup_s is None or forked.startup_s > 0.3  # it was started, not forked
+
+
+IMPORTING_DRIVER = """
+import os, sys, time
+from autotune.runners.forking import ForkServer
+server = ForkServer(dict(os.environ, CUDA_VISIBLE_DEVICES=""), None, "tiny-qwen2.5", None)
+print(server.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_server_still_importing_ends_at_once_with_its_killed_driver():
+    """Its imports take seconds; a driver SIGKILLed meanwhile must not leave it running them."""
+    driver = subprocess.Popen([sys.executable, "-c", IMPORTING_DRIVER], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert driver.stdout is not None
+        server = psutil.Process(int(driver.stdout.readline()))
+        time.sleep(0.3)  # it is importing torch
+        assert server.is_running()
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    _, alive = psutil.wait_procs([server], timeout=2.0)  # its imports take 3 s or more
+    assert not alive, "the fork server went on importing after its driver died"

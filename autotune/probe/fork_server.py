@@ -16,8 +16,8 @@ Protocol, one JSON object per line. In, on stdin: {"id", "request", "result", "l
 "cwd"}. Out, on stdout: {"ready": true} once the imports are done (or {"error": "..."} and the
 process exits), {"id", "pid"} per child forked (or {"id", "error"} when the fork failed),
 {"exited": pid, "returncode"} per child reaped (Popen's convention: -N for a child killed by
-signal N). On EOF on stdin, or when the driver
-that started it is gone, it kills its children and exits.
+signal N). On EOF on stdin, or when the driver that started it is gone (also while it imports),
+it kills its children and exits at once, with no interpreter teardown.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ import os
 import select
 import signal
 import sys
+import threading
 import traceback
 
 from autotune.probe.process_tag import PROBE_TAG_ENV, die_with_parent
 
-PARENT_CHECK_S = 0.5  # how often it looks whether its driver is still there
+PARENT_CHECK_S = 0.1  # how often it looks whether its driver is still there
 
 
 def preload(model: str, model_path: str | None) -> None:
@@ -144,9 +145,17 @@ def serve(requests_fd: int, replies_fd: int, driver_pid: int) -> None:
                 children.add(pid)
                 reply({"id": message["id"], "pid": pid})
     finally:
-        for pid in children:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+        for pid in children:  # by group, and by pid: a child may not have made its group yet
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(OSError):
+                    kill(pid, signal.SIGKILL)
+
+
+def watch_driver(driver_pid: int, done: threading.Event) -> None:
+    """While the server imports (seconds): end it at once when its driver is gone."""
+    while not done.wait(PARENT_CHECK_S):
+        if os.getppid() != driver_pid:
+            os._exit(1)
 
 
 def main(argv: list[str]) -> int:
@@ -159,15 +168,23 @@ def main(argv: list[str]) -> int:
     for fd in (0, 1):  # a stray print must not end up in the protocol
         os.dup2(null, fd)
     os.close(null)
+    imported = threading.Event()
+    watcher = threading.Thread(target=watch_driver, args=(driver_pid, imported), daemon=True)
+    watcher.start()
     try:
         preload(argv[0], argv[1] if len(argv) == 2 and argv[1] else None)
     except Exception as exc:  # the driver starts its probes as processes instead
         os.write(replies_fd, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
                  .encode())
-        return 1
+        os._exit(1)
+    finally:
+        imported.set()
+        watcher.join()  # one thread left when it forks
     os.write(replies_fd, b'{"ready": true}\n')
-    serve(requests_fd, replies_fd, driver_pid)
-    return 0
+    try:
+        serve(requests_fd, replies_fd, driver_pid)
+    finally:  # no interpreter teardown (a second, with torch loaded): the driver may be gone
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,13 @@ def preload(model: str, model_path: str | None) -> None:
     gc.freeze()
 
 
+def flush_output() -> None:
+    """What the child printed, into its log, before it ends without the interpreter's exit."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
 def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]) -> None:
     """In a forked child: become the probe's worker, then exit with its code (never returns)."""
     code = 1
@@ -86,17 +93,13 @@ def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]
             print(exc.code, file=sys.stderr)
     except KeyboardInterrupt:  # as the interpreter ends on one: killed by SIGINT
         traceback.print_exc()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        flush_output()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        flush_output()
         os._exit(code)
 
 

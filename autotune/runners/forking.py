@@ -201,7 +201,6 @@ def kill_probe(pid: int) -> None:
 ServerKey = tuple[object, ...]
 _servers: dict[ServerKey, ForkServer] = {}
 _servers_lock = threading.Lock()
-_exit_hook: list[object] = []  # close_servers, once registered to run at exit
 _failed: set[ServerKey] = set()  # kinds whose server could not import what a probe needs
 
 
@@ -235,8 +234,6 @@ def forked_probe(env: dict[str, str], cpu_ids: tuple[int, ...] | None, model: st
             closing.append(_servers.pop(key))
             server = None
         if server is None and key not in _failed:
-            if not _exit_hook:
-                _exit_hook.append(atexit.register(close_servers))
             server = _servers[key] = ForkServer(
                 {**server_env, PROBE_TAG_ENV: _server_tag(tag)}, cpu_ids, model, model_path)
         if server is not None:
@@ -288,3 +285,6 @@ def close_servers() -> None:
         _servers.clear()
     for server in servers:
         server.close()
+
+
+atexit.register(close_servers)  # at this process's exit (an empty pool: nothing to do)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from autotune.version import __version__
 
 # name -> the module that defines it: the one table of the library face
 _FACE = {
@@ -28,11 +28,13 @@ _FACE = {
     "SweepPlan": "autotune.sweep.plan", "plan_sweep": "autotune.sweep.plan",
     "run_sweep": "autotune.sweep.driver", "SweepOutcome": "autotune.sweep.driver",
     "estimate": "autotune.estimates", "Estimate": "autotune.estimates",
-    "export_study": "autotune.sweep.best_export", "TrainerExport": "autotune.sweep.best_export",
-    "load_study": "autotune.sweep.storage",
+    "export_study": "autotune.sweep.pick.best_export",
+    "TrainerExport": "autotune.sweep.pick.best_export",
+    "load_study": "autotune.sweep.study.storage",
     "ProbeConfig": "autotune.config", "Topology": "autotune.config",
-    "ProbeRequest": "autotune.probe.result", "ProbeResult": "autotune.probe.result",
-    "ProbeStatus": "autotune.probe.result",
+    "ProbeRequest": "autotune.probe.measure.result",
+    "ProbeResult": "autotune.probe.measure.result",
+    "ProbeStatus": "autotune.probe.measure.result",
     "AutotuneError": "autotune.errors", "ConfigError": "autotune.errors",
 }
 __all__ = ["__version__", *_FACE]
@@ -41,11 +43,11 @@ if TYPE_CHECKING:  # the face's types for a type checker; at run time __getattr_
     from autotune.config import ProbeConfig, Topology  # noqa: F401
     from autotune.errors import AutotuneError, ConfigError  # noqa: F401
     from autotune.estimates import Estimate, estimate  # noqa: F401
-    from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: F401
-    from autotune.sweep.best_export import TrainerExport, export_study  # noqa: F401
+    from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: F401
     from autotune.sweep.driver import SweepOutcome, run_sweep  # noqa: F401
+    from autotune.sweep.pick.best_export import TrainerExport, export_study  # noqa: F401
     from autotune.sweep.plan import ProbeOptions, RunOptions, SweepPlan, plan_sweep  # noqa: F401
-    from autotune.sweep.storage import load_study  # noqa: F401
+    from autotune.sweep.study.storage import load_study  # noqa: F401
 
 
 def __getattr__(name: str) -> object:

@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT.parent / "tests"))
 from scripted_runner import ScriptedRunner  # noqa: E402
 
 from autotune.hardware import Device  # noqa: E402
-from autotune.probe.result import ProbeRequest, ProbeResult  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest, ProbeResult  # noqa: E402
 from autotune.sweep.driver import run_sweep  # noqa: E402
 from autotune.sweep.plan import SweepPlan  # noqa: E402
-from autotune.sweep.search_space import load_search_space  # noqa: E402
-from autotune.sweep.settings import SweepSettings  # noqa: E402
+from autotune.sweep.space.search_space import load_search_space  # noqa: E402
+from autotune.sweep.study.settings import SweepSettings  # noqa: E402
 
 SPACE = ROOT / "spaces" / "artifact-scaling.yaml"
 OUT = ROOT / "results" / "artifact_scaling.txt"

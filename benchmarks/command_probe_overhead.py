@@ -34,9 +34,9 @@ from trl_fixture import make_trl_workspace  # noqa: E402
 
 from autotune.config import ProbeConfig, Topology, format_bytes  # noqa: E402
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeResult  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest, ProbeResult  # noqa: E402
 from autotune.runners.local import SubprocessRunner  # noqa: E402
-from autotune.sweep.command_probe import command_template  # noqa: E402
+from autotune.sweep.execution.command_probe import command_template  # noqa: E402
 from autotune.trainers import get_adapter  # noqa: E402
 
 SHAPES = {"rollout_batch_size": 4, "rollout_n": 4, "global_batch_size": 4,

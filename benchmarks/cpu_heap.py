@@ -1,9 +1,10 @@
 """How the CPU probe's heap setting moves what it measures: glibc's mmap threshold, side by side.
 
-On a CPU the probe's device memory is the process's anonymous RSS (probe/meter.py). Blocks at
-or above MALLOC_MMAP_THRESHOLD_ come from mmap and go back to the OS when freed; smaller ones
-stay in malloc's arenas, where a freed block is reused only by one that fits, so a phase's
-RSS peak carries what the allocation pattern left fragmented, not only the live tensors. The
+On a CPU the probe's device memory is the process's anonymous RSS (probe/measure/meter.py).
+Blocks at or above MALLOC_MMAP_THRESHOLD_ come from mmap and go back to the OS when freed;
+smaller ones stay in malloc's arenas, where a freed block is reused only by one that fits, so a
+phase's RSS peak carries what the allocation pattern left fragmented, not only the live
+tensors. The
 tiny models' tensors are mostly under 1 MiB (FSDP halves them again), so this matters here.
 
 Each setting runs the same real probes, alternating, R times each: W = 1 and W = 2 (two real
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 
 OUT = Path(__file__).parent / "results"
 THRESHOLDS = {"1 MiB": 1 << 20, "256 KiB": 256 << 10}

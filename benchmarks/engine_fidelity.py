@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from autotune.config import ProbeConfig, format_bytes  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
-from autotune.probe.result import ProbeRequest, ProbeResult  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest, ProbeResult  # noqa: E402
 from autotune.runners.local import SubprocessRunner  # noqa: E402
 
 PROMPTS, PROMPT_TOKENS, RESPONSE_TOKENS, PREFILL_TOKENS = 8, 64, 64, 512

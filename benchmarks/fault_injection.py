@@ -272,10 +272,10 @@ def check_study(study_dir: Path, sent: list[tuple[int, str]]) -> dict:
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.sweep import trial_files
-    from autotune.sweep.measurements import FINALIST
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.sharing import params_key
+    from autotune.sweep.pick.measurements import FINALIST
+    from autotune.sweep.space.params import params_key
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study import trial_files
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_search_space("cpu-demo")

@@ -60,8 +60,8 @@ from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
 from autotune.memory.states import model_state_bytes
-from autotune.probe.meter import SNAPSHOT_ENV
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.meter import SNAPSHOT_ENV
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
 SHAPES = {"max_prompt_length": 512, "max_response_length": 256, "rollout_n": 4}
@@ -411,7 +411,7 @@ def noise_repeats(device: str, left_s: Callable[[], float], repeats: int = NOISE
     config's coefficient of variation over its repeats in each condition."""
     import statistics
 
-    from autotune.probe.result import coefficient_of_variation
+    from autotune.probe.measure.result import coefficient_of_variation
 
     runner = SubprocessRunner()
     out: dict = {"repeats": repeats, "conditions": {}}

@@ -43,9 +43,9 @@ from landscape import figures  # noqa: E402
 
 from autotune.hardware import Device  # noqa: E402
 from autotune.memory.phases import phase_knobs  # noqa: E402
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
-from autotune.sweep.search_space import SearchSpace, load_search_space  # noqa: E402
-from autotune.sweep.sharing import params_key  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
+from autotune.sweep.space.params import params_key  # noqa: E402
+from autotune.sweep.space.search_space import SearchSpace, load_search_space  # noqa: E402
 
 if TYPE_CHECKING:
     from gpu_time_model import TimeModel
@@ -127,7 +127,7 @@ def trace_one(model: str, gpu: str, params: dict) -> dict:
     """One whole-step trace as rank 0 of 8 (in a worker process: torch loads once)."""
     import torch
 
-    from autotune.probe.oom import classify_exception
+    from autotune.probe.measure.oom import classify_exception
     from autotune.probe.trace import trace_request
     from autotune.probe.worker import quiet_libraries
 

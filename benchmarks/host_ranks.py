@@ -30,7 +30,7 @@ from autotune.hardware import Device
 from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

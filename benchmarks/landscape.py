@@ -20,8 +20,8 @@ from pathlib import Path
 
 from autotune.config import PHASES, parse_bytes
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
-from autotune.sweep.search_space import SearchSpace, load_search_space
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.sweep.space.search_space import SearchSpace, load_search_space
 from autotune.sweep.tuner import params_key
 
 GRPO_PHASES = ("rollout", "experience", "update")  # a step's phases without a critic

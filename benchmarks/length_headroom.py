@@ -3,9 +3,10 @@ autotune says it fits up to, and run out of memory one step above it?
 
 For each config of tiny-qwen2.5 on the CPU: a real probe at a short length (no cap) gives the
 measured peaks; the memory model, anchored on them as the sweep anchors a probed config
-(sweep/study_model.py), predicts the peak at 4x the length, and that becomes the memory cap. The
-length headroom under that cap is then bisected, and two real probes run under the cap: at
-the predicted length (should fit) and one step (a quarter of it) above (should run out).
+(sweep/feasibility/study_model.py), predicts the peak at 4x the length, and that becomes the
+memory cap. The length headroom under that cap is then bisected, and two real probes run under
+the cap: at the predicted length (should fit) and one step (a quarter of it) above (should run
+out).
 
     python benchmarks/length_headroom.py
 
@@ -25,9 +26,9 @@ from autotune.memory.length import at_length, length_headroom
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
 from autotune.memory.verdict import phase_totals
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.prescreen import memory_model_args
+from autotune.sweep.feasibility.prescreen import memory_model_args
 
 OUT_DIR = Path(__file__).parent / "results"
 SHORT = 64

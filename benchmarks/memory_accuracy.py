@@ -42,9 +42,9 @@ from autotune.hardware import Device
 from autotune.memory.calibration import fit_calibration  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.shape import model_shape  # noqa: E402
-from autotune.probe.result import ProbeRequest  # noqa: E402
-from autotune.sweep.feasibility import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
-from autotune.sweep.search_space import load_search_space  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest  # noqa: E402
+from autotune.sweep.feasibility.screen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
+from autotune.sweep.space.search_space import load_search_space  # noqa: E402
 
 HERE = Path(__file__).parent
 GRIDS = [("tiny-qwen2.5", HERE / "spaces" / "memory-grid.yaml",

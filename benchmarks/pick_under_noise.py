@@ -4,7 +4,7 @@ The four GPU-sized landscapes of benchmarks/gpu_landscape.py (each config's memo
 rank, its time modelled) are searched by the real sweep (tuner.Sweep over SQLite, the traced
 pre-screen answering from the landscape's traces) for a fixed budget of probes, with
 lognormal noise on every probe's tokens/s (sigma 0, 5% and 10%: each probe of a config draws
-anew, repeats included). Then the finalists are probed again (sweep/finalists.py, K=3, the
+anew, repeats included). Then the finalists are probed again (sweep/pick/finalists.py, K=3, the
 same noisy runner) and the pick is best.yaml's: artifacts.best_trial. A run scores when the
 pick's true objective (noise-free) is within 2% of the landscape's best.
 
@@ -38,10 +38,10 @@ from landscape import ReplayRunner, params_key  # noqa: E402
 from search_efficiency import HEADROOM, WITHIN, TableTracer, objective_table  # noqa: E402
 
 from autotune.hardware import Device  # noqa: E402
-from autotune.probe.result import ProbeRequest  # noqa: E402
-from autotune.sweep.artifacts import best_trial  # noqa: E402
-from autotune.sweep.finalists import remeasure  # noqa: E402
-from autotune.sweep.settings import SweepSettings  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest  # noqa: E402
+from autotune.sweep.pick.artifacts import best_trial  # noqa: E402
+from autotune.sweep.pick.finalists import remeasure  # noqa: E402
+from autotune.sweep.study.settings import SweepSettings  # noqa: E402
 from autotune.sweep.tuner import Sweep  # noqa: E402
 
 OUT = Path(__file__).parent / "results"

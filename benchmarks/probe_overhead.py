@@ -25,7 +25,7 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeResult
+from autotune.probe.measure.result import ProbeRequest, ProbeResult
 from autotune.runners.local import SubprocessRunner
 
 OUT_DIR = Path(__file__).parent / "results"
@@ -52,7 +52,7 @@ def time_command(code: str, repeats: int) -> float:
 
 def gpu_build_seconds() -> float | None:
     code = ("import time, torch; "
-            "from autotune.probe.models import load_model_config, build_model; "
+            "from autotune.probe.modeling.models import load_model_config, build_model; "
             "c = load_model_config('qwen2.5-7b'); t = time.perf_counter(); "
             "m = build_model(c, torch.device('cuda'), torch.float32); torch.cuda.synchronize(); "
             "print(time.perf_counter() - t)")

@@ -11,9 +11,9 @@ spent on configs that ran out of memory.
 
     python benchmarks/search_efficiency.py [--seeds 30] [--objective throughput_per_memory]
 
-The traced pre-screen (sweep/traced.py) is replayed too: every grid config was traced once
-(probe/trace.py, cached in benchmarks/data/cpu_demo_grid_traced.csv) and the sweep's tracer
-answers from that table, as its trace process would.
+The traced pre-screen (sweep/feasibility/traced.py) is replayed too: every grid config was
+traced once (probe/trace.py, cached in benchmarks/data/cpu_demo_grid_traced.csv) and the
+sweep's tracer answers from that table, as its trace process would.
 
 Targets: autotune's median <= 25% of the grid; at least 1.5x fewer probes than random; with
 the traced pre-screen, at least 90% of the OOM probes that no pruning would run avoided,
@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from landscape import ReplayRunner, load_landscape, params_key, trace_grid  # noqa: E402
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest  # noqa: E402
-from autotune.sweep.dominance import at_least_as_demanding  # noqa: E402
-from autotune.sweep.objective import scalar, score  # noqa: E402
-from autotune.sweep.search_space import load_search_space  # noqa: E402
-from autotune.sweep.settings import SweepSettings
-from autotune.sweep.traced import SubprocessTracer  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest  # noqa: E402
+from autotune.sweep.feasibility.dominance import at_least_as_demanding  # noqa: E402
+from autotune.sweep.feasibility.traced import SubprocessTracer  # noqa: E402
+from autotune.sweep.space.search_space import load_search_space  # noqa: E402
+from autotune.sweep.study.objective import scalar, score  # noqa: E402
+from autotune.sweep.study.settings import SweepSettings
 from autotune.sweep.tuner import Sweep  # noqa: E402
 
 GRID = Path(__file__).parent / "data" / "cpu_demo_grid.csv"
@@ -54,8 +54,8 @@ HEADROOM = 0.10
 WITHIN = 0.02
 
 
-# feasibility.py's parts: (dominance over measured OOMs, the calibrated estimate pre-screen,
-# the traced pre-screen)
+# sweep/feasibility/screen.py's parts: (dominance over measured OOMs, the calibrated estimate
+# pre-screen, the traced pre-screen)
 MODES = {"traced": (True, True, True), "full": (True, True, False),
          "dominance": (True, False, False), "off": (False, False, False)}
 MODE_LABELS = {"traced": "dominance + trace", "full": "dominance + estimate",
@@ -143,7 +143,7 @@ def skipped_by_trace(table, traced, space, status="ok"):
     """Grid configs of `status` whose trace, with the prior fixed term (cold: no probe yet),
     is past the cap by the margin: what the traced pre-screen would skip from the first
     trial on."""
-    from autotune.sweep.traced import TRACE_MARGIN_CPU as TRACE_MARGIN
+    from autotune.sweep.feasibility.traced import TRACE_MARGIN_CPU as TRACE_MARGIN
 
     context = TableTracer(space, traced).prior_context_bytes
     return [key for key in traced if table[key].status.value == status
@@ -248,7 +248,7 @@ def before_issue_35():
     left out the log-prob switches (a config with fused_logprob was proven to OOM by one
     without it); with BeforeTracer, the tracer's two faults."""
     from autotune.memory import phases
-    from autotune.sweep import dominance
+    from autotune.sweep.feasibility import dominance
 
     switches = {"fused_logprob", "fused_logprob_kernel", "entropy_chunking", "entropy_metric",
                 "entropy_coeff", "kv_cache_memory_bytes"}
@@ -477,7 +477,7 @@ def main() -> None:
     saved = {mode: 1 - s["oom_probes_total"] / off["oom_probes_total"]
              if off["oom_probes_total"] else 0.0 for mode, s in budget_stats.items()}
     lines += ["", f"a fixed budget of {args.budget} probes per run, TPE with each part of "
-                  "feasibility pruning (feasibility.py):",
+                  "feasibility pruning (sweep/feasibility/screen.py):",
               f"{'pruning':<22}{'OOM probes (median)':>21}{'OOM probes (all runs)':>23}"
               f"{'avoided':>9}{'runs within 2%':>16}{'best found (median)':>21}"]
     for mode, s in budget_stats.items():

@@ -31,7 +31,7 @@ from autotune.hardware import Device
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
 from autotune.memory.states import model_state_bytes
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
 
 PHASES = ("rollout", "experience", "update")

@@ -47,8 +47,8 @@ def one(dynamic: bool, sampled: bool) -> dict[str, float]:
     import torch
 
     from autotune.hardware import Device
-    from autotune.probe.result import ProbeRequest
-    from autotune.probe.step import TrainingProbe
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.probe.step.training import TrainingProbe
 
     class Landscape(TrainingProbe):
         def _response_lengths(self, responses: int) -> torch.Tensor:

@@ -48,9 +48,9 @@ from autotune.memory.model import (  # noqa: E402
     estimate_memory,
 )
 from autotune.memory.shape import model_shape  # noqa: E402
-from autotune.probe.result import ProbeRequest  # noqa: E402
-from autotune.sweep.search_space import load_search_space  # noqa: E402
-from autotune.sweep.sharing import params_key  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest  # noqa: E402
+from autotune.sweep.space.params import params_key  # noqa: E402
+from autotune.sweep.space.search_space import load_search_space  # noqa: E402
 
 HERE = Path(__file__).parent
 DATA, OUT = HERE / "data", HERE / "results"

@@ -53,9 +53,9 @@ from trl_fixture import make_trl_workspace  # noqa: E402
 
 from autotune.config import ProbeConfig, Topology, format_bytes  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
-from autotune.probe.result import ProbeRequest, ProbeResult  # noqa: E402
+from autotune.probe.measure.result import ProbeRequest, ProbeResult  # noqa: E402
 from autotune.runners.local import SubprocessRunner  # noqa: E402
-from autotune.sweep.command_probe import command_template  # noqa: E402
+from autotune.sweep.execution.command_probe import command_template  # noqa: E402
 from autotune.sweep.plan import engine_knobs, trainer_knobs  # noqa: E402
 from autotune.trainers import get_adapter  # noqa: E402
 
@@ -72,7 +72,7 @@ for name in sys.argv[1:]:
         importlib.import_module(name)
     except BaseException:
         pass
-from autotune.probe.process_tag import read_statm_bytes
+from autotune.process_tag import read_statm_bytes
 print(read_statm_bytes()[1])
 """
 

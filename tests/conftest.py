@@ -23,7 +23,7 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.forking import close_servers
 
 # Real servers on loopback: PostgreSQL for the shared-study tests (tests/postgres_server.py),

@@ -36,7 +36,7 @@ elif mode == "sleep":  # hang without a child: a probe a lost node takes down wh
     time.sleep(3600)
 elif mode == "result-then-hang":  # the probe is done; its process has not exited yet
     from autotune.files import write_text_atomic
-    from autotune.probe.result import ProbeResult, ProbeStatus
+    from autotune.probe.measure.result import ProbeResult, ProbeStatus
 
     peaks = {"rollout": 300 * 2**20, "experience": 320 * 2**20, "update": 350 * 2**20}
     write_text_atomic(result_path, ProbeResult(

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners import Runner
 
 FAULTY = [sys.executable, str(Path(__file__).parent / "faulty_worker.py")]

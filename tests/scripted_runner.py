@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 MiB = 2**20
 LIMIT_BYTES = 1000 * MiB
@@ -113,8 +113,8 @@ class ModelRunner:
 def model_study(results_dir: Path, name: str, trials: int) -> None:
     """A real SQLite study of `trials` ModelRunner probes over cpu-demo, for commands that
     read a study (estimate --study, export)."""
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
 
     settings = SweepSettings(study_name=name, study_dir=Path(results_dir) / name,

@@ -77,9 +77,9 @@ def make_study(results: Path, name: str) -> None:
     """A real study of 2 scripted probes whose best every trainer accepts on one GPU."""
     from scripted_runner import ScriptedRunner
 
-    from autotune.probe.result import ProbeRequest
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.settings import SweepSettings
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
 
     space_file = results.parent / "space.yaml"
@@ -88,7 +88,7 @@ def make_study(results: Path, name: str) -> None:
                              space=load_search_space(str(space_file)),
                              request=ProbeRequest(model="tiny-qwen2.5", device=Device("cpu")),
                              max_trials=2)
-    from autotune.sweep.artifacts import write_artifacts
+    from autotune.sweep.pick.artifacts import write_artifacts
 
     Sweep(settings, ScriptedRunner(), on_trial=lambda s: write_artifacts(s, settings.study_dir)
           ).run()
@@ -464,9 +464,9 @@ def test_a_disk_that_fills_mid_sweep_loses_nothing_once_space_is_back(small_fs):
     from scripted_runner import ScriptedRunner
 
     from autotune.cli.main import one_line
-    from autotune.probe.result import ProbeRequest
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.settings import SweepSettings
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
 
     class FillsTheDisk(ScriptedRunner):

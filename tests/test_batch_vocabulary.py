@@ -14,7 +14,7 @@ from autotune.config import ProbeConfig, Topology, device_share, validate_probe_
 from autotune.hardware import Device
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
-from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 from autotune.trainers import ADAPTERS
 

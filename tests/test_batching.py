@@ -14,11 +14,15 @@ from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.memory.model import estimate_memory
 from autotune.memory.shape import model_shape
-from autotune.probe.models import load_model_config, special_token_ids, synthetic_prompt_ids
-from autotune.probe.result import ProbeRequest
-from autotune.probe.step import TrainingProbe
+from autotune.probe.measure.result import ProbeRequest
+from autotune.probe.modeling.models import (
+    load_model_config,
+    special_token_ids,
+    synthetic_prompt_ids,
+)
+from autotune.probe.step.training import TrainingProbe
 from autotune.registry import REGISTRY
-from autotune.sweep.dominance import at_least_as_demanding
+from autotune.sweep.feasibility.dominance import at_least_as_demanding
 
 DYNAMIC = {"dynamic_batching": True, "max_prompt_length": 64, "max_response_length": 64,
            "micro_batch_size_update": 2, "micro_batch_size_experience": 4,
@@ -111,8 +115,8 @@ def test_a_probe_with_token_budgets_packs_short_responses():
 def test_a_verl_base_that_batches_by_tokens_is_swept_by_budgets(tmp_path):
     from pathlib import Path
 
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
 
     fixture = Path(__file__).parent / "fixtures" / "verl-ppo-trainer.yaml"
     base = tmp_path / "ppo.yaml"

@@ -240,7 +240,7 @@ def test_estimate_describes_a_cpu_probe_with_device_cpu():
 def test_the_run_defaults_to_the_gpus_here(monkeypatch):
     """No --nnodes/--gpus-per-node: the visible GPUs on one node, 1 on a CPU. (This machine
     has no GPU: NVML's answers are stood in for, nothing else.)"""
-    import autotune.sweep.placement as placement
+    import autotune.sweep.execution.placement as placement
     from autotune.hardware import Device
 
     monkeypatch.setattr(placement, "visible_gpu_ids", lambda: tuple(range(8)))

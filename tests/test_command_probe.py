@@ -23,19 +23,24 @@ import yaml
 from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.hardware import Device
-from autotune.probe.command import launch_argv
-from autotune.probe.oom import classify_exit
-from autotune.probe.process_tag import (
+from autotune.probe.launch.command import launch_argv
+from autotune.probe.launch.trainer_logs import StepLog
+from autotune.probe.measure.oom import classify_exit
+from autotune.probe.measure.result import (
+    TRIAL_DIR_TOKEN,
+    ProbeRequest,
+    ProbeStatus,
+    TrainerCommand,
+)
+from autotune.process_tag import (
     PROBE_TAG_ENV,
     ProcessTree,
     kill_orphaned,
     tag_scope,
     tagged_processes,
 )
-from autotune.probe.result import TRIAL_DIR_TOKEN, ProbeRequest, ProbeStatus, TrainerCommand
-from autotune.probe.trainer_logs import StepLog
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.command_probe import command_template, parse_launch
+from autotune.sweep.execution.command_probe import command_template, parse_launch
 from autotune.trainers import get_adapter
 
 CAPTURED = yaml.safe_load((Path(__file__).parent / "data" / "captured_trainer_logs.yaml")
@@ -224,7 +229,7 @@ def test_a_run_whose_steps_all_came_before_the_first_look_is_sampled_before_it_e
         monkeypatch):
     """On a loaded machine the output thread can read every step line before the watch loop
     first looks (seen in a CI run: an OK probe with no peak); the live run is sampled first."""
-    from autotune.probe.command import GpuMemory, watch_run
+    from autotune.probe.launch.command import GpuMemory, watch_run
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: the run's anonymous RSS
     log = StepLog("verl")
@@ -326,7 +331,7 @@ def test_the_command_probe_and_the_built_in_read_one_cpu_device_figure(tmp_path)
     weights.write_bytes(os.urandom(64 << 20))
     script = textwrap.dedent(f"""
         import mmap, sys
-        from autotune.probe.meter import read_anon_rss_bytes
+        from autotune.probe.measure.meter import read_anon_rss_bytes
         handle = open({str(weights)!r}, "rb")
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         touched = sum(mapped[i] for i in range(0, len(mapped), 4096))

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from trl_fixture import make_trl_workspace
 
-from autotune.probe.trainer_logs import StepLog
+from autotune.probe.launch.trainer_logs import StepLog
 
 pytestmark = pytest.mark.slow
 AUTOTUNE = [sys.executable, "-m", "autotune"]

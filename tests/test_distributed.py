@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 from runner_contract import is_probe
 
-from autotune.sweep.sharing import params_key
+from autotune.sweep.space.params import params_key
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from conftest import SMALL_CONFIG
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 CAP_BYTES = 1 << 30
@@ -124,9 +124,9 @@ def test_the_pool_decode_generates_what_hf_generate_does(model_name):
     import torch
 
     from autotune.config import ProbeConfig
-    from autotune.probe.engine import RolloutEngine
-    from autotune.probe.meter import MemoryMeter
-    from autotune.probe.models import build_model, load_model_config
+    from autotune.probe.measure.meter import MemoryMeter
+    from autotune.probe.modeling.models import build_model, load_model_config
+    from autotune.probe.step.engine import RolloutEngine
 
     config = ProbeConfig(rollout_engine="vllm-like", max_prompt_length=12,
                          max_response_length=8, max_num_seqs=4, max_num_batched_tokens=24,
@@ -163,7 +163,7 @@ def test_a_traced_rollout_at_high_concurrency_stays_inside_the_reservation():
     the pool holds nothing (counted, as before, the trace held 226 MB more here: the
     batch's whole cache a second time)."""
     from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
-    from autotune.probe.result import ProbeRequest
+    from autotune.probe.measure.result import ProbeRequest
     from autotune.probe.trace import trace_request
 
     config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), "rollout_engine": "vllm-like",
@@ -189,8 +189,8 @@ def test_the_policy_generates_itself_with_its_cache_and_no_copy():
     model's rollout has no engine weights but the actor's compute-dtype cast."""
     from autotune.memory.model import estimate_memory
     from autotune.memory.shape import model_shape
-    from autotune.probe.result import ProbeRequest
-    from autotune.probe.step import TrainingProbe
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.probe.step.training import TrainingProbe
 
     config = ProbeConfig(**{**SMALL_CONFIG.as_dict(), "rollout_engine": "policy",
                             "gradient_checkpointing": True})

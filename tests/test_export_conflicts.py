@@ -327,8 +327,8 @@ def test_a_setting_that_changes_the_run_is_refused_and_forced_it_is_stated(
         assert [line for line in header if line.startswith(
             "  optim: adamw_8bit -> adamw_torch_fused (the probe steps torch's AdamW")], header
     # and a sweep on such a base is refused before it starts: it would measure another run
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
 
     with pytest.raises(ConfigError, match=f"{key} is {have} in your base config"):
         trainer_target(adapter.name, str(path), load_search_space("cpu-demo"), 1, 1)
@@ -354,8 +354,8 @@ def test_lora_in_a_base_is_a_held_fixed_conflict_and_a_sweep_on_it_probes_it(
                                                 "study measured 0 (held fixed")], problems
     off = "  use_peft: true -> null (held fixed)" if adapter is TRL else f"  {key}: 32 -> 0 ("
     assert [line for line in header if line.startswith(off)], header
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
 
     _, start, _, _ = trainer_target(adapter.name, str(path), load_search_space("cpu-demo"), 1, 1)
     assert start["lora_rank"] == 32
@@ -457,7 +457,7 @@ def test_a_local_model_is_exported_by_its_absolute_path(tmp_path, monkeypatch):
     """A study swept with a relative --model-path: the file names the checkpoint absolutely."""
     from types import SimpleNamespace
 
-    from autotune.sweep.best_export import measured_run
+    from autotune.sweep.pick.best_export import measured_run
 
     (tmp_path / "ckpt").mkdir()
     monkeypatch.chdir(tmp_path)

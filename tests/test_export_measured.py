@@ -189,8 +189,8 @@ def test_sequence_parallelism_in_a_base_is_held_or_refused_and_forced_it_is_stat
                                "in your base config but the study measured 1")
                for line in plan.problems), plan.problems
     # a sweep on such a base holds the base's SP (the knob, probed that way)
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
 
     _, start, _, _ = trainer_target("easyr1", str(tmp_path / "easy.yaml"),
                                     load_search_space("easyr1"), None, None)
@@ -249,8 +249,8 @@ def test_the_demo_study_exports_for_every_trainer(tmp_path):
 
     from scripted_runner import model_study
 
-    from autotune.sweep.artifacts import ranked_feasible
-    from autotune.sweep.storage import load_study
+    from autotune.sweep.pick.artifacts import ranked_feasible
+    from autotune.sweep.study.storage import load_study
 
     model_study(tmp_path, "demo", trials=12)
     ranked = ranked_feasible(load_study(str(tmp_path), "demo"))
@@ -426,8 +426,8 @@ def test_a_trl_sweep_scores_log_probs_at_its_train_micro_batch():
     """GRPOTrainer takes old and reference log-probs per_device_train_batch_size at a time:
     every trial of a --trainer trl sweep is probed so (the adapter's tie, applied by the
     space), whatever the space leaves micro_batch_size_experience at; verl's are not tied."""
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
 
     _, _, space, _ = trainer_target("trl", None, load_search_space("trl"), 1, 1)
     for mbu in (1, 4, 16):
@@ -448,12 +448,12 @@ def test_a_trl_study_records_the_log_prob_micro_batch_its_probes_ran(tmp_path):
     from scripted_runner import ModelRunner
 
     from autotune.hardware import Device
-    from autotune.probe.result import ProbeRequest
-    from autotune.sweep.artifacts import best_trial, trial_knobs, write_artifacts
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.settings import SweepSettings
-    from autotune.sweep.storage import load_study
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.pick.artifacts import best_trial, trial_knobs, write_artifacts
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
+    from autotune.sweep.study.settings import SweepSettings
+    from autotune.sweep.study.storage import load_study
     from autotune.sweep.tuner import Sweep
 
     _, _, space, _ = trainer_target("trl", None, load_search_space("cpu-demo"), 1, 1)
@@ -484,7 +484,7 @@ def test_a_trl_study_records_the_log_prob_micro_batch_its_probes_ran(tmp_path):
     assert knobs["micro_batch_size_experience"] == knobs["micro_batch_size_update"]
     # `autotune show` and the report's trial view read the same record
     from autotune.report.view import trial_view
-    from autotune.sweep.sharing import ran_params
+    from autotune.sweep.study.sharing import ran_params
 
     for trial in sampled_otherwise:
         shown = trial_view(trial).params
@@ -496,8 +496,8 @@ def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
     """fused_optimizer is TRL's `optim`: written as the probe stepped and read back; an
     optimizer no probe runs (8-bit, paged) is refused at export and before a sweep on that
     base; a study recorded before the knob stepped torch's default AdamW, written as such."""
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.trainer_target import trainer_target
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.space.trainer_target import trainer_target
     from autotune.trainers.render import dotted_get
 
     knobs = {**KNOBS, "rollout_engine": "policy", "use_kl": False,

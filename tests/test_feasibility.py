@@ -4,11 +4,11 @@ configs must run out of memory without running."""
 from __future__ import annotations
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
-from autotune.sweep.dominance import Dominance, at_least_as_demanding
-from autotune.sweep.feasibility import Feasibility
-from autotune.sweep.prescreen import Prescreen
-from autotune.sweep.search_space import SearchSpace
+from autotune.probe.measure.result import ProbeRequest
+from autotune.sweep.feasibility.dominance import Dominance, at_least_as_demanding
+from autotune.sweep.feasibility.prescreen import Prescreen
+from autotune.sweep.feasibility.screen import Feasibility
+from autotune.sweep.space.search_space import SearchSpace
 
 BASE = {"micro_batch_size_update": 4, "micro_batch_size_experience": 8,
         "gradient_checkpointing": False, "offload_params": False, "offload_optimizer": True,
@@ -108,7 +108,7 @@ def test_calibrated_prescreen_skips_only_well_past_capacity():
     from autotune.config import ProbeConfig
     from autotune.memory.model import estimate_memory
     from autotune.memory.shape import model_shape
-    from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.sweep.feasibility.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     shape = model_shape("tiny-qwen2.5")
 

@@ -16,10 +16,10 @@ import optuna
 import pytest
 import yaml
 
-from autotune.probe.machine import MachineState
+from autotune.probe.measure.machine import MachineState
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.finalists import decide, standing
-from autotune.sweep.measurements import by_config, ranked
+from autotune.sweep.pick.finalists import decide, standing
+from autotune.sweep.pick.measurements import by_config, ranked
 
 SPACE = """
 params:
@@ -186,10 +186,10 @@ def test_finalists_killed_mid_round_resume_without_running_anything_twice(tmp_pa
     not probed again (the scripted runner stands in for the probe: this is the driver)."""
     from scripted_runner import ScriptedRunner
 
-    from autotune.probe.result import ProbeRequest
-    from autotune.sweep.finalists import remeasure, repeat_log_path
-    from autotune.sweep.search_space import load_search_space
-    from autotune.sweep.settings import SweepSettings
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.pick.finalists import remeasure, repeat_log_path
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
 
     settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",

@@ -17,7 +17,7 @@ import psutil
 from runner_contract import is_gone, is_probe, wait_until
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner, forkable
 
 SERVER_MARK = "autotune.probe.fork_server"

@@ -29,7 +29,7 @@ from autotune.memory.host import (
     ray_threshold,
 )
 from autotune.memory.shape import model_shape
-from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.registry import REGISTRY
 from autotune.runners.local import SubprocessRunner
 

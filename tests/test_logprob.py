@@ -1,4 +1,4 @@
-"""fused_logprob: log-probs from the hidden states in chunks (probe/logprob.py), as verl's
+"""fused_logprob: log-probs from the hidden states in chunks (probe/modeling/logprob.py), as verl's
 fused kernels compute them: the same numbers and gradients as the whole logits, a chunk's
 logits at a time, measured and traced, and exported as verl's key (refused elsewhere)."""
 
@@ -16,8 +16,8 @@ from autotune.config import FUSED_CHUNK_TOKENS, ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES, estimate_memory
 from autotune.memory.shape import model_shape
-from autotune.probe.logprob import fused_head, fused_log_probs
-from autotune.probe.models import build_model, load_model_config
+from autotune.probe.modeling.logprob import fused_head, fused_log_probs
+from autotune.probe.modeling.models import build_model, load_model_config
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.render import dotted_get, render
 from autotune.trainers.trl import TRL
@@ -197,7 +197,7 @@ def test_the_entropy_terms_follow_the_trace():
     temporaries under the logits' own peak: chunked, the phase does not move at all."""
     from autotune.hardware import Device
     from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
-    from autotune.probe.result import ProbeRequest
+    from autotune.probe.measure.result import ProbeRequest
     from autotune.probe.trace import trace_request
 
     shape = model_shape("tiny-qwen2.5")
@@ -255,7 +255,7 @@ def test_the_triton_kernels_allocations_are_traced_and_modelled():
     both hold less than the torch chunks in the phases that take log-probs."""
     from autotune.hardware import Device
     from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
-    from autotune.probe.result import ProbeRequest
+    from autotune.probe.measure.result import ProbeRequest
     from autotune.probe.trace import trace_request
 
     shape = model_shape("tiny-qwen2.5")
@@ -319,7 +319,7 @@ def test_trls_head_equals_trl_and_the_whole_logits(tokens, vocab):
     not installed) and TRL's ChunkedLogProbFunction give the whole logits' log-probs, entropy
     and gradients; 32,808 columns cross TRL's 32,768-column chunk (a column left out or
     counted twice fails here)."""
-    from autotune.probe.logprob import TrlChunkedLogProb, trl_chunked_function
+    from autotune.probe.modeling.logprob import TrlChunkedLogProb, trl_chunked_function
 
     generator = torch.Generator().manual_seed(tokens)
     hidden = torch.randn(tokens, 16, generator=generator, requires_grad=True)

@@ -20,7 +20,7 @@ from autotune.memory.shape import (
     model_shape,
 )
 from autotune.memory.states import model_state_bytes
-from autotune.probe.models import count_params, load_model_config
+from autotune.probe.modeling.models import count_params, load_model_config
 from autotune.registry import REGISTRY
 
 PSI_7B = 7_615_616_512  # Qwen2.5-7B, counted on the meta device by `autotune models`

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import ConfigError, UnknownModelError
-from autotune.probe.models import count_params, load_model_config
+from autotune.probe.modeling.models import count_params, load_model_config
 from autotune.registry import REGISTRY, get_model_spec
 
 

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.probe.oom import classify_exception, classify_exit, classify_text, summarize
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.oom import classify_exception, classify_exit, classify_text, summarize
+from autotune.probe.measure.result import ProbeStatus
 
 CAPTURED = yaml.safe_load((Path(__file__).parent / "data" / "captured_failures.yaml").read_text())
 

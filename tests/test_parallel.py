@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.parallel import Slot, cpu_slots, gpu_slots, plan_slots
+from autotune.sweep.execution.parallel import Slot, cpu_slots, gpu_slots, plan_slots
 
 
 def test_eight_gpus_one_per_trial_are_eight_disjoint_slots():
@@ -75,7 +75,7 @@ def test_a_pinned_probe_process_runs_on_its_cores_only(make_request, tmp_path):
 def test_gpu_probes_side_by_side_get_cores_of_their_own(monkeypatch):
     """Two GPU slots: each probe pinned to its own core group, so the sweep's trace can take
     a free slot's cores; one GPU slot keeps every core."""
-    from autotune.sweep import parallel
+    from autotune.sweep.execution import parallel
 
     monkeypatch.setattr(parallel, "usable_cpu_ids", lambda: (0, 1, 2, 3))
     two = plan_slots("cuda", (0, 1), 1, None, None)
@@ -89,9 +89,9 @@ def test_a_trace_runs_on_a_free_slots_cores_and_waits_while_none_is_free():
     off while every slot runs a probe (the trace process itself is stood in: what it is
     asked is the point)."""
     from autotune.hardware import Device
-    from autotune.probe.result import ProbeRequest
-    from autotune.sweep.search_space import SearchSpace
-    from autotune.sweep.traced import SubprocessTracer
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.feasibility.traced import SubprocessTracer
+    from autotune.sweep.space.search_space import SearchSpace
 
     space = SearchSpace({})  # fixes nothing: a candidate is its params
 

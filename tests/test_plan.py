@@ -12,8 +12,8 @@ from scripted_runner import ScriptedRunner
 
 from autotune.errors import ConfigError
 from autotune.hardware import Device, host_memory_bytes
-from autotune.sweep.best_export import export_best
 from autotune.sweep.driver import run_sweep
+from autotune.sweep.pick.best_export import export_best
 from autotune.sweep.plan import (
     DEMO_CAP_BYTES,
     ProbeOptions,
@@ -21,7 +21,7 @@ from autotune.sweep.plan import (
     plan_probe,
     plan_sweep,
 )
-from autotune.sweep.storage import load_study
+from autotune.sweep.study.storage import load_study
 
 SPACE = """
 params:

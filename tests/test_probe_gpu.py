@@ -7,7 +7,7 @@ import torch
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 pytestmark = [pytest.mark.gpu,

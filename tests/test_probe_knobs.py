@@ -6,7 +6,7 @@ import pytest
 
 from autotune.memory.host import NodeRun, node_host
 from autotune.memory.shape import model_shape
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 # Long sequences and a large update micro-batch: activations dominate the update phase.

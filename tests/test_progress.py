@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 from scripted_runner import ScriptedRunner
 
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.sweep.progress import (
     LiveProgress,
     PlainProgress,
@@ -16,8 +16,8 @@ from autotune.sweep.progress import (
     format_duration,
     make_progress,
 )
-from autotune.sweep.search_space import load_search_space
-from autotune.sweep.settings import SweepSettings
+from autotune.sweep.space.search_space import load_search_space
+from autotune.sweep.study.settings import SweepSettings
 from autotune.sweep.tuner import Sweep
 
 

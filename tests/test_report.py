@@ -175,7 +175,7 @@ def test_knob_plots_fit_the_page_whatever_the_knob_count(tmp_path):
 
     from autotune.report.figures import feasible_study, importances, slices
     from autotune.report.view import read_study
-    from autotune.sweep.storage import load_study
+    from autotune.sweep.study.storage import load_study
 
     model_study(tmp_path, "knobs", 10)
     study = feasible_study(read_study(load_study(str(tmp_path), "knobs")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from autotune.config import ProbeConfig
 from autotune.files import write_text_atomic
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 
 def test_request_round_trip():

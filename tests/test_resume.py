@@ -23,21 +23,21 @@ from runner_contract import FAULTY, processes_mentioning, wait_until
 from scripted_runner import ScriptedRunner
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SCRATCH_PREFIX
-from autotune.sweep import trial_files
-from autotune.sweep.search_space import load_search_space
-from autotune.sweep.settings import SweepSettings
+from autotune.sweep.space.search_space import load_search_space
+from autotune.sweep.study import trial_files
+from autotune.sweep.study.settings import SweepSettings
 from autotune.sweep.tuner import Sweep
 
 DRIVER = """
 import sys
 from pathlib import Path
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.search_space import load_search_space
-from autotune.sweep.settings import SweepSettings
+from autotune.sweep.space.search_space import load_search_space
+from autotune.sweep.study.settings import SweepSettings
 from autotune.sweep.tuner import Sweep
 
 study_dir, worker = Path(sys.argv[1]), sys.argv[2:]
@@ -104,7 +104,7 @@ def test_a_probe_killed_from_outside_is_retried_once_and_prunes_nothing(tmp_path
 
     class KillFirstRun(ScriptedRunner):
         def run(self, request, log_path=None):
-            from autotune.probe.result import ProbeResult, ProbeStatus
+            from autotune.probe.measure.result import ProbeResult, ProbeStatus
 
             self.calls.append(request.config.as_dict())
             if len(self.calls) == 1:

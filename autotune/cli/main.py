@@ -12,13 +12,13 @@ from typing import Any
 
 import click
 
-from autotune import __version__
 from autotune.cli import options as opt
 from autotune.cli.estimate import estimate
 from autotune.cli.export import export
 from autotune.cli.report import report
 from autotune.cli.run import run
 from autotune.errors import AutotuneError, ConfigError
+from autotune.version import __version__
 
 _state = {"debug": False}
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -55,7 +55,7 @@ def models(model_path: str | None) -> None:
     autotune models --model-path ./my-checkpoint
     """
     from autotune.cli.text import format_table
-    from autotune.probe.models import count_params, load_model_config
+    from autotune.probe.modeling.models import count_params, load_model_config
     from autotune.registry import REGISTRY
 
     rows = []
@@ -90,7 +90,7 @@ def probe(log_path: str | None, as_json: bool, **given: Any) -> None:
 
     from autotune.cli.run import interrupt_on_sigterm
     from autotune.cli.text import format_probe_result
-    from autotune.probe.result import ProbeStatus, probe_files
+    from autotune.probe.measure.result import ProbeStatus, probe_files
     from autotune.runners.local import SubprocessRunner
     from autotune.sweep.plan import plan_probe
 
@@ -125,7 +125,7 @@ def show(study: str | None, results_dir: str, storage: str | None) -> None:
 
     from autotune.cli.text import format_study
     from autotune.report import REPORT_NAME
-    from autotune.sweep.storage import load_study
+    from autotune.sweep.study.storage import load_study
 
     loaded = load_study(results_dir, study, storage)
     click.echo(format_study(loaded))
@@ -144,7 +144,7 @@ def validate(files: tuple[str, ...]) -> None:
     autotune validate grpo
     autotune validate my_space.yaml
     """
-    from autotune.sweep.search_space import check_search_space
+    from autotune.sweep.space.search_space import check_search_space
 
     failed = False
     for path in files:
@@ -174,7 +174,7 @@ def spaces() -> None:
     autotune run --space grpo-search-n
     """
     from autotune.cli.text import format_table
-    from autotune.sweep.search_space import load_search_space, shipped_spaces
+    from autotune.sweep.space.search_space import load_search_space, shipped_spaces
 
     rows = []
     for name in shipped_spaces():

@@ -27,9 +27,9 @@ from autotune.config import (
 from autotune.errors import ConfigError
 from autotune.hardware import DEVICE_CHOICES
 from autotune.runners import EXECUTORS
-from autotune.sweep.objective import OBJECTIVES
 from autotune.sweep.plan import ProbeOptions
-from autotune.sweep.settings import SAMPLERS
+from autotune.sweep.study.objective import OBJECTIVES
+from autotune.sweep.study.settings import SAMPLERS
 from autotune.trainers import ADAPTERS
 
 Decorator = Callable[[Any], Any]

@@ -27,7 +27,7 @@ def report(study: str | None, results_dir: str, storage: str | None,
     autotune report --study qwen2.5-7b-grpo --out ~/qwen-report.html
     """
     from autotune.report import REPORT_NAME, require_plotly, write_report
-    from autotune.sweep.storage import load_study
+    from autotune.sweep.study.storage import load_study
 
     require_plotly()
     loaded = load_study(results_dir, study, storage)

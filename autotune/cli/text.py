@@ -6,14 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import PHASES, describe_engine, describe_params, format_bytes
-from autotune.probe.result import ProbeResult, coefficient_of_variation
+from autotune.probe.measure.result import ProbeResult, coefficient_of_variation
 
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
 
     from autotune.sweep.driver import SweepOutcome
-    from autotune.sweep.settings import SweepSettings
+    from autotune.sweep.study.settings import SweepSettings
 
 
 def format_probe_result(result: ProbeResult, model: str) -> str:
@@ -74,7 +74,7 @@ def format_table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> st
 
 
 def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
-    from autotune.sweep.sharing import ran_params
+    from autotune.sweep.study.sharing import ran_params
 
     attrs = trial.user_attrs
     result = attrs.get("result") or {}
@@ -104,8 +104,8 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
 def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
     """Each run or predicted config's length headroom, for the trials table."""
     from autotune.config import KNOB_NAMES, ProbeConfig
-    from autotune.sweep.sharing import ran_params
-    from autotune.sweep.study_model import study_model
+    from autotune.sweep.feasibility.study_model import study_model
+    from autotune.sweep.study.sharing import ran_params
 
     model = study_model(study)
     budget = next((t.user_attrs["budget_bytes"] for t in trials
@@ -131,7 +131,7 @@ def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
 
 def format_study(study: Study, brief: bool = False) -> str:
     """A study for people: its trials (unless brief), the Pareto front and the best config."""
-    from autotune.sweep.artifacts import best_trial, pareto_front
+    from autotune.sweep.pick.artifacts import best_trial, pareto_front
 
     trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")]
     lines = _study_header(study, trials)
@@ -196,9 +196,9 @@ def _trials_table(study: Study, trials: list[FrozenTrial], columns: list[str]) -
 def _best_lines(study: Study, trials: list[FrozenTrial], best: FrozenTrial) -> list[str]:
     """The best config: what it measured, where, its searched values, the pick, its length
     and host headroom, and how it compares with the start."""
-    from autotune.sweep.artifacts import best_document
-    from autotune.sweep.finalists import current_record
-    from autotune.sweep.finalists import describe as describe_finalists
+    from autotune.sweep.pick.artifacts import best_document
+    from autotune.sweep.pick.finalists import current_record
+    from autotune.sweep.pick.finalists import describe as describe_finalists
 
     document = best_document(study, best)
     measured = document["measured"]
@@ -210,7 +210,7 @@ def _best_lines(study: Study, trials: list[FrozenTrial], best: FrozenTrial) -> l
         lines.append("  rollout: " + describe_engine(document["config"]["rollout_engine"],
                                                      document["provenance"].get("versions")))
     if document["confirmed"]:
-        from autotune.sweep.confirm import describe
+        from autotune.sweep.pick.confirm import describe
 
         lines.append(f"  with {document['confirmed']['world_size']} real ranks: "
                      f"{describe(document['confirmed'])}")

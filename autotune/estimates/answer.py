@@ -36,8 +36,8 @@ from autotune.memory.verdict import (
     phase_totals,
     switch_savings,
 )
+from autotune.sweep.feasibility.prescreen import memory_model_args
 from autotune.sweep.plan import ProbeOptions
-from autotune.sweep.prescreen import memory_model_args
 
 
 @dataclass(frozen=True)

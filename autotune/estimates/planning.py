@@ -28,8 +28,9 @@ from autotune.hardware import Device, device_kind, gpu_capacity_bytes, host_memo
 from autotune.memory.calibration import Calibration
 from autotune.memory.host import NodeHost, NodeRun, node_host
 from autotune.memory.shape import ModelShape, model_shape
-from autotune.probe.result import ProbeRequest
-from autotune.sweep.placement import default_topology
+from autotune.probe.measure.result import ProbeRequest
+from autotune.sweep.execution.placement import default_topology
+from autotune.sweep.feasibility.prescreen import memory_model_args
 from autotune.sweep.plan import (
     ProbeOptions,
     check_memory_flags,
@@ -37,7 +38,6 @@ from autotune.sweep.plan import (
     probe_request,
     trainer_knobs,
 )
-from autotune.sweep.prescreen import memory_model_args
 
 DEFAULT_GPU_BYTES = 80 * 2**30  # an H100 or A100-80GB, when no NVIDIA GPU is visible here
 
@@ -100,7 +100,7 @@ class EstimatePlan:
 def load_calibration(study: str, results_dir: str, storage: str | None
                      ) -> tuple[Calibration, JsonObject]:
     """A study's calibration and what it was fitted for (model, device, dtype, shapes)."""
-    from autotune.sweep.storage import load_study
+    from autotune.sweep.study.storage import load_study
 
     loaded = load_study(results_dir, study, storage)
     stored = loaded.user_attrs.get("memory_calibration")

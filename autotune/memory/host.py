@@ -93,7 +93,7 @@ HOST_PROFILES: dict[str | None, HostProfile] = {
     # own reference in the compute dtype (ref_load_bytes 0), one pinned copy per tensor
     None: HostProfile("autotune's probe (a verl/EasyR1-like run)", ray=True,
                       load_on_every_rank=False, ref_load_bytes=0, ref_pinned_copies=1,
-                      source="probe/step.py, as verl and EasyR1 place states"),
+                      source="probe/step/training.py, as verl and EasyR1 place states"),
     "verl": HostProfile("verl", ray=True, load_on_every_rank=None, ref_load_bytes=4,
                         ref_pinned_copies=2,
                         source="verl fsdp_workers.py _build_model_optimizer (model_dtype fp32, "

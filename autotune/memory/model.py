@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 class ModelArgs(TypedDict, total=False):
     """How a run is asked of the memory model beyond its config and model (estimate_memory's
-    keyword arguments, as sweep/prescreen.py's memory_model_args builds them)."""
+    keyword arguments, as sweep/feasibility/prescreen.py's memory_model_args builds them)."""
 
     num_gpus: int  # the run's GPUs, each runs its share of the batches
     on_gpu: bool
@@ -111,9 +111,9 @@ def context_bytes(config: ProbeConfig, num_gpus: int, on_gpu: bool,
 def sliced_config(config: ProbeConfig) -> ProbeConfig:
     """The config as one rank of the trained phases runs it: with Ulysses sequence
     parallelism each rank runs a slice of every sequence, a 1/sp of it padded to a multiple
-    of sp (probe/ulysses.py), and takes every local position's fp32 log-prob: as a sequence of
-    that many response tokens and no prompt (a per-GPU token budget then fits sp times the
-    sequences, verl's rule). Unchanged without."""
+    of sp (probe/modeling/ulysses.py), and takes every local position's fp32 log-prob: as a
+    sequence of that many response tokens and no prompt (a per-GPU token budget then fits sp
+    times the sequences, verl's rule). Unchanged without."""
     sp = config.ulysses_sequence_parallel_size
     if sp == 1:
         return config

@@ -16,8 +16,8 @@ arithmetic here is the uncalibrated prior) and a fixed context. Calibration (cal
 fits the context and a scale on the transient part per phase and device; the states are never
 fitted.
 
-PHASE_KNOBS names the knobs each phase's peak reads here; dominance (sweep/dominance.py)
-compares configs on those alone.
+PHASE_KNOBS names the knobs each phase's peak reads here; dominance
+(sweep/feasibility/dominance.py) compares configs on those alone.
 """
 
 from __future__ import annotations

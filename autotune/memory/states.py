@@ -6,9 +6,9 @@ of Adam m and v per parameter, 16 in all, divided by N; LoRA's frozen base keeps
 params only. Offload (verl/EasyR1 semantics) moves params and optimizer state to host
 *between* phases: it lowers the rollout and log-prob phases, never the update. The reference
 model (use_kl) is a compute-dtype copy sharded as the actor's, the rollout engine a
-compute-dtype copy split over its tensor-parallel ranks. PPO's critic (probe/critic.py) is the
-decoder without the LM head plus a scalar head, with the same 16 bytes per parameter and its
-own offload between phases.
+compute-dtype copy split over its tensor-parallel ranks. PPO's critic
+(probe/modeling/critic.py) is the decoder without the LM head plus a scalar head, with the same
+16 bytes per parameter and its own offload between phases.
 
 Sharded over W > 1 GPUs, each phase peaks at one of FSDP's moments, each sized here: the root
 unit (embeddings, LM head) stays gathered between phases and is gathered anew beside the
@@ -113,8 +113,8 @@ def critic_param_count(s: Sizing) -> int:
 
 
 def critic_states(s: Sizing) -> ModelStates:
-    """PPO's critic (probe/critic.py): its own 16 bytes per parameter in its update, where its
-    offload puts it between phases (all zero without a critic)."""
+    """PPO's critic (probe/modeling/critic.py): its own 16 bytes per parameter in its update,
+    where its offload puts it between phases (all zero without a critic)."""
     config = s.config
     return model_state_bytes(critic_param_count(s), s.shards, config.critic_offload_params,
                              config.critic_offload_optimizer)

@@ -32,7 +32,7 @@ import sys
 import threading
 import traceback
 
-from autotune.probe.process_tag import PROBE_TAG_ENV, die_with_parent
+from autotune.process_tag import PROBE_TAG_ENV, die_with_parent
 
 PARENT_CHECK_S = 0.1  # how often it looks whether its driver is still there
 
@@ -42,8 +42,9 @@ def preload(model: str, model_path: str | None) -> None:
     transformers class included; then freeze the heap so children copy no page for it."""
     import torch  # noqa: F401
 
-    from autotune.probe import meter, oom, step  # noqa: F401
-    from autotune.probe.models import load_model_config, model_class
+    from autotune.probe.measure import meter, oom  # noqa: F401
+    from autotune.probe.modeling.models import load_model_config, model_class
+    from autotune.probe.step import training  # noqa: F401
     from autotune.probe.worker import quiet_libraries
 
     quiet_libraries()

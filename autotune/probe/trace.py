@@ -1,12 +1,12 @@
 """The probe's own step traced with fake tensors: the bytes one rank would allocate, per phase.
 
-`trace_request` runs the built-in probe (step.py: build, then two steps, every phase) under
-torch's FakeTensorMode, as rank 0 of the W-rank run over the fake process group (sharding.py),
-on any machine: floating-point tensors carry shape, dtype and device but no storage, so a 7B
-model on 8 GPUs traces on a laptop's CPU. Integer and boolean tensors (token ids, positions,
-masks, indices: a small share of the bytes) are real, because the models' code reads their
-values (Qwen2.5-VL's vision tower splits its attention by the image grid; the placeholder
-check counts image tokens); a token an argmax would pick from fake logits is 0.
+`trace_request` runs the built-in probe (step/training.py: build, then two steps, every phase)
+under torch's FakeTensorMode, as rank 0 of the W-rank run over the fake process group
+(sharding.py), on any machine: floating-point tensors carry shape, dtype and device but no
+storage, so a 7B model on 8 GPUs traces on a laptop's CPU. Integer and boolean tensors (token
+ids, positions, masks, indices: a small share of the bytes) are real, because the models' code
+reads their values (Qwen2.5-VL's vision tower splits its attention by the image grid; the
+placeholder check counts image tokens); a token an argmax would pick from fake logits is 0.
 
 Every storage the step creates, fake or real, is counted while it lives (torch's MemTracker
 counts the same way: storage weak references, plus `UntypedStorage.resize_`, which FSDP2 and
@@ -55,7 +55,7 @@ from autotune.memory.allocator import (
     replay,
     smallest_cap,
 )
-from autotune.probe.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
@@ -295,7 +295,7 @@ def _patched(tracker: AllocationTracker) -> Iterator[None]:
 
 class TracedMeter:
     """The trace's Meter (meter.py): phase peaks of live bytes plus the fixed term, and host
-    memory as a tag on storages (step.py moves offloaded tensors through it)."""
+    memory as a tag on storages (step/offload.py moves offloaded tensors through it)."""
 
     repeats: int | None = TRACE_REPEATS  # None: every iteration, as a probe runs them
 
@@ -401,8 +401,9 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     it: the same bytes). `events`, when given, receives the recorded allocation stream
     (memory/allocator.py's events), for a replay under other settings or caps.
     """
-    from autotune.probe.sharding import leave_group
-    from autotune.probe.step import TrainingProbe, allocator_settings
+    from autotune.probe.modeling.sharding import leave_group
+    from autotune.probe.step.state import allocator_settings
+    from autotune.probe.step.training import TrainingProbe
 
     started = time.perf_counter()
     if request.config.runs_real_vllm:
@@ -467,7 +468,7 @@ def serve(requests: Iterable[str], results: IO[str]) -> None:
     input (the sweep closed it, or died)."""
     import json
 
-    from autotune.probe.oom import classify_exception
+    from autotune.probe.measure.oom import classify_exception
 
     for line in requests:
         request = ProbeRequest.from_json(line)

@@ -16,8 +16,8 @@ import time
 import traceback
 
 from autotune.files import write_text_atomic
-from autotune.probe.launcher import RANK_ENV, launch_ranks
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.launch.launcher import RANK_ENV, launch_ranks
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
 
@@ -42,14 +42,14 @@ def process_age_s() -> float:
 def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
     import torch
 
-    from autotune.probe.meter import (
+    from autotune.probe.measure.meter import (
         MemoryMeter,
         describe_device,
         physical_gpu_index,
         torch_device,
     )
-    from autotune.probe.oom import classify_exception
-    from autotune.probe.step import TrainingProbe
+    from autotune.probe.measure.oom import classify_exception
+    from autotune.probe.step.training import TrainingProbe
 
     quiet_libraries()
     if request.cpu_threads:
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     with open(request_path) as handle:
         request = ProbeRequest.from_json(handle.read())
     if request.command is not None:  # a short run of the user's trainer: no torch here
-        from autotune.probe.command import run_command
+        from autotune.probe.launch.command import run_command
 
         result = run_command(request, result_path)
     elif request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from autotune.memory.calibration import Calibration
 from autotune.memory.model import MemoryEstimate
 from autotune.report.view import StudyView, TrialView
-from autotune.sweep.prescreen import memory_estimator
+from autotune.sweep.feasibility.prescreen import memory_estimator
 
 
 @dataclasses.dataclass(frozen=True)

@@ -252,7 +252,7 @@ def length_headroom(view: StudyView, numbers: list[int]) -> tuple[Figure | None,
     length is marked, and where a curve crosses the headroom budget is its length headroom."""
     import plotly.graph_objects as go
 
-    from autotune.sweep.study_model import StudyModel
+    from autotune.sweep.feasibility.study_model import StudyModel
 
     model = StudyModel.of({"request": view.request, "memory_calibration": view.calibration},
                           view.device_capacity_bytes)

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import __version__
 from autotune.config import describe_params, format_bytes
 from autotune.errors import AutotuneError, ConfigError
 from autotune.files import write_text_atomic
 from autotune.report.view import StudyView, headline, phases_of, read_study
+from autotune.version import __version__
 
 if TYPE_CHECKING:
     from optuna import Study

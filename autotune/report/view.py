@@ -24,11 +24,12 @@ from autotune.config import (
 )
 from autotune.files import JsonObject
 from autotune.hardware import usable_bytes
-from autotune.probe.result import ProbeRequest, ProbeStatus
-from autotune.sweep.artifacts import best_trial, pareto_front, ranked_feasible
-from autotune.sweep.finalists import FinalistsRecord, current_record
-from autotune.sweep.measurements import by_config
-from autotune.sweep.sharing import params_key, ran_params
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus
+from autotune.sweep.pick.artifacts import best_trial, pareto_front, ranked_feasible
+from autotune.sweep.pick.finalists import FinalistsRecord, current_record
+from autotune.sweep.pick.measurements import by_config
+from autotune.sweep.space.params import params_key
+from autotune.sweep.study.sharing import ran_params
 
 if TYPE_CHECKING:
     from optuna import Study

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.errors import ConfigError
-from autotune.probe.result import ProbeRequest, ProbeResult
+from autotune.probe.measure.result import ProbeRequest, ProbeResult
 
 if TYPE_CHECKING:
     from autotune.runners.ray_runner import RayRunner

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from autotune.probe.process_tag import PROBE_TAG_ENV
+from autotune.process_tag import PROBE_TAG_ENV
 
 MAX_IDLE_SERVERS = 4  # idle servers kept (each holds torch and a model class: ~350 MB RSS)
 SPAWN_REPLY_S = 30.0  # a ready server answers a fork in milliseconds; past this it is broken

@@ -34,8 +34,9 @@ from typing import Protocol
 import psutil
 
 from autotune.files import write_text_atomic
-from autotune.probe.oom import classify_exit, classify_text
-from autotune.probe.process_tag import (
+from autotune.probe.measure.oom import classify_exit, classify_text
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus, probe_files
+from autotune.process_tag import (
     PROBE_TAG_ENV,
     ProcessTree,
     die_with_parent,
@@ -43,7 +44,6 @@ from autotune.probe.process_tag import (
     kill_tagged,
     new_tag,
 )
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus, probe_files
 from autotune.runners.forking import can_fork, close_idle_servers, forked_probe
 from autotune.runners.oom_evidence import OOMWitness
 

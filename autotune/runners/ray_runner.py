@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import RunnerError
-from autotune.probe.process_tag import kill_processes, tag_scope, tagged_processes
-from autotune.probe.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.process_tag import kill_processes, tag_scope, tagged_processes
 from autotune.runners.local import SubprocessRunner, scratch_dir
 
 if TYPE_CHECKING:

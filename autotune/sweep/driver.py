@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.sweep import interrupts
-from autotune.sweep.artifacts import SweepFiles
-from autotune.sweep.best_export import write_trainer_export
-from autotune.sweep.confirm import confirm_best
-from autotune.sweep.finalists import remeasure
+from autotune.sweep.execution import interrupts
+from autotune.sweep.pick.artifacts import SweepFiles
+from autotune.sweep.pick.best_export import write_trainer_export
+from autotune.sweep.pick.confirm import confirm_best
+from autotune.sweep.pick.finalists import remeasure
 from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import Progress
 from autotune.sweep.tuner import Sweep

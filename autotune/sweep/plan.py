@@ -37,12 +37,11 @@ from autotune.hardware import (
     this_device,
     usable_cpu_ids,
 )
-from autotune.probe.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest
 from autotune.registry import REGISTRY, get_model_spec, read_model_path_config
 from autotune.runners import Runner, ray_cluster_gpus
-from autotune.sweep.command_probe import CommandTemplate, command_setup
-from autotune.sweep.finalists import DEFAULT_FINALISTS
-from autotune.sweep.placement import (
+from autotune.sweep.execution.command_probe import CommandTemplate, command_setup
+from autotune.sweep.execution.placement import (
     RankPlan,
     default_topology,
     emulate_ranks,
@@ -50,12 +49,17 @@ from autotune.sweep.placement import (
     plan_command_ranks,
     plan_ranks,
 )
-from autotune.sweep.preflight import check_model_on_device, check_node_host, vllm_installed
-from autotune.sweep.search_space import SearchSpace, load_search_space
-from autotune.sweep.settings import SweepSettings
-from autotune.sweep.sharing import HEARTBEAT_S
-from autotune.sweep.storage import check_storage, check_study_name
-from autotune.sweep.trainer_target import TrainerTarget, trainer_target
+from autotune.sweep.feasibility.preflight import (
+    check_model_on_device,
+    check_node_host,
+    vllm_installed,
+)
+from autotune.sweep.pick.finalists import DEFAULT_FINALISTS
+from autotune.sweep.space.search_space import SearchSpace, load_search_space
+from autotune.sweep.space.trainer_target import TrainerTarget, trainer_target
+from autotune.sweep.study.settings import SweepSettings
+from autotune.sweep.study.sharing import HEARTBEAT_S
+from autotune.sweep.study.storage import check_storage, check_study_name
 from autotune.trainers.verl import VERL
 
 DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12

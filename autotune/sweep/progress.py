@@ -35,7 +35,7 @@ class SweepState:
         "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0, "killed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
     running: dict[int, Knobs] = field(default_factory=dict)  # trial number -> params
-    tracing: Knobs | None = None  # the params of the candidate traced now (sweep/traced.py)
+    tracing: Knobs | None = None  # the candidate traced now (sweep/feasibility/traced.py)
     best: str = "-"
     stop_reason: str | None = None
 

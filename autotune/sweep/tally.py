@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.config import Knobs, describe_params, format_bytes
-from autotune.probe.result import ProbeStatus
-from autotune.sweep.feasibility import Feasibility
-from autotune.sweep.measurements import FINALIST
-from autotune.sweep.objective import scalar
+from autotune.probe.measure.result import ProbeStatus
+from autotune.sweep.feasibility.screen import Feasibility
+from autotune.sweep.pick.measurements import FINALIST
 from autotune.sweep.progress import SweepState
-from autotune.sweep.search_space import SearchSpace
-from autotune.sweep.sharing import NO_RESULT_STATUSES
+from autotune.sweep.space.search_space import SearchSpace
+from autotune.sweep.study.objective import scalar
+from autotune.sweep.study.sharing import NO_RESULT_STATUSES
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

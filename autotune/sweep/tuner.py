@@ -24,20 +24,23 @@ from typing import TYPE_CHECKING, Literal
 from autotune.config import Knobs, describe_params
 from autotune.errors import ConfigError
 from autotune.files import write_text_atomic
-from autotune.probe.result import ProbeResult, ProbeStatus
+from autotune.probe.measure.result import ProbeResult, ProbeStatus
 from autotune.runners import Runner
-from autotune.sweep import interrupts, trial_files
-from autotune.sweep.dominance import Dominance
-from autotune.sweep.feasibility import Feasibility
-from autotune.sweep.frontier import Frontier
-from autotune.sweep.objective import OBJECTIVES
-from autotune.sweep.parallel import ProbePool
-from autotune.sweep.prescreen import Prescreen
+from autotune.sweep.execution import interrupts
+from autotune.sweep.execution.parallel import ProbePool
+from autotune.sweep.feasibility.dominance import Dominance
+from autotune.sweep.feasibility.frontier import Frontier
+from autotune.sweep.feasibility.prescreen import Prescreen
+from autotune.sweep.feasibility.screen import Feasibility
+from autotune.sweep.feasibility.traced import SubprocessTracer, Tracer
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
-from autotune.sweep.record import tell_given_up, tell_result, tell_reused
-from autotune.sweep.search_space import Candidate
-from autotune.sweep.settings import SAMPLERS, SweepSettings
-from autotune.sweep.sharing import (
+from autotune.sweep.space.params import params_key
+from autotune.sweep.space.search_space import Candidate
+from autotune.sweep.study import trial_files
+from autotune.sweep.study.objective import OBJECTIVES
+from autotune.sweep.study.record import tell_given_up, tell_result, tell_reused
+from autotune.sweep.study.settings import SAMPLERS, SweepSettings
+from autotune.sweep.study.sharing import (
     STALE_AFTER_HEARTBEATS,
     WAIT,
     Holdings,
@@ -45,13 +48,11 @@ from autotune.sweep.sharing import (
     is_asked,
     is_stale,
     owner_of,
-    params_key,
     take_over,
     trial_by_number,
 )
-from autotune.sweep.storage import StudyLock, open_study
+from autotune.sweep.study.storage import StudyLock, open_study
 from autotune.sweep.tally import Tally
-from autotune.sweep.traced import SubprocessTracer, Tracer
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

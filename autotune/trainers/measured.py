@@ -5,7 +5,7 @@ topology (each GPU would take other shares of the batches), another model (other
 trainer whose rollout engine the probe did not stand for is not the measured run: each is a
 conflict (one line naming both sides and what to do), or with `--force` a line the exported
 file's header keeps under "unmeasured". Pure data: the model's identity is decided by the
-caller (sweep/best_export.py reads the registry and local checkpoints).
+caller (sweep/pick/best_export.py reads the registry and local checkpoints).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class MeasuredRun:
     command: bool = False  # probed by the user's own trainer: its config named the model
     base_critic_model: TrainerValue = None  # the critic's model the base config names (PPO)
     same_critic_model: bool | None = None  # whether it has the study's shapes (the probe's
-    # critic is the actor's architecture with a value head: probe/critic.py)
+    # critic is the actor's architecture with a value head: probe/modeling/critic.py)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ruamel.yaml import YAML
 
 TrainerYaml = tuple[TrainerTree, str]  # a user's trainer YAML: its round-trip tree, its text
-# best.yaml's document (sweep/artifacts.py best_document): what the header says it measured
+# best.yaml's document (sweep/pick/artifacts.py best_document): what the header says it measured
 BestDocument: TypeAlias = dict[str, Any]
 
 

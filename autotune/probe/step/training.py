@@ -1,0 +1,149 @@
+"""The built-in GRPO probe: real training steps of a colocated GRPO trainer, measured.
+
+One step has the phases of EasyR1/verl's hybrid engine: rollout (a rollout engine holding a
+compute-dtype copy of the weights generates `rollout_n` responses per prompt, always to
+`max_response_length`, with vLLM's memory or HF generation's, or the actor generates itself
+as TRL's does: engine.py), experience (the
+old log-prob forward unless `old_logprob_pass` is off, as TRL runs one optimizer step a
+generation, and the reference's), update (mini-batches of micro-batches with gradient
+accumulation, a GRPO loss, an AdamW step, fused or torch's default) and, when
+`val_batch_size` is set, validation
+generation. The actor keeps fp32 master weights and AdamW
+state as verl and EasyR1 do (16 bytes per parameter during the update), computes in bf16 on a
+GPU, and offload moves params / optimizer state to host memory between phases. It runs one
+GPU's share of each batch of a run on `request.world_size` GPUs (config.device_share), and
+reports the share it ran. With W > 1 the actor and reference are FSDP2-sharded over W ranks
+(sharding.py), real peers or emulated ones; the rollout engine holds a compute-dtype copy on
+each rank, whole or split over `rollout_tensor_parallel` ranks, gathered from the actor's
+shards at each wake-up.
+
+PPO (`algorithm=ppo`) adds the critic on the same GPUs, as verl's and EasyR1's trainers run it
+(critic.py): built and sharded like the actor, with its own AdamW; the experience phase
+forwards it for the values (its params loaded from the host first where it offloads them,
+its optimizer state left where it is), and its own phase, `critic_update`, trains it before
+the actor's update (RayPPOTrainer.fit: update_critic, then update_actor) with the actor's
+mini-batches cut into its own micro-batches or token budget; between phases its params and
+optimizer state sit where its own offload switches put them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from autotune.probe.measure.machine import MachineWatch
+from autotune.probe.measure.meter import describe_device, physical_gpu_index
+from autotune.probe.measure.result import ProbeResult, ProbeStatus
+from autotune.probe.modeling.sharding import leave_group
+from autotune.probe.modeling.ulysses import sequence_parallel
+from autotune.probe.step.build import Build
+from autotune.probe.step.experience import ExperiencePhase
+from autotune.probe.step.rollout import RolloutPhase
+from autotune.probe.step.state import allocator_record
+from autotune.probe.step.update import UpdatePhase
+
+MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here (timed_min_s)
+
+
+def training_s(phase_s: dict[str, float]) -> float:
+    """Seconds of a step's training phases (validation is not part of a training step)."""
+    return sum(v for k, v in phase_s.items() if k != "validation")
+
+
+class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
+    """Runs one ProbeRequest in this process; `meter.current_phase` says where a failure hit.
+
+    The phases are its bases' (a module each); `step` runs them in the trainer's order."""
+
+    def step(self) -> dict[str, float]:
+        """One training step; returns seconds per phase (validation included when set)."""
+        seconds = {}
+        phases = [("rollout", self._rollout), ("experience", self._experience)]
+        if self.critic is not None:
+            phases.append(("critic_update", self._update_critic))
+        phases.append(("update", self._update))
+        if self.config.val_batch_size:
+            phases.append(("validation", self._validate))
+        for name, run in phases:
+            if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
+                torch.cuda.memory._set_allocator_settings(
+                    f"expandable_segments:{self.allocator.expandable_in(name)}")
+            # the trained phases' forwards and backwards (a checkpointed layer's recompute
+            # too) run each rank's slice; generation runs whole sequences
+            split = self.sequence_group is not None and name in ("experience", "update")
+            with self.meter.phase(name), sequence_parallel(self.sequence_group) if split \
+                    else contextlib.nullcontext():
+                started = time.perf_counter()
+                run()
+                if self.on_gpu:
+                    torch.cuda.synchronize(self.device)
+                seconds[name] = time.perf_counter() - started
+        return seconds
+
+    def timed_steps(self) -> list[dict[str, float]]:
+        """The timed steps: `request.timed_steps`, and more while they add up to less than
+        `request.timed_min_s` (a short step is cheap to repeat and noisy alone),
+        MAX_TIMED_STEPS at most. Every rank runs the same count (ranks step in lockstep
+        through their collectives): rank 0's clock decides, and it is shared."""
+        timed = [self.step() for _ in range(self.request.timed_steps)]
+        while len(timed) < MAX_TIMED_STEPS and self.agree_more(
+                sum(training_s(t) for t in timed) < self.request.timed_min_s):
+            timed.append(self.step())
+        return timed
+
+    def agree_more(self, more: bool) -> bool:
+        """Rank 0's answer to `more`, on every rank (alone: the answer itself)."""
+        if self.group is None or self.request.emulated:
+            return more
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if more else 0], dtype=torch.int32)
+        if self.on_gpu:
+            flag = flag.to(self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def run(self, startup_s: float | None = None) -> ProbeResult:
+        request, config = self.request, self.config
+        built_at = time.perf_counter()
+        self.build()
+        build_s = time.perf_counter() - built_at
+        for _ in range(request.warmup_steps):
+            self.step()
+        watch = MachineWatch(torch.get_num_threads(),
+                             physical_gpu_index(self.device) if self.on_gpu else None)
+        watch.start()
+        timed = self.timed_steps()
+        machine = watch.stop()
+        leave_group()  # only when every rank got here: a failed one just exits (no teardown
+        # that could wait on peers stuck in a collective)
+        phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
+        step_times_s = [training_s(t) for t in timed]
+        step_s = training_s(phase_s)
+        # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)
+        responses = self.ran["responses_per_step"] * request.world_size
+        tokens = responses * config.sequence_length
+        peaks = dict(self.meter.phase_peak_mem_bytes)
+        return ProbeResult(
+            status=ProbeStatus.OK, tokens_per_s=tokens / step_s,
+            samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
+            step_times_s=step_times_s, machine=machine.as_dict(),
+            contention=machine.contention(),
+            peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
+            phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),
+            phase_tensor_peak_bytes=dict(self.meter.phase_tensor_peak_bytes),
+            host_peak_rss_bytes=self.meter.host_peak_rss_bytes,
+            host_offload_bytes=self.peak_host_offload_bytes,
+            host_held_peak_bytes=self.meter.host_held_peak_bytes,
+            num_params=self.num_params, startup_s=startup_s, build_s=build_s,
+            share={"val_prompts": 0, **self.ran}, world_size=request.world_size,
+            emulated=request.emulated and request.world_size > 1,
+            model_state_bytes=dict(self.model_state_bytes),
+            engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
+            fsdp_strategy=config.fsdp_strategy if self.group is not None else None,
+            num_alloc_retries=int(torch.cuda.memory_stats(self.device).get(
+                "num_alloc_retries", 0)) if self.on_gpu else None,
+            allocator=allocator_record(self.allocator, list(phase_s)),
+            **describe_device(self.device, request.device.cap_bytes))

@@ -1,0 +1,226 @@
+"""Finalists: the best K configs probed again, round robin, until the leader stands apart.
+
+One probe is one recording, and a machine is noisy (another process, a clock, a cache): the
+sweep's best single figure is often a lucky one. When the search stops, the best K feasible
+configs (measurements.py ranks them by their mean) are probed again, one round at a time: the
+first round every finalist once more, each later round one more probe of the leader and of
+every finalist not yet apart from it, until the leader's mean is apart from every other
+finalist's beyond the measured noise (measurements.SEPARATION_Z standard errors, one probe's
+spread pooled over the finalists' repeats), or each has had MAX_PROBES probes.
+
+The pick: the highest mean objective; where another finalist is not apart from the leader,
+the one of them with the lower peak memory (they are as fast as we can tell, and memory is
+what makes a config safe). The rule and why it chose are stored in the study (user attr
+`finalists`) and written in best.yaml; `show` and the report print every finalist with its
+interval.
+
+Each repeat is a trial of its own (origin `finalist`, `repeat_of` the config's first trial),
+added to the study once its probe ended, so a killed sweep loses at most the probe in flight
+and the next run goes on where it stopped; its files are `logs/trial-00007.repeat-2.*`. A
+repeat's result left by a driver that died before adding it is read back, not probed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+from autotune.config import describe_params, format_bytes
+from autotune.files import JsonObject, write_text_atomic
+from autotune.probe.measure.result import ProbeResult
+from autotune.runners import Runner
+from autotune.sweep.execution import interrupts
+from autotune.sweep.pick.measurements import FINALIST, SEPARATION_Z, Measured, noise, ranked
+from autotune.sweep.study import trial_files
+from autotune.sweep.study.objective import score
+from autotune.sweep.study.record import result_attrs
+from autotune.sweep.study.settings import SweepSettings
+
+if TYPE_CHECKING:
+    from optuna import Study
+
+FINALISTS = "finalists"  # study user attr: the last re-measure's record
+DEFAULT_FINALISTS = 3
+MAX_PROBES = 3  # probes of one finalist at most, its first included
+
+
+class FinalistEntry(TypedDict):
+    """One finalist as the record keeps it: its probes, its mean and interval."""
+
+    trial: int
+    probes: list[int]
+    mean: float
+    interval: list[float]
+    tokens_per_s: list[float]
+    tokens_per_s_mean: float
+    tokens_per_s_interval: list[float]
+    peak_mem_bytes: int
+    contended: int
+
+
+class FinalistsRecord(TypedDict):
+    """The pick among the finalists, as stored in the study (user attr `finalists`)."""
+
+    k: int
+    max_probes: int
+    objective: str
+    rule: str
+    noise_relative_sd: float
+    chosen: int
+    why: str
+    probes_counted: int  # the study's probes when it was made: later probes make it stale
+    entries: list[FinalistEntry]
+
+
+def repeat_log_path(study_dir: Path, number: int, probe: int) -> Path:
+    return trial_files.log_path(study_dir, number).with_suffix(f".repeat-{probe}.log")
+
+
+def standing(finalists: list[Measured]) -> tuple[float, list[Measured]]:
+    """One probe's noise, and the finalists not apart from the leader (the leader first).
+    Until one finalist has two probes nothing is apart: the noise is not known yet."""
+    spread = noise(finalists)
+    leader = finalists[0]
+    repeated = any(len(m.values) >= 2 for m in finalists)
+    close = [m for m in finalists[1:] if not repeated or not leader.apart_from(m, spread)]
+    return spread, [leader, *close]
+
+
+def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
+              capacity_bytes: int | None, say: Callable[[str], None] = lambda line: None
+              ) -> int:
+    """Probe the best `k` feasible configs again until the leader stands apart or the
+    budget is spent; store the pick. Returns how many probes ran."""
+    probes = 0
+    for _ in range(2 * k * MAX_PROBES):  # a probe lost with its node adds no probe: bounded
+        finalists = ranked(study)[:k]
+        if len(finalists) < 2:
+            break
+        _, close = standing(finalists)
+        todo = [m for m in finalists if m.probes < 2] or \
+            ([m for m in close if m.probes < MAX_PROBES] if len(close) > 1 else [])
+        if not todo:
+            break
+        fewest = min(m.probes for m in todo)
+        for measured in [m for m in todo if m.probes == fewest]:
+            probes += probe_again(study, settings, runner, measured, capacity_bytes, say)
+    if ranked(study)[:1]:
+        study.set_user_attr(FINALISTS, decide(study, k))
+    return probes
+
+
+def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured: Measured,
+                capacity_bytes: int | None, say: Callable[[str], None]) -> int:
+    """One more probe of a finalist, added to the study as a trial; 1 when it ran."""
+    import optuna
+
+    number = measured.number
+    count = 2 + sum(t.user_attrs.get("repeat_of") == number
+                    for t in study.get_trials(deepcopy=False))
+    log = repeat_log_path(settings.study_dir, number, count)
+    result = read_repeat(log)
+    ran = result is None
+    if result is None:
+        say(f"finalist trial {number} ({describe_params(measured.trial.params)}): "
+            f"probe {count} of {MAX_PROBES}")
+        candidate = settings.space.candidate(measured.trial.params)
+        request = dataclasses.replace(settings.request_for(candidate),
+                                      **settings.slots[0].request_fields())
+        log.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(log.with_suffix(".request.json"), request.to_json())
+        interrupts.raise_if_interrupted()
+        result = runner.run(request, log)
+    verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
+    attrs: JsonObject = {
+        "status": result.status.value, "probed": True, "predicted": False,
+        "feasible": verdict.feasible, "reason": verdict.reason,
+        "budget_bytes": verdict.budget_bytes, "binding_phase": verdict.binding_phase,
+        "log": str(log.relative_to(settings.study_dir)), "origin": FINALIST,
+        "repeat_of": number, "result": result_attrs(result)}
+    complete = verdict.state != "fail"
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
+        values=list(verdict.values or ()) if complete else None,
+        params=measured.trial.params, distributions=measured.trial.distributions,
+        user_attrs=attrs, constraints=verdict.constraints))
+    return int(ran)
+
+
+def read_repeat(log: Path) -> ProbeResult | None:
+    """A repeat's result a driver that died before adding it left, if it is whole."""
+    try:
+        return ProbeResult.from_json(log.with_suffix(".result.json").read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def decide(study: Study, k: int) -> FinalistsRecord:
+    """The pick among the best `k` configs, the rule that made it, and every finalist."""
+    objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
+    finalists = ranked(study)[:k]
+    spread, close = standing(finalists)
+    chosen = min(close, key=lambda m: (m.peak_mem_bytes, -m.mean))
+    leader = finalists[0]
+    if len(finalists) == 1:
+        why = "the only feasible config"
+    elif chosen is leader and len(close) == 1:
+        why = f"its mean is apart from every other finalist's ({SEPARATION_Z:g} standard errors)"
+    elif chosen is leader:
+        why = ("not apart from trial(s) " + ", ".join(str(m.number) for m in close[1:]) +
+               " within the noise, and the lowest peak memory of them")
+    else:
+        why = (f"within the noise of the leader, trial {leader.number} "
+               f"({leader.mean:,.1f} mean), and the lowest peak memory of those "
+               f"({format_bytes(chosen.peak_mem_bytes)} vs "
+               f"{format_bytes(leader.peak_mem_bytes)})")
+    return {
+        "k": k, "max_probes": MAX_PROBES, "objective": objective,
+        "rule": (f"the highest mean {objective} over each config's probes; where another "
+                 f"finalist is within {SEPARATION_Z:g} standard errors of it, the lowest peak "
+                 "memory of those"),
+        "noise_relative_sd": round(spread, 4),
+        "chosen": chosen.number, "why": why,
+        "probes_counted": sum(m.probes for m in ranked(study)),
+        "entries": [entry(m, spread) for m in finalists],
+    }
+
+
+def entry(measured: Measured, spread: float) -> FinalistEntry:
+    low, high = measured.interval(spread)
+    scale = measured.tokens_per_s_mean / measured.mean if measured.mean else 0.0
+    return {"trial": measured.number, "probes": [t.number for t in measured.trials],
+            "mean": measured.mean, "interval": [low, high],
+            "tokens_per_s": measured.tokens_per_s,
+            "tokens_per_s_mean": measured.tokens_per_s_mean,
+            "tokens_per_s_interval": [low * scale, high * scale],
+            "peak_mem_bytes": measured.peak_mem_bytes, "contended": measured.contended}
+
+
+def current_record(study: Study, configs: Mapping[str, Measured] | None = None
+                   ) -> FinalistsRecord | None:
+    """The stored pick, while no config was probed since it was made; else None (`configs`:
+    the study's by_config, when the caller holds it)."""
+    record: FinalistsRecord | None = study.user_attrs.get(FINALISTS)
+    if not record:
+        return None
+    counted = sum(m.probes for m in ranked(study, configs))
+    return record if record.get("probes_counted") == counted else None
+
+
+def describe(record: FinalistsRecord) -> list[str]:
+    """The finalists as `show` prints them: each with its interval, and the rule."""
+    lines = [f"finalists (each probed up to {record['max_probes']} times; one probe's noise "
+             f"{record['noise_relative_sd']:.1%}):"]
+    for item in record["entries"]:
+        low, high = item["tokens_per_s_interval"]
+        mark = " <- picked" if item["trial"] == record["chosen"] else ""
+        lines.append(f"  trial {item['trial']}: {item['tokens_per_s_mean']:,.1f} tokens/s "
+                     f"[{low:,.1f}, {high:,.1f}] over {len(item['probes'])} probe(s), peak "
+                     f"{format_bytes(item['peak_mem_bytes'])}"
+                     + (f", {item['contended']} under contention" if item["contended"] else "")
+                     + mark)
+    lines.append(f"  rule: {record['rule']}; picked trial {record['chosen']}: {record['why']}")
+    return lines
+

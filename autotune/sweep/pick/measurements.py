@@ -1,0 +1,166 @@
+"""Each config's probes taken together: its mean, its spread, and the ranking built on them.
+
+A config may be probed more than once: the finalists are probed again before the pick
+(finalists.py), each repeat a trial of its own with `origin: finalist`. Everything that
+ranks configs (best.yaml, `show`, the report, the confirmations, the export's candidates)
+reads this module: a config's figure is the mean over its probes, its memory the most any of
+them held, and its noise the spread between them (the within-probe spread of its timed steps
+until it has been probed twice). A config one of whose probes ran out of memory or past the
+headroom is not feasible, however its other probes went.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autotune.probe.measure.result import coefficient_of_variation
+from autotune.sweep.space.params import params_key
+from autotune.sweep.study.objective import scalar
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+SEPARATION_Z = 2.0  # two configs differ when their means are this many standard errors apart
+FINALIST = "finalist"  # the origin of a repeat probe
+
+
+@dataclass
+class Measured:
+    """One config's probes: the first trial that probed it, and every probe's figures (its
+    means and peak kept as probes are folded in: a sweep ranks every config after each probe)."""
+
+    trial: FrozenTrial  # the config's first probed trial (its number names the config)
+    trials: list[FrozenTrial] = field(default_factory=list)  # every probe of it, in order
+    values: list[float] = field(default_factory=list)  # the objective's scalar, per probe
+    tokens_per_s: list[float] = field(default_factory=list)
+    feasible: bool = True
+    contended: int = 0  # probes measured under contention (probe/measure/machine.py)
+    mean: float = field(init=False, default=0.0)  # the objective's mean over its probes
+    tokens_per_s_mean: float = field(init=False, default=0.0)
+    peak_mem_bytes: int = field(init=False, default=0)  # the most any of its probes held
+
+    def __post_init__(self) -> None:
+        self.refigure()
+
+    def refigure(self) -> None:
+        """Recompute the means and the peak from the probes (after one is added)."""
+        self.mean = statistics.fmean(self.values) if self.values else 0.0
+        self.tokens_per_s_mean = statistics.fmean(self.tokens_per_s) \
+            if self.tokens_per_s else 0.0
+        self.peak_mem_bytes = max(((t.user_attrs.get("result") or {}).get("peak_mem_bytes")
+                                   or 0 for t in self.trials), default=0)
+
+    @property
+    def number(self) -> int:
+        return int(self.trial.number)
+
+    @property
+    def probes(self) -> int:
+        return len(self.trials)
+
+    @property
+    def relative_sd(self) -> float | None:
+        """Spread between its probes (two or more), else of its first probe's timed steps."""
+        if len(self.values) >= 2:
+            return coefficient_of_variation(self.values)
+        result = self.trial.user_attrs.get("result") or {}
+        return coefficient_of_variation(result.get("step_times_s") or [])
+
+    def phase_peak_mem_bytes(self) -> dict[str, int]:
+        """Each phase's most over the config's probes."""
+        peaks: dict[str, int] = {}
+        for t in self.trials:
+            for phase, value in ((t.user_attrs.get("result") or {}).get(
+                    "phase_peak_mem_bytes") or {}).items():
+                peaks[phase] = max(peaks.get(phase, 0), value)
+        return peaks
+
+    def interval(self, relative_sd: float) -> tuple[float, float]:
+        """The mean's interval at SEPARATION_Z standard errors, `relative_sd` per probe."""
+        half = SEPARATION_Z * relative_sd * self.mean / math.sqrt(max(1, len(self.values)))
+        return self.mean - half, self.mean + half
+
+    def apart_from(self, other: Measured, relative_sd: float) -> bool:
+        """Whether the two means differ beyond the noise (SEPARATION_Z standard errors)."""
+        scale = (self.mean + other.mean) / 2
+        error = relative_sd * scale * math.sqrt(1 / max(1, len(self.values)) +
+                                                1 / max(1, len(other.values)))
+        return abs(self.mean - other.mean) > SEPARATION_Z * error
+
+
+def is_probe(frozen: FrozenTrial) -> bool:
+    """A trial that ran a probe of its own (not reused, not predicted) and was told."""
+    return bool(frozen.user_attrs.get("probed")) and frozen.state.is_finished() and \
+        frozen.user_attrs.get("status") is not None
+
+
+def fold(configs: dict[str, Measured], frozen: FrozenTrial, objective: str) -> None:
+    """Add one trial to `configs` if it is a probe that says something of its config (by_config
+    folds every trial of a study through here; a sweep's files fold each new one once)."""
+    attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
+    if not is_probe(frozen) or attrs.get("status") in ("lost", "killed"):  # a probe lost
+        return  # with its node, or killed from outside, says nothing about the config
+    key = params_key(frozen.params)
+    earlier = configs.get(key)
+    if earlier is not None and frozen.number < earlier.trials[-1].number:
+        del configs[key]  # told after a later probe of its config: fold them in trial order
+        for trial in sorted([*earlier.trials, frozen], key=lambda t: t.number):
+            fold(configs, trial, objective)
+        return
+    measured = configs.setdefault(key, Measured(frozen))
+    measured.trials.append(frozen)
+    if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
+        measured.feasible = False
+    else:
+        measured.values.append(scalar(frozen.values, objective))
+        measured.tokens_per_s.append(result.get("tokens_per_s") or 0.0)
+        measured.contended += bool(result.get("contention"))
+    measured.refigure()
+
+
+def study_objective(study: Study) -> str:
+    return str(study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory"))
+
+
+def by_config(study: Study) -> dict[str, Measured]:
+    """Every probed config, keyed by its params, with all its probes."""
+    objective = study_objective(study)
+    configs: dict[str, Measured] = {}
+    for frozen in study.get_trials(deepcopy=False):
+        fold(configs, frozen, objective)
+    return configs
+
+
+def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[Measured]:
+    """Feasible configs, the best mean objective first, the earliest probed on ties (`configs`:
+    the study's by_config, when the caller holds it)."""
+    configs = by_config(study) if configs is None else configs
+    feasible = [m for m in configs.values() if m.feasible and m.values]
+    return sorted(feasible, key=lambda m: (-m.mean, m.number))
+
+
+def pooled_relative_sd(configs: list[Measured]) -> float | None:
+    """The spread of one probe, pooled over configs probed at least twice (relative to each
+    config's mean); None when none was."""
+    squares, freedom = 0.0, 0
+    for m in configs:
+        if len(m.values) >= 2 and m.mean > 0:
+            squares += sum((v / m.mean - 1.0) ** 2 for v in m.values)
+            freedom += len(m.values) - 1
+    return math.sqrt(squares / freedom) if freedom else None
+
+
+def noise(configs: list[Measured]) -> float:
+    """One probe's relative spread as the finalists show it: pooled between their probes,
+    never below the largest spread of one probe's timed steps over their count (a second
+    probe of a config costs as much as its first; until there is one, that is all we know)."""
+    within = [cv / math.sqrt(max(1, len(
+        (m.trial.user_attrs.get("result") or {}).get("step_times_s") or [])))
+        for m in configs if (cv := m.relative_sd) is not None and len(m.values) < 2]
+    pooled = pooled_relative_sd(configs)
+    return max([pooled or 0.0, *within])

@@ -43,7 +43,7 @@ from autotune.memory.calibration import fit_calibration  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.shape import model_shape  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest  # noqa: E402
-from autotune.sweep.feasibility.screen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
+from autotune.sweep.feasibility.prescreen import MIN_CALIBRATION_PROBES, PRESCREEN_MARGIN  # noqa: E402
 from autotune.sweep.space.search_space import load_search_space  # noqa: E402
 
 HERE = Path(__file__).parent

@@ -531,3 +531,22 @@ def test_the_pareto_front_is_every_config_nothing_beats_on_both(tmp_path):
                   if o_tps >= tps and o_mem <= mem and (o_tps > tps or o_mem < mem)}
         expected = sorted((mem, n) for n, _, mem in points if n not in beaten)
         assert [t.number for t in pareto_front(None, configs)] == [n for _, n in expected]
+
+
+def test_tracing_weighs_its_cost_on_the_traces_after_the_first():
+    """The first trace pays the trace process's one-time imports (9 s against 4-5 s for the
+    next ones on a slow 2-core machine, beside an 18 s probe): it alone never turns tracing
+    off; the traces after it decide."""
+    from autotune.sweep.feasibility.traced import TRACE_COST_SHARE, SubprocessTracer
+
+    tracer = SubprocessTracer(lambda candidate, device: None, on_gpu=False, probe_wall_s=[18.0])
+    tracer.trace_cost_s = [9.5]
+    tracer.weigh_cost()
+    assert tracer.unavailable is None
+    tracer.trace_cost_s = [9.5, 4.5, 5.0]
+    tracer.weigh_cost()
+    assert tracer.unavailable is None
+    tracer.trace_cost_s.append(18.0 * TRACE_COST_SHARE + 10)
+    tracer.trace_cost_s.append(18.0 * TRACE_COST_SHARE + 10)
+    tracer.weigh_cost()
+    assert tracer.unavailable is not None and "a trace takes" in tracer.unavailable

@@ -17,9 +17,10 @@ The margins are the measured errors: on a GPU the replayed prediction's largest 
 NVML's peak over the committed H200 rows (benchmarks/allocator_fidelity.py), on a CPU the trace's
 over the recorded grids, so a config that fits is not skipped for the error. Only candidates the
 memory model puts near the wall are traced (TRACE_FROM): far from it a trace could not change the
-decision. A trace must also cost less than the probe it may save: once both are timed, tracing
-stops when the median trace (its own time: the process starts once) takes more than
-TRACE_COST_SHARE of the median probe's wall time. A trace that fails (a model the trace cannot
+decision. A trace must also cost less than the probe it may save: once a probe and two traces
+are timed, tracing stops when the median trace after the first (its own time: the process starts
+once, and the first trace pays its one-time imports) takes more than TRACE_COST_SHARE of the
+median probe's wall time. A trace that fails (a model the trace cannot
 follow), or a trace process that dies, turns tracing off too. Either way the reason is kept with
 the study's calibration and the arithmetic pre-screen goes on. Imports no torch: the traces run in
 one process started at the first and kept for the next (torch and transformers load once), which
@@ -192,9 +193,12 @@ class SubprocessTracer:
                 "off": self.unavailable}
 
     def weigh_cost(self) -> None:
-        """Stop tracing once a trace costs more than TRACE_COST_SHARE of a probe."""
-        if self.unavailable is None and self.trace_cost_s and self.probe_wall_s:
-            trace_s, probe_s = statistics.median(self.trace_cost_s), \
+        """Stop tracing once a trace costs more than TRACE_COST_SHARE of a probe. The first
+        trace carries what the trace process does once (the model's modeling import, the
+        fake mode's first dispatches: about half of it on a CPU), so the traces after it
+        decide, from the second on."""
+        if self.unavailable is None and len(self.trace_cost_s) > 1 and self.probe_wall_s:
+            trace_s, probe_s = statistics.median(self.trace_cost_s[1:]), \
                 statistics.median(self.probe_wall_s)
             if trace_s > TRACE_COST_SHARE * probe_s:
                 self.unavailable = (f"a trace takes {trace_s:.0f} s, a probe {probe_s:.0f} s: "

@@ -325,7 +325,8 @@ def test_trls_head_equals_trl_and_the_whole_logits(tokens, vocab):
     hidden = torch.randn(tokens, 16, generator=generator, requires_grad=True)
     weight = torch.randn(vocab, 16, generator=generator, requires_grad=True)
     labels = torch.randint(0, vocab, (tokens,), generator=generator)
-    upstream, up_entropy = torch.randn(tokens, generator=generator), torch.randn(tokens)
+    upstream, up_entropy = (torch.randn(tokens, generator=generator),
+                            torch.randn(tokens, generator=generator))
     logits = (hidden @ weight.T).float()
     expected = logits.log_softmax(-1).gather(-1, labels[:, None]).squeeze(-1)
     entropy = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
@@ -336,14 +337,21 @@ def test_trls_head_equals_trl_and_the_whole_logits(tokens, vocab):
     runs = {"ours": lambda: TrlChunkedLogProb.apply(hidden, weight, labels, False),
             "trl's": lambda: trl.apply(hidden, weight, None, labels, 1.0, 32768, None, 1.0,
                                        ("log_probs", "entropy"))[:2]}
+    # the hidden states' gradients sum over every column: fp32's rounding in another order
+    # than autograd's moves them by up to 5e-4 of values near 8 (seeds 0-7)
+    scale = grads[0].abs().max().item()
+    seen = {}
     for name, run in runs.items():
         hidden.grad = weight.grad = None
         got, got_entropy = run()
         ((got * upstream).sum() + (got_entropy * up_entropy).sum()).backward()
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=name)
         torch.testing.assert_close(got_entropy, entropy, rtol=0, atol=1e-4, msg=name)
-        torch.testing.assert_close(hidden.grad, grads[0], rtol=1e-4, atol=1e-4, msg=name)
+        torch.testing.assert_close(hidden.grad, grads[0], rtol=1e-4, atol=1e-4 * scale, msg=name)
         torch.testing.assert_close(weight.grad, grads[1], rtol=1e-4, atol=1e-4, msg=name)
+        seen[name] = hidden.grad.clone(), weight.grad.clone()
+    for ours, theirs in zip(seen["ours"], seen["trl's"], strict=True):  # the same arithmetic
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
 def test_trls_head_measured_traced_and_modelled(make_request):

@@ -1,0 +1,177 @@
+"""A phase's repeated units, which of them a probe runs, and the step's time from a sample.
+
+Each phase of a step repeats units of one shape: the rollout its generation waves (as many
+sequences as the engine holds at once), the experience its micro-batches of log-prob and value
+forwards, the updates their mini-batches of micro-batches, each mini-batch ending in an
+optimizer step. What the step holds is reached in the first units (the engine's pool at
+wake-up, a micro-batch's activations, AdamW's state at the first optimizer step) and in the
+last (what the earlier ones leave held); the units between repeat it. So a short probe runs,
+of each loop, its first `sample` units and its last (`short_schedule`), times each, and adds
+to the phase's clock what the units it skipped would have taken: each skipped unit's work
+(rows or tokens) times the time per unit of work of the sampled units between the first and
+the last (`UnitLoop`). A loop inside a loop (micro-batches inside a mini-batch) adds its
+skipped units' estimate to the unit it runs in, so an outer unit's time is what it would
+have taken whole. What a probe does outside the loops (waking the engine, the offload
+transfers, the optimizer steps of the mini-batches it runs) it runs every step, and times.
+
+A full probe runs every unit and estimates nothing. Pure arithmetic and the clock (UnitClock)
+the probe's meter keeps (meter.py); no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+SHORT_SAMPLE = 3  # a short probe runs a loop's first three units (and its last)
+
+
+def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAMPLE) -> list[int]:
+    """The units a short probe runs of a loop of `count`, in order: the first `sample`, the
+    last, and `also` (a unit whose shape the others lack)."""
+    if count <= 0:
+        return []
+    return sorted({*range(min(sample, count)), count - 1, *(i for i in also if 0 <= i < count)})
+
+
+@dataclass
+class UnitLoop:
+    """One loop of a phase as a probe ran it: each unit's work, and the seconds of those it
+    ran (with the estimates of any loop inside them)."""
+
+    phase: str
+    unit: str
+    work: Sequence[float]  # each unit's rows or tokens, in loop order
+    seconds: dict[int, float] = field(default_factory=dict)  # the units run, by index
+    inner_s: float = 0.0  # what loops inside the current unit estimated for their skips
+
+    @property
+    def count(self) -> int:
+        return len(self.work)
+
+    @property
+    def skipped(self) -> list[int]:
+        return [i for i in range(self.count) if i not in self.seconds]
+
+    def basis(self) -> list[int]:
+        """The run units the skipped ones are estimated from: those between the first and the
+        last (the first may carry what happens once, the last may be smaller), else every run
+        unit but a last one, else the last."""
+        ran = sorted(self.seconds)
+        last = self.count - 1
+        return ([i for i in ran if i not in (0, last)] or [i for i in ran if i != last]
+                or ran)
+
+    def rates(self) -> list[float]:
+        """Seconds per unit of work of the basis units."""
+        return [self.seconds[i] / self.work[i] for i in self.basis() if self.work[i] > 0]
+
+    def skipped_s(self) -> float:
+        """What the skipped units would have taken: their work at the basis units' rate."""
+        work = sum(self.work[i] for i in self.skipped)
+        rates = self.rates()
+        return work * statistics.fmean(rates) if work and rates else 0.0
+
+    def skipped_var_s2(self) -> float:
+        """The variance of `skipped_s`: the skipped work squared times the variance of the
+        basis rates' mean (0 from fewer than two rates: a step's repeat measures it then)."""
+        work = sum(self.work[i] for i in self.skipped)
+        rates = self.rates()
+        if not work or len(rates) < 2:
+            return 0.0
+        return work ** 2 * statistics.variance(rates) / len(rates)
+
+
+class UnitClock:
+    """The unit loops of the step running now: which units run, their seconds, and what the
+    skipped ones add to each phase (a short probe), or every unit, untimed (a full one)."""
+
+    def __init__(self, short: bool, sync: Callable[[], None] = lambda: None) -> None:
+        self.short = short
+        self.sync = sync  # a GPU's synchronize: a unit's kernels end inside its time
+        self.open: list[UnitLoop] = []  # the loops running now, outermost first
+        self.closed: list[UnitLoop] = []  # the loops ended since `take_loops`
+        self.skipped_s: dict[str, float] = {}  # per phase, since `take_skipped`
+        self.skipped_var_s2: dict[str, float] = {}
+
+    def iterations(self, phase: str, unit: str, work: Sequence[float], also: Iterable[int] = (),
+                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+        """The indices of a loop's units to run, in order; each unit's time is what passes
+        until the next index is asked for."""
+        if not self.short:
+            yield from range(len(work))
+            return
+        loop = UnitLoop(phase, unit, list(work))
+        self.open.append(loop)
+        try:
+            for index in short_schedule(len(work), also, sample):
+                loop.inner_s = 0.0
+                started = time.perf_counter()
+                yield index
+                self.sync()
+                loop.seconds[index] = time.perf_counter() - started + loop.inner_s
+        finally:
+            self.open.remove(loop)
+        estimate = loop.skipped_s()
+        if self.open:  # the unit this loop ran in would have taken that much longer
+            self.open[-1].inner_s += estimate
+        self.skipped_s[phase] = self.skipped_s.get(phase, 0.0) + estimate
+        self.skipped_var_s2[phase] = self.skipped_var_s2.get(phase, 0.0) + loop.skipped_var_s2()
+        self.closed.append(loop)
+
+    def take_skipped(self, phase: str) -> tuple[float, float]:
+        """Seconds the phase's skipped units would have taken, and that estimate's variance."""
+        return self.skipped_s.pop(phase, 0.0), self.skipped_var_s2.pop(phase, 0.0)
+
+    def take_loops(self) -> list[UnitLoop]:
+        """The loops ended since the last call."""
+        loops, self.closed = self.closed, []
+        return loops
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """One unit kind of one phase over a probe's timed steps: its loops' size, how many of
+    their units ran, and the seconds per unit of work measured."""
+
+    count: float  # units in one loop (mean over the loops run)
+    ran: float  # units run of one loop (all of them in a full probe)
+    loops: float  # loops run a step (micro-batch loops: one per mini-batch run)
+    rate_s: float  # mean seconds per unit of work (rows or tokens) of the basis units
+    rate_sd_s: float  # their standard deviation (0 from one)
+    samples: int  # basis units timed, over the timed steps
+
+    def as_dict(self) -> dict[str, float]:
+        return {"count": self.count, "ran": self.ran, "loops": self.loops,
+                "rate_s": self.rate_s, "rate_sd_s": self.rate_sd_s, "samples": self.samples}
+
+
+def unit_times(steps: Sequence[Sequence[UnitLoop]]) -> dict[str, dict[str, UnitTimes]]:
+    """The loops of a probe's timed steps (a list of loops each) by phase and unit."""
+    grouped: dict[tuple[str, str], list[UnitLoop]] = {}
+    for loops in steps:
+        for loop in loops:
+            grouped.setdefault((loop.phase, loop.unit), []).append(loop)
+    out: dict[str, dict[str, UnitTimes]] = {}
+    for (phase, unit), same in grouped.items():
+        rates = [rate for loop in same for rate in loop.rates()]
+        out.setdefault(phase, {})[unit] = UnitTimes(
+            count=statistics.fmean(loop.count for loop in same),
+            ran=statistics.fmean(len(loop.seconds) for loop in same),
+            loops=len(same) / max(1, len(steps)),
+            rate_s=statistics.fmean(rates) if rates else 0.0,
+            rate_sd_s=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+            samples=len(rates))
+    return out
+
+
+def mean_and_se(values: Sequence[float], within_var: float = 0.0) -> tuple[float, float]:
+    """The mean of `values` (each step's predicted seconds) and its standard error: the spread
+    between them over sqrt(n), or where one value alone, the estimates' own variance."""
+    mean = statistics.fmean(values)
+    if len(values) > 1:
+        return mean, statistics.stdev(values) / math.sqrt(len(values))
+    return mean, math.sqrt(within_var)

@@ -56,6 +56,7 @@ from autotune.memory.allocator import (
     smallest_cap,
 )
 from autotune.probe.measure.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.unit_loops import SHORT_SAMPLE, UnitClock
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
@@ -312,12 +313,19 @@ class TracedMeter:
         self.peak_host_bytes = 0
         self.host_peak_rss_bytes = 0
         self.host_held_peak_bytes = 0  # what a probe measures; the trace has peak_host_bytes
+        self.clock = UnitClock(short=False)  # a trace times nothing
 
     def runs(self, iteration: int, count: int) -> bool:
         """Of a loop that repeats its shapes, the first iteration runs (what happens once:
         gradients, AdamW's state, lazy buffers) and the last `repeats - 1` (all that earlier
         iterations leave behind held); the step makes the others' results in their place."""
         return self.repeats is None or iteration == 0 or iteration >= count - self.repeats + 1
+
+    def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
+                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+        """The units `runs` keeps, and `also`; untimed."""
+        kept = set(also)
+        return iter([i for i in range(len(work)) if self.runs(i, len(work)) or i in kept])
 
     def read_device_bytes(self) -> int:
         return self.tracker.device_bytes + self.context_bytes

@@ -81,7 +81,8 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
             print(message, file=sys.stderr, flush=True)
             os._exit(EXIT_DEVICE_LIMIT)
 
-        meter = MemoryMeter(device, device_limit_bytes=limit, on_limit=on_limit)
+        meter = MemoryMeter(device, device_limit_bytes=limit, on_limit=on_limit,
+                            short=request.short)
         meter.start(nvml_index=physical_gpu_index(device))
         probe = TrainingProbe(request, meter)
         return probe.run(startup_s=startup_s)

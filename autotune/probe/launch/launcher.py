@@ -195,6 +195,7 @@ def merge_ranks(results: list[ProbeResult]) -> ProbeResult:
     return first.replace(
         tokens_per_s=slowest.tokens_per_s, samples_per_s=slowest.samples_per_s,
         step_s=slowest.step_s, step_times_s=slowest.step_times_s,
+        step_se_s=slowest.step_se_s, units=slowest.units, timed_wall_s=slowest.timed_wall_s,
         machine=slowest.machine,
         contention="; ".join(sorted({r.contention for r in results if r.contention})) or None,
         phase_s={p: max(r.phase_s.get(p, 0.0) for r in results) for p in first.phase_s},

@@ -14,11 +14,12 @@ import ctypes
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
+from autotune.probe.measure.unit_loops import SHORT_SAMPLE, UnitClock
 from autotune.process_tag import read_anon_peak_bytes, read_statm_bytes, sample_interval_s
 
 if TYPE_CHECKING:
@@ -93,9 +94,12 @@ class Meter(Protocol):
     """What the GRPO step (probe/step/) and its rollout engine (engine.py) measure through and
     hold host memory with: the probe's MemoryMeter, or the trace's TracedMeter (trace.py).
 
-    A meter also owns which iterations of a loop that repeats its shapes run (`runs`): a
-    probe runs them all; a trace runs the first and the last and the step puts a result of
-    the same bytes in place of each other.
+    A meter also owns which iterations of a loop that repeats its shapes run: of a loop of
+    units (`iterations`: waves, micro-batches, mini-batches) a full probe runs every one, a
+    short probe its first few and its last, timed, its clock adding what the others would
+    have taken (units.py); of any loop (`runs`: a wave's decode steps too) a probe runs
+    every iteration. A trace runs the first and the last of both, and the step puts a result
+    of the same bytes in place of each skipped one.
     """
 
     device: torch.device  # the device the step's tensors live on
@@ -107,9 +111,16 @@ class Meter(Protocol):
     phase_tensor_peak_bytes: dict[str, int]  # live tensors at most (torch's allocated)
     host_peak_rss_bytes: int
     host_held_peak_bytes: int  # what the process holds in host memory for the step at most
+    clock: UnitClock  # the unit loops' times, and what skipped units add to each phase
 
     def runs(self, iteration: int, count: int) -> bool:
         """Whether iteration `iteration` of a loop of `count` iterations runs."""
+        ...
+
+    def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
+                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+        """The units to run of a loop of units of `work` (rows or tokens each), in order:
+        `also` always among them."""
         ...
 
     def phase(self, name: str) -> AbstractContextManager[None]:
@@ -148,9 +159,10 @@ class MemoryMeter:
 
     def __init__(self, device: torch.device, device_limit_bytes: int | None = None,
                  on_limit: Callable[[str, int], None] | None = None,
-                 interval_s: float | None = None) -> None:
+                 interval_s: float | None = None, short: bool = False) -> None:
         self.device = device
         self.is_cuda = device.type == "cuda"
+        self.clock = UnitClock(short, sync=self._synchronize)
         self.gpu_kernels = self.is_cuda  # whose kernels' memory the step has (trace.py: set)
         self.runs_kernels = True
         self.device_limit_bytes = device_limit_bytes
@@ -185,6 +197,17 @@ class MemoryMeter:
     def runs(self, iteration: int, count: int) -> bool:
         """Every iteration of every loop runs in a probe."""
         return True
+
+    def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
+                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+        """Every unit (a full probe), or the clock's sample of them (a short one)."""
+        return self.clock.iterations(self.current_phase or "", unit, work, also, sample)
+
+    def _synchronize(self) -> None:
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def measure_peak_bytes(self, run: Callable[[], None]) -> int:
         """Bytes `run` adds at its peak on this device (vLLM's profile run reads it so)."""

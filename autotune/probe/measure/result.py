@@ -134,10 +134,18 @@ class ProbeRequest:
     # built-in step
     env: dict[str, str] = field(default_factory=dict)  # what the trainer sets in its
     # workers' environment (its allocator settings): the probe's process runs under it
+    full_steps: bool = False  # every unit of every step; False: a short probe, each loop of
+    # units sampled and its step predicted (probe/measure/unit_loops.py)
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
+
+    @property
+    def short(self) -> bool:
+        """A short probe: the built-in step, each loop of units sampled (command probes run
+        the trainer's own steps whole)."""
+        return not self.full_steps and self.command is None
 
     def to_json(self, indent: int | None = 2) -> str:
         """The request as JSON (`indent=None`: on one line)."""
@@ -183,6 +191,13 @@ class ProbeResult:
     step_s: float | None = None  # mean seconds of a timed step (training phases, no validation)
     phase_s: dict[str, float] = field(default_factory=dict)  # mean seconds per phase
     step_times_s: list[float] = field(default_factory=list)  # each timed step's seconds
+    # (a short probe's: what each step would have taken whole, predicted from its units)
+    probe_mode: str = "full"  # full: every unit of every step ran; short: a sample of each
+    # loop of units ran (probe/measure/unit_loops.py)
+    step_se_s: float | None = None  # the standard error of step_s
+    units: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # a short
+    # probe's units by phase: per loop their count, how many ran, seconds per unit of work
+    timed_wall_s: float | None = None  # the seconds the timed steps took, as run
     machine: dict[str, float] = field(default_factory=dict)  # what else the machine did over
     # the timed steps (probe/measure/machine.py: other processes' cores, load, the GPU's others)
     contention: str | None = None  # why the timing is not the probe's own; None: quiet

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from transformers.cache_utils import DynamicCache, StaticCache
 
 BLOCK_TOKENS = 16  # vLLM's default KV block
+WAVE_SAMPLE = 2  # a short probe's waves: the first two (and the last full and the last)
 
 # a model's forward inputs beside the token ids (a VL model's image) for some prompt rows,
 # and `rows` prompts' whole inputs for the engine's profile run
@@ -259,12 +260,17 @@ class RolloutEngine:
         size = self.figures["concurrency"] if self.vllm_like else self.config.max_num_seqs
         run = self._generate_batch if self.vllm_like else self._generate_growing
         batches = rows.split(size)
-        last_full = len(batches) - 1 - (len(batches[-1]) < size)  # runs too, in a trace
-        return torch.cat([
-            run(prompt_ids, inputs_for, batch)
-            if self.meter.runs(i, len(batches)) or i == last_full else
-            torch.zeros(len(batch), self.config.max_response_length, dtype=torch.long)
-            for i, batch in enumerate(batches)])
+        last_full = len(batches) - 1 - (len(batches[-1]) < size)  # runs too: the pool's peak
+
+        def skipped(batch: torch.Tensor) -> torch.Tensor:  # a skipped wave's: the same bytes
+            return torch.zeros(len(batch), self.config.max_response_length, dtype=torch.long)
+
+        parts: list[torch.Tensor] = []
+        for i in self.meter.iterations("wave", [len(batch) for batch in batches],
+                                       also=(last_full,), sample=WAVE_SAMPLE):
+            parts += [skipped(batch) for batch in batches[len(parts):i]]
+            parts.append(run(prompt_ids, inputs_for, batches[i]))
+        return torch.cat(parts + [skipped(batch) for batch in batches[len(parts):]])
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token as HF generation picks it without sampling: an fp32 copy of the last

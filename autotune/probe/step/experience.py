@@ -38,18 +38,19 @@ class ExperiencePhase(Forwards, Offload):
         with torch.no_grad():
             chunks = self._micro_batches(torch.arange(total), "experience")
             if config.runs_old_logprob_pass:  # off: the update's own, detached (TRL)
-                self.old_log_probs = self._chunked(self._old_log_probs, chunks)
+                self.old_log_probs = self._chunked(self._old_log_probs, chunks, "old_log_prob")
             ref = self.ref_model
             if ref is not None:
                 if config.ref_on_host:
                     self._place_module(ref, True)
-                self.ref_log_probs = self._chunked(lambda c: self._log_probs(ref, c), chunks)
+                self.ref_log_probs = self._chunked(lambda c: self._log_probs(ref, c), chunks,
+                                                  "ref_log_prob")
                 if config.ref_on_host:
                     self._place_module(ref, False)
             elif config.use_kl:  # LoRA: the reference is the actor with its adapters off
                 with adapters_off(self.model):
                     self.ref_log_probs = self._chunked(
-                        lambda c: self._log_probs(self.model, c), chunks)
+                        lambda c: self._log_probs(self.model, c), chunks, "ref_log_prob")
         if config.offload_params:
             self._place_module(self.model, False)
         rewards = torch.randn(total // config.rollout_n, config.rollout_n)
@@ -64,7 +65,7 @@ class ExperiencePhase(Forwards, Offload):
             self._place_module(self.critic, True)
         with torch.no_grad():
             chunks = self._micro_batches(torch.arange(total), "critic_update")
-            self.old_values = self._chunked(self._values, chunks)
+            self.old_values = self._chunked(self._values, chunks, "values")
         if config.critic_offload_params:
             self._place_module(self.critic, False)
         valid = (torch.arange(self.responses.shape[1])  # on the host, as the trainers

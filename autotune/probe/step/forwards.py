@@ -38,13 +38,18 @@ class Forwards(StepState):
         self.ran[key] = max(self.ran.get(key, 0), max(len(group) for group in groups))
         return groups
 
+    def _tokens(self, index: torch.Tensor) -> float:
+        """Prompt and response tokens of sequences `index`: a unit's work (units.py)."""
+        return float(sum(self.response_lengths[index].tolist())
+                     + len(index) * self.config.max_prompt_length)
+
     def _chunked(self, forward: Callable[[torch.Tensor], torch.Tensor],
-                 chunks: list[torch.Tensor]) -> torch.Tensor:
-        """`forward` (log-probs or values) of every response, micro-batch by micro-batch."""
+                 chunks: list[torch.Tensor], unit: str) -> torch.Tensor:
+        """`forward` (log-probs or values) of every response, micro-batch by micro-batch: the
+        meter's units of `unit` (a short probe runs some, a trace the first and the last)."""
         out = torch.zeros(len(self.responses), self.responses.shape[1])
-        for i, chunk in enumerate(chunks):
-            if self.meter.runs(i, len(chunks)):
-                out[chunk] = forward(chunk).cpu()
+        for i in self.meter.iterations(unit, [self._tokens(chunk) for chunk in chunks]):
+            out[chunks[i]] = forward(chunks[i]).cpu()
         return out
 
     def _valid(self, index: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,8 @@ class StepState:
         # the knobs as batching.py reads them, by name (the config stays the working form);
         # a token budget is per GPU, a sequence-parallel group's sp times it (verl's rule)
         self.batching_knobs: Mapping[str, KnobValue] = self.config.batching_knobs()
-        self.meter = meter or MemoryMeter(torch_device(request.device.kind))
+        self.meter = meter or MemoryMeter(torch_device(request.device.kind),
+                                          short=request.short)
         self.device = self.meter.device  # the CPU for a trace (trace.py), whatever it models
         self.on_gpu = self.device.type == "cuda"
         self.gpu_kernels = self.meter.gpu_kernels  # a GPU's dtype and AdamW's foreach step

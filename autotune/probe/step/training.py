@@ -34,8 +34,9 @@ import time
 import torch
 
 from autotune.probe.measure.machine import MachineWatch
-from autotune.probe.measure.meter import describe_device, physical_gpu_index
-from autotune.probe.measure.result import ProbeResult, ProbeStatus
+from autotune.probe.measure.meter import Meter, describe_device, physical_gpu_index
+from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.probe.measure.unit_loops import UnitLoop, mean_and_se, unit_times
 from autotune.probe.modeling.sharding import leave_group
 from autotune.probe.modeling.ulysses import sequence_parallel
 from autotune.probe.step.build import Build
@@ -44,7 +45,10 @@ from autotune.probe.step.rollout import RolloutPhase
 from autotune.probe.step.state import allocator_record
 from autotune.probe.step.update import UpdatePhase
 
-MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here (timed_min_s)
+MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here
+SHORT_SE_TARGET = 0.01  # a short probe adds steps until its step's standard error is 1% ...
+SHORT_CAP_STEPS = 1.0  # ... or its timed steps took what one whole step would (timed_min_s
+# at least)
 
 
 def training_s(phase_s: dict[str, float]) -> float:
@@ -55,11 +59,22 @@ def training_s(phase_s: dict[str, float]) -> float:
 class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
     """Runs one ProbeRequest in this process; `meter.current_phase` says where a failure hit.
 
-    The phases are its bases' (a module each); `step` runs them in the trainer's order."""
+    The phases are its bases' (a module each); `step` runs them in the trainer's order. A
+    short probe (request.short) runs a sample of each loop of units and predicts the whole
+    step (probe/measure/unit_loops.py); a full one runs every unit."""
+
+    def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
+        super().__init__(request, meter)
+        self.step_loops: list[list[UnitLoop]] = []  # each step's unit loops (a short probe)
+        self.step_wall_s: list[float] = []  # each step's seconds as run
+        self.step_var_s2: list[float] = []  # each step's variance of its skipped units' time
 
     def step(self) -> dict[str, float]:
-        """One training step; returns seconds per phase (validation included when set)."""
+        """One training step; returns seconds per phase (validation included when set), a
+        short probe's with what its skipped units would have taken."""
         seconds = {}
+        variance = 0.0
+        step_started = time.perf_counter()
         phases = [("rollout", self._rollout), ("experience", self._experience)]
         if self.critic is not None:
             phases.append(("critic_update", self._update_critic))
@@ -80,18 +95,38 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
                 if self.on_gpu:
                     torch.cuda.synchronize(self.device)
                 seconds[name] = time.perf_counter() - started
+            skipped_s, skipped_var_s2 = self.meter.clock.take_skipped(name)
+            seconds[name] += skipped_s
+            variance += skipped_var_s2 if name != "validation" else 0.0
+        self.step_loops.append(self.meter.clock.take_loops())
+        self.step_wall_s.append(time.perf_counter() - step_started)
+        self.step_var_s2.append(variance)
         return seconds
 
     def timed_steps(self) -> list[dict[str, float]]:
-        """The timed steps: `request.timed_steps`, and more while they add up to less than
-        `request.timed_min_s` (a short step is cheap to repeat and noisy alone),
+        """The timed steps: `request.timed_steps`, then more while `wants_more` says so,
         MAX_TIMED_STEPS at most. Every rank runs the same count (ranks step in lockstep
         through their collectives): rank 0's clock decides, and it is shared."""
         timed = [self.step() for _ in range(self.request.timed_steps)]
-        while len(timed) < MAX_TIMED_STEPS and self.agree_more(
-                sum(training_s(t) for t in timed) < self.request.timed_min_s):
+        while len(timed) < MAX_TIMED_STEPS and self.agree_more(self.wants_more(timed)):
             timed.append(self.step())
         return timed
+
+    def wants_more(self, timed: list[dict[str, float]]) -> bool:
+        """None past `request.timed_steps` when `request.timed_min_s` is 0 (--timed-steps:
+        exactly that many). A full probe: while its steps add up to less than timed_min_s (a
+        short step is cheap to repeat and noisy alone). A short one: while its predicted
+        step's standard error is past SHORT_SE_TARGET of it and its steps took less than
+        SHORT_CAP_STEPS whole steps (or timed_min_s)."""
+        predicted = [training_s(t) for t in timed]
+        if self.request.timed_min_s <= 0:
+            return False
+        if not self.meter.clock.short:
+            return sum(predicted) < self.request.timed_min_s
+        mean, se = mean_and_se(predicted, self.step_var_s2[-1])
+        spent = sum(self.step_wall_s[-len(timed):])
+        return se > SHORT_SE_TARGET * mean and spent < max(SHORT_CAP_STEPS * mean,
+                                                            self.request.timed_min_s)
 
     def agree_more(self, more: bool) -> bool:
         """Rank 0's answer to `more`, on every rank (alone: the answer itself)."""
@@ -112,6 +147,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         build_s = time.perf_counter() - built_at
         for _ in range(request.warmup_steps):
             self.step()
+        self.step_loops, self.step_wall_s, self.step_var_s2 = [], [], []
         watch = MachineWatch(torch.get_num_threads(),
                              physical_gpu_index(self.device) if self.on_gpu else None)
         watch.start()
@@ -121,7 +157,8 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         # that could wait on peers stuck in a collective)
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
         step_times_s = [training_s(t) for t in timed]
-        step_s = training_s(phase_s)
+        step_s, step_se_s = mean_and_se(step_times_s, self.step_var_s2[-1])
+        short = self.meter.clock.short
         # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)
         responses = self.ran["responses_per_step"] * request.world_size
         tokens = responses * config.sequence_length
@@ -129,7 +166,11 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         return ProbeResult(
             status=ProbeStatus.OK, tokens_per_s=tokens / step_s,
             samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
-            step_times_s=step_times_s, machine=machine.as_dict(),
+            step_times_s=step_times_s, probe_mode="short" if short else "full",
+            step_se_s=step_se_s, timed_wall_s=sum(self.step_wall_s),
+            units={phase: {unit: times.as_dict() for unit, times in kinds.items()}
+                   for phase, kinds in unit_times(self.step_loops).items()},
+            machine=machine.as_dict(),
             contention=machine.contention(),
             peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
             phase_allocator_peak_bytes=dict(self.meter.phase_allocator_peak_bytes),

@@ -32,10 +32,13 @@ class UpdatePhase(Forwards, Offload):
         minibatches = torch.randperm(len(self.responses)).split(per_minibatch)
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
-        runs = self.meter.runs  # a trace: the first (grads, AdamW's state made) and the last
-        for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
+        # the meter's units: a trace runs the first (grads, AdamW's state made) and the last,
+        # a short probe its first few and the last, timed (units.py)
+        for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches]):
+            minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "update")
-            for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
+            for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros]):
+                micro = micros[j]
                 entropies = None
                 if config.entropy_coeff:
                     log_probs, entropies = self._log_probs_and_entropy(self.model, micro)
@@ -77,10 +80,11 @@ class UpdatePhase(Forwards, Offload):
         self.critic.train()
         minibatches = torch.randperm(len(self.responses)).split(
             self.train_share.responses_per_minibatch)
-        runs = self.meter.runs
-        for minibatch in (m for i, m in enumerate(minibatches) if runs(i, len(minibatches))):
+        for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches]):
+            minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "critic_update")
-            for micro in (m for i, m in enumerate(micros) if runs(i, len(micros))):
+            for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros]):
+                micro = micros[j]
                 values = self._values(micro)
                 loss = value_loss(values, self.old_values[micro].to(self.device),
                                   self.returns[micro].to(self.device), self._valid(micro))

@@ -47,7 +47,8 @@ def test_the_embedded_default_is_planned_once_without_click(tmp_path):
     assert settings.request.device.usable_bytes == DEMO_CAP_BYTES
     assert (settings.request.model, settings.space.name, settings.max_trials) == \
         ("tiny-qwen2.5", "cpu-demo", 12)
-    assert settings.request.timed_steps == 3 and settings.request.timed_min_s == 2.0
+    assert settings.request.timed_steps == 2 and settings.request.timed_min_s == 2.0
+    assert not settings.request.full_steps  # a short probe (--full-steps: 3 whole steps)
     assert settings.trace and settings.finalists == 3
     assert settings.request.config.rollout_engine == "hf"  # auto on a CPU
     assert any(note.startswith("no --model: running the embedded default") for note in

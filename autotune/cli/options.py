@@ -138,8 +138,14 @@ ranks = click.option("--ranks", type=click.Choice(("auto", "real", "emulated")),
 warmup_steps = click.option("--warmup-steps", type=click.IntRange(0), default=1,
                             show_default=True, help="Untimed steps before timing.")
 timed_steps = click.option("--timed-steps", type=click.IntRange(1), default=None,
-                           help="Timed steps averaged into the figures, exactly (default: 3 "
-                                "at least, more while they add up to under 2 s).")
+                           help="Timed steps averaged into the figures, exactly (default: 2 "
+                                "short steps at least, more while the step's standard error "
+                                "is over 1%; with --full-steps 3, more while under 2 s).")
+full_steps = click.option("--full-steps", is_flag=True, default=False,
+                          help="Run every micro-batch, mini-batch and generation wave of every "
+                               "step. By default a probe is short: each loop's first units "
+                               "and its last, the step's time predicted from them "
+                               "(docs/probe-and-engine.md).")
 seed = click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
                     help="Random seed of the probes and the sampler.")
 
@@ -198,7 +204,8 @@ def stack(*options: Decorator) -> Decorator:
 # what `probe` and `run` take to make their probes (ProbeOptions' fields)
 probe_options = stack(model, model_path, device, gpus, threads, gpu_memory_limit,
                       reserve_gpu_memory, host_memory_limit, probe_timeout, nnodes,
-                      gpus_per_node, ranks, warmup_steps, timed_steps, engine, dtype, seed,
+                      gpus_per_node, ranks, warmup_steps, timed_steps, full_steps, engine,
+                      dtype, seed,
                       algorithm, set_knobs)
 study_options = stack(study, results_dir, storage)  # every command that reads a study
 

@@ -31,6 +31,13 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
         lines.append(f"  tokens/s {result.tokens_per_s:,.1f}   samples/s "
                      f"{result.samples_per_s:,.2f}   step {result.step_s:.2f} s "
                      "(the whole run, validation excluded)")
+        se = f" +- {result.step_se_s:.2f} s (standard error)" if result.step_se_s else ""
+        if result.probe_mode == "short":
+            lines.append(f"  short probe: the step predicted{se} from each loop's first units "
+                         f"and its last, over {len(result.step_times_s)} steps taking "
+                         f"{result.timed_wall_s or 0.0:.1f} s (--full-steps runs every unit)")
+        elif result.step_times_s:
+            lines.append(f"  full steps: {len(result.step_times_s)} timed{se}")
     if result.model_state_bytes and result.world_size > 1:
         states = result.model_state_bytes
         for model, prefix in (("model", ""), ("critic", "critic_")):

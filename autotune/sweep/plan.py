@@ -66,6 +66,7 @@ DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo"
 GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
 PPO_SPACES = {"cpu-demo": "cpu-demo-ppo", "grpo": "ppo"}  # the defaults with --algorithm ppo
 TIMED_STEPS = 3  # at least three timed steps: a probe measures its own spread
+SHORT_TIMED_STEPS = 2  # a short probe's: each step also samples every loop's units
 MIN_TIMED_S = 2.0  # without --timed-steps, short steps repeat until they add up to this
 
 
@@ -87,7 +88,8 @@ class ProbeOptions:
     gpus_per_node: int | None = None  # None: the base config's, else the GPUs here
     ranks: str = "auto"  # auto | real | emulated
     warmup_steps: int = 1
-    timed_steps: int | None = None  # None: TIMED_STEPS
+    timed_steps: int | None = None  # None: TIMED_STEPS (full), SHORT_TIMED_STEPS (short)
+    full_steps: bool = False  # every unit of every step, not a short probe's sample
     engine: str = "auto"  # auto | vllm-like | hf
     dtype: str = "auto"
     seed: int = 0
@@ -289,10 +291,11 @@ def probe_request(options: ProbeOptions, model: str, device: Device, topology: T
         gpu_ids=options.gpus, cpu_threads=options.cpu_threads,
         host_memory_limit_bytes=options.host_memory_limit_bytes,
         timeout_s=options.probe_timeout_s, warmup_steps=options.warmup_steps,
-        timed_steps=options.timed_steps or TIMED_STEPS,
+        timed_steps=options.timed_steps or (TIMED_STEPS if options.full_steps
+                                            else SHORT_TIMED_STEPS),
         timed_min_s=MIN_TIMED_S if options.timed_steps is None else 0.0, seed=options.seed,
         dtype=options.dtype, nnodes=topology.nnodes, gpus_per_node=topology.gpus_per_node,
-        emulated=emulated, env=trainer_env(trainer))
+        emulated=emulated, env=trainer_env(trainer), full_steps=options.full_steps)
 
 
 def plan_probe(options: ProbeOptions) -> ProbeRequest:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 FINISHED_STATES = ("complete", "fail", "pruned")  # trials.csv's state of a finished trial
-FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "peak_mem_bytes",
+FIGURE_COLUMNS = ["tokens_per_s", "samples_per_s", "step_s", "step_se_s", "peak_mem_bytes",
                   *(f"peak_mem_{phase}_bytes" for phase in PHASES),
                   "host_peak_rss_bytes", "host_offload_bytes", "host_held_peak_bytes",
                   "budget_bytes", "probe_wall_s"]
@@ -71,6 +71,7 @@ def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str
         row[column] = "" if value is None else value
     cv = coefficient_of_variation(result.get("step_times_s") or [])
     row["timed_steps"] = len(result.get("step_times_s") or []) or ""
+    row["probe_mode"] = result.get("probe_mode", "full") if result else ""
     row["step_cv"] = "" if cv is None else round(cv, 4)
     row["contention"] = result.get("contention") or ""
     row["binding_phase"] = attrs.get("binding_phase") or ""
@@ -87,7 +88,8 @@ def study_columns(study: Study) -> tuple[list[str], list[str], list[str]]:
     value_names = attrs.get("objective_names", ["value"])
     columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
                "repeat_of", *param_names, *value_names, *FIGURE_COLUMNS, "timed_steps",
-               "step_cv", "contention", "binding_phase", "failed_phase", "reason", "log"]
+               "probe_mode", "step_cv", "contention", "binding_phase", "failed_phase", "reason",
+               "log"]
     return columns, param_names, value_names
 
 
@@ -199,6 +201,7 @@ def measured_record(trial: FrozenTrial, repeats: Measured, headroom: float) -> J
         "tokens_per_s": repeats.tokens_per_s_mean,
         "samples_per_s": result["samples_per_s"],
         "step_s": result["step_s"],
+        "step_se_s": result.get("step_se_s"),
         "peak_mem_bytes": repeats.peak_mem_bytes,
         "phase_peak_mem_bytes": dict(repeats.phase_peak_mem_bytes()),
         "probes": repeats.probes,
@@ -237,6 +240,7 @@ def provenance_record(study: Study, trial: FrozenTrial) -> JsonObject:
         "dtype": request.get("dtype"),
         "warmup_steps": request.get("warmup_steps"),
         "timed_steps": request.get("timed_steps"),
+        "probe_mode": result.get("probe_mode", "full"),  # short: each loop's units sampled
         "search_space": space["source"],
         "search_space_hash": space["hash"],
         "versions": {"autotune": __version__, **(result.get("versions") or {})},

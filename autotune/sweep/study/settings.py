@@ -72,6 +72,7 @@ class SweepSettings:
                 "host_memory_limit_bytes": request.host_memory_limit_bytes,
                 "dtype": request.dtype, "warmup_steps": request.warmup_steps,
                 "timed_steps": request.timed_steps, "timed_min_s": request.timed_min_s,
+                "full_steps": request.full_steps,
                 "trainer": self.trainer,
                 "nnodes": request.nnodes, "gpus_per_node": request.gpus_per_node,
                 "emulated": request.emulated, "probe": self.probe_kind}

@@ -375,7 +375,8 @@ def check_identity(settings: SweepSettings, opened: StudyStorage, stored: JsonOb
     """ConfigError (the storage closed) when the study was started with another identity
     than `settings` have: every difference named."""
     # what studies made before topology was asked ran as
-    older: JsonObject = {"nnodes": 1, "gpus_per_node": 1, "emulated": False, "probe": "builtin"}
+    older: JsonObject = {"nnodes": 1, "gpus_per_node": 1, "emulated": False, "probe": "builtin",
+                         "full_steps": True}
     if stored.get("device") == "auto":  # made before the device was resolved at start:
         stored = {**stored, "device": identity["device"]}  # it ran on this machine's
     changed = [f"{k} was {stored.get(k, older.get(k))!r}, now {v!r}"

@@ -102,6 +102,26 @@ def test_verl_throughput_is_the_steps_after_the_first():
     assert measured.tokens_per_s == pytest.approx(8000 / 5.0)
     assert measured.step_s == pytest.approx(2.5)
     assert log.trainer_metrics()["perf/max_memory_allocated_gb"] == pytest.approx(13.0)
+    assert measured.step_se_s == pytest.approx(0.5)  # stdev 0.707 of 2.0, 3.0 over sqrt 2
+    assert log.phase_times() == {}  # no per-phase timer logged
+
+
+def test_the_trainers_phase_timers_are_the_probes_phases():
+    """verl's per-phase timers (`timing_s/gen`, `old_log_prob`, `ref`, `adv`, `update_actor`,
+    as in the captured lines), summed into the probe's phases over the steps after the first;
+    a phase one of those steps did not log is left out, not averaged over fewer."""
+    def line(step: int, gen: float, old: float, update: float, critic: float | None) -> str:
+        values = {"timing_s/gen": gen, "timing_s/old_log_prob": old, "timing_s/ref": 1.0,
+                  "timing_s/adv": 0.5, "timing_s/update_actor": update,
+                  "timing_s/step": gen + old + update + 1.5 + (critic or 0)}
+        if critic is not None:
+            values["timing_s/update_critic"] = critic
+        return f"step:{step} - " + " - ".join(f"{k}:{v}" for k, v in values.items())
+
+    log = feed("verl", "\n".join([line(1, 50.0, 9.0, 30.0, 1.0), line(2, 10.0, 2.0, 6.0, 2.0),
+                                  line(3, 12.0, 4.0, 8.0, None)]))
+    assert log.phase_times() == pytest.approx({"rollout": 11.0, "experience": 4.5,
+                                               "update": 7.0})
 
 
 def test_easyr1_console_blocks_are_read():
@@ -126,6 +146,7 @@ def test_easyr1_console_blocks_are_read():
     assert log.records[1].values["actor/lr"] == 1e-6
     assert "perf/max_memory_allocated_gb" not in log.records[1].values  # a numpy object
     assert log.throughput().tokens_per_s == pytest.approx(6000 / 4.0)
+    assert log.phase_times() == {"rollout": pytest.approx(1.0)}  # EasyR1's timing_s/gen
 
 
 def test_trl_records_need_two_rollouts_to_time():
@@ -210,8 +231,8 @@ def probe(tmp_path: Path, body: str, limit_bytes: int | None = None):
 def test_a_command_probe_times_the_steps_after_the_first_and_ends_the_run(tmp_path):
     body = """
     for step, (tokens, seconds) in enumerate([(100, 5.0), (300, 1.0), (500, 1.0)], 1):
-        print(f"step:{step} - perf/total_num_tokens:{tokens} - timing_s/step:{seconds}",
-              flush=True)
+        print(f"step:{step} - perf/total_num_tokens:{tokens} - timing_s/step:{seconds} - "
+              f"timing_s/gen:{seconds / 2} - timing_s/update_actor:{seconds / 4}", flush=True)
     time.sleep(60)  # a final validation and checkpoint the probe need not wait for
     """
     started = time.monotonic()
@@ -220,6 +241,8 @@ def test_a_command_probe_times_the_steps_after_the_first_and_ends_the_run(tmp_pa
     assert time.monotonic() - started < 30
     assert result.tokens_per_s == pytest.approx(800 / 2.0)
     assert result.probe_kind == "command" and result.steps_logged == 3
+    assert result.phase_s == {"rollout": 0.5, "update": 0.25}  # the trainer's own timers
+    assert result.step_se_s == 0.0  # two logged steps of 1.0 s
     assert result.peak_mem_bytes and result.host_peak_rss_bytes
     log = (tmp_path / "logs" / "trial-00000.log").read_text()
     assert "config: 1" in log  # the trial's config was written and handed to the command

@@ -243,6 +243,7 @@ def _run(request: ProbeRequest, command: TrainerCommand, argv: list[str],
     machine = watch.stop()  # over the whole run: the trainer logs its steps, not their window
     return result(status=ProbeStatus.OK, tokens_per_s=measured.tokens_per_s,
                   step_s=measured.step_s, step_times_s=list(measured.step_times_s),
+                  phase_s=log.phase_times(), step_se_s=measured.step_se_s,
                   machine=machine.as_dict(), contention=machine.contention(),
                   startup_s=first_step_s, build_s=0.0)
 

@@ -18,7 +18,8 @@ them, are in tests/data/captured_trainer_logs.yaml beside real lines users poste
 Throughput comes from the steps after the first (the first one pays compilation, caches and
 engine start): tokens over seconds, from the trainer's own per-step tokens and times when it
 logs them (verl, EasyR1), else from num_tokens and TRL's step_time (or, without it, the times
-the lines were printed).
+the lines were printed). The phases' seconds come from the trainer's own per-phase timers
+(`timing_s/gen`, `timing_s/update_actor`, ...) where it logs them.
 Torch-free.
 """
 
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
+import statistics
 from dataclasses import dataclass, field
 
 # the trainer's own keys for: tokens in the step, its seconds, throughput (tokens/s per GPU)
@@ -34,6 +37,16 @@ STEP_TOKENS_KEYS = ("perf/total_num_tokens",)
 STEP_TIME_KEYS = ("timing_s/step", "perf/time_per_step")
 MEMORY_KEYS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
                "perf/cpu_memory_used_gb", "perf/throughput")
+# the trainer's own per-phase seconds (verl: timing_s/gen, old_log_prob, ...; EasyR1: old for
+# the old log-probs; ../shared/reference/trainers.md), summed into the probe's phases
+PHASE_TIME_KEYS = {
+    "rollout": ("timing_s/gen", "timing_s/update_weights"),
+    "experience": ("timing_s/reward", "timing_s/old_log_prob", "timing_s/old", "timing_s/ref",
+                   "timing_s/values", "timing_s/adv"),
+    "critic_update": ("timing_s/update_critic",),
+    "update": ("timing_s/update_actor",),
+    "validation": ("timing_s/validation", "timing_s/testing"),
+}
 CUMULATIVE_TOKENS_KEY = "num_tokens"  # TRL: tokens seen so far, all processes
 TRL_STEP_TIME_KEY = "step_time"  # TRL: seconds of the optimizer step just logged
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -70,6 +83,13 @@ class Throughput:
     tokens_per_s: float
     step_s: float | None
     step_times_s: tuple[float, ...] = ()  # each timed step's seconds, where the log says
+
+    @property
+    def step_se_s(self) -> float | None:
+        """The standard error of step_s from the logged step times (two at least)."""
+        if len(self.step_times_s) < 2:
+            return None
+        return statistics.stdev(self.step_times_s) / math.sqrt(len(self.step_times_s))
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, float]:
@@ -224,6 +244,19 @@ class StepLog:
         if seconds <= 0 or tokens <= 0:
             return None
         return Throughput(tokens / seconds, seconds / (len(ends) - 1))
+
+    def phase_times(self) -> dict[str, float]:
+        """Seconds per probe phase (PHASE_TIME_KEYS) as the trainer timed them: each phase's
+        keys summed per step, the mean over the steps after the first; only phases every
+        such step logged (none for TRL, which times only its whole step)."""
+        later = self.records[1:]
+        out: dict[str, float] = {}
+        for phase, keys in PHASE_TIME_KEYS.items():
+            per_step = [sum(r.values[k] for k in keys if k in r.values) for r in later
+                        if any(k in r.values for k in keys)]
+            if later and len(per_step) == len(later):
+                out[phase] = sum(per_step) / len(per_step)
+        return out
 
     def trainer_metrics(self) -> dict[str, float]:
         """The trainer's own step time, throughput and memory figures: means over the steps

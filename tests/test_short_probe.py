@@ -1,0 +1,127 @@
+"""The short probe (probe/measure/unit_loops.py): which units of a loop it runs, the step it
+predicts from them, and a real CPU probe's figures beside a full probe's of the same config."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import ProbeConfig
+from autotune.hardware import Device
+from autotune.probe.measure import unit_loops
+from autotune.probe.measure.result import ProbeRequest
+from autotune.probe.measure.unit_loops import UnitClock, UnitLoop, short_schedule, unit_times
+
+
+def test_a_short_schedule_runs_the_first_units_the_last_and_the_odd_one():
+    assert short_schedule(10) == [0, 1, 2, 9]
+    assert short_schedule(10, sample=2) == [0, 1, 9]
+    assert short_schedule(10, also=(7, 12)) == [0, 1, 2, 7, 9]  # out of range: ignored
+    assert short_schedule(3) == [0, 1, 2]
+    assert short_schedule(1) == [0]
+    assert short_schedule(0) == []
+
+
+def test_skipped_units_are_their_work_at_the_rate_of_the_units_between_first_and_last():
+    loop = UnitLoop("update", "micro_batch", [2.0] * 9 + [1.0],
+                    seconds={0: 9.0, 1: 2.0, 2: 2.4, 9: 1.5})  # a slow first, a short last
+    assert loop.skipped == [3, 4, 5, 6, 7, 8]
+    assert loop.basis() == [1, 2]
+    assert loop.rates() == pytest.approx([1.0, 1.2])
+    assert loop.skipped_s() == pytest.approx(12 * 1.1)  # 6 units of 2 at 1.1 s a unit of work
+    assert loop.skipped_var_s2() == pytest.approx(12 ** 2 * 0.02 / 2)
+    whole = UnitLoop("update", "micro_batch", [1.0, 1.0], seconds={0: 1.0, 1: 3.0})
+    assert whole.skipped_s() == 0.0 and whole.basis() == [0]  # nothing between: the first
+
+
+class FakeTime:
+    """perf_counter for the clock, moved on by the loops' bodies."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("outer", [4, 10])
+def test_nested_loops_add_what_their_skipped_units_would_have_taken(monkeypatch, outer):
+    """Mini-batches of 6 micro-batches of 1 s each and a 0.5 s optimizer step: the short
+    clock's estimate, added to what ran, is the whole step's time exactly."""
+    fake = FakeTime()
+    monkeypatch.setattr(unit_loops, "time", fake)
+    clock = UnitClock(short=True)
+    ran = []
+    for i in clock.iterations("update", "minibatch", [6.0] * outer):
+        for j in clock.iterations("update", "micro_batch", [1.0] * 6):
+            ran.append((i, j))
+            fake.now += 1.0
+        fake.now += 0.5
+    skipped_s, variance = clock.take_skipped("update")
+    assert fake.now + skipped_s == pytest.approx(outer * 6.5)
+    assert variance == 0.0  # equal rates: no spread
+    assert {j for _, j in ran} == {0, 1, 2, 5}
+    assert sorted({i for i, _ in ran}) == short_schedule(outer)
+    loops = clock.take_loops()
+    assert [loop.unit for loop in loops].count("minibatch") == 1
+    times = unit_times([loops])["update"]
+    assert times["micro_batch"].count == 6 and times["micro_batch"].ran == 4
+    assert times["micro_batch"].loops == len(short_schedule(outer))
+    assert times["minibatch"].rate_s == pytest.approx(6.5 / 6)  # per unit of work, skips in
+    assert clock.take_loops() == [] and clock.take_skipped("update") == (0.0, 0.0)
+
+
+def test_a_full_clock_runs_every_unit_and_estimates_nothing():
+    clock = UnitClock(short=False)
+    assert list(clock.iterations("rollout", "wave", [1.0] * 5)) == [0, 1, 2, 3, 4]
+    assert clock.take_skipped("rollout") == (0.0, 0.0) and clock.take_loops() == []
+
+
+def test_probes_are_short_unless_full_steps_is_asked_and_a_study_keeps_which():
+    """`autotune probe` and `run` plan short probes (2 timed steps at least); --full-steps
+    plans today's (3 at least); --timed-steps N is exactly N in both (timed_min_s 0); a
+    command probe runs the trainer's own steps."""
+    from autotune.sweep.plan import ProbeOptions, plan_probe
+
+    short = plan_probe(ProbeOptions(model="tiny-qwen2.5", device="cpu"))
+    full = plan_probe(ProbeOptions(model="tiny-qwen2.5", device="cpu", full_steps=True))
+    exact = plan_probe(ProbeOptions(model="tiny-qwen2.5", device="cpu", timed_steps=4))
+    assert short.short and (short.timed_steps, short.timed_min_s) == (2, 2.0)
+    assert not full.short and (full.timed_steps, full.timed_min_s) == (3, 2.0)
+    assert exact.short and (exact.timed_steps, exact.timed_min_s) == (4, 0.0)
+    from autotune.probe.measure.result import TrainerCommand
+
+    command = TrainerCommand(trainer="verl", argv=("true",), config_text="")
+    assert not ProbeRequest(model="tiny-qwen2.5", command=command).short  # the trainer's steps
+
+
+CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
+                     micro_batch_size_update=1, micro_batch_size_experience=2,
+                     max_prompt_length=32, max_response_length=32, rollout_engine="hf",
+                     max_num_seqs=4)
+
+
+@pytest.mark.slow
+def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
+    """A short probe runs some of each loop's units and predicts the rest; its phase peaks
+    are a full probe's (the units it skips hold what the ones it runs hold). Its time is held
+    to full steps by benchmarks/short_probe.py, not here."""
+    from autotune.runners.local import SubprocessRunner
+
+    runner = SubprocessRunner()
+
+    def probe(full: bool):
+        result = runner.run(ProbeRequest(model="tiny-qwen2.5", config=CONFIG,
+                                         device=Device("cpu"), timed_steps=2, full_steps=full))
+        assert result.ok, result.message
+        return result
+
+    short, full = probe(False), probe(True)
+    assert short.probe_mode == "short" and full.probe_mode == "full" and full.units == {}
+    micro = short.units["update"]["micro_batch"]
+    assert micro["count"] == 16 and micro["ran"] == 4  # 16 responses a mini-batch, 1 each
+    assert short.units["rollout"]["wave"]["count"] == 8  # 32 responses, 4 at a time
+    assert short.units["rollout"]["wave"]["ran"] == 3
+    assert short.step_se_s is not None and short.step_se_s > 0
+    assert short.timed_wall_s < sum(short.step_times_s)  # it ran less than it predicts
+    for phase, peak in full.phase_peak_mem_bytes.items():
+        assert short.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase

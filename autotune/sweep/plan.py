@@ -65,9 +65,10 @@ from autotune.trainers.verl import VERL
 DEMO_MODEL, DEMO_SPACE, DEMO_CAP_BYTES, DEMO_TRIALS = "tiny-qwen2.5", "cpu-demo", 545 << 20, 12
 GPU_MODEL, GPU_SPACE, GPU_TRIALS = "qwen2.5-0.5b", "grpo", 40
 PPO_SPACES = {"cpu-demo": "cpu-demo-ppo", "grpo": "ppo"}  # the defaults with --algorithm ppo
-TIMED_STEPS = 3  # at least three timed steps: a probe measures its own spread
+TIMED_STEPS = 3  # a full probe's (--full-steps) timed steps at least: it measures its spread
 SHORT_TIMED_STEPS = 2  # a short probe's: each step also samples every loop's units
-MIN_TIMED_S = 2.0  # without --timed-steps, short steps repeat until they add up to this
+MIN_TIMED_S = 2.0  # without --timed-steps, a full probe's steps repeat until they add up to
+# this (a short probe's while its step's error is over 1%, within one step's time or this)
 
 
 @dataclass(frozen=True)

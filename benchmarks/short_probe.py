@@ -19,6 +19,7 @@ emulated ranks, one generation wave and several, fixed micro-batches and token b
 text and VL models (`--large` adds qwen2.5-0.5b at small shapes).
 
     python benchmarks/short_probe.py [--pairs 3] [--repeats 2] [--large] [--only CASE]
+    python benchmarks/short_probe.py --peaks-again CASE [CASE ...] --repeats 3
 
 Per case: predicted_step_s and full_step_s (the interleaved steps' means) and their ratio,
 peak_ratio (the phase whose short/full peak ratio over the whole probes is farthest from 1),
@@ -186,6 +187,34 @@ def run_case(runner: SubprocessRunner, name: str, case: tuple[str, dict, dict, b
             "units": units}
 
 
+def peaks_again(runner: SubprocessRunner, names: list[str], repeats: int) -> str:
+    """Each case's phase peaks, whole short and full probes alternating `repeats` times: the
+    per-phase ratio of the medians, for the rows whose single probes missed 1%."""
+    lines = [f"phase peaks again, {repeats} whole probes of each alternating "
+             f"({time.strftime('%Y-%m-%d')}); MiB per probe, then short/full of the medians"]
+    for name in names:
+        model, config, request, _ = {**CASES, **LARGE}[name]
+        checked(name, runner.run(request_for(model, config, request, full=False)))
+        done: dict[str, list[ProbeResult]] = {"short": [], "full": []}
+        for _ in range(repeats):
+            for mode in ("short", "full"):
+                result = runner.run(request_for(model, config, request, full=mode == "full"))
+                done[mode].append(checked(name, result))
+        lines.append(name)
+        for mode, results in done.items():
+            for r in results:
+                lines.append(f"  {mode:<6}" + "  ".join(
+                    f"{phase} {value / 2**20:.1f}"
+                    for phase, value in sorted(r.phase_peak_mem_bytes.items())))
+        ratios = {phase: statistics.median(r.phase_peak_mem_bytes[phase] for r in done["short"])
+                  / statistics.median(r.phase_peak_mem_bytes[phase] for r in done["full"])
+                  for phase in done["full"][0].phase_peak_mem_bytes}
+        lines.append("  short/full " + "  ".join(f"{phase} {ratio:.4f}"
+                                                 for phase, ratio in sorted(ratios.items())))
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def report(rows: list[dict], repeats: int, pairs: int) -> str:
     lines = [f"short probe vs full steps, CPU ({time.strftime('%Y-%m-%d')}): per case {pairs} "
              f"pairs of a short and a full step interleaved in one built probe, and "
@@ -232,11 +261,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="whole probes of each mode")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved step pairs")
     parser.add_argument("--interleave", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--peaks-again", nargs="+", default=None, metavar="CASE",
+                        help="only the phase peaks of these cases, --repeats of each mode "
+                             "(writes short_probe_peaks.txt)")
     parser.add_argument("--large", action="store_true", help="add qwen2.5-0.5b")
     parser.add_argument("--only", default=None, help="one case, by name")
     args = parser.parse_args()
     if args.interleave:  # the subprocess of interleaved_in_subprocess
         print(json.dumps(interleaved_steps(args.interleave, args.pairs)))
+        return
+    if args.peaks_again:
+        text = peaks_again(SubprocessRunner(), args.peaks_again, args.repeats)
+        print(text)
+        (OUT_DIR / "short_probe_peaks.txt").write_text(text + "\n")
         return
     cases = {**CASES, **(LARGE if args.large else {})}
     if args.only:

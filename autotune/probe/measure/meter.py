@@ -97,7 +97,7 @@ class Meter(Protocol):
     A meter also owns which iterations of a loop that repeats its shapes run: of a loop of
     units (`iterations`: waves, micro-batches, mini-batches) a full probe runs every one, a
     short probe its first few and its last, timed, its clock adding what the others would
-    have taken (units.py); of any loop (`runs`: a wave's decode steps too) a probe runs
+    have taken (unit_loops.py); of any loop (`runs`: a wave's decode steps too) a probe runs
     every iteration. A trace runs the first and the last of both, and the step puts a result
     of the same bytes in place of each skipped one.
     """

@@ -39,7 +39,7 @@ class Forwards(StepState):
         return groups
 
     def _tokens(self, index: torch.Tensor) -> float:
-        """Prompt and response tokens of sequences `index`: a unit's work (units.py)."""
+        """Prompt and response tokens of sequences `index`: a unit's work (unit_loops.py)."""
         return float(sum(self.response_lengths[index].tolist())
                      + len(index) * self.config.max_prompt_length)
 

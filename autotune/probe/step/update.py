@@ -33,7 +33,7 @@ class UpdatePhase(Forwards, Offload):
         self.ran.update(minibatches=len(minibatches),
                         responses_per_minibatch=max(len(m) for m in minibatches))
         # the meter's units: a trace runs the first (grads, AdamW's state made) and the last,
-        # a short probe its first few and the last, timed (units.py)
+        # a short probe its first few and the last, timed (unit_loops.py)
         for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches]):
             minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "update")

@@ -38,7 +38,8 @@ def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
         [sys.executable, "-m", "autotune", "run", "--model", "tiny-qwen2.5", "--device", "cpu",
          "--space", str(space), "--study", "f", "--results-dir", str(tmp_path / "results"),
          "--threads", "2", "--warmup-steps", "0", "--timed-steps", "3", "--trials", "3",
-         "--no-trace", "--finalists", "2"], capture_output=True, text=True, timeout=900)
+         "--no-trace", "--no-stop-slow", "--finalists", "2"], capture_output=True, text=True,
+        timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     study_dir = tmp_path / "results" / "f"
     study = optuna.load_study(study_name="f", storage=f"sqlite:///{study_dir / 'study.db'}")

@@ -8,7 +8,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.probe.measure import unit_loops
-from autotune.probe.measure.result import ProbeRequest
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus, SlowFloor
 from autotune.probe.measure.unit_loops import UnitClock, UnitLoop, short_schedule, unit_times
 
 
@@ -109,13 +109,21 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
 
     runner = SubprocessRunner()
 
-    def probe(full: bool):
+    def probe(full: bool, stop_below: SlowFloor | None = None):
         result = runner.run(ProbeRequest(model="tiny-qwen2.5", config=CONFIG,
-                                         device=Device("cpu"), timed_steps=2, full_steps=full))
-        assert result.ok, result.message
+                                         device=Device("cpu"), timed_steps=2, full_steps=full,
+                                         stop_below=stop_below))
+        assert result.status.reached_peaks, result.message
         return result
 
     short, full = probe(False), probe(True)
+    # a floor no probe can reach: it stops at its first chance, every phase at its peak (the
+    # second step's phases hold the first update's AdamW state: 15% more in the experience)
+    stopped = probe(False, SlowFloor(tokens_per_s=1e12, per_gib=False, incumbent=0, margin=0.1))
+    assert stopped.status is ProbeStatus.SLOW and "after update of timed step 1" in \
+        stopped.message
+    for phase, peak in full.phase_peak_mem_bytes.items():
+        assert stopped.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
     assert short.probe_mode == "short" and full.probe_mode == "full" and full.units == {}
     micro = short.units["update"]["micro_batch"]
     assert micro["count"] == 16 and micro["ran"] == 4  # 16 responses a mini-batch, 1 each
@@ -125,3 +133,86 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
     assert short.timed_wall_s < sum(short.step_times_s)  # it ran less than it predicts
     for phase, peak in full.phase_peak_mem_bytes.items():
         assert short.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
+
+
+def test_the_slow_floor_is_the_best_less_the_noise_and_a_slow_probe_is_never_ranked():
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.sweep.pick.measurements import fold, ranked
+    from autotune.sweep.study.objective import slow_floor
+
+    assert slow_floor("pareto", 100.0, 3, 0.01) is None  # a slow config may hold least memory
+    assert slow_floor("throughput", None, None, None) is None  # nothing fits yet
+    quiet = slow_floor("throughput_per_memory", 100.0, 3, 0.01)
+    assert quiet is not None and quiet.per_gib and quiet.incumbent == 3
+    assert (quiet.margin, quiet.tokens_per_s) == (0.1, pytest.approx(90.0))  # the 10% floor
+    assert quiet.floor_tokens_per_s(2 * 2**30) == pytest.approx(180.0)  # per GiB of its peak
+    noisy = slow_floor("throughput", 100.0, 3, 0.08)
+    assert noisy.margin == pytest.approx(0.16) and not noisy.per_gib
+    assert slow_floor("throughput", 100.0, 3, 0.9).margin == 0.5
+
+    def trial(number, status, tokens_per_s, knob):
+        frozen = optuna.trial.create_trial(
+            params={"mbu": knob}, distributions={"mbu": CategoricalDistribution([1, 2])},
+            values=[tokens_per_s],
+            user_attrs={"probed": True, "status": status, "feasible": True,
+                        "result": {"tokens_per_s": tokens_per_s, "peak_mem_bytes": 2**30}})
+        frozen.number = number
+        return frozen
+
+    configs = {}
+    for frozen in (trial(0, "ok", 100.0, 1), trial(1, "slow", 80.0, 2)):
+        fold(configs, frozen, "throughput")
+    assert [m.number for m in ranked(None, configs)] == [0]  # its bound is not a figure
+    assert len(configs) == 2  # its memory is still the config's
+
+
+@pytest.mark.slow
+def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_path):
+    """Real CPU probes: the safe config (2 sequences a generation wave), then the fastest as
+    the base (16, one wave), then 4 a wave: its rollout alone takes about twice the fastest's,
+    far past the 10% floor. It stops once its peaks are reached (within its first timed step:
+    a whole step ran before it), is recorded `slow` with the memory it measured, and is never
+    picked; trials.csv and `show` say so."""
+    import csv
+
+    import yaml
+
+    from autotune.cli.text import format_study
+    from autotune.runners.local import SubprocessRunner
+    from autotune.sweep.pick.artifacts import SweepFiles, best_trial
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    fixed = {"rollout_batch_size": 4, "rollout_n": 4, "global_batch_size": 2,
+             "micro_batch_size_update": 8, "micro_batch_size_experience": 4,
+             "max_prompt_length": 32, "max_response_length": 32, "rollout_engine": "hf"}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"params": {"max_num_seqs": {
+        "type": "categorical", "choices": [2, 4, 16]}}, "fixed": fixed}))
+    request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), cpu_threads=2,
+                           warmup_steps=1, timed_steps=2, timeout_s=300.0)
+    settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",
+                             space=load_search_space(str(path)), request=request,
+                             objective="throughput", max_trials=3, sampler="random",
+                             stop_slow=True, base_params={"max_num_seqs": 16})
+    study = Sweep(settings, SubprocessRunner(),
+                  on_trial=SweepFiles(settings.study_dir).after_trial).run()
+    trials = {t.params["max_num_seqs"]: t for t in study.trials if t.user_attrs.get("probed")}
+    assert trials[2].user_attrs["status"] == "ok"  # the first: nothing to compare with
+    fastest = trials[16]
+    assert fastest.user_attrs["status"] == "ok"
+    attrs = trials[4].user_attrs
+    result = attrs["result"]
+    assert attrs["status"] == "slow", attrs["reason"]
+    assert f"trial {fastest.number}'s figure" in attrs["reason"]
+    assert result["tokens_per_s"] < 0.9 * fastest.user_attrs["result"]["tokens_per_s"]
+    assert result["step_times_s"] == []  # stopped within its first timed step
+    assert set(result["phase_peak_mem_bytes"]) == {"rollout", "experience", "update"}
+    assert best_trial(study).number == fastest.number
+    rows = list(csv.DictReader((tmp_path / "s" / "trials.csv").open()))
+    assert sorted(row["status"] for row in rows if not row["reused_from"]) == \
+        ["ok", "ok", "slow"]
+    assert " slow " in format_study(study)

@@ -37,6 +37,9 @@ from autotune.cli import options as opt
 @click.option("--no-trace", "trace", is_flag=True, flag_value=False, default=True,
               help="Pre-screen with the memory model only: do not trace candidates near the "
                    "memory wall with fake tensors first.")
+@click.option("--no-stop-slow", "stop_slow", is_flag=True, flag_value=False, default=True,
+              help="Run every probe's timed steps, even once what it measured puts it under "
+                   "the best config by more than the noise.")
 @click.option("--parallel", type=click.IntRange(1), default=None,
               help="Probes at once: on a CPU, split the cores this many ways; on GPUs, at most "
                    "GPUs / --gpus-per-trial (the default); on Ray, what the cluster holds.")

@@ -92,7 +92,7 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
         status = f"= #{attrs['reused_from']}"
     elif attrs.get("predicted"):
         status = f"predicted {status}"
-    elif status == "ok" and not attrs.get("feasible"):
+    elif status in ("ok", "slow") and not attrs.get("feasible"):
         status = "over headroom"
     if attrs.get("repeat_of") is not None:
         status = f"{status}, again #{attrs['repeat_of']}"
@@ -124,12 +124,12 @@ def response_reach(study: Study, trials: list[FrozenTrial]) -> dict[int, str]:
     reach = {}
     for trial in trials:
         status = trial.user_attrs.get("status")
-        if status not in ("ok", "gpu_oom") and not trial.user_attrs.get("predicted"):
+        if status not in ("ok", "slow", "gpu_oom") and not trial.user_attrs.get("predicted"):
             continue
         merged = {**base, **ran_params(trial)}
         config = ProbeConfig(**{k: merged[k] for k in KNOB_NAMES if k in merged})
         measured = (trial.user_attrs.get("result") or {}).get("phase_peak_mem_bytes") \
-            if status == "ok" else None
+            if status in ("ok", "slow") else None
         headroom = model.headroom(config, budget, measured)
         reach[trial.number] = f"{headroom.fits_up_to:,}" if headroom.bounded_by_memory \
             else f">={headroom.searched_to:,}"

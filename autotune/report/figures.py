@@ -19,10 +19,11 @@ if TYPE_CHECKING:
     from optuna import Study
     from plotly.graph_objects import Figure
 
-COLORS = {"fits": "#2a9d8f", "over headroom": "#e9c46a", "oom": "#d62828",
-          "predicted oom": "#9d4edd", "invalid": "#6c757d", "failed": "#343a40"}
-SYMBOLS = {"fits": "circle", "over headroom": "circle-open", "oom": "x",
-           "predicted oom": "x-open", "invalid": "square-open", "failed": "triangle-down"}
+COLORS = {"fits": "#2a9d8f", "stopped slow": "#8ecae6", "over headroom": "#e9c46a",
+          "oom": "#d62828", "predicted oom": "#9d4edd", "invalid": "#6c757d", "failed": "#343a40"}
+SYMBOLS = {"fits": "circle", "stopped slow": "triangle-down-open",
+           "over headroom": "circle-open", "oom": "x", "predicted oom": "x-open",
+           "invalid": "square-open", "failed": "triangle-down"}
 PHASE_SYMBOLS = {"rollout": "circle", "experience": "square", "critic_update": "cross",
                  "update": "diamond",
                  "validation": "triangle-up"}
@@ -68,7 +69,7 @@ def throughput_vs_memory(view: StudyView) -> Figure:
     top = max((t.tokens_per_s or 0 for t in ran), default=0) or 1.0
     wall = (view.capacity_bytes or max((t.peak_mem_bytes or 0 for t in ran), default=size)
             ) / size
-    for outcome in ("fits", "over headroom"):
+    for outcome in ("fits", "stopped slow", "over headroom"):  # a slow one: its rate at most
         points = [t for t in ran if t.outcome == outcome]
         if points:
             fig.add_trace(go.Scatter(

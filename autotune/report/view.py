@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
 
-OUTCOMES = ("fits", "over headroom", "oom", "predicted oom", "invalid", "failed")
+OUTCOMES = ("fits", "stopped slow", "over headroom", "oom", "predicted oom", "invalid",
+            "failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,8 @@ def outcome_of(attrs: JsonObject) -> str:
         return "invalid"
     if status is ProbeStatus.OK:
         return "fits" if attrs.get("feasible") else "over headroom"
+    if status is ProbeStatus.SLOW:
+        return "stopped slow" if attrs.get("feasible") else "over headroom"
     return "oom" if oom else "failed"
 
 

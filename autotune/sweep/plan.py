@@ -115,6 +115,7 @@ class RunOptions:
     prune: bool = True
     prescreen: bool = True
     trace: bool = True
+    stop_slow: bool = True  # a probe stops once it measured itself under the best (tally.py)
     parallel: int | None = None
     gpus_per_trial: int | None = None  # None: 1, or the run's ranks when they run for real
     executor: str = "local"  # local | ray
@@ -432,6 +433,7 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
         max_trials=options.trials, timeout_s=options.timeout_s, patience=options.patience,
         seed=probe.seed, sampler=options.sampler, base_params=base_params,
         prune_dominated=options.prune, prescreen=options.prescreen, trace=options.trace,
+        stop_slow=options.stop_slow,
         trainer=f"{target.adapter.name} on {topology.nnodes}x{topology.gpus_per_node} GPUs"
         if target is not None else None, storage=options.storage, slots=tuple(slots),
         heartbeat_s=options.heartbeat_s, confirm=ranks.confirm, command=template,

@@ -32,7 +32,8 @@ class SweepState:
     probes: int = 0
     slots: int = 1  # probes run side by side
     counts: dict[str, int] = field(default_factory=lambda: {
-        "ok": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0, "killed": 0})
+        "ok": 0, "slow": 0, "oom": 0, "predicted": 0, "skipped": 0, "failed": 0, "lost": 0,
+        "killed": 0})
     probe_wall_s: list[float] = field(default_factory=list)
     running: dict[int, Knobs] = field(default_factory=dict)  # trial number -> params
     tracing: Knobs | None = None  # the candidate traced now (sweep/feasibility/traced.py)
@@ -88,7 +89,8 @@ def format_duration(seconds: float | None) -> str:
 def counts_text(state: SweepState) -> str:
     c = state.counts
     lost = "".join(f"  {k} {c[k]}" for k in ("lost", "killed") if c[k])
-    return (f"ok {c['ok']}  oom {c['oom']}  predicted oom {c['predicted']}  "
+    slow = f" (+{c['slow']} stopped slow)" if c["slow"] else ""
+    return (f"ok {c['ok']}{slow}  oom {c['oom']}  predicted oom {c['predicted']}  "
             f"skipped {c['skipped']}  failed {c['failed']}{lost}")
 
 

@@ -7,15 +7,17 @@ the stop rules (--trials, --patience) and the feasibility pruning see the whole 
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import TYPE_CHECKING
 
 from autotune.config import Knobs, describe_params, format_bytes
-from autotune.probe.measure.result import ProbeStatus
+from autotune.probe.measure.result import ProbeStatus, SlowFloor, coefficient_of_variation
 from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.pick.measurements import FINALIST
 from autotune.sweep.progress import SweepState
 from autotune.sweep.space.search_space import SearchSpace
-from autotune.sweep.study.objective import scalar
+from autotune.sweep.study.objective import scalar, slow_floor
 from autotune.sweep.study.sharing import NO_RESULT_STATUSES
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ class Tally:
         self.accounted: set[int] = set()  # trial numbers already folded in
         self.best_scalar: float | None = None
         self.best_params: Knobs | None = None  # the best feasible probe's config
+        self.best_number: int | None = None  # its trial
+        self.step_cvs: list[float] = []  # each quiet probe's step-to-step spread
         self.since_improvement = 0  # probes since the best improved (--patience)
 
     def fold(self, frozen: FrozenTrial) -> None:
@@ -66,16 +70,20 @@ class Tally:
         self.state.probes += 1
         if result.get("probe_wall_s"):
             self.state.probe_wall_s.append(result["probe_wall_s"])
-        if status == "ok":
-            self.state.counts["ok"] += 1
+        if status in ("ok", "slow"):
+            self.state.counts[status] += 1
         elif ProbeStatus(status).is_oom:
             self.state.counts["oom"] += 1
         else:
             self.state.counts["failed"] += 1
+        cv = coefficient_of_variation(result.get("step_times_s") or [])
+        if status == "ok" and cv is not None and not result.get("contention"):
+            self.step_cvs.append(cv)
         value = scalar(frozen.values, self.objective) \
-            if attrs.get("feasible") and frozen.values else None
+            if status == "ok" and attrs.get("feasible") and frozen.values else None
         if value is not None and (self.best_scalar is None or value > self.best_scalar):
             self.best_scalar, self.best_params = value, dict(frozen.params)
+            self.best_number = frozen.number
             self.since_improvement = 0
             self.state.best = (f"trial {frozen.number}: {describe_params(frozen.params)}, "
                                f"{result['tokens_per_s']:,.1f} tok/s, peak "
@@ -83,3 +91,10 @@ class Tally:
         else:
             self.since_improvement += 1
 
+
+    def stop_below(self) -> SlowFloor | None:
+        """The floor a new probe may stop slow under: the best so far less the noise, the
+        spread of the quiet probes' steps (their root mean square)."""
+        cv = math.sqrt(statistics.fmean(c * c for c in self.step_cvs)) if self.step_cvs \
+            else None
+        return slow_floor(self.objective, self.best_scalar, self.best_number, cv)

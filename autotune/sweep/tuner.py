@@ -391,6 +391,8 @@ class Sweep:
         number = pending.trial.number
         candidate = candidate or self.space.candidate(pending.params)
         request = self.settings.request_for(candidate)
+        if self.settings.stop_slow and request.command is None:
+            request = dataclasses.replace(request, stop_below=self.tally.stop_below())
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
         self.state.running[number] = candidate.ran
@@ -424,7 +426,7 @@ class Sweep:
                 line += "; queued once more"
             self.finish(study, number, line)
             calibration = self.feasibility.calibration_record(result.device_name)
-            if result.ok and calibration is not None:
+            if result.status.reached_peaks and calibration is not None:
                 study.set_user_attr("memory_calibration", calibration)
 
     def tell(self, study: Study, trial: Trial, result: ProbeResult, probed: bool,

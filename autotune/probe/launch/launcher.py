@@ -173,7 +173,7 @@ def watch(procs: list[subprocess.Popen[bytes]],
             if result is None:
                 status, message = classify_exit(returncode, "")
                 result = ProbeResult(status=status, message=message, returncode=returncode)
-            if not result.ok:
+            if not result.status.reached_peaks:  # stopped slow: every rank stops there
                 failed.append((rank, result))
         if failed:
             return min(failed, key=lambda item: (not item[1].status.is_oom, item[0]))

@@ -60,6 +60,9 @@ class ProbeStatus(str, enum.Enum):
     INVALID = "invalid"  # the configuration breaks a rule; nothing was run
     LOST = "lost"  # the probe's node went away (Ray): says nothing about the config; retried once
     KILLED = "killed"  # SIGKILLed from outside with no sign of OOM: as lost, retried once
+    SLOW = "slow"  # stopped once its peaks were reached: what it had timed already put it
+    # below the sweep's best by more than the noise (ProbeRequest.stop_below); its memory
+    # figures are whole, its rate an upper bound
 
     @classmethod
     def of(cls, value: str | None) -> ProbeStatus | None:
@@ -78,6 +81,11 @@ class ProbeStatus(str, enum.Enum):
     def is_device_oom(self) -> bool:
         """Device memory ran out: the allocator, or the rollout engine's reservation."""
         return self in (ProbeStatus.GPU_OOM, ProbeStatus.CACHE_OOM)
+
+    @property
+    def reached_peaks(self) -> bool:
+        """Every phase ran to its memory peak: the probe's memory figures are whole."""
+        return self in (ProbeStatus.OK, ProbeStatus.SLOW)
 
     @property
     def says_nothing(self) -> bool:
@@ -109,6 +117,28 @@ TRIAL_DIR_TOKEN = "__AUTOTUNE_TRIAL_DIR__"  # plain in YAML and on a command lin
 
 
 @dataclass(frozen=True)
+class SlowFloor:
+    """When a probe may stop early: once every phase has reached its peak (a whole step has
+    run), as soon as what its timed step has measured so far (a lower bound on the step's
+    time) puts its rate under this floor. The sweep sets it from its best config's figure
+    less the measured noise (sweep/study/objective.py `slow_floor`)."""
+
+    tokens_per_s: float  # the floor: tokens/s, or tokens/s per GiB of the probe's own peak
+    per_gib: bool  # the floor is per GiB of peak memory (the throughput_per_memory objective)
+    incumbent: int  # the trial whose figure set it
+    margin: float  # how far under the incumbent's figure the floor is (the noise allowed)
+
+    def floor_tokens_per_s(self, peak_mem_bytes: int) -> float:
+        """The floor in tokens/s for a probe that held `peak_mem_bytes` at its peak."""
+        return self.tokens_per_s * peak_mem_bytes / 2**30 if self.per_gib else self.tokens_per_s
+
+    def describe(self) -> str:
+        unit = "tok/s/GiB" if self.per_gib else "tok/s"
+        return (f"{self.tokens_per_s:,.1f} {unit} (trial {self.incumbent}'s figure less "
+                f"{self.margin:.0%} for the noise)")
+
+
+@dataclass(frozen=True)
 class ProbeRequest:
     """What a runner needs to run one probe: the model, the knobs, the device and the limits."""
 
@@ -136,6 +166,8 @@ class ProbeRequest:
     # workers' environment (its allocator settings): the probe's process runs under it
     full_steps: bool = False  # every unit of every step; False: a short probe, each loop of
     # units sampled and its step predicted (probe/measure/unit_loops.py)
+    stop_below: SlowFloor | None = None  # stop early under this rate, once the peaks are
+    # reached (built-in probes; None: run every timed step)
 
     @property
     def world_size(self) -> int:
@@ -167,6 +199,8 @@ class ProbeRequest:
         data = dict(stored)
         data["config"] = ProbeConfig(**data["config"])
         data["device"] = Device(**data["device"])
+        if data.get("stop_below") is not None:
+            data["stop_below"] = SlowFloor(**data["stop_below"])
         if data.get("command") is not None:
             command = data["command"]
             data["command"] = TrainerCommand(**{**command, "argv": tuple(command["argv"]),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import torch
 
@@ -51,6 +52,17 @@ SHORT_CAP_STEPS = 1.0  # ... or its timed steps took what one whole step would (
 # at least)
 
 
+class StoppedSlow(Exception):
+    """The timed step measured so far already puts the probe under its floor
+    (ProbeRequest.stop_below): the probe stops here."""
+
+    def __init__(self, phase: str, step: int, seconds: dict[str, float],
+                 tokens_per_s: float) -> None:
+        super().__init__(phase)
+        self.phase, self.step, self.seconds = phase, step, seconds
+        self.tokens_per_s = tokens_per_s  # at most: the step measured so far is a lower bound
+
+
 def training_s(phase_s: dict[str, float]) -> float:
     """Seconds of a step's training phases (validation is not part of a training step)."""
     return sum(v for k, v in phase_s.items() if k != "validation")
@@ -68,6 +80,12 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         self.step_loops: list[list[UnitLoop]] = []  # each step's unit loops (a short probe)
         self.step_wall_s: list[float] = []  # each step's seconds as run
         self.step_var_s2: list[float] = []  # each step's variance of its skipped units' time
+        self.steps_run = 0  # whole steps run, warm-up included
+        self.settled: set[str] = set()  # phases run after a whole step: at their peak (the
+        # first step's update makes AdamW's state, which every later phase holds)
+        self.timing = False  # running the timed steps
+        self.timed_so_far: list[dict[str, float]] = []  # the timed steps run whole
+        self.step_phases: list[str] = []  # the phases of a step, in order
 
     def step(self) -> dict[str, float]:
         """One training step; returns seconds per phase (validation included when set), a
@@ -81,6 +99,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         phases.append(("update", self._update))
         if self.config.val_batch_size:
             phases.append(("validation", self._validate))
+        self.step_phases = [name for name, _ in phases]
         for name, run in phases:
             if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
                 torch.cuda.memory._set_allocator_settings(
@@ -98,6 +117,11 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
             skipped_s, skipped_var_s2 = self.meter.clock.take_skipped(name)
             seconds[name] += skipped_s
             variance += skipped_var_s2 if name != "validation" else 0.0
+            if self.steps_run:  # it ran holding what a whole step leaves (AdamW's state)
+                self.settled.add(name)
+            if name != "validation":
+                self.stop_if_slow(name, seconds)
+        self.steps_run += 1
         self.step_loops.append(self.meter.clock.take_loops())
         self.step_wall_s.append(time.perf_counter() - step_started)
         self.step_var_s2.append(variance)
@@ -107,7 +131,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         """The timed steps: `request.timed_steps`, then more while `wants_more` says so,
         MAX_TIMED_STEPS at most. Every rank runs the same count (ranks step in lockstep
         through their collectives): rank 0's clock decides, and it is shared."""
-        timed = [self.step() for _ in range(self.request.timed_steps)]
+        self.timed_so_far = timed = []
+        for _ in range(self.request.timed_steps):
+            timed.append(self.step())
         while len(timed) < MAX_TIMED_STEPS and self.agree_more(self.wants_more(timed)):
             timed.append(self.step())
         return timed
@@ -128,6 +154,25 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         return se > SHORT_SE_TARGET * mean and spent < max(SHORT_CAP_STEPS * mean,
                                                             self.request.timed_min_s)
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens a step of the whole run trains on: W ranks each ran this share."""
+        return self.ran["responses_per_step"] * self.request.world_size * \
+            self.config.sequence_length
+
+    def stop_if_slow(self, phase: str, seconds: dict[str, float]) -> None:
+        """Raise StoppedSlow when the request sets a floor, every phase has reached its peak
+        (has run after a whole step), and the timed step so far (its phases to `phase`, a
+        lower bound on the whole) already puts the rate under the floor. Every rank asks at
+        the same places; rank 0 decides."""
+        floor = self.request.stop_below
+        if floor is None or not self.timing or not self.settled.issuperset(self.step_phases):
+            return
+        at_most = self.step_tokens / max(training_s(seconds), 1e-9)
+        peak = max(self.meter.phase_peak_mem_bytes.values(), default=0)
+        if self.agree_more(at_most < floor.floor_tokens_per_s(peak)):
+            raise StoppedSlow(phase, len(self.step_wall_s) + 1, dict(seconds), at_most)
+
     def agree_more(self, more: bool) -> bool:
         """Rank 0's answer to `more`, on every rank (alone: the answer itself)."""
         if self.group is None or self.request.emulated:
@@ -141,7 +186,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         return bool(flag.item())
 
     def run(self, startup_s: float | None = None) -> ProbeResult:
-        request, config = self.request, self.config
+        request = self.request
         built_at = time.perf_counter()
         self.build()
         build_s = time.perf_counter() - built_at
@@ -151,25 +196,22 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         watch = MachineWatch(torch.get_num_threads(),
                              physical_gpu_index(self.device) if self.on_gpu else None)
         watch.start()
-        timed = self.timed_steps()
+        self.timing = True
+        try:
+            timed, stopped = self.timed_steps(), None
+        except StoppedSlow as slow:
+            timed, stopped = [], slow
         machine = watch.stop()
         leave_group()  # only when every rank got here: a failed one just exits (no teardown
         # that could wait on peers stuck in a collective)
-        phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
-        step_times_s = [training_s(t) for t in timed]
-        step_s, step_se_s = mean_and_se(step_times_s, self.step_var_s2[-1])
-        short = self.meter.clock.short
-        # the whole run's rate: W ranks each ran this share in step_s (emulated: no comms)
-        responses = self.ran["responses_per_step"] * request.world_size
-        tokens = responses * config.sequence_length
+        figures = self.figures(timed) if stopped is None else self.stopped_figures(stopped)
+        units = unit_times(self.step_loops)
         peaks = dict(self.meter.phase_peak_mem_bytes)
         return ProbeResult(
-            status=ProbeStatus.OK, tokens_per_s=tokens / step_s,
-            samples_per_s=responses / step_s, step_s=step_s, phase_s=phase_s,
-            step_times_s=step_times_s, probe_mode="short" if short else "full",
-            step_se_s=step_se_s, timed_wall_s=sum(self.step_wall_s),
+            **figures, probe_mode="short" if self.meter.clock.short else "full",
+            timed_wall_s=sum(self.step_wall_s),
             units={phase: {unit: times.as_dict() for unit, times in kinds.items()}
-                   for phase, kinds in unit_times(self.step_loops).items()},
+                   for phase, kinds in units.items()},
             machine=machine.as_dict(),
             contention=machine.contention(),
             peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
@@ -183,8 +225,36 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
             emulated=request.emulated and request.world_size > 1,
             model_state_bytes=dict(self.model_state_bytes),
             engine_weight_bytes=self.engine_weight_bytes, engine=dict(self.engine.figures),
-            fsdp_strategy=config.fsdp_strategy if self.group is not None else None,
+            fsdp_strategy=self.config.fsdp_strategy if self.group is not None else None,
             num_alloc_retries=int(torch.cuda.memory_stats(self.device).get(
                 "num_alloc_retries", 0)) if self.on_gpu else None,
-            allocator=allocator_record(self.allocator, list(phase_s)),
+            allocator=allocator_record(self.allocator, self.step_phases),
             **describe_device(self.device, request.device.cap_bytes))
+
+    def figures(self, timed: list[dict[str, float]]) -> dict[str, Any]:
+        """The timed steps' figures: the step's mean and standard error, the rates."""
+        phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
+        step_times_s = [training_s(t) for t in timed]
+        step_s, step_se_s = mean_and_se(step_times_s, self.step_var_s2[-1])
+        return {"status": ProbeStatus.OK, "tokens_per_s": self.step_tokens / step_s,
+                "samples_per_s": self.step_tokens / self.config.sequence_length / step_s,
+                "step_s": step_s, "phase_s": phase_s, "step_times_s": step_times_s,
+                "step_se_s": step_se_s}
+
+    def stopped_figures(self, stopped: StoppedSlow) -> dict[str, Any]:
+        """A probe stopped slow: the phases its last step measured (a lower bound on its
+        step), the rate they allow at most, and why it stopped."""
+        floor = self.request.stop_below
+        assert floor is not None
+        step_s = training_s(stopped.seconds)
+        peak = max(self.meter.phase_peak_mem_bytes.values())
+        per_gib = stopped.tokens_per_s / (peak / 2**30) if floor.per_gib else None
+        figure = f"{per_gib:,.1f} tok/s/GiB" if per_gib is not None else \
+            f"{stopped.tokens_per_s:,.1f} tok/s"
+        return {"status": ProbeStatus.SLOW,
+                "message": (f"stopped after {stopped.phase} of timed step {stopped.step}: "
+                            f"at most {figure}, under the floor {floor.describe()}"),
+                "tokens_per_s": stopped.tokens_per_s,
+                "samples_per_s": stopped.tokens_per_s / self.config.sequence_length,
+                "step_s": step_s, "phase_s": dict(stopped.seconds),
+                "step_times_s": [training_s(t) for t in self.timed_so_far]}

@@ -59,7 +59,7 @@ class Feasibility:
         probed = ProbeStatus.of(status)
         if self.dominance is not None and probed is not None:
             self.dominance.record(trial_number, candidate.params, probed, failed_phase)
-        if probed is not ProbeStatus.OK or not phase_peak_mem_bytes:
+        if probed is None or not probed.reached_peaks or not phase_peak_mem_bytes:
             return
         if self.prescreen is not None:
             self.prescreen.record(candidate.config, phase_peak_mem_bytes, self.device)

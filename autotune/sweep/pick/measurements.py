@@ -6,7 +6,8 @@ ranks configs (best.yaml, `show`, the report, the confirmations, the export's ca
 reads this module: a config's figure is the mean over its probes, its memory the most any of
 them held, and its noise the spread between them (the within-probe spread of its timed steps
 until it has been probed twice). A config one of whose probes ran out of memory or past the
-headroom is not feasible, however its other probes went.
+headroom is not feasible, however its other probes went. A probe stopped slow adds its memory,
+not its rate (an upper bound): a config probed only so is never ranked.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autotune.probe.measure.result import coefficient_of_variation
+from autotune.probe.measure.result import ProbeStatus, coefficient_of_variation
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.objective import scalar
 
@@ -114,7 +115,9 @@ def fold(configs: dict[str, Measured], frozen: FrozenTrial, objective: str) -> N
         return
     measured = configs.setdefault(key, Measured(frozen))
     measured.trials.append(frozen)
-    if not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
+    if attrs.get("status") == ProbeStatus.SLOW.value:  # its memory counts; its rate is only
+        measured.feasible = measured.feasible and bool(attrs.get("feasible"))  # a bound
+    elif not (attrs.get("feasible") and frozen.state.name == "COMPLETE" and frozen.values):
         measured.feasible = False
     else:
         measured.values.append(scalar(frozen.values, objective))

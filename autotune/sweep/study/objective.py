@@ -9,7 +9,10 @@ A configuration is feasible when every phase's peak device memory stays within t
 (1 - headroom) x the memory the probe could use (the limit in force, or the device's capacity).
 OOM outcomes are told as COMPLETE with sentinel values and a positive `memory` constraint, so
 TPE, GP and NSGA-II all learn where the wall is; samplers ignore FAIL trials, which is kept for
-crashes and timeouts.
+crashes and timeouts. A probe stopped slow (ProbeStatus.SLOW: what it timed already put
+it under the best config by more than the noise, `slow_floor`) is COMPLETE with the most its
+measured part allows: the sampler learns it is worse, and the pick never takes it
+(sweep/pick/measurements.py).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.config import PHASES, budget_bytes, format_bytes
-from autotune.probe.measure.result import ProbeResult, ProbeStatus
+from autotune.probe.measure.result import ProbeResult, ProbeStatus, SlowFloor
 
 OBJECTIVES = ("throughput_per_memory", "throughput", "pareto")
 OOM_CONSTRAINT = 1.0  # the `memory` constraint of an OOM: as bad as 2x the budget
 INVALID_CONSTRAINT = 1.0  # the `rules` constraint of a config that breaks a trainer rule
 UNKNOWN_CAPACITY_GIB = 1024.0  # pareto's memory sentinel when no capacity was ever measured
+SLOW_MARGIN_MIN = 0.10  # a probe stops slow only 10% or more under the best's figure ...
+SLOW_MARGIN_Z = 2.0  # ... and this many of the measured step-to-step spreads
+SLOW_MARGIN_MAX = 0.5  # a noisier machine than that: stop only under half the best's figure
 
 
 Direction = Literal["maximize", "minimize"]  # an Optuna study direction
@@ -83,7 +89,8 @@ def score(result: ProbeResult, objective: str, headroom: float,
         return Score("complete", sentinel_values(objective, capacity),
                      {"memory": OOM_CONSTRAINT, "rules": 0.0}, False,
                      f"{result.status.value}{where}", budget, result.failed_phase)
-    if not result.ok or result.tokens_per_s is None or not result.peak_mem_bytes:
+    if not result.status.reached_peaks or result.tokens_per_s is None or \
+            not result.peak_mem_bytes:
         return Score("fail", None, {}, False, f"{result.status.value}: {result.message}",
                      budget, result.failed_phase)
     values = values_of(result.tokens_per_s, result.peak_mem_bytes, objective)
@@ -92,6 +99,9 @@ def score(result: ProbeResult, objective: str, headroom: float,
     if budget is None:
         return Score("complete", values, {"memory": 0.0, "rules": 0.0}, True, "", None, binding)
     overshoot = phases[binding] / budget - 1.0
+    if result.status is ProbeStatus.SLOW:  # its memory as measured; its rate at most that
+        return Score("complete", values, {"memory": overshoot, "rules": 0.0}, overshoot <= 0,
+                     f"slow: {result.message}", budget, binding)
     if overshoot > 0:
         reason = (f"over headroom in {binding}: {format_bytes(phases[binding])} > budget "
                   f"{format_bytes(budget)} ({headroom:.0%} headroom)")
@@ -99,6 +109,19 @@ def score(result: ProbeResult, objective: str, headroom: float,
                      budget, binding)
     return Score("complete", values, {"memory": overshoot, "rules": 0.0}, True, "", budget,
                  binding)
+
+
+def slow_floor(objective: str, best_value: float | None, best_trial: int | None,
+               step_cv: float | None) -> SlowFloor | None:
+    """The floor under which a probe stops slow: the best feasible config's figure less the
+    noise (SLOW_MARGIN_Z step-to-step spreads, SLOW_MARGIN_MIN at least). None while nothing
+    fits, or for pareto (a slow config may still hold the least memory)."""
+    if objective == "pareto" or best_value is None or best_trial is None or best_value <= 0:
+        return None
+    margin = min(SLOW_MARGIN_MAX, max(SLOW_MARGIN_MIN, SLOW_MARGIN_Z * (step_cv or 0.0)))
+    return SlowFloor(tokens_per_s=best_value * (1.0 - margin),
+                     per_gib=objective == "throughput_per_memory", incumbent=best_trial,
+                     margin=margin)
 
 
 def scalar(values: tuple[float, ...] | list[float], objective: str) -> float:

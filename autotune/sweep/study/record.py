@@ -56,7 +56,7 @@ def tell_result(study: Study, trial: Trial, result: ProbeResult, settings: Sweep
         study.tell(trial, state=TrialState.FAIL)
     else:
         study.tell(trial, list(verdict.values or ()))
-    if verdict.feasible:
+    if verdict.feasible and result.ok:
         return (f"ok, {result.tokens_per_s:,.1f} tok/s, peak "
                 f"{format_bytes(result.peak_mem_bytes)} of "
                 f"{format_bytes(verdict.budget_bytes)}")

@@ -37,6 +37,8 @@ class SweepSettings:
     prune_dominated: bool = True  # record configs a measured OOM proves infeasible, unrun
     prescreen: bool = True  # also those the calibrated memory model puts well past capacity
     trace: bool = False  # trace candidates near the wall (traced.py): `run` on, --no-trace off
+    stop_slow: bool = False  # built-in probes stop once they measure themselves under the
+    # best by more than the noise (ProbeStatus.SLOW): `run` on, --no-stop-slow off
     storage: str | None = None  # --storage: a database URL or a journal file; None: SQLite
     trainer: str | None = None  # "easyr1 on 1x8 GPUs": its rules decide which configs are valid
     slots: tuple[Slot, ...] = (Slot(),)  # one probe per slot at a time (parallel.py)

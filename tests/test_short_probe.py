@@ -98,6 +98,9 @@ CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
                      micro_batch_size_update=1, micro_batch_size_experience=2,
                      max_prompt_length=32, max_response_length=32, rollout_engine="hf",
                      max_num_seqs=4)
+SMALL = ProbeConfig(rollout_batch_size=4, rollout_n=2, global_batch_size=2,
+                    micro_batch_size_update=2, micro_batch_size_experience=4,
+                    max_prompt_length=32, max_response_length=16, rollout_engine="hf")
 
 
 @pytest.mark.slow
@@ -117,13 +120,6 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
         return result
 
     short, full = probe(False), probe(True)
-    # a floor no probe can reach: it stops at its first chance, every phase at its peak (the
-    # second step's phases hold the first update's AdamW state: 15% more in the experience)
-    stopped = probe(False, SlowFloor(tokens_per_s=1e12, per_gib=False, incumbent=0, margin=0.1))
-    assert stopped.status is ProbeStatus.SLOW and "after update of timed step 1" in \
-        stopped.message
-    for phase, peak in full.phase_peak_mem_bytes.items():
-        assert stopped.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
     assert short.probe_mode == "short" and full.probe_mode == "full" and full.units == {}
     micro = short.units["update"]["micro_batch"]
     assert micro["count"] == 16 and micro["ran"] == 4  # 16 responses a mini-batch, 1 each
@@ -133,6 +129,34 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
     assert short.timed_wall_s < sum(short.step_times_s)  # it ran less than it predicts
     for phase, peak in full.phase_peak_mem_bytes.items():
         assert short.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
+    # a floor no probe can reach: it stops at its first chance, every phase at its peak (the
+    # second step's phases hold the first update's AdamW state: 15% more in the experience)
+    stopped = probe(False, SlowFloor(tokens_per_s=1e12, per_gib=False, incumbent=0, margin=0.1))
+    assert stopped.status is ProbeStatus.SLOW and "after update of timed step 1" in \
+        stopped.message
+    for phase, peak in full.phase_peak_mem_bytes.items():
+        assert stopped.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
+
+
+@pytest.mark.slow
+def test_a_probe_timed_under_contention_is_never_stopped_slow():
+    """Another process takes a core: the probe's steps are not its own pace, so even a floor
+    no probe reaches does not stop it; it runs its steps and its result says it was busy."""
+    import subprocess
+    import sys
+
+    from autotune.runners.local import SubprocessRunner
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        result = SubprocessRunner().run(ProbeRequest(  # one thread: the other core is busy
+            model="tiny-qwen2.5", config=SMALL, device=Device("cpu"), timed_steps=2,
+            cpu_threads=1, stop_below=SlowFloor(1e12, per_gib=False, incumbent=0, margin=0.1)))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert result.ok and result.contention, (result.status, result.message)
+    assert len(result.step_times_s) >= 2
 
 
 def test_the_slow_floor_is_the_best_less_the_noise_and_a_slow_probe_is_never_ranked():

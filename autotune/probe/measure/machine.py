@@ -115,6 +115,8 @@ class MachineWatch:
         self.started_s = time.monotonic()
 
     def stop(self) -> MachineState:
+        """The machine's state over the window from `start` to now (a call mid-window reads
+        it so far: nothing is reset)."""
         window_s = max(time.monotonic() - self.started_s, 1e-6)
         busy_s = busy_cpu_s() - self.busy_start_s
         own_end = self.cpu_s(self.own_processes())

@@ -86,6 +86,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         self.timing = False  # running the timed steps
         self.timed_so_far: list[dict[str, float]] = []  # the timed steps run whole
         self.step_phases: list[str] = []  # the phases of a step, in order
+        self.watch: MachineWatch | None = None  # the machine over the timed steps
 
     def step(self) -> dict[str, float]:
         """One training step; returns seconds per phase (validation included when set), a
@@ -162,15 +163,19 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
 
     def stop_if_slow(self, phase: str, seconds: dict[str, float]) -> None:
         """Raise StoppedSlow when the request sets a floor, every phase has reached its peak
-        (has run after a whole step), and the timed step so far (its phases to `phase`, a
-        lower bound on the whole) already puts the rate under the floor. Every rank asks at
-        the same places; rank 0 decides."""
+        (has run after a whole step), the timed step so far (its phases to `phase`, a lower
+        bound on the whole) already puts the rate under the floor, and the machine was quiet
+        over the timed steps (a contended step is not the probe's own pace: it runs on, and
+        its result is flagged). Every rank asks at the same places; rank 0 decides."""
         floor = self.request.stop_below
         if floor is None or not self.timing or not self.settled.issuperset(self.step_phases):
             return
         at_most = self.step_tokens / max(training_s(seconds), 1e-9)
         peak = max(self.meter.phase_peak_mem_bytes.values(), default=0)
-        if self.agree_more(at_most < floor.floor_tokens_per_s(peak)):
+        slow = at_most < floor.floor_tokens_per_s(peak)
+        if slow and self.watch is not None and self.watch.stop().contention() is not None:
+            slow = False  # timed while others took the machine: not its own pace, go on
+        if self.agree_more(slow):
             raise StoppedSlow(phase, len(self.step_wall_s) + 1, dict(seconds), at_most)
 
     def agree_more(self, more: bool) -> bool:
@@ -193,8 +198,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         for _ in range(request.warmup_steps):
             self.step()
         self.step_loops, self.step_wall_s, self.step_var_s2 = [], [], []
-        watch = MachineWatch(torch.get_num_threads(),
-                             physical_gpu_index(self.device) if self.on_gpu else None)
+        self.watch = watch = MachineWatch(torch.get_num_threads(),
+                                          physical_gpu_index(self.device) if self.on_gpu
+                                          else None)
         watch.start()
         self.timing = True
         try:

@@ -132,6 +132,9 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
     # a floor no probe can reach: it stops at its first chance, every phase at its peak (the
     # second step's phases hold the first update's AdamW state: 15% more in the experience)
     stopped = probe(False, SlowFloor(tokens_per_s=1e12, per_gib=False, incumbent=0, margin=0.1))
+    if stopped.contention:  # timed while the machine was busy: the rule is to run on
+        assert stopped.ok, stopped.message
+        return
     assert stopped.status is ProbeStatus.SLOW and "after update of timed step 1" in \
         stopped.message
     for phase, peak in full.phase_peak_mem_bytes.items():
@@ -142,19 +145,25 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
 def test_a_probe_timed_under_contention_is_never_stopped_slow():
     """Another process takes a core: the probe's steps are not its own pace, so even a floor
     no probe reaches does not stop it; it runs its steps and its result says it was busy."""
+    import math
+    import os
     import subprocess
     import sys
 
     from autotune.runners.local import SubprocessRunner
 
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # enough busy cores to contend on any machine (a quarter of its cores, half a core at least)
+    busy_cores = max(1, math.ceil(0.25 * (os.cpu_count() or 1)) + 1)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(busy_cores)]
     try:
         result = SubprocessRunner().run(ProbeRequest(  # one thread: the other core is busy
             model="tiny-qwen2.5", config=SMALL, device=Device("cpu"), timed_steps=2,
             cpu_threads=1, stop_below=SlowFloor(1e12, per_gib=False, incumbent=0, margin=0.1)))
     finally:
-        busy.kill()
-        busy.wait()
+        for process in busy:
+            process.kill()
+            process.wait()
     assert result.ok and result.contention, (result.status, result.message)
     assert len(result.step_times_s) >= 2
 
@@ -230,6 +239,9 @@ def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_pa
     assert fastest.user_attrs["status"] == "ok"
     attrs = trials[4].user_attrs
     result = attrs["result"]
+    if result["contention"]:  # timed while the machine was busy: the rule is to run on
+        assert attrs["status"] == "ok"
+        return
     assert attrs["status"] == "slow", attrs["reason"]
     assert f"trial {fastest.number}'s figure" in attrs["reason"]
     assert result["tokens_per_s"] < 0.9 * fastest.user_attrs["result"]["tokens_per_s"]

@@ -246,6 +246,8 @@ def _against_start(trials: list[FrozenTrial], best: FrozenTrial, identity: Mappi
         return [] if start is None else ["  (the starting config is the best one found)"]
     what = f"the starting config (trial {start.number}: {describe_params(start.params)})"
     result = start.user_attrs.get("result") or {}
+    if start.user_attrs.get("status") == "slow":  # its rate is only a bound
+        return [f"  {what}: {start.user_attrs.get('reason')}"]
     if not start.user_attrs.get("feasible") or not result.get("tokens_per_s"):
         return [f"  {what}: {start.user_attrs.get('status')}, "
                 f"{start.user_attrs.get('reason') or 'does not fit'}"]

@@ -88,6 +88,9 @@ def gain_lines(view: StudyView) -> list[str]:
     what = f"{view.start_kind} (trial {start.number})"
     if start.number == best.number:
         lines.append(f"<p>The best is {html.escape(what)}: the sweep found nothing better.</p>")
+    elif start.outcome == "stopped slow":
+        lines.append(f"<p>{html.escape(what)} was stopped early: "
+                     f"{html.escape(start.reason)}.</p>")
     elif start.outcome != "fits" or not start.tokens_per_s or not start.peak_mem_bytes:
         lines.append(f"<p>{html.escape(what)} does not fit: {html.escape(start.outcome)}"
                      f"{', ' + html.escape(start.reason) if start.reason else ''}.</p>")

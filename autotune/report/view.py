@@ -222,7 +222,8 @@ def headline(view: StudyView) -> dict[str, str]:
         probe = f"built-in GRPO step, one emulated rank of {world} (time without communication)"
     else:
         probe = f"built-in GRPO step, {world} real rank{'s' if world > 1 else ''}"
-    probed = [t for t in view.trials if t.outcome in ("fits", "over headroom", "oom", "failed")]
+    probed = [t for t in view.trials
+              if t.outcome in ("fits", "stopped slow", "over headroom", "oom", "failed")]
     wall_s = sum((t.completed - t.started).total_seconds() for t in probed
                  if t.started and t.completed)
     budget = "unknown (no probe reported its device)"
@@ -248,6 +249,7 @@ def headline(view: StudyView) -> dict[str, str]:
         "memory budget": budget,
         "objective": str(identity.get("objective")),
         "trials": (f"{len(probed)} probed ({view.count('fits')} fit, "
+                   f"{view.count('stopped slow')} stopped slow, "
                    f"{view.count('over headroom')} over headroom, {view.count('oom')} OOM, "
                    f"{view.count('failed')} failed), {view.count('predicted oom')} predicted "
                    f"OOM and {view.count('invalid')} invalid never run, {view.reused} reused; "

@@ -163,20 +163,35 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
 
     def stop_if_slow(self, phase: str, seconds: dict[str, float]) -> None:
         """Raise StoppedSlow when the request sets a floor, every phase has reached its peak
-        (has run after a whole step), the timed step so far (its phases to `phase`, a lower
-        bound on the whole) already puts the rate under the floor, and the machine was quiet
-        over the timed steps (a contended step is not the probe's own pace: it runs on, and
-        its result is flagged). Every rank asks at the same places; rank 0 decides."""
+        (has run after a whole step), the timed steps so far (the whole ones and this one to
+        `phase`: in a full probe a lower bound on their time, in a short one its estimate)
+        already put the rate under the floor, and no rank was contended over the timed steps.
+        Every rank asks at the same places; rank 0 decides on the rate (agree_slow)."""
         floor = self.request.stop_below
         if floor is None or not self.timing or not self.settled.issuperset(self.step_phases):
             return
-        at_most = self.step_tokens / max(training_s(seconds), 1e-9)
+        whole = [training_s(t) for t in self.timed_so_far]  # the timed steps run whole
+        at_most = self.step_tokens * (len(whole) + 1) / max(sum(whole) + training_s(seconds),
+                                                             1e-9)
         peak = max(self.meter.phase_peak_mem_bytes.values(), default=0)
-        slow = at_most < floor.floor_tokens_per_s(peak)
-        if slow and self.watch is not None and self.watch.stop().contention() is not None:
-            slow = False  # timed while others took the machine: not its own pace, go on
-        if self.agree_more(slow):
+        contended = self.watch is not None and self.watch.stop().contention() is not None
+        if self.agree_slow(at_most < floor.floor_tokens_per_s(peak), contended):
             raise StoppedSlow(phase, len(self.step_wall_s) + 1, dict(seconds), at_most)
+
+    def agree_slow(self, slow: bool, contended: bool) -> bool:
+        """Whether every rank stops: rank 0 found the probe slow, and no rank was timed while
+        other processes took its machine (a contended step is not the probe's own pace: it
+        runs on, and its result is flagged)."""
+        if self.group is None or self.request.emulated:
+            return slow and not contended
+        import torch.distributed as dist
+
+        flags = torch.tensor([1 if slow and dist.get_rank() == 0 else 0, int(contended)],
+                             dtype=torch.int32)
+        if self.on_gpu:
+            flags = flags.to(self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()) and not bool(flags[1].item())
 
     def agree_more(self, more: bool) -> bool:
         """Rank 0's answer to `more`, on every rank (alone: the answer itself)."""

@@ -97,7 +97,9 @@ def score(result: ProbeResult, objective: str, headroom: float,
     phases = result.phase_peak_mem_bytes or {"step": result.peak_mem_bytes}
     binding = max(phases, key=lambda p: (phases[p], -PHASES.index(p) if p in PHASES else 0))
     if budget is None:
-        return Score("complete", values, {"memory": 0.0, "rules": 0.0}, True, "", None, binding)
+        return Score("complete", values, {"memory": 0.0, "rules": 0.0}, True,
+                     f"slow: {result.message}" if result.status is ProbeStatus.SLOW else "",
+                     None, binding)
     overshoot = phases[binding] / budget - 1.0
     if result.status is ProbeStatus.SLOW:  # its memory as measured; its rate at most that
         return Score("complete", values, {"memory": overshoot, "rules": 0.0}, overshoot <= 0,

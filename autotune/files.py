@@ -68,6 +68,16 @@ def describe_os_error(exc: OSError, path: str | os.PathLike[str] | None = None) 
     return f"{where}: {what}" + (f"; {advice}" if advice else "")
 
 
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW  # a probe's log: made new,
+# never through a symbolic link planted where it goes (open fails with ELOOP there)
+
+
+def open_log(path: str | os.PathLike[str]) -> int:
+    """A probe's log opened for writing, emptied (mode 0666 less the umask): its descriptor.
+    OSError on a symbolic link at `path` (ELOOP): a link is never followed."""
+    return os.open(path, LOG_FLAGS, 0o666)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write a file so that readers see either nothing or the whole of it. On failure (a full
     disk) the temporary file is removed and the old file, if any, is left as it was. The file

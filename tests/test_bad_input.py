@@ -8,11 +8,14 @@ tmpfs (they are skipped where this machine does not allow mounting).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,10 @@ def make_sandbox(root: Path) -> None:
     whole = (root / "results" / "s" / "study.db").read_bytes()
     (root / "cut" / "cut").mkdir(parents=True)
     (root / "cut" / "cut" / "study.db").write_bytes(whole[:len(whole) // 2])  # truncated
+    (root / "foreign" / "foreign").mkdir(parents=True)  # another program's SQLite file
+    with contextlib.closing(sqlite3.connect(root / "foreign" / "foreign" / "study.db")) as db:
+        db.execute("CREATE TABLE recipes (name TEXT)")
+        db.commit()
     (root / "renamed").mkdir()
     shutil.copytree(root / "results" / "s", root / "renamed" / "old")
 
@@ -128,6 +135,15 @@ CASES: list[tuple[list[str], str]] = [
     (RUN + ["--host-memory-limit", "99999999999TB"], "check the unit"),
     (RUN + ["--parallel", "1000"], "--parallel 1000: this machine lets autotune use"),
     (RUN + ["--parallel", "0"], "0 is not in the range"),
+    (RUN + ["--timed-steps", "1000000000"], "1000000000 is not in the range 1<=x<=100"),
+    (RUN + ["--warmup-steps", "1000000000"], "is not in the range 0<=x<=100"),
+    (RUN + ["--finalists", str(2**70)], "is not in the range 0<=x<=32"),
+    (RUN + ["--confirm", "1000"], "1000 is not in the range 0<=x<=32"),
+    (RUN + ["--set", "lora_rank=8", "--set", "lora_target_modules=warp_proj"],
+     "warp_proj is no linear layer of the model's decoder layers; use all-linear or names "
+     "among q_proj"),
+    (RUN + ["--results-dir", "foreign", "--study", "foreign"],
+     "holds tables that are not an Optuna study's (recipes)"),
     (RUN + ["--device", "cuda"], "--device cuda: no NVIDIA GPU"),
     (["run", "--device", "cuda"], "--device cuda: no NVIDIA GPU"),
     (RUN + ["--device", "tpu"], "'tpu' is not one of"),
@@ -494,3 +510,44 @@ def test_a_disk_that_fills_mid_sweep_loses_nothing_once_space_is_back(small_fs):
     keys = [tuple(sorted(t.params.items())) for t in probed]
     assert len(keys) == len(set(keys))  # each config probed to a told result once
     assert len(first.calls) + len(second.calls) <= 6 + 1  # at most the cut-off probe again
+
+
+def test_a_study_this_user_cannot_write_is_one_line_exit_2(sandbox, tmp_path):
+    """study.db readable but not writable by the user who runs the sweep (as root: a copy
+    owned by root, run as `nobody`): one line, exit 2, nothing written. (A read-only file
+    system is the environment's error, exit 1: test_environment_errors_are_one_line_exit_1.)"""
+    import tempfile
+
+    if os.geteuid() == 0:
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            pytest.skip("running as root without runuser")
+        prefix = [runuser, "-u", "nobody", "--"]
+        if subprocess.run([*prefix, sys.executable, "-c", "import autotune.cli"],
+                          capture_output=True, cwd="/").returncode != 0:
+            pytest.skip("`nobody` cannot read this checkout or its Python")
+    else:
+        prefix = []
+    root = Path(tempfile.mkdtemp(prefix="autotune-readonly-"))  # one `nobody` can enter
+    try:
+        os.chmod(root, 0o755)
+        shutil.copytree(sandbox / "results" / "s", root / "results" / "s")
+        shutil.copy(sandbox / "space.yaml", root / "space.yaml")
+        if not prefix:
+            for path in (root / "results" / "s").rglob("*"):
+                path.chmod(0o444 if path.is_file() else 0o555)
+            (root / "results" / "s").chmod(0o555)
+        before = snapshot(root)
+        done = subprocess.run([*prefix, sys.executable, "-m", "autotune", *RUN,
+                               "--results-dir", "results", "--study", "s"], cwd=root,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HOME": str(root)})
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert "read-only here; a sweep records every trial in it" in lines[0], lines[0]
+        assert snapshot(root) == before
+    finally:
+        for path in root.rglob("*"):
+            with contextlib.suppress(OSError):
+                path.chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)

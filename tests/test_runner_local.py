@@ -162,3 +162,22 @@ def test_probe_files_sit_beside_the_log_and_scratch_dirs_of_dead_processes_go(
     finally:
         shutil.rmtree(live, ignore_errors=True)
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def test_a_symbolic_link_where_a_probes_log_goes_is_never_followed(make_request, tmp_path):
+    """A link planted where the probe's log goes (results/<study>/logs/) would have the probe
+    truncate and write whatever it points at: the runner refuses it in one line, and the log
+    is opened with O_NOFOLLOW wherever it is made (the fork server's child too)."""
+    from autotune.files import open_log
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    log = tmp_path / "logs" / "trial-0.log"
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    result = SubprocessRunner().run(make_request(), log)
+    assert result.status is ProbeStatus.CRASH and "symbolic link" in result.message
+    assert victim.read_text() == "keep me\n" and log.is_symlink()
+    with pytest.raises(OSError):
+        open_log(log)
+    assert victim.read_text() == "keep me\n"

@@ -294,3 +294,72 @@ def test_the_last_config_a_dead_driver_held_is_run_before_the_space_counts_as_ex
     assert [params_key({k: c[k] for k in left}) for c in runner.calls] == [params_key(left)]
     assert sweep.state.stop_reason == "space exhausted: all 2 valid configs tried"
     assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+class SlowTracer:
+    """Stands in for the trace process with a trace that takes `trace_s` and answers nothing
+    (the memory model's pre-screen decides alone): what is under test is the driver's
+    heartbeat while it is busy, not the trace (test_trace.py runs the real one)."""
+
+    unavailable: str | None = None
+
+    def __init__(self, trace_s: float) -> None:
+        self.trace_s = trace_s
+        self.calls = 0
+
+    def traced_bytes(self, candidate, device):
+        self.calls += 1
+        time.sleep(self.trace_s)
+        return None
+
+    def failure(self, candidate):
+        return None
+
+    def fits_under_bytes(self, candidate, device):
+        return None
+
+    def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
+        pass
+
+    def summary(self):
+        return {"off": None}
+
+    def close(self):
+        pass
+
+
+def test_a_driver_busy_tracing_past_its_heartbeat_keeps_its_trials(tmp_path):
+    """Two live drivers on one journal, a heartbeat of 0.5 s (a trial is dead after 2 s of
+    silence) and traces of 4 s: the driver's heartbeat beats from a thread of its own while it
+    traces, so no trial of a live driver is ever taken over and no config is probed twice
+    (before: 3 of 6 trials were taken over, one config probed 3 times)."""
+    journal = str(tmp_path / "study.journal")
+    request = ProbeRequest(model="tiny-qwen2.5",
+                           device=Device("cpu", 4 * 2**30, limit_bytes=500 * 2**20))
+    tracers = [SlowTracer(4.0), SlowTracer(4.0)]
+    runners = [ScriptedRunner(), ScriptedRunner()]
+    errors: list[BaseException] = []
+
+    def drive(i):
+        try:
+            Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal, seed=i,
+                               heartbeat_s=0.5, request=request, sampler="random"),
+                  runners[i], tracer=tracers[i]).run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads) and not errors, errors
+    assert all(t.calls for t in tracers), [t.calls for t in tracers]  # both traced
+    study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(journal)))
+    taken = [t.number for t in study.trials
+             if t.user_attrs.get("status") in ("interrupted", "duplicate", "abandoned")]
+    assert taken == [], [(t.number, t.user_attrs) for t in study.trials if t.number in taken]
+    calls = [json.dumps(c, sort_keys=True) for r in runners for c in r.calls]
+    assert len(calls) == len(set(calls))  # no config probed twice
+    assert not study.get_trials(states=(TrialState.RUNNING,))

@@ -4,6 +4,7 @@ process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -253,7 +254,6 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
     as torch's replayed reserve per phase and the smallest cap it runs under; the tracer adds
     what lives outside torch (the prior, then what a probe measured), and predicts an OOM
     from the smallest cap, not the reserve's peak."""
-    import dataclasses
 
     from autotune.config import ProbeConfig
     from autotune.sweep.feasibility.traced import SubprocessTracer, trace_margin
@@ -290,10 +290,10 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
         tracer.close()
 
 
-def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
+def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request, tmp_path):
     """A real trace process, no probe yet: a config the trace puts past the cap is a
-    predicted OOM (source trace); one well inside is left to run."""
-    import dataclasses
+    predicted OOM (source trace); one well inside is left to run. Its answers are kept in the
+    study's traces.json: a resumed sweep's tracer answers them without tracing again."""
 
     from autotune.sweep.feasibility.prescreen import Prescreen
     from autotune.sweep.feasibility.screen import Feasibility
@@ -309,8 +309,14 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     def predict(params, measure=False):
         return feasibility.predict(space.candidate(params), measure)
 
-    feasibility = Feasibility(template.device, prescreen=Prescreen.for_request(
-        template), tracer=SubprocessTracer(request_for, on_gpu=False))
+    from autotune.sweep.feasibility.trace_cache import TraceCache
+
+    def traced_feasibility() -> Feasibility:
+        return Feasibility(template.device, prescreen=Prescreen.for_request(template),
+                           tracer=SubprocessTracer(request_for, on_gpu=False,
+                                                   cache=TraceCache(tmp_path / "traces.json")))
+
+    feasibility = traced_feasibility()
     assert feasibility.capacity_bytes == 600 << 20  # the cap, known before any probe
     huge = {"micro_batch_size_experience": 8, "max_response_length": 512}
     prediction = predict(huge)
@@ -318,6 +324,10 @@ def test_the_sweep_skips_a_traced_oom_before_any_probe(make_request):
     assert "the traced step needs" in prediction.reason
     assert predict({"micro_batch_size_experience": 1}) is None
     assert feasibility.tracer.unavailable is None and len(feasibility.tracer.traces) >= 1
+    resumed = traced_feasibility()  # the same study, resumed: nothing traced again
+    again = resumed.predict(space.candidate(huge))
+    assert again is not None and again.reason == prediction.reason
+    assert resumed.tracer.trace_wall_s == [] and resumed.tracer._process is None
     assert predict(huge, measure=True) is None  # the safe config: measured
     traces = len(feasibility.tracer.trace_wall_s)
     feasibility.tracer.probe_wall_s.append(0.5)  # the sweep's probes: far cheaper than a trace
@@ -560,3 +570,13 @@ def test_a_ctrl_c_while_the_trace_process_forks_stops_the_sweep():
     assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
     assert time.monotonic() - started < 60  # not after a whole trace
+
+
+def test_a_trace_is_known_again_by_its_config_and_code_not_its_cores(make_request):
+    from autotune.sweep.feasibility.trace_cache import code_version, request_key
+
+    request = make_request()
+    assert request_key(request) == request_key(dataclasses.replace(
+        request, cpu_ids=(1,), cpu_threads=1, timeout_s=5.0))
+    assert request_key(request) != request_key(make_request(micro_batch_size_update=1))
+    assert len(code_version()) == 16 and code_version() == code_version()

@@ -135,9 +135,11 @@ ranks = click.option("--ranks", type=click.Choice(("auto", "real", "emulated")),
                      help="With more than one GPU in the run: real ranks (one process per GPU, "
                           "needs them here) or one emulated rank (exact per-rank memory on "
                           "one device, time without communication); auto: see docs/sweep.md.")
-warmup_steps = click.option("--warmup-steps", type=click.IntRange(0), default=1,
+MAX_PROBE_STEPS = 100  # warm-up or timed steps a probe may be told to run: more would hold a
+# probe past any --probe-timeout a user means
+warmup_steps = click.option("--warmup-steps", type=click.IntRange(0, MAX_PROBE_STEPS), default=1,
                             show_default=True, help="Untimed steps before timing.")
-timed_steps = click.option("--timed-steps", type=click.IntRange(1), default=None,
+timed_steps = click.option("--timed-steps", type=click.IntRange(1, MAX_PROBE_STEPS), default=None,
                            help="Timed steps averaged into the figures, exactly (default: 2 "
                                 "short steps at least, more while the step's standard error "
                                 "is over 1%; with --full-steps 3, more while under 2 s).")

@@ -11,6 +11,8 @@ import click
 
 from autotune.cli import options as opt
 
+MAX_FINALISTS = 32  # --finalists and --confirm: configs probed again at the end
+
 
 @click.command()
 @opt.probe_options
@@ -51,10 +53,11 @@ from autotune.cli import options as opt
 @opt.storage
 @click.option("--heartbeat", "heartbeat_s", type=opt.DURATION, default="10s", hidden=True,
               help="Shared storage: how often a running trial says it is alive.")
-@click.option("--confirm", type=click.IntRange(0), default=3, show_default=True,
+@click.option("--confirm", type=click.IntRange(0, MAX_FINALISTS), default=3, show_default=True,
               help="After a sweep of emulated ranks, probe its best K configs again with the "
                    "run's real ranks when they are all on this machine (0: don't).")
-@click.option("--finalists", type=click.IntRange(0), default=3, show_default=True,
+@click.option("--finalists", type=click.IntRange(0, MAX_FINALISTS), default=3,
+              show_default=True,
               help="When the search stops, probe its best K configs again, round robin, until "
                    "the leader stands apart from the rest beyond the measured noise (at most 3 "
                    "probes each); 0: pick from single probes.")

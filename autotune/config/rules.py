@@ -10,7 +10,9 @@ from typing import Any
 from autotune.batching import KnobMapping, budget_problems
 from autotune.config.kernels import IMAGE_FRAME_TOKENS, IMAGE_TOKEN_PX
 from autotune.config.schema import (
+    ALL_LINEAR,
     CRITIC_KNOBS,
+    DECODER_LINEARS,
     LORA_KNOBS,
     Knobs,
     ProbeConfig,
@@ -83,6 +85,13 @@ def parallel_problems(config: ProbeConfig, world_size: int) -> list[str]:
     if not config.uses_lora and lora_knobs:
         problems.append(f"{', '.join(lora_knobs)}: LoRA knobs, but lora_rank=0 (full "
                         "fine-tuning); set lora_rank (e.g. 64) or remove them")
+    targets = config.lora_target_modules
+    unknown = [] if targets == ALL_LINEAR else \
+        [name for name in targets.split(",") if name not in DECODER_LINEARS]
+    if config.uses_lora and unknown:
+        problems.append(f"lora_target_modules={targets}: {', '.join(unknown)} is no linear "
+                        f"layer of the model's decoder layers; use {ALL_LINEAR} or names among "
+                        f"{', '.join(DECODER_LINEARS)}")
     return problems
 
 

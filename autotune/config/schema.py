@@ -31,6 +31,9 @@ CRITIC_KNOBS = ("critic_micro_batch_size_update", "critic_max_token_len_update",
                 "critic_gradient_checkpointing", "critic_offload_params",
                 "critic_offload_optimizer")  # read only where the algorithm has a critic
 ALL_LINEAR = "all-linear"  # peft's (and the trainers') every linear layer but the LM head
+# the linear layers of a decoder layer, by the names peft matches (every model autotune builds:
+# Qwen2, Qwen2.5, Qwen2.5-VL's language model, Llama-style checkpoints)
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_KNOBS = ("lora_alpha", "lora_target_modules")  # read only where lora_rank > 0
 # float knobs that are a loss coefficient (0 or more), not a share of the device
 COEFFICIENT_KNOBS = ("entropy_coeff",)

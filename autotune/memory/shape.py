@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ALL_LINEAR
+from autotune.config import ALL_LINEAR, DECODER_LINEARS
 from autotune.errors import ConfigError
 from autotune.registry import get_model_spec, read_model_path_config
 
@@ -130,8 +130,8 @@ class ModelShape:
             return 0
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         inter = self.intermediate
-        features = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
-                    "gate_proj": h + inter, "up_proj": h + inter, "down_proj": inter + h}
+        features = dict(zip(DECODER_LINEARS, (h + q, h + kv, h + kv, q + h, h + inter,
+                                              h + inter, inter + h), strict=True))
         named = features if targets == ALL_LINEAR else {
             name: features.get(name, 0) for name in targets.split(",")}
         return self.layers * rank * sum(named.values())

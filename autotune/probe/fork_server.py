@@ -32,6 +32,7 @@ import sys
 import threading
 import traceback
 
+from autotune.files import open_log
 from autotune.process_tag import PROBE_TAG_ENV, die_with_parent
 
 PARENT_CHECK_S = 0.1  # how often it looks whether its driver is still there
@@ -75,7 +76,7 @@ def run_child(message: dict[str, str], server_pid: int, own_fds: tuple[int, ...]
         for fd in own_fds:
             os.close(fd)
         os.chdir(message["cwd"])  # the driver's, as a started worker inherits it
-        log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        log = open_log(message["log"])
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)

@@ -36,6 +36,7 @@ class ForkedProbe:
         self.pid = pid
         self.returncode: int | None = None
         self.exited = threading.Event()
+        self.server_died = False  # ended because its fork server did (killed with it)
 
     def finish(self, returncode: int) -> None:
         self.returncode = returncode
@@ -94,6 +95,7 @@ class ForkServer:
                 self.ready = False
                 for probe in self.probes.values():
                     kill_probe(probe.pid)
+                    probe.server_died = True
                     probe.finish(-9)
                 self.probes.clear()
                 self.state.notify_all()

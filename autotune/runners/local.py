@@ -33,7 +33,7 @@ from typing import Protocol
 
 import psutil
 
-from autotune.files import write_text_atomic
+from autotune.files import open_log, write_text_atomic
 from autotune.probe.measure.oom import classify_exit, classify_text
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus, probe_files
 from autotune.process_tag import (
@@ -200,6 +200,10 @@ class SubprocessRunner:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         request_path, result_path = probe_files(log_path)
         result_path.unlink(missing_ok=True)  # only this probe's result may be read back
+        if log_path.is_symlink():
+            return ProbeResult(status=ProbeStatus.CRASH, probe_wall_s=0.0, message=(
+                f"{log_path}: a symbolic link where the probe's log goes; autotune never "
+                "follows one there: remove it and run again"))
         write_text_atomic(request_path, request.to_json())
         return self._run(request, request_path, result_path, log_path)
 
@@ -218,7 +222,7 @@ class SubprocessRunner:
                                 request_path, result_path, log_path, request.timeout_s,
                                 self.stopping)
         if proc is None:
-            with open(log_path, "wb") as log:
+            with os.fdopen(open_log(log_path), "wb") as log:
                 proc = subprocess.Popen(
                     [*self.worker_argv, str(request_path), str(result_path)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -263,6 +267,10 @@ class SubprocessRunner:
                                             oom_evidence=evidence)
             if host_limit_exceeded:
                 message += f" ({host_peak_rss_bytes} bytes > {request.host_memory_limit_bytes})"
+            if getattr(proc, "server_died", False) and status is ProbeStatus.KILLED:
+                message = ("its fork server (the process that forks this sweep's CPU probes) "
+                           "died, from outside autotune, and the probe with it: nothing "
+                           "about the config")
             result = ProbeResult(status=status, message=message)
         return result.replace(
             returncode=proc.returncode, probe_wall_s=wall_s,

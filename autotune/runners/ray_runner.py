@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import RunnerError
+from autotune.files import describe_os_error, open_log
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.process_tag import kill_processes, tag_scope, tagged_processes
 from autotune.runners.local import SubprocessRunner, scratch_dir
@@ -315,8 +316,14 @@ class RayRunner:
                 self.in_flight.discard(probe)
         if log_path is not None:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(log_path).write_bytes(log_bytes)
-        if node and not result.ok:  # where it failed (ProbeResult has no field for the node)
+            try:
+                with os.fdopen(open_log(log_path), "wb") as log:
+                    log.write(log_bytes)
+            except OSError as exc:  # a symbolic link planted there: never followed
+                result = result.replace(message=f"{result.message}; its log was not "
+                                        f"written: {describe_os_error(exc, log_path)}")
+        if node and not result.status.reached_peaks:  # where it failed (ProbeResult has no
+            # field for the node)
             where = f"[node {node['hostname']} {node['node_id'][:12]}]"
             result = result.replace(message=f"{result.message} {where}".lstrip())
         return result.replace(probe_wall_s=result.probe_wall_s or time.monotonic() - started)

@@ -32,11 +32,13 @@ from autotune.sweep.feasibility.dominance import Dominance
 from autotune.sweep.feasibility.frontier import Frontier
 from autotune.sweep.feasibility.prescreen import Prescreen
 from autotune.sweep.feasibility.screen import Feasibility
+from autotune.sweep.feasibility.trace_cache import TRACES_FILE, TraceCache
 from autotune.sweep.feasibility.traced import SubprocessTracer, Tracer
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.space.params import params_key
 from autotune.sweep.space.search_space import Candidate
 from autotune.sweep.study import trial_files
+from autotune.sweep.study.heartbeat import HEARTBEAT_ATTR, Heartbeat
 from autotune.sweep.study.objective import OBJECTIVES
 from autotune.sweep.study.record import tell_given_up, tell_result, tell_reused
 from autotune.sweep.study.settings import SAMPLERS, SweepSettings
@@ -109,7 +111,7 @@ class Sweep:
         self.said_waiting = False  # said the sweep waits for other drivers' probes to end
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
-        self.last_beat_s = 0.0
+        self.heartbeat: Heartbeat | None = None  # shared storage: our trials' heartbeats
         self.trials: list[FrozenTrial] = []  # the study's trials as refresh() last read them
         self.study: Study | None = None  # the Optuna study, once opened
         self.where = ""  # where it lives: the SQLite file, journal or database URL
@@ -132,7 +134,8 @@ class Sweep:
                 lambda candidate, device: dataclasses.replace(settings.request_for(candidate),
                                                               device=device),
                 request.device.on_gpu, self.state.probe_wall_s, on_trace=self.tracing,
-                free_cores=self.free_cores)
+                free_cores=self.free_cores,
+                cache=TraceCache(settings.study_dir / TRACES_FILE))
         return Feasibility(request.device, dominance, prescreen, tracer)
 
     def free_cores(self) -> tuple[int, ...] | None | Literal[False]:
@@ -200,11 +203,8 @@ class Sweep:
         mine = {p.trial.number for p in self.pending()}
         self.others_running = self.holdings.scan(study, trials, mine, now_s,
                                                  self.stale_after_s if self.shared else None)
-        if self.shared and now_s - self.last_beat_s >= self.settings.heartbeat_s:
-            self.last_beat_s = now_s
-            for pending in self.pending():
-                with contextlib.suppress(Exception):  # taken over: settled when told
-                    pending.trial.set_user_attr("heartbeat_at", now_s)
+        if self.heartbeat is not None:  # beaten from its thread, whatever the loop does
+            self.heartbeat.hold(p.trial for p in self.pending())
         for number, pending in list(self.waiting.items()):
             self.settle_waiting(study, trials, number, pending)
 
@@ -254,6 +254,10 @@ class Sweep:
                     shutil.rmtree(study_dir, ignore_errors=True)
                 raise
             self.shared, self.study, self.where = opened.shared, study, opened.where
+            if self.shared:
+                self.heartbeat = Heartbeat(opened.storage, self.settings.heartbeat_s)
+                held.callback(self.heartbeat.stop)
+                self.heartbeat.start()
             self.resume(study)
             self.progress.started(self.state)
             try:
@@ -331,8 +335,9 @@ class Sweep:
                 return
         self.queue_neighbour(study)
         trial = study.ask(self.space.distributions())
-        if self.shared:
-            trial.set_user_attr("heartbeat_at", time.time())
+        if self.heartbeat is not None:  # alive while it is traced (which may take a while)
+            trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+            self.heartbeat.add(trial)
         params = dict(trial.params)
         owner = self.owner(study, trial.number, params_key(params))
         if owner is not None:
@@ -410,12 +415,14 @@ class Sweep:
             self.state.running.pop(number, None)
             write_text_atomic(trial_files.result_path(self.settings.study_dir, number),
                               result.to_json())
-            retry = result.status.says_nothing and \
-                trial.user_attrs.get("origin") not in ("retry", "lost-retry")
+            again = trial.user_attrs.get("origin") in ("retry", "lost-retry")
+            retry = result.status.says_nothing and not again
             try:
                 if retry:
                     trial.set_user_attr("requeued", True)
                 line = self.tell(study, trial, result, probed=True)
+                if result.status.says_nothing and again:
+                    line += "; the second time: not run again in this sweep"
             except UpdateFinishedTrialError:
                 line = ("another driver took this trial over (no heartbeat) and queued it "
                         "again; this result stays in logs/ only")

@@ -95,7 +95,7 @@ def classify_exit(returncode: int | None, stderr_tail: str, *, timed_out: bool =
         what = summarize(stderr_tail) if status else "killed by SIGKILL"
         return ProbeStatus.KILLED, (f"{what}, from outside autotune and with no sign of "
                                     "memory exhaustion (no OOM-killer record, no cgroup OOM "
-                                    "kill); run once more")
+                                    "kill)")
     if status is not None:
         return status, summarize(stderr_tail)
     if returncode is not None and returncode < 0:

@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import IO, Literal, Protocol, TypedDict
+from typing import IO, Any, Literal, Protocol, TypedDict
 
 from autotune.config import Knobs, format_bytes
 from autotune.files import JsonObject
@@ -55,6 +55,7 @@ from autotune.probe.measure.result import ProbeRequest
 from autotune.process_tag import die_with_parent
 from autotune.sweep.execution.interrupts import interrupts_held
 from autotune.sweep.feasibility.prescreen import Prediction
+from autotune.sweep.feasibility.trace_cache import TraceCache
 from autotune.sweep.space.search_space import Candidate
 
 TRACE_FROM = 0.6  # trace a candidate the memory model puts past this share of the capacity
@@ -160,14 +161,15 @@ class SubprocessTracer:
     def __init__(self, request_for: Callable[[Candidate, Device], ProbeRequest],
                  on_gpu: bool, probe_wall_s: list[float] | None = None,
                  on_trace: Callable[[Knobs | None], None] | None = None,
-                 free_cores: Callable[[], tuple[int, ...] | None | Literal[False]] | None = None
-                 ) -> None:
+                 free_cores: Callable[[], tuple[int, ...] | None | Literal[False]] | None = None,
+                 cache: TraceCache | None = None) -> None:
         self.request_for = request_for  # a candidate's probe on the device as now known
         self.free_cores = free_cores  # the cores no probe holds now: a free slot's ids, None
         # for no pinning (no probe runs beside), False while every slot runs a probe
         self.on_trace = on_trace  # told the params a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.on_gpu = on_gpu
+        self.cache = cache or TraceCache(None)  # answers of earlier runs of the study
         self.prior_context_bytes = TRACE_CPU_CONTEXT_BYTES  # a CPU's, before a probe
         self.traces: dict[str, dict[str, int]] = {}
         self.fits_under: dict[str, int] = {}  # GPU: the smallest cap torch runs it under
@@ -223,21 +225,25 @@ class SubprocessTracer:
         if self.unavailable is not None:
             self.close()  # tracing is off: its idle process (torch loaded) goes now
         if key not in self.traces and key not in self.failures and self.unavailable is None:
-            cores = self.free_cores() if self.free_cores is not None else None
+            request = self.request_for(candidate, device)
+            self.outside[key] = self.outside_prior(request)
+            known = self.cache.get(request)  # traced before: by this study's earlier runs
+            cores = self.free_cores() if self.free_cores is not None and known is None \
+                else None
             if cores is False:  # never beside a running probe on its cores: later, or the
                 self.deferred += 1  # memory model's pre-screen alone for this candidate
                 return None
-            if self.on_trace is not None:
-                self.on_trace(candidate.params)
-            request = self.request_for(candidate, device)
-            if cores:
-                request = dataclasses.replace(request, cpu_ids=tuple(cores))
-            self.outside[key] = self.outside_prior(request)
-            try:
-                traced = self._run(request, key)
-            finally:
+            if known is not None:
+                traced = self._answer(known, key)
+            else:
                 if self.on_trace is not None:
-                    self.on_trace(None)
+                    self.on_trace(candidate.params)
+                try:
+                    traced = self._run(dataclasses.replace(request, cpu_ids=tuple(cores))
+                                       if cores else request, key)
+                finally:
+                    if self.on_trace is not None:
+                        self.on_trace(None)
             if isinstance(traced, tuple):
                 self.failures[key] = traced
             elif traced is not None:
@@ -301,13 +307,21 @@ class SubprocessTracer:
             self.trace_wall_s.append(time.monotonic() - started_s)
         if result is None:
             return None
+        if "error" not in result:
+            self.cache.put(request, dict(result))
+        if "trace_s" in result:
+            self.trace_cost_s.append(float(result["trace_s"]))
+        return self._answer(result, key)
+
+    def _answer(self, result: TraceAnswer | dict[str, Any], key: str
+                ) -> dict[str, int] | tuple[str, str] | None:
+        """A trace process's answer for the config `key`, as `_run` returns it."""
         if "oom" in result:  # not a model the trace cannot follow: a config that cannot run
             return result["oom"], result["message"]
         if "error" in result:
             self.unavailable = f"the trace cannot follow this model or config: {result['error']}"
             self.close()  # tracing is off: its idle process goes now, not with the sweep
             return None
-        self.trace_cost_s.append(float(result["trace_s"]))
         fits_under = result.get("fits_under_bytes")
         if fits_under is not None:
             self.fits_under[key] = int(fits_under)

@@ -14,6 +14,7 @@ from autotune.config import Knobs, format_bytes
 from autotune.files import JsonObject
 from autotune.probe.measure.result import ProbeResult
 from autotune.sweep.study import trial_files
+from autotune.sweep.study.heartbeat import HEARTBEAT_ATTR
 from autotune.sweep.study.objective import score
 from autotune.sweep.study.settings import SweepSettings
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 # attrs of an earlier trial that describe that trial's own run, not its config's outcome
-OWN_ATTRS = ("origin", "requeued_from", "heartbeat_at", "waiting_on", "requeued")
+OWN_ATTRS = ("origin", "requeued_from", HEARTBEAT_ATTR, "waiting_on", "requeued")
 
 
 def result_attrs(result: ProbeResult) -> JsonObject:

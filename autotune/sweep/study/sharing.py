@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from autotune.config import Knobs
 from autotune.sweep.space.params import params_key
+from autotune.sweep.study.heartbeat import HEARTBEAT_ATTR
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -75,7 +76,7 @@ def trial_by_number(study: Study, number: int) -> FrozenTrial:
 
 
 def last_sign_of_life_s(frozen: FrozenTrial) -> float:
-    beat = frozen.user_attrs.get("heartbeat_at")
+    beat = frozen.user_attrs.get(HEARTBEAT_ATTR)
     if beat is not None:
         return float(beat)
     started = frozen.datetime_start

@@ -176,6 +176,31 @@ def open_database(url: str, attempts: int = 5) -> RDBStorage:
     raise AssertionError("unreachable")
 
 
+def disk_read_only(folder: Path) -> bool:
+    """Whether `folder` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def read_only_study(db_path: Path) -> str:
+    return (f"{db_path}: read-only here; a sweep records every trial in it: make it and its "
+            f"folder writable, or copy the study to another --results-dir (`autotune show` "
+            "reads it as it is)")
+
+
+def foreign_tables(connection: sqlite3.Connection) -> list[str]:
+    """Tables of a SQLite file that Optuna's storage does not make (its schema's tables and
+    alembic's version table): another program's database, not a study."""
+    from optuna.storages._rdb.models import BaseModel
+
+    known = {*BaseModel.metadata.tables, "alembic_version"}
+    names = [row[0] for row in connection.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return sorted(n for n in names if n not in known and not n.startswith("sqlite_"))
+
+
 def sqlite_storage(db_path: Path) -> RDBStorage:
     """Optuna's storage on a local SQLite study, every connection in WAL mode with
     synchronous=NORMAL: a commit is in the log before it returns, so a killed driver (SIGKILL,
@@ -199,16 +224,31 @@ def use_wal(db_path: Path) -> None:
     """Put a SQLite study in write-ahead-log mode (stored in the file): one fsync per commit
     instead of several, still crash-safe, and readers such as optuna-dashboard never block.
     A damaged study (truncated, overwritten in part) is refused first, by SQLite's own check
-    of every page (milliseconds for a study of thousands of trials): ConfigError."""
+    of every page (milliseconds for a study of thousands of trials), and so are another
+    program's database and a study this process cannot write: ConfigError."""
     import sqlite3
 
+    read_only_disk = disk_read_only(db_path.parent)  # said as the environment's error
+    # (exit 1), where the first write fails
+    if not read_only_disk and (not os.access(db_path.parent, os.W_OK) or
+                               (db_path.exists() and not os.access(db_path, os.W_OK))):
+        raise ConfigError(read_only_study(db_path))
     try:
         with contextlib.closing(sqlite3.connect(db_path)) as connection:
             found = connection.execute("PRAGMA quick_check").fetchone()
             if found is not None and found[0] != "ok":
                 raise ConfigError(damaged_study(db_path, str(found[0])))
+            foreign = foreign_tables(connection)
+            if foreign:
+                raise ConfigError(
+                    f"{db_path}: holds tables that are not an Optuna study's "
+                    f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); a sweep "
+                    "would write its own beside them: move that file away, or run under "
+                    "another --study or --results-dir")
             connection.execute("PRAGMA journal_mode=WAL")
-    except sqlite3.OperationalError:  # the disk's, not the file's: full, read-only, locked
+    except sqlite3.OperationalError as exc:  # the disk's, not the file's: full, locked, ...
+        if "readonly" in str(exc) and not read_only_disk:  # ... or a file read-only where
+            raise ConfigError(read_only_study(db_path)) from None  # permissions did not say
         raise
     except sqlite3.DatabaseError as exc:  # the file's: malformed, not a database
         raise ConfigError(damaged_study(db_path, str(exc))) from None
@@ -265,7 +305,12 @@ class StudyLock:
 
     def __enter__(self) -> StudyLock:
         self.created = not self.path.exists()
-        self.handle = open(self.path, "a+")
+        try:
+            self.handle = open(self.path, "a+")
+        except PermissionError:
+            if disk_read_only(self.path.parent):
+                raise  # the environment's error: said as such, exit 1
+            raise ConfigError(read_only_study(self.path.parent / "study.db")) from None
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

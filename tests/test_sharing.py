@@ -93,25 +93,32 @@ def test_a_lost_probe_is_retried_once_then_kept_as_lost(tmp_path):
                for c in runner.calls) == 2
 
 
-def test_two_drivers_on_one_journal_share_the_work(tmp_path):
-    """Two drivers (two machines: their own results dirs) on one journal file, at once."""
-    journal = str(tmp_path / "study.journal")
-    runners = [SlowRunner(delay_s=0.05), SlowRunner(delay_s=0.05)]
+def run_drivers(sweeps) -> None:
+    """Run each Sweep in a thread of its own, all at once (drivers on two machines); every
+    one ends within 300 s and raises nothing."""
     errors: list[BaseException] = []
 
-    def drive(i):
+    def drive(sweep) -> None:
         try:
-            Sweep(settings_for(tmp_path, f"driver{i}", max_trials=24, storage=journal,
-                               seed=i, prune_dominated=False), runners[i]).run()
+            sweep.run()
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=drive, args=(sweep,)) for sweep in sweeps]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=300)
-    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads) and not errors, errors
+
+
+def test_two_drivers_on_one_journal_share_the_work(tmp_path):
+    """Two drivers (two machines: their own results dirs) on one journal file, at once."""
+    journal = str(tmp_path / "study.journal")
+    runners = [SlowRunner(delay_s=0.05), SlowRunner(delay_s=0.05)]
+    run_drivers([Sweep(settings_for(tmp_path, f"driver{i}", max_trials=24, storage=journal,
+                                    seed=i, prune_dominated=False), runners[i])
+                 for i in range(2)])
     study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(journal)))
     assert all(r.calls for r in runners)  # both drivers probed
@@ -338,22 +345,10 @@ def test_a_driver_busy_tracing_past_its_heartbeat_keeps_its_trials(tmp_path):
                            device=Device("cpu", 4 * 2**30, limit_bytes=500 * 2**20))
     tracers = [SlowTracer(4.0), SlowTracer(4.0)]
     runners = [ScriptedRunner(), ScriptedRunner()]
-    errors: list[BaseException] = []
-
-    def drive(i):
-        try:
-            Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal, seed=i,
-                               heartbeat_s=0.5, request=request, sampler="random"),
-                  runners[i], tracer=tracers[i]).run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    assert not any(thread.is_alive() for thread in threads) and not errors, errors
+    run_drivers([Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal,
+                                    seed=i, heartbeat_s=0.5, request=request,
+                                    sampler="random"), runners[i], tracer=tracers[i])
+                 for i in range(2)])
     assert all(t.calls for t in tracers), [t.calls for t in tracers]  # both traced
     study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(journal)))

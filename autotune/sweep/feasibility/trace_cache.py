@@ -61,17 +61,14 @@ def request_key(request: ProbeRequest) -> str:
 
 
 class TraceCache:
-    """The trace process's answers by request, read from and written to `path` (None: kept
-    in memory only)."""
+    """The trace process's answers by request, read from and written to `path`."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         self.code = code_version()
         self.answers: dict[str, dict[str, Any]] = self._read()
 
     def _read(self) -> dict[str, dict[str, Any]]:
-        if self.path is None:
-            return {}
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none yet, or torn by hand: traced again
@@ -86,7 +83,6 @@ class TraceCache:
 
     def put(self, request: ProbeRequest, answer: dict[str, Any]) -> None:
         self.answers[request_key(request)] = answer
-        if self.path is not None:
-            with contextlib.suppress(OSError):  # a full disk: kept for this run only
-                write_text_atomic(self.path, json.dumps(
-                    {"code": self.code, "traces": self.answers}, sort_keys=True) + "\n")
+        with contextlib.suppress(OSError):  # a full disk: kept for this run only
+            write_text_atomic(self.path, json.dumps(
+                {"code": self.code, "traces": self.answers}, sort_keys=True) + "\n")

@@ -169,7 +169,7 @@ class SubprocessTracer:
         self.on_trace = on_trace  # told the params a trace starts on, then None at its end
         self.probe_wall_s = probe_wall_s if probe_wall_s is not None else []  # the sweep's
         self.on_gpu = on_gpu
-        self.cache = cache or TraceCache(None)  # answers of earlier runs of the study
+        self.cache = cache  # answers of earlier runs of the study (None: none kept)
         self.prior_context_bytes = TRACE_CPU_CONTEXT_BYTES  # a CPU's, before a probe
         self.traces: dict[str, dict[str, int]] = {}
         self.fits_under: dict[str, int] = {}  # GPU: the smallest cap torch runs it under
@@ -227,7 +227,8 @@ class SubprocessTracer:
         if key not in self.traces and key not in self.failures and self.unavailable is None:
             request = self.request_for(candidate, device)
             self.outside[key] = self.outside_prior(request)
-            known = self.cache.get(request)  # traced before: by this study's earlier runs
+            known = self.cache.get(request) if self.cache is not None else None  # traced
+            # before, by this study's earlier runs
             cores = self.free_cores() if self.free_cores is not None and known is None \
                 else None
             if cores is False:  # never beside a running probe on its cores: later, or the
@@ -307,7 +308,7 @@ class SubprocessTracer:
             self.trace_wall_s.append(time.monotonic() - started_s)
         if result is None:
             return None
-        if "error" not in result:
+        if "error" not in result and self.cache is not None:
             self.cache.put(request, dict(result))
         if "trace_s" in result:
             self.trace_cost_s.append(float(result["trace_s"]))

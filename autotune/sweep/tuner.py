@@ -279,9 +279,12 @@ class Sweep:
             interrupts.raise_if_interrupted()  # at least once a second (the wait below)
             self.settle_probes(study)
             self.refresh(study)
-            if self.nothing_fits is None and self.frontier.learned_something():
-                self.nothing_fits = self.frontier.nothing_fits(self.holdings.seen, self.trials)
             reason, counts_others = self.stop_reason()
+            if reason is None and self.nothing_fits is None and \
+                    self.frontier.learned_something():  # a sweep that stops anyway (--trials
+                self.nothing_fits = self.frontier.nothing_fits(  # reached) traces nothing more
+                    self.holdings.seen, self.trials)
+                reason, counts_others = self.stop_reason()
             if reason is None and not self.pool.full():
                 self.step(study)
                 continue
@@ -339,7 +342,11 @@ class Sweep:
             trial.set_user_attr(HEARTBEAT_ATTR, time.time())
             self.heartbeat.add(trial)
         params = dict(trial.params)
-        owner = self.owner(study, trial.number, params_key(params))
+        try:
+            owner = self.owner(study, trial.number, params_key(params))
+        except BaseException:  # Ctrl-C: queued again as the sweep stops (release), never
+            self.ready.insert(0, Pending(trial, params))  # left RUNNING
+            raise
         if owner is not None:
             self.stuck_asks += 1
             frozen = trial_by_number(study, owner)
@@ -359,8 +366,12 @@ class Sweep:
             self.stuck_asks += 1
             self.finish(study, trial.number, f"invalid, not run: {problems[0]}")
             return
-        prediction = self.feasibility.predict(  # the safe config is measured: its OOM ends it
-            candidate, measure=candidate.key == params_key(self.space.safe_params()))
+        try:  # the safe config is measured: its OOM ends it
+            prediction = self.feasibility.predict(
+                candidate, measure=candidate.key == params_key(self.space.safe_params()))
+        except BaseException:  # Ctrl-C mid-trace: queued again as the sweep stops (release)
+            self.ready.insert(0, Pending(trial, params))
+            raise
         self.say_if_tracing_stopped()
         if prediction is not None:
             result = ProbeResult(status=ProbeStatus(prediction.status),

@@ -182,6 +182,7 @@ class SubprocessTracer:
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
         self.deferred = 0  # traces put off because every slot's cores ran a probe
         self._process: subprocess.Popen[str] | None = None  # the trace process, once started
+        self._mid_trace = False  # a request sent and its answer not read (Ctrl-C lands here)
         self._stderr: IO[str] | None = None  # where it writes what went wrong
 
     def summary(self) -> JsonObject:
@@ -342,6 +343,7 @@ class SubprocessTracer:
         process = self._process
         assert process.stdin is not None and process.stdout is not None
         line, ended = "", False  # ended: its output closed, it died
+        self._mid_trace = True
         try:
             process.stdin.write(request.to_json(indent=None) + "\n")
             process.stdin.flush()
@@ -351,6 +353,10 @@ class SubprocessTracer:
                 ended = not line
         except BrokenPipeError:
             ended = True
+        except BaseException:  # Ctrl-C or SIGTERM mid-trace: the trace is killed, not awaited
+            self.close()
+            raise
+        self._mid_trace = False
         if line:
             answer: TraceAnswer = json.loads(line)
             return answer
@@ -365,9 +371,13 @@ class SubprocessTracer:
         return None
 
     def close(self) -> None:
-        """End the trace process (at the end of its input; killed if it is mid-trace)."""
+        """End the trace process: at the end of its input when idle, killed at once when it
+        is mid-trace (an interrupted sweep stops now, not after the trace or a timeout)."""
         process, self._process = self._process, None
         if process is not None:
+            if self._mid_trace:
+                process.kill()
+                self._mid_trace = False
             with contextlib.suppress(OSError):
                 if process.stdin is not None:
                     process.stdin.close()

@@ -211,6 +211,21 @@ def test_run_where_nothing_fits_stops_after_one_probe(tmp_path):
     assert last.startswith("nothing in the space can fit") and "larger device" in last
     assert len(list((tmp_path / "tiny-qwen2.5-cpu-demo" / "logs").glob("*.log"))) == 1
 
+    assert "makes it so" not in last  # no --set knob to blame: the cap is what is small
+
+
+def test_run_where_a_set_knob_makes_nothing_fit_names_it(tmp_path):
+    """--set lora_rank=4096 put every config past the wall and the line said only "use a
+    larger device": it names the knob, and what its default gives, before the rest."""
+    out = autotune("run", "--finalists", "0", "--trials", "2", "--set", "lora_rank=4096",
+                   "--results-dir", str(tmp_path))
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert last.startswith("nothing left that could fit"), last
+    assert "lora_rank=4096 makes it so (at its default, lora_rank=0, the safe config is not " \
+        "predicted to run out): lower it, or use a larger device" in last, last
+    assert not list((tmp_path / "tiny-qwen2.5-cpu-demo" / "logs").glob("*.log"))  # none run
+
 
 def test_estimate_describes_a_cpu_probe_with_device_cpu():
     """The demo's OK configs, measured for real (benchmarks/data/cpu_demo_grid.csv): with

@@ -9,17 +9,20 @@ lists the neighbours of a config (one knob one step away), which the sweep probe
 the sampler's proposals: the best configs of these spaces sit in smooth basins. None left
 means the sweep is over, said in one line; if the safe config itself (every saver on,
 smallest micro-batches) ran out of device memory, nothing in the space can fit, and the line
-says what to change instead.
+says what to change instead: first the fixed knob (--set lora_rank=4096) whose default alone
+would bring the safe config under the memory model's wall, where one does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from autotune.config import Knobs
+from autotune.config.schema import ProbeConfig
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.space.params import params_key
@@ -106,16 +109,41 @@ class Frontier:
                 return None  # exhausted (its own stop rule), or something may still fit
         elif safe_oom is None:
             return None
+        blamed = self.blame()
+        advice = f"{blamed}: lower it, or {WHAT_TO_CHANGE}" if blamed else WHAT_TO_CHANGE
         if safe_oom is not None:
             result = safe_oom.user_attrs.get("result") or {}
             where = f" in {result['failed_phase']}" if result.get("failed_phase") else ""
             return (f"nothing in the space can fit: its safe config (trial {safe_oom.number}: "
                     f"every memory saver on, smallest micro-batches) ran out of device memory"
-                    f"{where}; {WHAT_TO_CHANGE}")
+                    f"{where}; {advice}")
         what = f"the {len(left)} configs not yet tried are all" if len(left) > 1 else \
             "the one config not yet tried is"
-        return f"nothing left that could fit: {what} predicted to run out of memory; " \
-            f"{WHAT_TO_CHANGE}"
+        return f"nothing left that could fit: {what} predicted to run out of memory; {advice}"
+
+    def blame(self) -> str | None:
+        """The fixed knobs (--set, or the space's) that alone put the safe config past the
+        memory model's wall: each one's default would bring it under. None when none does
+        (or the model does not put the safe config past it)."""
+        safe = self.space.candidate(self.space.safe_params()).config
+        if self.feasibility.model_past(safe) is None:
+            return None
+        named, defaults = [], []
+        for name, value in self.space.fixed.items():
+            field = ProbeConfig.__dataclass_fields__.get(name)
+            if field is None or field.default is dataclasses.MISSING or field.default == value:
+                continue
+            try:
+                lighter = dataclasses.replace(safe, **{name: field.default})
+            except (TypeError, ValueError):  # the default breaks a rule of this config
+                continue
+            if self.feasibility.model_past(lighter) is None:
+                named.append(f"{name}={value}")
+                defaults.append(f"{name}={field.default}")
+        if not named:
+            return None
+        return (f"{' or '.join(named)} makes it so (at its default, {' or '.join(defaults)}, "
+                "the safe config is not predicted to run out)")
 
 
 def _safe_oom(trials: Iterable[FrozenTrial]) -> FrozenTrial | None:

@@ -15,6 +15,7 @@ this machine has until a probe reports the one it ran on.
 
 from __future__ import annotations
 
+from autotune.config.schema import ProbeConfig
 from autotune.files import JsonObject
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeStatus
@@ -97,6 +98,20 @@ class Feasibility:
             if traced is not None:
                 return traced
         return prescreen.calibrated_past(estimate, capacity)
+
+    def model_past(self, config: ProbeConfig) -> Prediction | None:
+        """What the memory model alone says of `config` (rules 2 and 4: no measured OOM, no
+        trace): why it must run out of memory, or None. For a config no trial asks, a
+        fixed knob's other value (Frontier.blame)."""
+        prescreen, capacity = self.prescreen, self.capacity_bytes
+        if prescreen is None:
+            return None
+        host = prescreen.host_past(config)
+        if host is not None or capacity is None:
+            return host
+        estimate = prescreen.estimate(config, self.device)
+        return prescreen.states_past(estimate, capacity) or \
+            prescreen.calibrated_past(estimate, capacity)
 
     def close(self) -> None:
         if self.tracer is not None:

@@ -17,7 +17,7 @@ from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import plan_export
 from autotune.trainers.measured import MeasuredRun
-from autotune.trainers.render import dotted_get, load_trainer_yaml, render
+from autotune.trainers.render import dotted_get, load_trainer_yaml, render, render_plan
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -467,3 +467,98 @@ def test_a_local_model_is_exported_by_its_absolute_path(tmp_path, monkeypatch):
     assert run.model_id == str(tmp_path / "ckpt")
     plan = plan_export(VERL, STUDY, Topology(1, 1), None, SEARCHED, run=run)
     assert plan.values["actor_rollout_ref.model.path"] == str(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("written", [
+    "target_modules: q_proj,v_proj",  # EasyR1's string: the edit once stopped at the comma
+    "target_modules: q_proj,v_proj  # two of them",
+    "target_modules: 'q_proj,v_proj'",
+    'target_modules: "q_proj, v_proj"',
+    "target_modules: [q_proj, v_proj]",
+    "target_modules:\n    - q_proj\n    - v_proj",
+    "target_modules: ${oc.env:TARGETS,q_proj}",
+    "{target_modules: q_proj, rank: 8}",
+    "target_modules: all-linear",
+])
+def test_a_key_written_over_in_place_round_trips_in_every_form_the_trainers_take(written):
+    """A LoRA target list in each form the trainers accept, written over with another value:
+    the file reads back with the new value and every other key as it was, whether the line is
+    edited in place or the tree written again (a list, a quoted string)."""
+    from autotune.trainers.render import _yaml, edit_in_place
+
+    text = f"lora:\n  rank: 8\n  {written}\n  alpha: 16\n" if not written.startswith("{") \
+        else f"lora: {written}\nother: 1\n"
+    tree = _yaml().load(text)
+    for value in ("all-linear", "q_proj,k_proj,v_proj"):
+        edited = edit_in_place(text, tree, {"lora.target_modules": value})
+        if edited is None:  # not a one-token scalar: the tree is written again (render)
+            continue
+        want = yaml.safe_load(text)
+        want["lora"]["target_modules"] = value
+        assert yaml.safe_load(edited) == want, edited
+
+
+SILENT_BEFORE = [  # the ten kinds an outside check found written as the user had them, the
+    # header saying nothing (the tenth, the comma, is the round trip above)
+    (VERL, "actor_rollout_ref.model.enable_activation_offload", "true"),
+    (VERL, "critic.model.enable_activation_offload", "true"),
+    (VERL, "actor_rollout_ref.actor.fsdp_config.model_dtype", "bf16"),
+    (EASYR1, "worker.actor.fsdp.torch_dtype", "bf16"),
+    (VERL, "actor_rollout_ref.actor.optim.optimizer", "AdamW8bit"),
+    (VERL, "actor_rollout_ref.actor.optim.optimizer_impl", "bitsandbytes.optim"),
+    (EASYR1, "worker.actor.optim.strategy", "adamw_bf16"),
+    (VERL, "actor_rollout_ref.model.use_liger", "true"),
+    (VERL, "actor_rollout_ref.actor.fsdp_config.offload_policy", "true"),
+    (VERL, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward", "false"),
+    (VERL, "actor_rollout_ref.actor.fsdp_config.fsdp_size", "4"),
+    (EASYR1, "worker.actor.fsdp.enable_full_shard", "false"),
+    (VERL, "trainer.use_legacy_worker_impl", "disable"),
+    (VERL, "actor_rollout_ref.model.exclude_modules", "'.*visual.*'"),
+    (VERL, "critic.model.lora_rank", "8"),
+    (TRL, "use_dora", "true"),
+    (TRL, "lora_modules_to_save", "[lm_head]"),
+    (EASYR1, "data.mini_rollout_batch_size", "2"),
+    (TRL, "load_in_4bit", "true"),
+    (TRL, "torch_compile", "true"),
+    (TRL, "cast_lm_head_to_fp32", "true"),
+    (TRL, "use_transformers_paged", "true"),
+]
+
+
+def nested(key: str, value: str) -> str:
+    *parents, leaf = key.split(".")
+    lines = [f"{'  ' * depth}{name}:" for depth, name in enumerate(parents)]
+    return "\n".join([*lines, f"{'  ' * len(parents)}{leaf}: {value}"]) + "\n"
+
+
+@pytest.mark.parametrize("adapter,key,value", SILENT_BEFORE,
+                         ids=[f"{a.name}-{k}" for a, k, _ in SILENT_BEFORE])
+def test_a_base_setting_that_changes_the_run_is_refused_or_stated(tmp_path, adapter, key, value):
+    path = tmp_path / "base.yaml"
+    path.write_text(nested(key, value))
+    tree = load_trainer_yaml(str(path))[0]
+    refused = plan_export(adapter, STUDY, Topology(1, 1), tree, SEARCHED)
+    assert [line for line in refused.problems if line.startswith(f"{key}=")], refused.problems
+    forced = plan_export(adapter, STUDY, Topology(1, 1), tree, SEARCHED, force=True)
+    assert not [line for line in forced.problems if key in line], forced.problems
+    assert [line for line in forced.unmeasured if line.startswith(f"{key}=")], forced.unmeasured
+    assert f"#   {key}=" in render_plan(forced, adapter, load_trainer_yaml(str(path)), ["p", ""])
+
+
+def test_a_key_autotune_does_not_know_is_stated_and_refused_with_strict(tmp_path):
+    """A newer trainer's key (in no class) is never silent: listed under NOT COMPARED in the
+    header, refused with --strict; a key that changes nothing (a learning rate) is neither."""
+    path = tmp_path / "base.yaml"
+    path.write_text("actor_rollout_ref:\n  model:\n    fused_everything_v2: true\n"
+                    "  actor:\n    optim:\n      lr: 3.0e-06\n")
+    tree = load_trainer_yaml(str(path))[0]
+    plan = plan_export(VERL, STUDY, Topology(1, 1), tree, SEARCHED)
+    assert plan.problems == [] and plan.not_compared == [
+        "actor_rollout_ref.model.fused_everything_v2=true"]
+    text = render_plan(plan, VERL, load_trainer_yaml(str(path)), ["p", ""])
+    assert "# NOT COMPARED (keys of your base config autotune does not classify" in text
+    assert "#   actor_rollout_ref.model.fused_everything_v2=true" in text
+    strict = plan_export(VERL, STUDY, Topology(1, 1), tree, SEARCHED, strict=True)
+    assert [line for line in strict.problems if line.startswith(
+        "actor_rollout_ref.model.fused_everything_v2=true in your base config is a key "
+        "autotune does not classify for verl")], strict.problems

@@ -525,3 +525,40 @@ def test_trls_optimizer_round_trips_and_another_is_refused(tmp_path):
                                "torch's AdamW") for line in refused.problems), refused.problems
     with pytest.raises(ConfigError, match="optim is adamw_8bit in your base config"):
         trainer_target("trl", str(tmp_path / "eight.yaml"), load_search_space("trl"), 1, 1)
+
+
+STUDY_KINDS = {  # what a study may have held: each kind's knobs over KNOBS, and the trainers
+    # that take it (the others refuse it at the first export, as other tests check)
+    "grpo, the pass over several steps": ({"old_logprob_pass": True}, "verl easyr1 trl"),
+    "grpo, the batches decide the pass": ({"old_logprob_pass": None}, "verl easyr1 trl"),
+    "grpo, one step a generation": ({"global_batch_size": 8, "old_logprob_pass": True},
+                                    "verl easyr1 trl"),
+    "lora": ({"lora_rank": 16, "lora_alpha": 32, "lora_target_modules": "q_proj,v_proj",
+              "old_logprob_pass": True}, "verl easyr1 trl"),
+    "lora, all linear": ({"lora_rank": 8, "lora_alpha": 16,
+                          "lora_target_modules": "all-linear"}, "verl easyr1 trl"),
+    "no kl": ({"use_kl": False}, "verl easyr1 trl"),
+    "the policy's own generate": ({"rollout_engine": "hf"}, "trl"),
+    "offloaded": ({"offload_params": True, "offload_optimizer": True}, "verl easyr1"),
+}
+
+
+@pytest.mark.parametrize("kind", STUDY_KINDS)
+@pytest.mark.parametrize("adapter", [VERL, EASYR1, TRL], ids=lambda a: a.name)
+def test_an_export_used_as_the_base_of_the_next_is_the_same_run(tmp_path, adapter, kind):
+    """A study's own export given back as --base-config, unforced: no refusal (a LoRA study's
+    TRL file, which writes num_iterations 1 where the generation feeds two optimizer steps,
+    was read back as "old_logprob_pass is null" and refused) and nothing changed."""
+    changes, takes = STUDY_KINDS[kind]
+    knobs = {**KNOBS, **changes}
+    first = plan_export(adapter, knobs, Topology(1, 8), None, SEARCHED, run=RUN)
+    if adapter.name not in takes.split():
+        assert first.problems, kind  # refused from the first export on, never half-taken
+        return
+    assert first.problems == [], first.problems
+    path = tmp_path / "exported.yaml"
+    path.write_text(render_plan(first, adapter, None, ["p", ""]))
+    again = plan_export(adapter, knobs, Topology(1, 8), load_trainer_yaml(str(path))[0],
+                        SEARCHED, run=RUN)
+    assert again.problems == [], again.problems
+    assert again.changes == [], again.changes

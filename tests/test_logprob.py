@@ -79,7 +79,11 @@ def run_json(*args):
 def test_fused_logprob_cuts_the_logits_measured_and_traced(make_request):
     """Real CPU probes with the knob off and on: the experience and update peaks fall by
     about what memory.py says the logits took (within 10%), and the trace follows the probe
-    within 3% in every phase both ways. One micro-batch of 8 responses per phase, one step."""
+    within 5% in every phase both ways. One micro-batch of 8 responses per phase, one step.
+    The trace's error is -1.4% to -2.0% here, quiet or beside one busy process per core
+    (benchmarks/trace_under_load.py); an outside run on a machine under load 6 to 12 measured
+    a peak that put it at +3.3%: the trace's accuracy is the benchmark's (trace_accuracy.py),
+    this test holds that the trace follows the probe."""
     from autotune.probe.trace import trace_request
     from autotune.runners.local import SubprocessRunner
 
@@ -98,7 +102,7 @@ def test_fused_logprob_cuts_the_logits_measured_and_traced(make_request):
         modelled[fused] = estimate_memory(shape, request.config, on_gpu=False).phases
     for fused in (False, True):
         for phase, measured_bytes in peaks[fused].items():
-            assert abs(traced[fused][phase] / measured_bytes - 1) < 0.03, (fused, phase)
+            assert abs(traced[fused][phase] / measured_bytes - 1) < 0.05, (fused, phase)
     saved, said = {}, {}
     for phase in ("experience", "update"):
         saved[phase] = peaks[False][phase] - peaks[True][phase]

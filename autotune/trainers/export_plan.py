@@ -26,6 +26,7 @@ from autotune.trainers.adapter import (
     TrainerTree,
     TrainerValue,
 )
+from autotune.trainers.key_classes import Compared, base_keys, same
 from autotune.trainers.measured import MeasuredRun, differences, model_lines
 
 MISSING = object()
@@ -48,11 +49,6 @@ def dotted_get(tree: TrainerTree, key: str, default: TrainerValue = None) -> Tra
     return default if node is None and default is not None else node
 
 
-def same(have: TrainerValue, value: TrainerValue) -> bool:
-    """Whether the user's value is the study's (true is not 1 here, 0.6 is 0.6)."""
-    return have == value and isinstance(have, bool) == isinstance(value, bool)
-
-
 def shown(value: TrainerValue) -> str:
     """A value as the user wrote it in YAML."""
     if value is None or value is MISSING:
@@ -71,6 +67,8 @@ class ExportPlan:
     # of what the trainer runs as measured but cannot be told in its config
     unmeasured: list[str] = field(default_factory=list)  # what --force exported unlike the
     # measured run: the header says so
+    not_compared: list[str] = field(default_factory=list)  # base keys in no class
+    # (key_classes.py): the header says so, --strict refuses them
 
 
 def measured_knobs(knobs: Knobs) -> Knobs:
@@ -99,13 +97,14 @@ def recorded(knobs: Knobs) -> set[str]:
 def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: TrainerTree | None,
                 searched: Collection[str] | None = None, force: bool = False,
                 extra: TrainerKeys | None = None,
-                run: MeasuredRun | None = None) -> ExportPlan:
+                run: MeasuredRun | None = None, strict: bool = False) -> ExportPlan:
     """The plan of writing `knobs` for `topology` into `tree` (the user's config, or None).
     `knobs`: a study's as recorded (one recorded before a knob existed lacks it), or a whole
     config's (a trial's); a knob not given is not written. `searched`: the knobs the study
     searched (None: every knob is the caller's to set, as for a trial's config, and nothing
     the study held fixed is compared with the base). `run`: what the study measured besides
-    its knobs (topology, model, engine); another is a conflict."""
+    its knobs (topology, model, engine); another is a conflict. Every other key of `tree`
+    is compared by its class (base_key_lines); `strict`: one in no class is refused."""
     if searched is not None and knobs.get("offload_ref_params") is None \
             and "offload_params" in searched:  # the reference followed the searched offload
         searched = {*searched, "offload_ref_params"}
@@ -129,6 +128,7 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
     if searched is not None and tree is not None:
         plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
     if tree is not None:
+        base_key_lines(plan, adapter, tree, force, strict)
         problems, notes = algorithm_lines(adapter, config, topology, tree, searched is None,
                                           force)
         plan.problems += problems
@@ -374,6 +374,53 @@ def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
     return problems, notes
 
 
+def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force: bool,
+                   strict: bool) -> None:
+    """Each key of the user's config outside autotune's tables, by its class: a compared
+    setting at a value the probe's run does not equal is a problem (with --force, a line
+    under unmeasured); a key in no class is listed as not compared (with `strict`, a
+    problem). Knob keys, checked and inert keys: nothing here."""
+    declared = adapter.key_classes
+    for key, value, found in base_keys(tree, declared, adapter.knob_keys):
+        have = resolved_get(tree, key, None)
+        if found is None:
+            if value is None:  # a null: the trainer's default, whatever the key is
+                continue
+            plan.not_compared.append(f"{key}={shown(value)}")  # as written
+            if strict:
+                plan.problems.append(
+                    f"{key}={shown(value)} in your base config is a key autotune does not "
+                    f"classify for {adapter.name} ({declared.source or 'no schema'}): it may "
+                    "change what the probes measured; remove it, or export without --strict "
+                    "(the file's header then lists it as not compared)")
+            continue
+        kind, rule = found
+        if kind != "compared" or not isinstance(rule, Compared) or rule.measured(have) or \
+                rule.measured(value):  # as written: an interpolation verl's own yaml has
+            continue
+        ran = next((shown(v) for v in rule.values if v is not None), "it unset")
+        if force:
+            plan.unmeasured.append(f"{key}={shown(have)}: {rule.why} (the study's probes ran "
+                                   f"{ran})")
+        else:
+            plan.problems.append(
+                f"{key}={shown(have)} in your base config is not what the study measured: "
+                f"{rule.why}; its probes ran {ran}. Set it so (or remove it), or pass --force "
+                "to export it anyway (the file's header then says it is unmeasured)")
+
+
+def holds_as_written(tree: TrainerTree, values: TrainerKeys) -> bool:
+    """Whether `tree` holds every one of `values`' keys as `values` writes it (a None: absent
+    or null): the study's knobs, written, are what the base says (TRL's num_iterations 1
+    reads back as a pass left to the batches, use_vllm false as the policy engine: the same
+    run as a study's pass on over two optimizer steps, or its hf engine, written so)."""
+    for key, value in values.items():
+        have = resolved_get(tree, key, MISSING)  # absent or null: MISSING
+        if (have is not MISSING or value is not None) and not same(have, value):
+            return False
+    return True
+
+
 def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: TrainerTree,
                     searched: Collection[str], force: bool) -> list[str]:
     """One line per key the study held fixed at another value than the user's config has
@@ -396,7 +443,8 @@ def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Tr
                     and (knob not in stated or same(stated[knob][1], knobs.get(knob))):
                 stated[knob] = (key, have)
     for part in adapter.derived:  # knobs the config holds in several keys (TRL's batches)
-        if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in part.keys):
+        if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in part.keys) \
+                and not holds_as_written(tree, part.write(config, topology)):
             read, where = part.read(get, topology), " and ".join(part.keys)
             stated.update({knob: (f"{knob} (from {where})", read[knob])
                            for knob in part.knobs})

@@ -109,14 +109,18 @@ def edit_in_place(text: str, tree: TrainerTree, values: TrainerKeys) -> str | No
             return None  # a mapping or a list: the tree is re-serialised
         line, column = parent.lc.value(leaf)
         current, rest = parent[leaf], lines[line][column:]
-        if isinstance(current, str) and current.startswith("${") and rest.startswith(current):
-            end = len(current)  # an interpolation, commas and all
+        if isinstance(current, str) and rest.startswith(current):
+            end = len(current)  # a plain string as written: commas and all (q_proj,v_proj; an
+            # interpolation); in a flow mapping the comma after it is not the string's
         else:
             token = re.match(r"[^\s#'\",}\]]+(?=[\s,}\]]|$)", rest)
             if token is None:
                 return None
             end = token.end()
-        lines[line] = lines[line][:column] + scalar_text(value) + rest[end:]
+        written = scalar_text(value)
+        if parent.fa.flow_style() and any(mark in written for mark in ",[]{}"):
+            return None  # in {a: x, b: y} a comma would end it: the tree is re-serialised
+        lines[line] = lines[line][:column] + written + rest[end:]
     return "".join(lines)
 
 
@@ -163,6 +167,9 @@ def render_plan(plan: ExportPlan, adapter: Adapter, base: TrainerYaml | None,
     lines += plan.run
     lines += ["UNMEASURED (exported with --force; not the run the study measured):",
               *(f"  {line}" for line in plan.unmeasured)] if plan.unmeasured else []
+    lines += ["NOT COMPARED (keys of your base config autotune does not classify: they may "
+              "change memory or time; --strict refuses them):",
+              *(f"  {line}" for line in plan.not_compared)] if plan.not_compared else []
     if base is not None:
         lines += ["changed from your base config (every other key is as you wrote it):",
                   *plan.changes] if plan.changes else ["nothing changed from your base config"]

@@ -19,6 +19,7 @@ from autotune.trainers.adapter import (
     TrainerKeys,
     module_names,
 )
+from autotune.trainers.classes_trl import KEY_CLASSES
 
 
 def _trl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
@@ -258,6 +259,7 @@ def _trl_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
 
 
 TRL = Adapter(
+    key_classes=KEY_CLASSES,
     name="trl",
     keys={"micro_batch_size_update": ("per_device_train_batch_size",),
           "rollout_n": ("num_generations",),

@@ -19,6 +19,7 @@ from autotune.trainers.adapter import (
     module_list,
     module_names,
 )
+from autotune.trainers.classes_verl import KEY_CLASSES
 
 ACTOR_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
 CRITIC_MICRO = "critic.ppo_micro_batch_size_per_gpu"
@@ -192,6 +193,7 @@ def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
 
 
 VERL = Adapter(
+    key_classes=KEY_CLASSES,
     name="verl",
     keys={"rollout_batch_size": ("data.train_batch_size",),
           "rollout_n": ("actor_rollout_ref.rollout.n",),

@@ -78,7 +78,8 @@ def measured_run(study: Study, adapter: Adapter, base: TrainerYaml | None) -> Me
 
 
 def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,
-                topology: Topology | None = None, force: bool = False) -> TrainerExport:
+                topology: Topology | None = None, force: bool = False,
+                strict: bool = False) -> TrainerExport:
     """The study's best config for `adapter`, merged into `base` (the user's trainer YAML),
     checked for `topology` (default: the base config's, else the study's). A knob the study
     held fixed at another value than the base config's, or another topology, model or engine
@@ -104,7 +105,7 @@ def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,
     for trial in trials:
         knobs, trainer_keys = trial_knobs(study, trial)
         plan = plan_export(adapter, knobs, topology, base[0] if base else None, searched,
-                           force, trainer_keys or None, run)
+                           force, trainer_keys or None, run, strict)
         if not plan.problems:
             break
         if any(not line.startswith(f"{adapter.name}: ") for line in plan.problems):
@@ -126,7 +127,7 @@ def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,
 def export_study(trainer: str, study: str | None = None, results_dir: str = "results",
                  storage: str | None = None, base_config: str | None = None,
                  nnodes: int | None = None, gpus_per_node: int | None = None,
-                 force: bool = False) -> TrainerExport:
+                 force: bool = False, strict: bool = False) -> TrainerExport:
     """A study's best config as `trainer`'s YAML, as `autotune export` makes it, writing no
     file: the study `study` (default: the most recently changed) of `results_dir` or of a
     shared `storage`, merged into the user's `base_config` where given, checked against the
@@ -145,7 +146,7 @@ def export_study(trainer: str, study: str | None = None, results_dir: str = "res
     base = load_trainer_yaml(base_config) if base_config else None
     topology = topology_for(adapter, base[0] if base else None, nnodes, gpus_per_node,
                             measured_topology(loaded))
-    return export_best(loaded, adapter, base, topology, force)
+    return export_best(loaded, adapter, base, topology, force, strict)
 
 
 def write_trainer_export(study: Study, study_dir: Path, adapter: Adapter,

@@ -15,7 +15,7 @@ import yaml
 from autotune.config import ProbeConfig, Topology
 from autotune.errors import ConfigError
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export_plan import plan_export
+from autotune.trainers.export_plan import plan_export, refused_settings
 from autotune.trainers.measured import MeasuredRun
 from autotune.trainers.render import dotted_get, load_trainer_yaml, render, render_plan
 from autotune.trainers.trl import TRL
@@ -543,6 +543,8 @@ def test_a_base_setting_that_changes_the_run_is_refused_or_stated(tmp_path, adap
     assert not [line for line in forced.problems if key in line], forced.problems
     assert [line for line in forced.unmeasured if line.startswith(f"{key}=")], forced.unmeasured
     assert f"#   {key}=" in render_plan(forced, adapter, load_trainer_yaml(str(path)), ["p", ""])
+    # and `run --trainer` on this base is refused before it probes another run than the user's
+    assert [line for line in refused_settings(adapter, tree) if line.startswith(f"{key}=")]
 
 
 def test_a_key_autotune_does_not_know_is_stated_and_refused_with_strict(tmp_path):

@@ -406,7 +406,8 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
     target, notes = None, [default_note] if default_note else []
     if options.trainer is not None:  # its base config's topology is the default
         target, base, loaded, said = trainer_target(options.trainer, options.base_config,
-                                                    loaded, probe.nnodes, probe.gpus_per_node)
+                                                    loaded, probe.nnodes, probe.gpus_per_node,
+                                                    launched=options.launch is not None)
         topology = target.topology
         notes += said
     else:

@@ -127,8 +127,8 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
                      searched)
     if searched is not None and tree is not None:
         plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
-    if tree is not None:
-        base_key_lines(plan, adapter, tree, force, strict)
+    if tree is not None and not (run is not None and run.command):  # a study of the user's
+        base_key_lines(plan, adapter, tree, force, strict)  # trainer ran its base's settings
         problems, notes = algorithm_lines(adapter, config, topology, tree, searched is None,
                                           force)
         plan.problems += problems
@@ -332,16 +332,18 @@ def refusal(setting: Setting, have: TrainerValue,
             f"{setting.key}: {shown(setting.value)} there{force}")
 
 
-def refused_settings(adapter: Adapter, tree: TrainerTree) -> list[str]:
-    """The settings in the user's config that the probe cannot stand for (a critic): a sweep
-    on such a base config would measure another algorithm than the user runs."""
+def refused_settings(adapter: Adapter, tree: TrainerTree, compared: bool = True) -> list[str]:
+    """The settings in the user's config that the probe cannot stand for (a critic; a
+    compared setting it does not run, such as Liger kernels): a sweep on such a base config
+    would measure another run than the user's. `compared`: the compared settings too (not
+    where the probes are the user's own trainer, which runs them)."""
     lines = []
     for setting in adapter.settings:
         have = dotted_get(tree, setting.key, MISSING)
         if have is not MISSING and have is not None and not setting.ok(have) \
                 and setting.refuses(have):
             lines.append(refusal(setting, have, force=""))
-    return lines
+    return lines + (compared_refusals(adapter, tree) if compared else [])
 
 
 def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
@@ -382,7 +384,6 @@ def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force:
     problem). Knob keys, checked and inert keys: nothing here."""
     declared = adapter.key_classes
     for key, value, found in base_keys(tree, declared, adapter.knob_keys):
-        have = resolved_get(tree, key, None)
         if found is None:
             if value is None:  # a null: the trainer's default, whatever the key is
                 continue
@@ -394,19 +395,44 @@ def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force:
                     "change what the probes measured; remove it, or export without --strict "
                     "(the file's header then lists it as not compared)")
             continue
-        kind, rule = found
-        if kind != "compared" or not isinstance(rule, Compared) or rule.measured(have) or \
-                rule.measured(value):  # as written: an interpolation verl's own yaml has
+        unlike = unlike_the_probes(tree, key, value, found)
+        if unlike is None:
             continue
-        ran = next((shown(v) for v in rule.values if v is not None), "it unset")
+        setting, why, ran = unlike
         if force:
-            plan.unmeasured.append(f"{key}={shown(have)}: {rule.why} (the study's probes ran "
-                                   f"{ran})")
+            plan.unmeasured.append(f"{setting}: {why} (the study's probes ran {ran})")
         else:
             plan.problems.append(
-                f"{key}={shown(have)} in your base config is not what the study measured: "
-                f"{rule.why}; its probes ran {ran}. Set it so (or remove it), or pass --force "
-                "to export it anyway (the file's header then says it is unmeasured)")
+                f"{setting} in your base config is not what the study measured: {why}; its "
+                f"probes ran {ran}. Set it so (or remove it), or pass --force to export it "
+                "anyway (the file's header then says it is unmeasured)")
+
+
+def unlike_the_probes(tree: TrainerTree, key: str, value: TrainerValue,
+                      found: tuple[str, object]) -> tuple[str, str, str] | None:
+    """For a compared setting the probes did not run: ("KEY=VALUE", why, what they ran);
+    else None (another class, or a value the probes' run equals, as written or resolved)."""
+    kind, rule = found
+    if kind != "compared" or not isinstance(rule, Compared):
+        return None
+    have = resolved_get(tree, key, None)
+    if rule.measured(have) or rule.measured(value):  # as written: verl's own interpolation
+        return None
+    ran = next((shown(v) for v in rule.values if v is not None), "it unset")
+    return f"{key}={shown(have)}", rule.why, ran
+
+
+def compared_refusals(adapter: Adapter, tree: TrainerTree) -> list[str]:
+    """The compared settings of the user's config that autotune's probes do not run: a sweep
+    on it would measure another run than the user's."""
+    lines = []
+    for key, value, found in base_keys(tree, adapter.key_classes, adapter.knob_keys):
+        unlike = unlike_the_probes(tree, key, value, found) if found else None
+        if unlike is not None:
+            setting, why, ran = unlike
+            lines.append(f"{setting}: {why}; autotune's probes run {ran}: set it so (or "
+                         "remove it) to sweep on this config")
+    return lines
 
 
 def holds_as_written(tree: TrainerTree, values: TrainerKeys) -> bool:

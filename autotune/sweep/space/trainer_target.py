@@ -30,13 +30,14 @@ class TrainerTarget:
 
 
 def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
-                   nnodes: int | None, gpus_per_node: int | None
+                   nnodes: int | None, gpus_per_node: int | None, launched: bool = False
                    ) -> tuple[TrainerTarget, Knobs, SearchSpace, list[str]]:
     """The target, the knobs the sweep starts from, the space with the trainer's rules, and
-    the lines to say (starting values moved onto the space's)."""
+    the lines to say (starting values moved onto the space's). `launched`: the probes are the
+    user's trainer on its config (--launch), which runs the base's compared settings itself."""
     adapter = get_adapter(trainer)
     base, topology, start = trainer_start(adapter, base_config, nnodes, gpus_per_node)
-    refused = refused_settings(adapter, base[0]) if base else []
+    refused = refused_settings(adapter, base[0], compared=not launched) if base else []
     if refused:
         raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
     if base is None:  # the trainer's defaults seed the searched knobs, how it batches and

@@ -33,6 +33,7 @@ import yaml
 from autotune.config import Topology
 from autotune.trainers.easyr1 import EASYR1
 from autotune.trainers.export_plan import ExportPlan, plan_export, resolved_get
+from autotune.trainers.measured import MeasuredRun
 from autotune.trainers.render import load_trainer_yaml, render_plan
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
@@ -76,13 +77,20 @@ def cases(trainer: str, with_base: bool, topology: Topology) -> list[dict]:
             for update, exp in MICRO_BATCHES]
 
 
+def cpu_study(adapter, topology, base) -> MeasuredRun | None:
+    """What a study on TRL_BASE ran: TRL's CPU settings (bf16 false, use_cpu true) are the
+    fp32 compute of a CPU study's probes, so such a base is its own run."""
+    return MeasuredRun(topology, "tiny-qwen2.5", None, on_cpu=True) \
+        if adapter is TRL and base is not None else None
+
+
 def exported(adapter, knobs, topology, base_path, tmp_path, name, force=False,
              searched=SEARCHED):
     """The file an export writes (written even where autotune refuses it), and the rules it
     breaks (none: autotune writes it; some: autotune refuses it)."""
     base = load_trainer_yaml(str(base_path)) if base_path else None
     plan = plan_export(adapter, knobs, topology, base[0] if base else None,
-                       searched=searched, force=force)
+                       searched=searched, force=force, run=cpu_study(adapter, topology, base))
     conflicts = [p for p in plan.problems if not p.startswith(f"{adapter.name}: ")]
     assert not conflicts, conflicts  # the study's shapes are the base's: no conflict
     path = tmp_path / f"{name}.yaml"
@@ -432,7 +440,6 @@ def round_trip(trainer: str, topology: Topology, with_base: bool, tmp_path: Path
     load the file through the trainer's own start-up, and read back every per-GPU quantity
     from its normalised worker config: (accepted, its line, the quantities that differ from
     what the probe ran, how many were compared)."""
-    from autotune.trainers.measured import MeasuredRun
 
     adapter = {"easyr1": EASYR1, "verl": VERL}[trainer]
     base_path = round_trip_base(trainer, tmp_path) if with_base else None
@@ -496,7 +503,8 @@ def test_trl_runs_every_per_gpu_quantity_the_probe_ran(nnodes, gpus, with_base, 
              # 8 steps per generation, over 8 generations
              "global_batch_size": 4 * topology.world_size,
              "rollout_batch_size": 8 * topology.world_size}
-    plan = plan_export(TRL, knobs, topology, base[0] if base else None, searched=SEARCHED)
+    plan = plan_export(TRL, knobs, topology, base[0] if base else None, searched=SEARCHED,
+                       run=cpu_study(TRL, topology, base))
     assert plan.problems == []
     values = yaml.safe_load(render_plan(plan, TRL, base, ["round trip", ""]))
     ran = trl_quantities(grpo_config(topology, values, tmp_path), topology.world_size)

@@ -407,7 +407,8 @@ def plan_sweep(options: RunOptions) -> SweepPlan:
     if options.trainer is not None:  # its base config's topology is the default
         target, base, loaded, said = trainer_target(options.trainer, options.base_config,
                                                     loaded, probe.nnodes, probe.gpus_per_node,
-                                                    launched=options.launch is not None)
+                                                    launched=options.launch is not None,
+                                                    on_cpu=not device.on_gpu)
         topology = target.topology
         notes += said
     else:

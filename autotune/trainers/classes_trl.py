@@ -27,11 +27,11 @@ CHECKED = (
 # (the trainer's default): list None only when the trainer's default is what the probe runs.
 COMPARED: tuple[tuple[Any, ...], ...] = (
     # precision and model loading
-    ("bf16", (True, None), "bf16 autocast over fp32 weights, as probed (None resolves to not fp16: true)"),
+    ("bf16", (True, None), "bf16 autocast over fp32 weights, as probed (None resolves to not fp16: true)", (False,)),
     ("fp16", (False, None), "fp16 mixed precision with a grad scaler: another compute dtype than the probe's bf16"),
-    ("tf32", (True, None), "TF32 matmuls for fp32 ops: on by default with bf16; off slows fp32 matmuls"),
+    ("tf32", (True, None), "TF32 matmuls for fp32 ops: on by default with bf16; off slows fp32 matmuls", (True, False, None)),
     ("dtype", ("float32", None), "ModelConfig's load dtype: fp32 master weights as probed; bf16/auto halves them"),
-    ("model_init_kwargs", (None,), "from_pretrained kwargs (dtype, attention, quantization, kernels) no probe ran"),
+    ("model_init_kwargs", (None, {"dtype": "float32"}, {"torch_dtype": "float32"}), "from_pretrained kwargs (dtype, attention, quantization, kernels) no probe ran"),
     ("attn_implementation", (None, "sdpa"), "attention kernel: the probe's models run sdpa (transformers' default)"),
     ("trust_remote_code", (False, None), "custom modeling code from the Hub: another implementation than the probe's"),
     ("cast_lm_head_to_fp32", (False, None), "fp32 LM head for policy and reference: more weight and logits memory"),
@@ -71,7 +71,7 @@ COMPARED: tuple[tuple[Any, ...], ...] = (
     ("fsdp_config", (None,), "FSDP options (version, offload, wrap, activation checkpointing) not probed"),
     ("deepspeed", (None,), "DeepSpeed ZeRO instead of the probe's FSDP: other sharding and memory"),
     ("ds3_gather_for_generation", (True, None), "ZeRO-3 weight gather for generation (the default); off: slower generation"),
-    ("use_cpu", (False, None), "training on CPU"),
+    ("use_cpu", (False, None), "training on CPU", (True, False, None)),
     ("pad_to_multiple_of", ("auto", None), "pads prompts and completions to a multiple (auto: only on Neuron): longer sequences"),
     ("router_aux_loss_coef", (None,), "MoE load-balancing loss: router logits returned per forward (None: the model's own)"),
     ("disable_dropout", (False, None), "removes model dropout: other masks and time than probed"),

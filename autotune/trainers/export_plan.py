@@ -127,8 +127,11 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
                      searched)
     if searched is not None and tree is not None:
         plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
-    if tree is not None and not (run is not None and run.command):  # a study of the user's
-        base_key_lines(plan, adapter, tree, force, strict)  # trainer ran its base's settings
+    if tree is not None and searched is not None and not (run is not None and run.command):
+        base_key_lines(plan, adapter, tree, force, strict,  # a study's export (not a trial's
+                       on_cpu=run is not None and run.on_cpu)  # config, nor one of a study
+        # of the user's own trainer, which ran its base's settings itself)
+    if tree is not None:
         problems, notes = algorithm_lines(adapter, config, topology, tree, searched is None,
                                           force)
         plan.problems += problems
@@ -332,7 +335,8 @@ def refusal(setting: Setting, have: TrainerValue,
             f"{setting.key}: {shown(setting.value)} there{force}")
 
 
-def refused_settings(adapter: Adapter, tree: TrainerTree, compared: bool = True) -> list[str]:
+def refused_settings(adapter: Adapter, tree: TrainerTree, compared: bool = True,
+                     on_cpu: bool = False) -> list[str]:
     """The settings in the user's config that the probe cannot stand for (a critic; a
     compared setting it does not run, such as Liger kernels): a sweep on such a base config
     would measure another run than the user's. `compared`: the compared settings too (not
@@ -343,7 +347,7 @@ def refused_settings(adapter: Adapter, tree: TrainerTree, compared: bool = True)
         if have is not MISSING and have is not None and not setting.ok(have) \
                 and setting.refuses(have):
             lines.append(refusal(setting, have, force=""))
-    return lines + (compared_refusals(adapter, tree) if compared else [])
+    return lines + (compared_refusals(adapter, tree, on_cpu) if compared else [])
 
 
 def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
@@ -377,7 +381,7 @@ def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
 
 
 def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force: bool,
-                   strict: bool) -> None:
+                   strict: bool, on_cpu: bool = False) -> None:
     """Each key of the user's config outside autotune's tables, by its class: a compared
     setting at a value the probe's run does not equal is a problem (with --force, a line
     under unmeasured); a key in no class is listed as not compared (with `strict`, a
@@ -395,7 +399,7 @@ def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force:
                     "change what the probes measured; remove it, or export without --strict "
                     "(the file's header then lists it as not compared)")
             continue
-        unlike = unlike_the_probes(tree, key, value, found)
+        unlike = unlike_the_probes(tree, key, value, found, on_cpu)
         if unlike is None:
             continue
         setting, why, ran = unlike
@@ -409,25 +413,28 @@ def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force:
 
 
 def unlike_the_probes(tree: TrainerTree, key: str, value: TrainerValue,
-                      found: tuple[str, object]) -> tuple[str, str, str] | None:
+                      found: tuple[str, object], on_cpu: bool = False
+                      ) -> tuple[str, str, str] | None:
     """For a compared setting the probes did not run: ("KEY=VALUE", why, what they ran);
-    else None (another class, or a value the probes' run equals, as written or resolved)."""
+    else None (another class, or a value the probes' run equals, as written or resolved).
+    `on_cpu`: the probes ran on a CPU (fp32 compute there: Compared.cpu_values)."""
     kind, rule = found
     if kind != "compared" or not isinstance(rule, Compared):
         return None
     have = resolved_get(tree, key, None)
-    if rule.measured(have) or rule.measured(value):  # as written: verl's own interpolation
-        return None
-    ran = next((shown(v) for v in rule.values if v is not None), "it unset")
+    if rule.measured(have, on_cpu) or rule.measured(value, on_cpu):  # as written: verl's
+        return None  # own interpolations
+    values = rule.cpu_values if on_cpu and rule.cpu_values is not None else rule.values
+    ran = next((shown(v) for v in values if v is not None), "it unset")
     return f"{key}={shown(have)}", rule.why, ran
 
 
-def compared_refusals(adapter: Adapter, tree: TrainerTree) -> list[str]:
-    """The compared settings of the user's config that autotune's probes do not run: a sweep
-    on it would measure another run than the user's."""
+def compared_refusals(adapter: Adapter, tree: TrainerTree, on_cpu: bool) -> list[str]:
+    """The compared settings of the user's config that autotune's probes (on a CPU: fp32)
+    do not run: a sweep on it would measure another run than the user's."""
     lines = []
     for key, value, found in base_keys(tree, adapter.key_classes, adapter.knob_keys):
-        unlike = unlike_the_probes(tree, key, value, found) if found else None
+        unlike = unlike_the_probes(tree, key, value, found, on_cpu) if found else None
         if unlike is not None:
             setting, why, ran = unlike
             lines.append(f"{setting}: {why}; autotune's probes run {ran}: set it so (or "

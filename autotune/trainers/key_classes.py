@@ -37,10 +37,14 @@ class Compared:
     pattern: str
     values: tuple[Any, ...]
     why: str
+    cpu_values: tuple[Any, ...] | None = None  # where they differ, those a CPU study's
+    # probes equal (fp32 compute on the CPU: TRL's bf16 false, use_cpu true)
 
-    def measured(self, value: Any) -> bool:
-        """Whether a base config's `value` is one the probe's run equals."""
-        return any(same(value, accepted) for accepted in self.values)
+    def measured(self, value: Any, on_cpu: bool = False) -> bool:
+        """Whether a base config's `value` is one the probe's run equals (`on_cpu`: a study
+        whose probes ran on a CPU)."""
+        values = self.cpu_values if on_cpu and self.cpu_values is not None else self.values
+        return any(same(value, accepted) for accepted in values)
 
 
 def same(have: Any, value: Any) -> bool:

@@ -34,6 +34,7 @@ class MeasuredRun:
     base_critic_model: TrainerValue = None  # the critic's model the base config names (PPO)
     same_critic_model: bool | None = None  # whether it has the study's shapes (the probe's
     # critic is the actor's architecture with a value head: probe/modeling/critic.py)
+    on_cpu: bool = False  # the probes ran on a CPU (fp32 compute): key_classes' cpu_values
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,9 @@ def measured_run(study: Study, adapter: Adapter, base: TrainerYaml | None) -> Me
     named, same = named_and_same(adapter.model_key)
     critic, same_critic = named_and_same(adapter.critic_model_key)
     return MeasuredRun(measured_topology(study), model, model_id, named, same,
-                       command=identity.get("probe") == "command", base_critic_model=critic,
-                       same_critic_model=same_critic)
+                       command=str(identity.get("probe", "")).startswith("command"),
+                       base_critic_model=critic, same_critic_model=same_critic,
+                       on_cpu=identity.get("device") == "cpu")
 
 
 def export_best(study: Study, adapter: Adapter, base: TrainerYaml | None,

@@ -30,14 +30,16 @@ class TrainerTarget:
 
 
 def trainer_target(trainer: str, base_config: str | None, space: SearchSpace,
-                   nnodes: int | None, gpus_per_node: int | None, launched: bool = False
-                   ) -> tuple[TrainerTarget, Knobs, SearchSpace, list[str]]:
+                   nnodes: int | None, gpus_per_node: int | None, launched: bool = False,
+                   on_cpu: bool = False) -> tuple[TrainerTarget, Knobs, SearchSpace, list[str]]:
     """The target, the knobs the sweep starts from, the space with the trainer's rules, and
     the lines to say (starting values moved onto the space's). `launched`: the probes are the
-    user's trainer on its config (--launch), which runs the base's compared settings itself."""
+    user's trainer on its config (--launch), which runs the base's compared settings itself;
+    `on_cpu`: the probes run on a CPU (fp32 compute)."""
     adapter = get_adapter(trainer)
     base, topology, start = trainer_start(adapter, base_config, nnodes, gpus_per_node)
-    refused = refused_settings(adapter, base[0], compared=not launched) if base else []
+    refused = refused_settings(adapter, base[0], compared=not launched, on_cpu=on_cpu) \
+        if base else []
     if refused:
         raise ConfigError([f"--base-config {base_config}: {line}" for line in refused])
     if base is None:  # the trainer's defaults seed the searched knobs, how it batches and

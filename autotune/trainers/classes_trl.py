@@ -1,4 +1,4 @@
-"""trl config keys outside autotune's knob tables, classified (source: GRPOConfig + ModelConfig fields of trl 1.16.0 over transformers 5.24.0 TrainingArguments, /work/main/.venv)."""
+"""trl config keys outside autotune's knob tables, classified (source: GRPOConfig + ModelConfig fields of trl 1.16.0 over transformers 5.24.0 TrainingArguments)."""
 
 from __future__ import annotations
 

@@ -424,8 +424,7 @@ def unlike_the_probes(tree: TrainerTree, key: str, value: TrainerValue,
     have = resolved_get(tree, key, None)
     if rule.measured(have, on_cpu) or rule.measured(value, on_cpu):  # as written: verl's
         return None  # own interpolations
-    values = rule.cpu_values if on_cpu and rule.cpu_values is not None else rule.values
-    ran = next((shown(v) for v in values if v is not None), "it unset")
+    ran = next((shown(v) for v in rule.ran(on_cpu) if v is not None), "it unset")
     return f"{key}={shown(have)}", rule.why, ran
 
 

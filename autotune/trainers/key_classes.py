@@ -40,11 +40,13 @@ class Compared:
     cpu_values: tuple[Any, ...] | None = None  # where they differ, those a CPU study's
     # probes equal (fp32 compute on the CPU: TRL's bf16 false, use_cpu true)
 
+    def ran(self, on_cpu: bool = False) -> tuple[Any, ...]:
+        """The values the probes' run equals (`on_cpu`: a study whose probes ran on a CPU)."""
+        return self.cpu_values if on_cpu and self.cpu_values is not None else self.values
+
     def measured(self, value: Any, on_cpu: bool = False) -> bool:
-        """Whether a base config's `value` is one the probe's run equals (`on_cpu`: a study
-        whose probes ran on a CPU)."""
-        values = self.cpu_values if on_cpu and self.cpu_values is not None else self.values
-        return any(same(value, accepted) for accepted in values)
+        """Whether a base config's `value` is one the probe's run equals."""
+        return any(same(value, accepted) for accepted in self.ran(on_cpu))
 
 
 def same(have: Any, value: Any) -> bool:

@@ -32,9 +32,16 @@ SPIN = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.tim
 LINE = "Interrupted; nothing is lost. Resume with the same command (study S)."
 
 
+def sigint_as_in_a_terminal() -> None:
+    """SIGINT at its default in the driver, as for a command typed at a terminal: run in the
+    background by a script, this benchmark and its drivers inherit SIGINT ignored, and Python
+    keeps it so (the sweep then says Ctrl-C cannot reach it; tests/test_resume.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_once(base: list[str], delay_s: float, storage: str) -> dict:
     driver = subprocess.Popen([*base, "--trials", "4"], stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     assert driver.stderr is not None
     for line in driver.stderr:
         if "tracing" in line:

@@ -15,12 +15,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 from runner_contract import FAULTY, processes_mentioning, wait_until
 from scripted_runner import ScriptedRunner
+from terminal import sigint_as_in_a_terminal
 
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeRequest
@@ -148,16 +150,93 @@ def test_a_second_driver_on_one_results_folder_is_refused_whatever_the_storage(t
     assert wait_until(lambda: not processes_mentioning(str(study_dir)), 10), "orphaned worker"
 
 
+BUSY_S = 300.0  # a competing process's longest life: bounded even if this test dies
+INTERRUPTED = "Interrupted; nothing is lost. Resume with the same command (study S)."
 
-def test_a_sweep_that_reached_its_trials_traces_nothing_more(tmp_path):
-    """The nothing-fits check traces an untried config; it ran before the stop rule, so a
-    sweep that had reached --trials traced one more candidate (an outside run saw it)."""
-    first = subprocess.run([sys.executable, "-m", "autotune", "run", "--results-dir",
-                            str(tmp_path), "--study", "S", "--finalists", "0", "--timed-steps",
-                            "1", "--warmup-steps", "0", "--trials", "1"],
-                           capture_output=True, text=True, timeout=600)
+
+def busy_processes() -> list[subprocess.Popen]:
+    """One spinning process per core: the loaded machine a user's sweep runs on."""
+    spin = f"import time\nend = time.time() + {BUSY_S}\nwhile time.time() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+
+
+def test_ctrl_c_at_a_resumed_sweeps_first_trace_stops_it_every_time(tmp_path):
+    """A sweep that reached --trials traces nothing more (the nothing-fits check, which traces
+    an untried config, ran before the stop rule). Its calibrated study is then resumed 8 times,
+    each time Ctrl-C'd (SIGINT to the process group, as a terminal sends it) when `tracing ...`
+    first shows, at delays from 0 to 3 s (in the trace process's fork, its start-up, its
+    trace), beside one busy process per core. Every stop: rc 130, the one line, no traceback,
+    within 10 s; the trace process gone with the driver; the finished trials as they were, the
+    one asked queued again (none left RUNNING). An outside run saw 8 of 8 such Ctrl-Cs
+    swallowed, the sweep probing on 30-40 s later. Last, a driver started as a script's
+    background job, which ignores SIGINT, says how to stop it, and SIGTERM does."""
+    import psutil
+
+    base = [sys.executable, "-m", "autotune", "run", "--results-dir", str(tmp_path),
+            "--study", "S", "--finalists", "0", "--timed-steps", "1", "--warmup-steps", "0"]
+    first = subprocess.run([*base, "--trials", "1"], capture_output=True, text=True,
+                           timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     lines = first.stderr.splitlines()
     probed = {line.split("probing trial 0: ")[1] for line in lines if "probing trial 0: " in line}
     traced = {line.split("  tracing ")[1] for line in lines if "  tracing " in line}
-    assert probed and traced <= probed, first.stderr
+    assert probed and traced <= probed, first.stderr  # nothing traced once --trials is reached
+    storage = f"sqlite:///{tmp_path / 'S' / 'study.db'}"
+    before = [(t.state, t.params) for t in optuna.load_study(study_name="S",
+                                                               storage=storage).trials]
+    assert [state for state, _ in before] == [TrialState.COMPLETE]
+    busy = busy_processes()
+    try:
+        for delay_s in (0.0, 0.05, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0):
+            driver = subprocess.Popen([*base, "--trials", "4"], stderr=subprocess.PIPE,
+                                      text=True, start_new_session=True,
+                                      preexec_fn=sigint_as_in_a_terminal)
+            assert driver.stderr is not None
+            shown = []
+            for line in driver.stderr:
+                shown.append(line)
+                if "tracing" in line:
+                    break
+            assert shown and "tracing" in shown[-1], "".join(shown)[-2000:]
+            time.sleep(delay_s)
+            tree = psutil.Process(driver.pid).children(recursive=True)
+            os.killpg(driver.pid, signal.SIGINT)
+            sent_s = time.monotonic()
+            rest = driver.stderr.read()
+            rc = driver.wait(timeout=60)
+            took_s = time.monotonic() - sent_s
+            said = f"delay {delay_s} s: rc {rc} after {took_s:.1f} s:\n{rest[-2000:]}"
+            assert rc == 130, said
+            assert rest.strip().splitlines()[-1] == INTERRUPTED, said
+            assert "Traceback" not in rest and "Exception ignored" not in rest, said
+            assert took_s < 10, said
+            assert wait_until(lambda tree=tree: not [
+                p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10), \
+                f"delay {delay_s} s: left running: {tree}"
+            after = optuna.load_study(study_name="S", storage=storage).trials
+            assert [(t.state, t.params) for t in after if t.state == TrialState.COMPLETE] \
+                == before, said
+            cut = [t for t in after if t.state not in (TrialState.COMPLETE, TrialState.WAITING)]
+            assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "interrupted"
+                       and t.user_attrs["requeued"] for t in cut), said  # none left RUNNING
+            assert len([t for t in after if t.state == TrialState.WAITING]) <= 1, said
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    background = subprocess.Popen(
+        [*base, "--trials", "4"], stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` in a script
+    assert background.stderr is not None
+    for line in background.stderr:
+        if "Ctrl-C" in line:
+            break
+    assert line.strip() == ("Ctrl-C does not reach this sweep (started in the background by a "
+                            f"script, which ignores it): stop it with `kill {background.pid}`.")
+    for line in background.stderr:
+        if "tracing" in line:
+            break
+    background.terminate()
+    rest = background.stderr.read()
+    assert background.wait(timeout=60) == 130, rest[-2000:]
+    assert rest.strip().splitlines()[-1] == INTERRUPTED, rest[-2000:]

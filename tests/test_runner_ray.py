@@ -26,6 +26,7 @@ from runner_contract import (
     processes_mentioning,
     wait_until,
 )
+from terminal import sigint_as_in_a_terminal
 
 from autotune.probe.measure.result import ProbeStatus
 from autotune.runners import get_runner
@@ -238,12 +239,6 @@ def test_runner_without_address_starts_and_stops_its_own_ray(tmp_path):
     assert left == "0", "processes of the local Ray outlived close()"
 
 
-def ctrl_c_raises() -> None:
-    """In a child before it runs: SIGINT to its default, as in a terminal (a run started in
-    the background, as by a CI script, ignores it, and Python keeps an ignored SIGINT)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def probe_processes() -> list[psutil.Process]:
     """This session's probe processes (another session's on the machine do not count): they
     carry its mark (conftest.SESSION_ENV), inherited through the Ray nodes it started."""
@@ -291,7 +286,7 @@ def test_a_ray_sweep_stopped_by_ctrl_c_or_its_timeout_leaves_nothing_and_resumes
     with open(log, "ab") as out:
         first = subprocess.Popen([*command, "--trials", "2"], stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=ctrl_c_raises)
+                                 preexec_fn=sigint_as_in_a_terminal)
     try:
         assert wait_until(probe_processes, 180), log.read_text()[-3000:]
         time.sleep(1)  # into the probe

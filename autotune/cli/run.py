@@ -3,6 +3,7 @@ the plan, runs it (sweep/driver.py), writes the report and prints the outcome.""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -94,6 +95,9 @@ def run(**given: Any) -> None:
     for line in plan.notes:
         click.echo(line, err=True)
     interrupt_on_sigterm()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        click.echo("Ctrl-C does not reach this sweep (started in the background by a script, "
+                   f"which ignores it): stop it with `kill {os.getpid()}`.", err=True)
     outcome = run_sweep(plan, make_progress(), say=lambda line: click.echo(line, err=True))
     if outcome.interrupted:
         click.echo(f"Interrupted; nothing is lost. Resume with the same command "
@@ -108,8 +112,13 @@ def run(**given: Any) -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """SIGTERM ends the command as Ctrl-C does: its probes die, nothing is lost."""
+    """SIGTERM ends the command as Ctrl-C does: its probes die, nothing is lost. A connection
+    pool's cleanup that a Ctrl-C cuts logs the interrupt's traceback before passing it on;
+    the stop is said in one line instead (interrupts.no_interrupt_tracebacks)."""
+    from autotune.sweep.execution.interrupts import no_interrupt_tracebacks
+
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    no_interrupt_tracebacks("sqlalchemy.pool")

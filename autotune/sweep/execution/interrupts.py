@@ -10,6 +10,15 @@ printed as "Exception ignored in ..." and the sweep would go on probing. Two rul
   it starts a probe, so a dropped KeyboardInterrupt is raised again where it is handled.
 - `interrupts_held()`, around a fork: the signals are held inside and raised on the way out.
 
+Code that catches the interrupt, logs it with its traceback and raises it on (a sqlalchemy
+pool's cleanup: "Exception during reset or similar", once in 31 Ctrl-Cs an outside run sent)
+prints a traceback for a stop the command says in one line: `no_interrupt_tracebacks` drops
+such records from a library's logger.
+
+A process started in the background by a script inherits SIGINT ignored (the shell does it, so
+that the script's Ctrl-C spares its background jobs) and Python keeps it so: no Ctrl-C reaches
+it, by design; SIGTERM does.
+
 Both act in the main thread only (the only one signal handlers run in); elsewhere they do
 nothing. Imports nothing of autotune's.
 """
@@ -17,6 +26,7 @@ nothing. Imports nothing of autotune's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -100,3 +110,24 @@ def interrupts_held() -> Iterator[None]:
         _restore(previous)
         for number in held[:1]:  # the first one: its handler raises (KeyboardInterrupt)
             previous[signal.Signals(number)](number, None)
+
+
+class _NoInterrupts(logging.Filter):
+    """Passes a record unless it carries a KeyboardInterrupt's traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
+def no_interrupt_tracebacks(logger_name: str) -> None:
+    """Records of `logger_name` (and its children) that carry a KeyboardInterrupt are dropped;
+    the rest are printed to stderr as Python prints an unconfigured logger's warnings. For a
+    command's process only: the logger stops passing its records to the root's handlers."""
+    logger = logging.getLogger(logger_name)
+    if any(isinstance(f, _NoInterrupts) for h in logger.handlers for f in h.filters):
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(_NoInterrupts())
+    logger.addHandler(handler)
+    logger.propagate = False

@@ -182,7 +182,7 @@ class SubprocessTracer:
         self.trace_cost_s: list[float] = []  # each trace itself: the process starts once
         self.deferred = 0  # traces put off because every slot's cores ran a probe
         self._process: subprocess.Popen[str] | None = None  # the trace process, once started
-        self._mid_trace = False  # a request sent and its answer not read (Ctrl-C lands here)
+        self._mid_trace = False  # a trace asked, not answered (its process may be starting)
         self._stderr: IO[str] | None = None  # where it writes what went wrong
 
     def summary(self) -> JsonObject:
@@ -332,7 +332,8 @@ class SubprocessTracer:
     def _ask(self, request: ProbeRequest) -> TraceAnswer | None:
         """One trace from the trace process (started on the first); None, with the reason in
         `unavailable`, when it died or ran past TRACE_TIMEOUT_S (then it is killed)."""
-        if self._process is None:
+        self._mid_trace = True  # from here a stop kills the process: one still importing
+        if self._process is None:  # torch would read the end of its input only seconds later
             self._stderr = tempfile.TemporaryFile("w+")
             driver_pid = os.getpid()
             with interrupts_held():  # a Ctrl-C mid-fork is raised after it, not lost in it
@@ -343,7 +344,6 @@ class SubprocessTracer:
         process = self._process
         assert process.stdin is not None and process.stdout is not None
         line, ended = "", False  # ended: its output closed, it died
-        self._mid_trace = True
         try:
             process.stdin.write(request.to_json(indent=None) + "\n")
             process.stdin.flush()

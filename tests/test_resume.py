@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import optuna
+from load import busy_processes
 from optuna.trial import TrialState
 from runner_contract import FAULTY, processes_mentioning, wait_until
 from scripted_runner import ScriptedRunner
@@ -150,14 +151,7 @@ def test_a_second_driver_on_one_results_folder_is_refused_whatever_the_storage(t
     assert wait_until(lambda: not processes_mentioning(str(study_dir)), 10), "orphaned worker"
 
 
-BUSY_S = 300.0  # a competing process's longest life: bounded even if this test dies
 INTERRUPTED = "Interrupted; nothing is lost. Resume with the same command (study S)."
-
-
-def busy_processes() -> list[subprocess.Popen]:
-    """One spinning process per core: the loaded machine a user's sweep runs on."""
-    spin = f"import time\nend = time.time() + {BUSY_S}\nwhile time.time() < end: pass"
-    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
 
 
 def test_ctrl_c_at_a_resumed_sweeps_first_trace_stops_it_every_time(tmp_path):
@@ -185,8 +179,7 @@ def test_ctrl_c_at_a_resumed_sweeps_first_trace_stops_it_every_time(tmp_path):
     before = [(t.state, t.params) for t in optuna.load_study(study_name="S",
                                                                storage=storage).trials]
     assert [state for state, _ in before] == [TrialState.COMPLETE]
-    busy = busy_processes()
-    try:
+    with busy_processes():
         for delay_s in (0.0, 0.05, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0):
             driver = subprocess.Popen([*base, "--trials", "4"], stderr=subprocess.PIPE,
                                       text=True, start_new_session=True,
@@ -220,10 +213,6 @@ def test_ctrl_c_at_a_resumed_sweeps_first_trace_stops_it_every_time(tmp_path):
             assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "interrupted"
                        and t.user_attrs["requeued"] for t in cut), said  # none left RUNNING
             assert len([t for t in after if t.state == TrialState.WAITING]) <= 1, said
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     background = subprocess.Popen(
         [*base, "--trials", "4"], stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` in a script

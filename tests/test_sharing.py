@@ -14,6 +14,7 @@ import time
 
 import optuna
 import pytest
+from load import busy_processes
 from optuna.trial import TrialState
 from scripted_runner import ScriptedRunner, SlowRunner, scripted_result
 
@@ -339,16 +340,18 @@ def test_a_driver_busy_tracing_past_its_heartbeat_keeps_its_trials(tmp_path):
     """Two live drivers on one journal, a heartbeat of 0.5 s (a trial is dead after 2 s of
     silence) and traces of 4 s: the driver's heartbeat beats from a thread of its own while it
     traces, so no trial of a live driver is ever taken over and no config is probed twice
-    (before: 3 of 6 trials were taken over, one config probed 3 times)."""
+    (before: 3 of 6 trials were taken over, one config probed 3 times), beside one busy
+    process per core."""
     journal = str(tmp_path / "study.journal")
     request = ProbeRequest(model="tiny-qwen2.5",
                            device=Device("cpu", 4 * 2**30, limit_bytes=500 * 2**20))
     tracers = [SlowTracer(4.0), SlowTracer(4.0)]
     runners = [ScriptedRunner(), ScriptedRunner()]
-    run_drivers([Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal,
-                                    seed=i, heartbeat_s=0.5, request=request,
-                                    sampler="random"), runners[i], tracer=tracers[i])
-                 for i in range(2)])
+    with busy_processes():  # on a loaded machine, as the outside run's was
+        run_drivers([Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal,
+                                        seed=i, heartbeat_s=0.5, request=request,
+                                        sampler="random"), runners[i], tracer=tracers[i])
+                     for i in range(2)])
     assert all(t.calls for t in tracers), [t.calls for t in tracers]  # both traced
     study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(journal)))

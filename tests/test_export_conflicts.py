@@ -334,6 +334,43 @@ def test_a_setting_that_changes_the_run_is_refused_and_forced_it_is_stated(
         trainer_target(adapter.name, str(path), load_search_space("cpu-demo"), 1, 1)
 
 
+@pytest.mark.parametrize("adapter, knobs, key, value, default", [
+    # TRL's ModelConfig: lora_dropout 0.05 unless set; the probe's LoRA runs dropout 0
+    (TRL, {"lora_rank": 8, "lora_alpha": 16}, "lora_dropout", "0.0", "0.05"),
+    # EasyR1's critic pads its forwards unless told (its actor's padding_free is on)
+    (EASYR1, {"algorithm": "ppo", "critic_micro_batch_size_update": 2,
+              "critic_gradient_checkpointing": True, "critic_offload_params": False,
+              "critic_offload_optimizer": False},
+     "worker.critic.padding_free", "true", "false"),
+], ids=["trl-lora-dropout", "easyr1-critic-padding"])
+def test_a_default_unlike_the_probe_is_written_where_the_run_reads_it(
+        tmp_path, adapter, knobs, key, value, default):
+    """Where the trainer's own default is not what the probes ran, and only some runs read the
+    key (LoRA's dropout, a critic's padding), a base that leaves it unset would run the
+    default, unmeasured, with nothing said: the export writes the probes' value for those
+    runs, with why in its header, and not for the others; another value in the base is
+    refused (--force writes the probes')."""
+    path = tmp_path / "base.yaml"
+    path.write_text("learning_rate: 1.0e-06\n" if adapter is TRL else
+                    "worker:\n  actor:\n    padding_free: true\n")
+    base = load_trainer_yaml(str(path))
+    study = {**STUDY, "fused_optimizer": False, **knobs}
+    plan = plan_export(adapter, study, Topology(1, 1), base[0], SEARCHED)
+    assert plan.problems == [], plan.problems
+    text = render_plan(plan, adapter, load_trainer_yaml(str(path)), ["p", ""])
+    assert dotted_get(yaml.safe_load(text), key, None) == yaml.safe_load(value), text
+    assert f"#   {key}: (not set) -> {value} (the probe's" in text, text
+    without = plan_export(adapter, STUDY, Topology(1, 1), base[0], SEARCHED)  # no LoRA, no critic
+    assert dotted_get(yaml.safe_load(render_plan(without, adapter, load_trainer_yaml(str(path)),
+                                                 ["p", ""])) or {}, key, None) is None
+    path.write_text(nested(key, default))
+    problems, header = forced_and_refused(adapter, study, load_trainer_yaml(str(path)))
+    assert [p for p in problems if p.startswith(f"{key} is {default} in your base config")], \
+        problems
+    assert [line for line in header if line.startswith(f"  {key}: {default} -> {value} (")], \
+        header
+
+
 @pytest.mark.parametrize("adapter, text, key", [
     (VERL, "actor_rollout_ref:\n  model:\n    lora_rank: 32\n",
      "actor_rollout_ref.model.lora_rank"),

@@ -56,6 +56,14 @@ class Setting:
     # `value`), not a setting to flip with a note
     refuse_if: Callable[[TrainerValue], bool] | None = None  # which other values are (the
     # rest are flipped with a note)
+    applies: Callable[[ProbeConfig], bool] | None = None  # the configs whose run reads it
+    # (None: every config); where the trainer's default is unlike the probe only for some
+    # (TRL's LoRA dropout, EasyR1's critic padding), a study's export writes it for those
+
+    def reads(self, config: ProbeConfig | None) -> bool:
+        """Whether `config`'s run reads this setting (None: not known yet, as before a sweep:
+        every setting is checked)."""
+        return config is None or self.applies is None or self.applies(config)
 
     def refuses(self, have: TrainerValue) -> bool:
         """Whether `have` (not ok) in the user's config is a conflict, not a flip."""

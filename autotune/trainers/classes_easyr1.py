@@ -49,7 +49,6 @@ COMPARED: tuple[tuple[Any, ...], ...] = (
     ("worker.actor.fsdp.mp_buffer_dtype", (None, "fp32", "float32"), "dtype of the model's buffers"),
     # critic (PPO)
     ("worker.critic.ppo_epochs", (None, 1), "passes over each rollout batch: more critic optimizer steps per step"),
-    ("worker.critic.padding_free", (True,), "padding removed in the critic's forwards; EasyR1's default (false) pads them, unlike the probe"),
     ("worker.critic.model.override_config*", (None, {}), "overrides of the critic's config.json: can change its shapes"),
     ("worker.critic.model.freeze_vision_tower", (None, False), "frozen vision tower in the critic: no grads or AdamW state for it"),
     ("worker.critic.optim.strategy", (None, "adamw"), "critic optimizer: adamw_bf16 keeps bf16 states"),

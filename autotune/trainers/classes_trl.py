@@ -44,7 +44,6 @@ COMPARED: tuple[tuple[Any, ...], ...] = (
     ("use_dora", (False, None), "DoRA adds a magnitude vector and a weight-norm pass per layer: more memory and time"),
     ("lora_modules_to_save", (None,), "fully trained module copies (embeddings, head): more weights, grads, states"),
     ("lora_target_parameters", (None,), "LoRA on parameters (MoE experts) beyond lora_target_modules: more adapters"),
-    ("lora_dropout", (0.0,), "the probe's LoRA runs dropout 0 (identity); TRL's default 0.05 keeps a dropped copy per module"),
     ("lora_task_type", ("CAUSAL_LM", None), "PEFT model wrapper type: the probe wraps a causal LM"),
     # kernels, compilation, checkpointing
     ("torch_compile", (False, None), "torch.compile: compilation time and other kernels"),

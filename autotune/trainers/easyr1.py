@@ -163,6 +163,13 @@ EASYR1_SETTINGS = (
     Setting("worker.critic.fsdp.enable_cpu_offload", False, "FSDP's CPU offload keeps the "
             "critic's parameters and gradients on the host, which no probe ran",
             ok=lambda value: value is False, default_ok=True, refuse=True),
+    # verl/workers/config/critic.py (b44b311): the critic's padding_free defaults to false,
+    # unlike the actor's (set in examples/config.yaml); the probe's critic removes padding
+    # as its actor does. Read only where the run trains a critic.
+    Setting("worker.critic.padding_free", True, "the probe's critic removes padding in its "
+            "forwards, as the actor does; EasyR1's default (false) pads every sequence to the "
+            "batch's longest", ok=lambda value: value is True, default_ok=False, refuse=True,
+            applies=lambda config: config.has_critic),
 )
 REF_CPU_OFFLOAD = "worker.ref.fsdp.enable_cpu_offload"
 

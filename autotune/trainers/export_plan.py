@@ -117,7 +117,7 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         extra = {**measured_run_values(plan, adapter, run, knobs, config, topology,
                                        tree is not None, force), **(extra or {})}
 
-    settled = settings_written(adapter, base, force)
+    settled = settings_written(adapter, base, force, config)
 
     def get(key: str, default: TrainerValue) -> TrainerValue:  # as the file will hold it
         return settled[key] if key in settled else resolved_get(base, key, default)
@@ -136,7 +136,7 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
                                           force)
         plan.problems += problems
         plan.notes += notes
-    setting_values(plan, adapter, base, why, force)
+    setting_values(plan, adapter, base, why, force, config)
     if adapter.topology_keys:
         nodes_key, gpus_key = adapter.topology_keys
         plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
@@ -208,10 +208,13 @@ def tuned_keys(plan: ExportPlan, adapter: Adapter, knobs: Knobs, topology: Topol
     return why
 
 
-def settings_written(adapter: Adapter, base: TrainerTree, force: bool) -> TrainerKeys:
+def settings_written(adapter: Adapter, base: TrainerTree, force: bool,
+                     config: ProbeConfig) -> TrainerKeys:
     """The settings an export writes over `base` (setting_values' choice, without a plan)."""
     written = {}
     for setting in adapter.settings:
+        if not setting.reads(config):
+            continue
         have = dotted_get(base, setting.key, MISSING)
         if have is MISSING or have is None:
             if not setting.default_ok:
@@ -222,11 +225,13 @@ def settings_written(adapter: Adapter, base: TrainerTree, force: bool) -> Traine
 
 
 def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: dict[str, str],
-                   force: bool) -> None:
-    """The trainer settings the measured shapes need into `plan`: written with a note where
-    the user's config (or the trainer's default) has another value, or refused where
-    flipping it would change the algorithm (not with --force)."""
+                   force: bool, config: ProbeConfig) -> None:
+    """The trainer settings `config`'s run reads into `plan`: written with a note where the
+    user's config (or the trainer's default) has another value than the probes ran, or
+    refused where flipping it would change the algorithm (not with --force)."""
     for setting in adapter.settings:
+        if not setting.reads(config):
+            continue
         have = dotted_get(base, setting.key, MISSING)
         if have is MISSING or have is None:
             if setting.default_ok:
@@ -343,6 +348,8 @@ def refused_settings(adapter: Adapter, tree: TrainerTree, compared: bool = True,
     where the probes are the user's own trainer, which runs them)."""
     lines = []
     for setting in adapter.settings:
+        if setting.applies is not None and not compared:  # a setting of some configs'
+            continue  # runs, compared with the probe's: the user's trainer runs its own
         have = dotted_get(tree, setting.key, MISSING)
         if have is not MISSING and have is not None and not setting.ok(have) \
                 and setting.refuses(have):

@@ -156,6 +156,13 @@ TRL_SETTINGS = (
     Setting("use_liger_kernel", False, "Liger's fused GRPO loss computes the logits in chunks "
             "of its own, a logits path no probe ran", ok=lambda value: value is False,
             default_ok=True, refuse=True),
+    # trl/trainer/model_config.py: lora_dropout defaults to 0.05, and peft's LoRA layer then
+    # keeps a dropped copy of each adapted module's input for the backward; the probe's LoRA
+    # runs dropout 0 (identity). Read only where the run has LoRA.
+    Setting("lora_dropout", 0.0, "the probe's LoRA runs dropout 0; with TRL's default, 0.05, "
+            "each adapted module keeps a dropped copy of its input, which no probe held",
+            ok=lambda value: not isinstance(value, bool) and value == 0, default_ok=False,
+            refuse=True, applies=lambda config: config.uses_lora),
 )
 
 

@@ -76,6 +76,21 @@ def test_real_sweep_finds_a_feasible_best_and_records_the_ooms(tmp_path):
         assert peak <= best["measured"]["budget_bytes"] == int(0.9 * 600 * 2**20)
         assert int(row[f"peak_mem_{phase}_bytes"]) == peak
     assert best["config"]["micro_batch_size_experience"] == 2
+    # the two configs that ran differ only in the update's checkpointing: the best's rollout
+    # and experience are pooled over both probes (over the quiet one, where the other was
+    # timed while other processes took cores), its update is its own
+    ran = [t.user_attrs["result"] for t in load(tmp_path).trials
+           if (t.user_attrs.get("result") or {}).get("status") == "ok"]
+    own = next(r for r in ran if r["step_s"] == best["measured"]["step_s"])
+    shared = [r for r in ran if not r["contention"]] or ran
+    used = 1 + any(r is not own for r in shared)
+    assert len(ran) == 2 and best["pooled"]["own_probes"] == 1
+    assert best["pooled"]["probes"] == used
+    assert best["pooled"]["step_s"] == pytest.approx(own["phase_s"]["update"] + sum(
+        sum(r["phase_s"][phase] for r in shared) / len(shared)
+        for phase in ("rollout", "experience")), abs=1e-3)
+    assert ("# pooled over the 2 probes that ran its phases" in
+            (study_dir / "best.yaml").read_text()) == (used == 2)
     assert best["provenance"]["model"] == "tiny-qwen2.5"
     assert set(best["provenance"]["versions"]) >= {"autotune", "torch", "transformers"}
     for r in probed:  # every probe keeps its log; a failed one says why
@@ -84,6 +99,7 @@ def test_real_sweep_finds_a_feasible_best_and_records_the_ooms(tmp_path):
     show = subprocess.run([sys.executable, "-m", "autotune", "show", "--results-dir",
                            str(tmp_path / "results")], capture_output=True, text=True)
     assert show.returncode == 0 and f"best: trial {best['trial']}" in show.stdout
+    assert ("  pooled over the 2 probes that ran its phases: " in show.stdout) == (used == 2)
     assert show.stdout.count("gpu_oom") == 1 + len(predicted)
 
 

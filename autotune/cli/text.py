@@ -213,6 +213,11 @@ def _best_lines(study: Study, trials: list[FrozenTrial], best: FrozenTrial) -> l
                  f"{format_bytes(measured['peak_mem_bytes'])} of budget "
                  f"{format_bytes(measured['budget_bytes'])} (binds in "
                  f"{measured['binding_phase']}), on {document['provenance']['device']}"]
+    pooled = document.get("pooled")
+    if pooled and pooled["probes"] > pooled["own_probes"]:
+        lines.append(f"  pooled over the {pooled['probes']} probes that ran its phases: "
+                     f"{pooled['tokens_per_s']:,.1f} +- {pooled['tokens_per_s_se']:,.1f} "
+                     "tokens/s")
     if "rollout_engine" in document["config"]:
         lines.append("  rollout: " + describe_engine(document["config"]["rollout_engine"],
                                                      document["provenance"].get("versions")))

@@ -2,7 +2,8 @@
 floor).
 
 Owns each config's probes taken together and the ranking on them (measurements.py), the
-finalists probed again before the pick (finalists.py), real-rank confirmations of the best
+finalists probed again before the pick (finalists.py), each config's step pooled over every probe
+that ran its phases (pooled.py), real-rank confirmations of the best
 (confirm.py), trials.csv and best.yaml (artifacts.py) and the one export of a study's best to
 a trainer's YAML (best_export.py).
 May import config, errors, files, registry, version, probe.measure.result, runners, memory,

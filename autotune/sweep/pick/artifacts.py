@@ -28,6 +28,7 @@ from autotune.files import JsonObject, JsonValue, write_text_atomic
 from autotune.probe.measure.result import coefficient_of_variation
 from autotune.sweep.pick.finalists import current_record
 from autotune.sweep.pick.measurements import Measured, by_config, fold, ranked, study_objective
+from autotune.sweep.pick.pooled import pooled_by_config
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.sharing import ran_params
 from autotune.version import __version__
@@ -181,6 +182,8 @@ def best_document(study: Study, trial: FrozenTrial,
         "searched": list(attrs["search_space"]["params"]),
         "measured": measured_record(trial, configs[params_key(trial.params)],
                                     identity["headroom"]),
+        "pooled": pooled.as_dict() if (pooled := pooled_by_config(study).get(
+            params_key(trial.params))) is not None else None,
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),
         "confirmed": (attrs.get("confirmations") or {}).get(str(trial.number)),
@@ -320,9 +323,19 @@ def best_text(study: Study, trial: FrozenTrial, configs: Mapping[str, Measured])
     header = (f"# autotune best configuration of study {study.study_name}: trial "
               f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
               f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak{how}\n"
+              f"{pooled_line(document['pooled'])}"
               f"# model {document['provenance']['model']} on {document['provenance']['device']}"
               f"; export it with `autotune export --study {study.study_name} --trainer ...`\n")
     return header + yaml.safe_dump(document, sort_keys=False)
+
+
+def pooled_line(pooled: dict[str, Any] | None) -> str:
+    """best.yaml's header line for the pooled figure, where other probes share its phases."""
+    if pooled is None or pooled["probes"] <= pooled["own_probes"]:
+        return ""
+    return (f"# pooled over the {pooled['probes']} probes that ran its phases (sweep/pick/"
+            f"pooled.py): {pooled['tokens_per_s']:.1f} +- {pooled['tokens_per_s_se']:.1f} "
+            "tokens/s\n")
 
 
 def unstamped(text: str) -> str:

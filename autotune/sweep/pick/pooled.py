@@ -1,0 +1,154 @@
+"""Each probed config's step composed from every probe that ran its phases: the pooled figure.
+
+A phase's time depends on the knobs its run reads, not on the knobs only another phase reads:
+the update's micro-batch and checkpointing never touch the rollout, the engine's reservation
+and concurrency never touch the update. PHASE_ONLY declares, per phase, the knobs no other
+phase's time reads; a phase's key is then every knob of the config but those of the other
+phases (conservative: a knob not declared keeps configs apart in every phase). Two probes
+whose configs share a phase's key timed the same work there, so each config's step is the sum
+over its phases of the mean phase time over every quiet probe that shares that phase's key
+(contended probes only where no quiet one does), and its standard error adds each phase's:
+the spread between those probes over their count, never under what the probes' own timed
+steps say (their step's relative error, taken for each of its phases).
+
+Only probes that ran every phase to its end count (a probe stopped slow timed a part). A
+config is given a pooled figure only when it was probed itself: its tokens per step come from
+its own probes, and a config no probe ran is never figured from the others' phases.
+
+Pure arithmetic over (knobs, result) pairs; `pooled_by_config` reads them from a study.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.config import Knobs
+from autotune.files import JsonObject
+from autotune.probe.measure.result import ProbeStatus
+from autotune.sweep.space.params import params_key
+from autotune.sweep.study.sharing import ran_params
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+# The knobs only one phase's time reads (each loop's size, its kernel and its engine); every
+# knob not here (the shapes, the batches, offload, fused log-probs, LoRA, SP, the allocator)
+# is read by every phase's key.
+PHASE_ONLY: dict[str, frozenset[str]] = {
+    "rollout": frozenset({"gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
+                          "rollout_tensor_parallel"}),
+    "experience": frozenset({"micro_batch_size_experience", "max_token_len_experience"}),
+    "critic_update": frozenset({"critic_micro_batch_size_update",
+                                "critic_max_token_len_update",
+                                "critic_gradient_checkpointing"}),
+    "update": frozenset({"micro_batch_size_update", "max_token_len_update",
+                         "gradient_checkpointing", "fused_optimizer", "entropy_coeff"}),
+    "validation": frozenset({"val_batch_size"}),
+}
+
+
+def phase_key(phase: str, knobs: Knobs) -> str:
+    """What two configs must share for their `phase` to be the same work: every knob but
+    those only another phase reads."""
+    others = frozenset().union(*(only for name, only in PHASE_ONLY.items() if name != phase))
+    return params_key({name: value for name, value in knobs.items() if name not in others})
+
+
+@dataclass(frozen=True)
+class ProbeTimes:
+    """One probe's phase times, as the pool takes them."""
+
+    config: str  # its config's params_key
+    knobs: Knobs
+    phase_s: dict[str, float]  # the training phases' mean seconds per step
+    step_s: float
+    relative_se: float  # its step's standard error over its step (its phases' own, unknown)
+    tokens_per_step: float
+    contended: bool
+
+
+@dataclass(frozen=True)
+class PooledStep:
+    """A probed config's step as every probe that shares its phases measured it."""
+
+    step_s: float
+    step_se_s: float
+    tokens_per_s: float
+    tokens_per_s_se: float
+    probes: int  # probes whose phase times it rests on (its own among them)
+    own_probes: int
+    contended: bool  # a phase rests on contended probes only (no quiet one shares it)
+
+    def as_dict(self) -> JsonObject:
+        return {"tokens_per_s": round(self.tokens_per_s, 2),
+                "tokens_per_s_se": round(self.tokens_per_s_se, 2),
+                "step_s": round(self.step_s, 4), "step_se_s": round(self.step_se_s, 4),
+                "probes": self.probes, "own_probes": self.own_probes,
+                "contended": self.contended}
+
+
+def probe_times(frozen: FrozenTrial) -> ProbeTimes | None:
+    """A trial's probe as the pool takes it; None for one that timed no whole step (failed,
+    stopped slow, reused, predicted, lost)."""
+    attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
+    phase_s, step_s, tokens_per_s = (result.get("phase_s"), result.get("step_s"),
+                                     result.get("tokens_per_s"))
+    if not attrs.get("probed") or not frozen.state.is_finished() or \
+            result.get("status") != ProbeStatus.OK.value or not phase_s or not step_s or \
+            not tokens_per_s:
+        return None
+    knobs = ran_params(frozen)
+    return ProbeTimes(config=params_key(frozen.params), knobs=knobs,
+                      phase_s={p: float(s) for p, s in phase_s.items() if p != "validation"},
+                      step_s=float(step_s),
+                      relative_se=float(result.get("step_se_s") or 0.0) / float(step_s),
+                      tokens_per_step=float(tokens_per_s) * float(step_s),
+                      contended=bool(result.get("contention")))
+
+
+def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
+    """Each probed config's pooled step, by its params_key."""
+    probes = list(probes)
+    samples: dict[tuple[str, str], list[ProbeTimes]] = {}  # (phase, key) -> its probes
+    for probe in probes:
+        for phase in probe.phase_s:
+            samples.setdefault((phase, phase_key(phase, probe.knobs)), []).append(probe)
+    own: dict[str, list[ProbeTimes]] = {}
+    for probe in probes:
+        own.setdefault(probe.config, []).append(probe)
+    pooled = {}
+    for config, mine in own.items():
+        step_s, variance_s2, contended = 0.0, 0.0, False
+        used: set[int] = set()  # the probes it rests on, by id
+        for phase in mine[0].phase_s:
+            shared = samples[(phase, phase_key(phase, mine[0].knobs))]
+            quiet = [p for p in shared if not p.contended]
+            contended = contended or not quiet
+            basis = quiet or shared
+            seconds = [p.phase_s[phase] for p in basis]
+            mean_s = statistics.fmean(seconds)
+            within_s2 = sum((s * p.relative_se) ** 2 for s, p in zip(seconds, basis,
+                                                                      strict=True))
+            between_s2 = statistics.variance(seconds) if len(seconds) > 1 else 0.0
+            variance_s2 += max(between_s2 / len(seconds), within_s2 / len(seconds) ** 2)
+            step_s += mean_s
+            used.update(id(p) for p in basis)
+        tokens = statistics.fmean(p.tokens_per_step for p in mine)
+        se_s = math.sqrt(variance_s2)
+        pooled[config] = PooledStep(step_s=step_s, step_se_s=se_s,
+                                    tokens_per_s=tokens / step_s,
+                                    tokens_per_s_se=tokens / step_s * se_s / step_s,
+                                    probes=len(used), own_probes=len(mine),
+                                    contended=contended)
+    return pooled
+
+
+def pooled_by_config(study: Study) -> dict[str, PooledStep]:
+    """Every probed config's pooled step in `study`, by its params_key."""
+    times = (probe_times(frozen) for frozen in study.get_trials(deepcopy=False))
+    return pooled_steps(t for t in times if t is not None)

@@ -1,0 +1,74 @@
+"""The pooled figure (sweep/pick/pooled.py): a config's step from every probe that ran its
+phases. Pure arithmetic on made-up phase times; the real CPU sweep's pooled best is checked in
+test_sweep_e2e.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.sweep.pick.pooled import PHASE_ONLY, ProbeTimes, phase_key, pooled_steps
+from autotune.sweep.space.params import params_key
+
+BASE = {"micro_batch_size_update": 2, "micro_batch_size_experience": 4,
+        "gradient_checkpointing": True, "offload_params": False, "gpu_memory_utilization": 0.5}
+
+
+def probe(phase_s, relative_se=0.0, contended=False, tokens=1000.0, **knobs):
+    config = {**BASE, **knobs}
+    return ProbeTimes(config=params_key(config), knobs=config, phase_s=phase_s,
+                      step_s=sum(phase_s.values()), relative_se=relative_se,
+                      tokens_per_step=tokens, contended=contended)
+
+
+def test_a_phase_is_shared_by_configs_that_differ_only_in_another_phases_knobs():
+    assert phase_key("rollout", BASE) == phase_key("rollout", {**BASE,
+                                                                "micro_batch_size_update": 8})
+    assert phase_key("update", BASE) != phase_key("update", {**BASE,
+                                                              "micro_batch_size_update": 8})
+    assert phase_key("update", BASE) == phase_key("update", {**BASE,
+                                                              "gpu_memory_utilization": 0.8})
+    # a knob no phase owns alone (offload moves every phase's transfers) keeps them apart
+    for phase in PHASE_ONLY:
+        assert phase_key(phase, BASE) != phase_key(phase, {**BASE, "offload_params": True})
+
+
+def test_each_phase_is_the_mean_of_every_probe_that_ran_it():
+    a = probe({"rollout": 10.0, "experience": 4.0, "update": 6.0})
+    b = probe({"rollout": 12.0, "experience": 5.0, "update": 3.0}, micro_batch_size_update=8)
+    c = probe({"rollout": 20.0, "experience": 4.0, "update": 6.0}, offload_params=True)
+    pooled = pooled_steps([a, b, c])
+    # a and b share the rollout and the experience (the update's micro-batch is the update's)
+    assert pooled[a.config].step_s == pytest.approx(11.0 + 4.5 + 6.0)
+    assert pooled[b.config].step_s == pytest.approx(11.0 + 4.5 + 3.0)
+    assert pooled[a.config].probes == 2 and pooled[a.config].own_probes == 1
+    assert pooled[c.config].step_s == pytest.approx(30.0) and pooled[c.config].probes == 1
+    assert pooled[a.config].tokens_per_s == pytest.approx(1000.0 / 21.5)
+    # the rollout's spread between the two probes: sd 1.414 over sqrt 2 = 1.0 s, the
+    # experience's 0.5 s; the update's single probe says nothing of its spread (se 0 here)
+    assert pooled[a.config].step_se_s == pytest.approx(math.sqrt(1.0 + 0.25))
+    assert pooled[a.config].tokens_per_s_se == pytest.approx(
+        1000.0 / 21.5 * math.sqrt(1.25) / 21.5)
+
+
+def test_a_phase_probed_once_keeps_its_probes_own_error():
+    alone = probe({"rollout": 10.0, "update": 10.0}, relative_se=0.05)
+    pooled = pooled_steps([alone])[alone.config]
+    assert pooled.step_s == pytest.approx(20.0)
+    assert pooled.step_se_s == pytest.approx(math.sqrt(0.5 ** 2 + 0.5 ** 2))
+    # two probes that agree exactly are never more certain than their own steps say
+    again = probe({"rollout": 10.0, "update": 10.0}, relative_se=0.05)
+    twice = pooled_steps([alone, again])[alone.config]
+    assert twice.step_se_s == pytest.approx(math.sqrt(2 * (0.5 ** 2 + 0.5 ** 2)) / 2)
+    assert twice.own_probes == 2
+
+
+def test_contended_times_count_only_where_no_quiet_probe_ran_the_phase():
+    quiet = probe({"rollout": 10.0, "update": 5.0})
+    busy = probe({"rollout": 30.0, "update": 9.0}, contended=True, micro_batch_size_update=8)
+    pooled = pooled_steps([quiet, busy])
+    assert pooled[quiet.config].step_s == pytest.approx(15.0)  # the busy rollout left out
+    assert not pooled[quiet.config].contended
+    assert pooled[busy.config].step_s == pytest.approx(10.0 + 9.0)  # its update: busy only
+    assert pooled[busy.config].contended

@@ -247,7 +247,7 @@ def landscape_row(model: str, gpu: str, params: dict, phases: dict, times: TimeM
     return ProbeResult(
         status=ProbeStatus.OK, tokens_per_s=tokens / step_s / WORLD,
         samples_per_s=config.rollout_batch_size * config.rollout_n / step_s, step_s=step_s,
-        peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
+        phase_s=dict(phase_s), peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
         device_limit_bytes=capacity, device_capacity_bytes=capacity,
         probe_wall_s=times.probe_wall_s(step_s), device_name=gpu)
 

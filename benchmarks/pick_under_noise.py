@@ -5,8 +5,12 @@ rank, its time modelled) are searched by the real sweep (tuner.Sweep over SQLite
 pre-screen answering from the landscape's traces) for a fixed budget of probes, with
 lognormal noise on every probe's tokens/s (sigma 0, 5% and 10%: each probe of a config draws
 anew, repeats included). Then the finalists are probed again (sweep/pick/finalists.py, K=3, the
-same noisy runner) and the pick is best.yaml's: artifacts.best_trial. A run scores when the
-pick's true objective (noise-free) is within 2% of the landscape's best.
+same noisy runner) and the pick is best.yaml's: artifacts.best_trial, which ranks each config
+by its step pooled over every probe that ran its phases (sweep/pick/pooled.py). Beside it, on
+the same study, the config whose own probes' mean is the highest (the ranking before pooling).
+A run scores when the pick's true objective (noise-free) is within 2% of the landscape's best.
+The noise is one lognormal factor per probe on its tokens/s (every phase of the probe as
+slow), so pooling averages probes' factors, never a phase's own.
 
 The pre-screen is an oracle on these landscapes: the traces it reads are the landscape's own
 memory. So the fair baseline for the search itself is random search over configs that do not
@@ -41,6 +45,7 @@ from autotune.hardware import Device  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest  # noqa: E402
 from autotune.sweep.pick.artifacts import best_trial  # noqa: E402
 from autotune.sweep.pick.finalists import remeasure  # noqa: E402
+from autotune.sweep.pick.measurements import by_config, ranked  # noqa: E402
 from autotune.sweep.study.settings import SweepSettings  # noqa: E402
 from autotune.sweep.tuner import Sweep  # noqa: E402
 
@@ -61,8 +66,17 @@ class NoisyRunner(ReplayRunner):
         if not self.sigma or not result.ok:
             return result
         factor = math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))  # mean 1
-        return result.replace(tokens_per_s=result.tokens_per_s * factor,
-                              samples_per_s=(result.samples_per_s or 0.0) * factor)
+        return result.replace(tokens_per_s=result.tokens_per_s * factor,  # every phase of
+                              samples_per_s=(result.samples_per_s or 0.0) * factor,  # the
+                              step_s=(result.step_s or 0.0) / factor,  # probe as slow
+                              phase_s={p: s / factor for p, s in result.phase_s.items()})
+
+
+def own_mean_pick(study):
+    """The baseline beside the sweep's pick, on the same study: the feasible config whose
+    own probes' mean objective is the highest (the ranking before sweep/pick/pooled.py)."""
+    feasible = ranked(study, by_config(study))
+    return max(feasible, key=lambda m: (m.mean, -m.number)).trial if feasible else None
 
 
 def one_run(space, table, traced, request, sigma, seed, budget, finalists, workdir,
@@ -80,8 +94,10 @@ def one_run(space, table, traced, request, sigma, seed, budget, finalists, workd
     searched = len(runner.calls)
     if finalists:
         remeasure(study, settings, runner, finalists, sweep.feasibility.capacity_bytes)
-    best = best_trial(study)
-    return (best.params if best is not None else None), searched, len(runner.calls) - searched
+    best, baseline = best_trial(study), own_mean_pick(study)
+    return ((best.params if best is not None else None),
+            (baseline.params if baseline is not None else None), searched,
+            len(runner.calls) - searched)
 
 
 def first_hit_median(configs: int, targets: int) -> int:
@@ -135,20 +151,25 @@ def main() -> None:
                        if v is not None and v >= (1 - WITHIN) * best}
             fair, unfiltered = fair_random(table, targets)
             for sigma in NOISES:
-                picks, searched, repeats = [], [], []
+                picks, own_picks, searched, repeats = [], [], [], []
                 with tempfile.TemporaryDirectory() as workdir:
                     for seed in seeds:
-                        params, n_search, n_repeat = one_run(
+                        params, own, n_search, n_repeat = one_run(
                             space, table, traced, request, sigma, seed, args.budget,
                             args.finalists, workdir, args.objective)
                         value = values.get(params_key(params)) if params else None
                         picks.append((value or 0.0) / best)
+                        value = values.get(params_key(own)) if own else None
+                        own_picks.append((value or 0.0) / best)
                         searched.append(n_search)
                         repeats.append(n_repeat)
                 hits = sum(p >= 1 - WITHIN for p in picks)
+                own_hits = sum(p >= 1 - WITHIN for p in own_picks)
                 entry = {"landscape": name, "noise": sigma, "seeds": args.seeds,
                          "finalists": args.finalists,
                          "within_2pct": hits,
+                         "within_2pct_own_mean": own_hits,
+                         "own_mean_quality_median": statistics.median(own_picks),
                          "probes_median": statistics.median(
                              s + r for s, r in zip(searched, repeats, strict=True)),
                          "search_probes_median": statistics.median(searched),
@@ -163,7 +184,9 @@ def main() -> None:
                         f"{args.seeds}; pick quality median {entry['pick_quality_median']:.1%}"
                         f", worst {entry['pick_quality_min']:.1%}; probes median "
                         f"{entry['search_probes_median']:.0f} + "
-                        f"{entry['repeat_probes_median']:.0f} repeats")
+                        f"{entry['repeat_probes_median']:.0f} repeats; own-mean pick "
+                        f"{own_hits:>2}/{args.seeds}, median "
+                        f"{entry['own_mean_quality_median']:.1%}")
                 lines.append(line)
                 print(line, flush=True)
             lines.append(f"{name:<22} {time.monotonic() - started:.0f} s")

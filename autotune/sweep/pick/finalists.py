@@ -2,13 +2,14 @@
 
 One probe is one recording, and a machine is noisy (another process, a clock, a cache): the
 sweep's best single figure is often a lucky one. When the search stops, the best K feasible
-configs (measurements.py ranks them by their mean) are probed again, one round at a time: the
+configs (measurements.py ranks them by their figure, pooled over the probes of their
+phases) are probed again, one round at a time: the
 first round every finalist once more, each later round one more probe of the leader and of
-every finalist not yet apart from it, until the leader's mean is apart from every other
+every finalist not yet apart from it, until the leader's figure is apart from every other
 finalist's beyond the measured noise (measurements.SEPARATION_Z standard errors, one probe's
 spread pooled over the finalists' repeats), or each has had MAX_PROBES probes.
 
-The pick: the highest mean objective; where another finalist is not apart from the leader,
+The pick: the highest figure; where another finalist is not apart from the leader,
 the one of them with the lower peak memory (they are as fast as we can tell, and memory is
 what makes a config safe). The rule and why it chose are stored in the study (user attr
 `finalists`) and written in best.yaml; `show` and the report print every finalist with its
@@ -161,7 +162,7 @@ def decide(study: Study, k: int) -> FinalistsRecord:
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
     finalists = ranked(study)[:k]
     spread, close = standing(finalists)
-    chosen = min(close, key=lambda m: (m.peak_mem_bytes, -m.mean))
+    chosen = min(close, key=lambda m: (m.peak_mem_bytes, -m.figure))
     leader = finalists[0]
     if len(finalists) == 1:
         why = "the only feasible config"
@@ -172,14 +173,14 @@ def decide(study: Study, k: int) -> FinalistsRecord:
                " within the noise, and the lowest peak memory of them")
     else:
         why = (f"within the noise of the leader, trial {leader.number} "
-               f"({leader.mean:,.1f} mean), and the lowest peak memory of those "
+               f"({leader.figure:,.1f}), and the lowest peak memory of those "
                f"({format_bytes(chosen.peak_mem_bytes)} vs "
                f"{format_bytes(leader.peak_mem_bytes)})")
     return {
         "k": k, "max_probes": MAX_PROBES, "objective": objective,
-        "rule": (f"the highest mean {objective} over each config's probes; where another "
-                 f"finalist is within {SEPARATION_Z:g} standard errors of it, the lowest peak "
-                 "memory of those"),
+        "rule": (f"the highest {objective}, each config's phases timed by every probe that "
+                 f"ran them; where another finalist is within {SEPARATION_Z:g} standard errors "
+                 "of it, the lowest peak memory of those"),
         "noise_relative_sd": round(spread, 4),
         "chosen": chosen.number, "why": why,
         "probes_counted": sum(m.probes for m in ranked(study)),
@@ -191,9 +192,9 @@ def entry(measured: Measured, spread: float) -> FinalistEntry:
     low, high = measured.interval(spread)
     scale = measured.tokens_per_s_mean / measured.mean if measured.mean else 0.0
     return {"trial": measured.number, "probes": [t.number for t in measured.trials],
-            "mean": measured.mean, "interval": [low, high],
+            "mean": measured.figure, "interval": [low, high],
             "tokens_per_s": measured.tokens_per_s,
-            "tokens_per_s_mean": measured.tokens_per_s_mean,
+            "tokens_per_s_mean": measured.figure * scale,  # pooled, where it is
             "tokens_per_s_interval": [low * scale, high * scale],
             "peak_mem_bytes": measured.peak_mem_bytes, "contended": measured.contended}
 

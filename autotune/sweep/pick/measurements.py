@@ -1,13 +1,16 @@
-"""Each config's probes taken together: its mean, its spread, and the ranking built on them.
+"""Each config's probes taken together: its figure, its spread, and the ranking built on them.
 
 A config may be probed more than once: the finalists are probed again before the pick
 (finalists.py), each repeat a trial of its own with `origin: finalist`. Everything that
 ranks configs (best.yaml, `show`, the report, the confirmations, the export's candidates)
-reads this module: a config's figure is the mean over its probes, its memory the most any of
-them held, and its noise the spread between them (the within-probe spread of its timed steps
-until it has been probed twice). A config one of whose probes ran out of memory or past the
-headroom is not feasible, however its other probes went. A probe stopped slow adds its memory,
-not its rate (an upper bound): a config probed only so is never ranked.
+reads this module: a config's figure is its objective with its step pooled over every probe
+that ran its phases (pooled.py: a config that shares its rollout with others is timed there
+by all of them; one that shares nothing, or whose probes timed no phases, by the mean over
+its own probes), its memory the most any of its probes held, and its noise the spread
+between probes (the within-probe spread of its timed steps until one config has been probed
+twice). A config one of whose probes ran out of memory or past the headroom is not feasible,
+however its other probes went. A probe stopped slow adds its memory, not its rate (an upper
+bound): a config probed only so is never ranked.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.probe.measure.result import ProbeStatus, coefficient_of_variation
+from autotune.sweep.pick.pooled import PooledStep, pooled_steps, probe_times
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.objective import scalar
 
@@ -42,6 +46,8 @@ class Measured:
     feasible: bool = True
     contended: int = 0  # probes measured under contention (probe/measure/machine.py)
     mean: float = field(init=False, default=0.0)  # the objective's mean over its probes
+    pooled: PooledStep | None = None  # its step pooled over the probes of its phases (set
+    # by ranked())
     tokens_per_s_mean: float = field(init=False, default=0.0)
     peak_mem_bytes: int = field(init=False, default=0)  # the most any of its probes held
 
@@ -81,17 +87,28 @@ class Measured:
                 peaks[phase] = max(peaks.get(phase, 0), value)
         return peaks
 
+    @property
+    def figure(self) -> float:
+        """The objective the ranking reads: its mean, its tokens/s pooled (pooled.py)."""
+        if self.pooled is None or not self.tokens_per_s_mean:
+            return self.mean
+        return self.mean * self.pooled.tokens_per_s / self.tokens_per_s_mean
+
+    @property
+    def evidence(self) -> int:
+        """The probes its figure rests on: of its least-probed phase where pooled."""
+        return max(1, self.pooled.least_probes if self.pooled is not None else len(self.values))
+
     def interval(self, relative_sd: float) -> tuple[float, float]:
-        """The mean's interval at SEPARATION_Z standard errors, `relative_sd` per probe."""
-        half = SEPARATION_Z * relative_sd * self.mean / math.sqrt(max(1, len(self.values)))
-        return self.mean - half, self.mean + half
+        """The figure's interval at SEPARATION_Z standard errors, `relative_sd` per probe."""
+        half = SEPARATION_Z * relative_sd * self.figure / math.sqrt(self.evidence)
+        return self.figure - half, self.figure + half
 
     def apart_from(self, other: Measured, relative_sd: float) -> bool:
-        """Whether the two means differ beyond the noise (SEPARATION_Z standard errors)."""
-        scale = (self.mean + other.mean) / 2
-        error = relative_sd * scale * math.sqrt(1 / max(1, len(self.values)) +
-                                                1 / max(1, len(other.values)))
-        return abs(self.mean - other.mean) > SEPARATION_Z * error
+        """Whether the two figures differ beyond the noise (SEPARATION_Z standard errors)."""
+        scale = (self.figure + other.figure) / 2
+        error = relative_sd * scale * math.sqrt(1 / self.evidence + 1 / other.evidence)
+        return abs(self.figure - other.figure) > SEPARATION_Z * error
 
 
 def is_probe(frozen: FrozenTrial) -> bool:
@@ -140,11 +157,15 @@ def by_config(study: Study) -> dict[str, Measured]:
 
 
 def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[Measured]:
-    """Feasible configs, the best mean objective first, the earliest probed on ties (`configs`:
-    the study's by_config, when the caller holds it)."""
+    """Feasible configs, the best figure first (pooled over the probes of their phases), the
+    earliest probed on ties (`configs`: the study's by_config, when the caller holds it)."""
     configs = by_config(study) if configs is None else configs
+    pooled = pooled_steps(times for m in configs.values() for frozen in m.trials
+                          if (times := probe_times(frozen)) is not None)
     feasible = [m for m in configs.values() if m.feasible and m.values]
-    return sorted(feasible, key=lambda m: (-m.mean, m.number))
+    for m in feasible:
+        m.pooled = pooled.get(params_key(m.trial.params))
+    return sorted(feasible, key=lambda m: (-m.figure, m.number))
 
 
 def pooled_relative_sd(configs: list[Measured]) -> float | None:

@@ -82,6 +82,7 @@ class PooledStep:
     tokens_per_s_se: float
     probes: int  # probes whose phase times it rests on (its own among them)
     own_probes: int
+    least_probes: int  # the probes behind its least-probed phase (how sure the sum is)
     contended: bool  # a phase rests on contended probes only (no quiet one shares it)
 
     def as_dict(self) -> JsonObject:
@@ -89,7 +90,7 @@ class PooledStep:
                 "tokens_per_s_se": round(self.tokens_per_s_se, 2),
                 "step_s": round(self.step_s, 4), "step_se_s": round(self.step_se_s, 4),
                 "probes": self.probes, "own_probes": self.own_probes,
-                "contended": self.contended}
+                "least_probes": self.least_probes, "contended": self.contended}
 
 
 def probe_times(frozen: FrozenTrial) -> ProbeTimes | None:
@@ -123,7 +124,7 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
         own.setdefault(probe.config, []).append(probe)
     pooled = {}
     for config, mine in own.items():
-        step_s, variance_s2, contended = 0.0, 0.0, False
+        step_s, variance_s2, contended, least = 0.0, 0.0, False, len(probes)
         used: set[int] = set()  # the probes it rests on, by id
         for phase in mine[0].phase_s:
             shared = samples[(phase, phase_key(phase, mine[0].knobs))]
@@ -138,13 +139,14 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
             variance_s2 += max(between_s2 / len(seconds), within_s2 / len(seconds) ** 2)
             step_s += mean_s
             used.update(id(p) for p in basis)
+            least = min(least, len(basis))
         tokens = statistics.fmean(p.tokens_per_step for p in mine)
         se_s = math.sqrt(variance_s2)
         pooled[config] = PooledStep(step_s=step_s, step_se_s=se_s,
                                     tokens_per_s=tokens / step_s,
                                     tokens_per_s_se=tokens / step_s * se_s / step_s,
                                     probes=len(used), own_probes=len(mine),
-                                    contended=contended)
+                                    least_probes=least, contended=contended)
     return pooled
 
 

@@ -220,8 +220,9 @@ def test_ctrl_c_at_a_resumed_sweeps_first_trace_stops_it_every_time(tmp_path):
     for line in background.stderr:
         if "Ctrl-C" in line:
             break
-    assert line.strip() == ("Ctrl-C does not reach this sweep (started in the background by a "
-                            f"script, which ignores it): stop it with `kill {background.pid}`.")
+    assert line.rstrip().endswith(
+        "Ctrl-C does not reach this sweep (started in the background by a script, which "
+        f"ignores it): stop it with `kill {background.pid}`"), line
     for line in background.stderr:
         if "tracing" in line:
             break

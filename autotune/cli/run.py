@@ -3,7 +3,6 @@ the plan, runs it (sweep/driver.py), writes the report and prints the outcome.""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Any
@@ -95,9 +94,6 @@ def run(**given: Any) -> None:
     for line in plan.notes:
         click.echo(line, err=True)
     interrupt_on_sigterm()
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        click.echo("Ctrl-C does not reach this sweep (started in the background by a script, "
-                   f"which ignores it): stop it with `kill {os.getpid()}`.", err=True)
     outcome = run_sweep(plan, make_progress(), say=lambda line: click.echo(line, err=True))
     if outcome.interrupted:
         click.echo(f"Interrupted; nothing is lost. Resume with the same command "

@@ -260,6 +260,8 @@ class Sweep:
                 self.heartbeat.start()
             self.resume(study)
             self.progress.started(self.state)
+            if (unreachable := interrupts.unreachable_note()) is not None:
+                self.progress.note(self.state, unreachable)
             try:
                 self.loop(study)
             except BaseException:

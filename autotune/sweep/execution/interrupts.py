@@ -17,7 +17,7 @@ such records from a library's logger.
 
 A process started in the background by a script inherits SIGINT ignored (the shell does it, so
 that the script's Ctrl-C spares its background jobs) and Python keeps it so: no Ctrl-C reaches
-it, by design; SIGTERM does.
+it, by design; SIGTERM does. `unreachable_note()` says so, once a sweep has started.
 
 Both act in the main thread only (the only one signal handlers run in); elsewhere they do
 nothing. Imports nothing of autotune's.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -82,6 +83,15 @@ def recorded() -> Iterator[None]:
     finally:
         _restore(previous)
         _received.clear()
+
+
+def unreachable_note() -> str | None:
+    """The line a sweep says when it starts in a process that ignores SIGINT (a script's
+    background job): Ctrl-C cannot stop it, and what does; None where Ctrl-C reaches it."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return None
+    return ("Ctrl-C does not reach this sweep (started in the background by a script, which "
+            f"ignores it): stop it with `kill {os.getpid()}`")
 
 
 def raise_if_interrupted() -> None:

@@ -27,8 +27,14 @@ from autotune.config import KNOB_NAMES, PHASES, Knobs, ProbeConfig
 from autotune.files import JsonObject, JsonValue, write_text_atomic
 from autotune.probe.measure.result import coefficient_of_variation
 from autotune.sweep.pick.finalists import current_record
-from autotune.sweep.pick.measurements import Measured, by_config, fold, ranked, study_objective
-from autotune.sweep.pick.pooled import pooled_by_config
+from autotune.sweep.pick.measurements import (
+    Measured,
+    by_config,
+    fold,
+    pooled_of,
+    ranked,
+    study_objective,
+)
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.sharing import ran_params
 from autotune.version import __version__
@@ -182,7 +188,7 @@ def best_document(study: Study, trial: FrozenTrial,
         "searched": list(attrs["search_space"]["params"]),
         "measured": measured_record(trial, configs[params_key(trial.params)],
                                     identity["headroom"]),
-        "pooled": pooled.as_dict() if (pooled := pooled_by_config(study).get(
+        "pooled": pooled.as_dict() if (pooled := pooled_of(configs).get(
             params_key(trial.params))) is not None else None,
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),

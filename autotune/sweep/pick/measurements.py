@@ -160,12 +160,17 @@ def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[
     """Feasible configs, the best figure first (pooled over the probes of their phases), the
     earliest probed on ties (`configs`: the study's by_config, when the caller holds it)."""
     configs = by_config(study) if configs is None else configs
-    pooled = pooled_steps(times for m in configs.values() for frozen in m.trials
-                          if (times := probe_times(frozen)) is not None)
+    pooled = pooled_of(configs)
     feasible = [m for m in configs.values() if m.feasible and m.values]
     for m in feasible:
         m.pooled = pooled.get(params_key(m.trial.params))
     return sorted(feasible, key=lambda m: (-m.figure, m.number))
+
+
+def pooled_of(configs: Mapping[str, Measured]) -> dict[str, PooledStep]:
+    """Each probed config's step pooled over every probe of `configs` (pooled.py), by key."""
+    return pooled_steps(times for m in configs.values() for frozen in m.trials
+                        if (times := probe_times(frozen)) is not None)
 
 
 def pooled_relative_sd(configs: list[Measured]) -> float | None:

@@ -15,7 +15,8 @@ Only probes that ran every phase to its end count (a probe stopped slow timed a 
 config is given a pooled figure only when it was probed itself: its tokens per step come from
 its own probes, and a config no probe ran is never figured from the others' phases.
 
-Pure arithmetic over (knobs, result) pairs; `pooled_by_config` reads them from a study.
+Pure arithmetic over (knobs, result) pairs; measurements.pooled_of reads them from a study's
+probes, once for every ranking.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from autotune.sweep.space.params import params_key
 from autotune.sweep.study.sharing import ran_params
 
 if TYPE_CHECKING:
-    from optuna import Study
     from optuna.trial import FrozenTrial
 
 # The knobs only one phase's time reads (each loop's size, its kernel and its engine); every
@@ -148,9 +148,3 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
                                     probes=len(used), own_probes=len(mine),
                                     least_probes=least, contended=contended)
     return pooled
-
-
-def pooled_by_config(study: Study) -> dict[str, PooledStep]:
-    """Every probed config's pooled step in `study`, by its params_key."""
-    times = (probe_times(frozen) for frozen in study.get_trials(deepcopy=False))
-    return pooled_steps(t for t in times if t is not None)

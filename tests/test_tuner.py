@@ -17,6 +17,7 @@ import yaml
 from optuna.trial import TrialState
 from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_result
 
+from autotune.cli.text import format_outcome
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeRequest
@@ -159,10 +160,23 @@ def test_stop_rules(tmp_path, rule, expected):
         assert len(values) - 1 - best_at == 4  # exactly `patience` probes after the best
 
 
-def test_timeout_stops_starting_probes(tmp_path):
+def test_every_run_starts_one_probe_then_stops_at_its_timeout(tmp_path):
+    """--timeout stops new probes, but each run starts one first (as Optuna's
+    study.optimize(timeout=) runs one trial): a resume whose opening and tracing outlast a
+    short timeout still makes progress, and a run that found nothing says it can go on."""
     study, runner = sweep(tmp_path, timeout_s=1e-9)
-    assert runner.calls == []
-    assert [t.state for t in study.trials] == [TrialState.WAITING]  # the safe config, queued
+    assert len(runner.calls) == 1 and study.trials[0].user_attrs["origin"] == "safe"
+    resumed, again = sweep(tmp_path, timeout_s=1e-9)
+    assert len(again.calls) == 1 and params_key(again.calls[0]) != params_key(runner.calls[0])
+    assert len(probed(resumed)) == 2
+
+    crashing = settings_for(tmp_path / "c", timeout_s=1e-9, finalists=0)
+    outcome = run_sweep(SweepPlan(crashing, ScriptedRunner(crash_when=lambda config: True),
+                                  None, ()))
+    assert outcome.exit_code == 1 and outcome.budget_stop == "reached --timeout 0 s"
+    why = format_outcome(outcome, crashing, "")[1]
+    assert why.startswith("no feasible configuration yet (stopped: reached --timeout 0 s)")
+    assert "resumes" in why and "widen the space" not in why
 
 
 def test_resume_continues_without_running_anything_twice(tmp_path):

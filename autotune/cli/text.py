@@ -280,7 +280,14 @@ def format_outcome(outcome: SweepOutcome, settings: SweepSettings, report_line: 
                   f"{files}, rewritten from the study as it stood when this driver stopped; "
                   f"`autotune show --study {settings.study_name} --storage {outcome.where}` "
                   "reads it as it stands"]
-    why = "" if best else (outcome.nothing_fits or "no feasible configuration found: widen the "
-                           "space (offload, checkpointing, smaller micro-batches), lower "
-                           "--headroom or use more memory")
+    if best:
+        why = ""
+    elif outcome.nothing_fits:
+        why = outcome.nothing_fits
+    elif outcome.budget_stop:  # configs are left to try: more of the budget may find one
+        why = (f"no feasible configuration yet (stopped: {outcome.budget_stop}) with configs "
+               "left to try: the same command resumes the sweep; raise --trials or --timeout")
+    else:
+        why = ("no feasible configuration found: widen the space (offload, checkpointing, "
+               "smaller micro-batches), lower --headroom or use more memory")
     return "\n".join(lines), why

@@ -43,6 +43,7 @@ class SweepOutcome:
     nothing_fits: str | None  # why nothing in the space can fit, when that is why it stopped
     where: str  # where the study lives: its SQLite file, journal or database
     others_running: int  # probes other drivers still run in a shared study
+    budget_stop: str | None = None  # why, when --trials, --timeout or --patience ended it
 
     @property
     def exit_code(self) -> int:
@@ -88,5 +89,6 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
     finally:
         plan.runner.close()  # a Ray runner disconnects (and stops a Ray it started)
     best = artifacts(study, whole=True)  # from the storage, other drivers' trials included
+    budget_stop = sweep.state.stop_reason if sweep.state.budget_spent else None
     return SweepOutcome(study, best, exported[0], False, sweep.nothing_fits, sweep.where,
-                        sweep.others_running)
+                        sweep.others_running, budget_stop)

@@ -67,6 +67,16 @@ NEIGHBOUR_EVERY = 3  # after the startup probes, every second probe a neighbour 
 MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only repeats itself
 
 
+@dataclass(frozen=True)
+class Stop:
+    """Why a sweep stops: `budget` when its budget (--trials, --timeout, --patience) ended it
+    with configs left to try; `counts_others` when it waits for other drivers' probes."""
+
+    reason: str
+    counts_others: bool
+    budget: bool
+
+
 @dataclass
 class Pending:
     """A trial asked and not yet told: probing in a slot, waiting for its owner, or ready."""
@@ -109,6 +119,7 @@ class Sweep:
         self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
         self.others_running = 0  # probes other drivers run in this study now
         self.said_waiting = False  # said the sweep waits for other drivers' probes to end
+        self.started_here = 0  # probes this run started (a run starts one before --timeout)
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
         self.heartbeat: Heartbeat | None = None  # shared storage: our trials' heartbeats
@@ -281,18 +292,18 @@ class Sweep:
             interrupts.raise_if_interrupted()  # at least once a second (the wait below)
             self.settle_probes(study)
             self.refresh(study)
-            reason, counts_others = self.stop_reason()
-            if reason is None and self.nothing_fits is None and \
+            stop = self.stop_reason()
+            if stop is None and self.nothing_fits is None and \
                     self.frontier.learned_something():  # a sweep that stops anyway (--trials
                 self.nothing_fits = self.frontier.nothing_fits(  # reached) traces nothing more
                     self.holdings.seen, self.trials)
-                reason, counts_others = self.stop_reason()
-            if reason is None and not self.pool.full():
+                stop = self.stop_reason()
+            if stop is None and not self.pool.full():
                 self.step(study)
                 continue
-            if reason is not None and not self.pool:
-                if not (counts_others and self.others_running):
-                    self.state.stop_reason = reason
+            if stop is not None and not self.pool:
+                if not (stop.counts_others and self.others_running):
+                    self.state.stop_reason, self.state.budget_spent = stop.reason, stop.budget
                     self.release(study)
                     return
                 for pending in self.ready:  # never probed here now: queued again for whoever
@@ -300,34 +311,39 @@ class Sweep:
                 self.ready = []  # two stopping drivers never wait on each other's
                 if not self.said_waiting:
                     self.said_waiting = True
-                    self.progress.note(self.state, f"{reason}; waiting for the "
+                    self.progress.note(self.state, f"{stop.reason}; waiting for the "
                                        f"{self.others_running} probe(s) other drivers run")
             self.pool.wait(timeout_s=min(1.0, self.settings.heartbeat_s))
 
-    def stop_reason(self) -> tuple[str | None, bool]:
-        """Why the sweep stops now, if it does, and whether that counts other drivers' running
-        probes. Such a stop waits for them: a probe whose driver died is taken over once its
-        heartbeat is stale and run here, so the study never ends with a trial left RUNNING."""
+    def stop_reason(self) -> Stop | None:
+        """Why the sweep stops now, if it does. A stop that counts other drivers' running
+        probes waits for them: a probe whose driver died is taken over once its heartbeat is
+        stale and run here, so the study never ends with a trial left RUNNING."""
         s, state = self.settings, self.state
         if self.nothing_fits is not None:
-            return self.nothing_fits, False
+            return Stop(self.nothing_fits, counts_others=False, budget=False)
         started = state.probes + len(self.pool) + self.others_running
         if s.max_trials is not None and started >= s.max_trials:
-            return f"reached --trials {s.max_trials}", True
-        if s.timeout_s is not None and time.monotonic() - state.started_s >= s.timeout_s:
-            return f"reached --timeout {s.timeout_s:.0f} s", False
+            return Stop(f"reached --trials {s.max_trials}", counts_others=True, budget=True)
+        if s.timeout_s is not None and self.started_here and \
+                time.monotonic() - state.started_s >= s.timeout_s:  # every run makes progress:
+            return Stop(f"reached --timeout {s.timeout_s:.0f} s",  # one probe, as Optuna's
+                        counts_others=False, budget=True)  # study.optimize(timeout=) runs
+            # one trial however long opening and resuming the study took
         if s.patience is not None and self.tally.since_improvement >= s.patience:
-            return f"no better config in the last {s.patience} probes (--patience)", False
+            return Stop(f"no better config in the last {s.patience} probes (--patience)",
+                        counts_others=False, budget=True)
         valid_keys = self.frontier.valid_keys
         # a queued trial holds its config but has not tried it (a probe a stop cut off, queued
         # again): it is asked and run before the space counts as exhausted
         if valid_keys is not None and valid_keys <= self.holdings.seen.keys() and \
                 not self.ready and not self.holdings.queued:
-            return f"space exhausted: all {len(valid_keys)} valid configs tried", True
+            return Stop(f"space exhausted: all {len(valid_keys)} valid configs tried",
+                        counts_others=True, budget=False)
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
-            return (f"the sampler proposed only known or invalid configs {self.stuck_asks} "
-                    "times", False)
-        return None, False
+            return Stop(f"the sampler proposed only known or invalid configs {self.stuck_asks} "
+                        "times", counts_others=False, budget=False)
+        return None
 
     def step(self, study: Study) -> None:
         """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""
@@ -413,6 +429,7 @@ class Sweep:
             request = dataclasses.replace(request, stop_below=self.tally.stop_below())
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
+        self.started_here += 1
         self.state.running[number] = candidate.ran
         where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
         self.progress.trial_started(self.state,

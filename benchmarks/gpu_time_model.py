@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
+from autotune.probe.measure.unit_loops import SHORT_SAMPLE
 
 # one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)
 GPU_SPECS = {80 << 30: ("H100 SXM 80 GB", 989e12, 3.35e12),
@@ -132,6 +133,30 @@ class TimeModel:
     def prefill_s(self, config: ProbeConfig, shape: ModelShape, peak: float) -> float:
         prompts = config.rollout_batch_size * config.rollout_n * self.sample_tokens / 2
         return 2 * language_params(shape) * prompts / (GPUS * peak * PREFILL_ETA)
+
+    def short_step_s(self, config: ProbeConfig, model: str, capacity_bytes: int) -> float:
+        """What one step of a short probe runs (autotune/probe/measure/unit_loops.py: of each
+        loop its first SHORT_SAMPLE units and its last): the rollout's first waves and its
+        last, of each log-prob pass and each mini-batch their micro-batches likewise, the
+        mini-batches likewise (each ends in its optimizer step), offload's transfers whole."""
+        shape = model_shape(model)
+        phases = self.phase_seconds(config, model, capacity_bytes)
+
+        def share(count: int) -> float:  # of a loop of `count` units, the share a short
+            return min(SHORT_SAMPLE + 1, count) / count  # probe runs (its sample and last)
+
+        tp = config.rollout_tensor_parallel
+        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
+        waves = math.ceil(responses / self.concurrency(config, shape, capacity_bytes))
+        transfers = offload_s(config, shape)
+        per_rank = config.rollout_batch_size * config.rollout_n // GPUS
+        minibatch = config.global_batch_size * config.rollout_n // GPUS
+        return ((phases["rollout"] - transfers) * share(waves) + transfers
+                + phases["experience"] * share(math.ceil(
+                    per_rank / config.micro_batch_size_experience))
+                + phases["update"] * share(math.ceil(
+                    config.rollout_batch_size / config.global_batch_size))
+                * share(math.ceil(minibatch / config.micro_batch_size_update)))
 
     def probe_wall_s(self, step_s: float) -> float:
         """A probe's wall time: its start, a warm-up step and two timed steps."""

@@ -33,11 +33,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gpu_landscape  # noqa: E402
+from gpu_time_model import TimeModel  # noqa: E402
 from landscape import ReplayRunner, params_key  # noqa: E402
 from search_efficiency import HEADROOM, WITHIN, TableTracer, objective_table  # noqa: E402
 
@@ -46,6 +48,7 @@ from autotune.probe.measure.result import ProbeRequest  # noqa: E402
 from autotune.sweep.pick.artifacts import best_trial  # noqa: E402
 from autotune.sweep.pick.finalists import remeasure  # noqa: E402
 from autotune.sweep.pick.measurements import by_config, ranked  # noqa: E402
+from autotune.sweep.plan import SHORT_TIMED_STEPS, TIMED_STEPS  # noqa: E402
 from autotune.sweep.study.settings import SweepSettings  # noqa: E402
 from autotune.sweep.tuner import Sweep  # noqa: E402
 
@@ -54,22 +57,55 @@ NOISES = (0.0, 0.05, 0.10)
 CHECKED = {"qwen2.5-7b 8x80GB", "qwen2.5-vl-7b 8x80GB"}  # the issue's two landscapes
 
 
-class NoisyRunner(ReplayRunner):
-    """The landscape's result, its tokens/s (and samples/s) times a fresh lognormal draw."""
+class DeviceClock:
+    """The device seconds the probes of one sweep have used: what its --timeout counts."""
 
-    def __init__(self, space, table, sigma: float, seed: int) -> None:
+    def __init__(self) -> None:
+        self.device_s = 0.0
+
+    def __call__(self) -> float:
+        return self.device_s
+
+
+class NoisyRunner(ReplayRunner):
+    """The landscape's result with each phase's seconds divided by a fresh lognormal factor
+    (mean 1) and the step, tokens/s and samples/s composed from them; each probe charged its
+    device seconds on `clock`: a full probe its start and 1 + TIMED_STEPS steps, a short one
+    its start and 1 + SHORT_TIMED_STEPS short steps (gpu_time_model.short_step_s)."""
+
+    def __init__(self, space, table, sigma: float, seed: int, short: bool, model: str,
+                 capacity_bytes: int, clock: DeviceClock) -> None:
         super().__init__(space, table)
-        self.sigma, self.rng = sigma, random.Random(seed)
+        self.sigma, self.rng, self.short = sigma, random.Random(seed), short
+        self.model, self.capacity_bytes, self.clock = model, capacity_bytes, clock
+        self.times = TimeModel.calibrated()
+
+    def device_s(self, config, result) -> float:
+        start = self.times.PROBE_START_S
+        step_s = self.times.step_s(config, self.model, self.capacity_bytes)
+        short_s = self.times.short_step_s(config, self.model, self.capacity_bytes)
+        if not result.ok:  # out in its first step, at its failing phase's peak: a short
+            ran_s = result.probe_wall_s - start  # probe reaches it in its first units
+            return start + (ran_s * short_s / step_s if self.short else ran_s)
+        if self.short:
+            return start + (1 + SHORT_TIMED_STEPS) * short_s
+        return start + (1 + TIMED_STEPS) * step_s
 
     def run(self, request, log_path=None):
         result = super().run(request, log_path)
+        device_s = self.device_s(request.config, result)
+        self.clock.device_s += device_s
+        result = result.replace(probe_wall_s=device_s,
+                                probe_mode="short" if self.short else "full")
         if not self.sigma or not result.ok:
             return result
-        factor = math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))  # mean 1
-        return result.replace(tokens_per_s=result.tokens_per_s * factor,  # every phase of
-                              samples_per_s=(result.samples_per_s or 0.0) * factor,  # the
-                              step_s=(result.step_s or 0.0) / factor,  # probe as slow
-                              phase_s={p: s / factor for p, s in result.phase_s.items()})
+        phase_s = {phase: seconds / math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))
+                   for phase, seconds in result.phase_s.items()}
+        step_s = sum(phase_s.values())
+        slower = result.step_s / step_s
+        return result.replace(tokens_per_s=result.tokens_per_s * slower,
+                              samples_per_s=(result.samples_per_s or 0.0) * slower,
+                              step_s=step_s, phase_s=phase_s)
 
 
 def own_mean_pick(study):
@@ -79,25 +115,42 @@ def own_mean_pick(study):
     return max(feasible, key=lambda m: (m.mean, -m.number)).trial if feasible else None
 
 
-def one_run(space, table, traced, request, sigma, seed, budget, finalists, workdir,
-            objective):
-    """The sweep's pick after `budget` probes and the finalists: its params, the probes
-    the search ran, and the repeats."""
-    runner = NoisyRunner(space, table, sigma, seed + 1000)
-    name = f"noise{sigma}-{seed}"
+@dataclass(frozen=True)
+class Run:
+    """One sweep of one arm: its pick and the own-mean pick on its study, its probes (search
+    and finalists) and the device seconds they took."""
+
+    pick: dict | None
+    own_pick: dict | None
+    searched: int
+    repeats: int
+    search_device_s: float
+    device_s: float
+
+
+def one_run(space, table, traced, request, sigma, seed, finalists, workdir, objective,
+            model, short: bool, budget: int | None = None, device_budget_s: float | None = None
+            ) -> Run:
+    """The sweep's pick after `budget` probes, or as many as `device_budget_s` device seconds
+    start (each run starts one first), then the finalists probed again."""
+    clock = DeviceClock()
+    runner = NoisyRunner(space, table, sigma, seed + 1000, short, model,
+                         request.device.capacity_bytes, clock)
+    name = f"noise{sigma}-{seed}-{'short' if short else 'full'}"
     settings = SweepSettings(
         study_name=name, study_dir=Path(workdir) / name, space=space, request=request,
-        objective=objective, headroom=HEADROOM, max_trials=budget, seed=seed,
-        prune_dominated=True, prescreen=True, trace=False, finalists=finalists)
-    sweep = Sweep(settings, runner, tracer=TableTracer(space, traced, request.device.on_gpu))
+        objective=objective, headroom=HEADROOM, max_trials=budget, timeout_s=device_budget_s,
+        seed=seed, prune_dominated=True, prescreen=True, trace=False, finalists=finalists)
+    sweep = Sweep(settings, runner, tracer=TableTracer(space, traced, request.device.on_gpu),
+                  clock=clock)
     study = sweep.run()
-    searched = len(runner.calls)
+    searched, search_device_s = len(runner.calls), clock.device_s
     if finalists:
         remeasure(study, settings, runner, finalists, sweep.feasibility.capacity_bytes)
     best, baseline = best_trial(study), own_mean_pick(study)
-    return ((best.params if best is not None else None),
-            (baseline.params if baseline is not None else None), searched,
-            len(runner.calls) - searched)
+    return Run(best.params if best is not None else None,
+               baseline.params if baseline is not None else None, searched,
+               len(runner.calls) - searched, search_device_s, clock.device_s)
 
 
 def first_hit_median(configs: int, targets: int) -> int:
@@ -120,6 +173,29 @@ def fair_random(table, targets) -> tuple[int, int]:
             first_hit_median(len(table), len(targets)))
 
 
+ARMS = ("full", "short")  # today's sweep of full probes; short probes at its device time
+
+
+def arm_entry(runs: list[Run], values: dict, best: float, seeds: int) -> dict:
+    """One arm's figures over the seeds: picks within 2% (its own and the own-mean pick on
+    the same studies), pick quality, probes and device seconds."""
+    def quality(params):
+        value = values.get(params_key(params)) if params else None
+        return (value or 0.0) / best
+
+    picks = [quality(r.pick) for r in runs]
+    own = [quality(r.own_pick) for r in runs]
+    return {"within_2pct": sum(p >= 1 - WITHIN for p in picks),
+            "within_2pct_own_mean": sum(p >= 1 - WITHIN for p in own),
+            "pick_quality_median": statistics.median(picks), "pick_quality_min": min(picks),
+            "own_mean_quality_median": statistics.median(own),
+            "search_probes_median": statistics.median(r.searched for r in runs),
+            "repeat_probes_median": statistics.median(r.repeats for r in runs),
+            "device_s": [round(r.device_s) for r in runs],
+            "device_s_median": statistics.median(r.device_s for r in runs),
+            "seeds": seeds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
@@ -128,6 +204,7 @@ def main() -> None:
     parser.add_argument("--objective", default="throughput_per_memory")
     parser.add_argument("--models", nargs="*", default=list(gpu_landscape.MODELS))
     parser.add_argument("--gpus", nargs="*", default=list(gpu_landscape.GPUS))
+    parser.add_argument("--noises", nargs="*", type=float, default=list(NOISES))
     args = parser.parse_args()
     suffix = "" if args.finalists == 3 else f"_finalists{args.finalists}"
     space = gpu_landscape.space()
@@ -150,45 +227,44 @@ def main() -> None:
             targets = {k for k, v in values.items()
                        if v is not None and v >= (1 - WITHIN) * best}
             fair, unfiltered = fair_random(table, targets)
-            for sigma in NOISES:
-                picks, own_picks, searched, repeats = [], [], [], []
+            for sigma in args.noises:
+                arms: dict[str, list[Run]] = {arm: [] for arm in ARMS}
                 with tempfile.TemporaryDirectory() as workdir:
                     for seed in seeds:
-                        params, own, n_search, n_repeat = one_run(
-                            space, table, traced, request, sigma, seed, args.budget,
-                            args.finalists, workdir, args.objective)
-                        value = values.get(params_key(params)) if params else None
-                        picks.append((value or 0.0) / best)
-                        value = values.get(params_key(own)) if own else None
-                        own_picks.append((value or 0.0) / best)
-                        searched.append(n_search)
-                        repeats.append(n_repeat)
-                hits = sum(p >= 1 - WITHIN for p in picks)
-                own_hits = sum(p >= 1 - WITHIN for p in own_picks)
-                entry = {"landscape": name, "noise": sigma, "seeds": args.seeds,
-                         "finalists": args.finalists,
-                         "within_2pct": hits,
-                         "within_2pct_own_mean": own_hits,
-                         "own_mean_quality_median": statistics.median(own_picks),
-                         "probes_median": statistics.median(
-                             s + r for s, r in zip(searched, repeats, strict=True)),
-                         "search_probes_median": statistics.median(searched),
-                         "repeat_probes_median": statistics.median(repeats),
-                         "pick_quality_median": statistics.median(picks),
-                         "pick_quality_min": min(picks),
+                        common = (space, table, traced, request, sigma, seed, args.finalists,
+                                  workdir, args.objective, model)
+                        full = one_run(*common, short=False, budget=args.budget)
+                        short = one_run(*common, short=True,  # no more device time than
+                                        device_budget_s=full.search_device_s)  # the full
+                        arms["full"].append(full)  # probes' search, its finalists short
+                        arms["short"].append(short)
+                ratios = [s.device_s / f.device_s
+                          for f, s in zip(arms["full"], arms["short"], strict=True)]
+                entry = {"landscape": name, "noise": sigma, "noise_per": "phase",
+                         "seeds": args.seeds, "finalists": args.finalists,
+                         "budget_full_probes": args.budget,
+                         **{arm: arm_entry(arms[arm], values, best, args.seeds)
+                            for arm in ARMS},
+                         "device_s_short_over_full_median": statistics.median(ratios),
+                         "device_s_short_over_full_max": max(ratios),
                          "fair_baseline_ratio": None,
                          "fair_random_probes_median": fair,
                          "random_probes_median": unfiltered}
                 runs.append(entry)
-                line = (f"{name:<22} noise {sigma:>4.0%}: pick within 2% in {hits:>2}/"
-                        f"{args.seeds}; pick quality median {entry['pick_quality_median']:.1%}"
-                        f", worst {entry['pick_quality_min']:.1%}; probes median "
-                        f"{entry['search_probes_median']:.0f} + "
-                        f"{entry['repeat_probes_median']:.0f} repeats; own-mean pick "
-                        f"{own_hits:>2}/{args.seeds}, median "
-                        f"{entry['own_mean_quality_median']:.1%}")
-                lines.append(line)
-                print(line, flush=True)
+                for arm in ARMS:
+                    a = entry[arm]
+                    line = (f"{name:<22} noise {sigma:>4.0%} {arm:<5}: pick within 2% in "
+                            f"{a['within_2pct']:>2}/{args.seeds}; quality median "
+                            f"{a['pick_quality_median']:.1%}, worst {a['pick_quality_min']:.1%}"
+                            f"; probes median {a['search_probes_median']:.0f} + "
+                            f"{a['repeat_probes_median']:.0f} repeats; device median "
+                            f"{a['device_s_median'] / 3600:.1f} h; own-mean pick "
+                            f"{a['within_2pct_own_mean']:>2}/{args.seeds}")
+                    lines.append(line)
+                    print(line, flush=True)
+                lines.append(f"{'':<22} short/full device time: median "
+                             f"{statistics.median(ratios):.3f}, max {max(ratios):.3f}")
+                print(lines[-1], flush=True)
             lines.append(f"{name:<22} {time.monotonic() - started:.0f} s")
     # the fair ratio: random over non-OOM configs vs the sweep's own probes to a target,
     # from search_efficiency.py's noise-free GPU runs (same landscapes, same sweep)
@@ -214,15 +290,18 @@ def main() -> None:
     for entry in runs:
         if entry["landscape"] in CHECKED and entry["noise"] in (0.05, 0.10):
             need = 18 if entry["noise"] == 0.05 else 15
-            verdict = "met" if entry["within_2pct"] >= need else "MISSED"
-            lines.append(f"target {entry['landscape']} at {entry['noise']:.0%}: >= {need}/"
-                         f"{entry['seeds']}: {entry['within_2pct']} ({verdict})")
-    header = (f"pick under noise: the sweep ({args.budget} probes, objective {args.objective}) "
-              f"and {args.finalists} finalists probed again (at most 3 probes each), lognormal "
-              f"noise on every probe's tokens/s; seeds 0 to {args.seeds - 1}; written "
+            for arm in ARMS:
+                hits = entry[arm]["within_2pct"]
+                verdict = "met" if hits >= need else "MISSED"
+                lines.append(f"target {entry['landscape']} at {entry['noise']:.0%} ({arm}): "
+                             f">= {need}/{entry['seeds']}: {hits} ({verdict})")
+    header = (f"pick under noise: today's sweep ({args.budget} full probes) and short probes "
+              f"at no more device time (objective {args.objective}), each with "
+              f"{args.finalists} finalists probed again (at most 3 probes each), lognormal "
+              f"noise on each phase of every probe; seeds 0 to {args.seeds - 1}; written "
               f"{time.strftime('%Y-%m-%d')}")
     text = "\n".join([header, "", *lines])
-    print("\n".join(lines[-6:]))
+    print("\n".join(lines[-8:]))
     OUT.mkdir(exist_ok=True)
     (OUT / f"pick_under_noise{suffix}.txt").write_text(text + "\n")
     (OUT / f"pick_under_noise{suffix}.json").write_text(json.dumps(

@@ -92,7 +92,8 @@ class Sweep:
     def __init__(self, settings: SweepSettings, runner: Runner,
                  progress: Progress | None = None,
                  on_trial: Callable[[Study], object] | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if settings.objective not in OBJECTIVES:
             raise ConfigError(
                 f"--objective {settings.objective!r}: valid: {', '.join(OBJECTIVES)}")
@@ -103,6 +104,8 @@ class Sweep:
         self.on_trial = on_trial  # called with the study after every told trial (artifacts)
         self.space = settings.space
         self.n_params = len(self.space.params)
+        self.clock, self.started_s = clock, clock()  # what --timeout counts: the wall clock
+        # (a replay counts its probes' device time); the progress view keeps the wall clock
         self.state = SweepState(settings.study_name, settings.max_trials, settings.timeout_s,
                                 slots=len(settings.slots))
         self.holdings = Holdings(self.n_params)  # which trial holds each config
@@ -326,7 +329,7 @@ class Sweep:
         if s.max_trials is not None and started >= s.max_trials:
             return Stop(f"reached --trials {s.max_trials}", counts_others=True, budget=True)
         if s.timeout_s is not None and self.started_here and \
-                time.monotonic() - state.started_s >= s.timeout_s:  # every run makes progress:
+                self.clock() - self.started_s >= s.timeout_s:  # every run makes progress:
             return Stop(f"reached --timeout {s.timeout_s:.0f} s",  # one probe, as Optuna's
                         counts_others=False, budget=True)  # study.optimize(timeout=) runs
             # one trial however long opening and resuming the study took

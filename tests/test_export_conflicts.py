@@ -371,6 +371,34 @@ def test_a_default_unlike_the_probe_is_written_where_the_run_reads_it(
         header
 
 
+def test_a_cpu_studys_trl_export_writes_the_precision_its_probes_ran(tmp_path):
+    """TRL's bf16 defaults on (None resolves to not fp16); a CPU study's probes computed
+    fp32. A base that leaves bf16 unset, or no base, would run bf16 unmeasured: the export
+    writes bf16: false with why in its header. A GPU study's (bf16, as TRL's default) writes
+    nothing; a base with bf16 true is refused for the CPU study as before."""
+    cpu_run = MeasuredRun(Topology(1, 1), "tiny-qwen2.5", None, on_cpu=True)
+    gpu_run = MeasuredRun(Topology(1, 1), "tiny-qwen2.5", None)
+    path = tmp_path / "base.yaml"
+    path.write_text("learning_rate: 1.0e-06\n")
+    for on_base in (True, False):
+        def tree():  # rendering edits the loaded base in place: one each
+            return load_trainer_yaml(str(path)) if on_base else None  # noqa: B023
+        base = tree()[0] if on_base else None
+        plan = plan_export(TRL, STUDY, Topology(1, 1), base, SEARCHED, run=cpu_run)
+        assert plan.problems == [], plan.problems
+        text = render_plan(plan, TRL, tree(), ["p", ""])
+        assert yaml.safe_load(text)["bf16"] is False, text
+        why = "false (the study's probes ran it so on a CPU (fp32 compute); the trainer's"
+        assert f"bf16: {'(not set) -> ' if on_base else ''}{why}" in text, text
+        on_gpu = plan_export(TRL, STUDY, Topology(1, 1), base, SEARCHED, run=gpu_run)
+        assert "bf16" not in yaml.safe_load(render_plan(on_gpu, TRL, tree(), ["p", ""]))
+    path.write_text("bf16: true\n")
+    refused = plan_export(TRL, STUDY, Topology(1, 1), load_trainer_yaml(str(path))[0],
+                          SEARCHED, run=cpu_run)
+    assert [p for p in refused.problems if p.startswith("bf16=true in your base config")], \
+        refused.problems
+
+
 @pytest.mark.parametrize("adapter, text, key", [
     (VERL, "actor_rollout_ref:\n  model:\n    lora_rank: 32\n",
      "actor_rollout_ref.model.lora_rank"),

@@ -137,6 +137,8 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         plan.problems += problems
         plan.notes += notes
     setting_values(plan, adapter, base, why, force, config)
+    if run is not None and not run.command:  # a study of the built-in step (a trainer's own
+        unset_defaults_unlike_the_probes(plan, adapter, base, why, run.on_cpu)  # ran its own)
     if adapter.topology_keys:
         nodes_key, gpus_key = adapter.topology_keys
         plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
@@ -248,6 +250,23 @@ def setting_values(plan: ExportPlan, adapter: Adapter, base: TrainerTree, why: d
         why[setting.key] = setting.why
         plan.notes.append(f"{setting.key}: {shown(have)} -> {shown(value)}, because "
                           f"{setting.why}")
+
+
+def unset_defaults_unlike_the_probes(plan: ExportPlan, adapter: Adapter, base: TrainerTree,
+                                     why: dict[str, str], on_cpu: bool) -> None:
+    """A compared setting the base leaves unset whose trainer default is not what the probes
+    ran (TRL's bf16 defaults on, a CPU study's probes computed fp32) into `plan`: written at
+    the probes' value, with why in the header. A set one is base_key_lines' to compare."""
+    for rule in adapter.key_classes.compared:
+        ran = rule.ran(on_cpu)
+        key = rule.pattern
+        if None in ran or any(char in key for char in "*?[") or key in plan.values or \
+                resolved_get(base, key, None) is not None:
+            continue
+        plan.values[key] = ran[0]
+        where = " on a CPU (fp32 compute)" if on_cpu and rule.cpu_values is not None else ""
+        why[key] = f"the study's probes ran it so{where}; the trainer's default differs"
+        plan.notes.append(f"{key}: not set -> {shown(ran[0])}, because {why[key]}")
 
 
 def change_lines(plan: ExportPlan, adapter: Adapter, config: ProbeConfig,

@@ -161,9 +161,9 @@ def test_stop_rules(tmp_path, rule, expected):
 
 
 def test_every_run_starts_one_probe_then_stops_at_its_timeout(tmp_path):
-    """--timeout stops new probes, but each run starts one first (as Optuna's
-    study.optimize(timeout=) runs one trial): a resume whose opening and tracing outlast a
-    short timeout still makes progress, and a run that found nothing says it can go on."""
+    """--timeout stops new probes, but each run settles one trial first (as Optuna's
+    study.optimize(timeout=) runs one): a resume whose opening outlasts a short timeout
+    still makes progress, and a run that found nothing says it can go on."""
     study, runner = sweep(tmp_path, timeout_s=1e-9)
     assert len(runner.calls) == 1 and study.trials[0].user_attrs["origin"] == "safe"
     resumed, again = sweep(tmp_path, timeout_s=1e-9)

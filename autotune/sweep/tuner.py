@@ -122,7 +122,7 @@ class Sweep:
         self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
         self.others_running = 0  # probes other drivers run in this study now
         self.said_waiting = False  # said the sweep waits for other drivers' probes to end
-        self.started_here = 0  # probes this run started (a run starts one before --timeout)
+        self.steps_here = 0  # trials this run settled or started (one before --timeout)
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
         self.heartbeat: Heartbeat | None = None  # shared storage: our trials' heartbeats
@@ -328,11 +328,11 @@ class Sweep:
         started = state.probes + len(self.pool) + self.others_running
         if s.max_trials is not None and started >= s.max_trials:
             return Stop(f"reached --trials {s.max_trials}", counts_others=True, budget=True)
-        if s.timeout_s is not None and self.started_here and \
+        if s.timeout_s is not None and self.steps_here and \
                 self.clock() - self.started_s >= s.timeout_s:  # every run makes progress:
-            return Stop(f"reached --timeout {s.timeout_s:.0f} s",  # one probe, as Optuna's
+            return Stop(f"reached --timeout {s.timeout_s:.0f} s",  # one trial, as Optuna's
                         counts_others=False, budget=True)  # study.optimize(timeout=) runs
-            # one trial however long opening and resuming the study took
+            # one however long opening and resuming the study took
         if s.patience is not None and self.tally.since_improvement >= s.patience:
             return Stop(f"no better config in the last {s.patience} probes (--patience)",
                         counts_others=False, budget=True)
@@ -350,6 +350,7 @@ class Sweep:
 
     def step(self, study: Study) -> None:
         """Start one probe, or ask one trial and settle it: reuse, wait, invalid, predicted."""
+        self.steps_here += 1
         if self.ready:
             self.submit(self.ready.pop(0))
             return
@@ -432,7 +433,6 @@ class Sweep:
             request = dataclasses.replace(request, stop_below=self.tally.stop_below())
         log_path = trial_files.log_path(self.settings.study_dir, number)
         slot = self.pool.start(request, log_path, pending)
-        self.started_here += 1
         self.state.running[number] = candidate.ran
         where = f" on {slot.describe()}" if len(self.pool.slots) > 1 else ""
         self.progress.trial_started(self.state,

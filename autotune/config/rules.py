@@ -14,6 +14,7 @@ from autotune.config.schema import (
     CRITIC_KNOBS,
     DECODER_LINEARS,
     LORA_KNOBS,
+    PLACEMENT_KNOBS,
     Knobs,
     ProbeConfig,
     image_tokens,
@@ -49,18 +50,42 @@ def validate_probe_config(config: ProbeConfig, world_size: int = 1) -> list[str]
     """The trainer-independent rules of a GRPO step on `world_size` GPUs; returns every broken
     rule as one line. Each GPU takes an equal share of the prompts, and its share of each
     optimizer step (and of each step) must split into whole micro-batches."""
-    problems = parallel_problems(config, world_size)
-    problems += batch_problems(config, world_size // config.ulysses_sequence_parallel_size
-                               if not world_size % config.ulysses_sequence_parallel_size
-                               else world_size)
+    problems = placement_problems(config, world_size)
+    if problems:  # the split itself is wrong: the rules below read it
+        return problems
+    trainers, sp = config.trainer_gpus(world_size), config.ulysses_sequence_parallel_size
+    problems = parallel_problems(config, trainers)
+    problems += batch_problems(config, trainers // sp if not trainers % sp else trainers)
     problems += budget_problems(config.as_dict())
-    problems += critic_problems(config, world_size)
-    problems += rollout_problems(config, world_size)
+    problems += critic_problems(config, trainers)
+    problems += rollout_problems(config, config.rollout_gpus if config.separate
+                                 else world_size)
     if config.image_size_px % 28:
         problems.append(
             f"image_size_px={config.image_size_px} is not a multiple of 28 "
             "(14-pixel patches merged 2x2 in Qwen2.5-VL)")
     return problems + logprob_problems(config)
+
+
+def placement_problems(config: ProbeConfig, world_size: int) -> list[str]:
+    """Separate placement: the engine takes 1 to W - 1 of the run's GPUs and is a served one
+    (vLLM's memory); its knobs are read only there. The trainers check their batches on the
+    trainer's GPUs alone (verl's validate_config counts trainer.n_gpus_per_node x nnodes:
+    docs/research/placement.md, section 1), which the rules after this one do."""
+    if not config.separate:
+        named = [f"{k}={getattr(config, k)}" for k in PLACEMENT_KNOBS if getattr(config, k)]
+        return [f"{', '.join(named)}: read only with placement=separate (the engine on GPUs "
+                "of its own); set placement=separate or remove them"] if named else []
+    problems, w, gpus = [], world_size, config.rollout_gpus
+    if not 0 < gpus < w:
+        problems.append(f"placement=separate with rollout_gpus={gpus}: the engine takes 1 to "
+                        f"{w - 1} of the run's {w} GPU{'s' if w > 1 else ''} and the rest "
+                        "train" + (" (one GPU cannot be split: use placement=colocated)"
+                                   if w == 1 else ""))
+    if not config.engine_reserves:
+        problems.append(f"placement=separate with rollout_engine={config.rollout_engine}: an "
+                        "engine on GPUs of its own is a served one; use vllm or vllm-like")
+    return problems
 
 
 def parallel_problems(config: ProbeConfig, world_size: int) -> list[str]:
@@ -104,6 +129,7 @@ def batch_problems(config: ProbeConfig, world_size: int) -> list[str]:
     rbs, gbs = config.rollout_batch_size, config.global_batch_size
     mbu, mbe = config.micro_batch_size_update, config.micro_batch_size_experience
     on = "" if w == 1 else f"/{w} GPUs"
+    whose = "that train (the run's less rollout_gpus)" if config.separate else "of the run"
     dynamic = config.dynamic_batching
     if gbs > rbs:
         problems.append(
@@ -113,10 +139,10 @@ def batch_problems(config: ProbeConfig, world_size: int) -> list[str]:
         problems.append(f"rollout_batch_size={rbs} is not divisible by global_batch_size={gbs}")
     if rbs % w:
         problems.append(f"rollout_batch_size={rbs} prompts are not divisible by the {w} GPUs "
-                        "of the run (each takes an equal share)")
+                        f"{whose} (each takes an equal share)")
     if (gbs * n) % w:
         problems.append(f"global_batch_size*rollout_n={gbs * n} responses per optimizer step "
-                        f"are not divisible by the {w} GPUs of the run")
+                        f"are not divisible by the {w} GPUs {whose}")
     elif not dynamic and (gbs * n // w) % mbu:
         problems.append(f"global_batch_size*rollout_n{on}={gbs * n // w} is not divisible by "
                         f"micro_batch_size_update={mbu}")
@@ -127,13 +153,15 @@ def batch_problems(config: ProbeConfig, world_size: int) -> list[str]:
 
 
 def rollout_problems(config: ProbeConfig, world_size: int) -> list[str]:
-    """The rollout engine's: tensor parallelism divides the run, vLLM's start-up rules, and
+    """The rollout engine's: tensor parallelism divides its GPUs (`world_size`: the run's, or
+    the engine's own where it is separate), vLLM's start-up rules, and
     what generation by the trained model itself cannot do."""
     problems = []
     w, tp = world_size, config.rollout_tensor_parallel
+    whose = "the engine has to itself (rollout_gpus)" if config.separate else "of the run"
     if w % tp:
         problems.append(f"rollout_tensor_parallel={tp} does not divide the {w} GPU"
-                        f"{'s' if w > 1 else ''} of the run (each engine spans {tp})")
+                        f"{'s' if w > 1 else ''} {whose} (each engine spans {tp})")
     if config.engine_reserves:
         problems += engine_problems(config)
     elif config.kv_cache_memory_bytes is not None:
@@ -236,6 +264,10 @@ def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool
     --gpu-memory-limit), each a line that says what to do instead; the sweep refuses these
     before its first probe, the probe again before it builds anything."""
     problems = []
+    if config.separate:
+        problems.append("placement=separate: the probe runs the engine beside the trainer "
+                        "only so far; `autotune estimate --set placement=separate --set "
+                        "rollout_gpus=N` sizes each role's GPUs")
     if config.fused_logprob and config.fused_logprob_kernel == "triton" and not on_gpu:
         problems.append("fused_logprob_kernel=triton runs on a CUDA device only; probe on a "
                         "GPU, or with fused_logprob_kernel=torch")

@@ -40,6 +40,9 @@ COEFFICIENT_KNOBS = ("entropy_coeff",)
 # the engines with vLLM's memory: a KV pool reserved at start, sized by gpu_memory_utilization
 # (or kv_cache_memory_bytes), that the rollout stays inside; vllm is the real one
 VLLM_ENGINES = ("vllm", "vllm-like")
+# where the engine runs: on every GPU beside the trainer, or on GPUs of its own
+PLACEMENTS = ("colocated", "separate")
+PLACEMENT_KNOBS = ("rollout_gpus", "staleness")  # read only with placement=separate
 
 
 def trains_critic(algorithm: KnobValue) -> bool:
@@ -219,6 +222,19 @@ class ProbeConfig:
                 "ranks, all-to-all around attention; divides the run's GPUs and the attention "
                 "heads; the data-parallel size is the GPUs over it (verl's "
                 "ulysses_sequence_parallel_size, EasyR1's ulysses_size)"})
+    placement: str = field(default="colocated", metadata={
+        "help": "colocated: every GPU holds the trainer and the engine, the phases taking "
+                "turns (verl's and EasyR1's hybrid engine, TRL's colocate mode); separate: "
+                "the engine has rollout_gpus of the run's GPUs to itself and the rest train "
+                "(verl's one-step-off and fully async recipes, TRL's server mode)",
+        "choices": PLACEMENTS})
+    rollout_gpus: int = field(default=0, metadata={
+        "help": "separate: the run's GPUs the engine has to itself (0 with colocated)",
+        "minimum": 0})
+    staleness: int = field(default=0, metadata={
+        "help": "separate: steps the rollout may run ahead of the trainer (0: the trainer "
+                "waits for each rollout; 1: one step off policy; more: asynchronous with a "
+                "bounded lag)", "minimum": 0})
     image_size_px: int = field(
         default=336, metadata={"help": "side of the square synthetic image (VL models): 144 "
                                         "tokens, room in the default 256-token prompt"})
@@ -260,6 +276,16 @@ class ProbeConfig:
         """The trained model generates itself: no engine copy of the weights (TRL without
         vLLM)."""
         return self.rollout_engine == "policy"
+
+    @property
+    def separate(self) -> bool:
+        """The engine runs on rollout_gpus of the run's GPUs, the trainer on the rest."""
+        return self.placement == "separate"
+
+    def trainer_gpus(self, world_size: int) -> int:
+        """The run's GPUs the trained phases shard over: every GPU colocated, the ones the
+        engine does not have where it is separate."""
+        return world_size - self.rollout_gpus if self.separate else world_size
 
     @property
     def uses_lora(self) -> bool:
@@ -415,4 +441,8 @@ MEMORY_DIRECTION: dict[str, int] = {
     # each rank holds 1/sp of each sequence's activations and logits, but sp x the
     # sequences of a W-rank share (its data-parallel group is W/sp): less per token budget
     "ulysses_sequence_parallel_size": -1,
+    # separate placement moves the engine off the trainer's GPUs: not one order for both
+    # roles (the engine's GPUs hold more of it, the trainer's none); more engine GPUs leave
+    # fewer ranks to shard the trainer's states; staleness moves no device memory
+    "placement": 0, "rollout_gpus": 0, "staleness": 0,
 }

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.config import DEFAULT_HEADROOM, Knobs, ProbeConfig, budget_bytes
+from autotune.config import (
+    DEFAULT_HEADROOM,
+    DTYPE_BYTES,
+    Knobs,
+    ProbeConfig,
+    budget_bytes,
+    compute_dtype,
+)
+from autotune.errors import ConfigError
 from autotune.estimates.planning import EstimatePlan, plan_estimate
 from autotune.estimates.tracing import (
     TracedEstimate,
@@ -26,6 +34,7 @@ from autotune.files import JsonObject
 from autotune.memory.host import NodeHost, format_node_host
 from autotune.memory.length import LengthHeadroom, length_headroom
 from autotune.memory.model import MemoryEstimate, ModelArgs, allocator_reserve, estimate_memory
+from autotune.memory.placement import PlacementEstimate, estimate_placement, format_placement
 from autotune.memory.trainer_figures import TrainerFigure, trainer_figures
 from autotune.memory.verdict import (
     fitting_changes,
@@ -144,7 +153,7 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
              results_dir: str = "results", storage: str | None = None,
              response_length: int | None = None, host_memory_bytes: int | None = None,
              trainer: str | None = None, trace: bool = False, bisect_length: bool = False,
-             say: Callable[[str], None] = lambda line: None) -> Estimate:
+             say: Callable[[str], None] = lambda line: None) -> Estimate | PlacementAnswer:
     """The memory model's answer for the run `options` describe, on a device of
     `capacity_bytes` (default: this machine's GPU, else 80 GiB; host RAM on a CPU), under
     `headroom`; with `study`, calibrated on its probes (estimates/planning.py says how the run
@@ -159,6 +168,8 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
     plan = plan_estimate(options, capacity_bytes, study, results_dir, storage, response_length,
                          host_memory_bytes, trainer)
     request = plan.request
+    if request.config.separate:
+        return estimate_separate(plan, headroom, trace)
     model_args = memory_model_args(request)
     # the allocator's reserve at this config, held while the searches move one knob (a
     # length, a micro-batch); a switch's saving is two configs', each with its own
@@ -195,3 +206,58 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
         trainer_figures=trainer_figures(plan.trainer, memory, host)
         if request.device.on_gpu else [],
         traced=traced, traced_fits_up_to=traced_reach, traced_bisected=bisect_length)
+
+
+@dataclass(frozen=True)
+class PlacementAnswer:
+    """The answer for a config whose engine has GPUs of its own: each role's GPU."""
+
+    plan: EstimatePlan
+    headroom: float
+    placed: PlacementEstimate
+    compute: str  # the compute dtype
+
+    @property
+    def budget_bytes(self) -> int:
+        budget = budget_bytes(self.plan.capacity_bytes, self.headroom)
+        assert budget is not None
+        return budget
+
+    def as_dict(self) -> JsonObject:
+        """The --json document: each role's phases per GPU and which binds."""
+        request, placed = self.plan.request, self.placed
+        roles: JsonObject = {
+            role: {"gpus": gpus, "phase_bytes": {p: e.total_bytes
+                                                 for p, e in memory.phases.items()},
+                   "terms": {p: dict(e.parts) for p, e in memory.phases.items()},
+                   "peak_bytes": memory.peak_bytes,
+                   "host_offload_bytes": memory.host_offload_bytes}
+            for role, memory, gpus in (("engine", placed.engine, placed.rollout_gpus),
+                                       ("trainer", placed.trainer, placed.trainer_gpus))}
+        return {"model": self.plan.name, "num_params": self.plan.shape.num_params,
+                "world_size": request.world_size, "device": request.device.kind,
+                "capacity_bytes": self.plan.capacity_bytes, "budget_bytes": self.budget_bytes,
+                "placement": "separate", "roles": roles, "binding_role": placed.binding_role}
+
+    def text(self) -> str:
+        return format_placement(self.plan.name, self.plan.shape, self.plan.request.config,
+                                self.placed, self.plan.capacity_bytes, self.budget_bytes,
+                                self.headroom, self.compute)
+
+
+def estimate_separate(plan: EstimatePlan, headroom: float, trace: bool) -> PlacementAnswer:
+    """The memory model's answer for each role of a separate placement (memory/placement.py);
+    the length headroom, the switches, the node's host memory and the trace are the
+    colocated answer's so far."""
+    if trace:
+        raise ConfigError("--trace with placement=separate: the probe's step runs the engine "
+                          "beside the trainer only so far; drop --trace")
+    request = plan.request
+    args = memory_model_args(request)
+    width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto",
+                                                                   request.device.on_gpu)]
+    placed = estimate_placement(plan.shape, request.config, request.world_size,
+                                request.config.rollout_gpus, plan.capacity_bytes,
+                                on_gpu=request.device.on_gpu, compute_bytes=width)
+    compute = next(dtype for dtype, size in DTYPE_BYTES.items() if size == width)
+    return PlacementAnswer(plan, headroom, placed, compute)

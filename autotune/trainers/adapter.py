@@ -132,6 +132,9 @@ class Adapter:
     unused: Callable[[ProbeConfig], tuple[str, ...]] | None = None
     # every other key of the trainer's schema, classified (key_classes.py)
     key_classes: KeyClasses = KeyClasses()
+    # why the trainer cannot run the engine on GPUs of its own (placement=separate), where
+    # it cannot at all; "": it can (its keys are issue 68's next step)
+    no_separate_placement: str = ""
 
     @functools.cached_property
     def knob_keys(self) -> frozenset[str]:

@@ -220,6 +220,8 @@ def _easyr1_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys
 EASYR1 = Adapter(
     key_classes=KEY_CLASSES,
     name="easyr1",
+    no_separate_placement="worker.hybrid_engine=false raises NotImplementedError "
+                          "(verl/trainer/ray_trainer.py at b44b311)",
     keys={"rollout_batch_size": ("data.rollout_batch_size",),
           "rollout_n": ("worker.rollout.n",),
           "global_batch_size": ("worker.actor.global_batch_size",),

@@ -123,6 +123,7 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         return settled[key] if key in settled else resolved_get(base, key, default)
 
     plan.problems += adapter.check(config, topology, get, recorded(knobs))
+    plan.problems += placement_refusal(adapter, config)
     why = tuned_keys(plan, adapter, knobs, topology, base, get if tree is not None else None,
                      searched)
     if searched is not None and tree is not None:
@@ -146,6 +147,18 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
     plan.values.update(extra or {})
     change_lines(plan, adapter, config, tree, why)
     return plan
+
+
+def placement_refusal(adapter: Adapter, config: ProbeConfig) -> list[str]:
+    """An engine on GPUs of its own: refused where the trainer has no such placement, and
+    for now where it has (its keys and their checks are issue 68's next step:
+    docs/research/placement.md)."""
+    if not config.separate:
+        return []
+    why = (f"{adapter.name} has no separate placement: {adapter.no_separate_placement}"
+           if adapter.no_separate_placement else f"autotune does not write {adapter.name}'s "
+           "keys for it yet")
+    return [f"placement=separate: {why}; export a study with placement=colocated"]
 
 
 def run_lines(adapter: Adapter, knobs: Knobs, config: ProbeConfig,

@@ -1,0 +1,137 @@
+"""Separate placement (issue 68): the engine on GPUs of its own, the trainer on the rest.
+
+The knobs' rules (the trainers count their batches on the trainer's GPUs alone), each role's
+memory per GPU from the model's own terms, `autotune estimate` printing both, and the probe
+and the exports refusing it in one line until they run and write it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.config import ProbeConfig, Topology, validate_probe_config
+from autotune.config.rules import device_problems
+from autotune.memory.model import estimate_memory
+from autotune.memory.placement import (
+    ENGINE_SYNC_BUCKETS,
+    SYNC_BUCKET_BYTES,
+    TRAINER_SYNC_BUCKETS,
+    estimate_placement,
+)
+from autotune.memory.shape import model_shape
+from autotune.trainers.easyr1 import EASYR1
+from autotune.trainers.export_plan import plan_export
+from autotune.trainers.trl import TRL
+from autotune.trainers.verl import VERL
+
+GiB = 1 << 30
+SEPARATE = ProbeConfig(placement="separate", rollout_gpus=4, rollout_engine="vllm-like",
+                       gpu_memory_utilization=0.85, rollout_tensor_parallel=2,
+                       rollout_batch_size=64, rollout_n=8, global_batch_size=32,
+                       max_prompt_length=1024, max_response_length=2048,
+                       micro_batch_size_update=2, micro_batch_size_experience=4,
+                       gradient_checkpointing=True, use_kl=True)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"placement": "colocated", "rollout_gpus": 2}, "rollout_gpus=2: read only with "
+     "placement=separate"),
+    ({"placement": "colocated", "rollout_gpus": 0, "staleness": 1}, "staleness=1: read only "
+     "with placement=separate"),
+    ({"rollout_gpus": 8}, "the engine takes 1 to 7 of the run's 8 GPUs"),
+    ({"rollout_gpus": 0}, "the engine takes 1 to 7 of the run's 8 GPUs"),
+    ({"rollout_engine": "hf"}, "an engine on GPUs of its own is a served one"),
+    ({"rollout_gpus": 3}, "rollout_tensor_parallel=2 does not divide the 3 GPUs the engine "
+     "has to itself"),
+    ({"rollout_gpus": 2, "rollout_tensor_parallel": 1},  # 6 trainer GPUs: 64 prompts do not
+     "rollout_batch_size=64 prompts are not divisible by the 6 GPUs that train"),  # split
+], ids=["colocated-gpus", "colocated-staleness", "all-gpus", "no-gpus", "hf", "tp", "batch"])
+def test_separate_placement_rules(changes, expected):
+    problems = validate_probe_config(SEPARATE.replace(**changes), 8)
+    assert [p for p in problems if expected in p], problems
+
+
+def test_the_batches_split_over_the_trainers_gpus_not_the_run():
+    """12 prompts split over 4 trainer GPUs, not over the run's 8 (verl's validate_config
+    counts trainer.n_gpus_per_node x nnodes under separate placement)."""
+    batch = {"rollout_batch_size": 12, "global_batch_size": 12, "rollout_n": 2,
+             "micro_batch_size_update": 1, "micro_batch_size_experience": 1}
+    assert validate_probe_config(SEPARATE.replace(**batch), 8) == []
+    colocated = SEPARATE.replace(placement="colocated", rollout_gpus=0, **batch)
+    assert [p for p in validate_probe_config(colocated, 8) if "of the run" in p]
+
+
+def test_each_roles_gpu_holds_its_own_part_of_the_run():
+    """The engine's GPU: the engine's reservation at gpu_memory_utilization of the GPU, the
+    sync's receive buffers, what lives outside torch; no trainer state. The trainer's GPU: the
+    colocated model's trained phases on 4 ranks with no engine beside them, and the weight
+    sync (its send buffers, a gathered tensor; the params back where they are offloaded)."""
+    shape, capacity = model_shape("qwen2.5-7b"), 80 * GiB
+    placed = estimate_placement(shape, SEPARATE, 8, 4, capacity)
+    assert placed.rollout_gpus == 4 and placed.trainer_gpus == 4
+    rollout = placed.engine.phases["rollout"]
+    assert list(placed.engine.phases) == ["rollout"]
+    assert rollout.parts == {"engine_reservation": int(0.85 * capacity),
+                             "sync_buffers": ENGINE_SYNC_BUCKETS * SYNC_BUCKET_BYTES}
+    assert 1 * GiB < rollout.context_bytes < 3 * GiB
+    assert placed.engine.peak_bytes == rollout.total_bytes and placed.binding_role == "engine"
+
+    trainer = placed.trainer.phases
+    assert list(trainer) == ["weight_sync", "experience", "update"]
+    assert not any("engine" in part for phase in trainer.values() for part in phase.parts)
+    colocated = estimate_memory(shape, SEPARATE.replace(placement="colocated", rollout_gpus=0,
+                                                        enable_sleep=True), num_gpus=4,
+                                engine_capacity_bytes=capacity)
+    for phase in ("experience", "update"):  # the same states, sharded over the same 4 ranks
+        assert trainer[phase].parts["reference"] == colocated.phases[phase].parts["reference"]
+    assert trainer["update"].parts["params_grads_adam"] == \
+        colocated.phases["update"].parts["params_grads_adam"]
+    sync = trainer["weight_sync"].parts
+    assert sync["sync_buffers"] == TRAINER_SYNC_BUCKETS * SYNC_BUCKET_BYTES
+    assert sync["gathered_tensor"] > 0 and sync["actor_params"] == 0
+    offloaded = estimate_placement(shape, SEPARATE.replace(offload_params=True), 8, 4, capacity)
+    assert offloaded.trainer.phases["weight_sync"].parts["actor_params"] == 4 * -(
+        -shape.num_params // 4)
+    assert placed.trainer.host_offload_bytes < colocated.host_offload_bytes  # no engine asleep
+
+    fewer = estimate_placement(shape, SEPARATE, 8, 2, capacity)  # 6 trainer ranks share more
+    assert fewer.trainer.phases["update"].states_bytes < trainer["update"].states_bytes
+
+
+def test_estimate_prints_each_roles_gpu_against_the_budget():
+    command = [sys.executable, "-m", "autotune", "estimate", "--model", "qwen2.5-7b",
+               "--gpus-per-node", "8", "--set", "placement=separate", "--set", "rollout_gpus=4"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "separate placement: the engine on 4 GPUs" in out.stdout
+    assert "engine GPU (one of 4)" in out.stdout and "trainer GPU (one of 4)" in out.stdout
+    assert "engine's peak: rollout" in out.stdout and "trainer's peak: update" in out.stdout
+    assert "binds: the " in out.stdout and "budget" in out.stdout
+    document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                         timeout=120).stdout)
+    assert set(document["roles"]) == {"engine", "trainer"}
+    assert document["roles"]["trainer"]["gpus"] == 4
+    assert document["binding_role"] in ("engine", "trainer")
+    traced = subprocess.run([*command, "--trace"], capture_output=True, text=True, timeout=120)
+    assert traced.returncode == 2 and traced.stderr.count("\n") == 1, traced.stderr
+    assert "--trace with placement=separate" in traced.stderr
+
+
+def test_the_probe_and_the_exports_refuse_it_in_one_line():
+    """No probe runs the engine apart yet, and no export writes it: each says so."""
+    assert [p for p in device_problems(SEPARATE, True, False, False)
+            if p.startswith("placement=separate: the probe runs the engine beside")]
+    knobs = {k: v for k, v in SEPARATE.as_dict().items()
+             if k in ("placement", "rollout_gpus", "rollout_engine", "rollout_batch_size",
+                      "rollout_n", "global_batch_size", "micro_batch_size_update",
+                      "micro_batch_size_experience", "gpu_memory_utilization",
+                      "rollout_tensor_parallel")}
+    for adapter in (VERL, EASYR1, TRL):
+        problems = plan_export(adapter, knobs, Topology(1, 8), None).problems
+        refused = [p for p in problems if p.startswith("placement=separate: ")]
+        assert len(refused) == 1, problems
+        if adapter is EASYR1:
+            assert "worker.hybrid_engine=false raises NotImplementedError" in refused[0]

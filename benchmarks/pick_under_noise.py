@@ -329,7 +329,8 @@ def main() -> None:
                 lines.append(f"target {entry['landscape']} at {entry['noise']:.0%} ({arm}): "
                              f">= {need}/{entry['seeds']}: {hits} ({verdict})")
     header = (f"pick under noise: today's sweep ({args.budget} full probes) and short probes "
-              f"at no more device time (objective {args.objective}), each with "
+              f"given its device time less a reserve for their finalists (objective "
+              f"{args.objective}), each with "
               f"{args.finalists} finalists probed again, lognormal noise on "
               f"{'each phase' if per_phase else 'the whole'} of every probe; seeds 0 to "
               f"{args.seeds - 1}; written {time.strftime('%Y-%m-%d')}")

@@ -85,9 +85,10 @@ class NoisyRunner(ReplayRunner):
     its start and 1 + SHORT_TIMED_STEPS short steps (gpu_time_model.short_step_s)."""
 
     def __init__(self, space, table, sigma: float, seed: int, short: bool, model: str,
-                 capacity_bytes: int, clock: DeviceClock) -> None:
+                 capacity_bytes: int, clock: DeviceClock, per_phase: bool = True) -> None:
         super().__init__(space, table)
         self.sigma, self.rng, self.short = sigma, random.Random(seed), short
+        self.per_phase = per_phase  # False: one factor for every phase of a probe
         self.model, self.capacity_bytes, self.clock = model, capacity_bytes, clock
         self.times = TimeModel.calibrated()
 
@@ -110,7 +111,11 @@ class NoisyRunner(ReplayRunner):
                                 probe_mode="short" if self.short else "full")
         if not self.sigma or not result.ok:
             return result
-        phase_s = {phase: seconds / math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))
+        def factor() -> float:
+            return math.exp(self.rng.gauss(-self.sigma ** 2 / 2, self.sigma))
+
+        whole = factor()
+        phase_s = {phase: seconds / (factor() if self.per_phase else whole)
                    for phase, seconds in result.phase_s.items()}
         step_s = sum(phase_s.values())
         slower = result.step_s / step_s
@@ -140,13 +145,13 @@ class Run:
 
 
 def one_run(space, table, traced, request, sigma, seed, finalists, workdir, objective,
-            model, short: bool, budget: int | None = None, device_budget_s: float | None = None
-            ) -> Run:
+            model, short: bool, budget: int | None = None, device_budget_s: float | None = None,
+            per_phase: bool = True) -> Run:
     """The sweep's pick after `budget` probes, or as many as `device_budget_s` device seconds
     start (each run starts one first), then the finalists probed again."""
     clock = DeviceClock()
     runner = NoisyRunner(space, table, sigma, seed + 1000, short, model,
-                         request.device.capacity_bytes, clock)
+                         request.device.capacity_bytes, clock, per_phase)
     name = f"noise{sigma}-{seed}-{'short' if short else 'full'}"
     settings = SweepSettings(
         study_name=name, study_dir=Path(workdir) / name, space=space, request=request,
@@ -216,8 +221,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(gpu_landscape.MODELS))
     parser.add_argument("--gpus", nargs="*", default=list(gpu_landscape.GPUS))
     parser.add_argument("--noises", nargs="*", type=float, default=list(NOISES))
+    parser.add_argument("--noise-per", choices=("phase", "probe"), default="phase",
+                        help="a factor for each phase of a probe, or one for the whole probe "
+                             "(every phase as slow: pooling phases averages less)")
     args = parser.parse_args()
-    suffix = "" if args.finalists == 3 else f"_finalists{args.finalists}"
+    suffix = ("" if args.finalists == 3 else f"_finalists{args.finalists}") + \
+        ("" if args.noise_per == "phase" else "_noise_per_probe")
+    per_phase = args.noise_per == "phase"
     space = gpu_landscape.space()
     traces = gpu_landscape.read_traces(space)
     seeds = range(args.seeds)
@@ -251,20 +261,24 @@ def main() -> None:
                     for seed in seeds:
                         common = (space, table, traced, request, sigma, seed, args.finalists,
                                   workdir, args.objective, model)
-                        full = one_run(*common, short=False, budget=args.budget)
-                        short = one_run(*common, short=True,  # never more device time
-                                        device_budget_s=full.device_s - reserve_s)  # than
+                        full = one_run(*common, short=False, budget=args.budget,
+                                       per_phase=per_phase)
+                        short = one_run(*common, short=True, per_phase=per_phase,  # never
+                                        device_budget_s=full.device_s - reserve_s)  # more than
                         arms["full"].append(full)  # the full probes' sweep, finalists and
                         arms["short"].append(short)  # all
                 ratios = [s.device_s / f.device_s
                           for f, s in zip(arms["full"], arms["short"], strict=True)]
-                entry = {"landscape": name, "noise": sigma, "noise_per": "phase",
+                entry = {"landscape": name, "noise": sigma, "noise_per": args.noise_per,
                          "seeds": args.seeds, "finalists": args.finalists,
                          "budget_full_probes": args.budget,
                          **{arm: arm_entry(arms[arm], values, best, args.seeds)
                             for arm in ARMS},
                          "device_s_short_over_full_median": statistics.median(ratios),
                          "device_s_short_over_full_max": max(ratios),
+                         "device_s_short_over_full_total": sum(
+                             r.device_s for r in arms["short"]) / sum(
+                             r.device_s for r in arms["full"]),
                          "fair_baseline_ratio": None,
                          "fair_random_probes_median": fair,
                          "random_probes_median": unfiltered}
@@ -281,7 +295,8 @@ def main() -> None:
                     lines.append(line)
                     print(line, flush=True)
                 lines.append(f"{'':<22} short/full device time: median "
-                             f"{statistics.median(ratios):.3f}, max {max(ratios):.3f}")
+                             f"{statistics.median(ratios):.3f}, max {max(ratios):.3f}, all "
+                             f"runs {entry['device_s_short_over_full_total']:.3f}")
                 print(lines[-1], flush=True)
             lines.append(f"{name:<22} {time.monotonic() - started:.0f} s")
     # the fair ratio: random over non-OOM configs vs the sweep's own probes to a target,
@@ -314,10 +329,11 @@ def main() -> None:
                 lines.append(f"target {entry['landscape']} at {entry['noise']:.0%} ({arm}): "
                              f">= {need}/{entry['seeds']}: {hits} ({verdict})")
     header = (f"pick under noise: today's sweep ({args.budget} full probes) and short probes "
-              f"at no more device time (objective {args.objective}), each with "
-              f"{args.finalists} finalists probed again (at most 3 probes each), lognormal "
-              f"noise on each phase of every probe; seeds 0 to {args.seeds - 1}; written "
-              f"{time.strftime('%Y-%m-%d')}")
+              f"given its device time less a reserve for their finalists (objective "
+              f"{args.objective}), each with "
+              f"{args.finalists} finalists probed again, lognormal noise on "
+              f"{'each phase' if per_phase else 'the whole'} of every probe; seeds 0 to "
+              f"{args.seeds - 1}; written {time.strftime('%Y-%m-%d')}")
     text = "\n".join([header, "", *lines])
     print("\n".join(lines[-8:]))
     OUT.mkdir(exist_ok=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
-from autotune.probe.measure.unit_loops import SHORT_SAMPLE
+from autotune.probe.measure.unit_loops import short_schedule
 
 # one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)
 GPU_SPECS = {80 << 30: ("H100 SXM 80 GB", 989e12, 3.35e12),
@@ -143,7 +143,7 @@ class TimeModel:
         phases = self.phase_seconds(config, model, capacity_bytes)
 
         def share(count: int) -> float:  # of a loop of `count` units, the share a short
-            return min(SHORT_SAMPLE + 1, count) / count  # probe runs (its sample and last)
+            return len(short_schedule(count)) / count  # probe runs
 
         tp = config.rollout_tensor_parallel
         responses = config.rollout_batch_size * config.rollout_n * tp // GPUS

@@ -392,6 +392,11 @@ def test_a_cpu_studys_trl_export_writes_the_precision_its_probes_ran(tmp_path):
         assert f"bf16: {'(not set) -> ' if on_base else ''}{why}" in text, text
         on_gpu = plan_export(TRL, STUDY, Topology(1, 1), base, SEARCHED, run=gpu_run)
         assert "bf16" not in yaml.safe_load(render_plan(on_gpu, TRL, tree(), ["p", ""]))
+        again = tmp_path / "again.yaml"  # the export given back as a base: the same run
+        again.write_text(text)
+        back = plan_export(TRL, STUDY, Topology(1, 1), load_trainer_yaml(str(again))[0],
+                           SEARCHED, run=cpu_run)
+        assert back.problems == [] and "bf16" not in back.values, back.problems
     path.write_text("bf16: true\n")
     refused = plan_export(TRL, STUDY, Topology(1, 1), load_trainer_yaml(str(path))[0],
                           SEARCHED, run=cpu_run)

@@ -173,7 +173,8 @@ def test_every_run_starts_one_probe_then_stops_at_its_timeout(tmp_path):
     crashing = settings_for(tmp_path / "c", timeout_s=1e-9, finalists=0)
     outcome = run_sweep(SweepPlan(crashing, ScriptedRunner(crash_when=lambda config: True),
                                   None, ()))
-    assert outcome.exit_code == 1 and outcome.budget_stop == "reached --timeout 0 s"
+    assert outcome.exit_code == 1 and outcome.budget_stop is not None
+    assert outcome.budget_stop.reason == "reached --timeout 0 s"
     why = format_outcome(outcome, crashing, "")[1]
     assert why.startswith("no feasible configuration yet (stopped: reached --timeout 0 s)")
     assert "resumes" in why and "widen the space" not in why

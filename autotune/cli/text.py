@@ -285,8 +285,9 @@ def format_outcome(outcome: SweepOutcome, settings: SweepSettings, report_line: 
     elif outcome.nothing_fits:
         why = outcome.nothing_fits
     elif outcome.budget_stop:  # configs are left to try: more of the budget may find one
-        why = (f"no feasible configuration yet (stopped: {outcome.budget_stop}) with configs "
-               "left to try: the same command resumes the sweep; raise --trials or --timeout")
+        stop = outcome.budget_stop
+        why = (f"no feasible configuration yet (stopped: {stop.reason}) with configs left to "
+               f"try: the command again resumes the sweep (with a larger {stop.budget})")
     else:
         why = ("no feasible configuration found: widen the space (offload, checkpointing, "
                "smaller micro-batches), lower --headroom or use more memory")

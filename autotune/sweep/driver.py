@@ -26,7 +26,7 @@ from autotune.sweep.pick.confirm import confirm_best
 from autotune.sweep.pick.finalists import remeasure
 from autotune.sweep.plan import SweepPlan
 from autotune.sweep.progress import Progress
-from autotune.sweep.tuner import Sweep
+from autotune.sweep.tuner import Stop, Sweep
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -43,7 +43,8 @@ class SweepOutcome:
     nothing_fits: str | None  # why nothing in the space can fit, when that is why it stopped
     where: str  # where the study lives: its SQLite file, journal or database
     others_running: int  # probes other drivers still run in a shared study
-    budget_stop: str | None = None  # why, when --trials, --timeout or --patience ended it
+    budget_stop: Stop | None = None  # the stop, when --trials, --timeout or --patience
+    # ended it with configs left to try
 
     @property
     def exit_code(self) -> int:
@@ -89,6 +90,6 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
     finally:
         plan.runner.close()  # a Ray runner disconnects (and stops a Ray it started)
     best = artifacts(study, whole=True)  # from the storage, other drivers' trials included
-    budget_stop = sweep.state.stop_reason if sweep.state.budget_spent else None
+    budget_stop = sweep.stopped if sweep.stopped and sweep.stopped.budget else None
     return SweepOutcome(study, best, exported[0], False, sweep.nothing_fits, sweep.where,
                         sweep.others_running, budget_stop)

@@ -39,7 +39,6 @@ class SweepState:
     tracing: Knobs | None = None  # the candidate traced now (sweep/feasibility/traced.py)
     best: str = "-"
     stop_reason: str | None = None
-    budget_spent: bool = False  # stopped by --trials, --timeout or --patience, configs left
 
     def eta_s(self) -> float | None:
         """Seconds left: remaining probes at the mean probe time over the parallel slots,

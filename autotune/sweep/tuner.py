@@ -69,12 +69,13 @@ MAX_ASKS_WITHOUT_PROBE = 200  # a space too large to list whose sampler only rep
 
 @dataclass(frozen=True)
 class Stop:
-    """Why a sweep stops: `budget` when its budget (--trials, --timeout, --patience) ended it
-    with configs left to try; `counts_others` when it waits for other drivers' probes."""
+    """Why a sweep stops: `budget`, the option whose budget (--trials, --timeout,
+    --patience) ended it with configs left to try; `counts_others` when it waits for other
+    drivers' probes."""
 
     reason: str
     counts_others: bool
-    budget: bool
+    budget: str | None = None
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Sweep:
         self.ready: list[Pending] = []  # trials whose owner died: to probe at the next free slot
         self.others_running = 0  # probes other drivers run in this study now
         self.said_waiting = False  # said the sweep waits for other drivers' probes to end
+        self.stopped: Stop | None = None  # why the loop ended (None: interrupted or running)
         self.steps_here = 0  # trials this run settled or started (one before --timeout)
         self.shared = False  # set by run(): other drivers may share the storage
         self.stale_after_s = settings.heartbeat_s * STALE_AFTER_HEARTBEATS
@@ -306,7 +308,7 @@ class Sweep:
                 continue
             if stop is not None and not self.pool:
                 if not (stop.counts_others and self.others_running):
-                    self.state.stop_reason, self.state.budget_spent = stop.reason, stop.budget
+                    self.state.stop_reason, self.stopped = stop.reason, stop
                     self.release(study)
                     return
                 for pending in self.ready:  # never probed here now: queued again for whoever
@@ -324,28 +326,29 @@ class Sweep:
         stale and run here, so the study never ends with a trial left RUNNING."""
         s, state = self.settings, self.state
         if self.nothing_fits is not None:
-            return Stop(self.nothing_fits, counts_others=False, budget=False)
+            return Stop(self.nothing_fits, counts_others=False)
         started = state.probes + len(self.pool) + self.others_running
         if s.max_trials is not None and started >= s.max_trials:
-            return Stop(f"reached --trials {s.max_trials}", counts_others=True, budget=True)
+            return Stop(f"reached --trials {s.max_trials}", counts_others=True,
+                        budget="--trials")
         if s.timeout_s is not None and self.steps_here and \
                 self.clock() - self.started_s >= s.timeout_s:  # every run makes progress:
             return Stop(f"reached --timeout {s.timeout_s:.0f} s",  # one trial, as Optuna's
-                        counts_others=False, budget=True)  # study.optimize(timeout=) runs
-            # one however long opening and resuming the study took
+                        counts_others=False, budget="--timeout")  # study.optimize(timeout=)
+            # runs one however long opening and resuming the study took
         if s.patience is not None and self.tally.since_improvement >= s.patience:
             return Stop(f"no better config in the last {s.patience} probes (--patience)",
-                        counts_others=False, budget=True)
+                        counts_others=False, budget="--patience")
         valid_keys = self.frontier.valid_keys
         # a queued trial holds its config but has not tried it (a probe a stop cut off, queued
         # again): it is asked and run before the space counts as exhausted
         if valid_keys is not None and valid_keys <= self.holdings.seen.keys() and \
                 not self.ready and not self.holdings.queued:
             return Stop(f"space exhausted: all {len(valid_keys)} valid configs tried",
-                        counts_others=True, budget=False)
+                        counts_others=True)
         if self.stuck_asks >= MAX_ASKS_WITHOUT_PROBE:
             return Stop(f"the sampler proposed only known or invalid configs {self.stuck_asks} "
-                        "times", counts_others=False, budget=False)
+                        "times", counts_others=False)
         return None
 
     def step(self, study: Study) -> None:

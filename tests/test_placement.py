@@ -135,3 +135,58 @@ def test_the_probe_and_the_exports_refuse_it_in_one_line():
         assert len(refused) == 1, problems
         if adapter is EASYR1:
             assert "worker.hybrid_engine=false raises NotImplementedError" in refused[0]
+
+
+def test_a_separate_step_composes_its_sides_by_staleness():
+    """Staleness 0 takes turns (rollout, trained phases, sync); 1 or more overlaps the next
+    rollout with this update (the slower side, then the sync); colocated is the plain sum."""
+    from autotune.probe.measure.pipeline import pipeline_step, step_seconds
+
+    phases = {"rollout": 30.0, "experience": 8.0, "update": 14.0}
+    assert step_seconds(phases, separate=False) == 52.0
+    assert step_seconds(phases, separate=True, staleness=0, sync_s=1.5) == 53.5
+    for staleness in (1, 4):  # a deeper buffer runs at the same pace
+        step = pipeline_step(phases, sync_s=1.5, staleness=staleness)
+        assert (step.engine_s, step.trainer_s, step.step_s) == (30.0, 22.0, 31.5)
+        assert (step.waiting_side, step.idle_s) == ("trainer", 8.0)
+    slow_trainer = pipeline_step({**phases, "critic_update": 20.0}, 0.5, 1)
+    assert (slow_trainer.step_s, slow_trainer.waiting_side) == (42.5, "engine")
+    assert pipeline_step(phases, 1.5, 0).waiting_side == "both"
+    with pytest.raises(ValueError, match="must be at least 0"):
+        pipeline_step(phases, -1.0, 1)
+
+
+def test_an_oom_on_one_split_proves_nothing_about_another():
+    """The split moves every phase's peak (the trainer's states over 8 - rollout_gpus ranks):
+    a trainer out of memory on 1 GPU says nothing of the same knobs on 4, so dominance keeps
+    them apart (it once let one OOM at rollout_gpus=7 close a whole space)."""
+    from autotune.sweep.feasibility.dominance import at_least_as_demanding
+
+    one_trainer = {"placement": "separate", "rollout_gpus": 7, "micro_batch_size_update": 2}
+    four_trainers = {**one_trainer, "rollout_gpus": 4}
+    bigger_micro = {**one_trainer, "micro_batch_size_update": 4}
+    for phase in ("rollout", "experience", "update", "weight_sync"):
+        assert not at_least_as_demanding(four_trainers, one_trainer, phase=phase)
+        assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase)
+
+
+def test_a_separate_space_file_is_checked_on_a_run_it_can_describe(tmp_path):
+    """A space's file is checked before a run names its GPUs: on one GPU, or, where the
+    engine can have GPUs of its own, on one more than its largest rollout_gpus (placement=
+    separate cannot run on one GPU, and every such file was once refused)."""
+    from autotune.errors import ConfigError
+    from autotune.sweep.space.search_space import load_search_space, smallest_world
+
+    path = tmp_path / "split.yaml"
+    path.write_text("params:\n  rollout_gpus: {type: categorical, choices: [2, 4, 6]}\n"
+                    "  staleness: {type: categorical, choices: [0, 1]}\n"
+                    "fixed:\n  placement: separate\n  rollout_engine: vllm-like\n"
+                    "  rollout_batch_size: 8\n  global_batch_size: 4\n")
+    space = load_search_space(str(path))
+    assert smallest_world(space) == 7
+    assert smallest_world(space.with_fixed({"placement": "colocated"})) == 1
+    valid = [p for p in space.for_world(8).grid() if not space.for_world(8).problems_for(p)]
+    assert {p["rollout_gpus"] for p in valid} == {4, 6}  # 8 prompts over 4 and 2 trainers
+    path.write_text(path.read_text().replace("rollout_engine: vllm-like", "rollout_engine: hf"))
+    with pytest.raises(ConfigError, match="an engine on GPUs of its own is a served one"):
+        load_search_space(str(path))

@@ -66,6 +66,9 @@ ALLOCATOR_KNOBS = ("expandable_segments", "fsdp_strategy")
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
                 "algorithm",  # a critic is one more model on the GPU in every phase
                 "lora_rank", "lora_target_modules",  # the states, the reference copy
+                # separate placement: which GPUs run the phase and over how many ranks the
+                # trainer's states are sharded (memory/placement.py)
+                "placement", "rollout_gpus",
                 *ALLOCATOR_KNOBS)
 _SEQUENCE_KNOBS = ("ulysses_sequence_parallel_size",)  # a trained phase's rank's slice
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits

@@ -351,6 +351,19 @@ def load_search_space(name_or_path: str) -> SearchSpace:
     return space
 
 
+def smallest_world(space: SearchSpace) -> int:
+    """The smallest run a space's file can describe, where its rules are checked before a run
+    names its GPUs: one GPU, or one more than the engine's largest rollout_gpus where the
+    engine can have GPUs of its own (placement=separate cannot run on one)."""
+    def values(name: str) -> list:
+        spec = space.params.get(name)
+        return list(spec.values()) if spec is not None else [space.fixed.get(name)]
+
+    if "separate" not in values("placement"):
+        return 1
+    return 1 + max((v for v in values("rollout_gpus") if isinstance(v, int)), default=1)
+
+
 def check_search_space(name_or_path: str) -> tuple[SearchSpace | None, list[str]]:
     """The space and every problem found in it (for `autotune validate`)."""
     path = resolve_space_path(name_or_path)
@@ -407,6 +420,7 @@ def _parse(path: Path, where: str) -> tuple[SearchSpace | None, list[str]]:
         # it sizes a vLLM engine's KV pool and the run's --engine names the engine: the
         # file alone is checked with one that reads it (the run checks the engine it gets)
         checked = space.with_fixed({"rollout_engine": "vllm-like"})
+    checked = checked.for_world(smallest_world(checked))
     valid = checked.valid_grid()
     if valid is not None and not valid:
         first = checked.problems_for(next(checked.grid()))

@@ -121,7 +121,8 @@ def test_estimate_prints_each_roles_gpu_against_the_budget():
 
 
 def test_the_probe_and_the_exports_refuse_it_in_one_line():
-    """No probe runs the engine apart yet, and no export writes it: each says so."""
+    """No probe runs the engine apart yet, and EasyR1 (no such placement) and verl (not
+    written yet) refuse it: each says so in one line; TRL's server mode is written (below)."""
     assert [p for p in device_problems(SEPARATE, True, False, False)
             if p.startswith("placement=separate: the probe runs the engine beside")]
     knobs = {k: v for k, v in SEPARATE.as_dict().items()
@@ -129,7 +130,7 @@ def test_the_probe_and_the_exports_refuse_it_in_one_line():
                       "rollout_n", "global_batch_size", "micro_batch_size_update",
                       "micro_batch_size_experience", "gpu_memory_utilization",
                       "rollout_tensor_parallel")}
-    for adapter in (VERL, EASYR1, TRL):
+    for adapter in (VERL, EASYR1):
         problems = plan_export(adapter, knobs, Topology(1, 8), None).problems
         refused = [p for p in problems if p.startswith("placement=separate: ")]
         assert len(refused) == 1, problems
@@ -149,11 +150,11 @@ def test_a_separate_step_composes_its_sides_by_staleness():
         step = pipeline_step(phases, sync_s=1.5, staleness=staleness)
         assert (step.engine_s, step.trainer_s, step.step_s) == (30.0, 22.0, 31.5)
         assert (step.waiting_side, step.idle_s) == ("trainer", 8.0)
-    slow_trainer = pipeline_step({**phases, "critic_update": 20.0}, 0.5, 1)
+    slow_trainer = pipeline_step({**phases, "critic_update": 20.0, "weight_sync": 0.5}, 1)
     assert (slow_trainer.step_s, slow_trainer.waiting_side) == (42.5, "engine")
-    assert pipeline_step(phases, 1.5, 0).waiting_side == "both"
+    assert pipeline_step(phases, 0, sync_s=1.5).waiting_side == "both"
     with pytest.raises(ValueError, match="must be at least 0"):
-        pipeline_step(phases, -1.0, 1)
+        pipeline_step(phases, 1, sync_s=-1.0)
 
 
 def test_an_oom_on_one_split_proves_nothing_about_another():
@@ -190,3 +191,58 @@ def test_a_separate_space_file_is_checked_on_a_run_it_can_describe(tmp_path):
     path.write_text(path.read_text().replace("rollout_engine: vllm-like", "rollout_engine: hf"))
     with pytest.raises(ConfigError, match="an engine on GPUs of its own is a served one"):
         load_search_space(str(path))
+
+
+SERVER = {"placement": "separate", "rollout_gpus": 4, "rollout_tensor_parallel": 4,
+          "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.9, "staleness": 0,
+          "rollout_batch_size": 12, "rollout_n": 4, "global_batch_size": 12,
+          "micro_batch_size_update": 4, "micro_batch_size_experience": 4,
+          "max_prompt_length": 512, "max_response_length": 1024, "dynamic_batching": False,
+          "fused_logprob": True, "fused_logprob_kernel": "trl", "max_num_seqs": 256}
+
+
+def test_trl_server_mode_is_written_for_the_trainers_processes():
+    """The engine's GPUs run `trl vllm-serve`, the rest `accelerate launch`: the per-process
+    batches count the trainer's 4 processes (48 completions: 4 x 4 x 3), and the header says
+    how to start each side."""
+    from autotune.trainers.render import render_plan
+
+    plan = plan_export(TRL, SERVER, Topology(1, 8), None, searched=["micro_batch_size_update"])
+    assert plan.problems == [] and plan.trainers == Topology(1, 4)
+    assert (plan.values["vllm_mode"], plan.values["gradient_accumulation_steps"]) == ("server", 3)
+    text = render_plan(plan, TRL, None, ["test"])
+    assert "#   CUDA_VISIBLE_DEVICES=0,1,2,3 trl vllm-serve --model <your model> " \
+        "--tensor_parallel_size 4 --gpu_memory_utilization 0.9 --max_model_len 1536" in text
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch --num_processes 4" in text
+    colocated = plan_export(TRL, {**SERVER, "placement": "colocated", "rollout_gpus": 0},
+                            Topology(1, 8), None)  # 48 completions over 8 x 4: no
+    assert any("must be divisible by per_device_train_batch_size=4 x 8 processes" in p
+               for p in colocated.problems)
+
+
+@pytest.mark.parametrize("changes, topology, expected", [
+    ({"rollout_tensor_parallel": 2}, Topology(1, 8), "runs one `trl vllm-serve`"),
+    ({"staleness": 1}, Topology(1, 8), "staleness=1: GRPOTrainer's server mode syncs"),
+    ({"rollout_gpus": 8, "rollout_tensor_parallel": 8, "rollout_batch_size": 16},
+     Topology(2, 8), "writes TRL's server mode for one node"),
+    ({"rollout_gpus": 4}, Topology(2, 8), "the engine takes whole nodes"),
+])
+def test_trl_server_mode_refuses_what_it_cannot_run(changes, topology, expected):
+    problems = plan_export(TRL, {**SERVER, **changes}, topology, None).problems
+    assert [p for p in problems if expected in p], problems
+
+
+def test_a_server_mode_base_is_a_separate_placement():
+    """A TRL base in server mode reads back as placement=separate: a colocated study on it
+    is a conflict, not a silent switch to colocate."""
+    base = {"use_vllm": True, "vllm_mode": "server", "num_generations": 4}
+    colocated = {**SERVER, "placement": "colocated", "rollout_gpus": 0,
+                 "rollout_tensor_parallel": 1, "rollout_batch_size": 16,
+                 "global_batch_size": 16}
+    problems = plan_export(TRL, colocated, Topology(1, 8), base,
+                           searched=["micro_batch_size_update"]).problems
+    assert [p for p in problems if p.startswith("placement (from use_vllm")
+            and "is separate in your base config but the study measured colocated" in p]
+    same = plan_export(TRL, SERVER, Topology(1, 8), {**base, "vllm_tensor_parallel_size": 4},
+                       searched=["micro_batch_size_update"])
+    assert same.problems == [] and same.values.get("vllm_mode", "server") == "server"

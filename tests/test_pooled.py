@@ -72,3 +72,17 @@ def test_contended_times_count_only_where_no_quiet_probe_ran_the_phase():
     assert not pooled[quiet.config].contended
     assert pooled[busy.config].step_s == pytest.approx(10.0 + 9.0)  # its update: busy only
     assert pooled[busy.config].contended
+
+
+def test_a_separate_placements_pooled_step_is_its_pipelines():
+    """placement=separate: the engine's rollout and the trainer's phases overlap at staleness
+    1 (the slower side and the sync), take turns at 0: pooled as the pipeline runs them, not
+    summed."""
+    split = {"placement": "separate", "rollout_gpus": 4}
+    phases = {"rollout": 30.0, "experience": 8.0, "update": 14.0, "weight_sync": 0.5}
+    overlapped = probe(phases, staleness=1, **split)
+    turns = probe(phases, staleness=0, **split)
+    pooled = pooled_steps([overlapped, turns])
+    assert pooled[overlapped.config].step_s == pytest.approx(30.5)
+    assert pooled[turns.config].step_s == pytest.approx(52.5)
+    assert pooled[overlapped.config].tokens_per_s == pytest.approx(1000.0 / 30.5)

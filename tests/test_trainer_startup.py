@@ -389,6 +389,36 @@ def test_trl_grpo_config_accepts_every_export_and_rejects_every_refusal(nnodes, 
     assert not all(ours for _, ours, _ in verdicts), verdicts  # a refusal tried too
 
 
+@pytest.mark.parametrize("engine_gpus", [2, 4, 6])
+def test_trl_grpo_config_accepts_a_server_mode_export_for_the_trainers_processes(
+        engine_gpus, tmp_path):
+    """placement=separate on one node of 8 (issue 68): TRL's server mode, its per-process
+    batches for the 8 - engine_gpus trainer processes `accelerate launch` starts. GRPOConfig
+    accepts the file on those processes and, where the batches do not split over all 8,
+    refuses it there: the file counts the trainer's processes, not the run's GPUs."""
+    pytest.importorskip("trl")
+    trainers = 8 - engine_gpus
+    knobs = {**STUDY, "placement": "separate", "rollout_gpus": engine_gpus, "staleness": 0,
+             "rollout_engine": "vllm-like", "rollout_tensor_parallel": engine_gpus,
+             "gpu_memory_utilization": 0.9, "rollout_batch_size": 3 * trainers,
+             "global_batch_size": trainers, "rollout_n": 4,
+             "micro_batch_size_update": 2, "micro_batch_size_experience": 2}
+    path, problems = exported(TRL, knobs, Topology(1, 8), None, tmp_path, "server")
+    assert problems == []
+    values = yaml.safe_load(path.read_text())
+    assert values["vllm_mode"] == "server"
+    config = grpo_config(Topology(1, trainers), values, tmp_path)
+    assert config.vllm_mode == "server" and config.use_vllm
+    assert config.per_device_train_batch_size * trainers * config.gradient_accumulation_steps \
+        == knobs["global_batch_size"] * knobs["rollout_n"]
+    try:  # 12 x trainers completions a generation: over 8 processes of 2 only with 4
+        grpo_config(Topology(1, 8), values, tmp_path)
+        refused_on_the_run = False
+    except ValueError:
+        refused_on_the_run = True
+    assert refused_on_the_run == (engine_gpus != 4)
+
+
 # -- round trip (issue 30): what the trainer's own config code will run is what was probed ----
 
 ROUND_TRIP = {**STUDY, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.55,

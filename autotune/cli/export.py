@@ -56,6 +56,7 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
         click.echo(exported.chosen)
     for note in exported.plan.notes:
         click.echo(f"set {note}")
-    for line in launch_lines(exported.adapter, path, exported.plan.values, exported.topology,
+    for line in launch_lines(exported.adapter, path, exported.plan.values,
+                             exported.plan.trainers or exported.topology,
                              base_config is not None):
         click.echo(line)

@@ -24,6 +24,10 @@ MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.
 # the phases of one step, in the trainers' order: PPO's critic is updated before the actor
 # (verl's and EasyR1's RayPPOTrainer.fit: update_critic, then update_actor)
 PHASES = ("rollout", "experience", "critic_update", "update", "validation")
+# placement=separate: the engine's GPUs run the rollout, the trainer's every other phase and,
+# once a step, the weight sync to the engine (memory/placement.py, probe/measure/pipeline.py)
+ENGINE_PHASES = frozenset({"rollout"})
+SYNC_PHASE = "weight_sync"
 # grpo: no critic, group-relative advantages; ppo: GAE with a critic (a value model of the
 # actor's architecture, trained on the same GPUs)
 ALGORITHMS = ("grpo", "ppo")
@@ -360,6 +364,19 @@ class Topology:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
+
+    def without_engine(self, rollout_gpus: int) -> Topology | None:
+        """The trainer's GPUs where the engine has `rollout_gpus` of these to itself
+        (placement=separate): the rest of a single node, or on several nodes the nodes the
+        engine leaves whole (verl's and TRL's pools are whole nodes of one size); None where it
+        would take part of a node of a multi-node run, or none or all of the GPUs."""
+        if not 0 < rollout_gpus < self.world_size:
+            return None
+        if self.nnodes == 1:
+            return Topology(1, self.gpus_per_node - rollout_gpus)
+        if rollout_gpus % self.gpus_per_node:
+            return None
+        return Topology(self.nnodes - rollout_gpus // self.gpus_per_node, self.gpus_per_node)
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,24 @@ from autotune.sweep.plan import ProbeOptions
 
 
 @dataclass(frozen=True)
-class Estimate:
-    """The answer for one planned config (`plan`): every figure `autotune estimate` prints."""
+class Budgeted:
+    """An answer for one planned config under a headroom: what a GPU may use."""
 
     plan: EstimatePlan
     headroom: float
+
+    @property
+    def budget_bytes(self) -> int:
+        """What a GPU may use under the headroom."""
+        budget = budget_bytes(self.plan.capacity_bytes, self.headroom)
+        assert budget is not None
+        return budget
+
+
+@dataclass(frozen=True)
+class Estimate(Budgeted):
+    """The answer for one planned config (`plan`): every figure `autotune estimate` prints."""
+
     model_args: ModelArgs  # what the memory model was asked with (the allocator's reserve held)
     memory: MemoryEstimate  # the model's terms per phase
     phase_bytes: dict[str, int]  # each phase's total per GPU (calibrated where there is one)
@@ -67,13 +80,6 @@ class Estimate:
     traced: TracedEstimate | None = None
     traced_fits_up_to: int | None = None  # tokens; None: not traced
     traced_bisected: bool = False  # the traced headroom bisected by traces, not the model's
-
-    @property
-    def budget_bytes(self) -> int:
-        """What a GPU may use under the headroom."""
-        budget = budget_bytes(self.plan.capacity_bytes, self.headroom)
-        assert budget is not None
-        return budget
 
     def as_dict(self) -> JsonObject:
         """The --json document."""
@@ -209,19 +215,11 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
 
 
 @dataclass(frozen=True)
-class PlacementAnswer:
+class PlacementAnswer(Budgeted):
     """The answer for a config whose engine has GPUs of its own: each role's GPU."""
 
-    plan: EstimatePlan
-    headroom: float
     placed: PlacementEstimate
     compute: str  # the compute dtype
-
-    @property
-    def budget_bytes(self) -> int:
-        budget = budget_bytes(self.plan.capacity_bytes, self.headroom)
-        assert budget is not None
-        return budget
 
     def as_dict(self) -> JsonObject:
         """The --json document: each role's phases per GPU and which binds."""

@@ -25,7 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import DTYPE_BYTES, ProbeConfig, compute_dtype, format_bytes
+from autotune.config import (
+    DTYPE_BYTES,
+    SYNC_PHASE,
+    ProbeConfig,
+    compute_dtype,
+    format_bytes,
+)
 from autotune.memory.model import (
     CPU_CONTEXT_BYTES,
     MemoryEstimate,
@@ -116,7 +122,7 @@ def trainer_gpu(s: Sizing, trainer_gpus: int, sync_bucket_bytes: int) -> MemoryE
     trained, share = sequence_slice(s), config.trained_share(trainer_gpus)
     context = outside_torch(trainer_gpus, False, 1).total_bytes if s.on_gpu \
         else CPU_CONTEXT_BYTES
-    phases = {"weight_sync": weight_sync_phase(s, sync_bucket_bytes, context),
+    phases = {SYNC_PHASE: weight_sync_phase(s, sync_bucket_bytes, context),
               "experience": experience_phase(trained, share, {}, context)}
     if config.has_critic:
         phases["critic_update"] = critic_update_phase(trained, share, {}, context)

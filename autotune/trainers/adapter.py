@@ -135,6 +135,12 @@ class Adapter:
     # why the trainer cannot run the engine on GPUs of its own (placement=separate), where
     # it cannot at all; "": it can (its keys are issue 68's next step)
     no_separate_placement: str = ""
+    # placement=separate: the header's lines on starting the engine on its GPUs and the
+    # trainer on the rest, and what it cannot start (config, the run's topology, the
+    # trainer's, the model's name or None); None: autotune does not write the trainer's
+    # separate placement (yet)
+    separate_launch: Callable[[ProbeConfig, Topology, Topology, str | None],
+                              tuple[list[str], list[str]]] | None = None
 
     @functools.cached_property
     def knob_keys(self) -> frozenset[str]:

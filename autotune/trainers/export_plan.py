@@ -69,6 +69,8 @@ class ExportPlan:
     # measured run: the header says so
     not_compared: list[str] = field(default_factory=list)  # base keys in no class
     # (key_classes.py): the header says so, --strict refuses them
+    trainers: Topology | None = None  # placement=separate: the GPUs that train (the launch
+    # line's processes), the engine's being the run's others
 
 
 def measured_knobs(knobs: Knobs) -> Knobs:
@@ -77,9 +79,11 @@ def measured_knobs(knobs: Knobs) -> Knobs:
     keeps them); a study recorded before dynamic batching was a knob ran fixed micro-batches,
     one before PPO ran GRPO, one before LoRA and Ulysses full fine-tuning without SP (LoRA's
     other knobs are dropped without a rank); a reference whose offload was not set waited where the
-    actor's params did; one before fused_optimizer stepped torch's default AdamW."""
+    actor's params did; one before fused_optimizer stepped torch's default AdamW; one before
+    placement ran the engine beside the trainer."""
     measured: Knobs = {"dynamic_batching": False, "algorithm": "grpo", "fused_optimizer": False,
-                       "lora_rank": 0, "ulysses_sequence_parallel_size": 1, **knobs}
+                       "lora_rank": 0, "ulysses_sequence_parallel_size": 1,
+                       "placement": "colocated", **knobs}
     if not measured["lora_rank"]:  # LoRA's other knobs mean nothing without a rank
         measured = {k: v for k, v in measured.items() if k not in LORA_KNOBS}
     if measured.get("offload_ref_params") is None and "offload_params" in measured:
@@ -112,9 +116,12 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
     config = ProbeConfig.from_knobs(knobs)  # the whole config the rules read, as the probe ran it
     plan, base = ExportPlan(), tree if tree is not None else {}
     plan.batching = batching_line(adapter, knobs, tree)
-    plan.run = run_lines(adapter, knobs, config, topology)
+    measured = topology  # the study's run; the trainer's own GPUs are all but the engine's
+    topology = separate_placement(plan, adapter, config, topology,
+                                  run.base_model or run.model_id if run else None)
+    plan.run += run_lines(adapter, knobs, config, topology)
     if run is not None:
-        extra = {**measured_run_values(plan, adapter, run, knobs, config, topology,
+        extra = {**measured_run_values(plan, adapter, run, knobs, config, measured,
                                        tree is not None, force), **(extra or {})}
 
     settled = settings_written(adapter, base, force, config)
@@ -123,7 +130,6 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         return settled[key] if key in settled else resolved_get(base, key, default)
 
     plan.problems += adapter.check(config, topology, get, recorded(knobs))
-    plan.problems += placement_refusal(adapter, config)
     why = tuned_keys(plan, adapter, knobs, topology, base, get if tree is not None else None,
                      searched)
     if searched is not None and tree is not None:
@@ -149,16 +155,35 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
     return plan
 
 
-def placement_refusal(adapter: Adapter, config: ProbeConfig) -> list[str]:
-    """An engine on GPUs of its own: refused where the trainer has no such placement, and
-    for now where it has (its keys and their checks are issue 68's next step:
-    docs/research/placement.md)."""
+def separate_placement(plan: ExportPlan, adapter: Adapter, config: ProbeConfig,
+                       topology: Topology, model: str | None) -> Topology:
+    """The GPUs the trainer's config describes: the run's, or with placement=separate the
+    ones left to train (plan.trainers; the header says how to start each side). Refused
+    where the trainer has no such placement, where autotune does not write it yet
+    (docs/research/placement.md), or where the engine would take part of a node of a
+    multi-node run."""
     if not config.separate:
-        return []
-    why = (f"{adapter.name} has no separate placement: {adapter.no_separate_placement}"
-           if adapter.no_separate_placement else f"autotune does not write {adapter.name}'s "
-           "keys for it yet")
-    return [f"placement=separate: {why}; export a study with placement=colocated"]
+        return topology
+    if adapter.separate_launch is None:
+        why = (f"{adapter.name} has no separate placement: {adapter.no_separate_placement}"
+               if adapter.no_separate_placement else f"autotune does not write "
+               f"{adapter.name}'s keys for it yet")
+        plan.problems.append(f"placement=separate: {why}; export a study with "
+                             "placement=colocated")
+        return topology
+    trainers = topology.without_engine(config.rollout_gpus)
+    if trainers is None:
+        plan.problems.append(
+            f"placement=separate with rollout_gpus={config.rollout_gpus} on "
+            f"{topology.nnodes} nodes of {topology.gpus_per_node} GPUs: the engine takes whole "
+            f"nodes of a multi-node run (a multiple of {topology.gpus_per_node}), or fewer "
+            f"than the {topology.world_size} GPUs of one node")
+        return topology
+    lines, problems = adapter.separate_launch(config, topology, trainers, model)
+    plan.run += lines
+    plan.problems += problems
+    plan.trainers = trainers
+    return trainers
 
 
 def run_lines(adapter: Adapter, knobs: Knobs, config: ProbeConfig,

@@ -76,7 +76,55 @@ def _trl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
         problems.append(f"rollout_tensor_parallel={config.rollout_tensor_parallel}: TRL generates "
                         "with the trained model on each process here (no engine to split); "
                         "sweep with rollout_tensor_parallel=1 for TRL")
+    if config.separate:
+        problems += _trl_server_rules(config, topo)
     return problems
+
+
+def _trl_server_rules(config: ProbeConfig, topo: Topology) -> list[str]:
+    """vllm_mode=server (trl/generation/vllm_generation.py, trl/scripts/vllm_serve.py, TRL
+    1.16): one `trl vllm-serve` the trainer's main process talks to, whose data-parallel size
+    stays 1 for dense models (its help: vLLM PR #30739), so one engine spans the engine's
+    GPUs; GRPOTrainer syncs the weights before each generation (no step off policy:
+    AsyncGRPOTrainer, trl.experimental, is another trainer, which autotune does not write)."""
+    problems = []
+    tp, gpus = config.rollout_tensor_parallel, config.rollout_gpus
+    if tp != gpus:
+        problems.append(f"rollout_tensor_parallel={tp} with rollout_gpus={gpus}: TRL's server "
+                        f"mode runs one `trl vllm-serve` (data_parallel_size 1 for dense "
+                        f"models), one engine over the engine's GPUs: probe with "
+                        f"rollout_tensor_parallel={gpus}")
+    if config.staleness:
+        problems.append(f"staleness={config.staleness}: GRPOTrainer's server mode syncs the "
+                        "weights before each generation (staleness 0); its asynchronous "
+                        "trainer (trl.experimental AsyncGRPOTrainer) is not written by "
+                        "autotune: probe with staleness=0 for TRL")
+    return problems
+
+
+def _trl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology,
+                         model: str | None) -> tuple[list[str], list[str]]:
+    """How to start each side on one node (TRL's vLLM integration docs: the server and the
+    trainer on different CUDA devices): `trl vllm-serve` on the first rollout_gpus GPUs with
+    the study's engine settings (its flags: trl/scripts/vllm_serve.py ScriptArguments), then
+    `accelerate launch` on the rest; several nodes are refused."""
+    if run.nnodes > 1:
+        return [], ["placement=separate on several nodes: autotune writes TRL's server mode "
+                    "for one node (the server and `accelerate launch` on its GPUs)"]
+    engine = ",".join(str(gpu) for gpu in range(config.rollout_gpus))
+    trainer = ",".join(str(gpu) for gpu in range(config.rollout_gpus, run.gpus_per_node))
+    return [f"placement: separate, the engine on GPUs {engine}, the trainer on {trainer} "
+            f"({trainers.world_size} processes); start the server first:",
+            f"  CUDA_VISIBLE_DEVICES={engine} trl vllm-serve --model {model or '<your model>'} "
+            f"--tensor_parallel_size {config.rollout_tensor_parallel} "
+            f"--gpu_memory_utilization {config.gpu_memory_utilization} "
+            f"--max_model_len {config.sequence_length}",
+            f"  then: CUDA_VISIBLE_DEVICES={trainer} accelerate launch --num_processes "
+            f"{trainers.world_size} your_grpo_script.py --config <this file>",
+            "vllm_tensor_parallel_size, vllm_gpu_memory_utilization and "
+            "vllm_enable_sleep_mode are TRL's colocate mode's keys, which its server mode "
+            "does not read: written as the study's engine ran, the serve line above gives the "
+            "server its own"], []
 
 
 def _trl_batches(config: ProbeConfig, topo: Topology) -> TrainerKeys:
@@ -121,7 +169,7 @@ def _trl_engine(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     model (TRL's default: policy; hf stands for it with a copy of the weights)."""
     if not config.engine_reserves:  # policy (hf: an engine copy TRL lacks)
         return {"use_vllm": False}
-    return {"use_vllm": True, "vllm_mode": "colocate",
+    return {"use_vllm": True, "vllm_mode": "server" if config.separate else "colocate",
             "vllm_tensor_parallel_size": config.rollout_tensor_parallel}
 
 
@@ -185,10 +233,13 @@ def _trl_read_lora(get: Getter, topo: Topology) -> Knobs:
 
 def _trl_read_engine(get: Getter, topo: Topology) -> Knobs:
     if not get("use_vllm", False):
-        return {"rollout_engine": "policy", "rollout_tensor_parallel": 1}
-    mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own, not probed
-    return {"rollout_engine": "vllm-like" if mode == "colocate" else f"vllm_mode={mode}",
-            "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1)}
+        return {"rollout_engine": "policy", "rollout_tensor_parallel": 1,
+                "placement": "colocated"}
+    mode = get("vllm_mode", "colocate")  # server: vLLM on GPUs of its own
+    return {"rollout_engine": "vllm-like" if mode in ("colocate", "server")
+            else f"vllm_mode={mode}",
+            "rollout_tensor_parallel": get("vllm_tensor_parallel_size", 1),
+            "placement": "separate" if mode == "server" else "colocated"}
 
 
 def _trl_unheld(config: ProbeConfig, topo: Topology, recorded: Collection[str]
@@ -244,6 +295,12 @@ def _trl_engine_lines(config: ProbeConfig, topo: Topology, recorded: Collection[
     steps_per_generation sequences at once."""
     if not config.engine_reserves:
         return []
+    if config.separate:  # trl vllm-serve has no flag for them: the server's vLLM defaults
+        ran = [f"{knob}={getattr(config, knob)}" for knob in ("max_num_seqs",
+                                                               "max_num_batched_tokens")
+               if knob in recorded]
+        return [f"rollout: `trl vllm-serve` has no flag for {' or '.join(ran)}, which the "
+                "study's engine ran: the server runs its vLLM's own"] if ran else []
     mbu = config.micro_batch_size_update
     steps = config.rollout_batch_size * config.rollout_n // (mbu * topo.world_size)
     trl = [("max_num_batched_tokens", 4096, config.max_num_batched_tokens),
@@ -288,8 +345,8 @@ TRL = Adapter(
         # 0.19); 0.04 was its default before
         Derived(("use_kl",), lambda config, topo: {"beta": 0.04 if config.use_kl else 0.0},
                 lambda get, topo: {"use_kl": get("beta", 0.0) != 0}, ("beta",)),
-        Derived(("rollout_engine", "rollout_tensor_parallel"), _trl_engine, _trl_read_engine,
-                ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size")),
+        Derived(("rollout_engine", "rollout_tensor_parallel", "placement"), _trl_engine,
+                _trl_read_engine, ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size")),
         # GRPOTrainer takes the old log-probs in a forward of their own only when a
         # generation is used more than once: num_iterations > 1, or a generation batch that
         # feeds several optimizer steps (old_logprob_pass none: the batches decide)
@@ -321,4 +378,5 @@ TRL = Adapter(
     unheld=_trl_unheld,
     # GRPOTrainer scores old and reference log-probs per_device_train_batch_size at a time
     ties=lambda config: {"micro_batch_size_experience": config.micro_batch_size_update},
+    separate_launch=_trl_separate_launch,
 )

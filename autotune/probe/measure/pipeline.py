@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-ENGINE_PHASES = frozenset({"rollout"})  # what the engine's GPUs run; every other phase trains
+from autotune.config import ENGINE_PHASES, SYNC_PHASE
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,22 @@ class PipelineStep:
         return self.trainer_s + self.sync_s
 
 
-def pipeline_step(phase_s: Mapping[str, float], sync_s: float, staleness: int) -> PipelineStep:
-    """A separate placement's step from each phase's seconds on its own side's GPUs."""
-    if sync_s < 0 or staleness < 0:
-        raise ValueError(f"sync_s={sync_s} and staleness={staleness} must be at least 0")
+def pipeline_step(phase_s: Mapping[str, float], staleness: int,
+                  sync_s: float | None = None) -> PipelineStep:
+    """A separate placement's step from each phase's seconds on its own side's GPUs; the
+    sync's are `sync_s`, else phase_s's SYNC_PHASE (none: 0)."""
+    sync = phase_s.get(SYNC_PHASE, 0.0) if sync_s is None else sync_s
+    if sync < 0 or staleness < 0:
+        raise ValueError(f"sync_s={sync} and staleness={staleness} must be at least 0")
     engine = sum(s for phase, s in phase_s.items() if phase in ENGINE_PHASES)
-    trainer = sum(s for phase, s in phase_s.items() if phase not in ENGINE_PHASES)
-    return PipelineStep(engine, trainer, sync_s, staleness)
+    trainer = sum(s for phase, s in phase_s.items()
+                  if phase not in ENGINE_PHASES and phase != SYNC_PHASE)
+    return PipelineStep(engine, trainer, sync, staleness)
 
 
 def step_seconds(phase_s: Mapping[str, float], separate: bool, staleness: int = 0,
-                 sync_s: float = 0.0) -> float:
+                 sync_s: float | None = None) -> float:
     """One step's seconds: colocated, the phases' sum; separate, pipeline_step's."""
     if not separate:
         return sum(phase_s.values())
-    return pipeline_step(phase_s, sync_s, staleness).step_s
+    return pipeline_step(phase_s, staleness, sync_s).step_s

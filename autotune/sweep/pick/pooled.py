@@ -7,7 +7,9 @@ phase's time reads; a phase's key is then every knob of the config but those of 
 phases (conservative: a knob not declared keeps configs apart in every phase). Two probes
 whose configs share a phase's key timed the same work there, so each config's step is the sum
 over its phases of the mean phase time over every quiet probe that shares that phase's key
-(contended probes only where no quiet one does), and its standard error adds each phase's:
+(contended probes only where no quiet one does; with placement=separate the phases are
+composed as the pipeline runs them, probe/measure/pipeline.py), and its standard error adds
+each phase's (conservative where the sides overlap):
 the spread between those probes over their count, never under what the probes' own timed
 steps say (their step's relative error, taken for each of its phases).
 
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from autotune.config import Knobs
 from autotune.files import JsonObject
+from autotune.probe.measure.pipeline import step_seconds
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.sharing import ran_params
@@ -124,7 +127,8 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
         own.setdefault(probe.config, []).append(probe)
     pooled = {}
     for config, mine in own.items():
-        step_s, variance_s2, contended, least = 0.0, 0.0, False, len(probes)
+        means: dict[str, float] = {}
+        variance_s2, contended, least = 0.0, False, len(probes)
         used: set[int] = set()  # the probes it rests on, by id
         for phase in mine[0].phase_s:
             shared = samples[(phase, phase_key(phase, mine[0].knobs))]
@@ -137,9 +141,12 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
                                                                       strict=True))
             between_s2 = statistics.variance(seconds) if len(seconds) > 1 else 0.0
             variance_s2 += max(between_s2 / len(seconds), within_s2 / len(seconds) ** 2)
-            step_s += mean_s
+            means[phase] = mean_s
             used.update(id(p) for p in basis)
             least = min(least, len(basis))
+        knobs = mine[0].knobs
+        step_s = step_seconds(means, knobs.get("placement") == "separate",
+                              int(knobs.get("staleness") or 0))
         tokens = statistics.fmean(p.tokens_per_step for p in mine)
         se_s = math.sqrt(variance_s2)
         pooled[config] = PooledStep(step_s=step_s, step_se_s=se_s,

@@ -13,6 +13,13 @@ section 9, calibrated to EasyR1's published baselines: the time side of gpu_land
   + two all-reduces a layer with TP > 1; tail-bound: each wave waits for its longest response.
 - T_offload = the bytes offload moves each step (section 8.2) over the host link.
 
+Separate placement (issue 68): the rollout runs on the engine's `rollout_gpus` (rollout_gpus /
+TP engines share the responses, each with its KV pool at gpu_memory_utilization of a GPU it
+has to itself, no offload or sleep), the trained phases on the other GPUs (their FLOPs over
+fewer GPUs, offload only where asked), and the actor's bf16 weights go to the engine once a
+step at SYNC_BYTES_PER_S; the step is composed by probe/measure/pipeline.py (staleness 0:
+the sum; 1 or more: the slower side and the sync).
+
 P is the language model's parameters (verl's and EasyR1's MFU leave the ViT out), T the
 step's tokens (prompt + response of every sample). Fitted to EasyR1 v0.3.2 (assets/
 baselines.md: Qwen2.5-VL-7B, 8 x H100, micro-batches 1/2: 145 s a step, actor MFU 16.0%;
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
+from autotune.probe.measure.pipeline import step_seconds
 from autotune.probe.measure.unit_loops import short_schedule
 
 # one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)
@@ -40,6 +48,10 @@ ALLREDUCE_S = 10e-6  # one small NVLink all-reduce of a decode step (latency-bou
 PROFILE_BYTES = 1 << 30  # the engine's profile run and CUDA graphs, kept out of its pool
 PREFILL_ETA = 0.4
 GPUS = 8
+# the weight sync trainer -> engine: verl's fully async ablation (docs/advance/fully_async.md,
+# verl 1dda039, "checkpoint-engine Ablation Experiment": Qwen2.5-Math-7B, 4 trainer + 4 rollout
+# H20s, 0.12 s a sync without the checkpoint engine), i.e. 15.2 GB of bf16 in 0.12 s
+SYNC_BYTES_PER_S = 125e9
 
 
 @dataclass(frozen=True)
@@ -97,15 +109,25 @@ class TimeModel:
         shape = model_shape(model)
         _, peak, bandwidth = GPU_SPECS[capacity_bytes]
         params, tokens = language_params(shape), self.step_tokens(config)
-        update = 6 * params * tokens / (GPUS * peak * self.eta(config.micro_batch_size_update))
+        trainers = config.trainer_gpus(GPUS)
+        update = 6 * params * tokens / (trainers * peak
+                                        * self.eta(config.micro_batch_size_update))
         if not config.gradient_checkpointing:
             update *= 6 / 8
         passes = 2 if config.use_kl else 1
         logprob = passes * 2 * params * tokens / (
-            GPUS * peak * self.forward_gain * self.eta(config.micro_batch_size_experience))
-        return {"rollout": self.alpha * self.decode_s(config, shape, capacity_bytes)
-                + self.prefill_s(config, shape, peak) + offload_s(config, shape),
-                "experience": logprob, "update": update}
+            trainers * peak * self.forward_gain * self.eta(config.micro_batch_size_experience))
+        offload = offload_s(config, shape)
+        rollout = self.alpha * self.decode_s(config, shape, capacity_bytes) \
+            + self.prefill_s(config, shape, peak)
+        if config.separate:  # the offload's transfers are the trainer's own
+            return {"rollout": rollout, "experience": logprob + offload, "update": update}
+        return {"rollout": rollout + offload, "experience": logprob, "update": update}
+
+    def sync_s(self, config: ProbeConfig, model: str) -> float:
+        """Separate placement's weight sync a step: the actor's bf16 weights to the engine
+        (colocated, the engine's wake-up reads them in place: inside the rollout)."""
+        return 2 * model_shape(model).num_params / SYNC_BYTES_PER_S if config.separate else 0.0
 
     def concurrency(self, config: ProbeConfig, shape: ModelShape, capacity_bytes: int) -> int:
         """Sequences one engine holds at once: max_num_seqs, its responses, or its KV pool at
@@ -114,15 +136,14 @@ class TimeModel:
         weights = 2 * shape.engine_params(tp)
         pool = config.gpu_memory_utilization * capacity_bytes - weights - PROFILE_BYTES
         pool_tokens = pool * tp / kv_cache_bytes(shape, 1)
-        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
+        responses = engine_responses(config)
         return max(1, min(config.max_num_seqs, responses, int(pool_tokens / self.sample_tokens)))
 
     def decode_s(self, config: ProbeConfig, shape: ModelShape, capacity_bytes: int) -> float:
         _, peak, bandwidth = GPU_SPECS[capacity_bytes]
         tp = config.rollout_tensor_parallel
         batch = self.concurrency(config, shape, capacity_bytes)
-        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
-        waves = math.ceil(responses / batch)
+        waves = math.ceil(engine_responses(config) / batch)
         step_bytes = 2 * shape.engine_params(tp) + batch * self.sample_tokens * \
             kv_cache_bytes(shape, 1) / tp
         step_s = max(step_bytes / bandwidth, 2 * language_params(shape) * batch / (tp * peak))
@@ -132,7 +153,8 @@ class TimeModel:
 
     def prefill_s(self, config: ProbeConfig, shape: ModelShape, peak: float) -> float:
         prompts = config.rollout_batch_size * config.rollout_n * self.sample_tokens / 2
-        return 2 * language_params(shape) * prompts / (GPUS * peak * PREFILL_ETA)
+        return 2 * language_params(shape) * prompts / (engine_gpus(config) * peak
+                                                       * PREFILL_ETA)
 
     def short_step_s(self, config: ProbeConfig, model: str, capacity_bytes: int) -> float:
         """What one step of a short probe runs (autotune/probe/measure/unit_loops.py: of each
@@ -145,12 +167,12 @@ class TimeModel:
         def share(count: int) -> float:  # of a loop of `count` units, the share a short
             return len(short_schedule(count)) / count  # probe runs
 
-        tp = config.rollout_tensor_parallel
-        responses = config.rollout_batch_size * config.rollout_n * tp // GPUS
-        waves = math.ceil(responses / self.concurrency(config, shape, capacity_bytes))
+        waves = math.ceil(engine_responses(config)
+                          / self.concurrency(config, shape, capacity_bytes))
         transfers = offload_s(config, shape)
-        per_rank = config.rollout_batch_size * config.rollout_n // GPUS
-        minibatch = config.global_batch_size * config.rollout_n // GPUS
+        trainers = config.trainer_gpus(GPUS)
+        per_rank = config.rollout_batch_size * config.rollout_n // trainers
+        minibatch = config.global_batch_size * config.rollout_n // trainers
         return ((phases["rollout"] - transfers) * share(waves) + transfers
                 + phases["experience"] * share(math.ceil(
                     per_rank / config.micro_batch_size_experience))
@@ -164,7 +186,8 @@ class TimeModel:
 
     def step_s(self, config: ProbeConfig, model: str = BASELINE_MODEL,
                capacity_bytes: int = 80 << 30) -> float:
-        return sum(self.phase_seconds(config, model, capacity_bytes).values())
+        return step_seconds(self.phase_seconds(config, model, capacity_bytes),
+                            config.separate, config.staleness, self.sync_s(config, model))
 
     @classmethod
     def calibrated(cls) -> TimeModel:
@@ -218,10 +241,22 @@ class TimeModel:
         return "\n".join(lines)
 
 
+def engine_gpus(config: ProbeConfig) -> int:
+    """The GPUs that generate: every one colocated, the engine's own separate."""
+    return config.rollout_gpus if config.separate else GPUS
+
+
+def engine_responses(config: ProbeConfig) -> int:
+    """The responses one engine (rollout_tensor_parallel GPUs) generates a step."""
+    return config.rollout_batch_size * config.rollout_n * config.rollout_tensor_parallel \
+        // engine_gpus(config)
+
+
 def offload_s(config: ProbeConfig, shape: ModelShape) -> float:
-    """Offload's traffic a step per GPU (section 8.2): fp32 params out and in around three
-    phases, AdamW's state out and in once, the reference's bf16 params in for its pass."""
-    params = shape.num_params / GPUS
+    """Offload's traffic a step per trainer GPU (section 8.2): fp32 params out and in around
+    three phases, AdamW's state out and in once, the reference's bf16 params in for its
+    pass."""
+    params = shape.num_params / config.trainer_gpus(GPUS)
     moved = (6 * 4 * params if config.offload_params else 0) + \
         (2 * 8 * params if config.offload_optimizer else 0) + \
         (2 * params if config.use_kl and config.ref_on_host else 0)

@@ -299,7 +299,8 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
     same = plan_export(TRL, {**knobs, "max_num_batched_tokens": 4096, "max_num_seqs": 32,
                              "sleep_level": 2}, Topology(1, 1), None, SEARCHED)
     assert not any(line.startswith("rollout:") for line in same.run)
-    # a base whose vLLM runs on GPUs of its own (server mode) cannot be probed: one line
+    # a base whose vLLM runs on GPUs of its own (server mode: placement=separate, which
+    # exports write) cannot be probed yet: one line
     from autotune.trainers.render import trainer_start
 
     server = tmp_path / "grpo.yaml"
@@ -307,8 +308,10 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
     with pytest.raises(ConfigError) as err:
         trainer_start(TRL, str(server), None, None)
     assert err.value.problems == [
-        f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: "
-        "rollout_engine='vllm_mode=server': expected one of hf, vllm-like, vllm, policy"]
+        f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: the engine runs on "
+        "GPUs of its own (placement=separate), which no probe runs yet: sweep a copy that "
+        "colocates it, and size each side with `autotune estimate --set placement=separate "
+        "--set rollout_gpus=N`"]
 
 
 def test_the_allocator_the_study_trained_with_is_stated_where_the_trainer_differs():

@@ -308,6 +308,13 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
             where = adapter.keys[knob][0] if knob in adapter.keys else " and ".join(
                 next(part.keys for part in adapter.derived if knob in part.knobs))
             problems += [f"{base_config}: {where}: {p}" for p in err.problems]
+    if knobs.get("placement") == "separate":  # TRL's vllm_mode: server, say
+        where = " and ".join(next(part.keys for part in adapter.derived
+                                  if "placement" in part.knobs))
+        problems.append(f"{base_config}: {where}: the engine runs on GPUs of its own "
+                        "(placement=separate), which no probe runs yet: sweep a copy that "
+                        "colocates it, and size each side with `autotune estimate --set "
+                        "placement=separate --set rollout_gpus=N`")
     if problems:
         raise ConfigError(problems)
     return base, topology, knobs

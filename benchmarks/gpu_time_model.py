@@ -17,7 +17,7 @@ Separate placement (issue 68): the rollout runs on the engine's `rollout_gpus` (
 TP engines share the responses, each with its KV pool at gpu_memory_utilization of a GPU it
 has to itself, no offload or sleep), the trained phases on the other GPUs (their FLOPs over
 fewer GPUs, offload only where asked), and the actor's bf16 weights go to the engine once a
-step at SYNC_BYTES_PER_S; the step is composed by probe/measure/pipeline.py (staleness 0:
+step at SYNC_BYTES_PER_S; the step is composed by config/pipeline.py (staleness 0:
 the sum; 1 or more: the slower side and the sync).
 
 P is the language model's parameters (verl's and EasyR1's MFU leave the ViT out), T the
@@ -36,8 +36,8 @@ import math
 from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
+from autotune.config.pipeline import step_seconds
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
-from autotune.probe.measure.pipeline import step_seconds
 from autotune.probe.measure.unit_loops import short_schedule
 
 # one GPU of each landscape: dense bf16 FLOP/s and HBM bytes/s (memory-and-throughput.md 7.2)

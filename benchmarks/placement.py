@@ -7,11 +7,11 @@ EasyR1's baseline run (gpu-landscape.yaml's fixed knobs):
 
 - separate (benchmarks/spaces/placement-landscape.yaml, 32,256 configs of which 9,216 pass the
   rules: the trainer's GPUs must divide the batches): each role's peak per GPU from the
-  memory model (memory/placement.py: the engine's reservation and sync buffers; the trainer's
+  memory model (memory/roles.py: the engine's reservation and sync buffers; the trainer's
   states on 8 - rollout_gpus ranks; the prior, as `autotune estimate` prints it: no trace of
   a trainer on 1, 2 or 4 ranks is cached), a config out of memory when either passes the GPU;
   its step from gpu_time_model.py (each side's phases on its own GPUs, the weight sync, the
-  composition of probe/measure/pipeline.py);
+  composition of config/pipeline.py);
 - colocated: gpu-landscape.yaml's 2,304 configs with the same time model; memory from the
   same memory model (memory/model.py), so that both arms are judged alike, and at 2,048-token
   responses also from the traced landscape (gpu_landscape.py) beside it.
@@ -49,11 +49,11 @@ from gpu_time_model import TimeModel  # noqa: E402
 from landscape import ReplayRunner  # noqa: E402
 
 from autotune.config import SYNC_PHASE, ProbeConfig  # noqa: E402
+from autotune.config.pipeline import pipeline_step  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
-from autotune.memory.placement import estimate_placement  # noqa: E402
+from autotune.memory.roles import estimate_placement  # noqa: E402
 from autotune.memory.shape import model_shape  # noqa: E402
-from autotune.probe.measure.pipeline import pipeline_step  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
 from autotune.sweep.pick.artifacts import best_trial  # noqa: E402
 from autotune.sweep.pick.finalists import remeasure  # noqa: E402
@@ -171,7 +171,8 @@ def describe(params: dict, result: ProbeResult, config: ProbeConfig | None = Non
 
 
 class NoisyReplay(ReplayRunner):
-    """The landscape's answer with its time scaled by one lognormal factor a probe."""
+    """The landscape's answer with its time scaled by one lognormal factor a probe (its
+    step and every phase: the pick pools phase times, sweep/pick/pooled.py)."""
 
     def __init__(self, space, table, sigma: float, seed: int) -> None:
         super().__init__(space, table)
@@ -184,7 +185,8 @@ class NoisyReplay(ReplayRunner):
         factor = self.rng.lognormvariate(-self.sigma ** 2 / 2, self.sigma)
         return dataclasses.replace(result, tokens_per_s=result.tokens_per_s / factor,
                                    samples_per_s=result.samples_per_s / factor,
-                                   step_s=result.step_s * factor)
+                                   step_s=result.step_s * factor,
+                                   phase_s={p: s * factor for p, s in result.phase_s.items()})
 
 
 def sweep_pick(space, table, request, sigma, seed, budget, workdir) -> dict | None:

@@ -180,9 +180,13 @@ def test_estimate_takes_every_constraint_run_takes():
                          # a key TRL reads with others: all of them, or the knobs
                          (["--trainer", "trl", "--set", "vllm_tensor_parallel_size=2"],
                           "use_vllm, vllm_mode; give those too"),
-                         # values TRL reads into no knob autotune can probe: one line too
+                         # TRL's server mode is placement=separate: it needs the split
                          (["--trainer", "trl", "--set", "use_vllm=true", "--set",
                            "vllm_mode=server", "--set", "vllm_tensor_parallel_size=1"],
+                          "placement=separate needs rollout_gpus"),
+                         # values TRL reads into no knob autotune can probe: one line too
+                         (["--trainer", "trl", "--set", "use_vllm=true", "--set",
+                           "vllm_mode=offline", "--set", "vllm_tensor_parallel_size=1"],
                           "autotune cannot probe"),
                          (["--trainer", "trl", "--set", "per_device_train_batch_size=4",
                            "--set", "generation_batch_size=abc", "--set",

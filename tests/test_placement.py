@@ -15,7 +15,7 @@ import pytest
 from autotune.config import ProbeConfig, Topology, validate_probe_config
 from autotune.config.rules import device_problems
 from autotune.memory.model import estimate_memory
-from autotune.memory.placement import (
+from autotune.memory.roles import (
     ENGINE_SYNC_BUCKETS,
     SYNC_BUCKET_BYTES,
     TRAINER_SYNC_BUCKETS,
@@ -42,7 +42,8 @@ SEPARATE = ProbeConfig(placement="separate", rollout_gpus=4, rollout_engine="vll
     ({"placement": "colocated", "rollout_gpus": 0, "staleness": 1}, "staleness=1: read only "
      "with placement=separate"),
     ({"rollout_gpus": 8}, "the engine takes 1 to 7 of the run's 8 GPUs"),
-    ({"rollout_gpus": 0}, "the engine takes 1 to 7 of the run's 8 GPUs"),
+    ({"rollout_gpus": 0}, "placement=separate needs rollout_gpus, the GPUs the engine has "
+     "to itself (1 to 7 of the run's 8): add --set rollout_gpus=N"),
     ({"rollout_engine": "hf"}, "an engine on GPUs of its own is a served one"),
     ({"rollout_gpus": 3}, "rollout_tensor_parallel=2 does not divide the 3 GPUs the engine "
      "has to itself"),
@@ -141,7 +142,7 @@ def test_the_probe_and_the_exports_refuse_it_in_one_line():
 def test_a_separate_step_composes_its_sides_by_staleness():
     """Staleness 0 takes turns (rollout, trained phases, sync); 1 or more overlaps the next
     rollout with this update (the slower side, then the sync); colocated is the plain sum."""
-    from autotune.probe.measure.pipeline import pipeline_step, step_seconds
+    from autotune.config.pipeline import pipeline_step, step_seconds
 
     phases = {"rollout": 30.0, "experience": 8.0, "update": 14.0}
     assert step_seconds(phases, separate=False) == 52.0

@@ -3,9 +3,10 @@
 Owns the knob schema and the rules that are properties of one config (schema.py: ProbeConfig,
 Topology, a GPU's share of the batches), the rules every config must pass (rules.py), knob
 values from `--set` and files (parsing.py), units people type and read and the headroom budget
-(units.py), and the kernel tiling constants the probe and the memory model share
-(kernels.py). Re-exports the names the rest of autotune uses. May import batching, errors and
-files; never torch.
+(units.py), the kernel tiling constants the probe and the memory model share
+(kernels.py), and a step's seconds from its phases' by where the engine runs (pipeline.py,
+imported as autotune.config.pipeline). Re-exports the names the rest of autotune uses.
+May import batching, errors and files; never torch.
 """
 
 from __future__ import annotations

@@ -77,7 +77,10 @@ def placement_problems(config: ProbeConfig, world_size: int) -> list[str]:
         return [f"{', '.join(named)}: read only with placement=separate (the engine on GPUs "
                 "of its own); set placement=separate or remove them"] if named else []
     problems, w, gpus = [], world_size, config.rollout_gpus
-    if not 0 < gpus < w:
+    if gpus == 0 and w > 1:
+        problems.append(f"placement=separate needs rollout_gpus, the GPUs the engine has to "
+                        f"itself (1 to {w - 1} of the run's {w}): add --set rollout_gpus=N")
+    elif not 0 < gpus < w:
         problems.append(f"placement=separate with rollout_gpus={gpus}: the engine takes 1 to "
                         f"{w - 1} of the run's {w} GPU{'s' if w > 1 else ''} and the rest "
                         "train" + (" (one GPU cannot be split: use placement=colocated)"

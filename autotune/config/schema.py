@@ -25,7 +25,7 @@ MAX_KNOB_VALUE = 2**24  # no batch, length or count in a real run comes near 16.
 # (verl's and EasyR1's RayPPOTrainer.fit: update_critic, then update_actor)
 PHASES = ("rollout", "experience", "critic_update", "update", "validation")
 # placement=separate: the engine's GPUs run the rollout, the trainer's every other phase and,
-# once a step, the weight sync to the engine (memory/placement.py, probe/measure/pipeline.py)
+# once a step, the weight sync to the engine (memory/roles.py, config/pipeline.py)
 ENGINE_PHASES = frozenset({"rollout"})
 SYNC_PHASE = "weight_sync"
 # grpo: no critic, group-relative advantages; ppo: GAE with a critic (a value model of the

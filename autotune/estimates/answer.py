@@ -34,7 +34,7 @@ from autotune.files import JsonObject
 from autotune.memory.host import NodeHost, format_node_host
 from autotune.memory.length import LengthHeadroom, length_headroom
 from autotune.memory.model import MemoryEstimate, ModelArgs, allocator_reserve, estimate_memory
-from autotune.memory.placement import PlacementEstimate, estimate_placement, format_placement
+from autotune.memory.roles import PlacementEstimate, estimate_placement, format_placement
 from autotune.memory.trainer_figures import TrainerFigure, trainer_figures
 from autotune.memory.verdict import (
     fitting_changes,
@@ -244,7 +244,7 @@ class PlacementAnswer(Budgeted):
 
 
 def estimate_separate(plan: EstimatePlan, headroom: float, trace: bool) -> PlacementAnswer:
-    """The memory model's answer for each role of a separate placement (memory/placement.py);
+    """The memory model's answer for each role of a separate placement (memory/roles.py);
     the length headroom, the switches, the node's host memory and the trace are the
     colocated answer's so far."""
     if trace:

@@ -67,7 +67,7 @@ _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_siz
                 "algorithm",  # a critic is one more model on the GPU in every phase
                 "lora_rank", "lora_target_modules",  # the states, the reference copy
                 # separate placement: which GPUs run the phase and over how many ranks the
-                # trainer's states are sharded (memory/placement.py)
+                # trainer's states are sharded (memory/roles.py)
                 "placement", "rollout_gpus",
                 *ALLOCATOR_KNOBS)
 _SEQUENCE_KNOBS = ("ulysses_sequence_parallel_size",)  # a trained phase's rank's slice

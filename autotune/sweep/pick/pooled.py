@@ -8,7 +8,7 @@ phases (conservative: a knob not declared keeps configs apart in every phase). T
 whose configs share a phase's key timed the same work there, so each config's step is the sum
 over its phases of the mean phase time over every quiet probe that shares that phase's key
 (contended probes only where no quiet one does; with placement=separate the phases are
-composed as the pipeline runs them, probe/measure/pipeline.py), and its standard error adds
+composed as the pipeline runs them, config/pipeline.py), and its standard error adds
 each phase's (conservative where the sides overlap):
 the spread between those probes over their count, never under what the probes' own timed
 steps say (their step's relative error, taken for each of its phases).
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.config import Knobs
+from autotune.config.pipeline import step_seconds
 from autotune.files import JsonObject
-from autotune.probe.measure.pipeline import step_seconds
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.space.params import params_key
 from autotune.sweep.study.sharing import ran_params

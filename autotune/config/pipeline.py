@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.config import ENGINE_PHASES, SYNC_PHASE
+from autotune.config.schema import ENGINE_PHASES, SYNC_PHASE
 
 
 @dataclass(frozen=True)

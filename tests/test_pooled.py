@@ -86,3 +86,24 @@ def test_a_separate_placements_pooled_step_is_its_pipelines():
     assert pooled[overlapped.config].step_s == pytest.approx(30.5)
     assert pooled[turns.config].step_s == pytest.approx(52.5)
     assert pooled[overlapped.config].tokens_per_s == pytest.approx(1000.0 / 30.5)
+
+
+def test_a_probes_knobs_include_the_spaces_fixed_ones():
+    """A space that fixes placement=separate searches only the split's other knobs: the pool
+    reads the fixed placement too, or a staleness-1 config's step would be summed (the pick
+    then preferred configs that take turns, at about half the throughput)."""
+    import optuna
+
+    from autotune.sweep.pick.pooled import probe_times
+
+    phases = {"rollout": 30.0, "experience": 8.0, "update": 14.0, "weight_sync": 0.5}
+    trial = optuna.trial.create_trial(
+        params={"staleness": 1}, value=1.0,
+        distributions={"staleness": optuna.distributions.CategoricalDistribution([0, 1])},
+        user_attrs={"probed": True, "result": {"status": "ok", "phase_s": phases,
+                                               "step_s": 30.5, "tokens_per_s": 100.0}})
+    fixed = {"placement": "separate", "rollout_gpus": 4}
+    assert pooled_steps([probe_times(trial, fixed)])[params_key({"staleness": 1})].step_s \
+        == pytest.approx(30.5)
+    assert pooled_steps([probe_times(trial)])[params_key({"staleness": 1})].step_s \
+        == pytest.approx(52.5)  # without them: the phases summed

@@ -33,6 +33,7 @@ from autotune.sweep.pick.measurements import (
     fold,
     pooled_of,
     ranked,
+    study_fixed,
     study_objective,
 )
 from autotune.sweep.space.params import params_key
@@ -188,7 +189,7 @@ def best_document(study: Study, trial: FrozenTrial,
         "searched": list(attrs["search_space"]["params"]),
         "measured": measured_record(trial, configs[params_key(trial.params)],
                                     identity["headroom"]),
-        "pooled": pooled.as_dict() if (pooled := pooled_of(configs).get(
+        "pooled": pooled.as_dict() if (pooled := pooled_of(configs, study_fixed(study)).get(
             params_key(trial.params))) is not None else None,
         "length_headroom": length_headroom_record(study, config, trial),
         "node_host": node_host_record(study, config),

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from autotune.config import Knobs
 from autotune.probe.measure.result import ProbeStatus, coefficient_of_variation
 from autotune.sweep.pick.pooled import PooledStep, pooled_steps, probe_times
 from autotune.sweep.space.params import params_key
@@ -160,17 +161,24 @@ def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[
     """Feasible configs, the best figure first (pooled over the probes of their phases), the
     earliest probed on ties (`configs`: the study's by_config, when the caller holds it)."""
     configs = by_config(study) if configs is None else configs
-    pooled = pooled_of(configs)
+    pooled = pooled_of(configs, study_fixed(study))
     feasible = [m for m in configs.values() if m.feasible and m.values]
     for m in feasible:
         m.pooled = pooled.get(params_key(m.trial.params))
     return sorted(feasible, key=lambda m: (-m.figure, m.number))
 
 
-def pooled_of(configs: Mapping[str, Measured]) -> dict[str, PooledStep]:
-    """Each probed config's step pooled over every probe of `configs` (pooled.py), by key."""
+def pooled_of(configs: Mapping[str, Measured], fixed: Knobs) -> dict[str, PooledStep]:
+    """Each probed config's step pooled over every probe of `configs` (pooled.py), by key;
+    `fixed`: the space's fixed knobs (study_fixed), which the step's composition reads too
+    (a space that fixes placement=separate)."""
     return pooled_steps(times for m in configs.values() for frozen in m.trials
-                        if (times := probe_times(frozen)) is not None)
+                        if (times := probe_times(frozen, fixed)) is not None)
+
+
+def study_fixed(study: Study) -> Knobs:
+    """The knobs the study's space held fixed (storage.py records them)."""
+    return dict((study.user_attrs.get("search_space") or {}).get("fixed") or {})
 
 
 def pooled_relative_sd(configs: list[Measured]) -> float | None:

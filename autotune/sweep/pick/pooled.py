@@ -96,9 +96,9 @@ class PooledStep:
                 "least_probes": self.least_probes, "contended": self.contended}
 
 
-def probe_times(frozen: FrozenTrial) -> ProbeTimes | None:
-    """A trial's probe as the pool takes it; None for one that timed no whole step (failed,
-    stopped slow, reused, predicted, lost)."""
+def probe_times(frozen: FrozenTrial, fixed: Knobs | None = None) -> ProbeTimes | None:
+    """A trial's probe as the pool takes it, its knobs the space's `fixed` and its own; None
+    for one that timed no whole step (failed, stopped slow, reused, predicted, lost)."""
     attrs, result = frozen.user_attrs, frozen.user_attrs.get("result") or {}
     phase_s, step_s, tokens_per_s = (result.get("phase_s"), result.get("step_s"),
                                      result.get("tokens_per_s"))
@@ -106,7 +106,7 @@ def probe_times(frozen: FrozenTrial) -> ProbeTimes | None:
             result.get("status") != ProbeStatus.OK.value or not phase_s or not step_s or \
             not tokens_per_s:
         return None
-    knobs = ran_params(frozen)
+    knobs = {**(fixed or {}), **ran_params(frozen)}
     return ProbeTimes(config=params_key(frozen.params), knobs=knobs,
                       phase_s={p: float(s) for p, s in phase_s.items() if p != "validation"},
                       step_s=float(step_s),

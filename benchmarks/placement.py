@@ -212,7 +212,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(gpu_landscape.MODELS))
     parser.add_argument("--gpus", nargs="*", default=list(gpu_landscape.GPUS))
     parser.add_argument("--noises", nargs="*", type=float, default=list(NOISES))
+    parser.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS),
+                        help="response lengths tried (the sweep runs at 2,048 only); others "
+                             "than the default write placement_lengths<...>.{txt,json}")
     args = parser.parse_args()
+    lengths = tuple(args.lengths)
+    suffix = "" if lengths == LENGTHS else "_lengths" + "-".join(map(str, lengths))
     times = TimeModel.calibrated()
     separate, colocated = separate_space(), gpu_landscape.space()
     traces = gpu_landscape.read_traces(colocated)
@@ -228,7 +233,7 @@ def main() -> None:
             name = f"{model} {gpu}"
             entry: dict = {"landscape": name, "lengths": {}}
             say(f"== {name}")
-            for length in LENGTHS:
+            for length in lengths:
                 sep_space, col_space = at_length(separate, length), at_length(colocated, length)
                 sep = separate_table(sep_space, model, capacity, times)
                 col = colocated_table(col_space, model, capacity, times)
@@ -297,7 +302,7 @@ def main() -> None:
                         f"{hits}/{args.seeds}, the best split in {right_split}/{args.seeds}; "
                         f"quality median {statistics.median(qualities):.1%}, worst "
                         f"{min(qualities):.1%}")
-            crossing = next((length for length in LENGTHS
+            crossing = next((length for length in lengths
                              if (entry["lengths"][length]["separate_over_colocated"] or 0) > 1),
                             None)
             entry["separate_wins_from_length"] = crossing
@@ -309,9 +314,9 @@ def main() -> None:
               f"tokens/s over its GPUs); sweep seeds 0 to {args.seeds - 1}; written "
               f"{time.strftime('%Y-%m-%d')}")
     OUT.mkdir(exist_ok=True)
-    (OUT / "placement.txt").write_text("\n".join([header, "", *lines]) + "\n")
-    (OUT / "placement.json").write_text(json.dumps(
-        {"objective": OBJECTIVE, "lengths": LENGTHS, "landscapes": entries}, indent=2) + "\n")
+    (OUT / f"placement{suffix}.txt").write_text("\n".join([header, "", *lines]) + "\n")
+    (OUT / f"placement{suffix}.json").write_text(json.dumps(
+        {"objective": OBJECTIVE, "lengths": lengths, "landscapes": entries}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

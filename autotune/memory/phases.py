@@ -63,13 +63,13 @@ from autotune.memory.states import (
 # (the trace's replay sees them; this model only expandable segments, in the training
 # phases' reserve): declared for every phase, so dominance never compares across them.
 ALLOCATOR_KNOBS = ("expandable_segments", "fsdp_strategy")
+# separate placement: which GPUs run a phase and over how many ranks the trainer's states are
+# sharded move every phase (memory/roles.py sizes them; the colocated model here does not)
+SPLIT_KNOBS = ("placement", "rollout_gpus")
 _SHAPE_KNOBS = ("max_prompt_length", "max_response_length", "use_kl", "image_size_px",
                 "algorithm",  # a critic is one more model on the GPU in every phase
                 "lora_rank", "lora_target_modules",  # the states, the reference copy
-                # separate placement: which GPUs run the phase and over how many ranks the
-                # trainer's states are sharded (memory/roles.py)
-                "placement", "rollout_gpus",
-                *ALLOCATOR_KNOBS)
+                *SPLIT_KNOBS, *ALLOCATOR_KNOBS)
 _SEQUENCE_KNOBS = ("ulysses_sequence_parallel_size",)  # a trained phase's rank's slice
 _CRITIC_HELD = ("critic_offload_params", "critic_offload_optimizer")  # where it waits
 _CRITIC_BATCH = ("critic_micro_batch_size_update", "critic_max_token_len_update")

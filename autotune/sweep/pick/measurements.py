@@ -176,8 +176,11 @@ def pooled_of(configs: Mapping[str, Measured], fixed: Knobs) -> dict[str, Pooled
                         if (times := probe_times(frozen, fixed)) is not None)
 
 
-def study_fixed(study: Study) -> Knobs:
-    """The knobs the study's space held fixed (storage.py records them)."""
+def study_fixed(study: Study | None) -> Knobs:
+    """The knobs the study's space held fixed (storage.py records them); none known for a
+    caller that ranks its configs without their study."""
+    if study is None:
+        return {}
     return dict((study.user_attrs.get("search_space") or {}).get("fixed") or {})
 
 

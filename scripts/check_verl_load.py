@@ -292,10 +292,18 @@ def build_rollout(config, worker):
     return tp_dp_pp
 
 
-def summary(world, config, workers, tp_dp_pp):
+def actor_of(workers):
+    """The worker that trains the actor: actor_rollout(_ref) colocated, actor in the recipe."""
+    return next(w for role, w in workers.items() if role.startswith("actor"))
+
+
+def summary(world, config, workers, tp_dp_pp, engine_world=None):
     nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
     parts = [f"world size {world} ({nodes}x{per_node})"]
-    actor = next(w for role, w in workers.items() if role.startswith("actor_rollout")).config
+    if engine_world is not None:
+        parts[-1] += (f", engine {engine_world} ({config.rollout.nnodes}x"
+                      f"{config.rollout.n_gpus_per_node})")
+    actor = actor_of(workers).config
     dynamic = " (use_dynamic_bsz)" if actor.actor.use_dynamic_bsz else ""
     mini, micro = actor.actor.ppo_mini_batch_size, actor.actor.ppo_micro_batch_size_per_gpu
     parts.append(f"actor ppo_mini_batch_size {mini}/gpu, ppo_micro_batch_size_per_gpu {micro}")
@@ -303,7 +311,7 @@ def summary(world, config, workers, tp_dp_pp):
     parts.append(
         "rollout log_prob_micro_batch_size_per_gpu "
         f"{actor.rollout.log_prob_micro_batch_size_per_gpu}, tp*dp*pp {tp_dp_pp}, "
-        f"{world // tp_dp_pp} replicas"
+        f"{(engine_world or world) // tp_dp_pp} replicas"
     )
     if "ref" in workers:
         micro = workers["ref"].config.ref.log_prob_micro_batch_size_per_gpu
@@ -320,8 +328,7 @@ def summary(world, config, workers, tp_dp_pp):
 def quantities(main_ppo, config, workers, world):
     """Every per-GPU quantity verl will run, read from its own normalised config (the actor
     worker's, after its batch normalisation), for autotune's round-trip test."""
-    actor_worker = next(w for role, w in workers.items() if role.startswith("actor_rollout"))
-    arr = actor_worker.config
+    arr = actor_of(workers).config
     actor, rollout, ref, data = arr.actor, arr.rollout, config.actor_rollout_ref.ref, config.data
     return {
         "world_size": world,
@@ -351,6 +358,94 @@ def quantities(main_ppo, config, workers, world):
         "lora_target_modules": modules if isinstance(modules := arr.model.target_modules, str)
         else list(modules),
         "model": config.actor_rollout_ref.model.path}
+
+
+RECIPE = "verl.experimental.one_step_off_policy"
+
+
+def import_recipe(root):
+    """The one_step_off_policy recipe's main (verl's checkouts have its code; the PyPI wheel
+    ships only its YAML). Its distributed_utils imports vLLM at module level for the weight-sync
+    group the recipe creates after start-up: a stub module where vLLM is not installed."""
+    if importlib.util.find_spec("vllm") is None:
+        stub = types.ModuleType(f"{RECIPE}.distributed_utils")
+        stub.vllm_stateless_init_process_group = None  # stub: the weight-sync group (vLLM, GPU)
+        sys.modules[stub.__name__] = stub
+    return importlib.import_module(f"{RECIPE}.main_ppo")
+
+
+def recipe_checks(recipe, config):
+    """OneStepTaskRunner.run up to the workers: the role mapping (strategy), validate_config
+    on the trainer's GPUs, the two resource pools (trainer.*, the top-level rollout.*)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    OmegaConf.resolve(config)
+    mapping, _ = recipe.create_role_worker_mapping(config)
+    recipe.validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                           use_critic=recipe.need_critic(config))
+    return mapping, recipe.create_resource_pool_manager(config, mapping.keys())
+
+
+def build_recipe_trainer(config, mapping, pool_manager):
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.single_controller.ray import RayWorkerGroup
+
+    class Trainer(OneStepOffRayTrainer):
+        def _create_dataloader(self, *args):  # stub: reads data.train_files with a tokenizer
+            pass
+
+    return Trainer(config=config, tokenizer=None, role_worker_mapping=mapping,
+                   resource_pool_manager=pool_manager, ray_worker_group_cls=RayWorkerGroup,
+                   device_name="cpu")
+
+
+def fake_world(world, per_node):
+    """Rank 0 of `world` on torch's fake process group (a new one for each pool)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                      LOCAL_WORLD_SIZE=str(per_node))
+
+
+def check_recipe(root, config):
+    """actor_rollout_ref.hybrid_engine=false: the one_step_off_policy recipe's start-up, its
+    trainer's workers (actor, critic, ref) as rank 0 of the trainer's pool, its rollout
+    worker and engine replica as rank 0 of the engine's pool; exit as main does."""
+    from verl.trainer.ppo.utils import Role
+
+    if not (Path(root) / "verl" / "experimental" / "one_step_off_policy" / "main_ppo.py"
+            ).is_file():
+        done(2, "actor_rollout_ref.hybrid_engine=false runs verl's one_step_off_policy recipe, "
+                f"whose code {root} does not have (verl's PyPI wheel ships only its YAML): give "
+                "a verl checkout")
+    recipe = stage("one_step_off", import_recipe, root)
+    mapping, pool_manager = stage("one_step_off", recipe_checks, recipe, config)
+    trainer = stage("trainer", build_recipe_trainer, config, mapping, pool_manager)
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    engine_world = config.rollout.nnodes * config.rollout.n_gpus_per_node
+    fake_world(world, config.trainer.n_gpus_per_node)
+    roles = [Role.Actor] + ([Role.Critic] if trainer.use_critic else []) + (
+        [Role.RefPolicy] if trainer.use_reference_policy and Role.RefPolicy in mapping else [])
+    workers = {str(role): stage(f"worker:{role}", make_worker, config, str(role),
+                                mapping[role].__ray_actor_class__) for role in roles}
+    fake_world(engine_world, config.rollout.n_gpus_per_node)
+    rollout = stage("worker:rollout", make_worker, config, "rollout",
+                    mapping[Role.Rollout].__ray_actor_class__)
+    tp_dp_pp = stage("rollout", build_rollout, config, rollout)
+    if os.environ.get("AUTOTUNE_CHECK_JSON"):
+        figures = quantities(importlib.import_module("verl.trainer.main_ppo"), config,
+                             workers, world)
+        figures.update(engine_world_size=engine_world, hybrid_engine=False)
+        with open(os.environ["AUTOTUNE_CHECK_JSON"], "w") as handle:
+            json.dump(figures, handle, default=str)
+    line = summary(world, config, workers, tp_dp_pp, engine_world)
+    done(0, line.replace("verl accepted:", "verl accepted (one_step_off_policy):", 1))
 
 
 def verl_root(word):
@@ -445,6 +540,8 @@ def main(argv):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     config = stage("compose", compose, config_dir, name, overrides)
+    if config.actor_rollout_ref.get("hybrid_engine", True) is False:
+        check_recipe(root, config)
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     runner, pool_manager = stage("main_ppo", main_ppo_checks, main_ppo, config)
     trainer = stage("trainer", build_trainer, main_ppo, config, runner, pool_manager)
@@ -462,7 +559,7 @@ def main(argv):
     workers = {}
     for role, cls in worker_specs(trainer):
         workers[role] = stage(f"worker:{role}", make_worker, config, role, cls)
-    actor = next(w for role, w in workers.items() if role.startswith("actor_rollout"))
+    actor = actor_of(workers)
     tp_dp_pp = stage("rollout", build_rollout, config, actor)
     if os.environ.get("AUTOTUNE_CHECK_JSON"):
         import json

@@ -23,7 +23,7 @@ from autotune.memory.roles import (
 )
 from autotune.memory.shape import model_shape
 from autotune.trainers.easyr1 import EASYR1
-from autotune.trainers.export_plan import plan_export
+from autotune.trainers.export_plan import plan_export, resolved_get
 from autotune.trainers.trl import TRL
 from autotune.trainers.verl import VERL
 
@@ -122,8 +122,8 @@ def test_estimate_prints_each_roles_gpu_against_the_budget():
 
 
 def test_the_probe_and_the_exports_refuse_it_in_one_line():
-    """No probe runs the engine apart yet, and EasyR1 (no such placement) and verl (not
-    written yet) refuse it: each says so in one line; TRL's server mode is written (below)."""
+    """No probe runs the engine apart yet, and EasyR1 (no such placement) refuses it in one
+    line; verl's (one step off) and TRL's server mode are written (below)."""
     assert [p for p in device_problems(SEPARATE, True, False, False)
             if p.startswith("placement=separate: the probe runs the engine beside")]
     knobs = {k: v for k, v in SEPARATE.as_dict().items()
@@ -131,12 +131,78 @@ def test_the_probe_and_the_exports_refuse_it_in_one_line():
                       "rollout_n", "global_batch_size", "micro_batch_size_update",
                       "micro_batch_size_experience", "gpu_memory_utilization",
                       "rollout_tensor_parallel")}
-    for adapter in (VERL, EASYR1):
-        problems = plan_export(adapter, knobs, Topology(1, 8), None).problems
-        refused = [p for p in problems if p.startswith("placement=separate: ")]
-        assert len(refused) == 1, problems
-        if adapter is EASYR1:
-            assert "worker.hybrid_engine=false raises NotImplementedError" in refused[0]
+    problems = plan_export(EASYR1, knobs, Topology(1, 8), None).problems
+    refused = [p for p in problems if p.startswith("placement=separate: ")]
+    assert len(refused) == 1, problems
+    assert "worker.hybrid_engine=false raises NotImplementedError" in refused[0]
+
+
+ONE_STEP_OFF = {"placement": "separate", "rollout_gpus": 4, "staleness": 1,
+                "rollout_engine": "vllm-like", "rollout_tensor_parallel": 2,
+                "gpu_memory_utilization": 0.9, "rollout_batch_size": 16, "rollout_n": 4,
+                "global_batch_size": 8, "micro_batch_size_update": 2,
+                "micro_batch_size_experience": 2, "max_prompt_length": 64,
+                "max_response_length": 64}
+
+
+def test_verl_one_step_off_is_written_on_the_trainers_gpus():
+    """verl's separate placement is its one_step_off_policy recipe: trainer.* the training
+    GPUs, the top-level rollout.* the engine's pool (whole nodes of a multi-node run), the
+    recipe's keys, its launch line, and the header says the recipe skips the old-log-prob pass
+    the study timed (tests/test_trainer_startup.py runs the recipe's own start-up)."""
+    from autotune.trainers.render import render_plan
+
+    plan = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), None, searched=["staleness"])
+    assert plan.problems == [] and plan.trainers == Topology(1, 4)
+    assert {key: plan.values[key] for key in ("trainer.nnodes", "trainer.n_gpus_per_node",
+                                              "rollout.nnodes", "rollout.n_gpus_per_node")} \
+        == {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 4, "rollout.nnodes": 1,
+            "rollout.n_gpus_per_node": 4}
+    assert plan.values["actor_rollout_ref.hybrid_engine"] is False
+    assert plan.values["algorithm.rollout_correction.bypass_mode"] is True
+    assert plan.launch.startswith("python3 -m verl.experimental.one_step_off_policy.main_ppo")
+    text = render_plan(plan, VERL, None, ["test"])
+    assert "the trainer skips the actor's log-prob pass the study's experience phase" in text
+    nodes = plan_export(VERL, {**ONE_STEP_OFF, "rollout_gpus": 8, "rollout_tensor_parallel": 4},
+                        Topology(3, 8), None)
+    assert nodes.problems == [] and (nodes.values["trainer.nnodes"],
+                                     nodes.values["rollout.nnodes"]) == (2, 1)
+    colocated = plan_export(VERL, {**ONE_STEP_OFF, "placement": "colocated",
+                                   "rollout_gpus": 0, "staleness": 0}, Topology(1, 8), None)
+    assert not [key for key in colocated.values if key.startswith("rollout.")
+                or key == "actor_rollout_ref.hybrid_engine"]
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"staleness": 0}, "PPO trainer runs only the hybrid engine"),
+    ({"staleness": 2}, "fully_async_policy"),
+    ({"rollout_gpus": 5, "rollout_tensor_parallel": 5, "rollout_batch_size": 12,
+      "global_batch_size": 6}, "RolloutReplica asserts"),
+    ({"rollout_gpus": 2}, "must be divisible by minimal possible batch size 6"),
+])
+def test_verl_separate_placement_refuses_what_its_recipe_does_not_run(changes, expected):
+    """Staleness 0 (verl's PPO trainer asserts the hybrid engine) and 2 (fully_async_policy,
+    not written) in one line each; the engine's replicas as the recipe's agent loop sizes them;
+    the batches over the trainer's 6 GPUs, not the run's 8."""
+    problems = plan_export(VERL, {**ONE_STEP_OFF, **changes}, Topology(1, 8), None).problems
+    assert [p for p in problems if expected in p], problems
+    assert len(problems) == 1 or "staleness" not in changes, problems
+
+
+def test_a_verl_base_without_the_hybrid_engine_is_a_separate_placement():
+    """hybrid_engine false reads back as the recipe's split; a colocated study on such a base
+    is a conflict (verl's main_ppo would assert it on), not a silent switch."""
+    base = {"actor_rollout_ref": {"hybrid_engine": False},
+            "rollout": {"nnodes": 1, "n_gpus_per_node": 2}}
+    assert VERL.read_knobs(lambda key, default: resolved_get(base, key, default),
+                           Topology(1, 6)) == {"placement": "separate", "staleness": 1,
+                                               "rollout_gpus": 2, "use_kl": False,
+                                               "algorithm": "ppo"}
+    colocated = {**ONE_STEP_OFF, "placement": "colocated", "rollout_gpus": 0, "staleness": 0}
+    problems = plan_export(VERL, colocated, Topology(1, 8), base,
+                           searched=["micro_batch_size_update"]).problems
+    assert [p for p in problems if p.startswith("actor_rollout_ref.hybrid_engine is false in "
+                                                "your base config")], problems
 
 
 def test_a_separate_step_composes_its_sides_by_staleness():

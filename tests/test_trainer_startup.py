@@ -419,6 +419,54 @@ def test_trl_grpo_config_accepts_a_server_mode_export_for_the_trainers_processes
     assert refused_on_the_run == (engine_gpus != 4)
 
 
+# verl's separate placement: its one_step_off_policy recipe (b178a3c), whose code is only in
+# verl's checkouts (the PyPI wheel and sdist of 0.7.1 ship its YAML alone)
+ONE_STEP_OFF = [(1, 8, 4, 2), (1, 8, 2, 2), (1, 8, 6, 2), (1, 8, 5, 5), (2, 8, 8, 4)]
+
+
+def need_recipe() -> None:
+    need_source("verl")
+    recipe = Path(trainer_source("verl") or "") / "verl/experimental/one_step_off_policy"
+    if not (recipe / "main_ppo.py").is_file():
+        pytest.skip("AUTOTUNE_VERL_SRC: verl's one_step_off_policy recipe is not in its PyPI "
+                    "wheel or sdist: give a verl checkout (b178a3c) to run its start-up")
+
+
+@pytest.mark.parametrize("nnodes, gpus, engine_gpus, tp", ONE_STEP_OFF,
+                         ids=[f"{n}x{g}-engine{e}-tp{t}" for n, g, e, t in ONE_STEP_OFF])
+def test_verl_one_step_off_accepts_every_separate_export_and_rejects_every_refusal(
+        nnodes, gpus, engine_gpus, tp, tmp_path):
+    """placement=separate at staleness 1 (issue 68): the recipe's start-up (its pools, its
+    trainer, the workers on the trainer's pool, the rollout worker and engine replica on the
+    engine's) accepts each export autotune writes and rejects each it refuses, the batches
+    counted on the trainer's GPUs (48 responses do not split over 5 or 6, a micro-batch of 3
+    splits none), the engine's replicas sized as the recipe's agent loop sizes them (5 GPUs of
+    tensor parallel beside 3 training GPUs: refused by both)."""
+    need_recipe()
+    run = Topology(nnodes, gpus)
+    trainers = run.without_engine(engine_gpus)
+    assert trainers is not None
+    verdicts = []
+    for prompts, micro in ((12, 1), (12, 2), (4 * trainers.world_size, 3)):
+        knobs = {**STUDY, "placement": "separate", "rollout_gpus": engine_gpus,
+                 "staleness": 1, "rollout_engine": "vllm-like", "rollout_tensor_parallel": tp,
+                 "gpu_memory_utilization": 0.9, "rollout_batch_size": prompts,
+                 "global_batch_size": prompts // 2, "micro_batch_size_update": micro,
+                 "micro_batch_size_experience": 2}
+        path, problems = exported(VERL, knobs, run, None, tmp_path, f"sep-{prompts}-{micro}")
+        figures = tmp_path / f"sep-{prompts}-{micro}.json"
+        accepted, line = trainer_verdict("verl", path, quantities=figures)
+        assert accepted == (not problems), (knobs, problems, line)
+        verdicts.append(accepted)
+        if accepted:  # the trainer's pool trains, the engine's generates
+            held = json.loads(figures.read_text())
+            assert (held["world_size"], held["engine_world_size"]) == (
+                trainers.world_size, engine_gpus), held
+            assert held["responses_per_step"] == prompts * 4 // trainers.world_size
+            assert "one_step_off_policy" in line
+    assert not all(verdicts) and (any(verdicts) or tp == 5), verdicts
+
+
 # -- round trip (issue 30): what the trainer's own config code will run is what was probed ----
 
 ROUND_TRIP = {**STUDY, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.55,

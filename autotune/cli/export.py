@@ -58,5 +58,5 @@ def export(study: str | None, results_dir: str, storage: str | None, trainer: st
         click.echo(f"set {note}")
     for line in launch_lines(exported.adapter, path, exported.plan.values,
                              exported.plan.trainers or exported.topology,
-                             base_config is not None):
+                             base_config is not None, exported.plan.launch):
         click.echo(line)

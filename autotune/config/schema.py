@@ -378,6 +378,16 @@ class Topology:
             return None
         return Topology(self.nnodes - rollout_gpus // self.gpus_per_node, self.gpus_per_node)
 
+    def engine_of(self, rollout_gpus: int) -> Topology | None:
+        """The engine's GPUs where it has `rollout_gpus` of these to itself: part of a single
+        node, or whole nodes of a multi-node run; None where without_engine is None."""
+        trainers = self.without_engine(rollout_gpus)
+        if trainers is None:
+            return None
+        if self.nnodes == 1:
+            return Topology(1, rollout_gpus)
+        return Topology(rollout_gpus // self.gpus_per_node, self.gpus_per_node)
+
 
 @dataclass(frozen=True)
 class DeviceShare:

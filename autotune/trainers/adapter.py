@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from autotune.config import (
@@ -85,6 +85,19 @@ class Derived:
 
 
 @dataclass(frozen=True)
+class SeparateLaunch:
+    """How a trainer runs placement=separate for one config: the header's lines on starting
+    each side, the rules it breaks (refused), the keys that place the engine on its GPUs
+    (written beside the tuned keys) and, where the trainer starts otherwise than its colocated
+    run, the launch line ({folder}, {name}, {path}, {overrides}, {world} as Adapter.launch)."""
+
+    lines: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    values: TrainerKeys = field(default_factory=dict)
+    launch: str = ""
+
+
+@dataclass(frozen=True)
 class Adapter:
     """A trainer: where each knob goes (first key is where it is read back from), the
     companions written with the tuned keys, and the rules checked before writing."""
@@ -135,12 +148,11 @@ class Adapter:
     # why the trainer cannot run the engine on GPUs of its own (placement=separate), where
     # it cannot at all; "": it can (its keys are issue 68's next step)
     no_separate_placement: str = ""
-    # placement=separate: the header's lines on starting the engine on its GPUs and the
-    # trainer on the rest, and what it cannot start (config, the run's topology, the
-    # trainer's, the model's name or None); None: autotune does not write the trainer's
-    # separate placement (yet)
+    # placement=separate: how to start the engine on its GPUs and the trainer on the rest,
+    # and what it cannot start (config, the run's topology, the trainer's, the model's name
+    # or None); None: autotune does not write the trainer's separate placement (yet)
     separate_launch: Callable[[ProbeConfig, Topology, Topology, str | None],
-                              tuple[list[str], list[str]]] | None = None
+                              SeparateLaunch] | None = None
 
     @functools.cached_property
     def knob_keys(self) -> frozenset[str]:

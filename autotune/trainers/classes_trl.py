@@ -173,7 +173,7 @@ INERT = (
     ("min_p", "sampling filter"),
     ("repetition_penalty", "sampling penalty"),
     ("chat_template_kwargs", "prompt templating; the prompt length is the header's prompt line"),
-    # vLLM server mode (vllm_mode server is not probed) and IS details
+    # vLLM server mode's connection (vllm_mode is the placement knob's key) and IS details
     ("vllm_server_*", "server-mode connection settings"),
     ("vllm_group_port", "server-mode weight-sync port"),
     ("vllm_importance_sampling_mode", "how IS ratios are applied: elementwise"),

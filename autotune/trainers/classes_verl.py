@@ -47,8 +47,6 @@ COMPARED: tuple[tuple[Any, ...], ...] = (
     ("trainer.use_legacy_worker_impl", ("auto", "enable", None),
      "disable runs the new engine workers, which wrap with fsdp_config.strategy and fuse the ref"),
     ("trainer.device", ("cuda", None), "the accelerator the workers run on"),
-    ("actor_rollout_ref.hybrid_engine", (True, None),
-     "actor and rollout share the GPUs (verl asserts true)"),
     ("transfer_queue.enable", (False, None), "moves batches through a transfer queue instead"),
     # --- FSDP: dtype, sharding, offload, wrapping (actor, ref and critic copies)
     ("*.fsdp_config.model_dtype", ("fp32", "float32", None),

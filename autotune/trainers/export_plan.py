@@ -71,6 +71,9 @@ class ExportPlan:
     # (key_classes.py): the header says so, --strict refuses them
     trainers: Topology | None = None  # placement=separate: the GPUs that train (the launch
     # line's processes), the engine's being the run's others
+    engine_values: TrainerKeys = field(default_factory=dict)  # placement=separate: the keys
+    # that place the engine on its GPUs
+    launch: str = ""  # the launch line where it is not the adapter's (a trainer's recipe)
 
 
 def measured_knobs(knobs: Knobs) -> Knobs:
@@ -150,6 +153,8 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
         nodes_key, gpus_key = adapter.topology_keys
         plan.values.update({nodes_key: topology.nnodes, gpus_key: topology.gpus_per_node})
         why.update({nodes_key: "topology", gpus_key: "topology"})
+    plan.values.update(plan.engine_values)  # the engine's GPUs (placement=separate)
+    why.update(dict.fromkeys(plan.engine_values, "topology"))
     plan.values.update(extra or {})
     change_lines(plan, adapter, config, tree, why)
     return plan
@@ -179,10 +184,10 @@ def separate_placement(plan: ExportPlan, adapter: Adapter, config: ProbeConfig,
             f"nodes of a multi-node run (a multiple of {topology.gpus_per_node}), or fewer "
             f"than the {topology.world_size} GPUs of one node")
         return topology
-    lines, problems = adapter.separate_launch(config, topology, trainers, model)
-    plan.run += lines
-    plan.problems += problems
-    plan.trainers = trainers
+    launch = adapter.separate_launch(config, topology, trainers, model)
+    plan.run += launch.lines
+    plan.problems += launch.problems
+    plan.trainers, plan.engine_values, plan.launch = trainers, launch.values, launch.launch
     return trainers
 
 
@@ -543,7 +548,8 @@ def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Tr
                 and not holds_as_written(tree, part.write(config, topology)):
             read, where = part.read(get, topology), " and ".join(part.keys)
             stated.update({knob: (f"{knob} (from {where})", read[knob])
-                           for knob in part.knobs})
+                           for knob in part.knobs if knob in read})  # verl's placement
+            # reads nothing from a colocated config
     lines = []
     for knob, (where, have) in stated.items():
         value = knobs.get(knob)

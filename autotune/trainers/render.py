@@ -257,14 +257,16 @@ def override_line(adapter: Adapter, values: TrainerKeys) -> str:
 
 
 def launch_lines(adapter: Adapter, path: Path, values: TrainerKeys, topology: Topology,
-                 on_base: bool) -> list[str]:
-    """How to launch the trainer with an exported file: its launch line, and the same keys as
-    overrides where the launch line does not take them."""
+                 on_base: bool, launch: str = "") -> list[str]:
+    """How to launch the trainer with an exported file: its launch line (`launch`, where the
+    plan's is not the adapter's: a recipe's), and the same keys as overrides where the launch
+    line does not take them."""
     overrides = override_line(adapter, values)
-    lines = ["launch: " + adapter.launch.format(
+    launch = launch or adapter.launch
+    lines = ["launch: " + launch.format(
         path=path, overrides=overrides, world=topology.world_size,
         folder=path.resolve().parent, name=path.name.removesuffix(".yaml"))]
-    if "{overrides}" not in adapter.launch:
+    if "{overrides}" not in launch:
         lines.append("or as overrides" + (" on your base config" if on_base else "") + ": "
                      + overrides)
     return lines

@@ -15,6 +15,7 @@ from autotune.trainers.adapter import (
     Adapter,
     Derived,
     Getter,
+    SeparateLaunch,
     Setting,
     TrainerKeys,
     module_names,
@@ -103,17 +104,19 @@ def _trl_server_rules(config: ProbeConfig, topo: Topology) -> list[str]:
 
 
 def _trl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology,
-                         model: str | None) -> tuple[list[str], list[str]]:
+                         model: str | None) -> SeparateLaunch:
     """How to start each side on one node (TRL's vLLM integration docs: the server and the
     trainer on different CUDA devices): `trl vllm-serve` on the first rollout_gpus GPUs with
     the study's engine settings (its flags: trl/scripts/vllm_serve.py ScriptArguments), then
     `accelerate launch` on the rest; several nodes are refused."""
     if run.nnodes > 1:
-        return [], ["placement=separate on several nodes: autotune writes TRL's server mode "
-                    "for one node (the server and `accelerate launch` on its GPUs)"]
+        return SeparateLaunch(problems=(
+            "placement=separate on several nodes: autotune writes TRL's server mode for one "
+            "node (the server and `accelerate launch` on its GPUs)",))
     engine = ",".join(str(gpu) for gpu in range(config.rollout_gpus))
     trainer = ",".join(str(gpu) for gpu in range(config.rollout_gpus, run.gpus_per_node))
-    return [f"placement: separate, the engine on GPUs {engine}, the trainer on {trainer} "
+    return SeparateLaunch(lines=(
+            f"placement: separate, the engine on GPUs {engine}, the trainer on {trainer} "
             f"({trainers.world_size} processes); start the server first:",
             f"  CUDA_VISIBLE_DEVICES={engine} trl vllm-serve --model {model or '<your model>'} "
             f"--tensor_parallel_size {config.rollout_tensor_parallel} "
@@ -121,10 +124,9 @@ def _trl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology,
             f"--max_model_len {config.sequence_length}",
             f"  then: CUDA_VISIBLE_DEVICES={trainer} accelerate launch --num_processes "
             f"{trainers.world_size} your_grpo_script.py --config <this file>",
-            "vllm_tensor_parallel_size, vllm_gpu_memory_utilization and "
-            "vllm_enable_sleep_mode are TRL's colocate mode's keys, which its server mode "
-            "does not read: written as the study's engine ran, the serve line above gives the "
-            "server its own"], []
+            "the vllm_* engine keys in this file are TRL's colocate mode's, which its server "
+            "mode does not read: written as the study's engine ran, the serve line above "
+            "gives the server its own"))
 
 
 def _trl_batches(config: ProbeConfig, topo: Topology) -> TrainerKeys:

@@ -13,6 +13,7 @@ from autotune.trainers.adapter import (
     Adapter,
     Derived,
     Getter,
+    SeparateLaunch,
     Setting,
     TrainerKeys,
     even_share,
@@ -64,9 +65,12 @@ def _verl_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
             problems.append(f"{key}={budget} x ulysses_sequence_parallel_size={sp} must be "
                             f"at least max_prompt_length+max_response_length={length} "
                             "(seqlen_balancing: max_token_len must hold the sequence length)")
-    if world % infer:
-        problems.append(f"rollout world_size {world} is not divisible by infer_world_size "
-                        f"{infer} (tensor x data x pipeline parallel)")
+    engine_world = config.rollout_gpus if config.separate else world  # the rollout's pool
+    if engine_world % infer:
+        problems.append(f"rollout world_size {engine_world} is not divisible by "
+                        f"infer_world_size {infer} (tensor x data x pipeline parallel)")
+    if config.separate:
+        problems += _verl_separate_rules(config, topo, get)
     if config.lora_rank > VLLM_MAX_LORA_RANK and get(ENGINE_NAME, "vllm") == "vllm":
         problems.append(f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANK}, but got "
                         f"{config.lora_rank} (utils/config.py: vLLM's largest LoRA rank)")
@@ -139,6 +143,12 @@ VERL_SETTINGS = (
             "stand for vLLM (verl's ppo_trainer.yaml leaves it to set, ???); another engine "
             "reserves and frees memory otherwise", ok=lambda value: value == "vllm",
             default_ok=False, refuse_if=lambda value: value != "???"),
+    # the hybrid engine off runs the one_step_off_policy recipe's engine pool (placement=
+    # separate), which a colocated study did not measure (and verl's main_ppo asserts it on)
+    Setting("actor_rollout_ref.hybrid_engine", True, "the engine on the training GPUs "
+            "(colocated), as the study probed it; hybrid_engine false is verl's separate "
+            "placement (its one_step_off_policy recipe)", ok=lambda value: value is True,
+            default_ok=True, refuse=True, applies=lambda config: not config.separate),
     # LoRA adapters loaded from a path: the probe trained fresh ones from lora_rank
     Setting("actor_rollout_ref.model.lora_adapter_path", None, "LoRA adapters loaded from a "
             "path, which the probe did not load", ok=lambda value: value is None,
@@ -181,6 +191,94 @@ def _verl_unheld(config: ProbeConfig, topo: Topology, recorded: Collection[str]
         return lines
     return [*lines, f"rollout: the study's engine slept at level {level}; verl's vLLM "
             "(>= 0.8.5) sleeps at level 2 (weights dropped, not kept in host memory)"]
+
+
+HYBRID = "actor_rollout_ref.hybrid_engine"
+ENGINE_NODES, ENGINE_GPUS = "rollout.nnodes", "rollout.n_gpus_per_node"
+ONE_STEP_OFF = "verl.experimental.one_step_off_policy.main_ppo"
+# verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml (b178a3c, 0.7.1):
+# the recipe's own keys over ppo_trainer, which the export writes itself (a file composed on
+# ppo_trainer, as the colocated export is): the engine never sleeps (its weights are synced in
+# place), it returns the log-probs, and the old log-probs are the engine's (bypass_mode)
+ONE_STEP_OFF_KEYS: TrainerKeys = {
+    HYBRID: False,
+    "actor_rollout_ref.rollout.mode": "async",  # OneStepOffRayTrainer asserts it
+    "actor_rollout_ref.rollout.free_cache_engine": False,
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    "algorithm.rollout_correction.bypass_mode": True}
+
+
+def _verl_placement(config: ProbeConfig, topo: Topology) -> TrainerKeys:
+    """placement=separate at staleness 1: one_step_off_policy's keys (the engine's GPUs are
+    the launch's: _verl_separate_launch); colocated: verl's default hybrid engine, nothing."""
+    return dict(ONE_STEP_OFF_KEYS) if config.separate else {}
+
+
+def _verl_placement_read(get: Getter, topo: Topology) -> Knobs:
+    """A config with the hybrid engine off runs the engine on a pool of its own (the recipe's
+    top-level rollout.nnodes x rollout.n_gpus_per_node), one step off policy; with it on (the
+    default), nothing is said (colocated, as every study before placement)."""
+    if get(HYBRID, True):
+        return {}
+    return {"placement": "separate", "staleness": 1,
+            "rollout_gpus": get(ENGINE_NODES, 1) * get(ENGINE_GPUS, 8)}
+
+
+def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
+    """verl runs the engine on GPUs of its own only off policy: its PPO trainer asserts the
+    hybrid engine (ray_trainer.py: "Currently, only support hybrid engine"); one step off is
+    the one_step_off_policy recipe, more is fully_async_policy (not written: its freshness is
+    a share of samples, staleness_threshold, and its trainer takes mini-batches as they
+    stream in, neither of which the probe ran). The recipe's agent loop builds each engine
+    replica with gpus_per_node = trainer.n_gpus_per_node (agent_loop.py
+    _initialize_llm_servers), and RolloutReplica asserts the engine's tensor-parallel size
+    is a multiple of min(that, its size)."""
+    if config.staleness == 0:
+        return ["placement=separate with staleness=0: verl's PPO trainer runs only the hybrid "
+                "engine (ray_trainer.py asserts it); its separate placement is one step off "
+                "policy (the one_step_off_policy recipe): probe with staleness=1 for verl"]
+    if config.staleness > 1:
+        return [f"placement=separate with staleness={config.staleness}: verl's fully "
+                "asynchronous trainer (fully_async_policy) bounds staleness by a share of "
+                "samples and trains mini-batches as they stream in, which autotune does not "
+                "probe or write yet: probe with staleness=1 (its one_step_off_policy recipe)"]
+    tp, per_node = config.rollout_tensor_parallel, topo.gpus_per_node
+    if tp % min(per_node, tp):
+        return [f"rollout_tensor_parallel={tp} with {per_node} training GPUs per node: verl's "
+                f"one-step-off agent loop sizes engine replicas by trainer.n_gpus_per_node, and "
+                f"RolloutReplica asserts world_size {tp} is divisible by gpus_per_node "
+                f"{min(per_node, tp)}: choose rollout_gpus so the trainer keeps a multiple of "
+                f"{tp} GPUs per node, or a tensor-parallel size that divides it"]
+    return []
+
+
+def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology,
+                          model: str | None) -> SeparateLaunch:
+    """The one_step_off_policy recipe (verl/experimental/one_step_off_policy, b178a3c; its
+    shell/*.sh): trainer.* the training GPUs, the top-level rollout.* the engine's pool, the
+    recipe's main launched on this file from a verl checkout (the recipe's code is not in
+    verl's PyPI wheel: 0.7.1 ships only its YAML, and 0.7.1's recipe refuses the legacy FSDP
+    workers the probes model: the header says so)."""
+    engine = run.engine_of(config.rollout_gpus)
+    assert engine is not None  # separate_placement refused the split otherwise
+    return SeparateLaunch(
+        lines=(f"placement: separate, one step off policy (verl's one_step_off_policy recipe):"
+               f" the engine on {engine.nnodes} x {engine.gpus_per_node} GPUs (rollout.*), "
+               f"the trainer on {trainers.nnodes} x {trainers.gpus_per_node} (trainer.*); "
+               "run the launch line from a verl checkout whose recipe runs the FSDP workers "
+               "the probes model (b178a3c: checked); the recipe's code is not in verl's PyPI "
+               "wheel, and 0.7.1's recipe runs only the engine workers "
+               "(use_legacy_worker_impl=disable, separation/utils.py), which no probe modeled",
+               "engine GPUs: b178a3c's rollout worker also builds a bf16 FSDP copy of the "
+               f"model sharded over the engine's {config.rollout_gpus} GPUs (2 bytes a "
+               f"parameter / {config.rollout_gpus} each, fsdp_workers.py), beside vLLM's "
+               "gpu_memory_utilization share; autotune's memory per role follows 0.7.1's "
+               "standalone engine, which has none: leave that much below the utilisation",
+               "algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "
+               "log-probs are the engine's, so the trainer skips the actor's log-prob pass the "
+               "study's experience phase timed: its side may run faster than measured"),
+        values={ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node},
+        launch=f"python3 -m {ONE_STEP_OFF} --config-path {{folder}} --config-name {{name}}")
 
 
 def _verl_short_run(steps: int, validate: bool, trial_dir: str) -> TrainerKeys:
@@ -264,7 +362,10 @@ VERL = Adapter(
         Derived(("lora_target_modules",), lambda config, topo: {
             TARGET_MODULES: module_list(config.lora_target_modules)},
             lambda get, topo: module_names(get(TARGET_MODULES, None)),
-            (TARGET_MODULES,)),),
+            (TARGET_MODULES,)),
+        # the hybrid engine (colocated), or the one-step-off recipe's engine pool
+        Derived(("placement", "staleness"), _verl_placement, _verl_placement_read,
+                (HYBRID, ENGINE_NODES, ENGINE_GPUS)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,
@@ -303,4 +404,5 @@ VERL = Adapter(
     # whenever they are set; under token budgets verl never runs them: written as null
     unused=lambda config: (ACTOR_MICRO, CRITIC_MICRO, "critic.forward_micro_batch_size_per_gpu")
     if config.dynamic_batching else (),
+    separate_launch=_verl_separate_launch,
 )

@@ -267,10 +267,15 @@ def device_problems(config: ProbeConfig, on_gpu: bool, is_vl: bool, capped: bool
     --gpu-memory-limit), each a line that says what to do instead; the sweep refuses these
     before its first probe, the probe again before it builds anything."""
     problems = []
-    if config.separate:
-        problems.append("placement=separate: the probe runs the engine beside the trainer "
-                        "only so far; `autotune estimate --set placement=separate --set "
-                        "rollout_gpus=N` sizes each role's GPUs")
+    if config.separate and on_gpu:
+        problems.append("placement=separate: the split probe runs on a CPU only so far (its "
+                        "sides' GPUs are not assigned yet); `autotune estimate --set "
+                        "placement=separate --set rollout_gpus=N` sizes each role's GPUs")
+    if config.separate and (config.runs_real_vllm or config.uses_lora):
+        problems.append(f"placement=separate with "
+                        f"{'rollout_engine=vllm' if config.runs_real_vllm else 'lora_rank'}: "
+                        "the split probe runs the vllm-like engine and syncs whole weights; "
+                        "probe the split with rollout_engine=vllm-like and no LoRA")
     if config.fused_logprob and config.fused_logprob_kernel == "triton" and not on_gpu:
         problems.append("fused_logprob_kernel=triton runs on a CUDA device only; probe on a "
                         "GPU, or with fused_logprob_kernel=torch")

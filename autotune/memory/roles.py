@@ -79,6 +79,15 @@ class PlacementEstimate:
         """The role whose GPU needs more (both roles' GPUs are the node's, of one size)."""
         return "engine" if self.engine.peak_bytes >= self.trainer.peak_bytes else "trainer"
 
+    @property
+    def by_phase(self) -> MemoryEstimate:
+        """Both roles as one estimate of phases, each on the GPU that runs it (the engine's
+        rollout, the trainer's sync and trained phases): what a split probe reports, one peak
+        per phase from the side that ran it; its peak is the binding role's."""
+        return MemoryEstimate({"rollout": self.engine.phases["rollout"],
+                               **self.trainer.phases},
+                              self.trainer.host_offload_bytes, self.trainer.share)
+
 
 def estimate_placement(shape: ModelShape, config: ProbeConfig, world_size: int,
                        rollout_gpus: int, capacity_bytes: int, on_gpu: bool = True,

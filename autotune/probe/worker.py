@@ -17,6 +17,7 @@ import traceback
 
 from autotune.files import write_text_atomic
 from autotune.probe.launch.launcher import RANK_ENV, launch_ranks
+from autotune.probe.launch.split import launch_split
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
@@ -49,6 +50,7 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
         torch_device,
     )
     from autotune.probe.measure.oom import classify_exception
+    from autotune.probe.step.split import Link, SplitSide
     from autotune.probe.step.training import TrainingProbe
 
     quiet_libraries()
@@ -84,7 +86,9 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
         meter = MemoryMeter(device, device_limit_bytes=limit, on_limit=on_limit,
                             short=request.short)
         meter.start(nvml_index=physical_gpu_index(device))
-        probe = TrainingProbe(request, meter)
+        probe = TrainingProbe(request, meter) if not request.split_side else SplitSide(
+            request, meter, request.split_side,
+            Link.connect(request.split_side, request.split_port))
         return probe.run(startup_s=startup_s)
     except BaseException as exc:  # every failure becomes a classified result
         traceback.print_exc()
@@ -128,6 +132,8 @@ def main(argv: list[str]) -> int:
         from autotune.probe.launch.command import run_command
 
         result = run_command(request, result_path)
+    elif request.config.separate:  # its two sides (each side's config is colocated)
+        result = launch_split(request, result_path)
     elif request.world_size > 1 and not request.emulated and RANK_ENV not in os.environ:
         result = launch_ranks(request, result_path)  # this process starts the W ranks
     else:

@@ -168,6 +168,8 @@ class ProbeRequest:
     # units sampled and its step predicted (probe/measure/unit_loops.py)
     stop_below: SlowFloor | None = None  # stop early under this rate, once the peaks are
     # reached (built-in probes; None: run every timed step)
+    split_side: str = ""  # one side of a split probe (placement=separate): engine | trainer,
+    split_port: int = 0  # and the loopback port the engine's side listens on for the link
 
     @property
     def world_size(self) -> int:
@@ -256,6 +258,10 @@ class ProbeResult:
     emulated: bool = False  # the max over ranks; tokens/s the whole run's); emulated: one rank
     failed_rank: int | None = None  # of a real multi-rank probe, the rank that failed first
     rank_peak_mem_bytes: list[int] = field(default_factory=list)  # each real rank's peak
+    # a split probe (placement=separate): each side's peak (engine, trainer), and the step
+    # config/pipeline.py composes from its phase times, beside step_s, the step as it ran
+    side_peak_mem_bytes: dict[str, int] = field(default_factory=dict)
+    composed_step_s: float | None = None
     model_state_bytes: dict[str, int] = field(default_factory=dict)  # params, grads, optimizer
     engine_weight_bytes: int | None = None  # the rollout engine's weights on a rank, awake
     engine: dict[str, int] = field(default_factory=dict)  # vllm-like: what the engine

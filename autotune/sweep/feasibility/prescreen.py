@@ -24,6 +24,7 @@ from autotune.hardware import Device
 from autotune.memory.calibration import Calibration, fit_calibration
 from autotune.memory.host import NodeRun, node_host
 from autotune.memory.model import MemoryEstimate, ModelArgs, estimate_memory
+from autotune.memory.roles import estimate_placement
 from autotune.memory.shape import ModelShape, model_shape
 from autotune.probe.measure.result import ProbeRequest
 
@@ -58,8 +59,20 @@ def memory_estimator(request: ProbeRequest) -> Callable[[ProbeConfig], MemoryEst
         shape = model_shape(request.model, request.model_path)
     except AutotuneError:
         return None
+    return lambda config: model_estimate(shape, config, request)
+
+
+def model_estimate(shape: ModelShape, config: ProbeConfig, request: ProbeRequest
+                   ) -> MemoryEstimate:
+    """The memory model's estimate of `config` probed as `request` is: colocated, one GPU's
+    phases; separate, each phase on its role's GPU (memory/roles.py), as a split probe
+    reports them."""
     args = memory_model_args(request)
-    return lambda config: estimate_memory(shape, config, **args)
+    if not config.separate:
+        return estimate_memory(shape, config, **args)
+    return estimate_placement(shape, config, request.world_size, config.rollout_gpus,
+                              args["engine_capacity_bytes"], args["on_gpu"],
+                              args["compute_bytes"]).by_phase
 
 
 class Prescreen:
@@ -106,8 +119,8 @@ class Prescreen:
 
     def estimate(self, config: ProbeConfig, device: Device) -> MemoryEstimate:
         """The uncalibrated estimate of a trial's config on `device` as the sweep knows it."""
-        request = dataclasses.replace(self.request, device=device)
-        return estimate_memory(self.shape, config, **memory_model_args(request))
+        return model_estimate(self.shape, config, dataclasses.replace(self.request,
+                                                                      device=device))
 
     def record(self, config: ProbeConfig, phase_peak_mem_bytes: dict[str, int],
                device: Device) -> None:

@@ -64,7 +64,8 @@ class Feasibility:
             return
         if self.prescreen is not None:
             self.prescreen.record(candidate.config, phase_peak_mem_bytes, self.device)
-        if self.tracer is not None:
+        if self.tracer is not None and not candidate.config.separate:  # the trace is the
+            # colocated step's: a split probe's sides teach it nothing
             self.tracer.learn(candidate, phase_peak_mem_bytes, self.device, phase_reserved_bytes)
 
     def calibration_record(self, device_name: str | None) -> JsonObject | None:

@@ -128,7 +128,8 @@ def traced_prediction(tracer: Tracer, candidate: Candidate, modelled_bytes: int,
     (`modelled_bytes` past TRACE_FROM of what the probe may use) is traced, and predicted to
     run out of device memory when its traced peak is past that by more than its margin."""
     capacity = device.usable_bytes
-    if capacity is None or modelled_bytes < TRACE_FROM * capacity:
+    if capacity is None or modelled_bytes < TRACE_FROM * capacity \
+            or candidate.config.separate:  # the trace runs the colocated step only
         return None
     traced = tracer.traced_bytes(candidate, device)
     if traced is None:

@@ -4,7 +4,7 @@ config/pipeline.py composes from its sides' phase times?
 Real split probes of the tiny model on this CPU (probe/launch/split.py: the engine's side and
 the trainer's, one process each on a core of its own, a loopback link carrying the barriers
 and every weight each step), a run of 4 emulated GPUs at 12 prompts x 2 responses of 32 + 32
-tokens, over a grid: staleness 0 and 1, 1 and 2 engine GPUs, update micro-batch 2 and 4. Each
+tokens, over a grid: staleness 0 and 1, 1 and 2 engine GPUs, update micro-batch 1 and 2. Each
 config is probed `--repeats` times, the configs interleaved (round by round, so a slow spell
 of the machine falls on every config alike). For each probe: the step as it ran (sync to
 sync, the mean of its 3 timed steps), the step composed from the same steps' phase times
@@ -39,7 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = dict(placement="separate", rollout_engine="vllm-like", kv_cache_memory_bytes=64 << 20,
               rollout_batch_size=12, rollout_n=2, global_batch_size=6,
               micro_batch_size_experience=2, max_prompt_length=32, max_response_length=32)
-GRID = list(itertools.product((0, 1), (1, 2), (2, 4)))  # staleness, engine GPUs, update micro
+GRID = list(itertools.product((0, 1), (1, 2), (1, 2)))  # staleness, engine GPUs, update micro
 
 
 def probe(staleness: int, engine_gpus: int, micro: int, folder: Path) -> tuple[ProbeResult,

@@ -27,6 +27,7 @@ from autotune.config import SYNC_PHASE, ProbeConfig, Topology, validate_probe_co
 from autotune.config.pipeline import step_seconds
 from autotune.probe.launch.launcher import free_port, read_result, start_rank, watch
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
+from autotune.process_tag import PROBE_TAG_ENV
 
 SIDES = ("engine", "trainer")
 
@@ -77,6 +78,9 @@ def launch_split(request: ProbeRequest, result_path: str) -> ProbeResult:
                            message="; ".join(problems) or "placement=separate: no split of "
                            "this run's GPUs")
     paths = [side_paths(result_path, side) for side in SIDES]
+    # each side counts the other as its own probe's, not as contention (MachineWatch): both
+    # carry the probe's tag, the runner's or, started alone, one of this launcher's
+    os.environ.setdefault(PROBE_TAG_ENV, f"split.{os.getpid()}")
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for side, (request_path, side_result) in zip(SIDES, paths, strict=True):

@@ -1,8 +1,8 @@
 """The split probe against its composition (issue 68): is a separate placement's step what
 config/pipeline.py composes from its sides' phase times?
 
-Real split probes of the tiny model on this CPU (probe/launch/split.py: the engine's side and
-the trainer's, one process each on a core of its own, a loopback link carrying the barriers
+Real split probes of the tiny model on this CPU (probe/launch/split_sides.py: the engine's side
+and the trainer's, one process each on a core of its own, a loopback link carrying the barriers
 and every weight each step), a run of 4 emulated GPUs at 12 prompts x 2 responses of 32 + 32
 tokens, over a grid: staleness 0 and 1, 1 and 2 engine GPUs, update micro-batch 1 and 2. Each
 config is probed `--repeats` times, the configs interleaved (round by round, so a slow spell

@@ -309,7 +309,8 @@ def test_trl_colocated_vllm_states_what_grpo_config_cannot_set(tmp_path):
         trainer_start(TRL, str(server), None, None)
     assert err.value.problems == [
         f"{server}: use_vllm and vllm_mode and vllm_tensor_parallel_size: the engine runs on "
-        "GPUs of its own (placement=separate), which no probe runs yet: sweep a copy that "
+        "GPUs of its own (placement=separate), which a sweep of a trainer's config does not "
+        "probe yet (a split probe runs from a space fixing it, on a CPU): sweep a copy that "
         "colocates it, and size each side with `autotune estimate --set placement=separate "
         "--set rollout_gpus=N`"]
 

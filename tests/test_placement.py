@@ -122,10 +122,14 @@ def test_estimate_prints_each_roles_gpu_against_the_budget():
 
 
 def test_the_probe_and_the_exports_refuse_it_in_one_line():
-    """No probe runs the engine apart yet, and EasyR1 (no such placement) refuses it in one
-    line; verl's (one step off) and TRL's server mode are written (below)."""
+    """The split probe runs on a CPU only (tests/test_split_probe.py), with the vllm-like
+    engine and no LoRA; EasyR1 (no such placement) refuses it in one line; verl's (one step
+    off) and TRL's server mode are written (below)."""
     assert [p for p in device_problems(SEPARATE, True, False, False)
-            if p.startswith("placement=separate: the probe runs the engine beside")]
+            if p.startswith("placement=separate: the split probe runs on a CPU only")]
+    assert not device_problems(SEPARATE, False, False, True)  # capped: the engine's share
+    assert [p for p in device_problems(SEPARATE.replace(lora_rank=8), False, False, True)
+            if p.startswith("placement=separate with lora_rank: the split probe")]
     knobs = {k: v for k, v in SEPARATE.as_dict().items()
              if k in ("placement", "rollout_gpus", "rollout_engine", "rollout_batch_size",
                       "rollout_n", "global_batch_size", "micro_batch_size_update",

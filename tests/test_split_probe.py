@@ -16,7 +16,7 @@ import yaml
 from autotune.config import ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.hardware import Device
-from autotune.probe.launch.split import merge_sides, side_requests
+from autotune.probe.launch.split_sides import merge_sides, side_requests
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 SPLIT = dict(placement="separate", rollout_engine="vllm-like", kv_cache_memory_bytes=64 << 20,

@@ -17,7 +17,7 @@ import traceback
 
 from autotune.files import write_text_atomic
 from autotune.probe.launch.launcher import RANK_ENV, launch_ranks
-from autotune.probe.launch.split import launch_split
+from autotune.probe.launch.split_sides import launch_split
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 
 EXIT_DEVICE_LIMIT = 77  # the worker ended itself after writing a gpu_oom result
@@ -50,7 +50,7 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
         torch_device,
     )
     from autotune.probe.measure.oom import classify_exception
-    from autotune.probe.step.split import Link, SplitSide
+    from autotune.probe.step.split_step import Link, SplitSide
     from autotune.probe.step.training import TrainingProbe
 
     quiet_libraries()

@@ -314,9 +314,10 @@ def trainer_start(adapter: Adapter, base_config: str | None, nnodes: int | None,
         where = " and ".join(next(part.keys for part in adapter.derived
                                   if "placement" in part.knobs))
         problems.append(f"{base_config}: {where}: the engine runs on GPUs of its own "
-                        "(placement=separate), which no probe runs yet: sweep a copy that "
-                        "colocates it, and size each side with `autotune estimate --set "
-                        "placement=separate --set rollout_gpus=N`")
+                        "(placement=separate), which a sweep of a trainer's config does not "
+                        "probe yet (a split probe runs from a space fixing it, on a CPU): "
+                        "sweep a copy that colocates it, and size each side with `autotune "
+                        "estimate --set placement=separate --set rollout_gpus=N`")
     if problems:
         raise ConfigError(problems)
     return base, topology, knobs

@@ -4,7 +4,7 @@ The worker of a probe whose config puts the engine on GPUs of its own becomes th
 torch import): it checks the config against the whole run, writes one request per side (the
 engine's share of the rollout on `rollout_gpus` GPUs, the trainer's share of the trained
 phases on the rest; each side one process over its own emulated ranks, on its own cores),
-starts both with a loopback port for their link (probe/step/split.py says what they do), and
+starts both with a loopback port for their link (probe/step/split_step.py says what they do), and
 watches them as the launcher watches ranks: the first side that fails ends the probe, named.
 When both succeed, the result is the pipeline's: the measured step (sync to sync, the trainer's
 clock), the engine's rollout and weight sync beside the trainer's phases, each phase's peak

@@ -8,7 +8,7 @@ critic update, update) on its GPU's share; the responses it trains on are the en
 (always `max_response_length`), which is what a trained phase's time and memory depend on.
 
 The two sides run at once, one process each on cores of their own, joined by a TCP link on
-loopback (launch/split.py starts them): each step they meet at a barrier, then the trainer
+loopback (launch/split_sides.py starts them): each step they meet at a barrier, then the trainer
 sends the engine its new weights, every tensor whole in the compute dtype, one at a time (what
 verl's and TRL's NCCL broadcasts move), and the engine loads its part of each. With
 `staleness=0` they take turns (the trainer waits for this step's rollout, the engine for the
@@ -124,7 +124,7 @@ class SplitSide(TrainingProbe):
                                  self.link.receive_json()]
 
     def _check(self) -> None:
-        """The launcher checked the config against the whole run (launch/split.py); a side
+        """The launcher checked the config against the whole run (launch/split_sides.py); a side
         checks what its own device and model can run."""
         heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
         problems = model_problems(self.config, self.is_vl, heads)

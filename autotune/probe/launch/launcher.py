@@ -133,28 +133,33 @@ def launch_ranks(request: ProbeRequest, result_path: str) -> ProbeResult:
             status=ProbeStatus.INVALID, world_size=ranks,
             message=f"a real {ranks}-rank probe needs {ranks} GPUs, {len(gpus)} visible: "
                     "give it more (--gpus) or emulate the ranks (--ranks emulated)")
-    requests = rank_requests(request)
     paths = [rank_paths(result_path, r) for r in range(ranks)]
-    port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-    failure: tuple[int, ProbeResult] | None = None
-    try:
-        for r in range(ranks):
-            procs.append(start_rank(r, requests[r], *paths[r], port,
-                                    gpus[r] if gpus else None, sys.stdout))
-        failure = watch(procs, paths)
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+    failure = run_workers(rank_requests(request), paths, free_port(), gpus)
     if failure is not None:
         rank, result = failure
         return result.replace(failed_rank=rank, world_size=ranks,
                               message=f"rank {rank}: {result.message}")
     results = [read_result(result) for _, result in paths]
     return merge_ranks([r for r in results if r is not None])
+
+
+def run_workers(requests: list[ProbeRequest], paths: list[tuple[Path, Path]], port: int,
+                gpus: list[str] | None = None) -> tuple[int, ProbeResult] | None:
+    """Start a worker for each request (rank r of them, on `gpus[r]` where given), watch
+    them and end every one: the first failure (index, result), or None when all wrote
+    theirs."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for r, request in enumerate(requests):
+            procs.append(start_rank(r, request, *paths[r], port, gpus[r] if gpus else None,
+                                    sys.stdout))
+        return watch(procs, paths)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
 
 
 def watch(procs: list[subprocess.Popen[bytes]],

@@ -16,16 +16,13 @@ CPU only so far (config/rules.py refuses it on a GPU): the sides' GPUs are not a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from autotune.config import SYNC_PHASE, ProbeConfig, Topology, validate_probe_config
 from autotune.config.pipeline import step_seconds
-from autotune.probe.launch.launcher import free_port, read_result, start_rank, watch
+from autotune.probe.launch.launcher import free_port, read_result, run_workers
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus
 from autotune.process_tag import PROBE_TAG_ENV
 
@@ -81,18 +78,7 @@ def launch_split(request: ProbeRequest, result_path: str) -> ProbeResult:
     # each side counts the other as its own probe's, not as contention (MachineWatch): both
     # carry the probe's tag, the runner's or, started alone, one of this launcher's
     os.environ.setdefault(PROBE_TAG_ENV, f"split.{os.getpid()}")
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for side, (request_path, side_result) in zip(SIDES, paths, strict=True):
-            procs.append(start_rank(0, requests[side], request_path, side_result, port, None,
-                                    sys.stdout))
-        failure = watch(procs, paths)
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+    failure = run_workers([requests[side] for side in SIDES], paths, port)
     if failure is not None:
         index, result = failure
         return result.replace(world_size=request.world_size,

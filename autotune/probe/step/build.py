@@ -44,6 +44,13 @@ class Build(Offload):
         ranks), its AdamW, the reference, the critic, the prompts, every state where its
         offload switches put it between steps, and last the rollout engine, which starts
         (vLLM's start-up check sees what the trainer holds)."""
+        self._build_trained()
+        self.engine = self._build_engine()
+        self.engine.start(self._profile_inputs)
+
+    def _build_trained(self) -> None:
+        """Everything but the engine: the config checked, the ranks joined, the trained
+        models, their optimizers and the prompts, each state where its offload puts it."""
         config = self.config
         self._check()
         if self.request.world_size > 1:
@@ -65,8 +72,6 @@ class Build(Offload):
             self._place_states(self.critic, self.critic_optimizer,
                                not config.critic_offload_params,
                                not config.critic_offload_optimizer)
-        self.engine = self._build_engine()
-        self.engine.start(self._profile_inputs)
 
     def _check(self) -> None:
         """A ConfigError with every problem of the config for this model and device."""

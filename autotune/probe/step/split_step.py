@@ -37,7 +37,7 @@ from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.probe.measure.unit_loops import mean_and_se
 from autotune.probe.modeling.models import without_special_ids
 from autotune.probe.modeling.sharding import full_tensor, join_group, named_weights
-from autotune.probe.modeling.ulysses import install_attention, sequence_group, sequence_parallel
+from autotune.probe.modeling.ulysses import sequence_parallel
 from autotune.probe.step.engine import Rollout, RolloutEngine
 from autotune.probe.step.training import TrainingProbe
 
@@ -135,27 +135,7 @@ class SplitSide(TrainingProbe):
 
     def _build_trainer(self) -> None:
         """As Build.build, less the engine (the trainer's GPUs hold none)."""
-        config = self.config
-        self._check()
-        if self.request.world_size > 1:
-            self.group = join_group(self.request.world_size, True, self.device)
-        if config.ulysses_sequence_parallel_size > 1:
-            assert self.group is not None  # config rules: sp divides the trainer's GPUs
-            install_attention()
-            self.sequence_group = sequence_group(config.ulysses_sequence_parallel_size,
-                                                 self.group.rank, self.group.world_size,
-                                                 self.group.emulated)
-        self._build_actor()
-        self.ref_model = self._build_copy(shard=True) if config.holds_ref_copy else None
-        if config.has_critic:
-            self._build_critic()
-        self._make_prompts()
-        self._place_actor(params_on_device=not config.offload_params,
-                          optimizer_on_device=not config.offload_optimizer)
-        if self.critic is not None:
-            self._place_states(self.critic, self.critic_optimizer,
-                               not config.critic_offload_params,
-                               not config.critic_offload_optimizer)
+        self._build_trained()
         self.engine = cast("Rollout", NoEngine())
         self.weight_specs = [(name, list(full_tensor(getattr(w, "data", w)).shape))
                              for name, w in named_weights(self.model)]

@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune.cli.text import format_probe_result
 from autotune.config import ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.hardware import Device
@@ -116,6 +117,10 @@ def test_the_pipeline_takes_each_phase_from_the_side_that_ran_it():
     assert merged.peak_mem_bytes == 300 and merged.engine == {"kv_pool_bytes": 64}
     assert merged.side_peak_mem_bytes == {"engine": 300, "trainer": 250}
     assert (merged.step_s, merged.world_size) == (3.6, 4)
+    text = format_probe_result(merged.replace(samples_per_s=1.0, probe_wall_s=9.0),  # probe
+                               "m")
+    assert "4 GPUs split: the engine's side and the trainer's" in text
+    assert "3.50 s composed from its phases" in text and "  weight_sync " in text
 
 
 SPACE = """

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import PHASES, describe_engine, describe_params, format_bytes
+from autotune.config import (
+    PHASES,
+    SYNC_PHASE,
+    describe_engine,
+    describe_params,
+    format_bytes,
+)
 from autotune.probe.measure.result import ProbeResult, coefficient_of_variation
 
 if TYPE_CHECKING:
@@ -20,7 +26,10 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
     """A short readable summary of one probe: status, speed, per-phase time and memory."""
     device = result.device_name or "unknown device"
     ranks = ""
-    if result.world_size > 1:
+    if result.side_peak_mem_bytes:  # a split probe (placement=separate)
+        ranks = (f", {result.world_size} GPUs split: the engine's side and the trainer's, "
+                 "each one process over emulated ranks (time without communication)")
+    elif result.world_size > 1:
         ranks = (f", rank 0 of {result.world_size} emulated (memory per rank; time without "
                  "communication)" if result.emulated else f", {result.world_size} real ranks")
     lines = [f"probe {model} on {device}{ranks}: {result.status.value}"]
@@ -38,6 +47,13 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
                          f"{result.timed_wall_s or 0.0:.1f} s (--full-steps runs every unit)")
         elif result.step_times_s:
             lines.append(f"  full steps: {len(result.step_times_s)} timed{se}")
+        if result.composed_step_s is not None:
+            sides = result.side_peak_mem_bytes
+            lines.append(f"  pipeline: the step as it ran, sync to sync; "
+                         f"{result.composed_step_s:.2f} s composed from its phases "
+                         f"(config/pipeline.py); peak {format_bytes(sides.get('engine'))} on "
+                         f"the engine's side, {format_bytes(sides.get('trainer'))} on the "
+                         "trainer's")
     if result.model_state_bytes and result.world_size > 1:
         states = result.model_state_bytes
         for model, prefix in (("model", ""), ("critic", "critic_")):
@@ -47,7 +63,8 @@ def format_probe_result(result: ProbeResult, model: str) -> str:
             lines.append(f"  {model} states per rank {format_bytes(sum(parts))} (params "
                          f"{format_bytes(parts[0])}, grads {format_bytes(parts[1])}, "
                          f"optimizer {format_bytes(parts[2])})")
-    phases = [p for p in PHASES if p in result.phase_peak_mem_bytes or p in result.phase_s]
+    phases = [p for p in (*PHASES, SYNC_PHASE)
+              if p in result.phase_peak_mem_bytes or p in result.phase_s]
     if phases:
         lines.append(f"  {'phase':<14}{'seconds':>9}{'peak device memory':>21}")
         for phase in phases:

@@ -148,8 +148,11 @@ def test_a_sweep_over_splits_runs_end_to_end_and_its_pick_composes(tmp_path):
          "--finalists", "0"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     study_dir = tmp_path / "results" / "s"
-    best = yaml.safe_load((study_dir / "best.yaml").read_text())
+    text = (study_dir / "best.yaml").read_text()
+    best = yaml.safe_load(text)
     assert best["config"]["placement"] == "separate"
+    assert "(the engine's side and the trainer's, each over emulated ranks" in \
+        text.splitlines()[0]
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
     probed = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("probed")]
     assert {t.params["rollout_gpus"] for t in probed} == {1, 2}

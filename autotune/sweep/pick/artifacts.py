@@ -325,8 +325,10 @@ def best_text(study: Study, trial: FrozenTrial, configs: Mapping[str, Measured])
     measured = document["measured"]
     emulated = document["provenance"]["topology"]["ranks"] == "emulated"
     command = document["provenance"].get("command")
-    how = " (one emulated rank: time without communication)" if emulated else \
-        f" (runs of your {command['trainer']} launch line)" if command else ""
+    split = document["config"].get("placement") == "separate"  # a split probe's two sides
+    how = " (the engine's side and the trainer's, each over emulated ranks: time without " \
+        "communication)" if split else " (one emulated rank: time without communication)" \
+        if emulated else f" (runs of your {command['trainer']} launch line)" if command else ""
     header = (f"# autotune best configuration of study {study.study_name}: trial "
               f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
               f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak{how}\n"

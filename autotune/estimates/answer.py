@@ -248,8 +248,9 @@ def estimate_separate(plan: EstimatePlan, headroom: float, trace: bool) -> Place
     the length headroom, the switches, the node's host memory and the trace are the
     colocated answer's so far."""
     if trace:
-        raise ConfigError("--trace with placement=separate: the probe's step runs the engine "
-                          "beside the trainer only so far; drop --trace")
+        raise ConfigError("--trace with placement=separate: the trace follows the colocated "
+                          "step only so far (a split probe measures each side, on a CPU: "
+                          "`autotune probe --set placement=separate ...`); drop --trace")
     request = plan.request
     args = memory_model_args(request)
     width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto",

@@ -88,7 +88,7 @@ def run_request(request: ProbeRequest, result_path: str) -> ProbeResult:
         meter.start(nvml_index=physical_gpu_index(device))
         probe = TrainingProbe(request, meter) if not request.split_side else SplitSide(
             request, meter, request.split_side,
-            Link.connect(request.split_side, request.split_port))
+            Link.connect(request.split_side, request.split_port, request.timeout_s))
         return probe.run(startup_s=startup_s)
     except BaseException as exc:  # every failure becomes a classified result
         traceback.print_exc()

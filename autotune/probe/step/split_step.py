@@ -41,31 +41,30 @@ from autotune.probe.modeling.ulysses import sequence_parallel
 from autotune.probe.step.engine import Rollout, RolloutEngine
 from autotune.probe.step.training import TrainingProbe
 
-LINK_TIMEOUT_S = 600.0  # a side waits this long at most for the other (the probe's own
-# timeout ends both sooner)
-
 
 class Link:
     """The two sides' TCP connection: barriers, a JSON hello, and the weights' bytes."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(LINK_TIMEOUT_S)
+        sock.settimeout(timeout_s)
         self.sock = sock
 
     @classmethod
-    def connect(cls, side: str, port: int) -> Link:
+    def connect(cls, side: str, port: int, timeout_s: float) -> Link:
         """The engine's side listens on `port` (bound by the launcher's choice); the
-        trainer's connects, retrying while the other process starts."""
+        trainer's connects, retrying while the other process starts. A side waits for the
+        other at most `timeout_s` (the probe's own timeout: its runner ends both then)."""
         if side == "engine":
             with socket.create_server(("127.0.0.1", port)) as server:
-                server.settimeout(LINK_TIMEOUT_S)
+                server.settimeout(timeout_s)
                 sock, _ = server.accept()
-                return cls(sock)
-        deadline = time.monotonic() + LINK_TIMEOUT_S
+                return cls(sock, timeout_s)
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return cls(socket.create_connection(("127.0.0.1", port), timeout=5.0))
+                return cls(socket.create_connection(("127.0.0.1", port), timeout=5.0),
+                           timeout_s)
             except OSError:
                 if time.monotonic() > deadline:
                     raise

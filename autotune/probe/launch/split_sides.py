@@ -102,8 +102,9 @@ def merge_sides(config: ProbeConfig, engine: ProbeResult, trainer: ProbeResult,
         receiving end of the sync inside it, as memory/roles.py sizes the engine's GPU),
         the trainer's sync and trained phases."""
         engine_side = getattr(engine, field)
-        rollout = max(engine_side.get("rollout", 0), engine_side.get(SYNC_PHASE, 0))
-        return {"rollout": rollout, **getattr(trainer, field)}
+        rollout = {"rollout": max(engine_side.get("rollout", 0),
+                                  engine_side.get(SYNC_PHASE, 0))} if engine_side else {}
+        return {**rollout, **getattr(trainer, field)}  # none on a CPU: no allocator here
 
     peaks = both("phase_peak_mem_bytes")
 

@@ -167,6 +167,7 @@ def test_verl_one_step_off_is_written_on_the_trainers_gpus():
     assert plan.launch.startswith("python3 -m verl.experimental.one_step_off_policy.main_ppo")
     text = render_plan(plan, VERL, None, ["test"])
     assert "the trainer skips the actor's log-prob pass the study's experience phase" in text
+    assert "returns each generated token's log-prob, which the study's engine did not" in text
     nodes = plan_export(VERL, {**ONE_STEP_OFF, "rollout_gpus": 8, "rollout_tensor_parallel": 4},
                         Topology(3, 8), None)
     assert nodes.problems == [] and (nodes.values["trainer.nnodes"],

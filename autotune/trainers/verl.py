@@ -276,7 +276,11 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                "standalone engine, which has none: leave that much below the utilisation",
                "algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "
                "log-probs are the engine's, so the trainer skips the actor's log-prob pass the "
-               "study's experience phase timed: its side may run faster than measured"),
+               "study's experience phase timed: its side may run faster than measured",
+               "actor_rollout_ref.rollout.calculate_log_probs: true (the recipe's): vLLM "
+               "returns each generated token's log-prob, which the study's engine did not "
+               "(a little more work and memory in the rollout); free_cache_engine: false, as "
+               "the split probe's engine ran (awake all run)"),
         values={ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node},
         launch=f"python3 -m {ONE_STEP_OFF} --config-path {{folder}} --config-name {{name}}")
 

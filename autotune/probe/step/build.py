@@ -76,7 +76,7 @@ class Build(Offload):
     def _check(self) -> None:
         """A ConfigError with every problem of the config for this model and device."""
         request, config = self.request, self.config
-        problems = validate_probe_config(config, request.world_size)
+        problems = self._run_problems()
         heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
         problems += model_problems(config, self.is_vl, heads)
         if self.meter.runs_kernels:  # a trace runs neither Triton nor vLLM
@@ -84,6 +84,11 @@ class Build(Offload):
                                         request.device.cap_bytes is not None)
         if problems:
             raise ConfigError(problems)
+
+    def _run_problems(self) -> list[str]:
+        """The config's rules on the run this probe is a share of (a split probe's side is
+        a share of a run its launcher checked: none there)."""
+        return validate_probe_config(self.config, self.request.world_size)
 
     def _build_actor(self) -> None:
         """The actor in fp32 from the request's seed, its checkpointing, FSDP-sharded over

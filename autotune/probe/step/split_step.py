@@ -30,8 +30,7 @@ from typing import Any, cast
 
 import torch
 
-from autotune.config import SYNC_PHASE, device_problems, model_problems
-from autotune.errors import ConfigError
+from autotune.config import SYNC_PHASE
 from autotune.probe.measure.meter import Meter
 from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.probe.measure.unit_loops import mean_and_se
@@ -122,15 +121,10 @@ class SplitSide(TrainingProbe):
             self.weight_specs = [(name, list(shape)) for name, shape in
                                  self.link.receive_json()]
 
-    def _check(self) -> None:
-        """The launcher checked the config against the whole run (launch/split_sides.py); a side
-        checks what its own device and model can run."""
-        heads = (self.text_config.num_attention_heads, self.text_config.num_key_value_heads)
-        problems = model_problems(self.config, self.is_vl, heads)
-        problems += device_problems(self.config, self.on_gpu, self.is_vl,
-                                    self.request.device.cap_bytes is not None)
-        if problems:
-            raise ConfigError(problems)
+    def _run_problems(self) -> list[str]:
+        """The launcher checked the config against the whole run (launch/split_sides.py); a
+        side checks only what its own device and model can run (Build._check)."""
+        return []
 
     def _build_trainer(self) -> None:
         """As Build.build, less the engine (the trainer's GPUs hold none)."""

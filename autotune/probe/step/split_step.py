@@ -94,9 +94,6 @@ class Link:
                 raise ConnectionError("the other side of the split probe ended")
             got += count
 
-    def close(self) -> None:
-        self.sock.close()
-
 
 class SplitSide(TrainingProbe):
     """One side of a split probe, run as a TrainingProbe whose step is this side's part of

@@ -35,9 +35,11 @@ estimate for the same rank, and model states against memory.py's exact term. Wri
 gpu_evidence.txt and .json, naming the device, after every case: a run cut short by
 --deadline-s (default 540 s: no case starts later, each probe's timeout ends by it) keeps
 every case it finished; --cases picks some by label. Without an NVIDIA GPU it says so and
-exits 0 (it is not part of CI). `--noise cuda` runs only issue 49's noise experiment (three
-0.5B configs, 5 interleaved repeats each, quiet and beside a pool of traces: the coefficient
-of variation of each, and which probes were flagged contended), into gpu_noise.{txt,json}.
+exits 0 (it is not part of CI). `--holdout N` runs only issue 67's held-out rows
+(benchmarks/gpu_holdout.py: drawn, predicted and written, then probed). `--noise cuda` runs
+only issue 49's noise experiment (three 0.5B configs, 5 interleaved repeats each, quiet and
+beside a pool of traces: the coefficient of variation of each, and which probes were flagged
+contended), into gpu_noise.{txt,json}.
 """
 
 from __future__ import annotations
@@ -475,7 +477,20 @@ def main() -> int:
                              "dry run of its code)")
     parser.add_argument("--noise-repeats", type=int, default=NOISE_REPEATS,
                         help="repeats of each config in the noise experiment")
+    parser.add_argument("--holdout", type=int, default=0, metavar="N",
+                        help="only issue 67's held-out rows: draw N configs, predict them "
+                             "(written before any probe), probe them (gpu_holdout.py)")
+    parser.add_argument("--seed", type=int, default=None, help="--holdout's draw (default: "
+                                                               "a fresh one, printed)")
     args = parser.parse_args()
+    if args.holdout:
+        import gpu_holdout
+
+        seed = ["--seed", str(args.seed)] if args.seed is not None else []
+        out = ["--out", str(args.out)]
+        return (gpu_holdout.main(["predict", "--n", str(args.holdout), "--workers", "8",
+                                  *seed, *out])
+                or gpu_holdout.main(["probe", "--deadline-s", str(args.deadline_s), *out]))
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     started = time.monotonic()
 

@@ -436,7 +436,8 @@ def describe_row(row: dict, entry: dict) -> str:
         traced = f"{e['traced_error']:+.1%}" if "traced_error" in e else "-"
         model = f"{e['model_error']:+.1%}" if "model_error" in e else "-"
         parts.append(f"{phase} {format_bytes(e['nvml_bytes'])} (traced {traced}, model {model})")
-    return head + f"{entry['probe_wall_s']:.0f} s  " + "  ".join(parts)
+    run = f" (run {entry['run']})" if "run" in entry else ""
+    return head + f"{entry['probe_wall_s']:.0f} s{run}  " + "  ".join(parts)
 
 
 def describe_knobs(row: dict) -> str:
@@ -474,16 +475,31 @@ def summary(done: list[dict], held_out: set[str]) -> list[str]:
     return lines
 
 
+def merged(document: dict, runs: list[dict]) -> list[dict]:
+    """Each row's result from the last run that ran it (else "not run"), tagged with that
+    run's number (1 = the first run given)."""
+    out = {}
+    for number, run in enumerate(runs, 1):
+        for entry in run["rows"]:
+            if entry["status"] != "not run" or entry["label"] not in out:
+                out[entry["label"]] = {**entry, "run": number}
+    return [out.get(r["label"]) or {"label": r["label"], "status": "not run"}
+            for r in document["rows"]]
+
+
 def held_out_labels(document: dict) -> set[str]:
     return {r["label"] for r in document["rows"] if r.get("held_out")}
 
 
-def write_report(out: Path, document: dict, done: list[dict], started: float,
-                 side_by_side: bool) -> None:
+def write_report(out: Path, document: dict, done: list[dict], started: float | None,
+                 side_by_side: bool, runs: int = 1) -> None:
     device = next((d["device"] for d in done if d.get("device")), None) or "no GPU"
     by_label = {r["label"]: r for r in document["rows"]}
-    lines = [f"gpu_holdout on {device}, {time.strftime('%Y-%m-%d')}, "
-             f"{(time.monotonic() - started) / 60:.1f} min; seed {document['seed']}, "
+    took = (f"{(time.monotonic() - started) / 60:.1f} min" if started is not None
+            else f"{runs} runs, each resuming the rows the last left unrun (a row's run is "
+                 "given)")
+    lines = [f"gpu_holdout on {device}, {time.strftime('%Y-%m-%d')}, {took}; "
+             f"seed {document['seed']}, "
              f"predicted on {document['date']} ({PREDICTIONS})",
              "benchmark: python benchmarks/gpu_holdout.py probe; probes side by side: "
              f"{side_by_side}", ""]
@@ -514,13 +530,23 @@ def main(argv: list[str] | None = None) -> int:
                          help="the rows and their predictions (written by `predict`)")
     probing.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                          help="cpu: a dry run of the probing code (tiny rows)")
-    for each in (drawing, probing):
+    merging = sub.add_parser("report", help="one report from several probe runs' holdout.json "
+                                            "(a run cut short, then resumed on the rows it left)")
+    merging.add_argument("runs", nargs="+", type=Path, help="holdout.json files, in run order")
+    merging.add_argument("--predictions", type=Path, default=RESULTS / PREDICTIONS)
+    for each in (drawing, probing, merging):
         each.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.command == "predict":
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
         print(f"seed {seed}", flush=True)
         predict(args.n, seed, args.out, args.workers)
+        return 0
+    if args.command == "report":
+        document = json.loads(args.predictions.read_text())
+        done = merged(document, [json.loads(run.read_text()) for run in args.runs])
+        write_report(args.out, document, done, None, True, len(args.runs))
+        print((args.out / "holdout.txt").read_text())
         return 0
     from autotune.hardware import has_nvidia_gpu
 

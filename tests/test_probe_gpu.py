@@ -49,3 +49,22 @@ def test_memory_model_bounds_the_measured_gpu_peaks():
         part = estimate.phases[phase]
         assert measured >= part.states_bytes, phase
         assert 1 / 1.5 <= part.total_bytes / measured <= 1.5, (phase, part, measured)
+
+
+def test_fsdp2_offload_leaves_the_gpu_on_an_emulated_rank():
+    """offload_optimizer under FSDP2 (rank 0 of 2): AdamW's shard states go to the host for
+    the rollout. DTensor.from_local moved them straight back to the GPU (held-out H200 rows
+    00 and 08 held them resident); a CPU probe cannot show it (its host is its device)."""
+    base = dict(rollout_batch_size=8, rollout_n=4, global_batch_size=8,
+                micro_batch_size_update=4, micro_batch_size_experience=8,
+                max_prompt_length=256, max_response_length=64, fsdp_strategy="fsdp2")
+    runner = SubprocessRunner()
+    results = {offload: runner.run(ProbeRequest(
+        model="qwen2.5-0.5b", config=ProbeConfig(**base, offload_optimizer=offload),
+        device=Device("cuda"), gpus_per_node=2, emulated=True, warmup_steps=1, timed_steps=1))
+        for offload in (False, True)}
+    assert all(r.ok for r in results.values()), [r.message for r in results.values()]
+    adam_shard_bytes = 8 * results[True].num_params // 2
+    moved = (results[False].phase_tensor_peak_bytes["rollout"]
+             - results[True].phase_tensor_peak_bytes["rollout"])
+    assert moved > 0.9 * adam_shard_bytes, (moved, adam_shard_bytes)

@@ -310,3 +310,25 @@ def test_fsdp1_ranks_real_and_emulated_hold_the_same_half_states(tmp_path):
             model_state_bytes(psi, 2).update_bytes, rel=0.001)
     for phase, peak in real.phase_peak_mem_bytes.items():
         assert emulated.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.10), phase
+
+
+def test_a_shard_moved_off_its_mesh_device_stays_where_it_was_moved():
+    """map_local (offload's move of an FSDP2 shard or AdamW state) wraps the moved local
+    itself: DTensor.from_local would move a local on another device back to the mesh's (the
+    GPU), which kept offloaded states resident on an H200 (held-out rows 00 and 08). Here
+    the other device is `meta`; tests/test_probe_gpu.py holds the GPU rank to it."""
+    import torch
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from autotune.probe.modeling.sharding import join_group, leave_group, local_tensor, map_local
+
+    group = join_group(2, emulated=True, device=torch.device("cpu"))
+    try:
+        sharded = distribute_tensor(torch.ones(8, 4), group.mesh, [Shard(0)])
+        moved = torch.empty(4, 4, device="meta")
+        result = map_local(sharded, lambda local: moved)
+        assert local_tensor(result) is moved
+        assert result.device.type == "meta" and tuple(result.shape) == (8, 4)
+        assert result.placements == sharded.placements
+    finally:
+        leave_group()

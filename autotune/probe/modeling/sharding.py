@@ -164,8 +164,12 @@ def map_local(tensor: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) 
     from torch.distributed.tensor import DTensor
 
     assert isinstance(tensor, DTensor)  # the one tensor with a local shard
-    return DTensor.from_local(fn(local), tensor.device_mesh, tensor.placements,
-                              run_check=False, shape=tensor.shape, stride=tensor.stride())
+    mapped = fn(local)
+    # DTensor's own constructor, as DTensor.to("cpu") builds its result: from_local moves a
+    # local that is on another device than the mesh's back to it, so an FSDP2 shard or AdamW
+    # state offloaded through it came straight back to the GPU (held-out H200 rows 00 and
+    # 08: the states stayed resident); verl offloads each with .to("cpu"), which keeps it
+    return DTensor(mapped, tensor._spec, requires_grad=mapped.requires_grad)
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

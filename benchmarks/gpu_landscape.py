@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from landscape import figures  # noqa: E402
 
 from autotune.hardware import Device  # noqa: E402
-from autotune.memory.phases import phase_knobs  # noqa: E402
+from autotune.memory.phases import PHASE_KNOBS  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
 from autotune.sweep.space.params import params_key  # noqa: E402
 from autotune.sweep.space.search_space import SearchSpace, load_search_space  # noqa: E402
@@ -78,7 +78,7 @@ def space() -> SearchSpace:
 def phase_key_knobs(grid: SearchSpace) -> dict[str, tuple[str, ...]]:
     """The space's knobs that move each phase's peak (memory.phases.PHASE_KNOBS); the engine
     sleeps after its rollout, so its share of the GPU moves the rollout alone."""
-    moving = phase_knobs(False)
+    moving = PHASE_KNOBS
     return {phase: tuple(name for name in grid.params if name in moving[phase] and (
         phase == "rollout" or name != "gpu_memory_utilization")) for phase in STEP_PHASES}
 

@@ -73,8 +73,10 @@ def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
     feasibility = dominance_only()
     feasibility.record(2, candidate(BASE), "gpu_oom", "experience")
     # the log-prob forward does not care about the update's micro-batch or checkpointing
-    other = with_(micro_batch_size_update=1, gradient_checkpointing=True, offload_params=True)
+    other = with_(micro_batch_size_update=1, gradient_checkpointing=True)
     assert feasibility.predict(candidate(other)) is not None
+    # but the reference waiting on the host (offload_params) is there for its own pass only
+    assert feasibility.predict(candidate(with_(offload_params=True))) is None
     assert feasibility.predict(candidate(with_(micro_batch_size_experience=4))) is None
     assert feasibility.predict(candidate(with_(micro_batch_size_experience=16,
                                                offload_optimizer=False))) is not None

@@ -13,10 +13,8 @@ from autotune.config import ProbeConfig
 from autotune.memory.model import estimate_memory
 from autotune.memory.phases import (
     ALLOCATOR_KNOBS,
-    CRITIC_PHASE_KNOBS,
     PHASE_KNOBS,
     SPLIT_KNOBS,
-    phase_knobs,
 )
 from autotune.memory.shape import (
     ModelShape,
@@ -139,7 +137,7 @@ def test_each_phase_moves_only_with_its_knobs():
                               (True, bases[2]), (True, bases[3]), (False, bases[3]),
                               (True, bases[4]), (True, bases[5])):
             before = estimate_memory(shape, start, on_gpu=on_gpu, **device).phases
-            moving = phase_knobs(start.has_critic)
+            moving = PHASE_KNOBS
             for knob, value in changes.items():
                 after = estimate_memory(shape, replace(start, **{knob: value}), on_gpu=on_gpu,
                                         **device).phases
@@ -181,16 +179,12 @@ def test_each_phase_moves_only_with_its_knobs():
         phases = estimate_memory(shape, config, **device).phases
         return phases[phase].total_bytes if phase in phases else None
 
-    for phase, knobs in CRITIC_PHASE_KNOBS.items():
+    for phase, knobs in PHASE_KNOBS.items():
         # the card's, which the trace replays; the split's, which memory/roles.py sizes
         for knob in knobs - set(ALLOCATOR_KNOBS) - set(SPLIT_KNOBS):
             value = 2 if knob == "max_num_seqs" else changes[knob]
             assert any(total(replace(wide, **{knob: value}), phase) != total(wide, phase)
                        for wide in wides), (knob, phase)
-    # without a critic, only PPO's own knobs are told apart
-    assert {phase: knobs - PHASE_KNOBS[phase] for phase, knobs in CRITIC_PHASE_KNOBS.items()
-            if knobs != PHASE_KNOBS[phase]} == {
-        "experience": {"offload_params", "offload_ref_params"}}
 
 
 def test_vision_tower_adds_patch_activations_in_the_update():

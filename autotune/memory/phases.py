@@ -86,6 +86,7 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                           "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                           *_SHAPE_KNOBS}),
     "experience": frozenset({"micro_batch_size_experience", "offload_optimizer",
+                             *_REF_KNOBS,  # a reference on the host: there for its pass only
                              *_LOGITS_KNOBS, "entropy_metric", *_OLD_PASS_KNOBS,
                              "dynamic_batching",
                              "max_token_len_experience", *_CRITIC_HELD, *_SEQUENCE_KNOBS,
@@ -104,15 +105,7 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                              *_CRITIC_HELD, *_SHAPE_KNOBS}),
 }
-# With a critic, the experience phase's value forward runs after the actor's params and the
-# reference went back to where they wait: their offload moves that phase too.
-CRITIC_PHASE_KNOBS: dict[str, frozenset[str]] = {
-    **PHASE_KNOBS, "experience": PHASE_KNOBS["experience"] | set(_REF_KNOBS)}
 
-
-def phase_knobs(critic: bool) -> dict[str, frozenset[str]]:
-    """The knobs that move each phase's peak, for a run with or without a critic."""
-    return CRITIC_PHASE_KNOBS if critic else PHASE_KNOBS
 
 
 @dataclass(frozen=True)
@@ -265,15 +258,23 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     states = {"actor": shard_bytes(PARAM_BYTES, psi, s.shards),
               "adam": 0 if config.offload_optimizer
               else shard_bytes(ADAM_BYTES, trained, s.shards),
-              "reference": reference_bytes(s), **critic_held(s), **held}
+              "reference": reference_resident_bytes(s), **critic_held(s), **held}
     forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
     gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
-    # on one GPU the no-grad forward keeps no cast weights (autocast caches only for a
-    # gradient) and each layer's activations are gone by the logits: those peak apart
-    peak = sum(forward.values()) if s.shards > 1 else max(
-        forward["logits"], forward["cast_weights"] + forward["activations"])
-    phase = PhaseEstimate(sum(states.values()), max(peak, gathering), context,
-                          {**states, **forward, "fsdp_gather": gathering},
+    if s.shards > 1:  # FSDP's gathered units, the layer's activations and the logits
+        ref_pass = peak = max(sum(forward.values()), gathering)
+    else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
+        # gradient to the forward's end, under no_grad too, so it peaks with the logits
+        # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept (01)
+        cast = 0 if config.uses_lora else forward["cast_weights"]
+        ref_pass = max(forward["logits"], forward["activations"])  # its weights: bf16
+        peak = cast + ref_pass
+    # a reference waiting on the host is on the device for its own pass only
+    arriving = reference_bytes(s) - states["reference"]
+    peak = max(peak, arriving + ref_pass if arriving else 0)
+    phase = PhaseEstimate(sum(states.values()), peak, context,
+                          {**states, **forward, "fsdp_gather": gathering,
+                           "reference_pass": arriving},
                           critic_states(s).resident_bytes)
     if not config.has_critic:
         return phase

@@ -138,8 +138,7 @@ class Sweep:
         probes' time; `tracer` stands in for the trace process)."""
         settings = self.settings
         request = settings.request
-        dominance = Dominance(self.space.directions, self.space.batches_by_tokens,
-                              self.space.trains_critic) \
+        dominance = Dominance(self.space.directions, self.space.batches_by_tokens) \
             if settings.prune_dominated else None
         prescreen = Prescreen.for_request(request, settings.prescreen,
                                           settings.node_host_bytes, settings.node_trainer)

@@ -4,7 +4,7 @@ must run out too, and is never run.
 Peak device memory is monotone along known axes (config.MEMORY_DIRECTION): larger
 micro-batches, batch sizes, rollout_n and lengths need more; gradient checkpointing and
 offload need less. So once config A has run out of device memory in phase P, any config B at
-least as demanding as A on every axis that moves P's peak (memory.phase_knobs: the update
+least as demanding as A on every axis that moves P's peak (memory.PHASE_KNOBS: the update
 does not care about the log-prob micro-batch, the log-prob forwards not about checkpointing)
 must too.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from autotune.batching import ROW_COUNT_KNOBS
 from autotune.config import MEMORY_DIRECTION, Knobs, KnobValue
-from autotune.memory.phases import phase_knobs
+from autotune.memory.phases import PHASE_KNOBS
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.space.params import value_order
 
@@ -53,21 +53,20 @@ class KnownOOM:
 def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str, KnobValue],
                           host: bool = False, phase: str | None = None,
                           directions: dict[str, int] | None = None,
-                          token_batched: bool = False, critic: bool = False) -> bool:
+                          token_batched: bool = False) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
     offload axes. Knobs without a monotone effect must be equal. Both configs must share the
     same knob names (those of one search space; fixed knobs are equal by construction).
     With `phase` (where `known` ran out of device memory), only the knobs that move that
-    phase's peak (memory.phase_knobs) are compared: the candidate reaches that phase and
+    phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
     needs at least as much there. `directions` adds the directions a search space declares
     for a trainer's own keys. With `token_batched` (dynamic batching on), the knobs that
     count the responses cut into micro-batches must be equal (batching.ROW_COUNT_KNOBS).
-    `critic`: some config trains a critic (PPO), whose phases move with more knobs.
     """
     directions = directions or MEMORY_DIRECTION
-    moving = phase_knobs(critic)
+    moving = PHASE_KNOBS
     for name, known_value in known.items():
         counts_rows = token_batched and name in ROW_COUNT_KNOBS and phase != "rollout"
         if phase in moving and name not in moving[phase] and not counts_rows:
@@ -89,10 +88,9 @@ class Dominance:
     """The measured OOMs of a sweep, and the configs they prove cannot fit."""
 
     def __init__(self, directions: dict[str, int] | None = None,
-                 token_batched: bool = False, critic: bool = False) -> None:
+                 token_batched: bool = False) -> None:
         self.directions = directions  # the space's, its trainer keys included
         self.token_batched = token_batched  # dynamic batching on in some config
-        self.critic = critic  # some config trains a critic
         self.known: list[KnownOOM] = []
 
     def record(self, trial_number: int, params: Mapping[str, KnobValue], status: ProbeStatus,
@@ -108,7 +106,6 @@ class Dominance:
             phase = None if host else known.failed_phase
             if at_least_as_demanding(params, known.params, host=host, phase=phase,
                                      directions=self.directions,
-                                     token_batched=self.token_batched,
-                                     critic=self.critic):
+                                     token_batched=self.token_batched):
                 return known
         return None

@@ -185,12 +185,16 @@ def wake_gather_bytes(s: Sizing) -> int:
     embedding (none without an engine copy). Under FSDP1 the weight sync first reads a
     sharded state dict, which copies the rank's whole fp32 shard (its chunk of each flat
     parameter cloned), and holds it while the tensors are gathered: 3.5 GiB on the H200's
-    7B rank (benchmarks/results/gpu/gpu_evidence_rerun.txt, FSDP1 against FSDP2)."""
+    7B rank (benchmarks/results/gpu/gpu_evidence_rerun.txt, FSDP1 against FSDP2). With
+    offload_params the rank's shard comes back to the device for the sync and leaves after
+    it (verl's sharding manager: load_fsdp_model_to_gpu, then the state dict): held-out H200
+    row 06's rollout was 3.4 GiB over the model without it."""
     if s.shards == 1 or s.config.actor_generates:
         return 0
-    state_dict = shard_bytes(PARAM_BYTES, s.shape.num_params, s.shards) \
-        if s.config.fsdp_strategy == "fsdp" else 0
-    return state_dict + 4 * s.shape.embedding_params
+    shard = shard_bytes(PARAM_BYTES, s.shape.num_params + lora_param_count(s), s.shards)
+    state_dict = shard if s.config.fsdp_strategy == "fsdp" else 0
+    loaded = shard if s.config.offload_params else 0
+    return loaded + state_dict + 4 * s.shape.embedding_params
 
 
 def fsdp_gather_bytes(s: Sizing) -> int:

@@ -82,11 +82,14 @@ def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
                          max_response_length=256)
     est = estimate_memory(QWEN_7B, config, num_gpus=8)
     ref = 2 * PSI_7B // 8  # bf16 reference, FSDP-sharded
-    # update: 16 B/param over 8 GPUs, plus the reference; grads and Adam come back on the GPU
-    assert est.phases["update"].states_bytes == 2 * PSI_7B + ref
-    # rollout: 12 B/param resident (grads freed), the reference, the engine's full bf16 copy,
-    # and FSDP's root unit (embedding and untied head) still gathered in bf16
+    # FSDP's root unit (embedding and untied head) in bf16: the reference's stays gathered
+    # after its forward (the probe does not reshard it)
     root = 2 * 2 * QWEN_7B.embedding_params
+    # update: 16 B/param over 8 GPUs, plus the reference and its root; grads and Adam come
+    # back on the GPU
+    assert est.phases["update"].states_bytes == 2 * PSI_7B + ref + root
+    # rollout: 12 B/param resident (grads freed), the reference, the engine's full bf16 copy,
+    # and a root unit still gathered
     assert est.phases["rollout"].states_bytes == 12 * PSI_7B // 8 + ref + 2 * PSI_7B + root
     # checkpointed activations of 2 x 512 tokens: (2hL + one layer) per token, bf16
     assert est.phases["update"].parts["activations"] == 2 * 512 * (200_704 + 225_392)
@@ -95,7 +98,8 @@ def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
                                                         "offload_params": True,
                                                         "offload_optimizer": True}), 8)
     assert offloaded.phases["rollout"].states_bytes == 2 * PSI_7B + root  # engine, root
-    assert offloaded.phases["update"].states_bytes == 2 * PSI_7B  # reference stays on host
+    # the reference's shard waits on the host; its gathered root stays on the device
+    assert offloaded.phases["update"].states_bytes == 2 * PSI_7B + root
     assert offloaded.host_offload_bytes == 12 * PSI_7B // 8 + ref
     assert est.binding_phase in ("rollout", "update")
     # one GPU: 16 B/param alone is 113 GiB, past any 80 GB card

@@ -45,6 +45,7 @@ from autotune.memory.states import (
     engine_weight_bytes,
     fsdp_gather_bytes,
     fsdp_root_bytes,
+    kept_root_bytes,
     lora_param_count,
     optimizer_step_bytes,
     reference_bytes,
@@ -309,7 +310,7 @@ def critic_update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     rows = s.rows(share.responses_per_minibatch, "critic_update")
     critic = critic_states(s)
     states = {"critic_params_grads_adam": critic.update_bytes, "resident": resident_bytes(s),
-              **held}
+              "kept_roots": kept_root_bytes(s, actor=True), **held}
     text, vision = saved_activation_bytes(s, rows, config.critic_gradient_checkpointing)
     backward = {"critic_cast_weights": critic_cast_bytes(s), "critic_activations": text,
                 "critic_vision_activations": vision,
@@ -329,7 +330,8 @@ def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     config = s.config
     rows = s.rows(share.responses_per_minibatch, "update")
     states = {"params_grads_adam": actor_states(s).update_bytes,
-              "reference": reference_resident_bytes(s), **critic_held(s), **held}
+              "reference": reference_resident_bytes(s),
+              "kept_roots": kept_root_bytes(s, actor=False), **critic_held(s), **held}
     text, vision = saved_activation_bytes(s, rows, config.gradient_checkpointing)
     backward = {"cast_weights": actor_cast_bytes(s), "activations": text,
                 "vision_activations": vision, "logits": update_logits_bytes(s, rows)}

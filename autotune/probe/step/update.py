@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from autotune.probe.modeling.critic import value_loss
-from autotune.probe.modeling.sharding import local_bytes
+from autotune.probe.modeling.sharding import local_bytes, reshard_gathered
 from autotune.probe.step.forwards import Forwards
 from autotune.probe.step.offload import Offload
 
@@ -68,6 +68,7 @@ class UpdatePhase(Forwards, Offload):
             self._count_model_states(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
+        reshard_gathered(self.model)
         self._place_actor(params_on_device=not config.offload_params,
                           optimizer_on_device=not config.offload_optimizer)
 

@@ -191,8 +191,8 @@ MID_MODEL = {  # 78M parameters: 1.16 GiB of fp32 params, grads and AdamW on one
     "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1e6,
     "max_position_embeddings": 4096}
 HEADLINE_SPACE = """
-params:
-  gradient_checkpointing: {type: bool}
+params:  # one config: the path, not the search, is what this test holds
+  gradient_checkpointing: {type: categorical, choices: [true]}
 fixed: {rollout_batch_size: 8, rollout_n: 1, global_batch_size: 8, max_prompt_length: 32,
         max_response_length: 32, micro_batch_size_update: 1, micro_batch_size_experience: 1}
 """

@@ -123,6 +123,20 @@ def test_the_pipeline_takes_each_phase_from_the_side_that_ran_it():
     assert "3.50 s composed from its phases" in text and "  weight_sync " in text
 
 
+def test_every_view_of_a_study_says_how_each_placement_was_probed():
+    """One wording for how probes ran, per placement a study probed: a sweep over splits and
+    colocated configs names both; one GPU is one device."""
+    from autotune.probe.measure.result import study_probes_text
+
+    assert study_probes_text(8, True, ["colocated"] * 3) == \
+        "rank 0 of 8 emulated (memory per rank; time without communication)"
+    mixed = study_probes_text(4, True, ["separate", "colocated", "separate"])
+    assert mixed.startswith("colocated: rank 0 of 4 emulated") and \
+        "; separate: 4 GPUs split: the engine's side and the trainer's" in mixed
+    assert study_probes_text(2, False, []) == "2 real ranks"
+    assert study_probes_text(1, False, ["colocated"]) == "one device"
+
+
 SPACE = """
 params:
   rollout_gpus: {type: categorical, choices: [1, 2]}
@@ -151,8 +165,14 @@ def test_a_sweep_over_splits_runs_end_to_end_and_its_pick_composes(tmp_path):
     text = (study_dir / "best.yaml").read_text()
     best = yaml.safe_load(text)
     assert best["config"]["placement"] == "separate"
-    assert "(the engine's side and the trainer's, each over emulated ranks" in \
-        text.splitlines()[0]
+    split = "4 GPUs split: the engine's side and the trainer's, each one process over " \
+        "emulated ranks"
+    assert split in text.splitlines()[0]  # best.yaml, `show` and the report say it alike
+    shown = subprocess.run([sys.executable, "-m", "autotune", "show", "--study", "s",
+                            "--results-dir", str(tmp_path / "results")],
+                           capture_output=True, text=True, timeout=120)
+    assert f"(a probe: {split}" in shown.stdout, shown.stdout[:2000]
+    assert split.replace("'", "&#x27;") in (study_dir / "report.html").read_text()
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'study.db'}")
     probed = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("probed")]
     assert {t.params["rollout_gpus"] for t in probed} == {1, 2}

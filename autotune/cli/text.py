@@ -12,7 +12,12 @@ from autotune.config import (
     describe_params,
     format_bytes,
 )
-from autotune.probe.measure.result import ProbeResult, coefficient_of_variation
+from autotune.probe.measure.result import (
+    ProbeResult,
+    coefficient_of_variation,
+    probe_ranks_text,
+    study_probes_text,
+)
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -25,14 +30,9 @@ if TYPE_CHECKING:
 def format_probe_result(result: ProbeResult, model: str) -> str:
     """A short readable summary of one probe: status, speed, per-phase time and memory."""
     device = result.device_name or "unknown device"
-    ranks = ""
-    if result.side_peak_mem_bytes:  # a split probe (placement=separate)
-        ranks = (f", {result.world_size} GPUs split: the engine's side and the trainer's, "
-                 "each one process over emulated ranks (time without communication)")
-    elif result.world_size > 1:
-        ranks = (f", rank 0 of {result.world_size} emulated (memory per rank; time without "
-                 "communication)" if result.emulated else f", {result.world_size} real ranks")
-    lines = [f"probe {model} on {device}{ranks}: {result.status.value}"]
+    ranks = probe_ranks_text(result.world_size, result.emulated,
+                             split=bool(result.side_peak_mem_bytes))  # split: placement=separate
+    lines = [f"probe {model} on {device}{', ' + ranks if ranks else ''}: {result.status.value}"]
     if not result.ok:
         where = f" (in {result.failed_phase})" if result.failed_phase else ""
         lines.append(f"  {result.message}{where}")
@@ -172,6 +172,14 @@ def format_study(study: Study, brief: bool = False) -> str:
     return "\n".join([*lines, *_best_lines(study, trials, best)])
 
 
+def _probes_text(study: Study, trials: list[FrozenTrial], world: int) -> str:
+    from autotune.sweep.pick.artifacts import trial_knobs
+
+    return study_probes_text(world, bool(study.user_attrs.get("identity", {}).get("emulated")),
+                             [trial_knobs(study, t)[0].get("placement") or "colocated"
+                              for t in trials])
+
+
 def _study_header(study: Study, trials: list[FrozenTrial]) -> list[str]:
     """What the study ran (its model, run, objective, probes) and its calibration."""
     identity = study.user_attrs.get("identity", {})
@@ -179,10 +187,8 @@ def _study_header(study: Study, trials: list[FrozenTrial]) -> list[str]:
     predicted = [t for t in trials if t.user_attrs.get("predicted")
                  and t.user_attrs.get("reused_from") is None]
     world = identity.get("nnodes", 1) * identity.get("gpus_per_node", 1)
-    ranks = "one emulated rank, time without communication" if identity.get("emulated") \
-        else f"{world} real ranks"
     run = (f", run on {identity.get('nnodes', 1)}x{identity.get('gpus_per_node', 1)} GPUs "
-           f"(a probe: {ranks})" if world > 1 else "")
+           f"(a probe: {_probes_text(study, trials, world)})" if world > 1 else "")
     command = study.user_attrs.get("command")
     if command:  # probes were runs of the user's trainer
         run += (f", each probe a {command['steps']}-step run of your {command['trainer']} "

@@ -24,7 +24,7 @@ from autotune.config import (
 )
 from autotune.files import JsonObject
 from autotune.hardware import usable_bytes
-from autotune.probe.measure.result import ProbeRequest, ProbeStatus
+from autotune.probe.measure.result import ProbeRequest, ProbeStatus, study_probes_text
 from autotune.sweep.pick.artifacts import best_trial, pareto_front, ranked_feasible
 from autotune.sweep.pick.finalists import FinalistsRecord, current_record
 from autotune.sweep.pick.measurements import by_config
@@ -218,10 +218,13 @@ def headline(view: StudyView) -> dict[str, str]:
     if view.command:
         probe = (f"runs of your {view.command['trainer']} launch line, "
                  f"{view.command['steps']} steps each")
-    elif world > 1 and identity.get("emulated"):
-        probe = f"built-in GRPO step, one emulated rank of {world} (time without communication)"
     else:
-        probe = f"built-in GRPO step, {world} real rank{'s' if world > 1 else ''}"
+        parsed = view.parsed_request
+        placements = [view.config_of(t).placement for t in view.trials] \
+            if parsed is not None else []
+        algorithm = parsed.config.algorithm.upper() if parsed is not None else "GRPO"
+        ranks = study_probes_text(world, bool(identity.get("emulated")), placements)
+        probe = f"built-in {algorithm} step, {ranks}"
     probed = [t for t in view.trials
               if t.outcome in ("fits", "stopped slow", "over headroom", "oom", "failed")]
     wall_s = sum((t.completed - t.started).total_seconds() for t in probed

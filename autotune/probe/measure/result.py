@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,31 @@ def coefficient_of_variation(values: list[float]) -> float | None:
     if len(values) < 2 or not sum(values):
         return None
     return statistics.stdev(values) / statistics.fmean(values)
+
+
+def probe_ranks_text(world_size: int, emulated: bool, split: bool = False) -> str:
+    """How a built-in probe of a `world_size`-GPU run ran, for people (the one wording
+    `probe`, `show`, best.yaml and the report use): a split probe's two sides, rank 0 of W
+    emulated, or W real ranks; "" for one GPU."""
+    if split:
+        return (f"{world_size} GPUs split: the engine's side and the trainer's, each one "
+                "process over emulated ranks (time without communication)")
+    if world_size <= 1:
+        return ""
+    if emulated:
+        return (f"rank 0 of {world_size} emulated (memory per rank; time without "
+                "communication)")
+    return f"{world_size} real ranks"
+
+
+def study_probes_text(world_size: int, emulated: bool, placements: Iterable[str]) -> str:
+    """How a study's built-in probes ran, for each placement its trials probed (a sweep over
+    splits probes separate configs as two sides, colocated ones as rank 0 of W)."""
+    texts = {p: probe_ranks_text(world_size, emulated, split=p == "separate")
+             for p in sorted(set(placements)) or ["colocated"]}
+    if len(texts) == 1:
+        return next(iter(texts.values())) or "one device"
+    return "; ".join(f"{placement}: {text}" for placement, text in texts.items())
 
 
 class ProbeStatus(str, enum.Enum):

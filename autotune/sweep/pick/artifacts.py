@@ -25,7 +25,7 @@ import yaml
 
 from autotune.config import KNOB_NAMES, PHASES, Knobs, ProbeConfig
 from autotune.files import JsonObject, JsonValue, write_text_atomic
-from autotune.probe.measure.result import coefficient_of_variation
+from autotune.probe.measure.result import coefficient_of_variation, probe_ranks_text
 from autotune.sweep.pick.finalists import current_record
 from autotune.sweep.pick.measurements import (
     Measured,
@@ -323,12 +323,12 @@ def best_text(study: Study, trial: FrozenTrial, configs: Mapping[str, Measured])
     """best.yaml: a header for people, then the document."""
     document = best_document(study, trial, configs)
     measured = document["measured"]
-    emulated = document["provenance"]["topology"]["ranks"] == "emulated"
-    command = document["provenance"].get("command")
-    split = document["config"].get("placement") == "separate"  # a split probe's two sides
-    how = " (the engine's side and the trainer's, each over emulated ranks: time without " \
-        "communication)" if split else " (one emulated rank: time without communication)" \
-        if emulated else f" (runs of your {command['trainer']} launch line)" if command else ""
+    topology, command = document["provenance"]["topology"], document["provenance"].get("command")
+    ranks = probe_ranks_text(topology["nnodes"] * topology["gpus_per_node"],
+                             topology["ranks"] == "emulated",
+                             split=document["config"].get("placement") == "separate")
+    how = f" (runs of your {command['trainer']} launch line)" if command else \
+        f" ({ranks})" if ranks else ""
     header = (f"# autotune best configuration of study {study.study_name}: trial "
               f"{trial.number}, {measured['tokens_per_s']:.1f} tokens/s at "
               f"{measured['peak_mem_bytes'] / 2**30:.2f} GiB peak{how}\n"

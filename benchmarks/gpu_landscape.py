@@ -1,6 +1,7 @@
 """A GPU-sized landscape for the search: every config of benchmarks/spaces/gpu-landscape.yaml
 (8 knobs, 2,304 configs) for qwen2.5-7b and qwen2.5-vl-7b on 8 x 80 GB and 8 x 40 GB GPUs,
-each config's memory from the trace and its time from the time model (gpu_time_model.py).
+each config's memory from the trace and its time from the time model
+(autotune/estimates/throughput.py).
 
 Memory. Each phase's peak on rank 0 of 8 is the probe's own step traced under fake tensors
 (probe/trace.py: every tensor, exactly, for this torch and transformers) plus the fixed term
@@ -41,14 +42,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from landscape import figures  # noqa: E402
 
+from autotune.estimates.throughput import Hardware  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
 from autotune.memory.phases import PHASE_KNOBS  # noqa: E402
+from autotune.memory.shape import model_shape  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest, ProbeResult, ProbeStatus  # noqa: E402
 from autotune.sweep.space.params import params_key  # noqa: E402
 from autotune.sweep.space.search_space import SearchSpace, load_search_space  # noqa: E402
 
 if TYPE_CHECKING:
-    from gpu_time_model import TimeModel
+    from autotune.estimates.throughput import TimeModel
 
 HERE = Path(__file__).parent
 SPACE_FILE = HERE / "spaces" / "gpu-landscape.yaml"
@@ -229,7 +232,7 @@ def landscape_row(model: str, gpu: str, params: dict, phases: dict, times: TimeM
     """What a probe of `params` would report: the first phase past the GPU fails it."""
     capacity = GPUS[gpu]
     config = grid.config_for(params)
-    phase_s = times.phase_seconds(config, model, capacity)
+    phase_s = times.phase_seconds(config, model_shape(model), Hardware.of(capacity, WORLD))
     ran_s, peaks = 0.0, {}
     for phase in STEP_PHASES:
         traced = phases.get(phase)
@@ -269,7 +272,7 @@ def landscape(model: str, gpu: str, grid: SearchSpace | None = None,
               traces: dict | None = None) -> dict[str, ProbeResult]:
     """params_key -> what a probe of it reports, for every config: built from the cached
     traces and the time model in about a second (the table is not stored)."""
-    from gpu_time_model import TimeModel
+    from autotune.estimates.throughput import TimeModel
 
     grid = grid or space()
     traces = read_traces(grid) if traces is None else traces
@@ -285,8 +288,9 @@ def landscape(model: str, gpu: str, grid: SearchSpace | None = None,
 
 def build() -> None:
     """Each landscape as a CSV (landscape.py's columns) in benchmarks/data/, to look at."""
-    from gpu_time_model import TimeModel
     from landscape import result_row
+
+    from autotune.estimates.throughput import TimeModel
 
     grid = space()
     traces = read_traces(grid)

@@ -6,7 +6,7 @@ pre-screen answering from the landscape's traces), twice on each seed:
 
 - full: today's sweep with --full-steps, 40 probes, each charged its device seconds (its
   start, a warm-up and TIMED_STEPS steps);
-- short: the default short probes (gpu_time_model.short_step_s: of each loop of units, the
+- short: the default short probes (TimeModel.short_step_s: of each loop of units, the
   first SHORT_SAMPLE and the last; a start, a warm-up and SHORT_TIMED_STEPS short steps),
   searching until its device seconds reach the full sweep's total less a reserve (the probe
   it may start at the budget's end and its finalists' repeats, each at the landscape's
@@ -50,11 +50,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gpu_landscape  # noqa: E402
-from gpu_time_model import TimeModel  # noqa: E402
 from landscape import ReplayRunner, params_key  # noqa: E402
 from search_efficiency import HEADROOM, WITHIN, TableTracer, objective_table  # noqa: E402
 
+from autotune.estimates.throughput import Hardware, TimeModel  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
+from autotune.memory.shape import model_shape  # noqa: E402
 from autotune.probe.measure.result import ProbeRequest  # noqa: E402
 from autotune.sweep.pick.artifacts import best_trial  # noqa: E402
 from autotune.sweep.pick.finalists import MAX_PROBES, remeasure  # noqa: E402
@@ -82,7 +83,7 @@ class NoisyRunner(ReplayRunner):
     """The landscape's result with each phase's seconds divided by a fresh lognormal factor
     (mean 1) and the step, tokens/s and samples/s composed from them; each probe charged its
     device seconds on `clock`: a full probe its start and 1 + TIMED_STEPS steps, a short one
-    its start and 1 + SHORT_TIMED_STEPS short steps (gpu_time_model.short_step_s)."""
+    its start and 1 + SHORT_TIMED_STEPS short steps (TimeModel.short_step_s)."""
 
     def __init__(self, space, table, sigma: float, seed: int, short: bool, model: str,
                  capacity_bytes: int, clock: DeviceClock, per_phase: bool = True) -> None:
@@ -94,8 +95,10 @@ class NoisyRunner(ReplayRunner):
 
     def device_s(self, config, result) -> float:
         start = self.times.PROBE_START_S
-        step_s = self.times.step_s(config, self.model, self.capacity_bytes)
-        short_s = self.times.short_step_s(config, self.model, self.capacity_bytes)
+        shape = model_shape(self.model)
+        hardware = Hardware.of(self.capacity_bytes, gpu_landscape.WORLD)
+        step_s = self.times.step_s(config, shape, hardware)
+        short_s = self.times.short_step_s(config, shape, hardware)
         if not result.ok:  # out in its first step, at its failing phase's peak: a short
             ran_s = result.probe_wall_s - start  # probe reaches it in its first units
             return start + (ran_s * short_s / step_s if self.short else ran_s)

@@ -45,11 +45,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import gpu_landscape  # noqa: E402
-from gpu_time_model import TimeModel  # noqa: E402
 from landscape import ReplayRunner  # noqa: E402
 
 from autotune.config import SYNC_PHASE, ProbeConfig  # noqa: E402
 from autotune.config.pipeline import pipeline_step  # noqa: E402
+from autotune.estimates.throughput import Hardware, TimeModel  # noqa: E402
 from autotune.hardware import Device  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.roles import estimate_placement  # noqa: E402
@@ -87,9 +87,10 @@ def probe_row(config: ProbeConfig, model: str, capacity: int, peaks: dict[str, i
               order: tuple[str, ...], times: TimeModel) -> ProbeResult:
     """What a probe of `config` reports: out of memory in the first phase past the GPU (each
     phase's time before it run), else its step and tokens/s over all WORLD GPUs."""
-    phase_s = times.phase_seconds(config, model, capacity)
+    shape, hardware = model_shape(model), Hardware.of(capacity, WORLD)
+    phase_s = times.phase_seconds(config, shape, hardware)
     if config.separate:
-        phase_s[SYNC_PHASE] = times.sync_s(config, model)
+        phase_s[SYNC_PHASE] = times.sync_s(config, shape)
     ran_s = times.PROBE_START_S
     for phase in order:
         if peaks[phase] > capacity:
@@ -97,7 +98,7 @@ def probe_row(config: ProbeConfig, model: str, capacity: int, peaks: dict[str, i
                                         {p: peaks[p] for p in order[:order.index(phase) + 1]},
                                         ran_s, capacity)
         ran_s += phase_s.get(phase, 0.0)
-    step_s = times.step_s(config, model, capacity)
+    step_s = times.step_s(config, shape, hardware)
     tokens = times.step_tokens(config)
     return ProbeResult(
         status=ProbeStatus.OK, tokens_per_s=tokens / step_s / WORLD,

@@ -339,7 +339,7 @@ def gpu_main(args) -> None:
         report[f"{model} {gpu}"]["summary"] = ratio
         lines += block
         print("\n".join(block), flush=True)
-    from gpu_time_model import TimeModel
+    from autotune.estimates.throughput import TimeModel
 
     text = "\n".join([
         "search efficiency on the GPU-sized landscapes (benchmarks/gpu_landscape.py: memory "

@@ -318,3 +318,80 @@ def test_a_server_mode_base_is_a_separate_placement():
     same = plan_export(TRL, SERVER, Topology(1, 8), {**base, "vllm_tensor_parallel_size": 4},
                        searched=["micro_batch_size_update"])
     assert same.problems == [] and same.values.get("vllm_mode", "server") == "server"
+
+
+BASELINE = ProbeConfig(rollout_engine="vllm-like", rollout_batch_size=512, rollout_n=5,
+                       global_batch_size=128, max_prompt_length=2048, max_response_length=2048,
+                       gpu_memory_utilization=0.4, rollout_tensor_parallel=4,
+                       micro_batch_size_update=2, micro_batch_size_experience=16)
+
+
+def test_the_best_split_fits_both_roles_and_composes_its_step():
+    """What `estimate` says the best split of a colocated config gives: each role's GPU
+    within the budget as the roles model sizes it, its step composed by the pipeline from
+    the time model's phases, and nothing faster among the splits it chose from."""
+    from autotune.estimates.split import best_split, side_step
+    from autotune.estimates.throughput import Hardware, TimeModel
+    from autotune.memory.roles import role_peak_bytes
+
+    shape, times = model_shape("qwen2.5-7b"), TimeModel.calibrated()
+    hardware, budget = Hardware.of(80 * GiB, 8), int(0.9 * 80 * GiB)
+    answer = best_split(shape, BASELINE, hardware, False, budget, times=times)
+    best = answer.best
+    assert best is not None and best.config.separate and answer.fitting >= 1
+    for role, peak in (("engine", best.engine_peak_bytes), ("trainer", best.trainer_peak_bytes)):
+        assert peak == role_peak_bytes(shape, best.config, 8, best.config.rollout_gpus,
+                                       80 * GiB, role) <= budget
+    assert not validate_probe_config(best.config, 8)
+    step = side_step(times, best.config, shape, hardware)
+    assert best.step == step and best.step.step_s == pytest.approx(
+        max(step.engine_s, step.trainer_s) + step.sync_s if best.config.staleness else
+        step.engine_s + step.trainer_s + step.sync_s)
+    assert answer.colocated_step_s == pytest.approx(times.step_s(BASELINE, shape, hardware))
+    assert answer.ratio == pytest.approx(best.tokens_per_s_per_gpu
+                                         / answer.colocated_tokens_per_s_per_gpu)
+    # taking turns is never faster than overlapping the same sides
+    turns = best.config.replace(staleness=0)
+    assert side_step(times, turns, shape, hardware).step_s >= best.step.step_s
+    # a budget under the leanest trainer: no split, said so
+    starved = best_split(shape, BASELINE, hardware, False, 8 * GiB, times=times)
+    assert starved.best is None and starved.fitting == 0
+    assert "no split of the 8 GPUs fits the 8.00 GiB budget" in "\n".join(
+        starved.lines(8 * GiB))
+
+
+def test_the_time_model_names_the_gpu_it_plans_for():
+    """A GPU by its name (an H200's 141 GB, an A100's memory), else by its memory, else the
+    baselines' H100; the baselines' own rows reproduce their published step times."""
+    from autotune.estimates.throughput import FIT, TimeModel, gpu_spec
+
+    assert gpu_spec("NVIDIA H200", 150754820096) == (gpu_spec(None, 141 * 10**9)[0], True)
+    assert gpu_spec("NVIDIA A100-SXM4-80GB", 80 * GiB)[0].name == "A100 80 GB"
+    assert gpu_spec("NVIDIA A100-SXM4-40GB", 40 * GiB)[0].name == "A100 40 GB"
+    assert gpu_spec("NVIDIA H100 PCIe", 80 * GiB)[0].name == "H100 PCIe 80 GB"
+    assert gpu_spec(None, 80 * GiB) == (gpu_spec("NVIDIA H100 80GB HBM3", 80 * GiB)[0], False)
+    assert gpu_spec(None, 24 * GiB)[0].name == "H100 SXM 80 GB"
+    text = TimeModel.calibrated().describe()
+    for row in FIT:
+        assert f"{row.what:<20} fit            step {row.step_s:6.1f} s" in text
+
+
+def test_estimate_says_what_the_best_split_would_give_a_colocated_config():
+    command = [sys.executable, "-m", "autotune", "estimate", "--model", "qwen2.5-7b",
+               "--gpus-per-node", "8", "--capacity", "80GiB"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "split placement, from the models" in out.stdout, out.stdout[-2000:]
+    assert "best split: " in out.stdout and " engine + " in out.stdout
+    document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                         timeout=120).stdout)
+    split = document["split"]
+    assert split["gpu"] == "H100 SXM 80 GB" and split["splits_tried"] == 7
+    assert split["best"]["rollout_gpus"] in range(1, 8)
+    assert split["best"]["step_s"] > 0 and split["best"]["tokens_per_s_per_gpu"] > 0
+    for args in (["--gpus-per-node", "1"],  # nothing to split; EasyR1 has no separate
+                 ["--gpus-per-node", "8", "--trainer", "easyr1"]):  # placement
+        one = subprocess.run([*command[:6], *args, "--capacity", "80GiB", "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert one.returncode == 0, one.stderr
+        assert "split" not in json.loads(one.stdout), args

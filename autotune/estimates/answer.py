@@ -22,6 +22,8 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError
 from autotune.estimates.planning import EstimatePlan, plan_estimate
+from autotune.estimates.split import SplitAnswer, best_split
+from autotune.estimates.throughput import Hardware, gpu_spec
 from autotune.estimates.tracing import (
     TracedEstimate,
     bisection_traces,
@@ -31,6 +33,7 @@ from autotune.estimates.tracing import (
     traced_length,
 )
 from autotune.files import JsonObject
+from autotune.hardware import gpu_capacity_bytes, gpu_name
 from autotune.memory.host import NodeHost, format_node_host
 from autotune.memory.length import LengthHeadroom, length_headroom
 from autotune.memory.model import MemoryEstimate, ModelArgs, allocator_reserve, estimate_memory
@@ -80,6 +83,7 @@ class Estimate(Budgeted):
     traced: TracedEstimate | None = None
     traced_fits_up_to: int | None = None  # tokens; None: not traced
     traced_bisected: bool = False  # the traced headroom bisected by traces, not the model's
+    split: SplitAnswer | None = None  # the best split's modelled step (GPU runs of W >= 2)
 
     def as_dict(self) -> JsonObject:
         """The --json document."""
@@ -109,6 +113,8 @@ class Estimate(Budgeted):
         if self.traced is not None:
             report["traced"] = {**self.traced.as_dict(),
                                 "fits_up_to_response_tokens": self.traced_fits_up_to}
+        if self.split is not None:
+            report["split"] = self.split.as_dict()
         return report
 
     def text(self) -> str:
@@ -128,6 +134,8 @@ class Estimate(Budgeted):
                           "ranks):"]
             lines += [f"  {f.metric} ({f.label}): {f.value_gib:.1f} ({f.how})"
                       for f in self.trainer_figures]
+        if self.split is not None:
+            lines += ["", *self.split.lines(self.budget_bytes)]
         if self.traced is not None:
             lines += ["", self.traced_text()]
         return "\n".join(lines)
@@ -211,7 +219,24 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
                                         **model_args),
         trainer_figures=trainer_figures(plan.trainer, memory, host)
         if request.device.on_gpu else [],
-        traced=traced, traced_fits_up_to=traced_reach, traced_bisected=bisect_length)
+        traced=traced, traced_fits_up_to=traced_reach, traced_bisected=bisect_length,
+        split=split_answer(plan, budget))
+
+
+def split_answer(plan: EstimatePlan, budget_bytes: int) -> SplitAnswer | None:
+    """For a colocated config of a GPU run of 2 or more GPUs with a served engine, what the
+    best split would give (split.py); None elsewhere (EasyR1 has no separate placement)."""
+    request = plan.request
+    config = request.config
+    if not request.device.on_gpu or request.world_size < 2 or not config.engine_reserves \
+            or plan.trainer == "easyr1":
+        return None
+    name = gpu_name() if gpu_capacity_bytes() == plan.capacity_bytes else None
+    spec, from_name = gpu_spec(name, plan.capacity_bytes)
+    return best_split(plan.shape, config, Hardware(spec, request.world_size,
+                                                   plan.capacity_bytes),
+                      from_name, budget_bytes, compute_bytes=memory_model_args(
+                          request)["compute_bytes"])
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,21 @@ def estimate_placement(shape: ModelShape, config: ProbeConfig, world_size: int,
         rollout_gpus, trainer_gpus)
 
 
+def role_peak_bytes(shape: ModelShape, config: ProbeConfig, world_size: int,
+                    rollout_gpus: int, capacity_bytes: int, role: str, on_gpu: bool = True,
+                    compute_bytes: int | None = None,
+                    sync_bucket_bytes: int = SYNC_BUCKET_BYTES) -> int:
+    """Peak bytes of one GPU of `role` (engine | trainer) of estimate_placement's run, the
+    other role left unsized (a trainer's GPU sketches the allocator: tens of milliseconds)."""
+    width = compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
+    if role == "engine":
+        return engine_gpu(Sizing(shape, config, 1, width, on_gpu), rollout_gpus,
+                          capacity_bytes, sync_bucket_bytes).peak_bytes
+    trainer_gpus = world_size - rollout_gpus
+    return trainer_gpu(Sizing(shape, config, trainer_gpus, width, on_gpu), trainer_gpus,
+                       sync_bucket_bytes).peak_bytes
+
+
 def engine_gpu(s: Sizing, rollout_gpus: int, capacity_bytes: int,
                sync_bucket_bytes: int) -> MemoryEstimate:
     """One engine GPU: the engine's reservation, the sync's receive buffers and what lives

@@ -269,9 +269,10 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                "the probes model (b178a3c: checked); the recipe's code is not in verl's PyPI "
                "wheel, and 0.7.1's recipe runs only the engine workers "
                "(use_legacy_worker_impl=disable, separation/utils.py), which no probe modeled",
-               "engine GPUs: b178a3c's rollout worker also builds a bf16 FSDP copy of the "
-               f"model sharded over the engine's {config.rollout_gpus} GPUs (2 bytes a "
-               f"parameter / {config.rollout_gpus} each, fsdp_workers.py), beside vLLM's "
+               "engine GPUs: b178a3c's rollout worker also builds an fp32 FSDP copy of the "
+               f"model sharded over the engine's {config.rollout_gpus} GPUs (4 bytes a "
+               f"parameter / {config.rollout_gpus} each, never offloaded: fsdp_workers.py "
+               "init_model's FSDPEngineConfig(), model_dtype fp32), beside vLLM's "
                "gpu_memory_utilization share; autotune's memory per role follows 0.7.1's "
                "standalone engine, which has none: leave that much below the utilisation",
                "algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "

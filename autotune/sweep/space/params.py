@@ -76,9 +76,12 @@ class ParamSpec:
         return {"type": "categorical", "choices": list(self.choices), **extra}
 
 
+KNOB_NAME_SET = frozenset(KNOB_NAMES)  # a grid's rule checks ask millions of times
+
+
 def is_trainer_key(name: str) -> bool:
     """A name that is not a canonical knob: a trainer's own key (checked at load)."""
-    return name not in KNOB_NAMES
+    return name not in KNOB_NAME_SET
 
 
 def is_ordered(value: KnobValue) -> bool:

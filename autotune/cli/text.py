@@ -176,7 +176,7 @@ def _probes_text(study: Study, trials: list[FrozenTrial], world: int) -> str:
     from autotune.sweep.pick.artifacts import trial_knobs
 
     return study_probes_text(world, bool(study.user_attrs.get("identity", {}).get("emulated")),
-                             [trial_knobs(study, t)[0].get("placement") or "colocated"
+                             [str(trial_knobs(study, t)[0].get("placement") or "colocated")
                               for t in trials])
 
 

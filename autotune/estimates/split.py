@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from autotune.config import ProbeConfig, format_bytes
+from autotune.config import Knobs, ProbeConfig, format_bytes
 from autotune.config.pipeline import PipelineStep, pipeline_step
 from autotune.config.rules import validate_probe_config
 from autotune.config.schema import SYNC_PHASE
@@ -39,7 +39,7 @@ class SplitOption:
     step: PipelineStep
     tokens_per_s_per_gpu: float
 
-    def changes(self, colocated: ProbeConfig) -> dict[str, object]:
+    def changes(self, colocated: ProbeConfig) -> Knobs:
         """The knobs this split sets beside placement, rollout_gpus and staleness."""
         return {k: v for k, v in self.config.as_dict().items()
                 if v != colocated.as_dict().get(k)
@@ -116,7 +116,7 @@ class SplitAnswer:
         return lines
 
 
-def engine_variants(config: ProbeConfig) -> list[dict[str, object]]:
+def engine_variants(config: ProbeConfig) -> list[Knobs]:
     """The engine's own knobs a split may set: its utilisation (it holds no trainer states)
     and tensor parallel (checked against its GPUs by the rules)."""
     utilisations = sorted({config.gpu_memory_utilization, *ENGINE_UTILISATIONS})
@@ -124,7 +124,7 @@ def engine_variants(config: ProbeConfig) -> list[dict[str, object]]:
             for u, tp in itertools.product(utilisations, ENGINE_TENSOR_PARALLEL)]
 
 
-def trainer_variants(config: ProbeConfig) -> list[dict[str, object]]:
+def trainer_variants(config: ProbeConfig) -> list[Knobs]:
     """The trainer's memory knobs a split may set: checkpointing as given or on, each offload
     on or off, each micro-batch from 1 to twice the config's in powers of two (token budgets
     as given: the time model reads micro-batches). The first is the leanest."""
@@ -166,7 +166,7 @@ def best_split(shape: ModelShape, config: ProbeConfig, hardware: Hardware, gpu_f
                                role, on_gpu, compute_bytes)
 
     for gpus in range(1, hardware.gpus):
-        def first_fitting(variants: list[dict[str, object]], role: str, on: ProbeConfig,
+        def first_fitting(variants: list[Knobs], role: str, on: ProbeConfig,
                           gpus: int = gpus) -> tuple[int, ProbeConfig] | None:
             valid = [c for c in (on.replace(**v) for v in variants)
                      if not validate_probe_config(c, hardware.gpus)]

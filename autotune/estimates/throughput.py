@@ -268,6 +268,7 @@ class TimeModel:
         (a, b) = FIT
         # eta(m) = eta_max m / (m + h) through both MFUs: a.mfu (1 + h/ma) = b.mfu (1 + h/mb)
         ma, mb = a.micro_batch_size_update, b.micro_batch_size_update
+        assert a.mfu is not None and b.mfu is not None  # the fit's rows publish their MFU
         m_half = (b.mfu - a.mfu) / (a.mfu / ma - b.mfu / mb)
         eta_max = a.mfu * (ma + m_half) / ma
         samples = BASELINE_CONFIG.rollout_batch_size * BASELINE_CONFIG.rollout_n

@@ -448,6 +448,81 @@ def check_recipe(root, config):
     done(0, line.replace("verl accepted:", "verl accepted (one_step_off_policy):", 1))
 
 
+FULLY_ASYNC = "verl.experimental.fully_async_policy"
+
+
+def fully_async_start(config):
+    """FullyAsyncTaskRunner._initialize_components up to the workers (fully_async_main.py):
+    its role mapping (strategy), one pool manager for the engine's role and one for the rest,
+    the rollouter (its asserts on the keys, the step's samples and queue) and the trainer;
+    validate_config is never called by the recipe (it would refuse train_batch_size 0)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import Role
+
+    OmegaConf.resolve(config)
+    recipe = importlib.import_module(f"{FULLY_ASYNC}.fully_async_main")
+    rollouter_module = importlib.import_module(f"{FULLY_ASYNC}.fully_async_rollouter")
+    trainer_module = importlib.import_module(f"{FULLY_ASYNC}.fully_async_trainer")
+    main_ppo = importlib.import_module("verl.trainer.main_ppo")
+    mapping, _ = recipe.create_role_worker_mapping(config)
+    engine_pools = recipe.create_resource_pool_manager(config, roles=[Role.Rollout])
+    trained = {role: cls for role, cls in mapping.items() if role != Role.Rollout}
+    trainer_pools = recipe.create_resource_pool_manager(config, roles=list(trained))
+    # stubs: the reward manager, the datasets and the dataloader read files and a tokenizer
+    rollouter_module.load_reward_manager = trainer_module.load_reward_manager = \
+        lambda *args, **kwargs: None
+    main_ppo.create_rl_dataset = main_ppo.create_rl_sampler = lambda *args, **kwargs: None
+
+    class Rollouter(rollouter_module.FullyAsyncRollouter.__ray_actor_class__):
+        def _create_dataloader(self, *args):
+            self.train_dataloader = list(range(1000))
+
+    rollouter = Rollouter(config=config, tokenizer=None,
+                          role_worker_mapping={Role.Rollout: mapping[Role.Rollout]},
+                          resource_pool_manager=engine_pools, device_name="cpu")
+    trainer = trainer_module.FullyAsyncTrainer.__ray_actor_class__(
+        config=config, tokenizer=None, role_worker_mapping=trained,
+        resource_pool_manager=trainer_pools, device_name="cpu")
+    return mapping, rollouter, trainer
+
+
+def check_fully_async(root, config):
+    """async_training set: the fully_async_policy recipe's start-up, its trainer's workers
+    (actor, critic, ref) as rank 0 of the trainer's pool, its rollout worker and engine
+    replica as rank 0 of the engine's; what Ray would reach first checked here: the rollout
+    mode and engine (fully_async_rollouter.py init_workers, agent_loop.py)."""
+    from verl.trainer.ppo.utils import Role
+
+    if not (Path(root) / "verl" / "experimental" / "fully_async_policy" /
+            "fully_async_main.py").is_file():
+        done(2, "async_training is set: the config runs verl's fully_async_policy recipe, "
+                f"whose code {root} does not have (verl's PyPI wheel ships only its YAML): "
+                "give a verl checkout")
+    mapping, rollouter, trainer = stage("fully_async", fully_async_start, config)
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.mode != "async" or rollout.name not in ("vllm", "sglang"):
+        done(1, f"fully_async: rollout.mode={rollout.mode}, rollout.name={rollout.name}: the "
+                "recipe runs an async vLLM or SGLang server (fully_async_rollouter.py "
+                "init_workers, agent_loop.py)")
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    engine_world = config.rollout.nnodes * config.rollout.n_gpus_per_node
+    fake_world(world, config.trainer.n_gpus_per_node)
+    roles = [Role.Actor] + ([Role.Critic] if trainer.use_critic else []) + (
+        [Role.RefPolicy] if trainer.use_reference_policy and Role.RefPolicy in mapping else [])
+    workers = {str(role): stage(f"worker:{role}", make_worker, config, str(role),
+                                mapping[role].__ray_actor_class__) for role in roles}
+    fake_world(engine_world, config.rollout.n_gpus_per_node)
+    worker = stage("worker:rollout", make_worker, config, "rollout",
+                   mapping[Role.Rollout].__ray_actor_class__)
+    tp_dp_pp = stage("rollout", build_rollout, config, worker)
+    line = summary(world, config, workers, tp_dp_pp, engine_world)
+    most = int(rollouter.required_samples * (rollouter.staleness_threshold + 1)
+               * config.async_training.trigger_parameter_sync_step)  # set_max_required_samples
+    done(0, line.replace("verl accepted:", "verl accepted (fully_async_policy: "
+                         f"{rollouter.required_samples} prompts a trainer step, the rollouter "
+                         f"holding at most {most}):", 1))
+
+
 def verl_root(word):
     root = Path(word).resolve()
     if not (root / "verl" / "trainer" / "main_ppo.py").is_file():
@@ -541,6 +616,8 @@ def main(argv):
 
     config = stage("compose", compose, config_dir, name, overrides)
     if config.actor_rollout_ref.get("hybrid_engine", True) is False:
+        if config.get("async_training") is not None:
+            check_fully_async(root, config)
         check_recipe(root, config)
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     runner, pool_manager = stage("main_ppo", main_ppo_checks, main_ppo, config)

@@ -178,17 +178,57 @@ def test_verl_one_step_off_is_written_on_the_trainers_gpus():
                 or key == "actor_rollout_ref.hybrid_engine"]
 
 
+def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
+    """Staleness 2 and more is verl's fully_async_policy recipe: one parameter version a step
+    (the mini-batch x require_batches 1 x trigger_parameter_sync_step = the step's prompts),
+    staleness_threshold k, the step sized by those keys (train_batch_size 0, as the recipe
+    asserts), partial rollouts off as probed, the run as long as the user's epochs; its launch
+    line; the file reads back as the study (tests/test_trainer_startup.py runs its start-up)."""
+    import yaml
+
+    from autotune.trainers.render import render_plan
+
+    study = {**ONE_STEP_OFF, "staleness": 3}
+    plan = plan_export(VERL, study, Topology(1, 8), None, searched=["staleness"])
+    assert plan.problems == [] and plan.trainers == Topology(1, 4)
+    values = plan.values
+    assert (values["async_training.staleness_threshold"],
+            values["async_training.trigger_parameter_sync_step"],
+            values["async_training.require_batches"],
+            values["actor_rollout_ref.actor.ppo_mini_batch_size"]) == (3, 2, 1, 8)
+    assert (values["data.train_batch_size"], values["data.gen_batch_size"],
+            values["async_training.partial_rollout"]) == (0, 1, False)
+    assert values["actor_rollout_ref.hybrid_engine"] is False
+    assert plan.launch.startswith(
+        "python3 -m verl.experimental.fully_async_policy.fully_async_main")
+    text = render_plan(plan, VERL, None, ["test"])
+    assert "asynchronous with a lag of at most 3 steps" in text
+    assert "the rollouter pauses once it holds 4 steps of samples" in text
+    assert "partial_rollout: false, as the split probe ran" in text
+    tree = yaml.safe_load(text)
+    assert tree["rollout"]["total_rollout_steps"] is None  # every prompt of the user's epochs
+    assert tree["rollout"]["total_epochs"] == "${trainer.total_epochs}"
+    read = VERL.read_knobs(lambda key, default: resolved_get(tree, key, default),
+                           Topology(1, 4))
+    assert {k: read[k] for k in ("placement", "staleness", "rollout_gpus",
+                                 "rollout_batch_size", "global_batch_size")} == {
+        "placement": "separate", "staleness": 3, "rollout_gpus": 4,
+        "rollout_batch_size": 16, "global_batch_size": 8}
+    uneven = plan_export(VERL, {**study, "rollout_batch_size": 12}, Topology(1, 8), None)
+    assert [p for p in uneven.problems if "not a multiple of global_batch_size=8" in p], \
+        uneven.problems
+
+
 @pytest.mark.parametrize("changes, expected", [
     ({"staleness": 0}, "PPO trainer runs only the hybrid engine"),
-    ({"staleness": 2}, "fully_async_policy"),
     ({"rollout_gpus": 5, "rollout_tensor_parallel": 5, "rollout_batch_size": 12,
       "global_batch_size": 6}, "RolloutReplica asserts"),
     ({"rollout_gpus": 2}, "must be divisible by minimal possible batch size 6"),
 ])
 def test_verl_separate_placement_refuses_what_its_recipe_does_not_run(changes, expected):
-    """Staleness 0 (verl's PPO trainer asserts the hybrid engine) and 2 (fully_async_policy,
-    not written) in one line each; the engine's replicas as the recipe's agent loop sizes them;
-    the batches over the trainer's 6 GPUs, not the run's 8."""
+    """Staleness 0 (verl's PPO trainer asserts the hybrid engine) in one line; the engine's
+    replicas as the recipe's agent loop sizes them; the batches over the trainer's 6 GPUs,
+    not the run's 8."""
     problems = plan_export(VERL, {**ONE_STEP_OFF, **changes}, Topology(1, 8), None).problems
     assert [p for p in problems if expected in p], problems
     assert len(problems) == 1 or "staleness" not in changes, problems

@@ -467,6 +467,41 @@ def test_verl_one_step_off_accepts_every_separate_export_and_rejects_every_refus
     assert not all(verdicts) and (any(verdicts) or tp == 5), verdicts
 
 
+# staleness 2 and more: verl's fully_async_policy recipe (b178a3c), code in its checkouts only
+FULLY_ASYNC = [(1, 8, 4, 2, 2), (1, 8, 2, 2, 3), (1, 8, 5, 5, 2)]
+
+
+@pytest.mark.parametrize("nnodes, gpus, engine_gpus, tp, staleness", FULLY_ASYNC,
+                         ids=[f"{n}x{g}-engine{e}-tp{t}-staleness{k}"
+                              for n, g, e, t, k in FULLY_ASYNC])
+def test_verl_fully_async_accepts_every_export_and_rejects_every_refusal(
+        nnodes, gpus, engine_gpus, tp, staleness, tmp_path):
+    """placement=separate at staleness k >= 2 (issue 68): the fully_async_policy recipe's
+    start-up (its pools, rollouter and trainer with their asserts on the async keys, the
+    workers on the trainer's pool, the rollout worker and engine replica on the engine's)
+    accepts each export autotune writes and rejects each it refuses: a micro-batch of 3 splits
+    no trainer's share, and 5 GPUs of tensor parallel beside 3 training GPUs no replica."""
+    need_recipe()
+    run = Topology(nnodes, gpus)
+    trainers = run.without_engine(engine_gpus)
+    assert trainers is not None
+    verdicts = []
+    for prompts, micro in ((4 * trainers.world_size, 1), (4 * trainers.world_size, 3)):
+        knobs = {**STUDY, "placement": "separate", "rollout_gpus": engine_gpus,
+                 "staleness": staleness, "rollout_engine": "vllm-like",
+                 "rollout_tensor_parallel": tp, "gpu_memory_utilization": 0.9,
+                 "rollout_batch_size": prompts, "global_batch_size": prompts // 2,
+                 "micro_batch_size_update": micro, "micro_batch_size_experience": 2}
+        path, problems = exported(VERL, knobs, run, None, tmp_path, f"async-{micro}")
+        accepted, line = trainer_verdict("verl", path)
+        assert accepted == (not problems), (knobs, problems, line)
+        verdicts.append(accepted)
+        if accepted:
+            assert f"fully_async_policy: {prompts // 2} prompts a trainer step, the rollouter " \
+                f"holding at most {prompts * (staleness + 1)}" in line, line
+    assert not all(verdicts) and (any(verdicts) or tp == 5), verdicts
+
+
 # -- round trip (issue 30): what the trainer's own config code will run is what was probed ----
 
 ROUND_TRIP = {**STUDY, "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.55,

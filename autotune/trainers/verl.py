@@ -6,6 +6,7 @@ ppo_micro_batch_size_per_gpu and the log-prob micro-batches count responses per 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 from autotune.config import Knobs, ProbeConfig, Topology, old_pass_problem, torch_adamw_problem
@@ -208,28 +209,79 @@ ONE_STEP_OFF_KEYS: TrainerKeys = {
     "algorithm.rollout_correction.bypass_mode": True}
 
 
+FULLY_ASYNC = "verl.experimental.fully_async_policy.fully_async_main"
+STALENESS_THRESHOLD = "async_training.staleness_threshold"
+SYNC_STEPS = "async_training.trigger_parameter_sync_step"
+REQUIRE_BATCHES = "async_training.require_batches"
+MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size"
+CHECKPOINT_ENGINE = {"enable": True, "device_buffer_size_M": 4096,  # the recipe's YAML
+                     "overlap_broadcast_and_consume": False}
+# verl/experimental/fully_async_policy (b178a3c): its YAML's keys over ppo_trainer, which the
+# export writes itself (docs/research/placement.md section 2), and what its rollouter asserts
+# (fully_async_rollouter.py:76-80, 400, 443): the step is sized by the async_training keys,
+# not data.train_batch_size (asserted 0); the run's length by every prompt of the user's
+# epochs (total_rollout_steps null: the YAML's 100 would cap it at 100 prompts)
+FULLY_ASYNC_KEYS: TrainerKeys = {
+    HYBRID: False,
+    "actor_rollout_ref.rollout.mode": "async",
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    "data.train_batch_size": 0,
+    "data.gen_batch_size": 1,
+    REQUIRE_BATCHES: 1,
+    # off: no generation is cut and resumed at a sync, as the split probe ran, and the bound
+    # holds for every token (on, a sample's first tokens may be older: max_partial_span)
+    "async_training.partial_rollout": False,
+    "async_training.use_rollout_log_probs": True,
+    "async_training.compute_prox_log_prob": False,
+    "async_training.use_trainer_do_validate": False,
+    **{f"async_training.checkpoint_engine.{k}": v for k, v in CHECKPOINT_ENGINE.items()},
+    **{f"actor_rollout_ref.checkpoint_engine.{k}": v for k, v in CHECKPOINT_ENGINE.items()},
+    "actor_rollout_ref.actor.use_rollout_log_probs": True,
+    "rollout.total_epochs": "${trainer.total_epochs}",
+    "rollout.test_freq": "${trainer.test_freq}"}
+
+
 def _verl_placement(config: ProbeConfig, topo: Topology) -> TrainerKeys:
-    """placement=separate at staleness 1: one_step_off_policy's keys (the engine's GPUs are
-    the launch's: _verl_separate_launch); colocated: verl's default hybrid engine, nothing."""
-    return dict(ONE_STEP_OFF_KEYS) if config.separate else {}
+    """placement=separate at staleness 1: one_step_off_policy's keys; at k >= 2,
+    fully_async_policy's, one parameter version a step (ppo_mini_batch_size x require_batches
+    1 x trigger_parameter_sync_step = the step's prompts) and staleness_threshold k: its
+    rollouter pauses once it holds (k + 1) steps of samples and tags each with the version it
+    finished under, so the lag is at most k steps (fully_async_rollouter.py:197-240, 582).
+    The engine's GPUs are the launch's (_verl_separate_launch); colocated: verl's default
+    hybrid engine, nothing."""
+    if not config.separate:
+        return {}
+    if config.staleness <= 1:
+        return dict(ONE_STEP_OFF_KEYS)
+    return {**FULLY_ASYNC_KEYS, STALENESS_THRESHOLD: config.staleness,
+            SYNC_STEPS: config.rollout_batch_size // config.global_batch_size}
 
 
 def _verl_placement_read(get: Getter, topo: Topology) -> Knobs:
     """A config with the hybrid engine off runs the engine on a pool of its own (the recipe's
-    top-level rollout.nnodes x rollout.n_gpus_per_node), one step off policy; with it on (the
-    default), nothing is said (colocated, as every study before placement)."""
+    top-level rollout.nnodes x rollout.n_gpus_per_node): one step off policy, or with
+    async_training's keys fully asynchronous, its lag at most ceil(staleness_threshold) steps
+    and its step's prompts the mini-batch x require_batches x trigger_parameter_sync_step;
+    with the hybrid engine on (the default), nothing is said (colocated)."""
     if get(HYBRID, True):
         return {}
-    return {"placement": "separate", "staleness": 1,
-            "rollout_gpus": get(ENGINE_NODES, 1) * get(ENGINE_GPUS, 8)}
+    knobs: Knobs = {"placement": "separate", "staleness": 1,
+                    "rollout_gpus": get(ENGINE_NODES, 1) * get(ENGINE_GPUS, 8)}
+    threshold = get(STALENESS_THRESHOLD, None)
+    if threshold is None:
+        return knobs
+    knobs["staleness"] = math.ceil(threshold)
+    mini = get(MINI_BATCH, None)
+    if mini:
+        knobs["rollout_batch_size"] = mini * get(REQUIRE_BATCHES, 1) * get(SYNC_STEPS, 4)
+    return knobs
 
 
 def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> list[str]:
     """verl runs the engine on GPUs of its own only off policy: its PPO trainer asserts the
     hybrid engine (ray_trainer.py: "Currently, only support hybrid engine"); one step off is
-    the one_step_off_policy recipe, more is fully_async_policy (not written: its freshness is
-    a share of samples, staleness_threshold, and its trainer takes mini-batches as they
-    stream in, neither of which the probe ran). The recipe's agent loop builds each engine
+    the one_step_off_policy recipe, more is fully_async_policy, whose version is whole
+    mini-batches (_verl_placement). Both recipes' agent loops build each engine
     replica with gpus_per_node = trainer.n_gpus_per_node (agent_loop.py
     _initialize_llm_servers), and RolloutReplica asserts the engine's tensor-parallel size
     is a multiple of min(that, its size)."""
@@ -237,15 +289,16 @@ def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> li
         return ["placement=separate with staleness=0: verl's PPO trainer runs only the hybrid "
                 "engine (ray_trainer.py asserts it); its separate placement is one step off "
                 "policy (the one_step_off_policy recipe): probe with staleness=1 for verl"]
-    if config.staleness > 1:
-        return [f"placement=separate with staleness={config.staleness}: verl's fully "
-                "asynchronous trainer (fully_async_policy) bounds staleness by a share of "
-                "samples and trains mini-batches as they stream in, which autotune does not "
-                "probe or write yet: probe with staleness=1 (its one_step_off_policy recipe)"]
+    if config.staleness > 1 and config.rollout_batch_size % config.global_batch_size:
+        return [f"placement=separate with staleness={config.staleness}: verl's "
+                "fully_async_policy makes a parameter version of trigger_parameter_sync_step "
+                f"whole mini-batches, and rollout_batch_size={config.rollout_batch_size} is not "
+                f"a multiple of global_batch_size={config.global_batch_size}: choose batches "
+                "whose step is whole mini-batches"]
     tp, per_node = config.rollout_tensor_parallel, topo.gpus_per_node
     if tp % min(per_node, tp):
         return [f"rollout_tensor_parallel={tp} with {per_node} training GPUs per node: verl's "
-                f"one-step-off agent loop sizes engine replicas by trainer.n_gpus_per_node, and "
+                f"off-policy agent loop sizes engine replicas by trainer.n_gpus_per_node, and "
                 f"RolloutReplica asserts world_size {tp} is divisible by gpus_per_node "
                 f"{min(per_node, tp)}: choose rollout_gpus so the trainer keeps a multiple of "
                 f"{tp} GPUs per node, or a tensor-parallel size that divides it"]
@@ -254,35 +307,71 @@ def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> li
 
 def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology,
                           model: str | None) -> SeparateLaunch:
-    """The one_step_off_policy recipe (verl/experimental/one_step_off_policy, b178a3c; its
-    shell/*.sh): trainer.* the training GPUs, the top-level rollout.* the engine's pool, the
-    recipe's main launched on this file from a verl checkout (the recipe's code is not in
-    verl's PyPI wheel: 0.7.1 ships only its YAML, and 0.7.1's recipe refuses the legacy FSDP
-    workers the probes model: the header says so)."""
+    """The one_step_off_policy recipe at staleness 1, fully_async_policy at more
+    (verl/experimental/*, b178a3c; their shell/*.sh): trainer.* the training GPUs, the
+    top-level rollout.* the engine's pool, the recipe's main launched on this file from a
+    verl checkout (the recipes' code is not in verl's PyPI wheel: 0.7.1 ships only their YAML,
+    and 0.7.1's one-step-off recipe refuses the legacy FSDP workers the probes model: the
+    header says so)."""
     engine = run.engine_of(config.rollout_gpus)
     assert engine is not None  # separate_placement refused the split otherwise
+    pools = (f"the engine on {engine.nnodes} x {engine.gpus_per_node} GPUs (rollout.*), the "
+             f"trainer on {trainers.nnodes} x {trainers.gpus_per_node} (trainer.*)")
+    engine_copy = ("engine GPUs: b178a3c's rollout worker also builds an fp32 FSDP copy of the "
+                   f"model sharded over the engine's {config.rollout_gpus} GPUs (4 bytes a "
+                   f"parameter / {config.rollout_gpus} each, never offloaded: fsdp_workers.py "
+                   "init_model's FSDPEngineConfig(), model_dtype fp32), beside vLLM's "
+                   "gpu_memory_utilization share; autotune's memory per role follows 0.7.1's "
+                   "standalone engine, which has none: leave that much below the utilisation")
+    skipped = ("the trainer skips the actor's log-prob pass the study's experience phase "
+               "timed: its side may run faster than measured")
+    values = {ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node}
+    if config.staleness > 1:
+        k, steps = config.staleness, config.rollout_batch_size // config.global_batch_size
+        return SeparateLaunch(
+            lines=(f"placement: separate, asynchronous with a lag of at most {k} steps (verl's "
+                   f"fully_async_policy recipe): {pools}; run the launch line from a verl "
+                   "checkout (b178a3c: checked; the recipe's code is not in verl's PyPI "
+                   "wheel); give Ray 23 CPUs for the recipe's actors before its workers (task "
+                   "runner 1, rollouter 10, trainer 10, message queue 2)",
+                   f"one parameter version is one step: ppo_mini_batch_size "
+                   f"{config.global_batch_size} x require_batches 1 x "
+                   f"trigger_parameter_sync_step {steps} = the step's "
+                   f"{config.rollout_batch_size} prompts; staleness_threshold {k}: the "
+                   f"rollouter pauses once it holds {k + 1} steps of samples and tags each "
+                   "with the version it finished under (fully_async_rollouter.py), as the "
+                   f"study's split probe bounded its lag at {k}; data.train_batch_size 0 and "
+                   "gen_batch_size 1, as the recipe asserts",
+                   "async_training.partial_rollout: false, as the split probe ran (no "
+                   "generation cut and resumed at a sync, so every token is within the "
+                   "bound); the recipe's default (true) may run long tails faster, unmeasured",
+                   f"async_training.use_rollout_log_probs: true (the recipe's): {skipped}",
+                   engine_copy,
+                   "the run's length: rollout.total_rollout_steps null and "
+                   "rollout.total_epochs ${trainer.total_epochs}, every prompt of your epochs "
+                   "(the recipe ignores trainer.total_training_steps; its YAML's 100 would "
+                   "stop at 100 prompts); rollout.test_freq ${trainer.test_freq}, counted in "
+                   "parameter versions (steps)",
+                   f"host memory: the recipe's message queue (a Ray actor) holds up to {k + 1} "
+                   "steps of samples and each trainer rank pins its share of the weights at a "
+                   "sync, which autotune's host model does not count"),
+            values={**values, "rollout.total_rollout_steps": None},  # null: written, not left out
+            launch=f"python3 -m {FULLY_ASYNC} --config-path {{folder}} --config-name {{name}}")
     return SeparateLaunch(
         lines=(f"placement: separate, one step off policy (verl's one_step_off_policy recipe):"
-               f" the engine on {engine.nnodes} x {engine.gpus_per_node} GPUs (rollout.*), "
-               f"the trainer on {trainers.nnodes} x {trainers.gpus_per_node} (trainer.*); "
+               f" {pools}; "
                "run the launch line from a verl checkout whose recipe runs the FSDP workers "
                "the probes model (b178a3c: checked); the recipe's code is not in verl's PyPI "
                "wheel, and 0.7.1's recipe runs only the engine workers "
                "(use_legacy_worker_impl=disable, separation/utils.py), which no probe modeled",
-               "engine GPUs: b178a3c's rollout worker also builds an fp32 FSDP copy of the "
-               f"model sharded over the engine's {config.rollout_gpus} GPUs (4 bytes a "
-               f"parameter / {config.rollout_gpus} each, never offloaded: fsdp_workers.py "
-               "init_model's FSDPEngineConfig(), model_dtype fp32), beside vLLM's "
-               "gpu_memory_utilization share; autotune's memory per role follows 0.7.1's "
-               "standalone engine, which has none: leave that much below the utilisation",
-               "algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "
-               "log-probs are the engine's, so the trainer skips the actor's log-prob pass the "
-               "study's experience phase timed: its side may run faster than measured",
+               engine_copy,
+               f"algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "
+               f"log-probs are the engine's, so {skipped}",
                "actor_rollout_ref.rollout.calculate_log_probs: true (the recipe's): vLLM "
                "returns each generated token's log-prob, which the study's engine did not "
                "(a little more work and memory in the rollout); free_cache_engine: false, as "
                "the split probe's engine ran (awake all run)"),
-        values={ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node},
+        values=values,
         launch=f"python3 -m {ONE_STEP_OFF} --config-path {{folder}} --config-name {{name}}")
 
 
@@ -370,7 +459,8 @@ VERL = Adapter(
             (TARGET_MODULES,)),
         # the hybrid engine (colocated), or the one-step-off recipe's engine pool
         Derived(("placement", "staleness"), _verl_placement, _verl_placement_read,
-                (HYBRID, ENGINE_NODES, ENGINE_GPUS)),),
+                (HYBRID, ENGINE_NODES, ENGINE_GPUS, STALENESS_THRESHOLD, SYNC_STEPS,
+                 REQUIRE_BATCHES)),),
     # ppo_trainer.yaml; its per-GPU micro-batches are null (must be set): the space's safest
     defaults={"gradient_checkpointing": True, "offload_params": False,
               "offload_optimizer": False, "dynamic_batching": False, "use_kl": False,

@@ -214,9 +214,12 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
                                  "rollout_batch_size", "global_batch_size")} == {
         "placement": "separate", "staleness": 3, "rollout_gpus": 4,
         "rollout_batch_size": 16, "global_batch_size": 8}
-    uneven = plan_export(VERL, {**study, "rollout_batch_size": 12}, Topology(1, 8), None)
-    assert [p for p in uneven.problems if "not a multiple of global_batch_size=8" in p], \
-        uneven.problems
+    # a study one step off on this base: its async_training block is cleared, not left to
+    # turn the launch into fully_async's
+    once = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), tree, searched=["staleness"],
+                       force=True)
+    assert once.values["async_training"] is None and once.launch.startswith(
+        "python3 -m verl.experimental.one_step_off_policy.main_ppo")
 
 
 @pytest.mark.parametrize("changes, expected", [
@@ -369,14 +372,22 @@ BASELINE = ProbeConfig(rollout_engine="vllm-like", rollout_batch_size=512, rollo
 def test_the_best_split_fits_both_roles_and_composes_its_step():
     """What `estimate` says the best split of a colocated config gives: each role's GPU
     within the budget as the roles model sizes it, its step composed by the pipeline from
-    the time model's phases, and nothing faster among the splits it chose from."""
-    from autotune.estimates.split import best_split, side_step
+    the time model's phases, and nothing faster among the knobs it may set on that split (all
+    sized here, none pruned); an engine bound by its KV pool still finds the utilisation that
+    fits; the whole nodes of a multi-node run; a budget under the leanest trainer, no split."""
+    from autotune.estimates.split import (
+        best_split,
+        engine_variants,
+        side_step,
+        trainer_variants,
+    )
     from autotune.estimates.throughput import Hardware, TimeModel
     from autotune.memory.roles import role_peak_bytes
 
     shape, times = model_shape("qwen2.5-7b"), TimeModel.calibrated()
     hardware, budget = Hardware.of(80 * GiB, 8), int(0.9 * 80 * GiB)
-    answer = best_split(shape, BASELINE, hardware, False, budget, times=times)
+    answer = best_split(shape, BASELINE, hardware, "memory", budget, Topology(1, 8),
+                        times=times)
     best = answer.best
     assert best is not None and best.config.separate and answer.fitting >= 1
     for role, peak in (("engine", best.engine_peak_bytes), ("trainer", best.trainer_peak_bytes)):
@@ -390,13 +401,44 @@ def test_the_best_split_fits_both_roles_and_composes_its_step():
     assert answer.colocated_step_s == pytest.approx(times.step_s(BASELINE, shape, hardware))
     assert answer.ratio == pytest.approx(best.tokens_per_s_per_gpu
                                          / answer.colocated_tokens_per_s_per_gpu)
-    # taking turns is never faster than overlapping the same sides
-    turns = best.config.replace(staleness=0)
-    assert side_step(times, turns, shape, hardware).step_s >= best.step.step_s
+    # brute force on the chosen split: no engine and trainer knobs that fit run faster
+    gpus = best.config.rollout_gpus
+    on = BASELINE.replace(placement="separate", rollout_gpus=gpus, staleness=1)
+    fastest = {}
+    for role, variants in (("engine", engine_variants(BASELINE)),
+                           ("trainer", trainer_variants(BASELINE))):
+        fits = [c for c in (on.replace(**v) for v in variants)
+                if not validate_probe_config(c, 8)
+                and role_peak_bytes(shape, c, 8, gpus, 80 * GiB, role) <= budget]
+        fastest[role] = min(getattr(side_step(times, c, shape, hardware), f"{role}_s")
+                            for c in fits)
+    assert best.step.engine_s == pytest.approx(fastest["engine"])
+    assert best.step.trainer_s == pytest.approx(fastest["trainer"])
+    # every split whose engine fits at some utilisation and whose leanest trainer fits is
+    # sized (an engine over the budget at 0.9 of the GPU still fits at 0.75)
+    sized = {o.config.rollout_gpus for o in answer.options}
+    for gpus in range(1, 8):
+        on = BASELINE.replace(placement="separate", rollout_gpus=gpus, staleness=1)
+        engines = [c for c in (on.replace(**v) for v in engine_variants(BASELINE))
+                   if not validate_probe_config(c, 8)]
+        fits = [c for c in engines
+                if role_peak_bytes(shape, c, 8, gpus, 80 * GiB, "engine") <= budget]
+        leanest = on.replace(**trainer_variants(BASELINE)[0])
+        trainer_fits = not validate_probe_config(leanest, 8) and role_peak_bytes(
+            shape, leanest, 8, gpus, 80 * GiB, "trainer") <= budget
+        assert (gpus in sized) == bool(fits and trainer_fits), gpus
+        if fits and trainer_fits:
+            assert any(role_peak_bytes(shape, c, 8, gpus, 80 * GiB, "engine") > budget
+                       for c in engines) or gpus != 4  # what the old pruning lost
+    # two nodes of 8: the engine takes a whole node or none
+    two = best_split(shape, BASELINE.replace(rollout_batch_size=1024), Hardware.of(80 * GiB, 16),
+                     "memory", budget, Topology(2, 8), times=times)
+    assert two.best is not None and two.best.config.rollout_gpus == 8 and two.tried == 1
     # a budget under the leanest trainer: no split, said so
-    starved = best_split(shape, BASELINE, hardware, False, 8 * GiB, times=times)
+    starved = best_split(shape, BASELINE, hardware, "memory", 8 * GiB, Topology(1, 8),
+                         times=times)
     assert starved.best is None and starved.fitting == 0
-    assert "no split of the 8 GPUs fits the 8.00 GiB budget" in "\n".join(
+    assert "no split fits the 8.00 GiB budget, whatever its memory knobs" in "\n".join(
         starved.lines(8 * GiB))
 
 
@@ -405,12 +447,14 @@ def test_the_time_model_names_the_gpu_it_plans_for():
     baselines' H100; the baselines' own rows reproduce their published step times."""
     from autotune.estimates.throughput import FIT, TimeModel, gpu_spec
 
-    assert gpu_spec("NVIDIA H200", 150754820096) == (gpu_spec(None, 141 * 10**9)[0], True)
+    assert gpu_spec("NVIDIA H200", 150754820096) == (gpu_spec(None, 141 * 10**9)[0], "named")
     assert gpu_spec("NVIDIA A100-SXM4-80GB", 80 * GiB)[0].name == "A100 80 GB"
     assert gpu_spec("NVIDIA A100-SXM4-40GB", 40 * GiB)[0].name == "A100 40 GB"
+    assert gpu_spec("NVIDIA A100-PCIE-40GB", 40 * GiB)[0].name == "A100 40 GB"  # the A100s
     assert gpu_spec("NVIDIA H100 PCIe", 80 * GiB)[0].name == "H100 PCIe 80 GB"
-    assert gpu_spec(None, 80 * GiB) == (gpu_spec("NVIDIA H100 80GB HBM3", 80 * GiB)[0], False)
-    assert gpu_spec(None, 24 * GiB)[0].name == "H100 SXM 80 GB"
+    assert gpu_spec(None, 80 * GiB) == (gpu_spec("NVIDIA H100 80GB HBM3", 80 * GiB)[0],
+                                        "memory")
+    assert gpu_spec(None, 24 * GiB) == (gpu_spec(None, 80 * GiB)[0], "assumed")
     text = TimeModel.calibrated().describe()
     for row in FIT:
         assert f"{row.what:<20} fit            step {row.step_s:6.1f} s" in text
@@ -426,11 +470,13 @@ def test_estimate_says_what_the_best_split_would_give_a_colocated_config():
     document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                          timeout=120).stdout)
     split = document["split"]
-    assert split["gpu"] == "H100 SXM 80 GB" and split["splits_tried"] == 7
+    assert split["gpu"] == "H100 SXM 80 GB" and split["gpu_how"] == "memory"
+    assert 1 <= split["splits_fitting"] <= split["splits_tried"] <= 7
     assert split["best"]["rollout_gpus"] in range(1, 8)
     assert split["best"]["step_s"] > 0 and split["best"]["tokens_per_s_per_gpu"] > 0
     for args in (["--gpus-per-node", "1"],  # nothing to split; EasyR1 has no separate
-                 ["--gpus-per-node", "8", "--trainer", "easyr1"]):  # placement
+                 ["--gpus-per-node", "8", "--trainer", "easyr1"],  # placement; the time
+                 ["--gpus-per-node", "8", "--algorithm", "ppo"]):  # model has no critic
         one = subprocess.run([*command[:6], *args, "--capacity", "80GiB", "--json"],
                              capture_output=True, text=True, timeout=120)
         assert one.returncode == 0, one.stderr

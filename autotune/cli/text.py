@@ -173,11 +173,14 @@ def format_study(study: Study, brief: bool = False) -> str:
 
 
 def _probes_text(study: Study, trials: list[FrozenTrial], world: int) -> str:
+    """How the study's probes ran, by the placements of the trials it probed."""
     from autotune.sweep.pick.artifacts import trial_knobs
 
+    probed = [t for t in trials if t.user_attrs.get("probed")]
+    placements = [str(trial_knobs(study, t)[0].get("placement") or "colocated")
+                  for t in probed] if "search_space" in study.user_attrs else []
     return study_probes_text(world, bool(study.user_attrs.get("identity", {}).get("emulated")),
-                             [str(trial_knobs(study, t)[0].get("placement") or "colocated")
-                              for t in trials])
+                             placements)
 
 
 def _study_header(study: Study, trials: list[FrozenTrial]) -> list[str]:

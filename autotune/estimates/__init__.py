@@ -6,7 +6,8 @@ fitted to EasyR1's published baselines (throughput.py, which the GPU landscapes'
 read too).
 
 May import batching, config, errors, files, hardware, registry, probe (the trace, inside a
-function: `--trace` runs it in this process), memory and sweep (the pre-screen's model arguments,
+function: `--trace` runs it in this process), trainers (the split answer's trainer rules,
+inside a function), memory and sweep (the pre-screen's model arguments,
 a study's calibration); never the CLI.
 """
 

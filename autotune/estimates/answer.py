@@ -17,6 +17,7 @@ from autotune.config import (
     DTYPE_BYTES,
     Knobs,
     ProbeConfig,
+    Topology,
     budget_bytes,
     compute_dtype,
 )
@@ -224,19 +225,24 @@ def estimate(options: ProbeOptions, capacity_bytes: int | None = None,
 
 
 def split_answer(plan: EstimatePlan, budget_bytes: int) -> SplitAnswer | None:
-    """For a colocated config of a GPU run of 2 or more GPUs with a served engine, what the
-    best split would give (split.py); None elsewhere (EasyR1 has no separate placement)."""
+    """For a colocated GRPO config of a GPU run of 2 or more GPUs with a served engine, what
+    the best split would give (split.py), within the target trainer's rules; None elsewhere
+    (EasyR1 has no separate placement; the time model has no critic, so not for PPO)."""
+    from autotune.trainers import get_adapter
+
     request = plan.request
     config = request.config
     if not request.device.on_gpu or request.world_size < 2 or not config.engine_reserves \
-            or plan.trainer == "easyr1":
+            or config.has_critic or plan.trainer == "easyr1":
         return None
     name = gpu_name() if gpu_capacity_bytes() == plan.capacity_bytes else None
-    spec, from_name = gpu_spec(name, plan.capacity_bytes)
+    spec, how = gpu_spec(name, plan.capacity_bytes)
+    adapter = get_adapter(plan.trainer) if plan.trainer else None
     return best_split(plan.shape, config, Hardware(spec, request.world_size,
                                                    plan.capacity_bytes),
-                      from_name, budget_bytes, compute_bytes=memory_model_args(
-                          request)["compute_bytes"])
+                      how, budget_bytes, Topology(request.nnodes, request.gpus_per_node),
+                      compute_bytes=memory_model_args(request)["compute_bytes"],
+                      trainer_rules=adapter.check if adapter else None)
 
 
 @dataclass(frozen=True)

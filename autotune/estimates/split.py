@@ -13,9 +13,10 @@ models. Pure arithmetic.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.config import Knobs, ProbeConfig, format_bytes
+from autotune.config import Knobs, ProbeConfig, Topology, format_bytes
 from autotune.config.pipeline import PipelineStep, pipeline_step
 from autotune.config.rules import validate_probe_config
 from autotune.config.schema import SYNC_PHASE
@@ -27,6 +28,7 @@ from autotune.memory.shape import ModelShape
 ENGINE_UTILISATIONS = (0.6, 0.75, 0.9)  # an engine alone on its GPU: vLLM's 0.9 and below
 STALENESS = (0, 1)  # 2+ runs at staleness 1's pace in a steady state (config/pipeline.py)
 ENGINE_TENSOR_PARALLEL = (1, 2, 4, 8)
+TrainerRules = Callable[[ProbeConfig, Topology], list[str]]
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,18 @@ class SplitAnswer:
     """The colocated config's modelled step against the fastest split that fits the budget."""
 
     hardware: Hardware
-    gpu_from_name: bool  # the GPU named by the device; else taken from the capacity
+    gpu_how: str  # how the GPU was known: named (the device's name), its memory, or assumed
     colocated_step_s: float
     colocated_tokens_per_s_per_gpu: float
     colocated: ProbeConfig
-    best: SplitOption | None  # None: no split fits the budget
-    tried: int  # splits of the run's GPUs (1 to W - 1 for the engine)
-    fitting: int  # of them, those with knobs the rules allow within the budget on both roles
+    options: tuple[SplitOption, ...]  # each split that fits, at each staleness its rules allow
+    tried: int  # splits the run's nodes and the rules allow (some knobs of both sides pass)
+    fitting: int  # of them, those within the budget on both roles
+
+    @property
+    def best(self) -> SplitOption | None:
+        """The fastest option (None: no split fits the budget)."""
+        return max(self.options, key=lambda o: o.tokens_per_s_per_gpu, default=None)
 
     @property
     def ratio(self) -> float | None:
@@ -68,7 +75,7 @@ class SplitAnswer:
 
     def as_dict(self) -> JsonObject:
         best = self.best
-        return {"gpu": self.hardware.gpu.name, "gpu_from_name": self.gpu_from_name,
+        return {"gpu": self.hardware.gpu.name, "gpu_how": self.gpu_how,
                 "colocated_step_s": round(self.colocated_step_s, 2),
                 "colocated_tokens_per_s_per_gpu": round(self.colocated_tokens_per_s_per_gpu, 1),
                 "splits_tried": self.tried, "splits_fitting": self.fitting,
@@ -86,16 +93,17 @@ class SplitAnswer:
 
     def lines(self, budget_bytes: int) -> list[str]:
         """What `estimate` prints under a colocated config's memory."""
-        gpu = self.hardware.gpu.name + ("" if self.gpu_from_name else
-                                        ", taken from the capacity")
+        gpu = self.hardware.gpu.name + {"named": "", "memory": ", taken from the capacity"}.get(
+            self.gpu_how, ", assumed: no GPU known by that name or memory")
         lines = [f"split placement, from the models (step time: EasyR1's published H100 "
                  f"baselines, on {self.hardware.gpus} x {gpu}; tokens/s over all GPUs):",
                  f"  colocated, as given: {self.colocated_tokens_per_s_per_gpu:,.0f} "
                  f"tokens/s/GPU, step {self.colocated_step_s:.1f} s"]
         best = self.best
         if best is None:
-            return lines + [f"  no split of the {self.tried + 1} GPUs fits the "
-                            f"{format_bytes(budget_bytes)} budget, whatever its memory knobs"]
+            return lines + [f"  no split fits the {format_bytes(budget_bytes)} budget, whatever "
+                            f"its memory knobs ({self.tried} the run's nodes and the rules "
+                            "allow)"]
         step, config = best.step, best.config
         changes = ", ".join(f"{k}={v}" for k, v in best.changes(self.colocated).items())
         waits = "taking turns" if not step.overlapped else \
@@ -104,13 +112,14 @@ class SplitAnswer:
         lines += [f"  best split: {config.rollout_gpus} engine + "
                   f"{self.hardware.gpus - config.rollout_gpus} trainer GPUs, staleness "
                   f"{config.staleness}" + (f", {changes}" if changes else "") +
-                  f": {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU (x{self.ratio:.2f}), "
+                  f": {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU (x{self.ratio:.2f}"
+                  + (": slower than colocated" if self.ratio < 1 else "") + "), "
                   f"step {step.step_s:.1f} s [engine {step.engine_s:.0f} s, trainer "
                   f"{step.trainer_s:.0f} s, sync {step.sync_s:.2f} s: {waits}]",
                   f"  its GPUs: engine {format_bytes(best.engine_peak_bytes)}, trainer "
                   f"{format_bytes(best.trainer_peak_bytes)} of the "
-                  f"{format_bytes(budget_bytes)} budget; {self.fitting} of {self.tried} "
-                  "splits fit; "
+                  f"{format_bytes(budget_bytes)} budget; {self.fitting} of the {self.tried} "
+                  "splits the run's nodes and the rules allow fit; "
                   "`--set placement=separate --set rollout_gpus=N` sizes one, a sweep over "
                   "rollout_gpus measures them"]
         return lines
@@ -144,64 +153,77 @@ def trainer_variants(config: ProbeConfig) -> list[Knobs]:
                 (True, False), updates, experiences)]
 
 
-def best_split(shape: ModelShape, config: ProbeConfig, hardware: Hardware, gpu_from_name: bool,
-               budget_bytes: int, on_gpu: bool = True, compute_bytes: int | None = None,
-               times: TimeModel | None = None) -> SplitAnswer:
-    """The fastest split of a colocated `config` on `hardware` within `budget_bytes` a GPU on
-    both roles, by the time model, against the colocated config's modelled step.
+def best_split(shape: ModelShape, config: ProbeConfig, hardware: Hardware, gpu_how: str,
+               budget_bytes: int, topology: Topology, on_gpu: bool = True,
+               compute_bytes: int | None = None, times: TimeModel | None = None,
+               trainer_rules: TrainerRules | None = None) -> SplitAnswer:
+    """The fastest split of a colocated `config` of the run `topology` on `hardware` within
+    `budget_bytes` a GPU on both roles, by the time model, against the colocated config's
+    modelled step. `trainer_rules` (config, the trainer's GPUs) -> problems: the target
+    trainer's own (its recipes' staleness, replica and batch rules).
 
-    For each split of the GPUs each side's fastest knobs that fit are chosen apart (a side's
-    memory and time read only its own knobs, and the step grows with each side's time): the
-    engine's first, with the trainer's as given, then the trainer's beside them, each side's
-    variants tried fastest first until one fits (a split whose leanest trainer does not fit
-    is passed over at once: the memory model's sketch of the allocator takes tens of
-    milliseconds a config); then each staleness."""
+    Each split the run's nodes allow (whole nodes of a multi-node run) is sized apart: each
+    side's fastest knobs that fit (a side's memory and time read only its own knobs, and the
+    step grows with each side's time), the engine's first, with the trainer's as given, then
+    the trainer's beside them, each side's variants tried fastest first until one fits; a
+    split whose leanest trainer does not fit is passed over at once, and a trainer variant
+    holding at least as much as one over the budget is not sized (the memory model's sketch
+    of the allocator takes tens of milliseconds a config); then each staleness."""
     times = times or TimeModel.calibrated()
     colocated_s = times.step_s(config, shape, hardware)
     base = config.replace(placement="separate")
-    options, splits = [], 0
-
-    def role_peak(config: ProbeConfig, gpus: int, role: str) -> int:
-        return role_peak_bytes(shape, config, hardware.gpus, gpus, hardware.capacity_bytes,
-                               role, on_gpu, compute_bytes)
+    options: list[SplitOption] = []
+    allowed_splits = fitting_splits = 0
 
     for gpus in range(1, hardware.gpus):
-        def first_fitting(variants: list[Knobs], role: str, on: ProbeConfig,
-                          gpus: int = gpus) -> tuple[int, ProbeConfig] | None:
-            valid = [c for c in (on.replace(**v) for v in variants)
-                     if not validate_probe_config(c, hardware.gpus)]
-            if not valid:
-                return None
-            if role == "trainer" and role_peak(valid[0], gpus, role) > budget_bytes:
-                return None  # nothing fits if the leanest does not
-            over: list[ProbeConfig] = []  # a variant holding as much as one of these is over
-            for candidate in sorted(valid, key=lambda c: getattr(
-                    side_step(times, c, shape, hardware), f"{role}_s")):
-                if any(holds_at_least(candidate, o) for o in over):
+        trainers = topology.without_engine(gpus)
+        if trainers is None:
+            continue
+
+        def allowed(candidate: ProbeConfig, trainers: Topology = trainers) -> bool:
+            return not validate_probe_config(candidate, hardware.gpus) and not (
+                trainer_rules and trainer_rules(candidate, trainers))
+
+        def peak(candidate: ProbeConfig, role: str, gpus: int = gpus) -> int:
+            return role_peak_bytes(shape, candidate, hardware.gpus, gpus,
+                                   hardware.capacity_bytes, role, on_gpu, compute_bytes)
+
+        def fastest(valid: list[ProbeConfig], role: str) -> tuple[int, ProbeConfig] | None:
+            over: list[ProbeConfig] = []  # trainer variants over the budget
+            for candidate in sorted(valid, key=lambda option: getattr(
+                    side_step(times, option, shape, hardware), f"{role}_s")):
+                if role == "trainer" and any(holds_at_least(candidate, o) for o in over):
                     continue
-                peak = role_peak(candidate, gpus, role)
-                if peak <= budget_bytes:
-                    return peak, candidate
+                held = peak(candidate, role)
+                if held <= budget_bytes:
+                    return held, candidate
                 over.append(candidate)
             return None
 
         split = base.replace(rollout_gpus=gpus, staleness=max(STALENESS))
-        engine = first_fitting(engine_variants(config), "engine", split)
-        trainer = first_fitting(trainer_variants(config), "trainer", engine[1]) \
-            if engine else None
-        if engine is None or trainer is None:
+        engines = [c for c in (split.replace(**v) for v in engine_variants(config))
+                   if allowed(c)]
+        engine = fastest(engines, "engine") if engines else None
+        on = engine[1] if engine else split
+        trained = [c for c in (on.replace(**v) for v in trainer_variants(config)) if allowed(c)]
+        allowed_splits += bool(engines and trained)
+        if engine is None or not trained or peak(trained[0], "trainer") > budget_bytes:
+            continue  # nothing fits if the leanest trainer does not
+        trainer = fastest(trained, "trainer")
+        if trainer is None:
             continue
-        splits += 1
+        fitting_splits += 1
         for staleness in STALENESS:
             candidate = trainer[1].replace(staleness=staleness)
+            if not allowed(candidate):
+                continue
             step = side_step(times, candidate, shape, hardware)
             options.append(SplitOption(candidate, engine[0], trainer[0], step,
                                        times.step_tokens(candidate) / step.step_s
                                        / hardware.gpus))
-    best = max(options, key=lambda o: o.tokens_per_s_per_gpu, default=None)
-    return SplitAnswer(hardware, gpu_from_name, colocated_s,
-                       times.step_tokens(config) / colocated_s / hardware.gpus, config, best,
-                       hardware.gpus - 1, splits)
+    return SplitAnswer(hardware, gpu_how, colocated_s,
+                       times.step_tokens(config) / colocated_s / hardware.gpus, config,
+                       tuple(options), allowed_splits, fitting_splits)
 
 
 def holds_at_least(config: ProbeConfig, than: ProbeConfig) -> bool:

@@ -75,18 +75,19 @@ GPU_SPECS = (GpuSpec("H100 SXM 80 GB", 989e12, 3.35e12, 80 * GiB),
              GpuSpec("H100 PCIe 80 GB", 756e12, 2.0e12, 80 * GiB))
 
 
-def gpu_spec(device_name: str | None, capacity_bytes: int) -> tuple[GpuSpec, bool]:
-    """The GPU a run is planned for, and whether it was taken from its name: the spec whose
-    name the device's names (A100 and H100 by their memory too), else the first whose memory
-    is within 10% of `capacity_bytes`, else an H100 SXM (the baselines' GPU)."""
+def gpu_spec(device_name: str | None, capacity_bytes: int) -> tuple[GpuSpec, str]:
+    """The GPU a run is planned for, and how it was known: "named" (a spec whose family the
+    device's name names, the nearest in memory, PCIe or SXM as named where the table has it),
+    "memory" (the first within 10% of `capacity_bytes`), else "assumed" (an H100 SXM, the
+    baselines' GPU)."""
     name = (device_name or "").upper()
     for family in ("H200", "H100", "A100"):
         if family in name:
-            kin = [s for s in GPU_SPECS if s.name.startswith(family)
-                   and ("PCIE" in name) == ("PCIe" in s.name)]
-            return min(kin, key=lambda s: abs(s.memory_bytes - capacity_bytes)), True
+            kin = [s for s in GPU_SPECS if s.name.startswith(family)]
+            form = [s for s in kin if ("PCIE" in name) == ("PCIe" in s.name)] or kin
+            return min(form, key=lambda s: abs(s.memory_bytes - capacity_bytes)), "named"
     near = [s for s in GPU_SPECS if abs(s.memory_bytes - capacity_bytes) <= 0.1 * s.memory_bytes]
-    return (near[0] if near else GPU_SPECS[0]), False
+    return (near[0], "memory") if near else (GPU_SPECS[0], "assumed")
 
 
 @dataclass(frozen=True)

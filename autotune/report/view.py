@@ -210,6 +210,9 @@ def config_figures(study: Study, trial: FrozenTrial | None) -> tuple[float, int]
     return measured.tokens_per_s_mean, measured.peak_mem_bytes
 
 
+PROBED_OUTCOMES = ("fits", "stopped slow", "over headroom", "oom", "failed")  # a probe ran
+
+
 def headline(view: StudyView) -> dict[str, str]:
     """The facts at the top of the page, as label -> text."""
     identity = view.identity
@@ -220,13 +223,12 @@ def headline(view: StudyView) -> dict[str, str]:
                  f"{view.command['steps']} steps each")
     else:
         parsed = view.parsed_request
-        placements = [view.config_of(t).placement for t in view.trials] \
-            if parsed is not None else []
+        placements = [view.config_of(t).placement for t in view.trials
+                      if t.outcome in PROBED_OUTCOMES] if parsed is not None else []
         algorithm = parsed.config.algorithm.upper() if parsed is not None else "GRPO"
         ranks = study_probes_text(world, bool(identity.get("emulated")), placements)
         probe = f"built-in {algorithm} step, {ranks}"
-    probed = [t for t in view.trials
-              if t.outcome in ("fits", "stopped slow", "over headroom", "oom", "failed")]
+    probed = [t for t in view.trials if t.outcome in PROBED_OUTCOMES]
     wall_s = sum((t.completed - t.started).total_seconds() for t in probed
                  if t.started and t.completed)
     budget = "unknown (no probe reported its device)"

@@ -206,7 +206,8 @@ ONE_STEP_OFF_KEYS: TrainerKeys = {
     "actor_rollout_ref.rollout.mode": "async",  # OneStepOffRayTrainer asserts it
     "actor_rollout_ref.rollout.free_cache_engine": False,
     "actor_rollout_ref.rollout.calculate_log_probs": True,
-    "algorithm.rollout_correction.bypass_mode": True}
+    "algorithm.rollout_correction.bypass_mode": True,
+    "async_training": None}  # a fully asynchronous base's block cleared: one step off
 
 
 FULLY_ASYNC = "verl.experimental.fully_async_policy.fully_async_main"
@@ -281,7 +282,8 @@ def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> li
     """verl runs the engine on GPUs of its own only off policy: its PPO trainer asserts the
     hybrid engine (ray_trainer.py: "Currently, only support hybrid engine"); one step off is
     the one_step_off_policy recipe, more is fully_async_policy, whose version is whole
-    mini-batches (_verl_placement). Both recipes' agent loops build each engine
+    mini-batches (_verl_placement; config/rules.py makes a step whole mini-batches). Both
+    recipes' agent loops build each engine
     replica with gpus_per_node = trainer.n_gpus_per_node (agent_loop.py
     _initialize_llm_servers), and RolloutReplica asserts the engine's tensor-parallel size
     is a multiple of min(that, its size)."""
@@ -289,12 +291,6 @@ def _verl_separate_rules(config: ProbeConfig, topo: Topology, get: Getter) -> li
         return ["placement=separate with staleness=0: verl's PPO trainer runs only the hybrid "
                 "engine (ray_trainer.py asserts it); its separate placement is one step off "
                 "policy (the one_step_off_policy recipe): probe with staleness=1 for verl"]
-    if config.staleness > 1 and config.rollout_batch_size % config.global_batch_size:
-        return [f"placement=separate with staleness={config.staleness}: verl's "
-                "fully_async_policy makes a parameter version of trigger_parameter_sync_step "
-                f"whole mini-batches, and rollout_batch_size={config.rollout_batch_size} is not "
-                f"a multiple of global_batch_size={config.global_batch_size}: choose batches "
-                "whose step is whole mini-batches"]
     tp, per_node = config.rollout_tensor_parallel, topo.gpus_per_node
     if tp % min(per_node, tp):
         return [f"rollout_tensor_parallel={tp} with {per_node} training GPUs per node: verl's "

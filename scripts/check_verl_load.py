@@ -413,20 +413,12 @@ def fake_world(world, per_node):
                       LOCAL_WORLD_SIZE=str(per_node))
 
 
-def check_recipe(root, config):
-    """actor_rollout_ref.hybrid_engine=false: the one_step_off_policy recipe's start-up, its
-    trainer's workers (actor, critic, ref) as rank 0 of the trainer's pool, its rollout
-    worker and engine replica as rank 0 of the engine's pool; exit as main does."""
+def separate_workers(config, mapping, trainer):
+    """A separate placement's workers as its recipe builds them: the actor (and critic and
+    reference) as rank 0 of the trainer's pool, the rollout worker and its engine replica as
+    rank 0 of the engine's; (trainer world, engine world, workers, tp*dp*pp)."""
     from verl.trainer.ppo.utils import Role
 
-    if not (Path(root) / "verl" / "experimental" / "one_step_off_policy" / "main_ppo.py"
-            ).is_file():
-        done(2, "actor_rollout_ref.hybrid_engine=false runs verl's one_step_off_policy recipe, "
-                f"whose code {root} does not have (verl's PyPI wheel ships only its YAML): give "
-                "a verl checkout")
-    recipe = stage("one_step_off", import_recipe, root)
-    mapping, pool_manager = stage("one_step_off", recipe_checks, recipe, config)
-    trainer = stage("trainer", build_recipe_trainer, config, mapping, pool_manager)
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     engine_world = config.rollout.nnodes * config.rollout.n_gpus_per_node
     fake_world(world, config.trainer.n_gpus_per_node)
@@ -437,7 +429,23 @@ def check_recipe(root, config):
     fake_world(engine_world, config.rollout.n_gpus_per_node)
     rollout = stage("worker:rollout", make_worker, config, "rollout",
                     mapping[Role.Rollout].__ray_actor_class__)
-    tp_dp_pp = stage("rollout", build_rollout, config, rollout)
+    return world, engine_world, workers, stage("rollout", build_rollout, config, rollout)
+
+
+def check_recipe(root, config):
+    """actor_rollout_ref.hybrid_engine=false: the one_step_off_policy recipe's start-up, its
+    trainer's workers (actor, critic, ref) as rank 0 of the trainer's pool, its rollout
+    worker and engine replica as rank 0 of the engine's pool; exit as main does."""
+
+    if not (Path(root) / "verl" / "experimental" / "one_step_off_policy" / "main_ppo.py"
+            ).is_file():
+        done(2, "actor_rollout_ref.hybrid_engine=false runs verl's one_step_off_policy recipe, "
+                f"whose code {root} does not have (verl's PyPI wheel ships only its YAML): give "
+                "a verl checkout")
+    recipe = stage("one_step_off", import_recipe, root)
+    mapping, pool_manager = stage("one_step_off", recipe_checks, recipe, config)
+    trainer = stage("trainer", build_recipe_trainer, config, mapping, pool_manager)
+    world, engine_world, workers, tp_dp_pp = separate_workers(config, mapping, trainer)
     if os.environ.get("AUTOTUNE_CHECK_JSON"):
         figures = quantities(importlib.import_module("verl.trainer.main_ppo"), config,
                              workers, world)
@@ -491,7 +499,6 @@ def check_fully_async(root, config):
     (actor, critic, ref) as rank 0 of the trainer's pool, its rollout worker and engine
     replica as rank 0 of the engine's; what Ray would reach first checked here: the rollout
     mode and engine (fully_async_rollouter.py init_workers, agent_loop.py)."""
-    from verl.trainer.ppo.utils import Role
 
     if not (Path(root) / "verl" / "experimental" / "fully_async_policy" /
             "fully_async_main.py").is_file():
@@ -504,17 +511,7 @@ def check_fully_async(root, config):
         done(1, f"fully_async: rollout.mode={rollout.mode}, rollout.name={rollout.name}: the "
                 "recipe runs an async vLLM or SGLang server (fully_async_rollouter.py "
                 "init_workers, agent_loop.py)")
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    engine_world = config.rollout.nnodes * config.rollout.n_gpus_per_node
-    fake_world(world, config.trainer.n_gpus_per_node)
-    roles = [Role.Actor] + ([Role.Critic] if trainer.use_critic else []) + (
-        [Role.RefPolicy] if trainer.use_reference_policy and Role.RefPolicy in mapping else [])
-    workers = {str(role): stage(f"worker:{role}", make_worker, config, str(role),
-                                mapping[role].__ray_actor_class__) for role in roles}
-    fake_world(engine_world, config.rollout.n_gpus_per_node)
-    worker = stage("worker:rollout", make_worker, config, "rollout",
-                   mapping[Role.Rollout].__ray_actor_class__)
-    tp_dp_pp = stage("rollout", build_rollout, config, worker)
+    world, engine_world, workers, tp_dp_pp = separate_workers(config, mapping, trainer)
     line = summary(world, config, workers, tp_dp_pp, engine_world)
     most = int(rollouter.required_samples * (rollouter.staleness_threshold + 1)
                * config.async_training.trigger_parameter_sync_step)  # set_max_required_samples

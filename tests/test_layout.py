@@ -57,7 +57,7 @@ ALLOWED: dict[str, set[str]] = {
                           "sweep.feasibility", "sweep.study", "sweep.pick"},
     "sweep": SWEEP_OUTSIDE | {"sweep"},
     "estimates": BASE | {"batching", "config", "files", "hardware", "registry", "probe", "memory",
-                         "sweep", "estimates"},
+                         "sweep", "trainers", "estimates"},  # trainers: the split's rules
     "report": BASE | {"config", "files", "hardware", "memory", "probe.measure.result", "sweep",
                       "report"},
     "cli": {"*"},

@@ -205,6 +205,8 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
     assert "asynchronous with a lag of at most 3 steps" in text
     assert "the rollouter pauses once it holds 4 steps of samples" in text
     assert "partial_rollout: false, as the split probe ran" in text
+    assert "keeps at most 16 prompts (each with its rollout.n responses) in flight" in text
+    assert plan.values["actor_rollout_ref.rollout.free_cache_engine"] is False  # as probed
     tree = yaml.safe_load(text)
     assert tree["rollout"]["total_rollout_steps"] is None  # every prompt of the user's epochs
     assert tree["rollout"]["total_epochs"] == "${trainer.total_epochs}"

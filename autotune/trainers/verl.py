@@ -201,11 +201,16 @@ ONE_STEP_OFF = "verl.experimental.one_step_off_policy.main_ppo"
 # the recipe's own keys over ppo_trainer, which the export writes itself (a file composed on
 # ppo_trainer, as the colocated export is): the engine never sleeps (its weights are synced in
 # place), it returns the log-probs, and the old log-probs are the engine's (bypass_mode)
-ONE_STEP_OFF_KEYS: TrainerKeys = {
+# both recipes: no hybrid engine, an async server that returns log-probs (each asserts it:
+# OneStepOffRayTrainer, fully_async_rollouter.py:400, 443), awake all run as the split
+# probe's engine ran (its weights are synced in place)
+SEPARATE_KEYS: TrainerKeys = {
     HYBRID: False,
-    "actor_rollout_ref.rollout.mode": "async",  # OneStepOffRayTrainer asserts it
+    "actor_rollout_ref.rollout.mode": "async",
     "actor_rollout_ref.rollout.free_cache_engine": False,
-    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    "actor_rollout_ref.rollout.calculate_log_probs": True}
+ONE_STEP_OFF_KEYS: TrainerKeys = {
+    **SEPARATE_KEYS,
     "algorithm.rollout_correction.bypass_mode": True,
     "async_training": None}  # a fully asynchronous base's block cleared: one step off
 
@@ -223,9 +228,7 @@ CHECKPOINT_ENGINE = {"enable": True, "device_buffer_size_M": 4096,  # the recipe
 # not data.train_batch_size (asserted 0); the run's length by every prompt of the user's
 # epochs (total_rollout_steps null: the YAML's 100 would cap it at 100 prompts)
 FULLY_ASYNC_KEYS: TrainerKeys = {
-    HYBRID: False,
-    "actor_rollout_ref.rollout.mode": "async",
-    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    **SEPARATE_KEYS,
     "data.train_batch_size": 0,
     "data.gen_batch_size": 1,
     REQUIRE_BATCHES: 1,
@@ -269,7 +272,7 @@ def _verl_placement_read(get: Getter, topo: Topology) -> Knobs:
     knobs: Knobs = {"placement": "separate", "staleness": 1,
                     "rollout_gpus": get(ENGINE_NODES, 1) * get(ENGINE_GPUS, 8)}
     threshold = get(STALENESS_THRESHOLD, None)
-    if threshold is None:
+    if not isinstance(threshold, int | float):  # unset, or an interpolation: one step off
         return knobs
     knobs["staleness"] = math.ceil(threshold)
     mini = get(MINI_BATCH, None)
@@ -338,6 +341,11 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                    "with the version it finished under (fully_async_rollouter.py), as the "
                    f"study's split probe bounded its lag at {k}; data.train_batch_size 0 and "
                    "gen_batch_size 1, as the recipe asserts",
+                   "the rollouter keeps at most 16 prompts (each with its rollout.n "
+                   "responses) in flight per engine replica (fully_async_rollouter.py "
+                   "set_max_required_samples), where the study's engine took whole waves of "
+                   "up to max_num_seqs sequences: generation may run at a lower concurrency "
+                   "than measured",
                    "async_training.partial_rollout: false, as the split probe ran (no "
                    "generation cut and resumed at a sync, so every token is within the "
                    "bound); the recipe's default (true) may run long tails faster, unmeasured",

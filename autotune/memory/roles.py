@@ -101,29 +101,34 @@ def estimate_placement(shape: ModelShape, config: ProbeConfig, world_size: int,
     if not 0 < rollout_gpus < world_size:
         raise ValueError(f"rollout_gpus={rollout_gpus}: the engine takes 1 to "
                          f"{world_size - 1} of the run's {world_size} GPUs")
+    engine, trainer = (role_estimate(shape, config, world_size, rollout_gpus, capacity_bytes,
+                                     role, on_gpu, compute_bytes, sync_bucket_bytes)
+                       for role in ("engine", "trainer"))
+    return PlacementEstimate(engine, trainer, rollout_gpus, world_size - rollout_gpus)
+
+
+def role_estimate(shape: ModelShape, config: ProbeConfig, world_size: int, rollout_gpus: int,
+                  capacity_bytes: int, role: str, on_gpu: bool = True,
+                  compute_bytes: int | None = None,
+                  sync_bucket_bytes: int = SYNC_BUCKET_BYTES) -> MemoryEstimate:
+    """One GPU of `role` (engine | trainer) of estimate_placement's run, the other role left
+    unsized (a trainer's GPU sketches the allocator: tens of milliseconds)."""
     width = compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
+    if role == "engine":
+        return engine_gpu(Sizing(shape, config, 1, width, on_gpu), rollout_gpus,
+                          capacity_bytes, sync_bucket_bytes)
     trainer_gpus = world_size - rollout_gpus
-    return PlacementEstimate(
-        engine_gpu(Sizing(shape, config, 1, width, on_gpu), rollout_gpus, capacity_bytes,
-                   sync_bucket_bytes),
-        trainer_gpu(Sizing(shape, config, trainer_gpus, width, on_gpu), trainer_gpus,
-                    sync_bucket_bytes),
-        rollout_gpus, trainer_gpus)
+    return trainer_gpu(Sizing(shape, config, trainer_gpus, width, on_gpu), trainer_gpus,
+                       sync_bucket_bytes)
 
 
 def role_peak_bytes(shape: ModelShape, config: ProbeConfig, world_size: int,
                     rollout_gpus: int, capacity_bytes: int, role: str, on_gpu: bool = True,
                     compute_bytes: int | None = None,
                     sync_bucket_bytes: int = SYNC_BUCKET_BYTES) -> int:
-    """Peak bytes of one GPU of `role` (engine | trainer) of estimate_placement's run, the
-    other role left unsized (a trainer's GPU sketches the allocator: tens of milliseconds)."""
-    width = compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
-    if role == "engine":
-        return engine_gpu(Sizing(shape, config, 1, width, on_gpu), rollout_gpus,
-                          capacity_bytes, sync_bucket_bytes).peak_bytes
-    trainer_gpus = world_size - rollout_gpus
-    return trainer_gpu(Sizing(shape, config, trainer_gpus, width, on_gpu), trainer_gpus,
-                       sync_bucket_bytes).peak_bytes
+    """Peak bytes of one GPU of `role` (role_estimate's)."""
+    return role_estimate(shape, config, world_size, rollout_gpus, capacity_bytes, role, on_gpu,
+                         compute_bytes, sync_bucket_bytes).peak_bytes
 
 
 def engine_gpu(s: Sizing, rollout_gpus: int, capacity_bytes: int,

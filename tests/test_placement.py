@@ -153,7 +153,10 @@ def test_verl_one_step_off_is_written_on_the_trainers_gpus():
     """verl's separate placement is its one_step_off_policy recipe: trainer.* the training
     GPUs, the top-level rollout.* the engine's pool (whole nodes of a multi-node run), the
     recipe's keys, its launch line, and the header says the recipe skips the old-log-prob pass
-    the study timed (tests/test_trainer_startup.py runs the recipe's own start-up)."""
+    the study timed (tests/test_trainer_startup.py runs the recipe's own start-up); the
+    file exports again onto itself without a conflict."""
+    import yaml
+
     from autotune.trainers.render import render_plan
 
     plan = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), None, searched=["staleness"])
@@ -168,6 +171,9 @@ def test_verl_one_step_off_is_written_on_the_trainers_gpus():
     text = render_plan(plan, VERL, None, ["test"])
     assert "the trainer skips the actor's log-prob pass the study's experience phase" in text
     assert "returns each generated token's log-prob, which the study's engine did not" in text
+    again = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), yaml.safe_load(text),
+                        searched=["staleness"])  # its own file as the base: the recipe's
+    assert again.problems == []  # keys (calculate_log_probs, bypass_mode) are no conflict
     nodes = plan_export(VERL, {**ONE_STEP_OFF, "rollout_gpus": 8, "rollout_tensor_parallel": 4},
                         Topology(3, 8), None)
     assert nodes.problems == [] and (nodes.values["trainer.nnodes"],
@@ -216,6 +222,18 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
                                  "rollout_batch_size", "global_batch_size")} == {
         "placement": "separate", "staleness": 3, "rollout_gpus": 4,
         "rollout_batch_size": 16, "global_batch_size": 8}
+    # exported again onto its own file: nothing to refuse (the recipe's keys are the
+    # placement's, its step read back through them); another step size on it is a conflict
+    assert plan_export(VERL, study, Topology(1, 8), tree, searched=["staleness"]).problems == []
+    longer = {**tree, "async_training": {**tree["async_training"],
+                                         "trigger_parameter_sync_step": 4}}
+    assert [p for p in plan_export(VERL, study, Topology(1, 8), longer,
+                                   searched=["staleness"]).problems
+            if p.startswith("rollout_batch_size (from ") and "is 32 in your base config but "
+            "the study measured 16" in p]
+    assert [p for p in plan_export(VERL, study, Topology(1, 8), {"data": {
+        "train_batch_size": 512}}, searched=["staleness"]).problems
+        if p.startswith("data.train_batch_size is 512")]
     # a study one step off on this base: its async_training block is cleared, not left to
     # turn the launch into fully_async's
     once = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), tree, searched=["staleness"],

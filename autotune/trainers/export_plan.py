@@ -135,11 +135,15 @@ def plan_export(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Traine
     plan.problems += adapter.check(config, topology, get, recorded(knobs))
     why = tuned_keys(plan, adapter, knobs, topology, base, get if tree is not None else None,
                      searched)
+    # the keys the placement writes itself (its recipe's): a base already of that placement
+    placed = {**adapter.derived_values(knobs, topology), **plan.engine_values}
     if searched is not None and tree is not None:
-        plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force)
+        plan.problems += fixed_conflicts(adapter, knobs, topology, tree, searched, force,
+                                         placed)
     if tree is not None and searched is not None and not (run is not None and run.command):
         base_key_lines(plan, adapter, tree, force, strict,  # a study's export (not a trial's
-                       on_cpu=run is not None and run.on_cpu)  # config, nor one of a study
+                       on_cpu=run is not None and run.on_cpu,  # config, nor one of a study
+                       placed=placed)
         # of the user's own trainer, which ran its base's settings itself)
     if tree is not None:
         problems, notes = algorithm_lines(adapter, config, topology, tree, searched is None,
@@ -449,14 +453,29 @@ def algorithm_lines(adapter: Adapter, config: ProbeConfig, topology: Topology,
     return problems, notes
 
 
+def placed_by(key: str, have: TrainerValue, placed: TrainerKeys) -> bool:
+    """Whether the user's `key` = `have` is what the placement's own keys write (`placed`: a
+    separate placement's recipe keys, which the export writes and its header states, such as
+    verl's calculate_log_probs true), or lies in a block the placement clears (None): a base
+    already of that placement, not a setting of the user's to compare."""
+    if key in placed:
+        return same(have, placed[key])
+    return any(value is None and key.startswith(f"{written}.")
+               for written, value in placed.items())
+
+
 def base_key_lines(plan: ExportPlan, adapter: Adapter, tree: TrainerTree, force: bool,
-                   strict: bool, on_cpu: bool = False) -> None:
+                   strict: bool, on_cpu: bool = False, placed: TrainerKeys | None = None
+                   ) -> None:
     """Each key of the user's config outside autotune's tables, by its class: a compared
     setting at a value the probe's run does not equal is a problem (with --force, a line
     under unmeasured); a key in no class is listed as not compared (with `strict`, a
-    problem). Knob keys, checked and inert keys: nothing here."""
+    problem). Knob keys, checked and inert keys, and the keys the placement writes itself
+    (`placed`, as placed_by reads it): nothing here."""
     declared = adapter.key_classes
     for key, value, found in base_keys(tree, declared, adapter.knob_keys):
+        if placed_by(key, value, placed or {}):
+            continue
         if found is None:
             if value is None:  # a null: the trainer's default, whatever the key is
                 continue
@@ -523,10 +542,13 @@ def holds_as_written(tree: TrainerTree, values: TrainerKeys) -> bool:
 
 
 def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: TrainerTree,
-                    searched: Collection[str], force: bool) -> list[str]:
+                    searched: Collection[str], force: bool,
+                    placed: TrainerKeys | None = None) -> list[str]:
     """One line per key the study held fixed at another value than the user's config has
     (none with --force: the study's values are then taken and listed in the header); a knob
-    the study did not record is not compared."""
+    the study did not record is not compared. A knob's key at the value the placement writes
+    itself (`placed`: verl's fully asynchronous data.train_batch_size 0) is compared as the
+    placement's derived part reads it back, not as the knob's key."""
     if force:
         return []
 
@@ -540,16 +562,17 @@ def fixed_conflicts(adapter: Adapter, knobs: Knobs, topology: Topology, tree: Tr
     for knob, keys in adapter.keys_for(config).items():
         for key in keys:  # every key the knob is written to (the critic's too)
             have = resolved_get(tree, key, MISSING)  # an interpolation read through
-            if key not in unused and have is not MISSING and have is not None \
+            if key not in unused and not placed_by(key, have, placed or {}) \
+                    and have is not MISSING and have is not None \
                     and (knob not in stated or same(stated[knob][1], knobs.get(knob))):
                 stated[knob] = (key, have)
     for part in adapter.derived:  # knobs the config holds in several keys (TRL's batches)
         if any(dotted_get(tree, key, MISSING) not in (MISSING, None) for key in part.keys) \
                 and not holds_as_written(tree, part.write(config, topology)):
             read, where = part.read(get, topology), " and ".join(part.keys)
-            stated.update({knob: (f"{knob} (from {where})", read[knob])
-                           for knob in part.knobs if knob in read})  # verl's placement
-            # reads nothing from a colocated config
+            stated.update({knob: (f"{knob} (from {where})", value)  # every knob it reads:
+                           for knob, value in read.items()})  # verl's fully asynchronous
+            # step's prompts too; verl's placement reads nothing from a colocated config
     lines = []
     for knob, (where, have) in stated.items():
         value = knobs.get(knob)

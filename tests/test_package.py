@@ -59,8 +59,8 @@ def test_a_wheel_in_a_fresh_venv_runs_with_its_search_spaces(tmp_path):
 
 
 def test_every_module_is_typed():
-    """mypy over all of autotune, the modules that import torch too, against torch's,
-    transformers' and Optuna's own types (pyproject's [tool.mypy])."""
+    """mypy over all of autotune, the modules that import torch too, against torch's and
+    Optuna's own types (pyproject's [tool.mypy])."""
     pytest.importorskip("mypy")
     done = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir",
                            str(ROOT / ".mypy_cache")], capture_output=True, text=True,

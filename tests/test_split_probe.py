@@ -41,12 +41,13 @@ def probe(tmp_path, limit_bytes=None, **knobs) -> ProbeResult:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness, engine_gpus", [(0, 1), (1, 2)])
-def test_a_split_probe_runs_both_sides_and_its_step_composes(staleness, engine_gpus, tmp_path):
+def test_a_split_probe_runs_both_sides_and_its_step_composes(tmp_path):
     """Both sides ran their phases on their own GPUs' shares (12 prompts x 2 over the
-    trainer's 3 or 2 GPUs), the trainer sent the engine its weights each step, and the step
-    as it ran (sync to sync) is within 10% of the composition of its own phase times: the
-    sum at staleness 0, the slower side plus the sync at 1."""
+    trainer's 3 GPUs), the trainer sent the engine its weights each step, and the step as it
+    ran (sync to sync) is within 10% of the composition of its own phase times: the sum at
+    staleness 0 (the sweep below holds staleness 1, the slower side plus the sync, on 1 and 2
+    engine GPUs)."""
+    staleness, engine_gpus = 0, 1
     result = probe(tmp_path, rollout_gpus=engine_gpus, staleness=staleness)
     assert result.status is ProbeStatus.OK, result.message
     assert set(result.phase_s) == {"rollout", "experience", "update", "weight_sync"}
@@ -58,8 +59,6 @@ def test_a_split_probe_runs_both_sides_and_its_step_composes(staleness, engine_g
     composed = step_seconds(result.phase_s, True, staleness)
     assert result.composed_step_s == pytest.approx(composed)
     assert abs(composed - result.step_s) <= 0.10 * result.step_s, (composed, result.step_s)
-    if staleness:  # the engine generated beside the update: the step is under the sum
-        assert result.step_s < sum(result.phase_s.values())
     tokens = 12 * 2 * (32 + 32)  # the whole run's step: every prompt, every response
     assert result.tokens_per_s == pytest.approx(tokens / result.step_s)
     assert set(result.side_peak_mem_bytes) == {"engine", "trainer"}
@@ -181,5 +180,7 @@ def test_a_sweep_over_splits_runs_end_to_end_and_its_pick_composes(tmp_path):
     assert result["status"] == "ok" and result["side_peak_mem_bytes"]
     composed = step_seconds(result["phase_s"], True, 1)
     assert abs(composed - result["step_s"]) <= 0.10 * result["step_s"]
+    # the engine generated beside the update: the step is under the sum of its phases
+    assert result["step_s"] < sum(result["phase_s"].values())
     pooled = best["measured"]["tokens_per_s"]  # the pick's composed figure
     assert abs(pooled - result["tokens_per_s"]) <= 0.10 * result["tokens_per_s"]

@@ -107,3 +107,28 @@ def test_a_probes_knobs_include_the_spaces_fixed_ones():
         == pytest.approx(30.5)
     assert pooled_steps([probe_times(trial)])[params_key({"staleness": 1})].step_s \
         == pytest.approx(52.5)  # without them: the phases summed
+
+
+def test_the_staleness_and_the_other_sides_knobs_never_part_a_split_configs_phases():
+    """The staleness orders the phases, it times none; with placement=separate the engine's
+    rollout is shared by configs that differ in the trainer's offload or kernels, and the
+    trained phases by configs that differ in the engine's kind; the weight sync, run by both
+    sides, by neither; colocated, offload still parts every phase (its transfers are there)."""
+    split = {**BASE, "placement": "separate", "rollout_gpus": 4, "staleness": 1}
+    for phase in ("rollout", "experience", "update", "weight_sync"):
+        assert phase_key(phase, split) == phase_key(phase, {**split, "staleness": 2})
+    offloaded = {**split, "offload_params": True, "fused_logprob": True}
+    assert phase_key("rollout", split) == phase_key("rollout", offloaded)
+    assert phase_key("update", split) != phase_key("update", offloaded)
+    assert phase_key("weight_sync", split) != phase_key("weight_sync", offloaded)
+    assert phase_key("update", split) == phase_key("update", {**split, "enable_sleep": False})
+    assert phase_key("rollout", split) != phase_key("rollout", {**split, "enable_sleep": False})
+    assert phase_key("rollout", split) != phase_key("rollout", {**split, "rollout_gpus": 2})
+    colocated = {**BASE, "placement": "colocated"}
+    assert phase_key("rollout", colocated) != phase_key("rollout", {**colocated,
+                                                                    "offload_params": True})
+    a = probe({"rollout": 10.0, "update": 30.0, "weight_sync": 1.0}, **split)
+    b = probe({"rollout": 14.0, "update": 20.0, "weight_sync": 1.0}, **offloaded)
+    pooled = pooled_steps([a, b])  # staleness 1: the slower side plus the sync
+    assert pooled[a.config].step_s == pytest.approx(max(12.0, 30.0) + 1.0)
+    assert pooled[b.config].step_s == pytest.approx(max(12.0, 20.0) + 1.0)

@@ -4,7 +4,8 @@ A phase's time depends on the knobs its run reads, not on the knobs only another
 the update's micro-batch and checkpointing never touch the rollout, the engine's reservation
 and concurrency never touch the update. PHASE_ONLY declares, per phase, the knobs no other
 phase's time reads; a phase's key is then every knob of the config but those of the other
-phases (conservative: a knob not declared keeps configs apart in every phase). Two probes
+phases, the staleness (it orders the phases) and, with placement=separate, those only the other
+side's GPUs read (conservative: a knob not declared keeps configs apart in every phase). Two probes
 whose configs share a phase's key timed the same work there, so each config's step is the sum
 over its phases of the mean phase time over every quiet probe that shares that phase's key
 (contended probes only where no quiet one does; with placement=separate the phases are
@@ -29,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.config import Knobs
+from autotune.config import ENGINE_PHASES, SYNC_PHASE, Knobs
 from autotune.config.pipeline import step_seconds
 from autotune.files import JsonObject
 from autotune.probe.measure.result import ProbeStatus
@@ -55,10 +56,30 @@ PHASE_ONLY: dict[str, frozenset[str]] = {
 }
 
 
+# The knobs that order the step's phases, not any phase's work (config/pipeline.py: the
+# sides take turns or overlap): no phase's key reads them.
+STEP_ONLY = frozenset({"staleness"})
+# placement=separate: the engine's GPUs run the rollout and nothing else, the trainer's GPUs
+# the trained phases (probe/launch/split_sides.py, as verl's recipes place them), so what only
+# one side holds or runs never times the other's phases: the trainer's offloads, log-prob
+# kernels, batching and sequence parallelism never touch the engine's GPUs; the engine's kind
+# and its sleep never touch the trainer's. (The weight sync runs on both: every knob reads it.)
+TRAINER_SIDE_ONLY = frozenset({
+    "offload_params", "offload_optimizer", "offload_ref_params", "critic_offload_params",
+    "critic_offload_optimizer", "fused_logprob", "fused_logprob_kernel", "entropy_chunking",
+    "entropy_metric", "old_logprob_pass", "dynamic_batching",
+    "ulysses_sequence_parallel_size"})
+ENGINE_SIDE_ONLY = frozenset({"rollout_engine", "enable_sleep", "sleep_level"})
+
+
 def phase_key(phase: str, knobs: Knobs) -> str:
     """What two configs must share for their `phase` to be the same work: every knob but
-    those only another phase reads."""
-    others = frozenset().union(*(only for name, only in PHASE_ONLY.items() if name != phase))
+    those only another phase reads, the step's order (STEP_ONLY), and with placement=separate
+    those only the other side reads."""
+    others = frozenset().union(STEP_ONLY, *(only for name, only in PHASE_ONLY.items()
+                                            if name != phase))
+    if knobs.get("placement") == "separate" and phase != SYNC_PHASE:
+        others |= TRAINER_SIDE_ONLY if phase in ENGINE_PHASES else ENGINE_SIDE_ONLY
     return params_key({name: value for name, value in knobs.items() if name not in others})
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import DeviceShare
+from autotune.config import DeviceShare, ProbeConfig
 from autotune.memory.logits import logprob_logits_bytes, update_logits_bytes
 from autotune.memory.shape import (
     activation_bytes_per_token,
@@ -107,6 +107,17 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              *_CRITIC_HELD, *_SHAPE_KNOBS}),
 }
 
+
+
+def phase_knobs(phase: str, config: ProbeConfig) -> frozenset[str]:
+    """The knobs that move `phase`'s peak for `config`: PHASE_KNOBS, less the engine's
+    reservation in the trained phases of a config whose engine sleeps (engine_held holds
+    nothing of it there)."""
+    moving = PHASE_KNOBS[phase]
+    if phase in ("rollout", "validation") or not (config.engine_reserves
+                                                  and config.enable_sleep):
+        return moving
+    return moving - frozenset(_ENGINE_KNOBS)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ from autotune.sweep.feasibility.prescreen import Prescreen
 from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.feasibility.trace_cache import TRACES_FILE, TraceCache
 from autotune.sweep.feasibility.traced import SubprocessTracer, Tracer
+from autotune.sweep.pick.composed import best_composed
+from autotune.sweep.pick.measurements import study_fixed
+from autotune.sweep.pick.pooled import probe_times
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.space.params import params_key
 from autotune.sweep.space.search_space import Candidate
@@ -518,8 +521,10 @@ class Sweep:
 
     def queue_neighbour(self, study: Study) -> None:
         """TPE's sweeps: every NEIGHBOUR_EVERY-th probe after the sampler's startup probes is
-        an untried neighbour of the best config so far (frontier.py), queued for the next ask;
-        once per probe slot, so a neighbour predicted to OOM hands the slot to the sampler."""
+        the untried config the study's probes compose better than the best so far
+        (pick/composed.py), or where none does an untried neighbour of the best
+        (frontier.py), queued for the next ask; once per probe slot, so a config predicted
+        to OOM hands the slot to the sampler."""
         started = self.state.probes + len(self.pool)
         if self.settings.sampler != "tpe" or self.tally.best_params is None or \
                 started < self.settings.n_startup_trials or \
@@ -527,9 +532,32 @@ class Sweep:
                 self.neighbour_at == started:
             return
         self.neighbour_at = started
+        composed = self.composed()
+        if composed is not None:
+            study.enqueue_trial(composed, user_attrs={"origin": "composed"})
+            return
         params = self.frontier.neighbour(self.tally.best_params, self.holdings.seen)
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
+
+    def composed(self) -> Knobs | None:
+        """The untried valid config the study's probes compose better than the best probed
+        one (sweep/pick/composed.py: each phase from the probes that ran it), if the
+        feasibility rules leave it open; None where none does."""
+        fixed = study_fixed(self.study)
+        probes = [times for frozen in self.trials if (times := probe_times(frozen, fixed))]
+        budgets = [b for frozen in self.trials
+                   if isinstance(b := frozen.user_attrs.get("budget_bytes"), int)]
+        untried = (self.frontier.params_of(key)
+                   for key in self.frontier.untried(self.holdings.seen))
+        found = best_composed(probes, untried, fixed, self.settings.objective,
+                              min(budgets) if budgets else None, self.tally.best_scalar)
+        if found is None:
+            return None
+        candidate = self.space.candidate(found.params)
+        if candidate.problems or self.feasibility.predict(candidate) is not None:
+            return None
+        return found.params
 
     def queue_unexplored(self, study: Study) -> None:
         """The sampler keeps proposing known configs: queue an untried one that may fit, or

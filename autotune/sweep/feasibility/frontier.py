@@ -50,13 +50,17 @@ class Frontier:
             return []
         return sorted(self.valid_keys - set(seen))
 
+    def params_of(self, key: str) -> Knobs:
+        """A params_key's config in the space's order (the key sorts the names)."""
+        stored = json.loads(key)
+        return {name: stored[name] for name in self.space.params if name in stored}
+
     def pick_untried(self, seen: Iterable[str]) -> Knobs | None:
         """An untried config the feasibility rules leave open (at random), or None."""
         left = self.untried(seen)
         self.rng.shuffle(left)
         for key in left:
-            stored = json.loads(key)  # the key sorts the names: the space's order back
-            params = {name: stored[name] for name in self.space.params if name in stored}
+            params = self.params_of(key)
             if self.feasibility.predict(self.space.candidate(params)) is None:
                 return params
         return None

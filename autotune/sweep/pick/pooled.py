@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.config import ENGINE_PHASES, SYNC_PHASE, Knobs
@@ -94,6 +94,7 @@ class ProbeTimes:
     relative_se: float  # its step's standard error over its step (its phases' own, unknown)
     tokens_per_step: float
     contended: bool
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)  # each phase's peak
 
 
 @dataclass(frozen=True)
@@ -133,16 +134,24 @@ def probe_times(frozen: FrozenTrial, fixed: Knobs | None = None) -> ProbeTimes |
                       step_s=float(step_s),
                       relative_se=float(result.get("step_se_s") or 0.0) / float(step_s),
                       tokens_per_step=float(tokens_per_s) * float(step_s),
-                      contended=bool(result.get("contention")))
+                      contended=bool(result.get("contention")),
+                      phase_peak_bytes={p: int(b) for p, b in
+                                        (result.get("phase_peak_mem_bytes") or {}).items()})
+
+
+def phase_samples(probes: Iterable[ProbeTimes]) -> dict[tuple[str, str], list[ProbeTimes]]:
+    """(phase, phase_key) -> the probes that ran that phase's work."""
+    samples: dict[tuple[str, str], list[ProbeTimes]] = {}
+    for probe in probes:
+        for phase in probe.phase_s:
+            samples.setdefault((phase, phase_key(phase, probe.knobs)), []).append(probe)
+    return samples
 
 
 def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
     """Each probed config's pooled step, by its params_key."""
     probes = list(probes)
-    samples: dict[tuple[str, str], list[ProbeTimes]] = {}  # (phase, key) -> its probes
-    for probe in probes:
-        for phase in probe.phase_s:
-            samples.setdefault((phase, phase_key(phase, probe.knobs)), []).append(probe)
+    samples = phase_samples(probes)
     own: dict[str, list[ProbeTimes]] = {}
     for probe in probes:
         own.setdefault(probe.config, []).append(probe)

@@ -1,0 +1,107 @@
+"""The untried config the study's own phase measurements say is best: proposed, never picked.
+
+Configs share phases (pooled.py): an untried config whose every phase some probe already ran
+(its phase keys) has a step the study can compose from those probes' phase times, as the pick
+composes a probed config's, and a peak from the probes that held each of its phases' memory
+(memory.phases.phase_knobs: the knobs that move that phase's peak; the weight sync of a split,
+which declares none, is left to the feasibility rules the queued config meets like any
+other, as is every peak against the device). The sweep queues the best
+such config when it beats the best probed one (tuner.py, in the neighbour's probe slot): the
+best rollout of one probe and the best update of another make a config no sampler may have
+proposed yet. It is then probed like any other (feasibility first), and picked only on its
+own probe: a composition proposes, it never decides.
+
+Pure arithmetic over the study's probes (pooled.ProbeTimes) and the space's untried configs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autotune.config import Knobs, ProbeConfig
+from autotune.config.pipeline import step_seconds
+from autotune.memory.phases import PHASE_KNOBS, phase_knobs
+from autotune.sweep.pick.pooled import ProbeTimes, phase_key, phase_samples
+from autotune.sweep.study.objective import scalar, values_of
+
+
+@dataclass(frozen=True)
+class Composed:
+    """An untried config as the study's probes compose it."""
+
+    params: Knobs
+    tokens_per_s: float
+    peak_mem_bytes: int
+    score: float  # under the sweep's objective, as objective.scalar ranks a probed trial
+
+
+def memory_key(phase: str, knobs: Knobs) -> str:
+    """What two configs must share for `phase` to hold the same memory (phase_knobs)."""
+    moving = phase_knobs(phase, ProbeConfig.from_knobs(knobs))
+    return json.dumps([phase, {k: v for k, v in knobs.items() if k in moving}],
+                      sort_keys=True, default=str)
+
+
+class Composer:
+    """The study's probes indexed by each phase's work and memory, to compose untried
+    configs from."""
+
+    def __init__(self, probes: Iterable[ProbeTimes], objective: str) -> None:
+        self.probes = list(probes)
+        self.objective = objective
+        self.samples = phase_samples(self.probes)
+        self.peaks: dict[str, int] = {}  # memory_key -> the most any probe held there
+        for probe in self.probes:
+            for phase, peak in probe.phase_peak_bytes.items():
+                if phase not in PHASE_KNOBS:  # the weight sync: no declaration of its own
+                    continue
+                key = memory_key(phase, probe.knobs)
+                self.peaks[key] = max(self.peaks.get(key, 0), peak)
+
+    def compose(self, params: Knobs, fixed: Knobs) -> Composed | None:
+        """`params`' step and peak from the probes that ran each of its phases; None where
+        one of its phases (the rollout's probes say which it runs) no probe ran, or its
+        memory no probe held."""
+        knobs = {**fixed, **params}
+        rollout = self.samples.get(("rollout", phase_key("rollout", knobs)))
+        if not rollout:
+            return None
+        phases = list(rollout[0].phase_s)  # the algorithm and placement are in that key
+        phase_s: dict[str, float] = {}
+        for phase in phases:
+            shared = self.samples.get((phase, phase_key(phase, knobs)))
+            if not shared:
+                return None
+            basis = [p for p in shared if not p.contended] or shared  # as pooled_steps
+            phase_s[phase] = statistics.fmean(p.phase_s[phase] for p in basis)
+        peaks = [self.peaks.get(memory_key(phase, knobs)) for phase in
+                 rollout[0].phase_peak_bytes if phase in PHASE_KNOBS]
+        if not peaks or any(peak is None for peak in peaks):
+            return None
+        peak = max(p for p in peaks if p is not None)
+        step_s = step_seconds(phase_s, knobs.get("placement") == "separate",
+                              int(knobs.get("staleness") or 0))
+        tokens_per_s = statistics.fmean(p.tokens_per_step for p in rollout) / step_s
+        return Composed(params=params, tokens_per_s=tokens_per_s, peak_mem_bytes=peak,
+                        score=scalar(values_of(tokens_per_s, peak, self.objective),
+                                     self.objective))
+
+
+def best_composed(probes: Iterable[ProbeTimes], untried: Iterable[Knobs], fixed: Knobs,
+                  objective: str, budget_bytes: int | None, beat: float | None
+                  ) -> Composed | None:
+    """The untried config the probes compose best, within `budget_bytes` (the probes'
+    budget: no composition past it is proposed) and better than `beat` (the best probed
+    config's score); None where none composes so."""
+    composer = Composer(probes, objective)
+    best: Composed | None = None
+    for params in untried:
+        found = composer.compose(params, fixed)
+        if found is None or (budget_bytes is not None and found.peak_mem_bytes > budget_bytes):
+            continue
+        if (beat is None or found.score > beat) and (best is None or found.score > best.score):
+            best = found
+    return best

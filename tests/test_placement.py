@@ -211,6 +211,7 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
     assert "asynchronous with a lag of at most 3 steps" in text
     assert "the rollouter pauses once it holds 4 steps of samples" in text
     assert "partial_rollout: false, as the split probe ran" in text
+    assert "calculate_log_probs: true (the recipe's): vLLM returns each generated" in text
     assert "keeps at most 16 prompts (each with its rollout.n responses) in flight" in text
     assert plan.values["actor_rollout_ref.rollout.free_cache_engine"] is False  # as probed
     tree = yaml.safe_load(text)
@@ -240,6 +241,8 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
                        force=True)
     assert once.values["async_training"] is None and once.launch.startswith(
         "python3 -m verl.experimental.one_step_off_policy.main_ppo")
+    # nor its gen_batch_size 1 left to make one-prompt steps (ray_trainer.py's dataloader)
+    assert once.values["data.gen_batch_size"] == 16
 
 
 @pytest.mark.parametrize("changes, expected", [

@@ -544,7 +544,7 @@ class Sweep:
         """The untried valid config the study's probes compose better than the best probed
         one (sweep/pick/composed.py: each phase from the probes that ran it), if the
         feasibility rules leave it open; None where none does."""
-        fixed = study_fixed(self.study)
+        fixed = study_fixed(self.study)  # as the pick's pooled figure reads them
         probes = [times for frozen in self.trials if (times := probe_times(frozen, fixed))]
         budgets = [b for frozen in self.trials
                    if isinstance(b := frozen.user_attrs.get("budget_bytes"), int)]

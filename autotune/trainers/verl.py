@@ -255,8 +255,10 @@ def _verl_placement(config: ProbeConfig, topo: Topology) -> TrainerKeys:
     hybrid engine, nothing."""
     if not config.separate:
         return {}
-    if config.staleness <= 1:
-        return dict(ONE_STEP_OFF_KEYS)
+    if config.staleness <= 1:  # the step's prompts generated at once (ray_trainer.py's
+        # dataloader takes data.gen_batch_size where it is set: a fully asynchronous base's 1
+        # would make one-prompt steps)
+        return {**ONE_STEP_OFF_KEYS, "data.gen_batch_size": config.rollout_batch_size}
     return {**FULLY_ASYNC_KEYS, STALENESS_THRESHOLD: config.staleness,
             SYNC_STEPS: config.rollout_batch_size // config.global_batch_size}
 
@@ -324,6 +326,10 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                    "standalone engine, which has none: leave that much below the utilisation")
     skipped = ("the trainer skips the actor's log-prob pass the study's experience phase "
                "timed: its side may run faster than measured")
+    engine_keys = ("actor_rollout_ref.rollout.calculate_log_probs: true (the recipe's): vLLM "
+                   "returns each generated token's log-prob, which the study's engine did not "
+                   "(a little more work and memory in the rollout); free_cache_engine: false, "
+                   "as the split probe's engine ran (awake all run)")  # SEPARATE_KEYS
     values = {ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node}
     if config.staleness > 1:
         k, steps = config.staleness, config.rollout_batch_size // config.global_batch_size
@@ -350,7 +356,7 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                    "generation cut and resumed at a sync, so every token is within the "
                    "bound); the recipe's default (true) may run long tails faster, unmeasured",
                    f"async_training.use_rollout_log_probs: true (the recipe's): {skipped}",
-                   engine_copy,
+                   engine_keys, engine_copy,
                    "the run's length: rollout.total_rollout_steps null and "
                    "rollout.total_epochs ${trainer.total_epochs}, every prompt of your epochs "
                    "(the recipe ignores trainer.total_training_steps; its YAML's 100 would "
@@ -371,10 +377,7 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
                engine_copy,
                f"algorithm.rollout_correction.bypass_mode: true (the recipe's): the old "
                f"log-probs are the engine's, so {skipped}",
-               "actor_rollout_ref.rollout.calculate_log_probs: true (the recipe's): vLLM "
-               "returns each generated token's log-prob, which the study's engine did not "
-               "(a little more work and memory in the rollout); free_cache_engine: false, as "
-               "the split probe's engine ran (awake all run)"),
+               engine_keys),
         values=values,
         launch=f"python3 -m {ONE_STEP_OFF} --config-path {{folder}} --config-name {{name}}")
 

@@ -38,9 +38,10 @@ class Composed:
     score: float  # under the sweep's objective, as objective.scalar ranks a probed trial
 
 
-def memory_key(phase: str, knobs: Knobs) -> str:
-    """What two configs must share for `phase` to hold the same memory (phase_knobs)."""
-    moving = phase_knobs(phase, ProbeConfig.from_knobs(knobs))
+def memory_key(phase: str, knobs: Knobs, config: ProbeConfig) -> str:
+    """What two configs must share for `phase` to hold the same memory (phase_knobs of
+    `config`, the knobs' whole config)."""
+    moving = phase_knobs(phase, config)
     return json.dumps([phase, {k: v for k, v in knobs.items() if k in moving}],
                       sort_keys=True, default=str)
 
@@ -50,15 +51,16 @@ class Composer:
     configs from."""
 
     def __init__(self, probes: Iterable[ProbeTimes], objective: str) -> None:
-        self.probes = list(probes)
+        probes = list(probes)
         self.objective = objective
-        self.samples = phase_samples(self.probes)
+        self.samples = phase_samples(probes)
         self.peaks: dict[str, int] = {}  # memory_key -> the most any probe held there
-        for probe in self.probes:
+        for probe in probes:
+            config = ProbeConfig.from_knobs(probe.knobs)
             for phase, peak in probe.phase_peak_bytes.items():
                 if phase not in PHASE_KNOBS:  # the weight sync: no declaration of its own
                     continue
-                key = memory_key(phase, probe.knobs)
+                key = memory_key(phase, probe.knobs, config)
                 self.peaks[key] = max(self.peaks.get(key, 0), peak)
 
     def compose(self, params: Knobs, fixed: Knobs) -> Composed | None:
@@ -77,11 +79,16 @@ class Composer:
                 return None
             basis = [p for p in shared if not p.contended] or shared  # as pooled_steps
             phase_s[phase] = statistics.fmean(p.phase_s[phase] for p in basis)
-        peaks = [self.peaks.get(memory_key(phase, knobs)) for phase in
-                 rollout[0].phase_peak_bytes if phase in PHASE_KNOBS]
-        if not peaks or any(peak is None for peak in peaks):
+        config = ProbeConfig.from_knobs(knobs)
+        peak = 0
+        for phase in rollout[0].phase_peak_bytes:
+            if phase in PHASE_KNOBS:
+                held = self.peaks.get(memory_key(phase, knobs, config))
+                if held is None:  # no probe held this phase's memory
+                    return None
+                peak = max(peak, held)
+        if not peak:
             return None
-        peak = max(p for p in peaks if p is not None)
         step_s = step_seconds(phase_s, knobs.get("placement") == "separate",
                               int(knobs.get("staleness") or 0))
         tokens_per_s = statistics.fmean(p.tokens_per_step for p in rollout) / step_s

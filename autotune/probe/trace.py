@@ -77,6 +77,15 @@ _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)  # not a wrapper s
 # real tensors, out of place on a tensor subclass such as FakeTensor: seen as this op
 # between two backward nodes, with grad mode off (a checkpointed recompute runs with it on).
 _ADD = _aten.add.Tensor
+# Backward formulas that fill a fresh zero tensor do it in place on real tensors and out of
+# place on a tensor subclass ("for composite, vmap and inductor compliance"): gather's
+# (aten/src/ATen/native/TensorAdvancedIndexing.cpp gather_backward: new_zeros, then
+# scatter_add_ or scatter_add) and index_select's (FunctionsManual.cpp
+# index_select_backward: index_add_ or index_add). Out of place, the trace would make a
+# second block of the zeros' size and free the first: one more [tokens, vocabulary] block
+# in every unfused log-prob's backward, which the allocator replay then has to fit (the
+# single-GPU updates' missing 1.7 GiB on the H200).
+_FILL_ZEROS = {_aten.scatter_add.default, _aten.index_add.default}
 
 
 @dataclass
@@ -164,19 +173,22 @@ class AllocationTracker:
             if old_id:
                 self.events.append((FREE, old_id))
 
-    def accumulated(self, into: object, other: object, out: object) -> None:
-        """The autograd engine summed `other` into `into` as `out`: on a GPU in place (torch/
-        csrc/autograd/input_buffer.cpp), so `out` holds `into`'s block and no new one."""
-        if not (isinstance(into, torch.Tensor) and isinstance(other, torch.Tensor)
-                and isinstance(out, torch.Tensor)) or not (
-                into.is_floating_point() and other.is_floating_point()
-                and out.is_floating_point()) or into.shape != out.shape or \
-                into.dtype != out.dtype:
+    def made_in_place(self, into: object, out: object, into_just_made: bool = False) -> None:
+        """An op a GPU runs in place on `into` made `out` on the trace's fake tensors (the
+        autograd engine's sum of two gradients, torch/csrc/autograd/input_buffer.cpp; a
+        backward's fill of fresh zeros, _FILL_ZEROS): `out` takes `into`'s block and no new
+        one. `into_just_made`: only when `into`'s block was the allocation right before."""
+        if not (isinstance(into, torch.Tensor) and isinstance(out, torch.Tensor)) or not (
+                into.is_floating_point() and out.is_floating_point()) or \
+                into.shape != out.shape or into.dtype != out.dtype:
             return
         kept = self._storages.get(into.untyped_storage())
         made = self._storages.get(out.untyped_storage())
         if kept is None or made is None or not kept.alloc_id or not made.alloc_id or \
                 self.events[-1][:2] != (ALLOC, made.alloc_id):
+            return
+        if into_just_made and (len(self.events) < 2
+                               or self.events[-2][:2] != (ALLOC, kept.alloc_id)):
             return
         self.events.pop()
         made.alloc_id, kept.alloc_id = kept.alloc_id, 0
@@ -251,9 +263,12 @@ class _TraceMode(TorchDispatchMode):
                 out = tree_map(self._real_integers, out)
         for tensor in _tensors((out,)):
             self.tracker.track(tensor)
-        if func is _ADD and len(args) == 2 and not kwargs and not torch.is_grad_enabled() \
+        if (func is _ADD or func in _FILL_ZEROS) and not torch.is_grad_enabled() \
                 and torch._C._current_autograd_node() is not None:
-            self.tracker.accumulated(args[0], args[1], out)
+            if func is _ADD and len(args) == 2 and not kwargs and _is_float(args[1]):
+                self.tracker.made_in_place(args[0], out)
+            elif func in _FILL_ZEROS:
+                self.tracker.made_in_place(args[0], out, into_just_made=True)
         return out
 
     @staticmethod

@@ -140,7 +140,8 @@ def _logits(out: _Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
 
 
 def _logits_backward(out: _Stream, s: StepShape, rows: int, kept: list[int]) -> int:
-    """The log-softmax's and the gather's gradients, the slice's back in the compute dtype,
+    """The gather's gradient (fresh zeros scattered into in place: gather_backward in
+    TensorAdvancedIndexing.cpp), the log-softmax's, the slice's back in the compute dtype,
     and the whole logits' gradient for the head's matmul."""
     c, v = s.compute_bytes, s.vocab
     tokens, scored = rows * s.seq, rows * s.response
@@ -149,9 +150,7 @@ def _logits_backward(out: _Stream, s: StepShape, rows: int, kept: list[int]) -> 
         grad = out.alloc((4 + c) * chunk)
         out.free(grad)
         return 0
-    zeros = out.alloc(4 * scored * v)
     scattered = out.alloc(4 * scored * v)
-    out.free(zeros)
     grad = out.alloc(4 * scored * v)
     out.free(scattered, kept)
     narrow = out.alloc(c * scored * v)
@@ -392,8 +391,14 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
             if name == "experience" and not s.frozen_base else []
         root = [out.alloc(c * p) for p in s.root_params] if n > 1 else []
+        if n > 1 and s.with_reference and name == "update":  # the reference's root, kept
+            # gathered after its forward (states.kept_root_bytes)
+            for p in s.root_params:
+                out.alloc(c * p)
         out.phase(None)
         for _ in range(2):
+            if n > 1 and not root:  # the experience between two updates leaves the actor's
+                root = [out.alloc(c * p) for p in s.root_params]  # root gathered
             out.phase(name)
             if name == "experience":
                 root = experience(out, s, root)

@@ -108,12 +108,14 @@ def test_fused_logprob_cuts_the_logits_measured_and_traced(make_request):
         saved[phase] = peaks[False][phase] - peaks[True][phase]
         said[phase] = modelled[False][phase].parts["logits"] - \
             modelled[True][phase].parts["logits"]
-    # the experience phase's peak is its logits: the saving is memory.py's to 10%; the
-    # update's peak holds the logits beside the backward's activations, which memory.py adds
-    # as if all were live at once: it saves less than the term (47 of 64 MiB here)
+    # the experience phase's peak is its logits: the saving is memory.py's to 10%. The
+    # update's term is the whole logits' path at its largest as a GPU's kernels make it (the
+    # trace's moments: logits.unfused_backward_bytes); the CPU's own kernels hold a little
+    # more beside it (47 MiB saved here against 32 MiB said; the term before, which added
+    # the kept log-softmax to the forward's logits, said 64)
     assert saved["experience"] > 100 * MiB, saved
     assert abs(saved["experience"] / said["experience"] - 1) < 0.10, (saved, said)
-    assert 0.5 * said["update"] < saved["update"] < 1.1 * said["update"], (saved, said)
+    assert 0.75 * said["update"] < saved["update"] < 1.6 * said["update"], (saved, said)
     assert abs(peaks[True]["rollout"] - peaks[False]["rollout"]) < 16 * MiB  # no logits there
 
 

@@ -106,6 +106,41 @@ def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
     assert estimate_memory(QWEN_7B, config).phases["update"].states_bytes > 80 * 2**30
 
 
+def test_the_updates_moments_are_the_traces():
+    """A 7B rank of 8 (the trace's moments, benchmarks/model_vs_trace.py): the root's
+    backward holds its fp32 reduce input beside the embedding's and the head's compute-dtype
+    gradients, the root itself resharded first (FSDP reshards, then reduces); the whole
+    logits' backward at its start holds three fp32 response slices (the kept log-softmax,
+    the gather's gradient filled in place, the log-softmax's). On one GPU with LoRA and
+    checkpointing no cast of the frozen base is kept: one layer's and the head's."""
+    embedding = QWEN_7B.embedding_params
+    config = ProbeConfig(micro_batch_size_update=2, micro_batch_size_experience=4,
+                         gradient_checkpointing=True, max_prompt_length=256,
+                         max_response_length=1024)
+    update = estimate_memory(QWEN_7B, config, num_gpus=8, on_gpu=True).phases["update"]
+    assert update.parts["root_backward"] == 2 * 2 * embedding + 4 * 2 * embedding
+    assert update.parts["logits"] == 2 * 12 * 1024 * QWEN_7B.vocab  # 12 B a response token
+    lora = replace(config, lora_rank=16, micro_batch_size_update=1)
+    one_gpu = estimate_memory(QWEN_7B, lora, num_gpus=1, on_gpu=True).phases["update"]
+    assert one_gpu.parts["cast_weights"] == 2 * (embedding + QWEN_7B.layer_params)
+    kept = estimate_memory(QWEN_7B, replace(lora, gradient_checkpointing=False),
+                           num_gpus=1, on_gpu=True).phases["update"]
+    assert kept.parts["cast_weights"] == 2 * QWEN_7B.num_params  # saved for the backward
+
+
+def test_a_ppo_critics_update_has_its_allocator_reserve():
+    """PPO's critic update is laid out like an update of its own (no vocabulary logits):
+    the model adds what the allocator reserves there too (a 3B rank of 4: 3.6 GiB replayed
+    from its trace, none counted before)."""
+    config = ProbeConfig(algorithm="ppo", rollout_n=1, micro_batch_size_update=2,
+                         critic_micro_batch_size_update=8, max_prompt_length=512,
+                         max_response_length=512)
+    phases = estimate_memory(QWEN_7B, config, num_gpus=4, on_gpu=True).phases
+    assert phases["critic_update"].parts["allocator_reserve"] > 256 * 2**20
+    assert "allocator_reserve" not in estimate_memory(QWEN_7B, config, num_gpus=4,
+                                                      on_gpu=False).phases["critic_update"].parts
+
+
 def test_each_phase_moves_only_with_its_knobs():
     base = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
                        micro_batch_size_update=2, micro_batch_size_experience=4,

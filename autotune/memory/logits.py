@@ -113,10 +113,23 @@ def entropy_grad_bytes(s: Sizing, rows: int) -> int:
     return positions * s.shape.vocab * (20 if config.entropy_chunking else 16)
 
 
+def unfused_backward_bytes(s: Sizing, rows: int) -> int:
+    """The whole logits' backward at its largest: its start (the kept fp32 log-softmax, the
+    gather's gradient and the log-softmax's: three fp32 response slices) or its end (the
+    slice's gradient back in the compute dtype, widened into the whole logits' gradient,
+    which the head's matmul turns into its weight's gradient). The compute-dtype logits are
+    gone by then (the step keeps only their fp32 response slice)."""
+    c, vocab = s.compute_bytes, s.shape.vocab
+    seq, response = s.config.sequence_length, s.config.max_response_length
+    whole = rows * c * seq * vocab
+    return max(rows * 12 * response * vocab, whole + rows * c * response * vocab,
+               whole + c * vocab * s.shape.hidden)
+
+
 def update_logits_bytes(s: Sizing, rows: int) -> int:
-    """The update's logits by kernel: unfused, the fp32 log-softmax is kept for the backward
-    beside its gradient (and the entropy's); fused, the backward recomputes one chunk at a
-    time: its logits, softmax and gradient."""
+    """The update's logits by kernel: unfused, the forward's (logprob_logits_bytes) or the
+    backward's (unfused_backward_bytes), whichever is more, and the entropy's gradient;
+    fused, the backward recomputes one chunk at a time: its logits, softmax and gradient."""
     kernel, c, vocab = fused_kernel(s.config), s.compute_bytes, s.shape.vocab
     if kernel == "triton":
         return max(triton_forward_bytes(s, rows), triton_backward_bytes(s, rows))
@@ -124,5 +137,5 @@ def update_logits_bytes(s: Sizing, rows: int) -> int:
         return trl_logits_bytes(s, rows, backward=True)
     if kernel is not None:
         return fused_chunk_tokens(s, rows) * vocab * (max(c + 4, 8) + c)
-    return (logprob_logits_bytes(s, rows) + rows * 4 * s.config.max_response_length * vocab
-            + entropy_grad_bytes(s, rows))
+    return max(logprob_logits_bytes(s, rows), unfused_backward_bytes(s, rows)) \
+        + entropy_grad_bytes(s, rows)

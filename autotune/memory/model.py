@@ -203,9 +203,28 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
         return {}
     shards = args.get("state_shards") or num_gpus
     width = args.get("compute_bytes") or DTYPE_BYTES[compute_dtype("auto", on_gpu)]
-    return phase_reserve_bytes(step_shape(shape, sliced_config(config), shards, width,
-                                          config.trained_share(num_gpus)),
-                               AllocatorSettings(expandable_segments=config.expandable_segments))
+    sliced, share = sliced_config(config), config.trained_share(num_gpus)
+    settings = AllocatorSettings(expandable_segments=config.expandable_segments)
+    reserve = dict(phase_reserve_bytes(step_shape(shape, sliced, shards, width, share),
+                                       settings))
+    if config.has_critic:  # the critic's update, laid out as an update of its own model
+        reserve["critic_update"] = phase_reserve_bytes(
+            critic_step_shape(shape, sliced, shards, width, share), settings)["update"]
+    return reserve
+
+
+def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
+                      share: DeviceShare) -> StepShape:
+    """step_shape for PPO's critic's update: the same decoder, a value head of one output for
+    the LM head (its root unit the embedding alone), the critic's micro-batch and
+    checkpointing, no reference, no LoRA (probe/modeling/critic.py)."""
+    actor = step_shape(shape, config, shards, compute_bytes, share)
+    rows = max(1, worst_case_rows(config.as_dict(), share.responses_per_minibatch,
+                                  "critic_update"))
+    return dataclasses.replace(actor, vocab=1, root_params=(shape.embedding_params,),
+                               update_rows=rows,
+                               checkpointing=config.critic_gradient_checkpointing,
+                               fused_logits=False, with_reference=False, frozen_base=False)
 
 
 def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,

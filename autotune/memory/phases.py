@@ -34,6 +34,7 @@ from autotune.memory.shape import (
 )
 from autotune.memory.states import (
     ADAM_BYTES,
+    GRAD_BYTES,
     PARAM_BYTES,
     Sizing,
     actor_cast_bytes,
@@ -54,6 +55,7 @@ from autotune.memory.states import (
     root_backward_bytes,
     shard_bytes,
     trained_param_count,
+    update_cast_bytes,
     wake_gather_bytes,
 )
 
@@ -151,13 +153,16 @@ def forward_bytes(s: Sizing, rows: int, tokens: int) -> int:
     return rows * (tokens * per_token + vision_forward_bytes(s))
 
 
-def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool) -> tuple[int, int]:
+def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
+                           recomputing: bool = True) -> tuple[int, int]:
     """What a micro-batch of `rows` sequences saves for its backward: the decoder's
     activations (Korthikanti et al. 2022, activation_bytes_per_token) and the ViT's (per
-    patch, vision_activation_bytes_per_patch)."""
+    patch, vision_activation_bytes_per_patch); with checkpointing, and `recomputing`, one
+    layer's recomputed in the backward."""
     seq, c = s.config.sequence_length, s.compute_bytes
-    return (rows * seq * activation_bytes_per_token(s.shape, checkpointing, c),
-            rows * s.patches * vision_activation_bytes_per_patch(s.shape, checkpointing, c))
+    return (rows * seq * activation_bytes_per_token(s.shape, checkpointing, c, recomputing),
+            rows * s.patches * vision_activation_bytes_per_patch(s.shape, checkpointing, c,
+                                                                 recomputing))
 
 
 def generation_bytes(s: Sizing, sequences: int) -> dict[str, int]:
@@ -335,18 +340,30 @@ def critic_update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
 
 def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
                  context: int) -> PhaseEstimate:
-    """The actor's update: its 16 bytes per parameter and the resident reference, then its
-    backward (cast weights, saved activations, logits), the root's backward or the optimizer
-    step, whichever is more."""
+    """The actor's update: its 16 bytes per parameter and the resident reference, then the
+    most of its moments (a 7B rank's, traced, peaks at the third; one GPU's at the first):
+    the logits' backward (what the forward saved, the weights it holds: FSDP's root or one
+    GPU's casts; no gradient yet when one micro-batch makes the optimizer step), the layers'
+    backward (cast weights, saved activations, one recomputed layer), the root's backward,
+    the optimizer step."""
     config = s.config
     rows = s.rows(share.responses_per_minibatch, "update")
     states = {"params_grads_adam": actor_states(s).update_bytes,
               "reference": reference_resident_bytes(s),
               "kept_roots": kept_root_bytes(s, actor=False), **critic_held(s), **held}
     text, vision = saved_activation_bytes(s, rows, config.gradient_checkpointing)
-    backward = {"cast_weights": actor_cast_bytes(s), "activations": text,
-                "vision_activations": vision, "logits": update_logits_bytes(s, rows)}
+    kept, kept_vision = saved_activation_bytes(s, rows, config.gradient_checkpointing,
+                                               recomputing=False)
+    logits = update_logits_bytes(s, rows)
+    backward = {"cast_weights": update_cast_bytes(s), "activations": text,
+                "vision_activations": vision}
+    no_grads_yet = 0 if share.responses_per_minibatch > rows \
+        else shard_bytes(GRAD_BYTES, trained_param_count(s), s.shards)
+    at_logits = (fsdp_root_bytes(s) if s.shards > 1 else update_cast_bytes(s)) + kept \
+        + kept_vision + logits - no_grads_yet
     root, step = root_backward_bytes(s), optimizer_step_bytes(s, trained_param_count(s))
-    return PhaseEstimate(sum(states.values()), max(sum(backward.values()), root, step), context,
-                         {**states, **backward, "root_backward": root, "optimizer_step": step},
+    return PhaseEstimate(sum(states.values()),
+                         max(at_logits, sum(backward.values()), root, step), context,
+                         {**states, **backward, "logits": logits, "root_backward": root,
+                          "optimizer_step": step},
                          critic_states(s).resident_bytes)

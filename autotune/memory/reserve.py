@@ -81,6 +81,7 @@ class _Stream:
         self.events: list[tuple] = []
         self._next = 0
         self.gathered = 0  # FSDP's last all-gather output, kept until the next is made
+        self.reduce_input = 0  # FSDP's last reduce-scatter input, kept until the next
 
     def alloc(self, size: int, stream: int = 0) -> int:
         self._next += 1
@@ -287,12 +288,11 @@ def _layers_backward(out: _Stream, s: StepShape, saved: list[list[int]],
         weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
         out.free(saved.pop())
         if n > 1:
-            out.free(layer)
-            reduce_in = out.alloc(4 * sum(s.layer_params))
+            out.free(layer, out.reduce_input)
+            out.reduce_input = out.alloc(4 * sum(s.layer_params))
             out.free(weight_grads)
             shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
             _first_keeps(out, grads, [shard], first)
-            out.free(reduce_in)
         else:
             wide = [out.alloc(4 * p) for p in s.layer_params]
             out.free(weight_grads, casts.pop())
@@ -315,7 +315,8 @@ def _root_backward(out: _Stream, s: StepShape, root_held: list[int], head_grad: 
         out.free(head_grad)
         _first_keeps(out, grads, [embed_grad], first)
         return root_held
-    out.free(root_held)
+    out.free(root_held, out.reduce_input)
+    out.reduce_input = 0
     reduce_in = out.alloc(4 * sum(s.root_params))
     out.free(embed_grad)
     shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)

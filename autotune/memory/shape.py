@@ -182,21 +182,24 @@ def layer_activation_bytes_per_token(shape: ModelShape, bytes_per_element: int =
 
 
 def activation_bytes_per_token(shape: ModelShape, checkpointing: bool,
-                               bytes_per_element: int = 2) -> int:
+                               bytes_per_element: int = 2, recomputing: bool = True) -> int:
     """All layers' saved activations per token; with checkpointing, each layer's input
-    (h values) plus one layer recomputed at a time."""
+    (h values) plus, in the backward (`recomputing`), one layer recomputed at a time."""
     layer = layer_activation_bytes_per_token(shape, bytes_per_element)
     if checkpointing:
-        return bytes_per_element * shape.hidden * shape.layers + layer
+        return bytes_per_element * shape.hidden * shape.layers + (layer if recomputing else 0)
     return shape.layers * layer
 
 
 def vision_activation_bytes_per_patch(shape: ModelShape, checkpointing: bool,
-                                      bytes_per_element: int = 2) -> int:
-    """Saved tensors of the ViT per patch: 24 hv + 8 Iv bytes per block in bf16."""
+                                      bytes_per_element: int = 2,
+                                      recomputing: bool = True) -> int:
+    """Saved tensors of the ViT per patch: 24 hv + 8 Iv bytes per block in bf16 (with
+    checkpointing, each block's input and, `recomputing`, one block's)."""
     block = (24 * shape.vision_hidden + 8 * shape.vision_intermediate) * bytes_per_element // 2
     if checkpointing:
-        return bytes_per_element * shape.vision_hidden * shape.vision_layers + block
+        return bytes_per_element * shape.vision_hidden * shape.vision_layers + \
+            (block if recomputing else 0)
     return shape.vision_layers * block
 
 

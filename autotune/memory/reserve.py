@@ -37,7 +37,9 @@ from autotune.memory.allocator import (
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
 Blocks: TypeAlias = "int | Sequence[Blocks]"
-COPY_IN, REDUCE = 1, 3  # FSDP's all-gather copy-in stream and reduce-scatter stream
+# FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own)
+# and reduce-scatter stream
+COPY_IN, REF_COPY_IN, REDUCE = 1, 2, 3
 # Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
 # run's batches: the cache settles within them (the first step makes AdamW's state), so the
 # reserve is the steady state's and moves only with what a micro-batch holds.
@@ -82,6 +84,7 @@ class _Stream:
         self._next = 0
         self.gathered = 0  # FSDP's last all-gather output, kept until the next is made
         self.reduce_input = 0  # FSDP's last reduce-scatter input, kept until the next
+        self.copy_in = COPY_IN  # the stream of the model whose units are gathered now
 
     def alloc(self, size: int, stream: int = 0) -> int:
         self._next += 1
@@ -105,8 +108,8 @@ def _gather(out: _Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
     all-gather state keeps the last unit's output until the next one's is made), then its
     parameters copied out in the compute dtype on the default stream."""
     c, n = s.compute_bytes, s.shards
-    staging = out.alloc(c * sum(params) // n, COPY_IN)
-    buffer = out.alloc(c * sum(params), COPY_IN)
+    staging = out.alloc(c * sum(params) // n, out.copy_in)
+    buffer = out.alloc(c * sum(params), out.copy_in)
     out.free(staging, out.gathered)
     out.gathered = buffer
     return [out.alloc(c * p) for p in params]
@@ -218,15 +221,16 @@ def _vision_backward(out: _Stream, s: StepShape, rows: int, saved: list[list[int
 
 
 def experience(out: _Stream, s: StepShape, root_held: list[int]) -> list[int]:
-    """The log-prob forwards, micro-batch by micro-batch; returns the root unit still
-    gathered after them (FSDP does not reshard it after a forward)."""
+    """The log-prob forwards, micro-batch by micro-batch: the actor's (its root gathered at
+    its first, then kept: FSDP does not reshard a root after a forward), then the
+    reference's (its root kept from the last step; its units gathered on its own stream);
+    returns the actor's root, still gathered."""
     c = s.compute_bytes
-    for _ in range(s.forwards):
+    for forward in range(s.forwards):
+        out.copy_in = REF_COPY_IN if forward and s.with_reference else COPY_IN
         for _ in range(MICRO_BATCHES):
-            if s.shards > 1:
-                fresh = _gather(out, s, s.root_params)
-                out.free(root_held)  # the last forward's root, gathered anew
-                root_held = fresh
+            if s.shards > 1 and not forward and not root_held:
+                root_held = _gather(out, s, s.root_params)
             _vision(out, s, s.experience_rows, keep=False)
             for _ in range(s.layers):
                 layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
@@ -235,6 +239,7 @@ def experience(out: _Stream, s: StepShape, root_held: list[int]) -> list[int]:
                 out.free(layer)
             _gathered_done(out)
             _logits(out, s, s.experience_rows, backward=False)
+    out.copy_in = COPY_IN
     return root_held
 
 
@@ -391,21 +396,27 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
             if name == "experience" and not s.frozen_base else []
-        root = [out.alloc(c * p) for p in s.root_params] if n > 1 else []
-        if n > 1 and s.with_reference and name == "update":  # the reference's root, kept
-            # gathered after its forward (states.kept_root_bytes)
+        # the actor's root: gathered by the experience before an update, resharded by the
+        # update before an experience; the reference's: kept gathered after its forward
+        # (states.kept_root_bytes)
+        root = [out.alloc(c * p) for p in s.root_params] if n > 1 and name == "update" \
+            else []
+        if n > 1 and s.with_reference:
             for p in s.root_params:
                 out.alloc(c * p)
         out.phase(None)
         for _ in range(2):
-            if n > 1 and not root:  # the experience between two updates leaves the actor's
-                root = [out.alloc(c * p) for p in s.root_params]  # root gathered
+            if n > 1 and not root and name == "update":
+                root = [out.alloc(c * p) for p in s.root_params]
             out.phase(name)
             if name == "experience":
                 root = experience(out, s, root)
             else:
                 root, adam = update(out, s, root, adam)
             out.phase(None)
+            if name == "experience":
+                out.free(root)
+                root = []
         peaks = replay(out.events, settings).phases[name]
         reserve[name] = max(0, peaks.reserved_bytes - peaks.allocated_bytes)
     return reserve

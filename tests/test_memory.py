@@ -128,6 +128,25 @@ def test_the_updates_moments_are_the_traces():
     assert kept.parts["cast_weights"] == 2 * QWEN_7B.num_params  # saved for the backward
 
 
+def test_one_gpus_autocast_saves_each_projections_cast_input():
+    """Autocast over one GPU's fp32 weights casts the normed hidden states for each input
+    projection on its own and saves each cast (the trace of a 0.5B update: 12 h bytes a
+    token a layer beyond the formula); LoRA's frozen projections save no input; FSDP's
+    bf16 weights need no cast."""
+    from autotune.memory.phases import AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN
+
+    config = ProbeConfig(micro_batch_size_update=2, max_prompt_length=256,
+                         max_response_length=256)
+    tokens, formula = 2 * 512, activation_bytes_per_token(QWEN_7B, False)
+    extra = AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * QWEN_7B.hidden * QWEN_7B.layers
+    one = estimate_memory(QWEN_7B, config, num_gpus=1, on_gpu=True).phases["update"]
+    assert one.parts["activations"] == tokens * (formula + extra)
+    lora = estimate_memory(QWEN_7B, replace(config, lora_rank=8), num_gpus=1, on_gpu=True)
+    assert lora.phases["update"].parts["activations"] == tokens * formula
+    eight = estimate_memory(QWEN_7B, config, num_gpus=8, on_gpu=True).phases["update"]
+    assert eight.parts["activations"] == tokens * formula
+
+
 def test_a_ppo_critics_update_has_its_allocator_reserve():
     """PPO's critic update is laid out like an update of its own (no vocabulary logits):
     the model adds what the allocator reserves there too (a 3B rank of 4: 3.6 GiB replayed

@@ -153,15 +153,31 @@ def forward_bytes(s: Sizing, rows: int, tokens: int) -> int:
     return rows * (tokens * per_token + vision_forward_bytes(s))
 
 
+# Autocast over fp32 weights (one GPU: no FSDP mixed precision makes them bf16) casts the
+# fp32 residual stream's normed hidden states to bf16 for each input projection on its own
+# (q, k, v, the MLP's gate and up) and saves each cast for the backward, beside the
+# rotary's fp32 products: bytes per token per layer beyond the formula, measured by the trace
+# of a 0.5B update on one GPU (12.4 h there: a measured term, not derived op by op).
+AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN = 12
+
+
 def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
-                           recomputing: bool = True) -> tuple[int, int]:
+                           recomputing: bool = True,
+                           frozen_base: bool | None = None) -> tuple[int, int]:
     """What a micro-batch of `rows` sequences saves for its backward: the decoder's
     activations (Korthikanti et al. 2022, activation_bytes_per_token) and the ViT's (per
     patch, vision_activation_bytes_per_patch); with checkpointing, and `recomputing`, one
-    layer's recomputed in the backward."""
-    seq, c = s.config.sequence_length, s.compute_bytes
-    return (rows * seq * activation_bytes_per_token(s.shape, checkpointing, c, recomputing),
-            rows * s.patches * vision_activation_bytes_per_patch(s.shape, checkpointing, c,
+    layer's recomputed in the backward. On one GPU under autocast, each input projection's
+    own cast of its input too (AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN), unless the base is
+    frozen (`frozen_base`, LoRA's: its matmuls save no input)."""
+    seq, c, shape = s.config.sequence_length, s.compute_bytes, s.shape
+    frozen = s.config.uses_lora if frozen_base is None else frozen_base
+    per_token = activation_bytes_per_token(shape, checkpointing, c, recomputing)
+    if s.shards == 1 and c < PARAM_BYTES and not frozen:
+        layers = (1 if recomputing else 0) if checkpointing else shape.layers
+        per_token += AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * shape.hidden * layers
+    return (rows * seq * per_token,
+            rows * s.patches * vision_activation_bytes_per_patch(shape, checkpointing, c,
                                                                  recomputing))
 
 
@@ -327,7 +343,8 @@ def critic_update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     critic = critic_states(s)
     states = {"critic_params_grads_adam": critic.update_bytes, "resident": resident_bytes(s),
               "kept_roots": kept_root_bytes(s, actor=True), **held}
-    text, vision = saved_activation_bytes(s, rows, config.critic_gradient_checkpointing)
+    text, vision = saved_activation_bytes(s, rows, config.critic_gradient_checkpointing,
+                                          frozen_base=False)
     backward = {"critic_cast_weights": critic_cast_bytes(s), "critic_activations": text,
                 "critic_vision_activations": vision,
                 "critic_values": rows * seq * (s.compute_bytes + 3 * 4)}

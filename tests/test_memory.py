@@ -147,6 +147,48 @@ def test_one_gpus_autocast_saves_each_projections_cast_input():
     assert eight.parts["activations"] == tokens * formula
 
 
+def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
+    """HF generation holds the prompts' KV cache and one layer's prefill forward, or later
+    the whole cache, never both; on a GPU the caching allocator reserves beyond them (the
+    prefill's I-wide temporaries split, the states' segments' slack: 0.7 GiB on the H200's
+    0.5B rollout), which generation_reserve.py sketches. The 0.5B rollout row: model alone
+    -5.3% without the reserve (and with the prefill and the whole cache summed)."""
+    long_prompt = ProbeConfig(rollout_engine="hf", max_prompt_length=2048, max_response_length=64)
+    long_answer = replace(long_prompt, max_prompt_length=64, max_response_length=4096)
+    for config, binding in ((long_prompt, "prefill"), (long_answer, "decode")):
+        parts = estimate_memory(QWEN_7B, config, num_gpus=8, on_gpu=False).phases["rollout"].parts
+        rows = min(config.share(8).responses_per_step, config.max_num_seqs)
+        prompts = kv_cache_bytes(QWEN_7B, rows * config.max_prompt_length, 4)
+        if binding == "prefill":
+            assert parts["kv_cache"] == prompts and parts["prefill"] > 0
+        else:
+            assert parts["kv_cache"] == kv_cache_bytes(QWEN_7B, rows * config.sequence_length, 4)
+            assert parts["prefill"] == 0
+    reserve = {}
+    for engine, offload in (("hf", False), ("hf", True), ("vllm-like", False)):
+        config = replace(long_prompt, rollout_engine=engine, offload_params=offload,
+                         offload_optimizer=offload, gpu_memory_utilization=0.3)
+        phases = estimate_memory(model_shape("qwen2.5-0.5b"), config, num_gpus=1,
+                                 on_gpu=True, engine_capacity_bytes=140 * 2**30).phases
+        reserve[engine, offload] = phases["rollout"].parts.get("allocator_reserve", 0)
+    # one GPU's states, tensor by tensor in 2 MiB-rounded segments: their slack goes with them
+    assert reserve["hf", False] > reserve["hf", True] + 128 * 2**20
+    assert reserve["hf", True] > 64 * 2**20  # the prefill's temporaries
+    assert reserve["vllm-like", False] == 0  # one pool made at wake-up: nothing sketched
+
+    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
+    import allocator_fidelity
+
+    rows = allocator_fidelity.committed_rows()
+    hf = [row for row in rows if row["file"] == "gpu_evidence.json"
+          and not allocator_fidelity.case_of(row["label"])[4].get("rollout_engine")]
+    assert len(hf) == 8
+    for row in hf:
+        modelled = allocator_fidelity.model_bytes(row, allocator_fidelity.outside_of(row, rows))
+        nvml = row["phase_peak_mem_bytes"]["rollout"]
+        assert abs(modelled["rollout"] - nvml) / nvml < 0.05, row["label"]
+
+
 def test_a_ppo_critics_update_has_its_allocator_reserve():
     """PPO's critic update is laid out like an update of its own (no vocabulary logits):
     the model adds what the allocator reserves there too (a 3B rank of 4: 3.6 GiB replayed
@@ -299,12 +341,13 @@ def test_search_r1_seed_case_with_the_vllm_like_engine():
 GPU_RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu"
 
 
-def test_the_model_alone_is_within_ten_percent_of_the_h200s_card_peak():
-    """The memory model without a trace (its allocator reserve sketched, memory/reserve.py),
-    against every committed H200 phase row of the main GPU run: within 10% of NVML's peak,
-    with what lives outside torch taken from the other cases (as
+def test_the_model_alone_is_within_five_percent_of_the_h200s_card_peak():
+    """The memory model without a trace (its allocator reserve sketched, memory/reserve.py
+    and generation_reserve.py), against every committed H200 phase row of the main GPU run:
+    within 5% of NVML's peak, with what lives outside torch taken from the other cases (as
     benchmarks/allocator_fidelity.py does for all 43 rows). It was up to 40% under before
-    the reserve and FSDP's moments were counted."""
+    the reserve and FSDP's moments were counted, and up to 5.8% off before the rollout's
+    reserve and a sharded rank's states packed a block a layer."""
     sys.path.insert(0, str(GPU_RESULTS.parent.parent))
     import allocator_fidelity
 
@@ -318,6 +361,6 @@ def test_the_model_alone_is_within_ten_percent_of_the_h200s_card_peak():
         for phase, nvml in row["phase_peak_mem_bytes"].items():
             errors[row["label"], phase] = (modelled[phase] - nvml) / nvml
     assert len(errors) == 31
-    assert max(abs(e) for e in errors.values()) < 0.10, errors
+    assert max(abs(e) for e in errors.values()) < 0.05, errors
     # the 7B updates, where the allocator's reserve is a third of the card
-    assert abs(errors["7b rank0/8 ckpt", "update"]) < 0.10
+    assert abs(errors["7b rank0/8 ckpt", "update"]) < 0.05

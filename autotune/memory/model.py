@@ -10,7 +10,8 @@ every sequence (sliced_config).
 
 On a GPU the card holds more than the tensors: the caching allocator's reserve, sketched by
 reserve.py (the step's large allocations in order, replayed through allocator.py) for the
-experience and the update (`allocator_reserve`), and what lives outside torch
+experience and the update, and by generation_reserve.py for an HF-generation rollout
+(`allocator_reserve`), and what lives outside torch
 (outside_torch.py: the CUDA context, NCCL's buffers) as the fixed context; on a CPU the fixed
 context is the process's own (CPU_CONTEXT_BYTES). The traced estimate's fixed term is here
 too (TRACE_CPU_CONTEXT_BYTES). Calibration (calibration.py) fits each phase's context and a
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, TypedDict
 from autotune.batching import worst_case_rows
 from autotune.config import DTYPE_BYTES, DeviceShare, ProbeConfig, compute_dtype
 from autotune.memory.allocator import AllocatorSettings
+from autotune.memory.generation_reserve import GenerationShape, generation_reserve_bytes
 from autotune.memory.outside_torch import outside_torch
 from autotune.memory.phases import (
     PhaseEstimate,
@@ -207,10 +209,46 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     settings = AllocatorSettings(expandable_segments=config.expandable_segments)
     reserve = dict(phase_reserve_bytes(step_shape(shape, sliced, shards, width, share),
                                        settings))
+    if not config.engine_reserves:  # HF generation's growing cache (generation_reserve.py)
+        whole = config.share(num_gpus)
+        reserve["rollout"] = generation_reserve_bytes(
+            generation_shape(shape, config, shards, width, whole.responses_per_step), settings)
+        if whole.val_prompts:
+            reserve["validation"] = generation_reserve_bytes(
+                generation_shape(shape, config, shards, width, whole.val_prompts), settings)
     if config.has_critic:  # the critic's update, laid out as an update of its own model
         reserve["critic_update"] = phase_reserve_bytes(
             critic_step_shape(shape, sliced, shards, width, share), settings)["update"]
     return reserve
+
+
+def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
+                     sequences: int) -> GenerationShape:
+    """The numbers generation_reserve.py lays an HF-generation rollout of `sequences` out
+    with: `max_num_seqs` at a time, one rank's share of a tensor-parallel engine (its heads
+    and its layers' weights but the norms), the states the rollout finds on the device (the
+    actor's params and AdamW's state unless offloaded, the reference, the critic's), the
+    engine's copy gathered from FSDP shards, or a sharded policy gathering its layers as it
+    generates. The vision tower's prefill is not laid out."""
+    tp, copy = config.rollout_tensor_parallel, not config.actor_generates
+    rows = max(1, min(sequences, config.max_num_seqs))
+    actor = ((() if config.offload_params else (4,))
+             + (() if config.offload_optimizer or config.uses_lora else (4, 4)))
+    reference = (compute_bytes,) if config.holds_ref_copy and not config.ref_on_host else ()
+    critic = ((() if config.critic_offload_params else (4,))
+              + (() if config.critic_offload_optimizer else (4, 4))) \
+        if config.has_critic else ()
+    return GenerationShape(
+        layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
+        heads_width=shape.heads * shape.head_dim // tp,
+        kv_width=shape.kv_heads * shape.head_dim // tp, vocab=shape.vocab,
+        layer_tensors=tuple(p // tp for p in shape.layer_tensors[:10])
+        + shape.layer_tensors[10:],
+        root_tensors=(shape.embedding_params,) * (1 if shape.tied_embeddings else 2),
+        compute_bytes=compute_bytes, rows=rows, prompt=config.max_prompt_length,
+        response=config.max_response_length, batches=-(-sequences // rows),
+        engine_copy=copy, held_copies=actor + reference + critic, shards=shards,
+        wake_gather=copy and shards > 1, policy_gathers=not copy and shards > 1)
 
 
 def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
@@ -249,7 +287,7 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
-        frozen_base=config.uses_lora,
+        frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

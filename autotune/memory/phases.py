@@ -182,17 +182,21 @@ def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
 
 
 def generation_bytes(s: Sizing, sequences: int) -> dict[str, int]:
-    """An engine generating `sequences` (max_num_seqs at a time) that grows with its batch:
-    the KV cache (kv_cache_bytes, its KV heads split over the tensor-parallel ranks), the
-    prefill's forward and the sampler's logits in the compute dtype and fp32. {} for an
-    engine with vLLM's memory: it generates inside its reservation."""
+    """An engine generating `sequences` (max_num_seqs at a time) that grows with its batch, at
+    the larger of its two moments: the prefill's last layer (the prompts' KV cache and one
+    layer's forward) or the decode's last step (the whole KV cache); the KV cache
+    (kv_cache_bytes) with its KV heads split over the tensor-parallel ranks, the sampler's
+    logits in the compute dtype and fp32 at both. {} for an engine with vLLM's memory: it
+    generates inside its reservation."""
     config, c = s.config, s.compute_bytes
     if config.engine_reserves:
         return {}
-    batch = min(sequences, config.max_num_seqs)
-    kv = kv_cache_bytes(s.shape, batch * config.sequence_length, c)
-    return {"kv_cache": kv // config.rollout_tensor_parallel,
-            "prefill": forward_bytes(s, batch, config.max_prompt_length),
+    batch, tp = min(sequences, config.max_num_seqs), config.rollout_tensor_parallel
+    prompts = kv_cache_bytes(s.shape, batch * config.max_prompt_length, c) // tp
+    whole = kv_cache_bytes(s.shape, batch * config.sequence_length, c) // tp
+    prefill = forward_bytes(s, batch, config.max_prompt_length)
+    kv, prefill = (prompts, prefill) if prompts + prefill > whole else (whole, 0)
+    return {"kv_cache": kv, "prefill": prefill,
             "sampling_logits": batch * s.shape.vocab * (c + 4)}
 
 

@@ -74,9 +74,10 @@ class StepShape:
     patches_per_row: int = 0  # vision patches of one sequence's image
     fused_optimizer: bool = False
     frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
+    optimizer_offloaded: bool = False  # AdamW's state waits on the host outside the update
 
 
-class _Stream:
+class Stream:
     """Allocation events as the step makes them."""
 
     def __init__(self) -> None:
@@ -103,7 +104,7 @@ class _Stream:
         self.events.append((PHASE, name))
 
 
-def _gather(out: _Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
+def _gather(out: Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
     """An FSDP unit unsharded: on the copy-in stream its input and output buffers (FSDP2's
     all-gather state keeps the last unit's output until the next one's is made), then its
     parameters copied out in the compute dtype on the default stream."""
@@ -115,13 +116,13 @@ def _gather(out: _Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
     return [out.alloc(c * p) for p in params]
 
 
-def _gathered_done(out: _Stream) -> None:
+def _gathered_done(out: Stream) -> None:
     """The forward or backward is over: the last all-gather output goes."""
     out.free(out.gathered)
     out.gathered = 0
 
 
-def _logits(out: _Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
+def _logits(out: Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
     """The log-probs from the whole logits: the compute-dtype logits, their fp32 response
     slice, its log-softmax (kept for the backward); returns what stays for the backward."""
     c, v = s.compute_bytes, s.vocab
@@ -143,7 +144,7 @@ def _logits(out: _Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
     return [soft]
 
 
-def _logits_backward(out: _Stream, s: StepShape, rows: int, kept: list[int]) -> int:
+def _logits_backward(out: Stream, s: StepShape, rows: int, kept: list[int]) -> int:
     """The gather's gradient (fresh zeros scattered into in place: gather_backward in
     TensorAdvancedIndexing.cpp), the log-softmax's, the slice's back in the compute dtype,
     and the whole logits' gradient for the head's matmul."""
@@ -164,7 +165,7 @@ def _logits_backward(out: _Stream, s: StepShape, rows: int, kept: list[int]) -> 
     return whole  # the whole logits' gradient: freed after the head's matmul
 
 
-def _layer_forward_temps(out: _Stream, s: StepShape, rows: int) -> None:
+def _layer_forward_temps(out: Stream, s: StepShape, rows: int) -> None:
     """A layer's forward temporaries that do not outlive it (its MLP's I-wide tensors)."""
     c, tokens = s.compute_bytes, rows * s.seq
     temps = [out.alloc(c * tokens * s.intermediate) for _ in range(3)]
@@ -172,7 +173,7 @@ def _layer_forward_temps(out: _Stream, s: StepShape, rows: int) -> None:
     out.free(temps)
 
 
-def _saved(out: _Stream, s: StepShape, rows: int) -> list[int]:
+def _saved(out: Stream, s: StepShape, rows: int) -> list[int]:
     """What one layer saves for its backward: its input with checkpointing; else its
     attention's and MLP's activations (shape.py's per-token formula, by tensor)."""
     c, tokens = s.compute_bytes, rows * s.seq
@@ -183,7 +184,7 @@ def _saved(out: _Stream, s: StepShape, rows: int) -> list[int]:
         [out.alloc(4 * tokens * s.hidden) for _ in range(2)]
 
 
-def _vision(out: _Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]:
+def _vision(out: Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]:
     """A VL model's vision tower, block by block (each an FSDP unit, as the decoder's
     layers): gathered, its forward's temporaries, and with `keep` what each block saves for
     the backward (its input under checkpointing, else its activations)."""
@@ -205,7 +206,7 @@ def _vision(out: _Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]
     return saved
 
 
-def _vision_backward(out: _Stream, s: StepShape, rows: int, saved: list[list[int]]) -> None:
+def _vision_backward(out: Stream, s: StepShape, rows: int, saved: list[list[int]]) -> None:
     """The vision tower's backward, last block first: gathered again, recomputed under
     checkpointing, its gradients reduced (or accumulated on one GPU)."""
     c, n, patches = s.compute_bytes, s.shards, rows * s.patches_per_row
@@ -220,7 +221,7 @@ def _vision_backward(out: _Stream, s: StepShape, rows: int, saved: list[list[int
         out.free(grads, wide)
 
 
-def experience(out: _Stream, s: StepShape, root_held: list[int]) -> list[int]:
+def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
     """The log-prob forwards, micro-batch by micro-batch: the actor's (its root gathered at
     its first, then kept: FSDP does not reshard a root after a forward), then the
     reference's (its root kept from the last step; its units gathered on its own stream);
@@ -243,7 +244,7 @@ def experience(out: _Stream, s: StepShape, root_held: list[int]) -> list[int]:
     return root_held
 
 
-def _first_keeps(out: _Stream, grads: list[int], made: list[int], first: bool) -> None:
+def _first_keeps(out: Stream, grads: list[int], made: list[int], first: bool) -> None:
     """The first micro-batch's gradients become the parameters' (kept to the optimizer
     step); a later one's are summed into them in place and go."""
     if first:
@@ -252,7 +253,7 @@ def _first_keeps(out: _Stream, grads: list[int], made: list[int], first: bool) -
         out.free(made)
 
 
-def _update_forward(out: _Stream, s: StepShape
+def _update_forward(out: Stream, s: StepShape
                     ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """One update micro-batch's forward, the vision tower then layer by layer: what each
     layer saves for the backward, on one GPU autocast's casts (kept for the backward), and
@@ -274,7 +275,7 @@ def _update_forward(out: _Stream, s: StepShape
     return saved, casts, vision_saved
 
 
-def _layers_backward(out: _Stream, s: StepShape, saved: list[list[int]],
+def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
                      casts: list[list[int]], grads: list[int], first: bool) -> None:
     """The decoder's backward, last layer first: each layer gathered again (FSDP prefetches
     the next), recomputed under checkpointing, its weight gradients made and reduced to an
@@ -304,7 +305,7 @@ def _layers_backward(out: _Stream, s: StepShape, saved: list[list[int]],
             _first_keeps(out, grads, wide, first)
 
 
-def _root_backward(out: _Stream, s: StepShape, root_held: list[int], head_grad: int,
+def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: int,
                    grads: list[int], first: bool) -> list[int]:
     """The root unit's backward: the embedding's gradient beside the head's, reduced to an
     fp32 shard with the root resharded (or kept in fp32 on one GPU); returns the root still
@@ -330,7 +331,7 @@ def _root_backward(out: _Stream, s: StepShape, root_held: list[int], head_grad: 
     return []
 
 
-def _update_micro_batch(out: _Stream, s: StepShape, root_held: list[int], grads: list[int],
+def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: list[int],
                         first: bool) -> list[int]:
     """One micro-batch of the update: the root gathered anew, the forward, the logits and
     their backward, the layers', the vision tower's and the root's backward; returns the
@@ -351,12 +352,12 @@ def _update_micro_batch(out: _Stream, s: StepShape, root_held: list[int], grads:
     return _root_backward(out, s, root_held, head_grad, grads, first)
 
 
-def update(out: _Stream, s: StepShape, root_held: list[int], adam: list[int]
+def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
            ) -> tuple[list[int], list[int]]:
     """The optimizer steps, each over its micro-batches (forward, logits, backward, the
     gradients reduced or accumulated), then AdamW (its state made at the first)."""
     n = s.shards
-    every = s.root_params + s.layer_params * s.layers
+    every = state_tensors(s)
     for _ in range(OPTIMIZER_STEPS):
         grads: list[int] = []
         for micro in range(MICRO_BATCHES):
@@ -375,19 +376,30 @@ def update(out: _Stream, s: StepShape, root_held: list[int], adam: list[int]
 DEFAULT_SETTINGS = AllocatorSettings()
 
 
+def state_tensors(s: StepShape) -> tuple[int, ...]:
+    """The parameters of each tensor of one copy of the states (the fp32 params, an AdamW
+    state, the reference), as they are allocated: one GPU's by parameter block; a sharded
+    rank's one block a layer, as FSDP carves its shards from the unsharded units it frees
+    (the H200's 7B ranks' traces hold them packed, not each in a segment of its own)."""
+    if s.shards == 1:
+        return s.root_params + s.layer_params * s.layers
+    return s.root_params + (sum(s.layer_params),) * s.layers
+
+
 @functools.lru_cache(maxsize=256)
 def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
                         ) -> dict[str, int]:
     """Per training phase (experience, update), what the replayed sketch reserved beyond
     its allocated peak. Each phase is laid out on its own, twice over (as two training steps
-    run it), after the states it finds: the fp32 master shards and the reference, AdamW's
-    state (the update makes it at its first step), and FSDP's root unit gathered; so a phase
-    moves only with its own knobs (phases.PHASE_KNOBS), as the dominance rules need."""
+    run it), after the states it finds (state_tensors): the fp32 master shards and the
+    reference, AdamW's state (on the host when offloaded; the update makes it at its first
+    step), and FSDP's root unit gathered; so a phase moves only with its own knobs
+    (phases.PHASE_KNOBS), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
-    every = s.root_params + s.layer_params * s.layers
+    every = state_tensors(s)
     reserve = {}
     for name in ("experience", "update"):
-        out = _Stream()
+        out = Stream()
         out.phase("build")
         for p in every:  # the fp32 master shards
             out.alloc(4 * p // n)
@@ -395,7 +407,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             for p in every:
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
-            if name == "experience" and not s.frozen_base else []
+            if name == "experience" and not (s.frozen_base or s.optimizer_offloaded) else []
         # the actor's root: gathered by the experience before an update, resharded by the
         # update before an experience; the reference's: kept gathered after its forward
         # (states.kept_root_bytes)

@@ -175,6 +175,17 @@ def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
     assert reserve["hf", False] > reserve["hf", True] + 128 * 2**20
     assert reserve["hf", True] > 64 * 2**20  # the prefill's temporaries
     assert reserve["vllm-like", False] == 0  # one pool made at wake-up: nothing sketched
+    # a sharded weight sync holds copies of the rank's fp32 shard while it gathers (FSDP1's
+    # state dict, an offloaded shard brought back) and frees them before generating: the
+    # prefill's blocks split their segments (held-out H200 row 10, a 3B rank of 4: 5.6 GiB
+    # reserved beyond the rollout's tensors; the model said 0.9 GiB without them, -15.5%)
+    synced = {}
+    for fsdp, offload in (("fsdp2", False), ("fsdp", True)):
+        config = replace(long_prompt, fsdp_strategy=fsdp, offload_params=offload,
+                         max_num_seqs=32, rollout_batch_size=128, rollout_n=1)
+        synced[fsdp] = estimate_memory(model_shape("qwen2.5-3b"), config, num_gpus=4,
+                                       on_gpu=True).phases["rollout"].parts["allocator_reserve"]
+    assert synced["fsdp"] > synced["fsdp2"] + 2 * 2**30
 
     sys.path.insert(0, str(GPU_RESULTS.parent.parent))
     import allocator_fidelity

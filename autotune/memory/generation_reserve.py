@@ -57,6 +57,9 @@ class GenerationShape:
     held_copies: tuple[int, ...] = ()
     shards: int = 1
     wake_gather: bool = False  # the copy loads from whole fp32 tensors gathered from shards
+    # copies of the rank's fp32 shard the weight sync holds while it gathers (states.py's
+    # wake_gather_bytes: FSDP1's sharded state dict, an offloaded shard brought back)
+    wake_shard_copies: int = 0
     policy_gathers: bool = False  # a sharded policy generates itself, gathering each layer
 
 
@@ -71,12 +74,17 @@ def _held(out: Stream, g: GenerationShape) -> None:
 
 def _wake(out: Stream, g: GenerationShape) -> list[int]:
     """The engine's weights, tensor by tensor; each then loaded from a whole fp32 tensor
-    gathered from the FSDP shards, freed once copied."""
+    gathered from the FSDP shards, freed once copied, while the sync holds its copies of
+    the rank's shard (a block a layer), freed after."""
     tensors = (*g.root_tensors, *g.layer_tensors * g.layers)
     kept = [out.alloc(g.compute_bytes * params) for params in tensors]
+    shard = (*g.root_tensors, *(sum(g.layer_tensors),) * g.layers)
+    held = [out.alloc(4 * -(-params // g.shards))
+            for _ in range(g.wake_shard_copies) for params in shard]
     if g.wake_gather:
         for params in tensors:
             out.free(out.alloc(4 * params))
+    out.free(held)
     return kept
 
 

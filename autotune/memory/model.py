@@ -248,7 +248,9 @@ def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, comput
         compute_bytes=compute_bytes, rows=rows, prompt=config.max_prompt_length,
         response=config.max_response_length, batches=-(-sequences // rows),
         engine_copy=copy, held_copies=actor + reference + critic, shards=shards,
-        wake_gather=copy and shards > 1, policy_gathers=not copy and shards > 1)
+        wake_gather=copy and shards > 1, policy_gathers=not copy and shards > 1,
+        wake_shard_copies=(int(config.fsdp_strategy == "fsdp") + int(config.offload_params))
+        if copy and shards > 1 else 0)
 
 
 def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,

@@ -28,7 +28,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.memory.allocator import AllocatorSettings, replay
-from autotune.memory.reserve import COPY_IN, DEFAULT_SETTINGS, Stream
+from autotune.memory.reserve import COPY_IN, DEFAULT_SETTINGS, Stream, state_tensors
 
 BATCHES = 2  # batches laid out: the second finds the first's cached segments
 
@@ -52,9 +52,11 @@ class GenerationShape:
     batches: int  # batches of `rows` (the cache is freed after each)
     engine_copy: bool  # the engine wakes with a copy of the weights (else the policy's own)
     # bytes an element of each copy of the weights the rollout finds on the device (the
-    # actor's fp32 params and AdamW's two states, the reference, the critic's), each tensor
-    # sharded over `shards`
+    # actor's fp32 params and AdamW's two states, the reference, the critic's), laid out as
+    # reserve.state_tensors lays the trained phases' states from `state_layer` (the actor's
+    # layer tensor by tensor, whatever the engine's tensor parallelism), over `shards`
     held_copies: tuple[int, ...] = ()
+    state_layer: tuple[int, ...] = ()
     shards: int = 1
     wake_gather: bool = False  # the copy loads from whole fp32 tensors gathered from shards
     # copies of the rank's fp32 shard the weight sync holds while it gathers (states.py's
@@ -64,12 +66,11 @@ class GenerationShape:
 
 
 def _held(out: Stream, g: GenerationShape) -> None:
-    """The states the rollout finds, copy by copy: tensor by tensor on one GPU, a block a
-    layer on a sharded rank (reserve.state_tensors)."""
-    layer = g.layer_tensors if g.shards == 1 else (sum(g.layer_tensors),)
+    """The states the rollout finds, copy by copy (reserve.state_tensors)."""
+    every = state_tensors(g.root_tensors, g.state_layer, g.layers, g.shards)
     for width in g.held_copies:
-        for params in (*g.root_tensors, *layer * g.layers):
-            out.alloc(width * -(-params // g.shards))
+        for params in every:
+            out.alloc(width * params // g.shards)
 
 
 def _wake(out: Stream, g: GenerationShape) -> list[int]:
@@ -78,8 +79,8 @@ def _wake(out: Stream, g: GenerationShape) -> list[int]:
     the rank's shard (a block a layer), freed after."""
     tensors = (*g.root_tensors, *g.layer_tensors * g.layers)
     kept = [out.alloc(g.compute_bytes * params) for params in tensors]
-    shard = (*g.root_tensors, *(sum(g.layer_tensors),) * g.layers)
-    held = [out.alloc(4 * -(-params // g.shards))
+    shard = state_tensors(g.root_tensors, g.state_layer, g.layers, g.shards)
+    held = [out.alloc(4 * params // g.shards)
             for _ in range(g.wake_shard_copies) for params in shard]
     if g.wake_gather:
         for params in tensors:

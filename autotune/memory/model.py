@@ -291,7 +291,6 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
-        layer_tensors=shape.layer_tensors,
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

@@ -75,9 +75,6 @@ class StepShape:
     fused_optimizer: bool = False
     frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
     optimizer_offloaded: bool = False  # AdamW's state waits on the host outside the update
-    # one decoder layer's parameters tensor by tensor, as one GPU allocates its states
-    # (state_tensors; empty: by `layer_params`' blocks)
-    layer_tensors: tuple[int, ...] = ()
 
 
 class Stream:
@@ -360,7 +357,7 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
     """The optimizer steps, each over its micro-batches (forward, logits, backward, the
     gradients reduced or accumulated), then AdamW (its state made at the first)."""
     n = s.shards
-    every = state_tensors(s.root_params, s.layer_tensors or s.layer_params, s.layers, s.shards)
+    every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     for _ in range(OPTIMIZER_STEPS):
         grads: list[int] = []
         for micro in range(MICRO_BATCHES):
@@ -379,17 +376,19 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
 DEFAULT_SETTINGS = AllocatorSettings()
 
 
-def state_tensors(root_params: tuple[int, ...], layer_tensors: tuple[int, ...], layers: int,
+def state_tensors(root_params: tuple[int, ...], layer_units: tuple[int, ...], layers: int,
                   shards: int) -> tuple[int, ...]:
     """The parameters of each tensor of one copy of the states (the fp32 params, an AdamW
-    state, the reference), as they are allocated, before sharding: one GPU's tensor by
-    tensor, as a module's parameters are (each in a segment rounded up to 2 MiB once past 10
-    MiB: the 0.5B rollout's trace holds 0.37 GiB of such slack); a sharded rank's one block
-    a layer, as FSDP carves its shards from the unsharded units it frees (the H200's 7B
-    ranks' traces hold them packed, not each in a segment of its own)."""
+    state, the reference), as they are allocated, before sharding. One GPU's a unit at a
+    time, each sketch's own units of a layer (this module's parameter blocks, as it lays
+    the gradients and casts out too; generation_reserve.py's tensors, as a module's
+    parameters are: each past 10 MiB in a segment rounded up to 2 MiB, 0.37 GiB of slack in
+    the 0.5B rollout's trace). A sharded rank's one block a layer, as FSDP carves its shards
+    from the unsharded units it frees (the H200's 7B ranks' traces hold them packed, not
+    each in a segment of its own)."""
     if shards == 1:
-        return root_params + layer_tensors * layers
-    return root_params + (sum(layer_tensors),) * layers
+        return root_params + layer_units * layers
+    return root_params + (sum(layer_units),) * layers
 
 
 @functools.lru_cache(maxsize=256)
@@ -402,7 +401,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
     step), and FSDP's root unit gathered; so a phase moves only with its own knobs
     (phases.PHASE_KNOBS), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
-    every = state_tensors(s.root_params, s.layer_tensors or s.layer_params, s.layers, s.shards)
+    every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     reserve = {}
     for name in ("experience", "update"):
         out = Stream()

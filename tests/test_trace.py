@@ -177,7 +177,7 @@ TWO_RANKS = {"gpus_per_node": 2, "rollout_batch_size": 12, "global_batch_size": 
                          "max_num_batched_tokens": 256, "micro_batch_size_update": 2}),
 ])
 def test_the_traces_shortcuts_hold_the_bytes_of_every_iteration(make_request, model, knobs):
-    """A trace runs each repeated loop's first iterations (its first step, only the first):
+    """A trace runs each repeated loop's first and last iterations in both its steps:
     every phase's peak and the host's are those of a trace that runs every iteration of both
     steps, as a probe does."""
     from autotune.probe.trace import trace_request

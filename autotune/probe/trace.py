@@ -446,8 +446,8 @@ def trace_request(request: ProbeRequest, context_bytes: int,
             probe.build()
             # the first step brings AdamW's state and its results into being for the second;
             # both run each loop's first and last iterations (module docstring)
+            meter.repeats = None if every_iteration else TRACE_REPEATS
             for _ in range(2):
-                meter.repeats = None if every_iteration else TRACE_REPEATS
                 probe.step()
     finally:
         leave_group()

@@ -12,7 +12,9 @@ from autotune.memory.allocator import (
     ALLOC,
     EMPTY_CACHE,
     FREE,
+    MARK,
     PHASE,
+    RECORD,
     AllocatorSettings,
     CachingAllocator,
     iter_blocks,
@@ -109,6 +111,26 @@ def test_at_the_cap_the_cache_is_freed_and_the_allocation_retried():
     too_small = replay(events, cap_bytes=190 * MiB)  # 200 MiB cannot fit at all
     assert too_small.oom is not None and too_small.oom.request_bytes == 200 * MiB
     assert smallest_cap(events, AllocatorSettings(), resolution_bytes=MiB) == 200 * MiB
+
+
+def test_a_block_another_stream_used_is_reused_only_once_the_gpu_is_past_its_free():
+    """record_stream: FSDP1's unsharded parameter (made on its all-gather stream, used on the
+    default one) is cached after its free only once the GPU has run past it, taken to be
+    GPU_LAG_MARKS (1) reshards behind the CPU: the next all-gather takes a segment of its
+    own, the one after the next reshard but one finds the first block again."""
+    gather = [(ALLOC, 1, 100 * MiB, 1), (RECORD, 1, 0), (FREE, 1), (MARK,),
+              (ALLOC, 2, 100 * MiB, 1), (FREE, 2), (MARK,), (ALLOC, 3, 100 * MiB, 1)]
+    deferred = replay(gather)
+    assert deferred.peak_reserved_bytes == 200 * MiB and deferred.peak_allocated_bytes == 100 * MiB
+    assert replay([e for e in gather if e[0] != RECORD]).peak_reserved_bytes == 100 * MiB
+    own_stream = [(RECORD, 1, 1) if e[0] == RECORD else e for e in gather]
+    assert replay(own_stream).peak_reserved_bytes == 100 * MiB  # torch ignores its own stream
+    allocator = CachingAllocator()
+    for kind, *args in gather[:5]:
+        {ALLOC: allocator.malloc, FREE: allocator.free, RECORD: allocator.record_stream,
+         MARK: lambda: None}[kind](*args)
+    allocator.empty_cache()  # synchronises: the pending block back, then its segment freed
+    assert allocator.reserved_bytes == 100 * MiB and not allocator.pending
 
 
 def test_phases_start_from_an_empty_cache_with_their_own_peaks():

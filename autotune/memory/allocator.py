@@ -39,10 +39,15 @@ named where each rule is modelled):
   their free blocks are skipped (`get_free_block`'s "expandable segments has been turned off"
   branch).
 
-Not modelled: events and `record_stream` (a block freed while another stream uses it is
-reusable only once that stream passes it: the probe synchronises between phases, and FSDP2
-keeps such buffers alive itself instead), CUDA graphs' private pools, and the garbage
-collection threshold (off by default). Pure Python, no torch: `autotune estimate` and the
+- `record_stream` / `insert_events` / `process_events`: a block freed after another stream
+  used it (FSDP1 records its unsharded flat parameters and gradients so) is cached only
+  once the GPU has run past the free; `malloc` first takes back those it has. When the GPU
+  gets there is a matter of timing the CPU cannot see: the GPU is taken GPU_LAG_MARKS
+  reshards (MARK events) behind the CPU. `release_cached_blocks` synchronises and takes
+  them all back first. FSDP2 records no stream (it keeps such buffers alive itself).
+
+Not modelled: CUDA graphs' private pools, and the garbage collection threshold (off by
+default). Pure Python, no torch: `autotune estimate` and the
 sweep's pre-screen call it.
 """
 
@@ -58,6 +63,12 @@ SMALL_SEGMENT_BYTES = 2 << 20  # kSmallBuffer: a small pool's segment (and expan
 LARGE_SEGMENT_BYTES = 20 << 20  # kLargeBuffer: a segment for a request under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC_BYTES = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE_BYTES = 2 << 20  # kRoundLarge: larger segments are rounded up to this
+# How far the GPU runs behind the CPU, in FSDP1 reshards: a block freed after reshard k and
+# used on another stream is reusable once the CPU has passed reshard k + 2. FSDP1's rate
+# limiter bounds the lag at 2 (an all-gather waits for the free two reshards back); 1 put
+# torch's reserved peak within 3% on 22 of 24 trained phases of 10 FSDP1 ranks on an H200
+# (0: 10 of 24, all under, to -9.5%; 2: 16 of 24, to +6.9%), benchmarks/results/gpu/holdout*.
+GPU_LAG_MARKS = 1
 
 
 class AllocatorOOM(Exception):
@@ -96,7 +107,7 @@ def segment_size(size: int) -> int:
 
 class _Block:
     __slots__ = ("addr", "size", "stream", "small", "allocated", "mapped", "prev", "next",
-                 "expandable")
+                 "expandable", "used_elsewhere")
 
     def __init__(self, addr: int, size: int, stream: int, small: bool,
                  expandable: bool = False, mapped: bool = True) -> None:
@@ -104,6 +115,7 @@ class _Block:
         self.allocated = False
         self.mapped = mapped
         self.expandable = expandable
+        self.used_elsewhere = False  # record_stream on another stream since it was handed out
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
@@ -225,12 +237,15 @@ class CachingAllocator:
         self._segments: dict[int, _Block] = {}  # plain segments' first block, by address
         # expandable segments: the unmapped ranges of each (stream, small)'s, by address
         self._unmapped: dict[tuple[int, bool], list[_Block]] = {}
+        self.pending: list[tuple[int, _Block]] = []  # freed, waiting on another stream
+        self.marks = 0  # marked points the CPU has passed (FSDP1's reshards)
 
     # -- the public calls: torch's malloc, free and empty_cache ------------------------------
 
     def malloc(self, alloc_id: int, size: int, stream: int = 0) -> None:
         if size <= 0:
             return
+        self._process_events()
         size = round_size(size)
         small = is_small(size)
         pool = self.pools[small]
@@ -253,12 +268,33 @@ class CachingAllocator:
         self.allocated_bytes += block.size
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
 
+    def record_stream(self, alloc_id: int, stream: int) -> None:
+        """`Tensor.record_stream`: the live block is used on `stream` too (ignored for its
+        own stream, as torch does)."""
+        block = self.live.get(alloc_id)
+        if block is not None and stream != block.stream:
+            block.used_elsewhere = True
+
     def free(self, alloc_id: int) -> None:
         block = self.live.pop(alloc_id, None)
         if block is None:
             return
-        block.allocated = False
         self.allocated_bytes -= block.size
+        if block.used_elsewhere:  # insert_events: cached only once the other stream passes
+            block.used_elsewhere = False
+            self.pending.append((self.marks, block))
+            return
+        self._free_block(block)
+
+    def _process_events(self) -> None:
+        """`process_events`: a freed block another stream used comes back once the GPU has
+        run past its free, the GPU taken GPU_LAG_MARKS marked points (FSDP1's reshards)
+        behind the CPU."""
+        while self.pending and self.pending[0][0] < self.marks - GPU_LAG_MARKS:
+            self._free_block(self.pending.pop(0)[1])
+
+    def _free_block(self, block: _Block) -> None:
+        block.allocated = False
         pool = self.pools[block.small]
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated and \
@@ -272,6 +308,8 @@ class CachingAllocator:
     def empty_cache(self) -> None:
         """`release_cached_blocks`: every free unsplit segment back to CUDA; every whole free
         page of an expandable segment unmapped."""
+        while self.pending:  # synchronize_and_free_events
+            self._free_block(self.pending.pop(0)[1])
         for pool in self.pools.values():
             for block in [pool.blocks[key] for key in pool.keys]:
                 if block.expandable:
@@ -440,7 +478,7 @@ class CachingAllocator:
 
 # -- replaying a recorded stream -------------------------------------------------------------
 
-ALLOC, FREE, PHASE, EMPTY_CACHE, SETTINGS = "a", "f", "p", "e", "s"
+ALLOC, FREE, PHASE, EMPTY_CACHE, SETTINGS, RECORD, MARK = "a", "f", "p", "e", "s", "r", "m"
 
 
 @dataclass(frozen=True)
@@ -485,7 +523,8 @@ def replay(events: Iterable[tuple], settings: AllocatorSettings = AllocatorSetti
     does), and, with `cap_bytes`, whether it fits under that cap.
 
     Events: (ALLOC, id, bytes, stream), (FREE, id), (PHASE, name) at a phase's start,
-    (PHASE, None) at its end, (EMPTY_CACHE,).
+    (PHASE, None) at its end, (EMPTY_CACHE,), (RECORD, id, stream) for `record_stream`,
+    (MARK,) where FSDP1 reshards a unit.
     """
     allocator = CachingAllocator(cap_bytes, settings.at_start)
     result = ReplayResult()
@@ -501,6 +540,10 @@ def replay(events: Iterable[tuple], settings: AllocatorSettings = AllocatorSetti
                                               allocator.allocated_bytes)
         elif kind == FREE:
             allocator.free(event[1])
+        elif kind == RECORD:
+            allocator.record_stream(event[1], event[2])
+        elif kind == MARK:
+            allocator.marks += 1
         elif kind == PHASE:
             name = event[1]
             if name is not None:

@@ -54,7 +54,9 @@ from autotune.memory.allocator import (
     ALLOC,
     EMPTY_CACHE,
     FREE,
+    MARK,
     PHASE,
+    RECORD,
     replay,
     smallest_cap,
 )
@@ -111,7 +113,7 @@ class AllocationTracker:
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.paused = 0  # > 0: DTensor is propagating shapes (tensors of no rank's memory)
-        self.events: list[tuple] = []  # allocator.ALLOC / FREE / PHASE / EMPTY_CACHE
+        self.events: list[tuple] = []  # allocator.py's ALLOC, FREE, PHASE, ... events
         self._streams: dict[int, int] = {}  # id of a torch.cpu stream -> its number
         self._next_id = 0
 
@@ -133,6 +135,19 @@ class AllocationTracker:
             self._next_id += 1
             record.alloc_id = self._next_id
             self.events.append((ALLOC, record.alloc_id, record.size_bytes, self._stream()))
+
+    def recorded(self, tensor: torch.Tensor, stream: object) -> None:
+        """`record_stream(tensor, stream)` (FSDP1's, which torch skips on a CPU tensor): the
+        block is used on `stream` too, so the allocator defers its reuse after its free."""
+        record = self._storages.get(tensor.untyped_storage())
+        if record is not None and record.alloc_id:
+            number = self._streams.setdefault(id(stream), len(self._streams))
+            self.events.append((RECORD, record.alloc_id, number))
+
+    def marked(self) -> None:
+        """FSDP1 resharded a unit and queued its free event (`_FreeEventQueue.enqueue`):
+        the replay counts how far the GPU runs behind by these."""
+        self.events.append((MARK,))
 
     def _freed(self, record: _Storage) -> None:
         if record.alloc_id:
@@ -286,9 +301,11 @@ class _TraceMode(TorchDispatchMode):
 @contextlib.contextmanager
 def _patched(tracker: AllocationTracker) -> Iterator[None]:
     """What a dispatch mode cannot tell apart, patched while tracing: `UntypedStorage.resize_`
-    is no op it sees (FSDP2 and the sleeping engine free and refill memory with it), and
+    is no op it sees (FSDP2 and the sleeping engine free and refill memory with it),
     DTensor's sharding propagation runs ops on global-shape tensors that no rank allocates
-    (and keeps in its cache)."""
+    (and keeps in its cache), and FSDP1's `record_stream` calls (torch skips them for a CPU
+    tensor) and the reshards its rate limiter queues, which decide when the allocator may
+    reuse what FSDP1 frees."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     resize, propagate = (torch.UntypedStorage.resize_,
@@ -306,9 +323,24 @@ def _patched(tracker: AllocationTracker) -> Iterator[None]:
         finally:
             tracker.paused -= 1
 
+    from torch.distributed.fsdp import _flat_param, _runtime_utils
+    from torch.distributed.fsdp._limiter_utils import _FreeEventQueue
+
+    def record_stream(tensor: torch.Tensor, stream: object) -> None:
+        tracker.recorded(tensor, stream)
+
+    enqueue = _FreeEventQueue.enqueue
+
+    def enqueue_marked(self: _FreeEventQueue, event: torch.Event) -> None:
+        tracker.marked()
+        enqueue(self, event)
+
     with mock.patch.object(torch.UntypedStorage, "resize_", resize_), \
             mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached",
-                              propagate_uncounted):
+                              propagate_uncounted), \
+            mock.patch.object(_flat_param, "_no_dispatch_record_stream", record_stream), \
+            mock.patch.object(_runtime_utils, "_no_dispatch_record_stream", record_stream), \
+            mock.patch.object(_FreeEventQueue, "enqueue", enqueue_marked):
         yield
 
 

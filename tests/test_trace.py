@@ -123,6 +123,48 @@ def test_a_backward_fills_its_fresh_zeros_in_place_as_real_tensors_do(tracing):
     assert tracker.device_bytes < block  # nothing left behind by the moved block
 
 
+def test_the_memory_models_fused_log_prob_lays_out_what_the_real_function_allocates(tracing):
+    """The memory model's sketch (memory/reserve.py) of the fused log-prob's chunks, forward
+    and backward, allocates and frees the chunk-wide blocks FusedLinearLogProb does, in its
+    order, the last chunk shorter (laid out as one fp32 block a chunk, it left README
+    command 1's update 0.9 GiB of reserve short of the trace's)."""
+    from autotune.memory import reserve
+    from autotune.memory.allocator import ALLOC, FREE
+    from autotune.probe.modeling.logprob import FusedLinearLogProb
+
+    tracker, torch = tracing
+    tokens, vocab, hidden_size = 1124, 4096, 64  # chunks of 512, 512 and 100 tokens
+    chunk_wide = {per * chunk * vocab for per in (2, 4) for chunk in (512, 100)}
+
+    def chunk_blocks(events: list[tuple]) -> list[int]:
+        sizes, out = {}, []
+        for event in events:
+            if event[0] == ALLOC and event[2] in chunk_wide:
+                sizes[event[1]] = event[2]
+                out.append(event[2])
+            elif event[0] == FREE and event[1] in sizes:
+                out.append(-sizes.pop(event[1]))
+        return out
+
+    hidden = torch.randn(tokens, hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    start = len(tracker.events)
+    log_probs, _ = FusedLinearLogProb.apply(hidden, weight, torch.zeros(tokens, dtype=torch.long),
+                                            512, False)
+    log_probs.sum().backward()
+    real = chunk_blocks(tracker.events[start:])
+
+    shape = reserve.StepShape(
+        vocab=vocab, hidden=hidden_size, intermediate=4 * hidden_size, layers=1,
+        layer_params=(hidden_size,), root_params=(vocab * hidden_size,), shards=1,
+        compute_bytes=2, seq=tokens, response=tokens, update_rows=1, experience_rows=1,
+        forwards=1, checkpointing=False, fused_logits=True, with_reference=False)
+    sketch = reserve.Stream()
+    kept = reserve._logits(sketch, shape, 1, backward=True)
+    reserve._logits_backward(sketch, shape, 1, kept)
+    assert real and chunk_blocks(sketch.events) == real
+
+
 def test_the_trace_matches_a_real_probe_of_the_same_step(make_request):
     """Uncapped CPU probe and trace of one config: each phase within 7% (no calibration; one
     probe's RSS peak moves by a few percent from run to run, 5.4% seen on a loaded box; the

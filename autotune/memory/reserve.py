@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from autotune.config.kernels import FUSED_CHUNK_TOKENS
 from autotune.memory.allocator import (
     ALLOC,
     FREE,
@@ -122,16 +123,24 @@ def _gathered_done(out: Stream) -> None:
     out.gathered = 0
 
 
+def _chunks(tokens: int) -> list[int]:
+    """The fused log-prob's chunks of FUSED_CHUNK_TOKENS tokens (the last one shorter)."""
+    return [min(FUSED_CHUNK_TOKENS, tokens - start)
+            for start in range(0, tokens, FUSED_CHUNK_TOKENS)]
+
+
 def _logits(out: Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
     """The log-probs from the whole logits: the compute-dtype logits, their fp32 response
     slice, its log-softmax (kept for the backward); returns what stays for the backward."""
     c, v = s.compute_bytes, s.vocab
     tokens, scored = rows * s.seq, rows * s.response
     if s.fused_logits:  # a chunk at a time: no whole-vocabulary block outlives it
-        chunk = min(512, tokens) * v
-        piece = out.alloc(c * chunk)
-        wide = out.alloc(4 * chunk)
-        out.free(piece, wide)
+        for chunk in _chunks(tokens):
+            piece = out.alloc(c * chunk * v)  # the chunk's logits, then cast to fp32
+            wide = out.alloc(4 * chunk * v)
+            out.free(piece)
+            soft = out.alloc(4 * chunk * v)  # its log-softmax, gathered and gone
+            out.free(soft, wide)
         return []
     logits = out.alloc(c * tokens * v)
     wide = out.alloc(4 * scored * v)
@@ -150,10 +159,15 @@ def _logits_backward(out: Stream, s: StepShape, rows: int, kept: list[int]) -> i
     and the whole logits' gradient for the head's matmul."""
     c, v = s.compute_bytes, s.vocab
     tokens, scored = rows * s.seq, rows * s.response
-    if s.fused_logits:
-        chunk = min(512, tokens) * v
-        grad = out.alloc((4 + c) * chunk)
-        out.free(grad)
+    if s.fused_logits:  # each chunk's logits recomputed, softmaxed, its gradient cast
+        for chunk in _chunks(tokens):
+            piece = out.alloc(c * chunk * v)
+            wide = out.alloc(4 * chunk * v)
+            out.free(piece)
+            soft = out.alloc(4 * chunk * v)
+            out.free(wide)
+            grad = out.alloc(c * chunk * v)
+            out.free(soft, grad)
         return 0
     scattered = out.alloc(4 * scored * v)
     grad = out.alloc(4 * scored * v)
@@ -342,8 +356,11 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
         root_held = fresh
     saved, casts, vision_saved = _update_forward(out, s)
     kept = _logits(out, s, s.update_rows, backward=True)
+    head_grad = 0 if s.frozen_base or not s.fused_logits else \
+        out.alloc(s.compute_bytes * s.root_params[-1])  # fused: zeroed before the chunks
     whole = _logits_backward(out, s, s.update_rows, kept)
-    head_grad = 0 if s.frozen_base else out.alloc(s.compute_bytes * s.root_params[-1])
+    if not (s.frozen_base or s.fused_logits):
+        head_grad = out.alloc(s.compute_bytes * s.root_params[-1])
     out.free(whole)
     _layers_backward(out, s, saved, casts, grads, first)
     _vision_backward(out, s, s.update_rows, vision_saved)

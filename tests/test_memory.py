@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -375,3 +376,32 @@ def test_the_model_alone_is_within_five_percent_of_the_h200s_card_peak():
     assert max(abs(e) for e in errors.values()) < 0.05, errors
     # the 7B updates, where the allocator's reserve is a third of the card
     assert abs(errors["7b rank0/8 ckpt", "update"]) < 0.05
+
+
+def test_the_model_alone_puts_fsdp1_ranks_updates_within_ten_percent_on_held_out_rows():
+    """FSDP1 ranks (W > 1) of both held-out H200 grids (benchmarks/gpu_holdout.py: configs
+    drawn at random, predicted before they were probed), the memory model alone against
+    NVML's peak of every trained update, the actor's and the critic's: within 10%. FSDP1
+    records what it frees on the stream that used it, and the caching allocator reuses such
+    a block only once the GPU has run past the free; sketched without that, a 7B rank's
+    update was 14.6% under and a VL-7B critic's 13.5%."""
+    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
+    import allocator_fidelity
+    import gpu_holdout
+
+    errors = {}
+    for grid in allocator_fidelity.holdout_grids():
+        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
+        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
+        for row in predictions["rows"]:
+            result = measured.get(row["label"], {})
+            if row["world"] == 1 or row["knobs"].get("fsdp_strategy") != "fsdp" or \
+                    result.get("status") != "ok":
+                continue
+            modelled = gpu_holdout.model_prediction(row)
+            for phase in ("update", "critic_update"):
+                if phase in result["phases"]:
+                    nvml = result["phases"][phase]["nvml_bytes"]
+                    errors[grid.name, row["label"], phase] = (modelled[phase] - nvml) / nvml
+    assert len(errors) >= 15, errors
+    assert max(abs(e) for e in errors.values()) <= 0.10, errors

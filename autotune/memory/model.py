@@ -291,6 +291,7 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
+        fsdp1=shards > 1 and config.fsdp_strategy == "fsdp",
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

@@ -12,7 +12,9 @@ same shapes the model uses (a decoder layer's parameters by block, the root unit
 embedding and head, a VL model's vision blocks, the logits path's tensors, the activations
 a layer saves), with FSDP's streams and its all-gather state (all-gathers on their copy-in
 stream, the last one's output kept until the next is made; reduce-scatter outputs on their
-stream; the next layer prefetched in the backward), MICRO_BATCHES micro-batches of
+stream; the next layer prefetched in the backward; FSDP1's flat units, whose frees it
+records on the stream that used them, reused once the GPU is past them), MICRO_BATCHES
+micro-batches of
 OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first), each phase on its own
 and twice over; replays it through allocator.py with the run's allocator settings; and
 returns, per phase, the replayed reserved peak less the replayed allocated peak. The trace
@@ -31,16 +33,18 @@ from autotune.config.kernels import FUSED_CHUNK_TOKENS
 from autotune.memory.allocator import (
     ALLOC,
     FREE,
+    MARK,
     PHASE,
+    RECORD,
     AllocatorSettings,
     replay,
 )
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
 Blocks: TypeAlias = "int | Sequence[Blocks]"
-# FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own)
-# and reduce-scatter stream
-COPY_IN, REF_COPY_IN, REDUCE = 1, 2, 3
+# FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own),
+# reduce-scatter stream, and FSDP1's pre-unshard stream (its compute-dtype shard copies)
+COPY_IN, REF_COPY_IN, REDUCE, PRE_UNSHARD = 1, 2, 3, 4
 # Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
 # run's batches: the cache settles within them (the first step makes AdamW's state), so the
 # reserve is the steady state's and moves only with what a micro-batch holds.
@@ -76,6 +80,7 @@ class StepShape:
     fused_optimizer: bool = False
     frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
     optimizer_offloaded: bool = False  # AdamW's state waits on the host outside the update
+    fsdp1: bool = False  # sharded by FSDP1: a unit one flat parameter, its frees recorded
 
 
 class Stream:
@@ -104,17 +109,46 @@ class Stream:
     def phase(self, name: str | None) -> None:
         self.events.append((PHASE, name))
 
+    def record(self, block: int, stream: int) -> None:
+        """`record_stream`: the block is used on `stream` too (its reuse waits after a free)."""
+        self.events.append((RECORD, block, stream))
+
+    def mark(self) -> None:
+        """FSDP1 resharded a unit (the replay's measure of how far the GPU runs behind)."""
+        self.events.append((MARK,))
+
 
 def _gather(out: Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
     """An FSDP unit unsharded: on the copy-in stream its input and output buffers (FSDP2's
     all-gather state keeps the last unit's output until the next one's is made), then its
-    parameters copied out in the compute dtype on the default stream."""
+    parameters copied out in the compute dtype on the default stream. FSDP1: its shard cast
+    on the pre-unshard stream, gathered into one flat parameter used in place, the cast's
+    free recorded on the all-gather stream (FlatParamHandle._free_low_precision_sharded_param)."""
     c, n = s.compute_bytes, s.shards
+    if s.fsdp1:
+        cast = out.alloc(c * sum(params) // n, PRE_UNSHARD)
+        flat = out.alloc(c * sum(params), out.copy_in)
+        out.record(cast, out.copy_in)
+        out.free(cast)
+        return [flat]
     staging = out.alloc(c * sum(params) // n, out.copy_in)
     buffer = out.alloc(c * sum(params), out.copy_in)
     out.free(staging, out.gathered)
     out.gathered = buffer
     return [out.alloc(c * p) for p in params]
+
+
+def _reshard(out: Stream, s: StepShape, unit: list[int]) -> None:
+    """An unsharded unit freed: FSDP1 records its flat parameter on the default stream first
+    (FlatParamHandle._free_unsharded_flat_param), so its reuse waits for the GPU, and queues
+    the reshard's free event (the replay's MARK)."""
+    if s.fsdp1:
+        for block in unit:
+            out.record(block, 0)
+        out.free(unit)
+        out.mark()
+    else:
+        out.free(unit)
 
 
 def _gathered_done(out: Stream) -> None:
@@ -213,7 +247,9 @@ def _vision(out: Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]
             saved.append([out.alloc(c * patches * s.vision_hidden)] if s.checkpointing else
                          [out.alloc(c * patches * s.vision_intermediate) for _ in range(3)]
                          + [out.alloc(c * patches * s.vision_hidden) for _ in range(4)])
-        if s.shards > 1 or not keep:
+        if s.shards > 1:
+            _reshard(out, s, block)
+        elif not keep:
             out.free(block)
         else:
             saved[-1].extend(block)  # autocast's casts, kept for the backward
@@ -230,7 +266,8 @@ def _vision_backward(out: Stream, s: StepShape, rows: int, saved: list[list[int]
             temps = [out.alloc(c * patches * s.vision_intermediate) for _ in range(2)]
             out.free(temps)
         grads = [out.alloc(c * p) for p in s.vision_block_params]
-        out.free(held, block)
+        out.free(held)
+        _reshard(out, s, block)
         wide = out.alloc(4 * sum(s.vision_block_params))
         out.free(grads, wide)
 
@@ -251,7 +288,7 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
                 layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
                     [out.alloc(c * p) for p in s.layer_params]  # autocast's casts
                 _layer_forward_temps(out, s, s.experience_rows)
-                out.free(layer)
+                _reshard(out, s, layer)
             _gathered_done(out)
             _logits(out, s, s.experience_rows, backward=False)
     out.copy_in = COPY_IN
@@ -282,7 +319,7 @@ def _update_forward(out: Stream, s: StepShape
         if s.checkpointing:
             _layer_forward_temps(out, s, s.update_rows)
         if n > 1:
-            out.free(layer)  # resharded after its forward
+            _reshard(out, s, layer)  # resharded after its forward
         else:
             casts.append(layer)  # autocast keeps them for the backward
     _gathered_done(out)
@@ -303,7 +340,21 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
             _layer_forward_temps(out, s, s.update_rows)
         if s.frozen_base:  # the adapters' gradients alone: a few MB, not laid out
             out.free(saved.pop())
-            out.free(layer if n > 1 else casts.pop())
+            if n > 1:
+                _reshard(out, s, layer)
+            else:
+                out.free(casts.pop())
+            continue
+        if s.fsdp1:  # the flat gradient, resharded, cast to fp32 and reduced on its stream
+            flat_grad = out.alloc(c * sum(s.layer_params))
+            out.free(saved.pop())
+            _reshard(out, s, layer)
+            padded = out.alloc(4 * sum(s.layer_params), REDUCE)
+            shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
+            out.free(padded)
+            out.record(flat_grad, REDUCE)
+            out.free(flat_grad)
+            _first_keeps(out, grads, [shard], first)
             continue
         weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
         out.free(saved.pop())
@@ -328,14 +379,15 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
     if s.frozen_base:  # no gradient for the embedding nor the head
         if n == 1:
             return root_held
-        out.free(root_held)
+        _reshard(out, s, root_held)
         return []
     embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
     if n == 1:
         out.free(head_grad)
         _first_keeps(out, grads, [embed_grad], first)
         return root_held
-    out.free(root_held, out.reduce_input)
+    _reshard(out, s, root_held)
+    out.free(out.reduce_input)
     out.reduce_input = 0
     reduce_in = out.alloc(4 * sum(s.root_params))
     out.free(embed_grad)
@@ -352,7 +404,7 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     root still gathered."""
     if s.shards > 1:
         fresh = _gather(out, s, s.root_params)
-        out.free(root_held)
+        _reshard(out, s, root_held)
         root_held = fresh
     saved, casts, vision_saved = _update_forward(out, s)
     kept = _logits(out, s, s.update_rows, backward=True)

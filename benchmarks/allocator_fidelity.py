@@ -16,13 +16,14 @@ row's own measurement enters its prediction. Each row compares:
 
     python benchmarks/allocator_fidelity.py [--out DIR] [--every-iteration] [--cases a,b]
 
-Then the held-out rows apart (issue 67: results/gpu/holdout.json, configs drawn at random by
-benchmarks/gpu_holdout.py and predicted before they were probed): NVML's peak against the
-predictions written then and against today's code (trace and model) on the same rows.
+Then the held-out rows apart, grid by grid (issue 67: results/gpu/holdout.json and each
+results/gpu/holdout_seed*/, configs drawn at random by benchmarks/gpu_holdout.py and
+predicted before they were probed): NVML's peak against the predictions written then and
+against today's code (trace and model) on the same rows.
 
 Targets (issue 48): predicted within 5% of NVML on every row; the memory model within 10%.
 Writes allocator_fidelity.{txt,json} to benchmarks/results/ (or --out). About 3 minutes on
-2 cores (the 7B and VL-7B ranks trace in 10 to 40 s each), and 5 more for the held-out rows.
+2 cores (the 7B and VL-7B ranks trace in 10 to 40 s each), and 4 more a held-out grid.
 """
 
 from __future__ import annotations
@@ -176,8 +177,18 @@ def describe(report: dict) -> list[str]:
     return lines
 
 
-def held_out(workers: int) -> dict:
-    """The rows of results/gpu/holdout.json (benchmarks/gpu_holdout.py), apart from the rows
+def holdout_grids() -> list[Path]:
+    """The committed held-out grids: results/gpu/ (the first) and each folder under it that
+    holds a grid's predictions and its probes (gpu_holdout.py --out), oldest first."""
+    import gpu_holdout
+
+    grids = [GPU_RESULTS, *sorted(p for p in GPU_RESULTS.iterdir() if p.is_dir())]
+    return [g for g in grids
+            if (g / gpu_holdout.PREDICTIONS).exists() and (g / "holdout.json").exists()]
+
+
+def held_out(grid: Path, workers: int) -> dict:
+    """One grid's rows (benchmarks/gpu_holdout.py's holdout.json), apart from the rows
     above: per phase NVML's peak against the predictions written before the probe (the
     trace and the memory model, each with the outside-torch prior) and against today's code
     on the same rows. Rows not held out (README command 1's, issue 67's row) are marked."""
@@ -186,9 +197,9 @@ def held_out(workers: int) -> dict:
 
     import gpu_holdout
 
-    predictions = json.loads((GPU_RESULTS / gpu_holdout.PREDICTIONS).read_text())
+    predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
     measured = {r["label"]: r
-                for r in json.loads((GPU_RESULTS / "holdout.json").read_text())["rows"]}
+                for r in json.loads((grid / "holdout.json").read_text())["rows"]}
     rows = [r for r in predictions["rows"]
             if measured.get(r["label"], {}).get("status") == "ok"]
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
@@ -212,11 +223,12 @@ def held_out(workers: int) -> dict:
                         "model_before_bytes": row["predicted"]["model_bytes"].get(phase),
                         "traced_bytes": now_traced.get(phase),
                         "model_bytes": now_model.get(phase)})
-    return {"seed": predictions["seed"], "predicted": predictions["date"], "rows": out}
+    return {"grid": str(grid.relative_to(GPU_RESULTS.parents[2])), "seed": predictions["seed"],
+            "predicted": predictions["date"], "rows": out}
 
 
 def describe_held_out(report: dict) -> list[str]:
-    lines = [f"held-out rows (benchmarks/results/gpu/holdout.json: seed {report['seed']}, "
+    lines = [f"held-out rows ({report['grid']}/holdout.json: seed {report['seed']}, "
              f"predicted {report['predicted']} before the probes; * = not held out)",
              f"{'case':<26}{'phase':<14}{'NVML':>11}  {'before: traced':>15}{'model':>8}"
              f"  {'now: traced':>12}{'model':>8}"]
@@ -264,14 +276,15 @@ def main() -> int:
     labels = args.cases.split(",") if args.cases else None
     report = measure(labels, args.every_iteration)
     if labels is None and not args.every_iteration:
-        report["held_out"] = held_out(args.workers)
+        report["held_out"] = [held_out(grid, args.workers) for grid in holdout_grids()]
     lines = [f"allocator_fidelity on {platform.processor() or 'cpu'}, "
              f"{time.strftime('%Y-%m-%d')}, {(time.monotonic() - started) / 60:.1f} min",
              "benchmark: python benchmarks/allocator_fidelity.py"
              + (" --every-iteration" if args.every_iteration else ""),
              "rows: the committed H200 runs (benchmarks/results/gpu/), predicted here on the "
              "CPU", "", *describe(report),
-             *(["", *describe_held_out(report["held_out"])] if "held_out" in report else [])]
+             *(line for grid in report.get("held_out", [])
+               for line in ("", *describe_held_out(grid)))]
     print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,12 @@ a layer saves), with FSDP's streams and its all-gather state (all-gathers on the
 stream, the last one's output kept until the next is made; reduce-scatter outputs on their
 stream; the next layer prefetched in the backward; FSDP1's flat units, whose frees it
 records on the stream that used them, reused once the GPU is past them), MICRO_BATCHES
-micro-batches of
-OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first), each phase on its own
-and twice over; replays it through allocator.py with the run's allocator settings; and
-returns, per phase, the replayed reserved peak less the replayed allocated peak. The trace
-(probe/trace.py) records the real stream and is exact where this is a sketch; this is what
-`estimate` adds without one, no torch needed. Sizes are per GPU; the caller gives rows.
+micro-batches of OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first), each
+phase on its own and twice over; replays it through allocator.py with the run's allocator
+settings; and returns, per phase, the replayed reserved peak less the replayed allocated
+peak. The trace (probe/trace.py) records the real stream and is exact where this is a
+sketch; this is what `estimate` adds without one, no torch needed. Sizes are per GPU; the
+caller gives rows.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ a declared distribution, every CPU prediction written (and committed) before the
 
     python benchmarks/gpu_holdout.py predict --n 10 --seed S   # here, on the CPU
     python benchmarks/gpu_holdout.py probe [--deadline-s 480]    # on the GPU, the file's rows
+    python benchmarks/gpu_holdout.py report RUN.json [RUN.json ...]  # runs merged, in order
 
 (`benchmarks/gpu_evidence.py --holdout N [--seed S]` does both in one go, on the GPU machine.)
 
@@ -532,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
                          help="start no row past this many seconds")
     probing.add_argument("--predictions", type=Path, default=RESULTS / PREDICTIONS,
                          help="the rows and their predictions (written by `predict`)")
+    probing.add_argument("--rows", nargs="+", default=None, metavar="LABEL",
+                         help="probe only the rows whose labels start so (e.g. 'holdout 04' "
+                              "'readme'): a row a fix changed, or one a call left unrun")
     probing.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                          help="cpu: a dry run of the probing code (tiny rows)")
     merging = sub.add_parser("report", help="one report from several probe runs' holdout.json "
@@ -554,10 +558,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from autotune.hardware import has_nvidia_gpu
 
+    document = json.loads(args.predictions.read_text())
+    if args.rows:
+        document["rows"] = [r for r in document["rows"]
+                            if r["label"].startswith(tuple(args.rows))]
+        if not document["rows"]:
+            parser.error(f"--rows {' '.join(args.rows)}: no row of {args.predictions} "
+                         "starts so")
     if args.device == "cuda" and not has_nvidia_gpu():
         print("gpu_holdout probe: needs an NVIDIA GPU (none found); nothing measured")
         return 0
-    document = json.loads(args.predictions.read_text())
     done = probe_rows(document, args.out, args.deadline_s, args.device)
     print("\n".join(summary(done, held_out_labels(document))))
     return 0

@@ -174,7 +174,7 @@ def rollout_problems(config: ProbeConfig, world_size: int) -> list[str]:
     if config.actor_generates and tp > 1:
         problems.append(f"rollout_engine=policy with rollout_tensor_parallel={tp}: the trained "
                         "model generates itself, with nothing to split; set it to 1")
-    if config.actor_generates and config.fsdp_strategy == "fsdp" and w > 1:
+    if config.actor_generates and config.flat_shards(w):
         problems.append("rollout_engine=policy with fsdp_strategy=fsdp: FSDP1 gathers its flat "
                         "parameters only in the wrapped forward, which generation does not "
                         "call; use fsdp_strategy=fsdp2 (TRL's generation under FSDP gathers "

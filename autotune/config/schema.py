@@ -293,6 +293,12 @@ class ProbeConfig:
         engine does not have where it is separate."""
         return world_size - self.rollout_gpus if self.separate else world_size
 
+    def flat_shards(self, world_size: int) -> bool:
+        """FSDP1 over several ranks: each unit one flat parameter, sharded, gathered and
+        freed as one (EasyR1's and verl's fsdp), where FSDP2 and one GPU hold a tensor per
+        parameter."""
+        return self.fsdp_strategy == "fsdp" and world_size > 1
+
     @property
     def uses_lora(self) -> bool:
         """LoRA: the base weights frozen, adapters trained, the reference the actor with its

@@ -47,13 +47,13 @@ named where each rule is modelled):
   them all back first. FSDP2 records no stream (it keeps such buffers alive itself).
 
 Not modelled: CUDA graphs' private pools, and the garbage collection threshold (off by
-default). Pure Python, no torch: `autotune estimate` and the
-sweep's pre-screen call it.
+default). Pure Python, no torch: `autotune estimate` and the sweep's pre-screen call it.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -237,7 +237,8 @@ class CachingAllocator:
         self._segments: dict[int, _Block] = {}  # plain segments' first block, by address
         # expandable segments: the unmapped ranges of each (stream, small)'s, by address
         self._unmapped: dict[tuple[int, bool], list[_Block]] = {}
-        self.pending: list[tuple[int, _Block]] = []  # freed, waiting on another stream
+        # freed after another stream used them, each with the marks passed at its free
+        self.pending: deque[tuple[int, _Block]] = deque()
         self.marks = 0  # marked points the CPU has passed (FSDP1's reshards)
 
     # -- the public calls: torch's malloc, free and empty_cache ------------------------------
@@ -291,7 +292,7 @@ class CachingAllocator:
         run past its free, the GPU taken GPU_LAG_MARKS marked points (FSDP1's reshards)
         behind the CPU."""
         while self.pending and self.pending[0][0] < self.marks - GPU_LAG_MARKS:
-            self._free_block(self.pending.pop(0)[1])
+            self._free_block(self.pending.popleft()[1])
 
     def _free_block(self, block: _Block) -> None:
         block.allocated = False
@@ -309,7 +310,7 @@ class CachingAllocator:
         """`release_cached_blocks`: every free unsplit segment back to CUDA; every whole free
         page of an expandable segment unmapped."""
         while self.pending:  # synchronize_and_free_events
-            self._free_block(self.pending.pop(0)[1])
+            self._free_block(self.pending.popleft()[1])
         for pool in self.pools.values():
             for block in [pool.blocks[key] for key in pool.keys]:
                 if block.expandable:

@@ -146,7 +146,7 @@ def offload_units(shape: ModelShape, config: ProbeConfig, world_size: int) -> li
     shards, verl's fsdp2 and the probe's; one GPU's plain parameters): each a pinned
     block of its own (measured on an H200: the probe's 0.5B offload pinned 12.11 GiB, the
     per-parameter blocks' sum to the byte; benchmarks/results/gpu)."""
-    if config.fsdp_strategy == "fsdp" and world_size > 1:
+    if config.flat_shards(world_size):
         return fsdp_unit_params(shape)
     return parameter_sizes(shape)
 
@@ -238,7 +238,7 @@ def critic_units(shape: ModelShape, config: ProbeConfig, units: list[int],
     """PPO's critic's tensors as offload moves them, from the actor's `units`: FSDP1's units
     with the root holding the value head, else the actor's tensors less an untied head, plus
     the value head's two."""
-    if config.fsdp_strategy == "fsdp" and world_size > 1:
+    if config.flat_shards(world_size):
         return [shape.critic_params - sum(units[1:]), *units[1:]]
     critic = [*units, shape.hidden, 1]
     if not shape.tied_embeddings:

@@ -250,7 +250,7 @@ def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, comput
         engine_copy=copy, held_copies=actor + reference + critic,
         state_layer=shape.layer_tensors, shards=shards,
         wake_gather=copy and shards > 1, policy_gathers=not copy and shards > 1,
-        wake_shard_copies=(int(config.fsdp_strategy == "fsdp") + int(config.offload_params))
+        wake_shard_copies=(int(config.flat_shards(shards)) + int(config.offload_params))
         if copy and shards > 1 else 0)
 
 
@@ -291,7 +291,7 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
-        fsdp1=shards > 1 and config.fsdp_strategy == "fsdp",
+        fsdp1=config.flat_shards(shards),
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

@@ -163,6 +163,15 @@ def _chunks(tokens: int) -> list[int]:
             for start in range(0, tokens, FUSED_CHUNK_TOKENS)]
 
 
+def _chunk_softmax(out: Stream, compute_bytes: int, elements: int) -> tuple[int, int]:
+    """One fused chunk's logits (`elements` of them) in the compute dtype cast to fp32 (the
+    compute-dtype ones gone), then its fp32 (log-)softmax beside them: (cast, softmax)."""
+    piece = out.alloc(compute_bytes * elements)
+    wide = out.alloc(4 * elements)
+    out.free(piece)
+    return wide, out.alloc(4 * elements)
+
+
 def _logits(out: Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
     """The log-probs from the whole logits: the compute-dtype logits, their fp32 response
     slice, its log-softmax (kept for the backward); returns what stays for the backward."""
@@ -170,10 +179,7 @@ def _logits(out: Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
     tokens, scored = rows * s.seq, rows * s.response
     if s.fused_logits:  # a chunk at a time: no whole-vocabulary block outlives it
         for chunk in _chunks(tokens):
-            piece = out.alloc(c * chunk * v)  # the chunk's logits, then cast to fp32
-            wide = out.alloc(4 * chunk * v)
-            out.free(piece)
-            soft = out.alloc(4 * chunk * v)  # its log-softmax, gathered and gone
+            wide, soft = _chunk_softmax(out, c, chunk * v)  # gathered and gone
             out.free(soft, wide)
         return []
     logits = out.alloc(c * tokens * v)
@@ -195,12 +201,9 @@ def _logits_backward(out: Stream, s: StepShape, rows: int, kept: list[int]) -> i
     tokens, scored = rows * s.seq, rows * s.response
     if s.fused_logits:  # each chunk's logits recomputed, softmaxed, its gradient cast
         for chunk in _chunks(tokens):
-            piece = out.alloc(c * chunk * v)
-            wide = out.alloc(4 * chunk * v)
-            out.free(piece)
-            soft = out.alloc(4 * chunk * v)
+            wide, soft = _chunk_softmax(out, c, chunk * v)
             out.free(wide)
-            grad = out.alloc(c * chunk * v)
+            grad = out.alloc(c * chunk * v)  # the softmax's gradient in the compute dtype
             out.free(soft, grad)
         return 0
     scattered = out.alloc(4 * scored * v)

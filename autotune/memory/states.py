@@ -204,7 +204,7 @@ def wake_gather_bytes(s: Sizing) -> int:
     if s.shards == 1 or s.config.actor_generates:
         return 0
     shard = shard_bytes(PARAM_BYTES, s.shape.num_params + lora_param_count(s), s.shards)
-    state_dict = shard if s.config.fsdp_strategy == "fsdp" else 0
+    state_dict = shard if s.config.flat_shards(s.shards) else 0
     loaded = shard if s.config.offload_params else 0
     return loaded + state_dict + 4 * s.shape.embedding_params
 

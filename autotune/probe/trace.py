@@ -124,10 +124,11 @@ class AllocationTracker:
             self.device_bytes += num_bytes
             self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
 
-    def _stream(self) -> int:
-        """The stream an allocation is made on now: FSDP2 on a CPU device selects
-        torch.cpu's stand-in streams exactly where it selects CUDA streams on a GPU."""
-        stream = torch.cpu.current_stream()
+    def _stream(self, stream: object | None = None) -> int:
+        """The number of `stream`, by default the one an allocation is made on now: FSDP on
+        a CPU device selects torch.cpu's stand-in streams exactly where it selects CUDA
+        streams on a GPU."""
+        stream = torch.cpu.current_stream() if stream is None else stream
         return self._streams.setdefault(id(stream), len(self._streams))
 
     def _allocated(self, record: _Storage) -> None:
@@ -141,8 +142,7 @@ class AllocationTracker:
         block is used on `stream` too, so the allocator defers its reuse after its free."""
         record = self._storages.get(tensor.untyped_storage())
         if record is not None and record.alloc_id:
-            number = self._streams.setdefault(id(stream), len(self._streams))
-            self.events.append((RECORD, record.alloc_id, number))
+            self.events.append((RECORD, record.alloc_id, self._stream(stream)))
 
     def marked(self) -> None:
         """FSDP1 resharded a unit and queued its free event (`_FreeEventQueue.enqueue`):

@@ -32,6 +32,7 @@ Writes benchmarks/results/short_probe.{txt,json}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -88,9 +89,34 @@ LARGE = {"0.5b grpo mbu1": ("qwen2.5-0.5b", {"rollout_batch_size": 2, "rollout_n
                                              "micro_batch_size_experience": 2}, {}, True)}
 
 
-def request_for(model: str, config: dict, request: dict, full: bool) -> ProbeRequest:
+# issue 64 item 7, on a GPU when one is lent (`--device cuda`): README command 1's first
+# probe (its default GPU config, gpu_holdout.README_ROW) and a 7B rank of 8 (emulated), at
+# gpu_evidence.py's shapes; interleaved steps in one built probe only (a whole full probe of
+# the README row took 205 s on the H200)
+GPU_SHAPES = {"max_prompt_length": 512, "max_response_length": 256, "rollout_n": 4}
+GPU_CASES: dict[str, tuple[str, dict, dict, bool]] = {
+    "readme 0.5b w1": ("qwen2.5-0.5b", {
+        "rollout_batch_size": 16, "rollout_n": 8, "global_batch_size": 8,
+        "micro_batch_size_update": 1, "micro_batch_size_experience": 1,
+        "gradient_checkpointing": True, "offload_params": True, "offload_optimizer": True,
+        "max_prompt_length": 512, "max_response_length": 512, "max_num_seqs": 128,
+        "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3, "fused_logprob": True},
+        {}, True),
+    "7b rank0/8 ckpt mbu2": ("qwen2.5-7b", {
+        **GPU_SHAPES, "rollout_batch_size": 16, "global_batch_size": 16,
+        "micro_batch_size_update": 2, "micro_batch_size_experience": 4,
+        "gradient_checkpointing": True}, {"gpus_per_node": 8, "emulated": True}, True),
+}
+# pairs per GPU case, sized by measured step times so that both fit one device call: the
+# README row's full step took 43-52 s on the H200 (its short one is mostly the rollout's one
+# wave, 14 s); the 7B rank's steps take seconds
+GPU_PAIRS = {"readme 0.5b w1": 2, "7b rank0/8 ckpt mbu2": 3}
+
+
+def request_for(model: str, config: dict, request: dict, full: bool,
+                device: str = "cpu") -> ProbeRequest:
     return ProbeRequest(model=model, config=ProbeConfig(**{**BASE, **config}),
-                        device=Device("cpu"), timeout_s=1800.0, warmup_steps=1,
+                        device=Device(device), timeout_s=1800.0, warmup_steps=1,
                         timed_steps=3 if full else 2, timed_min_s=MIN_TIMED_S, full_steps=full,
                         **request)
 
@@ -112,30 +138,106 @@ def farthest_ratio(short: list[ProbeResult], full: list[ProbeResult]) -> float:
     return max(ratios, key=lambda ratio: abs(ratio - 1))
 
 
-def interleaved_steps(name: str, pairs: int) -> dict[str, list[float]]:
+def interleaved_steps(name: str, pairs: int, device: str = "cpu") -> dict[str, list]:
     """In this process: the case's probe built once, a short and a full warm-up step, then
-    `pairs` of a short step (its predicted seconds) and a full one (its seconds)."""
+    `pairs` of a short step (its predicted seconds) and a full one (its seconds); with each
+    step's wall seconds and, per phase, its peak device bytes (the meter's, read per step)."""
     import torch
 
     from autotune.probe.measure.meter import MemoryMeter
     from autotune.probe.modeling.sharding import leave_group
     from autotune.probe.step.training import TrainingProbe, training_s
 
-    model, config, request, _ = {**CASES, **LARGE}[name]
-    meter = MemoryMeter(torch.device("cpu"), short=True)
-    meter.start()
-    probe = TrainingProbe(request_for(model, config, request, full=False), meter)
+    model, config, request, _ = {**CASES, **LARGE, **GPU_CASES}[name]
+    probe_request = request_for(model, config, request, full=False, device=device)
+    meter = MemoryMeter(torch.device(device), short=True)
+    if device == "cuda":
+        capacity = torch.cuda.get_device_properties(meter.device).total_memory
+        probe_request = dataclasses.replace(
+            probe_request, device=probe_request.device.with_capacity(capacity))
+        meter.start(nvml_index=0)
+    else:
+        meter.start()
+    probe = TrainingProbe(probe_request, meter)
     probe.build()
-    steps: dict[str, list[float]] = {"short": [], "full": []}
+    steps: dict[str, list] = {"short": [], "full": [], "short_wall": [], "full_wall": [],
+                              "short_peaks": [], "full_peaks": []}
     for index in range(pairs + 1):
-        for mode in ("short", "full"):
+        # the first pair warms up; on a GPU its short step alone (a full step there costs a
+        # device-minute, and the short one has run every shape the full one runs)
+        for mode in ("short",) if index == 0 and device == "cuda" else ("short", "full"):
             meter.clock.short = mode == "short"
+            meter.phase_peak_mem_bytes.clear()
+            began = time.perf_counter()
             seconds = training_s(probe.step())
+            wall = time.perf_counter() - began
             if index:  # the first pair warms up
                 steps[mode].append(seconds)
+                steps[f"{mode}_wall"].append(wall)
+                steps[f"{mode}_peaks"].append(dict(meter.phase_peak_mem_bytes))
+            if device == "cuda":
+                print(f"  {name} {mode} step {index}: {seconds:.2f} s (wall {wall:.2f} s)",
+                      file=sys.stderr, flush=True)
     meter.stop()
     leave_group()
     return steps
+
+
+def gpu_rows(out: Path, device_kind: str = "cuda") -> None:
+    """Issue 64 item 7: GPU_CASES' interleaved steps on this GPU (GPU_PAIRS of each), each
+    case in a fresh interpreter; writes short_probe_gpu.{txt,json} under `out` after every
+    case."""
+    import torch
+
+    if device_kind == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here: nothing to run (--device cuda is for a GPU)")
+        return
+    device = torch.cuda.get_device_name(0) if device_kind == "cuda" else "this CPU"
+    rows = []
+    for name in GPU_CASES:
+        pairs = GPU_PAIRS[name]
+        began = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, "--interleave", name, "--pairs",
+                               str(pairs), "--device", device_kind], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            rows.append({"case": name, "error": done.stderr[-1500:]})
+        else:
+            steps = json.loads(done.stdout.strip().splitlines()[-1])
+            ratios = {phase: statistics.median(p[phase] for p in steps["short_peaks"])
+                      / statistics.median(p[phase] for p in steps["full_peaks"])
+                      for phase in steps["full_peaks"][0]}
+            rows.append({"case": name, "pairs": pairs, **steps,
+                         "predicted_step_s": statistics.fmean(steps["short"]),
+                         "full_step_s": statistics.fmean(steps["full"]),
+                         "step_ratio": statistics.fmean(steps["short"])
+                         / statistics.fmean(steps["full"]),
+                         "peak_ratios": ratios,
+                         "step_wall_ratio": statistics.fmean(steps["full_wall"])
+                         / statistics.fmean(steps["short_wall"]),
+                         "case_wall_s": time.perf_counter() - began})
+        lines = [f"short probe vs full steps on {device} ({time.strftime('%Y-%m-%d')}): per "
+                 "case, pairs of a short and a full step interleaved in one built probe, "
+                 "after a short warm-up step (python benchmarks/short_probe.py --device cuda)"]
+        for row in rows:
+            if "error" in row:
+                lines.append(f"{row['case']}: failed: {row['error'].splitlines()[-1:]}")
+                continue
+            peaks = "  ".join(f"{phase} {ratio:.4f}"
+                              for phase, ratio in sorted(row["peak_ratios"].items()))
+            lines.append(
+                f"{row['case']}: predicted {row['predicted_step_s']:.2f} s (each "
+                + ", ".join(f"{s:.2f}" for s in row["short"]) + f"), full "
+                f"{row['full_step_s']:.2f} s (each " + ", ".join(f"{s:.2f}" for s in row["full"])
+                + f"), ratio {row['step_ratio']:.3f}; step wall full/short "
+                f"{row['step_wall_ratio']:.2f}; phase peaks short/full {peaks}; case "
+                f"{row['case_wall_s']:.0f} s")
+        text = "\n".join(lines)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "short_probe_gpu.txt").write_text(text + "\n")
+        (out / "short_probe_gpu.json").write_text(json.dumps({"device": device, "rows": rows},
+                                                             indent=2) + "\n")
+        print(text, flush=True)
 
 
 def interleaved_in_subprocess(name: str, pairs: int) -> dict[str, list[float]]:
@@ -266,9 +368,16 @@ def main() -> None:
                              "(writes short_probe_peaks.txt)")
     parser.add_argument("--large", action="store_true", help="add qwen2.5-0.5b")
     parser.add_argument("--only", default=None, help="one case, by name")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: GPU_CASES' interleaved steps only (short_probe_gpu.*)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR / "gpu",
+                        help="where --device cuda writes")
     args = parser.parse_args()
     if args.interleave:  # the subprocess of interleaved_in_subprocess
-        print(json.dumps(interleaved_steps(args.interleave, args.pairs)))
+        print(json.dumps(interleaved_steps(args.interleave, args.pairs, args.device)))
+        return
+    if args.device == "cuda":
+        gpu_rows(args.out)
         return
     if args.peaks_again:
         text = peaks_again(SubprocessRunner(), args.peaks_again, args.repeats)

@@ -530,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     drawing.add_argument("--workers", type=int, default=2, help="traces at a time")
     probing = sub.add_parser("probe", help="probe the predicted rows (GPU)")
     probing.add_argument("--deadline-s", type=float, default=480.0,
-                         help="start no row past this many seconds")
+                         help="start a row only while this many seconds less those spent "
+                              "leave it 1.2 x its estimated wall (90 s at most): a call's "
+                              "budget for starting rows, not for a row's end")
     probing.add_argument("--predictions", type=Path, default=RESULTS / PREDICTIONS,
                          help="the rows and their predictions (written by `predict`)")
     probing.add_argument("--rows", nargs="+", default=None, metavar="LABEL",

@@ -298,7 +298,16 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
               "reference": reference_resident_bytes(s), **critic_held(s), **held}
     forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
     gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
-    if s.shards > 1:  # FSDP's gathered units, the layer's activations and the logits
+    if s.shards > 1 and config.uses_lora and gathering:
+        # LoRA: the reference pass is the actor's own module with its adapters off, so one
+        # root unit, gathered by the first forward and kept (the probe does not reshard it),
+        # serves both; the head's logits come once the last layer is resharded (held-out
+        # H200 grid 3, row 00: a 7B rank of 8 peaked at the root, the logits and a chunk)
+        root = fsdp_root_bytes(s)
+        layers = forward["cast_weights"] - root
+        gathering = root + layers
+        ref_pass = peak = root + max(layers, forward["logits"] + forward["activations"])
+    elif s.shards > 1:  # FSDP's gathered units, the layer's activations and the logits
         ref_pass = peak = max(sum(forward.values()), gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits

@@ -302,11 +302,16 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # LoRA: the reference pass is the actor's own module with its adapters off, so one
         # root unit, gathered by the first forward and kept (the probe does not reshard it),
         # serves both; the head's logits come once the last layer is resharded (held-out
-        # H200 grid 3, row 00: a 7B rank of 8 peaked at the root, the logits and a chunk)
+        # H200 grid 3, row 00: a 7B rank of 8 peaked at the root, the logits and a chunk).
+        # FSDP2 copies a gathered unit out of its all-gather buffer into each parameter's
+        # own (torch's _fsdp_collectives.py, foreach_all_gather_copy_out): for that moment
+        # the root twice (grid 3, row 07: two embedding-sized blocks at the peak)
         root = fsdp_root_bytes(s)
         layers = forward["cast_weights"] - root
-        gathering = root + layers
-        ref_pass = peak = root + max(layers, forward["logits"] + forward["activations"])
+        copy_out = 0 if config.flat_shards(s.shards) else root
+        gathering = root + max(layers, copy_out)
+        ref_pass = peak = root + max(layers, copy_out,
+                                     forward["logits"] + forward["activations"])
     elif s.shards > 1:  # FSDP's gathered units, the layer's activations and the logits
         ref_pass = peak = max(sum(forward.values()), gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a

@@ -179,7 +179,7 @@ def describe(report: dict) -> list[str]:
 
 def holdout_grids() -> list[Path]:
     """The committed held-out grids: results/gpu/ (the first) and each folder under it that
-    holds a grid's predictions and its probes (gpu_holdout.py --out), oldest first."""
+    holds a grid's predictions and its probes (gpu_holdout.py --out), by folder name."""
     import gpu_holdout
 
     grids = [GPU_RESULTS, *sorted(p for p in GPU_RESULTS.iterdir() if p.is_dir())]

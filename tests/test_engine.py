@@ -4,7 +4,7 @@ share `gpu_memory_utilization` is (engine.py). Each probe is a real subprocess."
 from __future__ import annotations
 
 import pytest
-from conftest import SMALL_CONFIG
+from conftest import SMALL_CONFIG, small_request
 
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
@@ -23,12 +23,25 @@ def engine_probe(make_request, cap_bytes: int = CAP_BYTES, **changes):
     return SubprocessRunner().run(request)
 
 
+@pytest.fixture(scope="module")
+def text_engine_at_40():
+    """The text model's engine at gpu_memory_utilization 0.4 under the 1 GiB cap: a case of
+    the rollout peak's and the sleep test's engine that sleeps (one request, probed once)."""
+    return engine_probe(small_request, gpu_memory_utilization=0.4)
+
+
+# the reservation is util x cap for any util: three shares on the text model, two on the VL
+# model's slower probes (one code path: a third value adds no branch)
+UTILS = {"tiny-qwen2.5": (0.3, 0.4, 0.5), "tiny-qwen2.5-vl": (0.3, 0.5)}
+
+
 @pytest.mark.parametrize("model", ["tiny-qwen2.5", "tiny-qwen2.5-vl"])
-def test_rollout_peak_is_the_states_plus_the_reservation(make_request, model):
+def test_rollout_peak_is_the_states_plus_the_reservation(make_request, model,
+                                                         text_engine_at_40):
     shapes = {"max_prompt_length": 200, "image_size_px": 112} if model.endswith("vl") else {}
-    for util in (0.3, 0.4, 0.5):
-        result = engine_probe(make_request, model=model, gpu_memory_utilization=util,
-                              **shapes)
+    for util in UTILS[model]:
+        result = text_engine_at_40 if (model, util) == ("tiny-qwen2.5", 0.4) else \
+            engine_probe(make_request, model=model, gpu_memory_utilization=util, **shapes)
         assert result.ok, result.message
         engine = result.engine
         assert engine["reserved_bytes"] == int(util * CAP_BYTES)
@@ -74,8 +87,8 @@ def test_a_pool_too_small_is_cache_oom_in_vllms_words(make_request):
     assert "less than desired GPU memory utilization (0.9" in greedy.message
 
 
-def test_sleep_frees_the_pool_before_the_experience_phase(make_request):
-    asleep = engine_probe(make_request, gpu_memory_utilization=0.4)
+def test_sleep_frees_the_pool_before_the_experience_phase(make_request, text_engine_at_40):
+    asleep = text_engine_at_40
     awake = engine_probe(make_request, gpu_memory_utilization=0.4, enable_sleep=False)
     dropped = engine_probe(make_request, gpu_memory_utilization=0.4, sleep_level=2)
     assert asleep.ok and awake.ok and dropped.ok, (asleep.message, awake.message)

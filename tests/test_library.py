@@ -16,8 +16,8 @@ import autotune
 start = time.monotonic()
 
 options = autotune.RunOptions(
-    probe=autotune.ProbeOptions(model="tiny-qwen2.5", device="cpu", timed_steps=1,
-                                gpu_memory_limit_bytes=545 << 20),
+    probe=autotune.ProbeOptions(model="tiny-qwen2.5", device="cpu", warmup_steps=0,
+                                timed_steps=1, gpu_memory_limit_bytes=545 << 20),
     space="cpu-demo", trials=2, finalists=0, confirm=0, trace=False, prescreen=False,
     results_dir=sys.argv[1], study="notebook")
 plan = autotune.plan_sweep(options)

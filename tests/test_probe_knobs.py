@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import small_request
 
 from autotune.memory.host import NodeRun, node_host
 from autotune.memory.shape import model_shape
@@ -15,9 +16,19 @@ ACTIVATION_HEAVY = dict(rollout_batch_size=2, rollout_n=4, global_batch_size=2,
                         max_prompt_length=448, max_response_length=64, use_kl=False)
 
 
-def test_gradient_checkpointing_lowers_update_peak(make_request):
+@pytest.fixture(scope="module")
+def activation_heavy():
+    """ACTIVATION_HEAVY at the knobs' defaults, no checkpointing and the old-log-prob pass on:
+    the checkpointing test's plain probe and the old-log-prob test's `on` (one request)."""
+    request = small_request(**ACTIVATION_HEAVY)
+    assert request == small_request(**ACTIVATION_HEAVY, gradient_checkpointing=False) == \
+        small_request(**ACTIVATION_HEAVY, old_logprob_pass=True)  # the defaults, still
+    return SubprocessRunner().run(request)
+
+
+def test_gradient_checkpointing_lowers_update_peak(make_request, activation_heavy):
     runner = SubprocessRunner()
-    plain = runner.run(make_request(**ACTIVATION_HEAVY, gradient_checkpointing=False))
+    plain = activation_heavy
     ckpt = runner.run(make_request(**ACTIVATION_HEAVY, gradient_checkpointing=True))
     assert plain.ok and ckpt.ok, (plain.message, ckpt.message)
     saved = plain.phase_peak_mem_bytes["update"] - ckpt.phase_peak_mem_bytes["update"]
@@ -64,7 +75,8 @@ def test_the_reference_waits_where_offload_ref_params_puts_it(make_request):
         actor_only.phase_peak_mem_bytes["rollout"] - 0.6 * ref_bytes
 
 
-def test_without_the_old_log_prob_pass_trl_s_experience_runs_no_forward(make_request):
+def test_without_the_old_log_prob_pass_trl_s_experience_runs_no_forward(make_request,
+                                                                         activation_heavy):
     """TRL at beta 0 and num_iterations 1 (its defaults, one optimizer step a generation)
     takes no reference and no old-log-prob forward: the update uses its own log-probs,
     detached. A real probe of each: the pass off holds nothing of a forward in experience
@@ -74,9 +86,8 @@ def test_without_the_old_log_prob_pass_trl_s_experience_runs_no_forward(make_req
 
     from autotune.memory.model import estimate_memory
 
-    runner = SubprocessRunner()
-    on = runner.run(make_request(**ACTIVATION_HEAVY, old_logprob_pass=True))
-    off = runner.run(make_request(**ACTIVATION_HEAVY, old_logprob_pass=False))
+    on = activation_heavy
+    off = SubprocessRunner().run(make_request(**ACTIVATION_HEAVY, old_logprob_pass=False))
     assert on.ok and off.ok, (on.message, off.message)
     saved = on.phase_peak_mem_bytes["experience"] - off.phase_peak_mem_bytes["experience"]
     config = make_request(**ACTIVATION_HEAVY).config

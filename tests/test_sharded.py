@@ -56,6 +56,13 @@ def text_probes(tmp_path_factory):
             "emulated": probe(where, "emulated", emulated=True)}
 
 
+@pytest.fixture(scope="module")
+def vl_real(tmp_path_factory):
+    """The real 2-rank probe of the VL model: its own test's, and the tensor-parallel test's
+    untouched engine in its VL case (the same request)."""
+    return probe(tmp_path_factory.mktemp("vl"), "vl", model="tiny-qwen2.5-vl", config=VL)
+
+
 def test_a_real_two_rank_probe_holds_half_the_model_states(text_probes):
     one, real = text_probes["one"], text_probes["real"]
     assert (real.world_size, real.emulated, len(real.rank_peak_mem_bytes)) == (2, False, 2)
@@ -79,8 +86,8 @@ def test_an_emulated_rank_matches_the_real_ranks_per_phase(text_probes):
         assert emulated.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.10), phase
 
 
-def test_a_real_two_rank_probe_of_the_vl_model_runs_every_phase(tmp_path):
-    result = probe(tmp_path, "vl", model="tiny-qwen2.5-vl", config=VL)
+def test_a_real_two_rank_probe_of_the_vl_model_runs_every_phase(vl_real):
+    result = vl_real
     assert set(result.phase_peak_mem_bytes) == {"rollout", "experience", "update"}
     psi = model_shape("tiny-qwen2.5-vl").num_params
     assert sum(result.model_state_bytes.values()) == pytest.approx(
@@ -97,12 +104,15 @@ def test_an_emulated_rank_of_eight_runs(tmp_path):
 
 
 @pytest.mark.parametrize("model,config", [("tiny-qwen2.5", TEXT), ("tiny-qwen2.5-vl", VL)])
-def test_a_tensor_parallel_engine_holds_what_the_memory_model_says(tmp_path, model, config):
+def test_a_tensor_parallel_engine_holds_what_the_memory_model_says(tmp_path, model, config,
+                                                                   text_probes, vl_real):
     """rollout_tensor_parallel=2 over two real ranks: each rank's engine holds its shard of
     every layer (torch's tensor-parallel API on the engine copy), exactly memory.py's count.
     (The tiny model's saving, 6 MiB, is within the rollout peak's noise: that is not tested.)"""
     split = ProbeConfig(**{**config.as_dict(), "rollout_tensor_parallel": 2})
-    whole = probe(tmp_path, "tp1", model=model, config=config)
+    # the untouched engine (rollout_tensor_parallel=1): the very request text_probes["real"]
+    # and vl_real probed, so its result is theirs
+    whole = text_probes["real"] if config is TEXT else vl_real
     halved = probe(tmp_path, "tp2", model=model, config=split)
     shape = model_shape(model)
     assert whole.engine_weight_bytes == 4 * shape.engine_params(1) == 4 * shape.num_params
@@ -156,7 +166,8 @@ def test_a_two_rank_sweep_runs_real_probes_and_resumes_after_sigkill(tmp_path):
                "--model", "tiny-qwen2.5",
                "--device", "cpu", "--gpus-per-node", "2", "--ranks", "real",
                "--space", str(space), "--study", "w2", "--results-dir", str(tmp_path),
-               "--warmup-steps", "0", "--timed-steps", "1", "--sampler", "random"]
+               "--warmup-steps", "0", "--timed-steps", "1", "--sampler", "random",
+               "--no-trace"]  # the resume is under test, not the traced pre-screen
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     logs = tmp_path / "w2" / "logs"
     deadline = time.monotonic() + 300
@@ -209,7 +220,8 @@ def test_states_too_big_for_one_device_fit_an_emulated_eight_way_shard(tmp_path)
     common = ["run", "--finalists", "0",
               "--model-path", str(model), "--device", "cpu", "--space", str(space),
               "--gpu-memory-limit", "1GiB", "--results-dir", str(tmp_path / "results"),
-              "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2"]
+              "--warmup-steps", "0", "--timed-steps", "1", "--threads", "2",
+              "--no-trace"]  # one config, the safe one: probed whatever a trace says
     alone = autotune(*common, "--study", "w1")
     assert alone.returncode == 2 and "model states" in alone.stderr, alone.stderr[-2000:]
     sharded = autotune(*common, "--study", "w8", "--gpus-per-node", "8")
@@ -228,7 +240,7 @@ def test_an_emulated_sweep_confirms_its_best_with_real_ranks_once(tmp_path):
     command = ["run", "--finalists", "0",
                "--model", "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2",
                "--space", str(space), "--study", "c", "--results-dir", str(tmp_path),
-               "--warmup-steps", "0", "--timed-steps", "1", "--confirm", "1"]
+               "--warmup-steps", "0", "--timed-steps", "1", "--confirm", "1", "--no-trace"]
     first = autotune(*command)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "then probed with 2 real ranks" in first.stderr

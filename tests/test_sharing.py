@@ -338,14 +338,14 @@ class SlowTracer:
 
 def test_a_driver_busy_tracing_past_its_heartbeat_keeps_its_trials(tmp_path):
     """Two live drivers on one journal, a heartbeat of 0.5 s (a trial is dead after 2 s of
-    silence) and traces of 4 s: the driver's heartbeat beats from a thread of its own while it
+    silence) and traces of 3 s: the driver's heartbeat beats from a thread of its own while it
     traces, so no trial of a live driver is ever taken over and no config is probed twice
     (before: 3 of 6 trials were taken over, one config probed 3 times), beside one busy
     process per core."""
     journal = str(tmp_path / "study.journal")
     request = ProbeRequest(model="tiny-qwen2.5",
                            device=Device("cpu", 4 * 2**30, limit_bytes=500 * 2**20))
-    tracers = [SlowTracer(4.0), SlowTracer(4.0)]
+    tracers = [SlowTracer(3.0), SlowTracer(3.0)]  # past the 2 s a silent trial lives
     runners = [ScriptedRunner(), ScriptedRunner()]
     with busy_processes():  # on a loaded machine, as the outside run's was
         run_drivers([Sweep(settings_for(tmp_path, f"driver{i}", max_trials=6, storage=journal,

@@ -170,8 +170,10 @@ def test_run_with_a_trainer_starts_from_its_config_and_writes_its_yaml(tmp_path)
     base.write_text(VERL_BASE)
     space = SPACE.replace("max_response_length: 128, micro_batch_size_update: 1",
                           "max_response_length: 128")
+    # two trials: the safe config (it fits: the best, exported), then the user's (it does not)
     out = subprocess.run(run_command(tmp_path, space, "--trainer", "verl", "--base-config",
-                                     str(base)), capture_output=True, text=True, timeout=600)
+                                     str(base), "--trials", "2"),
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     study = load(tmp_path)
     start = next(t for t in study.trials if t.user_attrs.get("origin") == "base")

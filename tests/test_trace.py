@@ -291,13 +291,26 @@ def test_the_growing_cache_decode_generates_what_hf_generate_does():
     assert torch.equal(ours, theirs)
 
 
+def traced_estimate(capacity_bytes=None, gpus_per_node=None):
+    """`autotune estimate --trace --model tiny-qwen2.5 --device cpu --set
+    max_response_length=64 [--capacity ...] [--gpus-per-node ...] --json` in this process:
+    the answer's JSON and what it said on stderr. The CLI prints this very answer (click.echo
+    of its JSON or its text); a separate `estimate --trace` process pays torch's imports and
+    a cold first trace, 5 s more a call. The text call and --bisect-length below still run
+    the command itself."""
+    from autotune import ProbeOptions, estimate
+    from autotune.config import parse_assignments
+
+    said: list[str] = []
+    answer = estimate(ProbeOptions(model="tiny-qwen2.5", device="cpu",
+                                   gpus_per_node=gpus_per_node,
+                                   knobs=parse_assignments(["max_response_length=64"])),
+                      capacity_bytes, trace=True, say=said.append)
+    return json.loads(json.dumps(answer.as_dict())), "\n".join(said)
+
+
 def test_estimate_trace_prints_the_traced_table_beside_the_model(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace", "--model",
-                           "tiny-qwen2.5", "--device", "cpu", "--gpus-per-node", "2", "--set",
-                           "max_response_length=64", "--json"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report, _ = traced_estimate(gpus_per_node=2)
     traced = report["traced"]
     assert set(traced["phase_peak_mem_bytes"]) == set(report["phase_bytes"])
     for phase, modelled in report["phase_bytes"].items():  # the prior is within 25% of it
@@ -318,24 +331,21 @@ def test_the_traced_length_headroom_comes_from_the_one_trace_and_agrees_with_it(
     the traced length where the trace fits the budget, below it where it does not (a trace
     that fit beside "fits to 0 of 256 tokens" was a contradiction). --bisect-length traces
     more, and says so first."""
-    def estimate(*args):
-        done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace",
-                               "--model", "tiny-qwen2.5", "--device", "cpu", "--set",
-                               "max_response_length=64", "--json", *args],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout), done.stderr
-
-    for capacity in ("1GiB", "600MiB"):  # the trace fits the budget; it does not
-        report, said = estimate("--capacity", capacity)
+    for capacity in (1 << 30, 600 << 20):  # the trace fits the budget; it does not
+        report, said = traced_estimate(capacity)
         traced = report["traced"]
         budget = budget_bytes(report["capacity_bytes"])  # the default headroom's
         fits = max(traced["phase_peak_mem_bytes"].values()) <= budget
-        assert fits == (capacity == "1GiB")
+        assert fits == (capacity == 1 << 30)
         reach = traced["fits_up_to_response_tokens"]
         assert reach >= 64 if fits else reach < 64, (capacity, reach)
         assert said.count("tracing") == 1, said  # one trace, no bisection
-    report, said = estimate("--capacity", "1GiB", "--bisect-length")
+    done = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--trace", "--model",
+                           "tiny-qwen2.5", "--device", "cpu", "--set", "max_response_length=64",
+                           "--json", "--capacity", "1GiB", "--bisect-length"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report, said = json.loads(done.stdout), done.stderr
     assert "--bisect-length: after the trace, up to" in said.splitlines()[0]
     assert "tracing at" in said and report["traced"]["fits_up_to_response_tokens"] >= 64
 

@@ -378,6 +378,26 @@ def test_the_model_alone_is_within_five_percent_of_the_h200s_card_peak():
     assert abs(errors["7b rank0/8 ckpt", "update"]) < 0.05
 
 
+def sharded_fsdp1_held_out_rows() -> list[tuple[Path, dict, dict]]:
+    """(grid, row, result) for every FSDP1 rank (W > 1) probed ok in the committed held-out
+    H200 grids (benchmarks/gpu_holdout.py: configs drawn at random, predicted before they
+    were probed); benchmarks/ importable after it."""
+    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
+    import allocator_fidelity
+    import gpu_holdout
+
+    found = []
+    for grid in allocator_fidelity.holdout_grids():
+        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
+        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
+        for row in predictions["rows"]:
+            result = measured.get(row["label"], {})
+            if row["world"] > 1 and row["knobs"].get("fsdp_strategy") == "fsdp" and \
+                    result.get("status") == "ok":
+                found.append((grid, row, result))
+    return found
+
+
 def test_the_model_alone_puts_fsdp1_ranks_updates_within_ten_percent_on_held_out_rows():
     """FSDP1 ranks (W > 1) of the held-out H200 grids (benchmarks/gpu_holdout.py: configs
     drawn at random, predicted before they were probed), the memory model alone against
@@ -387,24 +407,18 @@ def test_the_model_alone_puts_fsdp1_ranks_updates_within_ten_percent_on_held_out
     update was 14.6% under and a VL-7B critic's 13.5%. LoRA ranks' updates are not held to
     it: the third grid's two (a 7B rank of 8, a VL-7B rank of 4) are 14-15% over
     (docs/memory-and-trace.md)."""
-    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
-    import allocator_fidelity
+    rows = sharded_fsdp1_held_out_rows()
     import gpu_holdout
 
     errors = {}
-    for grid in allocator_fidelity.holdout_grids():
-        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
-        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
-        for row in predictions["rows"]:
-            result = measured.get(row["label"], {})
-            if row["world"] == 1 or row["knobs"].get("fsdp_strategy") != "fsdp" or \
-                    result.get("status") != "ok" or row["knobs"].get("lora_rank"):
-                continue
-            modelled = gpu_holdout.model_prediction(row)
-            for phase in ("update", "critic_update"):
-                if phase in result["phases"]:
-                    nvml = result["phases"][phase]["nvml_bytes"]
-                    errors[grid.name, row["label"], phase] = (modelled[phase] - nvml) / nvml
+    for grid, row, result in rows:
+        if row["knobs"].get("lora_rank"):
+            continue
+        modelled = gpu_holdout.model_prediction(row)
+        for phase in ("update", "critic_update"):
+            if phase in result["phases"]:
+                nvml = result["phases"][phase]["nvml_bytes"]
+                errors[grid.name, row["label"], phase] = (modelled[phase] - nvml) / nvml
     assert len(errors) >= 10, errors
     assert max(abs(e) for e in errors.values()) <= 0.10, errors
 
@@ -415,28 +429,21 @@ def test_a_sharded_lora_ranks_experience_gathers_one_root_for_both_log_prob_pass
     model's tensors in the experience of every FSDP1 LoRA rank (W > 1, GRPO) of the held-out
     H200 grids within 5% of torch's allocated peak there. Modelled as a separate reference's
     three root copies, the third grid's 7B rank of 8 was 64% over (10.6 GiB against 6.5)."""
-    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
-    import allocator_fidelity
+    rows = sharded_fsdp1_held_out_rows()
     import gpu_holdout
 
     errors = {}
-    for grid in allocator_fidelity.holdout_grids():
-        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
-        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
-        for row in predictions["rows"]:
-            result = measured.get(row["label"], {})
-            knobs = row["knobs"]
-            if row["world"] == 1 or knobs.get("fsdp_strategy") != "fsdp" or \
-                    not knobs.get("lora_rank") or knobs.get("algorithm") == "ppo" or \
-                    result.get("status") != "ok":
-                continue
-            estimate = estimate_memory(model_shape(row["model"]), ProbeConfig(**knobs),
-                                       num_gpus=row["world"], on_gpu=True,
-                                       engine_capacity_bytes=gpu_holdout.H200_CAPACITY_BYTES,
-                                       outside_bytes=0)
-            phase = estimate.phases["experience"]
-            tensors = phase.total_bytes - phase.parts.get("allocator_reserve", 0)
-            allocated = result["phase_tensor_peak_bytes"]["experience"]
-            errors[grid.name, row["label"]] = (tensors - allocated) / allocated
+    for grid, row, result in rows:
+        knobs = row["knobs"]
+        if not knobs.get("lora_rank") or knobs.get("algorithm") == "ppo":
+            continue
+        estimate = estimate_memory(model_shape(row["model"]), ProbeConfig(**knobs),
+                                   num_gpus=row["world"], on_gpu=True,
+                                   engine_capacity_bytes=gpu_holdout.H200_CAPACITY_BYTES,
+                                   outside_bytes=0)
+        phase = estimate.phases["experience"]
+        tensors = phase.total_bytes - phase.parts.get("allocator_reserve", 0)
+        allocated = result["phase_tensor_peak_bytes"]["experience"]
+        errors[grid.name, row["label"]] = (tensors - allocated) / allocated
     assert len(errors) >= 3, errors
     assert max(abs(e) for e in errors.values()) <= 0.05, errors

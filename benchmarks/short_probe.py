@@ -4,9 +4,10 @@ steps of the same config, its phase peaks against theirs, its wall time against 
 Each case is measured two ways:
 
 - interleaved steps, one process: the probe is built once, warmed up with a short step and a
-  full one, then runs `--pairs` pairs of a short step (each loop's first units and its last,
-  the step predicted from them; probe/measure/unit_loops.py) and a full one (every unit), so the
-  prediction is held to full steps of the same built probe, on the same memory and threads,
+  full one (on a GPU with a short step alone), then runs `--pairs` pairs of a short step
+  (each loop's first units and its last, the step predicted from them;
+  probe/measure/unit_loops.py) and a full one (every unit), so the prediction is held to
+  full steps of the same built probe, on the same memory and threads,
   seconds apart: predicted_step_s against full_step_s;
 - whole probes, through the local runner as a sweep runs them (forked CPU probes, the sweep's
   step counts: 2 short steps at least, 3 full ones at least, more while under 2 s or, short,
@@ -44,6 +45,10 @@ from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeRequest, ProbeResult
 from autotune.runners.local import SubprocessRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_evidence  # noqa: E402  (the GPU cases, as the GPU scripts declare them)
+import gpu_holdout  # noqa: E402
 
 OUT_DIR = Path(__file__).parent / "results"
 MIN_TIMED_S = 2.0  # the sweep's (sweep/plan.py)
@@ -90,22 +95,15 @@ LARGE = {"0.5b grpo mbu1": ("qwen2.5-0.5b", {"rollout_batch_size": 2, "rollout_n
 
 
 # issue 64 item 7, on a GPU when one is lent (`--device cuda`): README command 1's first
-# probe (its default GPU config, gpu_holdout.README_ROW) and a 7B rank of 8 (emulated), at
-# gpu_evidence.py's shapes; interleaved steps in one built probe only (a whole full probe of
+# probe (its default GPU config) and gpu_evidence.py's 7B rank of 8 (emulated), each as
+# those scripts declare it; interleaved steps in one built probe only (a whole full probe of
 # the README row took 205 s on the H200)
-GPU_SHAPES = {"max_prompt_length": 512, "max_response_length": 256, "rollout_n": 4}
 GPU_CASES: dict[str, tuple[str, dict, dict, bool]] = {
-    "readme 0.5b w1": ("qwen2.5-0.5b", {
-        "rollout_batch_size": 16, "rollout_n": 8, "global_batch_size": 8,
-        "micro_batch_size_update": 1, "micro_batch_size_experience": 1,
-        "gradient_checkpointing": True, "offload_params": True, "offload_optimizer": True,
-        "max_prompt_length": 512, "max_response_length": 512, "max_num_seqs": 128,
-        "rollout_engine": "vllm-like", "gpu_memory_utilization": 0.3, "fused_logprob": True},
-        {}, True),
-    "7b rank0/8 ckpt mbu2": ("qwen2.5-7b", {
-        **GPU_SHAPES, "rollout_batch_size": 16, "global_batch_size": 16,
-        "micro_batch_size_update": 2, "micro_batch_size_experience": 4,
-        "gradient_checkpointing": True}, {"gpus_per_node": 8, "emulated": True}, True),
+    "readme 0.5b w1": (gpu_holdout.README_ROW["model"], gpu_holdout.README_ROW["knobs"], {},
+                       True),
+    "7b rank0/8 ckpt mbu2": ("qwen2.5-7b", {**gpu_evidence.SHAPES, **gpu_evidence.BIG,
+                                            "micro_batch_size_update": 2},
+                             {"gpus_per_node": 8, "emulated": True}, True),
 }
 # pairs per GPU case, sized by measured step times so that both fit one device call: the
 # README row's full step took 43-52 s on the H200 (its short one is mostly the rollout's one
@@ -139,7 +137,8 @@ def farthest_ratio(short: list[ProbeResult], full: list[ProbeResult]) -> float:
 
 
 def interleaved_steps(name: str, pairs: int, device: str = "cpu") -> dict[str, list]:
-    """In this process: the case's probe built once, a short and a full warm-up step, then
+    """In this process: the case's probe built once, a short and a full warm-up step (on a GPU
+    a short one alone), then
     `pairs` of a short step (its predicted seconds) and a full one (its seconds); with each
     step's wall seconds and, per phase, its peak device bytes (the meter's, read per step)."""
     import torch
@@ -218,7 +217,8 @@ def gpu_rows(out: Path, device_kind: str = "cuda") -> None:
                          "case_wall_s": time.perf_counter() - began})
         lines = [f"short probe vs full steps on {device} ({time.strftime('%Y-%m-%d')}): per "
                  "case, pairs of a short and a full step interleaved in one built probe, "
-                 "after a short warm-up step (python benchmarks/short_probe.py --device cuda)"]
+                 f"after a short warm-up step (python benchmarks/short_probe.py --device "
+                 f"{device_kind})"]
         for row in rows:
             if "error" in row:
                 lines.append(f"{row['case']}: failed: {row['error'].splitlines()[-1:]}")

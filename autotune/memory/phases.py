@@ -312,8 +312,12 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         gathering = root + max(layers, copy_out)
         ref_pass = peak = root + max(layers, copy_out,
                                      forward["logits"] + forward["activations"])
-    elif s.shards > 1:  # FSDP's gathered units, the layer's activations and the logits
-        ref_pass = peak = max(sum(forward.values()), gathering)
+    elif s.shards > 1:  # FSDP's gathered units (the reference's root among them, kept
+        # from its last forward: kept_root_bytes), or the layer's activations and the logits
+        # beside that kept root (held-out H200 grid 3, row 05: a 0.5B FSDP1 rank of 8 peaked
+        # at two roots, the actor's and the reference's, and two logits-sized blocks)
+        kept = kept_root_bytes(s, actor=False)
+        ref_pass = peak = max(sum(forward.values()) + kept, gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
         # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept (01)

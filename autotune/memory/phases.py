@@ -322,7 +322,13 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
         # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept (01)
         cast = 0 if config.uses_lora else forward["cast_weights"]
-        ref_pass = max(forward["logits"], forward["activations"])  # its weights: bf16
+        # the fused log-prob casts the head's weight once for all its chunks, so a frozen
+        # head's cast (LoRA: not kept by autocast's cache) is live beside them (held-out H200
+        # grid 3, row 02: a 0.5B LoRA rank peaked at the head's cast and two chunks; row 04,
+        # unfused, frees it after its matmul)
+        head = s.compute_bytes * s.shape.embedding_params \
+            if config.uses_lora and config.fused_logprob else 0
+        ref_pass = max(forward["logits"] + head, forward["activations"])  # weights: bf16
         peak = cast + ref_pass
     # a reference waiting on the host is on the device for its own pass only
     arriving = reference_bytes(s) - states["reference"]

@@ -326,8 +326,8 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # head's cast (LoRA: not kept by autocast's cache) is live beside them (held-out H200
         # grid 3, row 02: a 0.5B LoRA rank peaked at the head's cast and two chunks; row 04,
         # unfused, frees it after its matmul)
-        head = s.compute_bytes * s.shape.embedding_params \
-            if config.uses_lora and config.fused_logprob else 0
+        head = s.compute_bytes * s.shape.embedding_params if config.uses_lora \
+            and config.fused_logprob and s.compute_bytes < PARAM_BYTES else 0  # fp32: none
         ref_pass = max(forward["logits"] + head, forward["activations"])  # weights: bf16
         peak = cast + ref_pass
     # a reference waiting on the host is on the device for its own pass only

@@ -263,7 +263,7 @@ def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compu
     rows = max(1, worst_case_rows(config.as_dict(), share.responses_per_minibatch,
                                   "critic_update"))
     return dataclasses.replace(actor, vocab=1, root_params=(shape.embedding_params,),
-                               update_rows=rows,
+                               update_rows=rows, critic_rows=0, critic_states=(),
                                checkpointing=config.critic_gradient_checkpointing,
                                fused_logits=False, with_reference=False, frozen_base=False)
 
@@ -292,6 +292,10 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
         fsdp1=config.flat_shards(shards),
+        critic_rows=max(1, worst_case_rows(knobs, share.responses_per_step, "critic_update"))
+        if config.has_critic else 0,
+        critic_states=((4,) + (() if config.critic_offload_optimizer else (4, 4)))
+        if config.has_critic and not config.critic_offload_params else (),
         # the two norms as one block
         vision_block_params=(sum(block[:2]), *block[2:]) if block else (),
         vision_blocks=shape.vision_layers, vision_hidden=shape.vision_hidden,

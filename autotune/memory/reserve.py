@@ -44,7 +44,7 @@ from autotune.memory.allocator import (
 Blocks: TypeAlias = "int | Sequence[Blocks]"
 # FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own),
 # reduce-scatter stream, and FSDP1's pre-unshard stream (its compute-dtype shard copies)
-COPY_IN, REF_COPY_IN, REDUCE, PRE_UNSHARD = 1, 2, 3, 4
+COPY_IN, REF_COPY_IN, REDUCE, PRE_UNSHARD, CRITIC_COPY_IN = 1, 2, 3, 4, 5
 # Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
 # run's batches: the cache settles within them (the first step makes AdamW's state), so the
 # reserve is the steady state's and moves only with what a micro-batch holds.
@@ -81,6 +81,9 @@ class StepShape:
     frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
     optimizer_offloaded: bool = False  # AdamW's state waits on the host outside the update
     fsdp1: bool = False  # sharded by FSDP1: a unit one flat parameter, its frees recorded
+    critic_rows: int = 0  # PPO: the experience's value forward (its micro-batch's rows)
+    critic_states: tuple[int, ...] = ()  # the critic's fp32 tensors a parameter on the
+    # device through the experience (4: params, then AdamW's two unless offloaded)
 
 
 class Stream:
@@ -298,6 +301,28 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
     return root_held
 
 
+def value_forward(out: Stream, s: StepShape) -> list[int]:
+    """PPO's value forward, after the log-prob passes: the critic's own FSDP root (its
+    embedding alone: a value head of one output) gathered on its own stream at its first
+    micro-batch and kept, its layers gathered and resharded one by one, their forward's
+    temporaries, the values (one float a token); returns the critic's root, still
+    gathered (phases.value_forward_phase counts its tensors)."""
+    c, root = s.compute_bytes, []
+    out.copy_in = CRITIC_COPY_IN
+    for _ in range(MICRO_BATCHES):
+        if s.shards > 1 and not root:
+            root = _gather(out, s, s.root_params[:1])
+        for _ in range(s.layers):
+            layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
+                [out.alloc(c * p) for p in s.layer_params]
+            _layer_forward_temps(out, s, s.critic_rows)
+            _reshard(out, s, layer)
+        _gathered_done(out)
+        out.free(out.alloc(4 * s.critic_rows * s.seq))
+    out.copy_in = COPY_IN
+    return root
+
+
 def _first_keeps(out: Stream, grads: list[int], made: list[int], first: bool) -> None:
     """The first micro-batch's gradients become the parameters' (kept to the optimizer
     step); a later one's are summed into them in place and go."""
@@ -485,6 +510,10 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
             if name == "experience" and not (s.frozen_base or s.optimizer_offloaded) else []
+        if name == "experience":  # PPO's critic, on the device for its value forward
+            for p in every[len(s.root_params):] + every[:1]:
+                for _ in s.critic_states:
+                    out.alloc(4 * p // n)
         # the actor's root: gathered by the experience before an update, resharded by the
         # update before an experience; the reference's: kept gathered after its forward
         # (states.kept_root_bytes)
@@ -500,6 +529,8 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             out.phase(name)
             if name == "experience":
                 root = experience(out, s, root)
+                if s.critic_rows:
+                    root = [*root, *value_forward(out, s)]
             else:
                 root, adam = update(out, s, root, adam)
             out.phase(None)

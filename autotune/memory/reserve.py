@@ -510,7 +510,10 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
             if name == "experience" and not (s.frozen_base or s.optimizer_offloaded) else []
-        if name == "experience":  # PPO's critic, on the device for its value forward
+        critic = name == "experience" and s.critic_rows and n > 1  # a sharded rank's PPO
+        # critic, on the device for its value forward (one GPU's: its trace held no more
+        # reserve for it, benchmarks/model_vs_trace.py row 19)
+        if critic:
             for p in every[len(s.root_params):] + every[:1]:
                 for _ in s.critic_states:
                     out.alloc(4 * p // n)
@@ -529,7 +532,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             out.phase(name)
             if name == "experience":
                 root = experience(out, s, root)
-                if s.critic_rows:
+                if critic:
                     root = [*root, *value_forward(out, s)]
             else:
                 root, adam = update(out, s, root, adam)

@@ -307,7 +307,7 @@ def value_forward(out: Stream, s: StepShape) -> list[int]:
     micro-batch and kept, its layers gathered and resharded one by one, their forward's
     temporaries, the values (one float a token); returns the critic's root, still
     gathered (phases.value_forward_phase counts its tensors)."""
-    c, root = s.compute_bytes, []
+    c, root = s.compute_bytes, list[int]()
     out.copy_in = CRITIC_COPY_IN
     for _ in range(MICRO_BATCHES):
         if s.shards > 1 and not root:

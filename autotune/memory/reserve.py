@@ -302,19 +302,18 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
 
 
 def value_forward(out: Stream, s: StepShape) -> list[int]:
-    """PPO's value forward, after the log-prob passes: the critic's own FSDP root (its
-    embedding alone: a value head of one output) gathered on its own stream at its first
-    micro-batch and kept, its layers gathered and resharded one by one, their forward's
-    temporaries, the values (one float a token); returns the critic's root, still
+    """PPO's value forward on a sharded rank, after the log-prob passes: the critic's own
+    FSDP root (its embedding alone: a value head of one output) gathered on its own stream
+    at its first micro-batch and kept, its layers gathered and resharded one by one, their
+    forward's temporaries, the values (one float a token); returns the critic's root, still
     gathered (phases.value_forward_phase counts its tensors)."""
-    c, root = s.compute_bytes, list[int]()
+    root: list[int] = []
     out.copy_in = CRITIC_COPY_IN
     for _ in range(MICRO_BATCHES):
-        if s.shards > 1 and not root:
+        if not root:
             root = _gather(out, s, s.root_params[:1])
         for _ in range(s.layers):
-            layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
-                [out.alloc(c * p) for p in s.layer_params]
+            layer = _gather(out, s, s.layer_params)
             _layer_forward_temps(out, s, s.critic_rows)
             _reshard(out, s, layer)
         _gathered_done(out)
@@ -510,13 +509,14 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
             if name == "experience" and not (s.frozen_base or s.optimizer_offloaded) else []
-        critic = name == "experience" and s.critic_rows and n > 1  # a sharded rank's PPO
-        # critic, on the device for its value forward (one GPU's: its trace held no more
-        # reserve for it, benchmarks/model_vs_trace.py row 19)
+        critic = name == "experience" and s.critic_rows > 0 and n > 1  # a sharded rank's
+        # PPO critic, on the device for its value forward (one GPU's: its trace held no
+        # more reserve for it, benchmarks/model_vs_trace.py row 19): its layers' states,
+        # then its embedding's
         if critic:
             for p in every[len(s.root_params):] + every[:1]:
-                for _ in s.critic_states:
-                    out.alloc(4 * p // n)
+                for width in s.critic_states:
+                    out.alloc(width * p // n)
         # the actor's root: gathered by the experience before an update, resharded by the
         # update before an experience; the reference's: kept gathered after its forward
         # (states.kept_root_bytes)

@@ -304,13 +304,15 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # serves both; the head's logits come once the last layer is resharded (held-out
         # H200 grid 3, row 00: a 7B rank of 8 peaked at the root, the logits and a chunk).
         # FSDP2 copies a gathered unit out of its all-gather buffer into each parameter's
-        # own (torch's _fsdp_collectives.py, foreach_all_gather_copy_out): for that moment
-        # the root twice (grid 3, row 07: two embedding-sized blocks at the peak)
+        # own (torch's _fsdp_collectives.py, foreach_all_gather_copy_out), and keeps the
+        # last unit's buffer until the next one's is made: the root twice while the first
+        # layer is gathered and copied out (grid 3, row 07: two embedding-sized blocks, a
+        # layer's buffer and its copies at the peak)
         root = fsdp_root_bytes(s)
         layers = forward["cast_weights"] - root
         copy_out = 0 if config.flat_shards(s.shards) else root
-        gathering = root + max(layers, copy_out)
-        ref_pass = peak = root + max(layers, copy_out,
+        gathering = root + copy_out + layers
+        ref_pass = peak = root + max(copy_out + layers,
                                      forward["logits"] + forward["activations"])
     elif s.shards > 1:  # FSDP's gathered units (the reference's root among them, kept
         # from its last forward: kept_root_bytes), or the layer's activations and the logits

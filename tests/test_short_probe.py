@@ -211,17 +211,14 @@ def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_pa
     the memory it measured, and is never picked; trials.csv and `show` say so. On a machine so
     noisy that the floor falls under its rate, it must run on: the rule, not a fixed outcome."""
     import csv
-    import math
-    import statistics
 
     import yaml
 
     from autotune.cli.text import format_study
-    from autotune.probe.measure.result import coefficient_of_variation
     from autotune.runners.local import SubprocessRunner
     from autotune.sweep.pick.artifacts import SweepFiles, best_trial
     from autotune.sweep.space.search_space import load_search_space
-    from autotune.sweep.study.objective import slow_floor
+    from autotune.sweep.study import trial_files
     from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
 
@@ -248,11 +245,10 @@ def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_pa
     if result["contention"]:  # timed while the machine was busy: the rule is to run on
         assert attrs["status"] == "ok"
         return
-    quiet = [t.user_attrs["result"] for t in (trials[1], fastest)]
-    cvs = [coefficient_of_variation(r["step_times_s"]) for r in quiet if not r["contention"]]
-    cv = math.sqrt(statistics.fmean(c * c for c in cvs)) if cvs else None
-    floor = slow_floor("throughput", fastest.values[0], fastest.number, cv)
-    assert floor is not None
+    # the floor the sweep gave this probe, as its request file has it
+    floor = ProbeRequest.from_json(trial_files.request_path(
+        settings.study_dir, trials[2].number).read_text()).stop_below
+    assert floor is not None and floor.incumbent == fastest.number
     if attrs["status"] == "ok":  # ran on: only where the noise let the floor fall near its rate
         assert floor.margin > 0.2, (floor, result["tokens_per_s"])  # steps 10%+ apart
         return

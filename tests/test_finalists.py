@@ -69,8 +69,18 @@ def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
         assert repeat.params == owner.params and repeat.user_attrs["probed"]
         assert (study_dir / repeat.user_attrs["log"]).exists()
         assert len(repeat.user_attrs["result"]["step_times_s"]) == 3
+        # the space's knobs are the update's alone: every other phase is the same work in
+        # every finalist, so a repeat times the update and takes the rest from its config's
+        # whole probe (sweep/pick/focused.py)
+        assert repeat.user_attrs["result"]["timed_phases"] == ["update"]
+        whole = trials[repeat.user_attrs["untimed_from"]]
+        assert whole.params == owner.params and not whole.user_attrs["result"]["timed_phases"]
+        assert set(repeat.user_attrs["result"]["phase_s"]) == \
+            set(whole.user_attrs["result"]["phase_s"])
+        assert repeat.user_attrs["result"]["phase_s"]["rollout"] == \
+            whole.user_attrs["result"]["phase_s"]["rollout"]
     assert all(m.probes >= 2 for m in finalists)
-    assert "finalist trial" in out.stderr
+    assert "finalist trial" in out.stderr and "timing update" in out.stderr
     best = yaml.safe_load((study_dir / "best.yaml").read_text())
     assert "lowest peak memory" in best["pick"]["rule"] and best["pick"]["why"]
     chosen = by_config(study)[next(k for k, m in by_config(study).items()

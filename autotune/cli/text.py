@@ -113,6 +113,8 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
         status = "over headroom"
     if attrs.get("repeat_of") is not None:
         status = f"{status}, again #{attrs['repeat_of']}"
+        if result.get("timed_phases"):  # a focused repeat: the rest from a whole probe
+            status += f" ({' '.join(result['timed_phases'])} timed)"
     cv = coefficient_of_variation(result.get("step_times_s") or [])
     spread = "-" if cv is None else f"{cv:.1%}"
     if result.get("contention"):

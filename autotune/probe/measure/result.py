@@ -195,6 +195,9 @@ class ProbeRequest:
     # reached (built-in probes; None: run every timed step)
     split_side: str = ""  # one side of a split probe (placement=separate): engine | trainer,
     split_port: int = 0  # and the loopback port the engine's side listens on for the link
+    timed_phases: tuple[str, ...] = ()  # a focused probe (a finalist's repeat): its timed
+    # steps run only these phases, each on what the last run of the others left, after
+    # whole warm-up steps (one at least); empty: every phase (built-in colocated probes)
 
     @property
     def world_size(self) -> int:
@@ -232,7 +235,7 @@ class ProbeRequest:
             command = data["command"]
             data["command"] = TrainerCommand(**{**command, "argv": tuple(command["argv"]),
                                                 "overrides": tuple(command["overrides"])})
-        for name in ("gpu_ids", "cpu_ids"):
+        for name in ("gpu_ids", "cpu_ids", "timed_phases"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -301,6 +304,9 @@ class ProbeResult:
     allocator: dict[str, str] = field(default_factory=dict)  # the CUDA allocator's settings
     # it ran under: the trainer's environment variables, and the phases with expandable
     # segments on
+    timed_phases: list[str] = field(default_factory=list)  # a focused probe's timed phases
+    # (ProbeRequest.timed_phases): phase_s and step_s are theirs alone until the finalists'
+    # re-measure completes them (sweep/pick/focused.py); empty: every phase was timed
 
     @property
     def ok(self) -> bool:

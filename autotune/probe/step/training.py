@@ -73,7 +73,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
 
     The phases are its bases' (a module each); `step` runs them in the trainer's order. A
     short probe (request.short) runs a sample of each loop of units and predicts the whole
-    step (probe/measure/unit_loops.py); a full one runs every unit."""
+    step (probe/measure/unit_loops.py); a full one runs every unit. A focused probe
+    (request.timed_phases, a finalist's repeat) times only those phases: its warm-up steps run
+    whole (each phase to what it holds), its timed steps only them."""
 
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         super().__init__(request, meter)
@@ -101,6 +103,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         if self.config.val_batch_size:
             phases.append(("validation", self._validate))
         self.step_phases = [name for name, _ in phases]
+        if self.timing and self.request.timed_phases:  # a focused probe: the others ran whole
+            phases = [(name, run) for name, run in phases  # in its warm-up, and what they
+                      if name in self.request.timed_phases]  # last left is read again
         for name, run in phases:
             if self.on_gpu:  # as verl toggles it: vLLM's memory pool refuses the segments
                 torch.cuda.memory._set_allocator_settings(
@@ -210,8 +215,8 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         built_at = time.perf_counter()
         self.build()
         build_s = time.perf_counter() - built_at
-        for _ in range(request.warmup_steps):
-            self.step()
+        for _ in range(max(request.warmup_steps, 1 if request.timed_phases else 0)):
+            self.step()  # a focused probe's phases read what a whole step left
         self.step_loops, self.step_wall_s, self.step_var_s2 = [], [], []
         self.watch = watch = MachineWatch(torch.get_num_threads(),
                                           physical_gpu_index(self.device) if self.on_gpu
@@ -250,6 +255,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
             num_alloc_retries=int(torch.cuda.memory_stats(self.device).get(
                 "num_alloc_retries", 0)) if self.on_gpu else None,
             allocator=allocator_record(self.allocator, self.step_phases),
+            timed_phases=list(request.timed_phases),
             **describe_device(self.device, request.device.cap_bytes))
 
     def figures(self, timed: list[dict[str, float]]) -> dict[str, Any]:

@@ -80,6 +80,8 @@ def trial_row(frozen: FrozenTrial, param_names: list[str], value_names: list[str
     cv = coefficient_of_variation(result.get("step_times_s") or [])
     row["timed_steps"] = len(result.get("step_times_s") or []) or ""
     row["probe_mode"] = result.get("probe_mode", "full") if result else ""
+    row["timed_phases"] = " ".join(result.get("timed_phases") or [])  # a focused repeat's
+    row["untimed_from"] = attrs.get("untimed_from", "")  # and the probe of its other phases
     row["step_cv"] = "" if cv is None else round(cv, 4)
     row["contention"] = result.get("contention") or ""
     row["binding_phase"] = attrs.get("binding_phase") or ""
@@ -96,8 +98,8 @@ def study_columns(study: Study) -> tuple[list[str], list[str], list[str]]:
     value_names = attrs.get("objective_names", ["value"])
     columns = ["number", "state", "status", "predicted", "feasible", "origin", "reused_from",
                "repeat_of", *param_names, *value_names, *FIGURE_COLUMNS, "timed_steps",
-               "probe_mode", "step_cv", "contention", "binding_phase", "failed_phase", "reason",
-               "log"]
+               "probe_mode", "timed_phases", "untimed_from", "step_cv", "contention",
+               "binding_phase", "failed_phase", "reason", "log"]
     return columns, param_names, value_names
 
 

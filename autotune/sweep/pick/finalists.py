@@ -15,10 +15,14 @@ what makes a config safe). The rule and why it chose are stored in the study (us
 `finalists`) and written in best.yaml; `show` and the report print every finalist with its
 interval.
 
-Each repeat is a trial of its own (origin `finalist`, `repeat_of` the config's first trial),
-added to the study once its probe ended, so a killed sweep loses at most the probe in flight
-and the next run goes on where it stopped; its files are `logs/trial-00007.repeat-2.*`. A
-repeat's result left by a driver that died before adding it is read back, not probed again.
+A repeat times only the phases that separate its config from the finalists still close to it
+(focused.py: where they all do the same work, the pooled figure gives them the same time), the
+rest of its step from the config's whole probe; a config all of whose phases differ is probed
+whole. Each repeat is a trial of its own (origin `finalist`, `repeat_of` the config's first
+trial), added to the study once its probe ended, so a killed sweep loses at most the probe in
+flight and the next run goes on where it stopped; its files are
+`logs/trial-00007.repeat-2.*`. A repeat's result left by a driver that died before adding it
+is read back, not probed again.
 """
 
 from __future__ import annotations
@@ -28,19 +32,29 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from autotune.config import describe_params, format_bytes
+from autotune.config import Knobs, describe_params, format_bytes
 from autotune.files import JsonObject, write_text_atomic
 from autotune.probe.measure.result import ProbeResult
 from autotune.runners import Runner
 from autotune.sweep.execution import interrupts
-from autotune.sweep.pick.measurements import FINALIST, SEPARATION_Z, Measured, noise, ranked
+from autotune.sweep.pick.focused import UNTIMED_FROM, completed, is_whole, separating_phases
+from autotune.sweep.pick.measurements import (
+    FINALIST,
+    SEPARATION_Z,
+    Measured,
+    noise,
+    ranked,
+    study_fixed,
+)
 from autotune.sweep.study import trial_files
 from autotune.sweep.study.objective import score
 from autotune.sweep.study.record import result_attrs
 from autotune.sweep.study.settings import SweepSettings
+from autotune.sweep.study.sharing import ran_params
 
 if TYPE_CHECKING:
     from optuna import Study
+    from optuna.trial import FrozenTrial
 
 FINALISTS = "finalists"  # study user attr: the last re-measure's record
 DEFAULT_FINALISTS = 3
@@ -105,34 +119,50 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
         if not todo:
             break
         fewest = min(m.probes for m in todo)
+        rivals = close if len(close) > 1 else finalists
         for measured in [m for m in todo if m.probes == fewest]:
-            probes += probe_again(study, settings, runner, measured, capacity_bytes, say)
+            probes += probe_again(study, settings, runner, measured, capacity_bytes, say,
+                                  [m for m in rivals if m is not measured])
     if ranked(study)[:1]:
         study.set_user_attr(FINALISTS, decide(study, k))
     return probes
 
 
 def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured: Measured,
-                capacity_bytes: int | None, say: Callable[[str], None]) -> int:
-    """One more probe of a finalist, added to the study as a trial; 1 when it ran."""
+                capacity_bytes: int | None, say: Callable[[str], None],
+                rivals: list[Measured] | None = None) -> int:
+    """One more probe of a finalist, added to the study as a trial; 1 when it ran. Where the
+    finalist does the same work as every one of `rivals` in some phases, the probe times only
+    the others (focused.py), its untimed phases taken from the config's whole probe."""
     import optuna
 
     number = measured.number
     count = 2 + sum(t.user_attrs.get("repeat_of") == number
                     for t in study.get_trials(deepcopy=False))
     log = repeat_log_path(settings.study_dir, number, count)
+    candidate = settings.space.candidate(measured.trial.params)
+    request = dataclasses.replace(settings.request_for(candidate),
+                                  **settings.slots[0].request_fields())
+    whole = whole_probe(measured)
+    if whole is not None and request.command is None and not candidate.config.separate:
+        fixed = study_fixed(study)
+        request = dataclasses.replace(request, timed_phases=separating_phases(
+            knobs_of(whole[0], fixed), [knobs_of(m.trial, fixed) for m in rivals or []],
+            whole[1].phase_s))
     result = read_repeat(log)
     ran = result is None
     if result is None:
+        timed = f", timing {' and '.join(request.timed_phases)}" if request.timed_phases \
+            else ""
         say(f"finalist trial {number} ({describe_params(measured.trial.params)}): "
-            f"probe {count} of {MAX_PROBES}")
-        candidate = settings.space.candidate(measured.trial.params)
-        request = dataclasses.replace(settings.request_for(candidate),
-                                      **settings.slots[0].request_fields())
+            f"probe {count} of {MAX_PROBES}{timed}")
         log.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(log.with_suffix(".request.json"), request.to_json())
         interrupts.raise_if_interrupted()
         result = runner.run(request, log)
+    focused = bool(result.timed_phases) and whole is not None
+    if focused and whole is not None:
+        result = completed(result, whole[1])
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
     attrs: JsonObject = {
         "status": result.status.value, "probed": True, "predicted": False,
@@ -140,6 +170,8 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
         "budget_bytes": verdict.budget_bytes, "binding_phase": verdict.binding_phase,
         "log": str(log.relative_to(settings.study_dir)), "origin": FINALIST,
         "repeat_of": number, "result": result_attrs(result)}
+    if focused and whole is not None:
+        attrs[UNTIMED_FROM] = whole[0].number
     complete = verdict.state != "fail"
     study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
@@ -147,6 +179,24 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
         params=measured.trial.params, distributions=measured.trial.distributions,
         user_attrs=attrs, constraints=verdict.constraints))
     return int(ran)
+
+
+def whole_probe(measured: Measured) -> tuple[FrozenTrial, ProbeResult] | None:
+    """The config's first probe that timed every phase of whole steps, with its result."""
+    for trial in measured.trials:
+        stored = trial.user_attrs.get("result")
+        try:
+            result = ProbeResult.from_dict(stored) if stored else None
+        except (TypeError, KeyError, ValueError):
+            continue
+        if result is not None and is_whole(result):
+            return trial, result
+    return None
+
+
+def knobs_of(trial: FrozenTrial, fixed: Knobs) -> Knobs:
+    """Every knob a trial's probe ran: the space's fixed ones and its own, ties applied."""
+    return {**fixed, **ran_params(trial)}
 
 
 def read_repeat(log: Path) -> ProbeResult | None:

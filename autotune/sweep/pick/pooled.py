@@ -14,7 +14,8 @@ each phase's (conservative where the sides overlap):
 the spread between those probes over their count, never under what the probes' own timed
 steps say (their step's relative error, taken for each of its phases).
 
-Only probes that ran every phase to its end count (a probe stopped slow timed a part). A
+Only probes that ran every phase they timed to its end count (a probe stopped slow timed a
+part); a finalist's focused repeat (focused.py) counts for the phases it timed alone. A
 config is given a pooled figure only when it was probed itself: its tokens per step come from
 its own probes, and a config no probe ran is never figured from the others' phases.
 
@@ -129,10 +130,12 @@ def probe_times(frozen: FrozenTrial, fixed: Knobs | None = None) -> ProbeTimes |
             not tokens_per_s:
         return None
     knobs = {**(fixed or {}), **ran_params(frozen)}
-    return ProbeTimes(config=params_key(frozen.params), knobs=knobs,
-                      phase_s={p: float(s) for p, s in phase_s.items() if p != "validation"},
+    timed = result.get("timed_phases") or list(phase_s)  # a focused repeat: its own
+    own_s = {p: float(s) for p, s in phase_s.items() if p != "validation" and p in timed}
+    return ProbeTimes(config=params_key(frozen.params), knobs=knobs, phase_s=own_s,
                       step_s=float(step_s),
-                      relative_se=float(result.get("step_se_s") or 0.0) / float(step_s),
+                      relative_se=float(result.get("step_se_s") or 0.0)
+                      / (sum(own_s.values()) or float(step_s)),
                       tokens_per_step=float(tokens_per_s) * float(step_s),
                       contended=bool(result.get("contention")),
                       phase_peak_bytes={p: int(b) for p, b in
@@ -160,7 +163,7 @@ def pooled_steps(probes: Iterable[ProbeTimes]) -> dict[str, PooledStep]:
         means: dict[str, float] = {}
         variance_s2, contended, least = 0.0, False, len(probes)
         used: set[int] = set()  # the probes it rests on, by id
-        for phase in mine[0].phase_s:
+        for phase in dict.fromkeys(p for probe in mine for p in probe.phase_s):
             shared = samples[(phase, phase_key(phase, mine[0].knobs))]
             quiet = [p for p in shared if not p.contended]
             contended = contended or not quiet

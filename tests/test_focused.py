@@ -21,16 +21,18 @@ PHASES = ("rollout", "experience", "update")
 MiB = 2**20
 
 
-def test_a_repeat_times_the_phases_where_some_close_finalist_does_other_work():
+def test_a_round_times_the_phases_where_its_finalists_do_not_all_do_the_same_work():
     mbu8 = {**BASE, "micro_batch_size_update": 8}
     mbe8 = {**BASE, "micro_batch_size_experience": 8}
-    assert separating_phases(BASE, [mbu8], PHASES) == ("update",)
-    assert separating_phases(BASE, [mbu8, mbe8], PHASES) == ("experience", "update")
-    assert separating_phases(BASE, [{**BASE, "gpu_memory_utilization": 0.7}],
+    assert separating_phases([BASE, mbu8], PHASES) == ("update",)
+    assert separating_phases([BASE, mbu8, {**mbu8, "gradient_checkpointing": False}],
+                             PHASES) == ("update",)
+    assert separating_phases([BASE, mbu8, mbe8], PHASES) == ("experience", "update")
+    assert separating_phases([BASE, {**BASE, "gpu_memory_utilization": 0.7}],
                              [*PHASES, "validation"]) == ("rollout",)
-    # offload moves every phase's transfers: nothing is shared, the repeat is whole
-    assert separating_phases(BASE, [{**BASE, "offload_params": True}], PHASES) == ()
-    assert separating_phases(BASE, [], PHASES) == ()  # no rival: whole
+    # offload moves every phase's transfers: nothing is shared, the repeats are whole
+    assert separating_phases([BASE, {**BASE, "offload_params": True}], PHASES) == ()
+    assert separating_phases([BASE], PHASES) == ()  # no rival: whole
 
 
 def whole_result(**changes) -> ProbeResult:

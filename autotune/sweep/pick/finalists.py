@@ -15,14 +15,14 @@ what makes a config safe). The rule and why it chose are stored in the study (us
 `finalists`) and written in best.yaml; `show` and the report print every finalist with its
 interval.
 
-A repeat times only the phases that separate its config from the finalists still close to it
-(focused.py: where they all do the same work, the pooled figure gives them the same time), the
-rest of its step from the config's whole probe; a config all of whose phases differ is probed
-whole. Each repeat is a trial of its own (origin `finalist`, `repeat_of` the config's first
-trial), added to the study once its probe ended, so a killed sweep loses at most the probe in
-flight and the next run goes on where it stopped; its files are
-`logs/trial-00007.repeat-2.*`. A repeat's result left by a driver that died before adding it
-is read back, not probed again.
+A round of repeats times only the phases that separate the finalists still close (focused.py:
+where they all do the same work, the pooled figure gives them the same time), the same phases
+in each of them, the rest of each step from its config's whole probe; where every phase
+differs, the repeats are whole. Each repeat is a trial of its own (origin `finalist`,
+`repeat_of` the config's first trial), added to the study once its probe ended, so a killed
+sweep loses at most the probe in flight and the next run goes on where it stopped; its files
+are `logs/trial-00007.repeat-2.*`. A repeat's result left by a driver that died before adding
+it is read back, not probed again.
 """
 
 from __future__ import annotations
@@ -119,10 +119,10 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
         if not todo:
             break
         fewest = min(m.probes for m in todo)
-        rivals = close if len(close) > 1 else finalists
+        timed = round_phases(close if len(close) > 1 else finalists, study_fixed(study))
         for measured in [m for m in todo if m.probes == fewest]:
             probes += probe_again(study, settings, runner, measured, capacity_bytes, say,
-                                  [m for m in rivals if m is not measured])
+                                  timed)
     if ranked(study)[:1]:
         study.set_user_attr(FINALISTS, decide(study, k))
     return probes
@@ -130,10 +130,10 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
 
 def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured: Measured,
                 capacity_bytes: int | None, say: Callable[[str], None],
-                rivals: list[Measured] | None = None) -> int:
-    """One more probe of a finalist, added to the study as a trial; 1 when it ran. Where the
-    finalist does the same work as every one of `rivals` in some phases, the probe times only
-    the others (focused.py), its untimed phases taken from the config's whole probe."""
+                timed: tuple[str, ...] = ()) -> int:
+    """One more probe of a finalist, added to the study as a trial; 1 when it ran. With
+    `timed` phases (round_phases) a built-in colocated probe times those alone (focused.py),
+    its untimed phases taken from the config's whole probe."""
     import optuna
 
     number = measured.number
@@ -144,18 +144,16 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
     request = dataclasses.replace(settings.request_for(candidate),
                                   **settings.slots[0].request_fields())
     whole = whole_probe(measured)
-    if whole is not None and request.command is None and not candidate.config.separate:
-        fixed = study_fixed(study)
-        request = dataclasses.replace(request, timed_phases=separating_phases(
-            knobs_of(whole[0], fixed), [knobs_of(m.trial, fixed) for m in rivals or []],
-            whole[1].phase_s))
+    if timed and whole is not None and request.command is None and \
+            not candidate.config.separate:
+        request = dataclasses.replace(request, timed_phases=timed)
     result = read_repeat(log)
     ran = result is None
     if result is None:
-        timed = f", timing {' and '.join(request.timed_phases)}" if request.timed_phases \
+        timing = f", timing {' and '.join(request.timed_phases)}" if request.timed_phases \
             else ""
         say(f"finalist trial {number} ({describe_params(measured.trial.params)}): "
-            f"probe {count} of {MAX_PROBES}{timed}")
+            f"probe {count} of {MAX_PROBES}{timing}")
         log.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(log.with_suffix(".request.json"), request.to_json())
         interrupts.raise_if_interrupted()
@@ -194,9 +192,15 @@ def whole_probe(measured: Measured) -> tuple[FrozenTrial, ProbeResult] | None:
     return None
 
 
-def knobs_of(trial: FrozenTrial, fixed: Knobs) -> Knobs:
-    """Every knob a trial's probe ran: the space's fixed ones and its own, ties applied."""
-    return {**fixed, **ran_params(trial)}
+def round_phases(group: list[Measured], fixed: Knobs) -> tuple[str, ...]:
+    """The phases a round of repeats times in every finalist of `group`: those in which they
+    do not all do the same work (focused.py); () for whole probes, also where one of them has
+    no whole probe to take the rest from."""
+    wholes = [whole_probe(m) for m in group]
+    if any(w is None for w in wholes) or not wholes:
+        return ()
+    return separating_phases([{**fixed, **ran_params(w[0])} for w in wholes if w],
+                             wholes[0][1].phase_s if wholes[0] else {})
 
 
 def read_repeat(log: Path) -> ProbeResult | None:

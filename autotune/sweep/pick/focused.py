@@ -3,17 +3,25 @@ finalists still close to it.
 
 Two configs whose keys (pooled.phase_key) agree in a phase ran the same work there: the pooled
 figure gives both the same mean for it, so timing that phase again cannot move one against the
-other. A finalist's repeat therefore times only the phases in which its key differs from some
-other close finalist's (`separating_phases`): its warm-up step runs whole (every phase to what
-it holds), its timed steps only those phases (ProbeRequest.timed_phases). Finalists that differ
+other. A round of repeats therefore times, in every close finalist alike, only the phases in
+which their keys are not all the same (`separating_phases`): each repeat's warm-up step runs
+whole (every phase to what it holds), its timed steps only those phases
+(ProbeRequest.timed_phases). Finalists that differ
 only in the update's knobs (micro-batch, checkpointing) re-measure the update alone, not the
 rollout: a third of README command 1's step on the H200 (14 of 43 s), most of a real run's.
 
 What the focused probe did not time, the config's own whole probe did: `completed` takes its
 untimed phases' seconds and peaks from that probe, so the repeat's step, tokens/s and objective
 are a whole step's (its timed phases' seconds its own), and the trial says which phases it
-timed and whose the rest are. pooled.py takes only the timed phases' seconds from it. Pure
-arithmetic over knobs and results; the finalists (finalists.py) ask it.
+timed and whose the rest are. pooled.py takes only the timed phases' seconds from it.
+
+A phase timed alone ran 0-4% faster than the same phase in whole steps on a 2-core CPU
+(benchmarks/results/focused_repeat.txt: 0.956 LoRA, 0.971 PPO, 0.985-1.002 the demo's configs;
+caches and pages warm from the last run of the same phase). That is why every close finalist of
+a round is timed on the same phases: the bias is common to the figures being compared, and
+what remains of it in a pick's figure is a share of a share (the focused repeats among its
+probes, the timed phases in its step): under 1% in those rows. Pure arithmetic over knobs and
+results; the finalists (finalists.py) ask it.
 """
 
 from __future__ import annotations
@@ -28,13 +36,11 @@ UNTIMED_FROM = "untimed_from"  # trial attr of a focused repeat: the probe its u
 # are from
 
 
-def separating_phases(knobs: Knobs, others: Iterable[Knobs],
-                      phases: Iterable[str]) -> tuple[str, ...]:
-    """The phases of `phases` in which `knobs` do different work from at least one of
-    `others`; () when that is every phase or there is no other (a whole probe)."""
-    others, phases = list(others), [p for p in phases if p != "validation"]
-    differing = tuple(p for p in phases
-                      if any(phase_key(p, knobs) != phase_key(p, other) for other in others))
+def separating_phases(configs: Iterable[Knobs], phases: Iterable[str]) -> tuple[str, ...]:
+    """The phases of `phases` in which `configs` do not all do the same work; () when that
+    is every phase or there are fewer than two configs (whole probes)."""
+    configs, phases = list(configs), [p for p in phases if p != "validation"]
+    differing = tuple(p for p in phases if len({phase_key(p, knobs) for knobs in configs}) > 1)
     return differing if differing and len(differing) < len(phases) else ()
 
 

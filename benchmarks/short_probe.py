@@ -86,6 +86,20 @@ CASES: dict[str, tuple[str, dict, dict, bool]] = {
                                                      "micro_batch_size_update": 8,
                                                      "micro_batch_size_experience": 8}, {},
                                      False),
+    # loops of a real rank's length (EasyR1's default rank of 8 trains 320 responses a step:
+    # 20-80 micro-batches a loop), where a short probe runs 4 units of 16 or 32
+    "grpo 32 micro-batches a loop": ("tiny-qwen2.5", {"rollout_batch_size": 16,
+                                                     "global_batch_size": 8,
+                                                     "micro_batch_size_update": 1,
+                                                     "micro_batch_size_experience": 2}, {},
+                                     True),
+    "grpo 16 waves, 16 micro-batches": ("tiny-qwen2.5", {"rollout_batch_size": 16,
+                                                        "global_batch_size": 8,
+                                                        "rollout_engine": "hf",
+                                                        "max_num_seqs": 4,
+                                                        "micro_batch_size_update": 2,
+                                                        "micro_batch_size_experience": 4}, {},
+                                        True),
 }
 LARGE = {"0.5b grpo mbu1": ("qwen2.5-0.5b", {"rollout_batch_size": 2, "rollout_n": 4,
                                              "global_batch_size": 2, "max_prompt_length": 32,
@@ -368,6 +382,9 @@ def main() -> None:
                              "(writes short_probe_peaks.txt)")
     parser.add_argument("--large", action="store_true", help="add qwen2.5-0.5b")
     parser.add_argument("--only", default=None, help="one case, by name")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="CASE",
+                        help="run these cases and put their rows into the recorded "
+                             "short_probe.json (replacing theirs), then rewrite the report")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: GPU_CASES' interleaved steps only (short_probe_gpu.*)")
     parser.add_argument("--out", type=Path, default=OUT_DIR / "gpu",
@@ -387,6 +404,11 @@ def main() -> None:
     cases = {**CASES, **(LARGE if args.large else {})}
     if args.only:
         cases = {args.only: cases[args.only]}
+    recorded: list[dict] = []
+    if args.merge:  # the other rows as recorded, these run now
+        cases = {name: cases[name] for name in args.merge}
+        recorded = [row for row in json.loads((OUT_DIR / "short_probe.json").read_text())[
+            "rows"] if row["case"] not in cases]
     runner = SubprocessRunner()
     rows = []
     for name, case in cases.items():
@@ -396,7 +418,12 @@ def main() -> None:
               f"{row['peak_ratio']:.4f}, wall {row['short_wall_s']:.1f} vs "
               f"{row['full_wall_s']:.1f} s", flush=True)
         rows.append(row)
+    order = list(CASES) + list(LARGE)
+    rows = sorted(recorded + rows, key=lambda row: order.index(row["case"]))
     text = report(rows, args.repeats, args.pairs)
+    if args.merge:
+        text += (f"\nrows {', '.join(args.merge)} run {time.strftime('%Y-%m-%d')} and merged "
+                 "into the recorded grid")
     print(text)
     if args.only is None:
         OUT_DIR.mkdir(parents=True, exist_ok=True)

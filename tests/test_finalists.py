@@ -97,6 +97,7 @@ def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "finalists (each probed up to 3 times" in shown.stdout
     assert f"picked trial {best['trial']}" in shown.stdout
+    assert "(update timed)" in shown.stdout  # the repeats, as focused probes
     page = (study_dir / "report.html").read_text()  # written by `run`
     assert "<h2>Finalists</h2>" in page and f"Picked trial {best['trial']}" in page
 

@@ -134,6 +134,15 @@ def own_mean_pick(study):
     return max(feasible, key=lambda m: (m.mean, -m.number)).trial if feasible else None
 
 
+def leader_pick(study):
+    """The other rule beside the sweep's, on the same study after its finalists: the
+    highest pooled figure, whatever the others' memory (the rule for an objective that counts
+    memory already, finalists.py; the lowest peak memory of the finalists within the noise
+    where it does not)."""
+    feasible = ranked(study, by_config(study))
+    return feasible[0].trial if feasible else None
+
+
 @dataclass(frozen=True)
 class Run:
     """One sweep of one arm: its pick and the own-mean pick on its study, its probes (search
@@ -141,6 +150,7 @@ class Run:
 
     pick: dict | None
     own_pick: dict | None
+    leader_pick: dict | None
     searched: int
     repeats: int
     search_device_s: float
@@ -166,9 +176,10 @@ def one_run(space, table, traced, request, sigma, seed, finalists, workdir, obje
     searched, search_device_s = len(runner.calls), clock.device_s
     if finalists:
         remeasure(study, settings, runner, finalists, sweep.feasibility.capacity_bytes)
-    best, baseline = best_trial(study), own_mean_pick(study)
+    best, baseline, leader = best_trial(study), own_mean_pick(study), leader_pick(study)
     return Run(best.params if best is not None else None,
-               baseline.params if baseline is not None else None, searched,
+               baseline.params if baseline is not None else None,
+               leader.params if leader is not None else None, searched,
                len(runner.calls) - searched, search_device_s, clock.device_s)
 
 
@@ -204,8 +215,11 @@ def arm_entry(runs: list[Run], values: dict, best: float, seeds: int) -> dict:
 
     picks = [quality(r.pick) for r in runs]
     own = [quality(r.own_pick) for r in runs]
+    leader = [quality(r.leader_pick) for r in runs]
     return {"within_2pct": sum(p >= 1 - WITHIN for p in picks),
             "within_2pct_own_mean": sum(p >= 1 - WITHIN for p in own),
+            "within_2pct_leader": sum(p >= 1 - WITHIN for p in leader),
+            "leader_quality_median": statistics.median(leader),
             "pick_quality_median": statistics.median(picks), "pick_quality_min": min(picks),
             "own_mean_quality_median": statistics.median(own),
             "search_probes_median": statistics.median(r.searched for r in runs),
@@ -227,9 +241,11 @@ def main() -> None:
     parser.add_argument("--noise-per", choices=("phase", "probe"), default="phase",
                         help="a factor for each phase of a probe, or one for the whole probe "
                              "(every phase as slow: pooling phases averages less)")
+    parser.add_argument("--suffix", default="", help="added to the result files' names "
+                        "(a run of some cells beside the recorded one)")
     args = parser.parse_args()
     suffix = ("" if args.finalists == 3 else f"_finalists{args.finalists}") + \
-        ("" if args.noise_per == "phase" else "_noise_per_probe")
+        ("" if args.noise_per == "phase" else "_noise_per_probe") + args.suffix
     per_phase = args.noise_per == "phase"
     space = gpu_landscape.space()
     traces = gpu_landscape.read_traces(space)
@@ -294,7 +310,8 @@ def main() -> None:
                             f"; probes median {a['search_probes_median']:.0f} + "
                             f"{a['repeat_probes_median']:.0f} repeats; device median "
                             f"{a['device_s_median'] / 3600:.1f} h; own-mean pick "
-                            f"{a['within_2pct_own_mean']:>2}/{args.seeds}")
+                            f"{a['within_2pct_own_mean']:>2}/{args.seeds}; leader pick "
+                            f"{a['within_2pct_leader']:>2}/{args.seeds}")
                     lines.append(line)
                     print(line, flush=True)
                 lines.append(f"{'':<22} short/full device time: median "

@@ -82,7 +82,9 @@ def test_a_sweep_probes_its_finalists_again_and_says_how_it_picked(tmp_path):
     assert all(m.probes >= 2 for m in finalists)
     assert "finalist trial" in out.stderr and "timing update" in out.stderr
     best = yaml.safe_load((study_dir / "best.yaml").read_text())
-    assert "lowest peak memory" in best["pick"]["rule"] and best["pick"]["why"]
+    # the default objective, tokens/s per GiB, counts memory in the figure: the leader stands
+    assert "counts memory already" in best["pick"]["rule"] and best["pick"]["why"]
+    assert best["trial"] == ranked(study)[0].number
     chosen = by_config(study)[next(k for k, m in by_config(study).items()
                                    if m.number == best["trial"])]
     assert best["measured"]["probes"] == chosen.probes >= 2
@@ -183,6 +185,20 @@ def test_finalists_within_the_noise_go_to_the_lower_peak_memory():
     assert spread > 0.05 and len(close) == 2  # the repeats spread by more than the gap
     record = decide(study, 2)
     assert record["chosen"] == 1 and "lowest peak memory" in record["why"]
+
+
+def test_per_gib_finalists_within_the_noise_keep_the_leader():
+    """The probes of the test above, the objective tokens/s per GiB (the trials' values are
+    its figure): memory counts in the figure already, so the leader stands where the
+    throughput objective takes the lower-memory finalist."""
+    study = study_of((1, 100.0, 10), (2, 97.0, 8), (1, 110.0, 10, {"repeat_of": 0}),
+                     (2, 88.0, 8, {"repeat_of": 1}))
+    study.set_user_attr("identity", {"objective": "throughput_per_memory"})
+    spread, close = standing(ranked(study)[:2])
+    assert len(close) == 2 and ranked(study)[0].number == 0  # not apart; 0 leads, at more
+    record = decide(study, 2)  # memory than 1
+    assert record["chosen"] == 0 and "counts memory already" in record["rule"]
+    assert "within the noise" in record["why"]
 
 
 def test_a_finalist_whose_repeat_runs_out_of_memory_is_out():

@@ -9,11 +9,12 @@ every finalist not yet apart from it, until the leader's figure is apart from ev
 finalist's beyond the measured noise (measurements.SEPARATION_Z standard errors, one probe's
 spread pooled over the finalists' repeats), or each has had MAX_PROBES probes.
 
-The pick: the highest figure; where another finalist is not apart from the leader,
-the one of them with the lower peak memory (they are as fast as we can tell, and memory is
-what makes a config safe). The rule and why it chose are stored in the study (user attr
-`finalists`) and written in best.yaml; `show` and the report print every finalist with its
-interval.
+The pick: the highest figure. With the objective tokens/s alone, where another finalist is
+not apart from the leader, the one of them with the lower peak memory (they are as fast as we
+can tell, and memory is what makes a config safe); tokens/s per GiB (the default) counts
+memory in the figure already, so there the leader stands (memory_breaks_ties). The rule
+and why it chose are stored in the study (user attr `finalists`) and written in best.yaml;
+`show` and the report print every finalist with its interval.
 
 A round of repeats times only the phases that separate the finalists still close (focused.py:
 where they all do the same work, the pooled figure gives them the same time), the same phases
@@ -211,17 +212,30 @@ def read_repeat(log: Path) -> ProbeResult | None:
         return None
 
 
+def memory_breaks_ties(objective: str) -> bool:
+    """Whether finalists within the noise of the leader go to the lowest peak memory: where
+    the objective is tokens/s alone. Tokens/s per GiB (and pareto's ranking, the same figure)
+    counts memory already: a finalist that holds less is ranked up by it, and taking it over
+    the leader within the noise would count its memory twice."""
+    return objective == "throughput"
+
+
 def decide(study: Study, k: int) -> FinalistsRecord:
     """The pick among the best `k` configs, the rule that made it, and every finalist."""
     objective = study.user_attrs.get("identity", {}).get("objective", "throughput_per_memory")
     finalists = ranked(study)[:k]
     spread, close = standing(finalists)
-    chosen = min(close, key=lambda m: (m.peak_mem_bytes, -m.figure))
     leader = finalists[0]
+    by_memory = memory_breaks_ties(objective)
+    chosen = min(close, key=lambda m: (m.peak_mem_bytes, -m.figure)) if by_memory else leader
     if len(finalists) == 1:
         why = "the only feasible config"
     elif chosen is leader and len(close) == 1:
         why = f"its mean is apart from every other finalist's ({SEPARATION_Z:g} standard errors)"
+    elif chosen is leader and not by_memory:
+        why = ("the highest figure; not apart from trial(s) " +
+               ", ".join(str(m.number) for m in close[1:]) + " within the noise, whose "
+               f"memory the {objective} figure counts already")
     elif chosen is leader:
         why = ("not apart from trial(s) " + ", ".join(str(m.number) for m in close[1:]) +
                " within the noise, and the lowest peak memory of them")
@@ -230,11 +244,13 @@ def decide(study: Study, k: int) -> FinalistsRecord:
                f"({leader.figure:,.1f}), and the lowest peak memory of those "
                f"({format_bytes(chosen.peak_mem_bytes)} vs "
                f"{format_bytes(leader.peak_mem_bytes)})")
+    tie = "the lowest peak memory of those" if by_memory else \
+        "still the highest: the figure counts memory already"
     return {
         "k": k, "max_probes": MAX_PROBES, "objective": objective,
         "rule": (f"the highest {objective}, each config's phases timed by every probe that "
                  f"ran them; where another finalist is within {SEPARATION_Z:g} standard errors "
-                 "of it, the lowest peak memory of those"),
+                 f"of it, {tie}"),
         "noise_relative_sd": round(spread, 4),
         "chosen": chosen.number, "why": why,
         "probes_counted": sum(m.probes for m in ranked(study)),

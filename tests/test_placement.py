@@ -167,13 +167,18 @@ def test_verl_one_step_off_is_written_on_the_trainers_gpus():
             "rollout.n_gpus_per_node": 4}
     assert plan.values["actor_rollout_ref.hybrid_engine"] is False
     assert plan.values["algorithm.rollout_correction.bypass_mode"] is True
+    # the sync between the pools over NCCL, as verl 0.9.1's recipe YAMLs set it (ppo_trainer's
+    # naive syncs within one process: 0.9.1's recipes fail at their first sync with it)
+    assert plan.values["actor_rollout_ref.rollout.checkpoint_engine.backend"] == "nccl"
     assert plan.launch.startswith("python3 -m verl.experimental.one_step_off_policy.main_ppo")
     text = render_plan(plan, VERL, None, ["test"])
     assert "the trainer skips the actor's log-prob pass the study's experience phase" in text
     assert "returns each generated token's log-prob, which the study's engine did not" in text
     again = plan_export(VERL, ONE_STEP_OFF, Topology(1, 8), yaml.safe_load(text),
                         searched=["staleness"])  # its own file as the base: the recipe's
-    assert again.problems == []  # keys (calculate_log_probs, bypass_mode) are no conflict
+    assert again.problems == []  # keys (calculate_log_probs, bypass_mode, the sync's
+    # backend) are no conflict
+    assert "checkpoint_engine.backend: nccl, the weight sync between the pools" in text
     nodes = plan_export(VERL, {**ONE_STEP_OFF, "rollout_gpus": 8, "rollout_tensor_parallel": 4},
                         Topology(3, 8), None)
     assert nodes.problems == [] and (nodes.values["trainer.nnodes"],
@@ -205,6 +210,7 @@ def test_verl_fully_async_is_one_step_a_version_and_its_lag_the_staleness():
     assert (values["data.train_batch_size"], values["data.gen_batch_size"],
             values["async_training.partial_rollout"]) == (0, 1, False)
     assert values["actor_rollout_ref.hybrid_engine"] is False
+    assert values["actor_rollout_ref.rollout.checkpoint_engine.backend"] == "nccl"
     assert plan.launch.startswith(
         "python3 -m verl.experimental.fully_async_policy.fully_async_main")
     text = render_plan(plan, VERL, None, ["test"])

@@ -204,11 +204,19 @@ ONE_STEP_OFF = "verl.experimental.one_step_off_policy.main_ppo"
 # both recipes: no hybrid engine, an async server that returns log-probs (each asserts it:
 # OneStepOffRayTrainer, fully_async_rollouter.py:400, 443), awake all run as the split
 # probe's engine ran (its weights are synced in place)
+# The weight sync over NCCL between the pools, as verl 0.9.1's recipe YAMLs set it
+# (one_step_off_ppo_trainer.yaml, fully_async_ppo_trainer.yaml: checkpoint_engine.backend
+# nccl); ppo_trainer's `naive` syncs to an engine in the trainer's own process
+# (engine_workers.py update_weights), which a separate trainer has not: 0.9.1's recipes sync
+# before their first step and fail there. b178a3c's recipes sync their own way and do not
+# read the key; roles.py sizes the NCCL engine's buckets.
+SYNC_BACKEND = "actor_rollout_ref.rollout.checkpoint_engine.backend"
 SEPARATE_KEYS: TrainerKeys = {
     HYBRID: False,
     "actor_rollout_ref.rollout.mode": "async",
     "actor_rollout_ref.rollout.free_cache_engine": False,
-    "actor_rollout_ref.rollout.calculate_log_probs": True}
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+    SYNC_BACKEND: "nccl"}
 ONE_STEP_OFF_KEYS: TrainerKeys = {
     **SEPARATE_KEYS,
     "algorithm.rollout_correction.bypass_mode": True,
@@ -329,7 +337,11 @@ def _verl_separate_launch(config: ProbeConfig, run: Topology, trainers: Topology
     engine_keys = ("actor_rollout_ref.rollout.calculate_log_probs: true (the recipe's): vLLM "
                    "returns each generated token's log-prob, which the study's engine did not "
                    "(a little more work and memory in the rollout); free_cache_engine: false, "
-                   "as the split probe's engine ran (awake all run)")  # SEPARATE_KEYS
+                   "as the split probe's engine ran (awake all run); "
+                   "checkpoint_engine.backend: nccl, the weight sync between the pools as "
+                   "verl 0.9.1's recipes set it (its default, naive, syncs within one process "
+                   "and fails at their first sync; b178a3c's recipes do not read it)"
+                   )  # SEPARATE_KEYS
     values = {ENGINE_NODES: engine.nnodes, ENGINE_GPUS: engine.gpus_per_node}
     if config.staleness > 1:
         k, steps = config.staleness, config.rollout_batch_size // config.global_batch_size

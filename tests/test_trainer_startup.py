@@ -120,31 +120,39 @@ VERL_IMPORTS = "import hydra, omegaconf, tensordict, codetiming, PIL"
 
 
 @functools.cache
+def pypi_source(requirement: str, python: str, cache: str | None = None) -> str:
+    """`requirement`'s wheel (pip download --no-deps, no install: the check puts it first on
+    sys.path), unpacked once into its own folder under ~/.cache/autotune-tests/ (or `cache`).
+    PyPI unreachable: the test fails with pip's output, as tests/vllm_env.py does."""
+    root = Path(cache or Path.home() / ".cache" / "autotune-tests"
+                / requirement.replace("==", "-"))
+    if not (root / ".complete").exists():
+        wheels = root.with_name(root.name + ".download")
+        shutil.rmtree(root, ignore_errors=True)
+        done = subprocess.run([python, "-m", "pip", "download", "-q", "--no-deps", "-d",
+                               str(wheels), requirement], capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode:
+            pytest.fail(f"pip download {requirement} failed:\n{done.stdout}\n{done.stderr}")
+        name, version = requirement.split("==")
+        with zipfile.ZipFile(next(wheels.glob(f"{name}-{version}-*.whl"))) as wheel:
+            wheel.extractall(root)
+        (root / ".complete").write_text(requirement)
+    return str(root)
+
+
+@functools.cache
 def trainer_source(trainer: str) -> str | None:
-    """The trainer's sources: AUTOTUNE_<TRAINER>_SRC, else for verl its PyPI release unpacked
-    once under ~/.cache/autotune-tests/ (pip download, no install: the check puts it first on
-    sys.path), where the trainer's python has the check's dependencies. EasyR1 is not on
-    PyPI. PyPI unreachable: the test fails with pip's output, as tests/vllm_env.py does."""
+    """The trainer's sources: AUTOTUNE_<TRAINER>_SRC, else for verl its PyPI release
+    (pypi_source; AUTOTUNE_VERL_CACHE names its folder), where the trainer's python has the
+    check's dependencies. EasyR1 is not on PyPI."""
     given = os.environ.get(f"AUTOTUNE_{trainer.upper()}_SRC")
     if given or trainer != "verl":
         return given
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
     if subprocess.run([python, "-c", VERL_IMPORTS], capture_output=True).returncode:
         return None
-    root = Path(os.environ.get("AUTOTUNE_VERL_CACHE") or Path.home() / ".cache"
-                / "autotune-tests" / VERL_PYPI.replace("==", "-"))
-    if not (root / ".complete").exists():
-        wheels = root.with_name(root.name + ".download")
-        shutil.rmtree(root, ignore_errors=True)
-        done = subprocess.run([python, "-m", "pip", "download", "-q", "--no-deps", "-d",
-                               str(wheels), VERL_PYPI], capture_output=True, text=True,
-                              timeout=600)
-        if done.returncode:
-            pytest.fail(f"pip download {VERL_PYPI} failed:\n{done.stdout}\n{done.stderr}")
-        with zipfile.ZipFile(next(wheels.glob("verl-*.whl"))) as wheel:
-            wheel.extractall(root)
-        (root / ".complete").write_text(VERL_PYPI)
-    return str(root)
+    return pypi_source(VERL_PYPI, python, os.environ.get("AUTOTUNE_VERL_CACHE"))
 
 
 def verl_default() -> Path:
@@ -221,10 +229,12 @@ def _close_verl_checks():
 
 
 def trainer_verdict(trainer: str, path: Path, *overrides: str,
-                    quantities: Path | None = None) -> tuple[bool, str]:
+                    quantities: Path | None = None,
+                    source: str | None = None) -> tuple[bool, str]:
     """The trainer's start-up on `path`: (accepted, its line); with `quantities`, the check
-    writes there every per-GPU quantity the trainer will run (AUTOTUNE_CHECK_JSON)."""
-    source = trainer_source(trainer)
+    writes there every per-GPU quantity the trainer will run (AUTOTUNE_CHECK_JSON); `source`:
+    those sources instead of trainer_source's."""
+    source = source or trainer_source(trainer)
     assert source is not None
     python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
     env = {"AUTOTUNE_CHECK_JSON": str(quantities)} if quantities is not None else {}
@@ -501,6 +511,73 @@ def test_verl_fully_async_accepts_every_export_and_rejects_every_refusal(
                 f"holding at most {prompts * (staleness + 1)}" in line, line
     assert not all(verdicts) and (any(verdicts) or tp == 5), verdicts
 
+
+# verl 0.9.1 (PyPI) ships both recipes; its recipe modules import uvicorn and fastapi
+VERL_091 = "verl==0.9.1"
+SYNC_BACKEND = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+
+
+def separate_exports(kind: str, tmp_path: Path):
+    """(topology, engine GPUs, staleness, prompts, the file) of every export autotune writes
+    (no problems) among the separate-placement families' cases above."""
+    rows = ([(n, g, e, t, 1) for n, g, e, t in ONE_STEP_OFF] if kind == "one_step_off"
+            else FULLY_ASYNC)
+    for nnodes, gpus, engine_gpus, tp, staleness in rows:
+        run = Topology(nnodes, gpus)
+        trainers = run.without_engine(engine_gpus)
+        assert trainers is not None
+        shapes = ((12, 1), (12, 2), (4 * trainers.world_size, 3)) if kind == "one_step_off" \
+            else ((4 * trainers.world_size, 1), (4 * trainers.world_size, 3))
+        for prompts, micro in shapes:
+            knobs = {**STUDY, "placement": "separate", "rollout_gpus": engine_gpus,
+                     "staleness": staleness, "rollout_engine": "vllm-like",
+                     "rollout_tensor_parallel": tp, "gpu_memory_utilization": 0.9,
+                     "rollout_batch_size": prompts, "global_batch_size": prompts // 2,
+                     "micro_batch_size_update": micro, "micro_batch_size_experience": 2}
+            name = f"{kind}-{nnodes}x{gpus}-e{engine_gpus}-tp{tp}-{prompts}-{micro}"
+            path, problems = exported(VERL, knobs, run, None, tmp_path, name)
+            if not problems:
+                yield trainers, engine_gpus, staleness, prompts, path
+
+
+@pytest.mark.parametrize("kind", ["one_step_off", "fully_async"])
+def test_verl_091_starts_every_separate_export_through_its_first_weight_sync(kind, tmp_path):
+    """verl 0.9.1 from PyPI (its wheel ships both recipes' code, so this runs without a
+    checkout): every export autotune writes for the ONE_STEP_OFF and FULLY_ASYNC topologies
+    passes the recipe's start-up through the first weight sync, which both recipes run before
+    any step (one_step_off: OneStepOffRayTrainer.fit -> _fit_update_weights; fully_async:
+    _initialize_components' "Param sync before fit"), with the pools, batches and queue the
+    b178a3c families check; the same file with ppo_trainer's checkpoint_engine.backend naive
+    fails at that sync (DetachActorWorker has no layered_summon), which is why autotune
+    writes nccl. 0.9.1 cannot check autotune's refusals: its recipes run only the engine
+    workers (verl/workers/engine_workers.py), which split the micro-batches at the first
+    update, not at start-up, and it sizes the engine's replicas by the engine's pool
+    (separation/utils.py create_resource_pool_manager), so the refused files start too."""
+    python = os.environ.get("AUTOTUNE_TRAINER_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", VERL_IMPORTS + ", uvicorn, fastapi"],
+                      capture_output=True).returncode:
+        pytest.skip(f"the check's dependencies for {VERL_091} (the test extra installs them)")
+    source = pypi_source(VERL_091, python)
+    written = list(separate_exports(kind, tmp_path))
+    assert len(written) >= 2, written  # FULLY_ASYNC: 2 (its tp 5 cases are refused)
+    for trainers, engine_gpus, staleness, prompts, path in written:
+        assert yaml.safe_load(path.read_text())["actor_rollout_ref"]["rollout"][
+            "checkpoint_engine"]["backend"] == "nccl"
+        figures = path.with_suffix(".json")
+        accepted, line = trainer_verdict("verl", path, quantities=figures, source=source)
+        assert accepted and "first weight sync nccl" in line, (path.name, line)
+        held = json.loads(figures.read_text())
+        assert (held["world_size"], held["engine_world_size"]) == (
+            trainers.world_size, engine_gpus), held
+        step = prompts if kind == "one_step_off" else prompts // 2  # a trainer step's prompts
+        assert held["responses_per_step"] == step * 4 // trainers.world_size, held
+        if kind == "one_step_off":
+            assert "one_step_off_policy" in line, line
+        else:
+            assert f"fully_async_policy: {prompts // 2} prompts a trainer step, the rollouter " \
+                f"holding at most {prompts * (staleness + 1)}" in line, line
+    accepted, line = trainer_verdict("verl", path, f"{SYNC_BACKEND}=naive", source=source)
+    assert not accepted and "first_sync" in line and "layered_summon" in line, line
 
 # -- round trip (issue 30): what the trainer's own config code will run is what was probed ----
 

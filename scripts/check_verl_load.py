@@ -804,6 +804,7 @@ def fully_async_091(config):
     trainer = Trainer(config=config, tokenizer=None, role_worker_mapping=trained,
                       resource_pool_manager=create_resource_pool_manager(config, list(trained)),
                       ray_worker_group_cls=worker_group_cls, device_name=config.trainer.device)
+
     class Rollouter(fully_async_rollouter.FullyAsyncRollouter.__ray_actor_class__):
         def _create_dataloader(self, *args):  # stub: the datasets (a tokenizer, files)
             self.train_dataloader = list(range(1000))

@@ -326,6 +326,9 @@ class SlowTracer:
     def fits_under_bytes(self, candidate, device):
         return None
 
+    def answered(self, candidate):
+        return False
+
     def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
         pass
 

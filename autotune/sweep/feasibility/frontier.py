@@ -4,7 +4,10 @@ The sampler proposes; most proposals late in a sweep are configs already tried (
 proven to run out of memory (predicted). Neither runs a probe, so neither counts against
 --trials, and a sweep whose space has nothing left that could fit would ask forever. The
 frontier stops that: after every new measured OOM, and whenever the sampler keeps proposing
-known configs, it looks for an untried config the feasibility rules do not rule out. It also
+known configs, it looks for an untried config the feasibility rules do not rule out. The check
+after a probe starts no trace (a trace only adds OOMs, so an untraced config the other rules
+leave open may fit): it used to trace a random untried config or two after every probe, most
+never asked for; the configs it queues to be probed are traced first, as any candidate is. It also
 lists the neighbours of a config (one knob one step away), which the sweep probes between
 the sampler's proposals: the best configs of these spaces sit in smooth basins. None left
 means the sweep is over, said in one line; if the safe config itself (every saver on,
@@ -55,13 +58,14 @@ class Frontier:
         stored = json.loads(key)
         return {name: stored[name] for name in self.space.params if name in stored}
 
-    def pick_untried(self, seen: Iterable[str]) -> Knobs | None:
-        """An untried config the feasibility rules leave open (at random), or None."""
+    def pick_untried(self, seen: Iterable[str], trace: bool = True) -> Knobs | None:
+        """An untried config the feasibility rules leave open (at random), or None.
+        `trace=False`: no new trace (Feasibility.predict), for a question no probe follows."""
         left = self.untried(seen)
         self.rng.shuffle(left)
         for key in left:
             params = self.params_of(key)
-            if self.feasibility.predict(self.space.candidate(params)) is None:
+            if self.feasibility.predict(self.space.candidate(params), trace=trace) is None:
                 return params
         return None
 
@@ -109,7 +113,7 @@ class Frontier:
         seen, safe_oom = set(seen), _safe_oom(trials)
         if self.valid_keys is not None:
             left = self.untried(seen)
-            if not left or self.pick_untried(seen) is not None:
+            if not left or self.pick_untried(seen, trace=False) is not None:
                 return None  # exhausted (its own stop rule), or something may still fit
         elif safe_oom is None:
             return None

@@ -76,9 +76,13 @@ class Feasibility:
         trace = self.tracer.summary() if self.tracer is not None else None
         return self.prescreen.calibration_record(device_name, trace)
 
-    def predict(self, candidate: Candidate, measure: bool = False) -> Prediction | None:
+    def predict(self, candidate: Candidate, measure: bool = False,
+                trace: bool = True) -> Prediction | None:
         """Why `candidate` must run out of memory, or None when it may fit. `measure`: the
-        config is to be measured unless proven (the safe config)."""
+        config is to be measured unless proven (the safe config). `trace=False` starts no
+        trace: a candidate not traced yet is judged by the other rules alone, which leave
+        open every config the traced answer would (the trace only adds OOMs), so it answers
+        "may anything fit?" without tracing configs the sweep may never ask for."""
         proof = self.dominance.proof(candidate.params) if self.dominance is not None else None
         if proof is not None:
             return Prediction(proof.status.value, proof.reason, proof.failed_phase, "dominance")
@@ -93,7 +97,7 @@ class Feasibility:
         proven = prescreen.states_past(estimate, capacity)
         if proven is not None or measure:
             return proven
-        if self.tracer is not None:
+        if self.tracer is not None and (trace or self.tracer.answered(candidate)):
             traced = traced_prediction(self.tracer, candidate,
                                        prescreen.modelled_bytes(estimate), self.device)
             if traced is not None:

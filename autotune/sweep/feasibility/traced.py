@@ -102,6 +102,11 @@ class Tracer(Protocol):
         unavailable."""
         ...
 
+    def answered(self, candidate: Candidate) -> bool:
+        """Whether `candidate`'s trace is known without running one now (traced or failed
+        in this sweep, or tracing off)."""
+        ...
+
     def failure(self, candidate: Candidate) -> tuple[str, str] | None:
         """(status, message) when the trace of `candidate` ran out of memory itself (the
         engine could not start), else None."""
@@ -271,6 +276,10 @@ class SubprocessTracer:
         if self.traces.get(key) is None or key not in self.fits_under:
             return None
         return self.fits_under[key] + self.context_bytes("", key)
+
+    def answered(self, candidate: Candidate) -> bool:
+        return candidate.key in self.traces or candidate.key in self.failures or \
+            self.unavailable is not None
 
     def failure(self, candidate: Candidate) -> tuple[str, str] | None:
         """(status, message) of a trace that ran out of memory as the probe would (a KV pool

@@ -1,23 +1,28 @@
 """README command 1 (`autotune run`, the embedded default) as it runs now (short probes,
-slow probes stopped early) against the sweep as it ran before issue 64 (`--full-steps
---no-stop-slow`), and short probes without the early stop between them: each sweep's wall
-time, its probes and its pick, then the default's and the baseline's picks re-measured side by
-side with full probes, alternating, so the two picks are compared on one footing rather than
-on the figures each sweep measured them with.
+slow probes stopped early) against the same command as it ran when issue 64 was filed (the
+commit before its first change, checked out in a git worktree and run with its own code: the
+issue's "today's time"), and against today's code with `--full-steps --no-stop-slow` (what the
+short probes and the early stop alone give, everything else the same), with short probes
+without the early stop between them: each sweep's wall time, its probes and its pick, then
+the picks re-measured side by side with full probes, alternating, so they are compared on one
+footing rather than on the figures each sweep measured them with.
 
-    python benchmarks/readme_command.py [--remeasure 3]
+    python benchmarks/readme_command.py [--remeasure 3] [--before-rev 56583c5]
 
 Each sweep runs in a fresh results folder of its own (the command as a user types it, plus
-`--results-dir` and the mode's flags), the default first. Target (issue 64): the default
-sweep picks the same config, or one within 2% on the re-measure, in at most half the
-baseline's wall time. Writes benchmarks/results/readme_command.{txt,json}.
+`--results-dir` and the mode's flags), one after another on a quiet machine. Target (issue
+64): the default sweep picks the same config, or one within 2% on the re-measure, in at most
+half the time of the command when the issue was filed. Writes
+benchmarks/results/readme_command.{txt,json}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,16 +41,36 @@ OUT_DIR = Path(__file__).parent / "results"
 AUTOTUNE = [sys.executable, "-m", "autotune"]
 
 
-MODES = {"short": [],  # the command as it runs now
+BEFORE_REV = "56583c5"  # main when issue 64 was filed: the parent of its first change, dd22288
+MODES = {"before": [],  # the command as it ran then, with that commit's code
+         "short": [],  # the command as it runs now
          "short-no-stop": ["--no-stop-slow"],  # short probes, every one run to its end
-         "full": ["--full-steps", "--no-stop-slow"]}  # the sweep before issue 64
+         "full": ["--full-steps", "--no-stop-slow"]}  # today's code with whole steps
 
 
-def sweep(root: Path, mode: str) -> dict:
-    """One `autotune run` in `root`: its wall time, its trials and its best.yaml."""
+@contextlib.contextmanager
+def checkout(rev: str):
+    """A git worktree of `rev` (this repository's), removed afterwards."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="readme-command-rev-") as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-q", str(tree),
+                        rev], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
+                           check=False)
+
+
+def sweep(root: Path, mode: str, code: Path | None = None) -> dict:
+    """One `autotune run` in `root` (with the code under `code`, where given: that tree's
+    autotune package first on the path): its wall time, its trials and its best.yaml."""
     argv = [*AUTOTUNE, "run", "--results-dir", str(root), *MODES[mode]]
+    env = {**os.environ, "PYTHONPATH": str(code)} if code is not None else None
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env,
+                          cwd=code)
     wall_s = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -83,12 +108,12 @@ def remeasure(picks: dict[str, dict], repeats: int) -> dict[str, list[float]]:
     return tokens
 
 
-def report(sweeps: dict[str, dict], tokens: dict[str, list[float]]) -> str:
-    short, full = sweeps["short"], sweeps["full"]
-    same = short["config"] == full["config"]
-    ratio = statistics.fmean(tokens["short"]) / statistics.fmean(tokens["full"])
-    lines = [f"README command 1 (`autotune run`): now (short probes, slow ones stopped) vs "
-             f"--full-steps --no-stop-slow (before issue 64), CPU ({time.strftime('%Y-%m-%d')})",
+def report(sweeps: dict[str, dict], tokens: dict[str, list[float]], before_rev: str) -> str:
+    short, full, before = sweeps["short"], sweeps["full"], sweeps["before"]
+    lines = [f"README command 1 (`autotune run`): now (short probes, slow ones stopped) vs the "
+             f"command when issue 64 was filed ({before_rev}'s code: before) and vs today's "
+             f"code with --full-steps --no-stop-slow (full), CPU ({time.strftime('%Y-%m-%d')}), "
+             "one sweep each, in this order",
              f"{'sweep':<15}{'wall s':>8}{'trials':>8}{'slow':>6}{'pick':>6}{'its tok/s':>11}"
              f"{'re-measured tok/s (full probes)':>34}"]
     for row in sweeps.values():
@@ -96,35 +121,46 @@ def report(sweeps: dict[str, dict], tokens: dict[str, list[float]]) -> str:
         lines.append(f"{row['mode']:<15}{row['wall_s']:>8.0f}{row['trials']:>8}"
                      f"{row['stopped_slow']:>6}{row['best_trial']:>6}"
                      f"{row['tokens_per_s']:>11.1f}{again:>34}")
-    lines += [f"wall full/short: {full['wall_s'] / short['wall_s']:.2f} (target >= 2); "
-              f"full/short-no-stop: "
-              f"{full['wall_s'] / sweeps['short-no-stop']['wall_s']:.2f}",
-              f"the same config picked: {'yes' if same else 'no'}; short's pick over full's "
-              f"on the re-measure: {ratio:.3f} (target >= 0.98)"]
-    if not same:
-        differs = {k: (short["config"][k], full["config"].get(k)) for k in short["config"]
-                   if short["config"][k] != full["config"].get(k)}
-        lines.append(f"the picks differ in: {differs}")
+    lines.append(f"wall before/short: {before['wall_s'] / short['wall_s']:.2f} (target >= 2); "
+                 f"full/short: {full['wall_s'] / short['wall_s']:.2f}; full/short-no-stop: "
+                 f"{full['wall_s'] / sweeps['short-no-stop']['wall_s']:.2f}")
+    for other in ("before", "full"):
+        same = short["config"] == sweeps[other]["config"]
+        ratio = statistics.fmean(tokens["short"]) / statistics.fmean(tokens[other])
+        lines.append(f"against {other}: the same config picked: {'yes' if same else 'no'}; "
+                     f"short's pick over {other}'s on the re-measure: {ratio:.3f} "
+                     "(target >= 0.98)")
+        if not same:
+            differs = {k: (short["config"][k], sweeps[other]["config"].get(k))
+                       for k in short["config"]
+                       if short["config"][k] != sweeps[other]["config"].get(k)}
+            lines.append(f"  the picks differ in: {differs}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--remeasure", type=int, default=3, help="full probes of each pick")
+    parser.add_argument("--before-rev", default=BEFORE_REV,
+                        help="the commit whose code runs the 'before' sweep")
     args = parser.parse_args()
     sweeps = {}
-    with tempfile.TemporaryDirectory(prefix="readme-command-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="readme-command-") as scratch, \
+            checkout(args.before_rev) as before_code:
         for mode in MODES:
-            sweeps[mode] = done = sweep(Path(scratch) / mode, mode)
+            code = before_code if mode == "before" else None
+            sweeps[mode] = done = sweep(Path(scratch) / mode, mode, code)
             print(f"{mode}: {done['wall_s']:.0f} s, {done['stopped_slow']} stopped slow, pick "
                   f"trial {done['best_trial']}", flush=True)
-    tokens = remeasure({"short": sweeps["short"], "full": sweeps["full"]}, args.remeasure)
-    text = report(sweeps, tokens)
+    tokens = remeasure({mode: sweeps[mode] for mode in ("short", "full", "before")},
+                       args.remeasure)
+    text = report(sweeps, tokens, args.before_rev)
     print(text)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "readme_command.txt").write_text(text + "\n")
     (OUT_DIR / "readme_command.json").write_text(json.dumps(
-        {**sweeps, "remeasured_tokens_per_s": tokens}, indent=2) + "\n")
+        {**sweeps, "before_rev": args.before_rev, "remeasured_tokens_per_s": tokens},
+        indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ without the early stop between them: each sweep's wall time, its probes and its 
 the picks re-measured side by side with full probes, alternating, so they are compared on one
 footing rather than on the figures each sweep measured them with.
 
-    python benchmarks/readme_command.py [--remeasure 3] [--before-rev 56583c5]
+    python benchmarks/readme_command.py [--rounds 3] [--remeasure 3] [--before-rev 56583c5]
 
 Each sweep runs in a fresh results folder of its own (the command as a user types it, plus
-`--results-dir` and the mode's flags), one after another on a quiet machine. Target (issue
+`--results-dir` and the mode's flags), one after another on a quiet machine, the arms in a
+rotated order each round, so each round's ratios are side by side; the spread over rounds is
+reported (one sweep's wall moves 10-30% with the machine and the sweep's own path). Target (issue
 64): the default sweep picks the same config, or one within 2% on the re-measure, in at most
 half the time of the command when the issue was filed. Writes
 benchmarks/results/readme_command.{txt,json}.
@@ -94,72 +96,90 @@ def full_request(pick: dict) -> ProbeRequest:
                         full_steps=True)
 
 
-def remeasure(picks: dict[str, dict], repeats: int) -> dict[str, list[float]]:
-    """Each pick probed `repeats` times with full steps, the two alternating."""
+def pick_key(pick: dict) -> str:
+    return json.dumps(pick["config"], sort_keys=True)
+
+
+def remeasure(picks: list[dict], repeats: int) -> dict[str, list[float]]:
+    """Each distinct picked config probed `repeats` times with full steps, in turn."""
     runner = SubprocessRunner()
-    tokens: dict[str, list[float]] = {mode: [] for mode in picks}
+    distinct = {pick_key(pick): pick for pick in picks}
+    tokens: dict[str, list[float]] = {key: [] for key in distinct}
     for _ in range(repeats):
-        for mode, pick in picks.items():
+        for key, pick in distinct.items():
             result = runner.run(full_request(pick))
             if not result.ok:
-                raise SystemExit(f"re-measuring the {mode} pick: {result.status.value}: "
+                raise SystemExit(f"re-measuring {key}: {result.status.value}: "
                                  f"{result.message}")
-            tokens[mode].append(result.tokens_per_s or 0.0)
+            tokens[key].append(result.tokens_per_s or 0.0)
     return tokens
 
 
-def report(sweeps: dict[str, dict], tokens: dict[str, list[float]], before_rev: str) -> str:
-    short, full, before = sweeps["short"], sweeps["full"], sweeps["before"]
+def spread(values: list[float], digits: int = 2) -> str:
+    return (f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-"
+            f"{max(values):.{digits}f}, n={len(values)})")
+
+
+def report(rounds: list[dict[str, dict]], tokens: dict[str, list[float]],
+           before_rev: str) -> str:
+    modes = list(rounds[0])
     lines = [f"README command 1 (`autotune run`): now (short probes, slow ones stopped) vs the "
              f"command when issue 64 was filed ({before_rev}'s code: before) and vs today's "
-             f"code with --full-steps --no-stop-slow (full), CPU ({time.strftime('%Y-%m-%d')}), "
-             "one sweep each, in this order",
-             f"{'sweep':<15}{'wall s':>8}{'trials':>8}{'slow':>6}{'pick':>6}{'its tok/s':>11}"
-             f"{'re-measured tok/s (full probes)':>34}"]
-    for row in sweeps.values():
-        again = ", ".join(f"{t:.1f}" for t in tokens.get(row["mode"], []))
-        lines.append(f"{row['mode']:<15}{row['wall_s']:>8.0f}{row['trials']:>8}"
-                     f"{row['stopped_slow']:>6}{row['best_trial']:>6}"
-                     f"{row['tokens_per_s']:>11.1f}{again:>34}")
-    lines.append(f"wall before/short: {before['wall_s'] / short['wall_s']:.2f} (target >= 2); "
-                 f"full/short: {full['wall_s'] / short['wall_s']:.2f}; full/short-no-stop: "
-                 f"{full['wall_s'] / sweeps['short-no-stop']['wall_s']:.2f}")
-    for other in ("before", "full"):
-        same = short["config"] == sweeps[other]["config"]
-        ratio = statistics.fmean(tokens["short"]) / statistics.fmean(tokens[other])
-        lines.append(f"against {other}: the same config picked: {'yes' if same else 'no'}; "
-                     f"short's pick over {other}'s on the re-measure: {ratio:.3f} "
-                     "(target >= 0.98)")
-        if not same:
-            differs = {k: (short["config"][k], sweeps[other]["config"].get(k))
-                       for k in short["config"]
-                       if short["config"][k] != sweeps[other]["config"].get(k)}
-            lines.append(f"  the picks differ in: {differs}")
+             f"code with --full-steps --no-stop-slow (full), CPU ({time.strftime('%Y-%m-%d')}); "
+             f"{len(rounds)} rounds, the arms' order rotated each round",
+             f"{'round':<7}{'sweep':<15}{'wall s':>8}{'trials':>8}{'slow':>6}{'pick':>6}"
+             f"{'its tok/s':>11}{'pick re-measured (full probes)':>34}"]
+    for number, sweeps in enumerate(rounds):
+        for row in sweeps.values():
+            again = tokens[pick_key(row)]
+            lines.append(f"{number:<7}{row['mode']:<15}{row['wall_s']:>8.0f}{row['trials']:>8}"
+                         f"{row['stopped_slow']:>6}{row['best_trial']:>6}"
+                         f"{row['tokens_per_s']:>11.1f}"
+                         f"{statistics.fmean(again):>26.1f} tok/s")
+    for other in (m for m in ("before", "full", "short-no-stop") if m in modes):
+        walls = [r[other]["wall_s"] / r["short"]["wall_s"] for r in rounds]
+        target = " (target >= 2)" if other == "before" else ""
+        lines.append(f"wall {other}/short, each round: {spread(walls)}{target}")
+    for other in (m for m in ("before", "full") if m in modes):
+        ratios = [statistics.fmean(tokens[pick_key(r["short"])])
+                  / statistics.fmean(tokens[pick_key(r[other])]) for r in rounds]
+        same = sum(r["short"]["config"] == r[other]["config"] for r in rounds)
+        lines.append(f"short's pick over {other}'s on the re-measure, each round: "
+                     f"{spread(ratios, 3)} (target >= 0.98); the same config in {same} of "
+                     f"{len(rounds)}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--remeasure", type=int, default=3, help="full probes of each pick")
+    parser.add_argument("--rounds", type=int, default=3, help="sweeps of each arm")
+    parser.add_argument("--remeasure", type=int, default=3,
+                        help="full probes of each distinct pick")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES),
+                        default=["before", "short", "full"])
     parser.add_argument("--before-rev", default=BEFORE_REV,
                         help="the commit whose code runs the 'before' sweep")
     args = parser.parse_args()
-    sweeps = {}
+    rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="readme-command-") as scratch, \
             checkout(args.before_rev) as before_code:
-        for mode in MODES:
-            code = before_code if mode == "before" else None
-            sweeps[mode] = done = sweep(Path(scratch) / mode, mode, code)
-            print(f"{mode}: {done['wall_s']:.0f} s, {done['stopped_slow']} stopped slow, pick "
-                  f"trial {done['best_trial']}", flush=True)
-    tokens = remeasure({mode: sweeps[mode] for mode in ("short", "full", "before")},
-                       args.remeasure)
-    text = report(sweeps, tokens, args.before_rev)
+        for number in range(args.rounds):
+            at = number % len(args.modes)
+            sweeps = {}
+            for mode in args.modes[at:] + args.modes[:at]:
+                code = before_code if mode == "before" else None
+                root = Path(scratch) / f"{number}-{mode}"
+                sweeps[mode] = done = sweep(root, mode, code)
+                print(f"round {number} {mode}: {done['wall_s']:.0f} s, {done['stopped_slow']} "
+                      f"stopped slow, pick trial {done['best_trial']}", flush=True)
+            rounds.append({mode: sweeps[mode] for mode in args.modes})
+    tokens = remeasure([pick for sweeps in rounds for pick in sweeps.values()], args.remeasure)
+    text = report(rounds, tokens, args.before_rev)
     print(text)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "readme_command.txt").write_text(text + "\n")
     (OUT_DIR / "readme_command.json").write_text(json.dumps(
-        {**sweeps, "before_rev": args.before_rev, "remeasured_tokens_per_s": tokens},
+        {"rounds": rounds, "before_rev": args.before_rev, "remeasured_tokens_per_s": tokens},
         indent=2) + "\n")
 
 

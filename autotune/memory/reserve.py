@@ -14,7 +14,9 @@ a layer saves), with FSDP's streams and its all-gather state (all-gathers on the
 stream, the last one's output kept until the next is made; reduce-scatter outputs on their
 stream; the next layer prefetched in the backward; FSDP1's flat units, whose frees it
 records on the stream that used them, reused once the GPU is past them), MICRO_BATCHES
-micro-batches of OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first), each
+micro-batches of OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first; on one
+GPU the trained head's autocast cast from the logits to its backward, and the fp32 gradient
+that backward widens, alive through the layers' backward), each
 phase on its own and twice over; replays it through allocator.py with the run's allocator
 settings; and returns, per phase, the replayed reserved peak less the replayed allocated
 peak. The trace (probe/trace.py) records the real stream and is exact where this is a
@@ -409,9 +411,13 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
         _reshard(out, s, root_held)
         return []
     embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
-    if n == 1:
-        out.free(head_grad)
-        _first_keeps(out, grads, [embed_grad], first)
+    if n == 1:  # the head's fp32 gradient (its own, or the tied weight's sum) and the
+        # embedding's (summed into it where tied) become the parameters' or are summed in
+        if len(s.root_params) == 1:
+            out.free(embed_grad)
+            _first_keeps(out, grads, [head_grad], first)
+        else:
+            _first_keeps(out, grads, [head_grad, embed_grad], first)
         return root_held
     _reshard(out, s, root_held)
     out.free(out.reduce_input)
@@ -434,6 +440,12 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
         _reshard(out, s, root_held)
         root_held = fresh
     saved, casts, vision_saved = _update_forward(out, s)
+    # one GPU: autocast casts the trained head's weight at the logits and keeps the cast
+    # (a tensor the matmul saves) to the head's backward, whose bf16 gradient the cast's
+    # backward widens to an fp32 one at once; that waits for the embedding's through the
+    # layers' backward (a tied weight's two gradients are summed before it is accumulated)
+    widened = s.shards == 1 and not s.frozen_base and s.compute_bytes < 4
+    head_cast = out.alloc(s.compute_bytes * s.root_params[-1]) if widened else 0
     kept = _logits(out, s, s.update_rows, backward=True)
     head_grad = 0 if s.frozen_base or not s.fused_logits else \
         out.alloc(s.compute_bytes * s.root_params[-1])  # fused: zeroed before the chunks
@@ -441,6 +453,11 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     if not (s.frozen_base or s.fused_logits):
         head_grad = out.alloc(s.compute_bytes * s.root_params[-1])
     out.free(whole)
+    if widened:
+        out.free(head_cast)
+        wide_grad = out.alloc(4 * s.root_params[-1])
+        out.free(head_grad)
+        head_grad = wide_grad
     _layers_backward(out, s, saved, casts, grads, first)
     _vision_backward(out, s, s.update_rows, vision_saved)
     _gathered_done(out)

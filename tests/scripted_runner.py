@@ -110,6 +110,35 @@ class ModelRunner:
         """Nothing to release."""
 
 
+class StandInTracer:
+    """A tracer (sweep/feasibility/traced.py's Tracer) that traces nothing and learns
+    nothing: the stand-ins below override what their test is about (the real trace process
+    runs in test_trace.py)."""
+
+    unavailable: str | None = None
+
+    def traced_bytes(self, candidate, device):
+        return None
+
+    def failure(self, candidate):
+        return None
+
+    def fits_under_bytes(self, candidate, device):
+        return None
+
+    def answered(self, candidate):
+        return self.unavailable is not None
+
+    def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
+        pass
+
+    def summary(self):
+        return {"off": self.unavailable}
+
+    def close(self):
+        pass
+
+
 def model_study(results_dir: Path, name: str, trials: int) -> None:
     """A real SQLite study of `trials` ModelRunner probes over cpu-demo, for commands that
     read a study (estimate --study, export)."""

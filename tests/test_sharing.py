@@ -16,7 +16,7 @@ import optuna
 import pytest
 from load import busy_processes
 from optuna.trial import TrialState
-from scripted_runner import ScriptedRunner, SlowRunner, scripted_result
+from scripted_runner import ScriptedRunner, SlowRunner, StandInTracer, scripted_result
 
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeRequest
@@ -304,12 +304,10 @@ def test_the_last_config_a_dead_driver_held_is_run_before_the_space_counts_as_ex
     assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
 
 
-class SlowTracer:
+class SlowTracer(StandInTracer):
     """Stands in for the trace process with a trace that takes `trace_s` and answers nothing
     (the memory model's pre-screen decides alone): what is under test is the driver's
     heartbeat while it is busy, not the trace (test_trace.py runs the real one)."""
-
-    unavailable: str | None = None
 
     def __init__(self, trace_s: float) -> None:
         self.trace_s = trace_s
@@ -319,24 +317,6 @@ class SlowTracer:
         self.calls += 1
         time.sleep(self.trace_s)
         return None
-
-    def failure(self, candidate):
-        return None
-
-    def fits_under_bytes(self, candidate, device):
-        return None
-
-    def answered(self, candidate):
-        return False
-
-    def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
-        pass
-
-    def summary(self):
-        return {"off": None}
-
-    def close(self):
-        pass
 
 
 def test_a_driver_busy_tracing_past_its_heartbeat_keeps_its_trials(tmp_path):

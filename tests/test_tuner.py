@@ -15,7 +15,13 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
-from scripted_runner import LIMIT_BYTES, ModelRunner, ScriptedRunner, scripted_result
+from scripted_runner import (
+    LIMIT_BYTES,
+    ModelRunner,
+    ScriptedRunner,
+    StandInTracer,
+    scripted_result,
+)
 
 from autotune.cli.text import format_outcome
 from autotune.errors import AutotuneError, ConfigError
@@ -489,30 +495,10 @@ def test_tracing_that_turns_itself_off_is_said_once(tmp_path):
 
     from autotune.sweep.progress import PlainProgress
 
-    class DyingTracer:
-        unavailable: str | None = None
-
+    class DyingTracer(StandInTracer):
         def traced_bytes(self, params, device):
             self.unavailable = "the trace process failed: Killed"
             return None
-
-        def failure(self, params):
-            return None
-
-        def fits_under_bytes(self, params, device):
-            return None
-
-        def answered(self, params):
-            return self.unavailable is not None
-
-        def learn(self, params, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
-            pass
-
-        def summary(self):
-            return {"off": self.unavailable}
-
-        def close(self):
-            pass
 
     stream = io.StringIO()
     request = ProbeRequest(model="tiny-qwen2.5",
@@ -619,9 +605,7 @@ def test_a_sweep_traces_only_the_configs_it_asks_about(tmp_path):
     limit = peaks[len(peaks) // 2]  # half the grid fits: most configs sit near the wall
     runner = ModelRunner(limit_bytes=limit)
 
-    class ExactTracer:
-        unavailable: str | None = None
-
+    class ExactTracer(StandInTracer):
         def __init__(self):
             self.traced: list[str] = []
 
@@ -632,21 +616,6 @@ def test_a_sweep_traces_only_the_configs_it_asks_about(tmp_path):
 
         def answered(self, candidate):
             return candidate.key in self.traced
-
-        def failure(self, candidate):
-            return None
-
-        def fits_under_bytes(self, candidate, device):
-            return None
-
-        def learn(self, candidate, phase_peak_mem_bytes, device, phase_reserved_bytes=None):
-            pass
-
-        def summary(self):
-            return {"off": None}
-
-        def close(self):
-            pass
 
     tracer = ExactTracer()
     request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu", limit_bytes=limit))

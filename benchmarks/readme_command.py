@@ -5,9 +5,12 @@ issue's "today's time"), and against today's code with `--full-steps --no-stop-s
 short probes and the early stop alone give, everything else the same), with short probes
 without the early stop between them: each sweep's wall time, its probes and its pick, then
 the picks re-measured side by side with full probes, alternating, so they are compared on one
-footing rather than on the figures each sweep measured them with.
+footing rather than on the figures each sweep measured them with: their tokens/s and the
+objective's tokens/s per GiB of each probe's peak (`--picks-from` re-measures the picks of a
+recorded run without sweeping again).
 
     python benchmarks/readme_command.py [--rounds 3] [--remeasure 3] [--before-rev 56583c5]
+    python benchmarks/readme_command.py --picks-from benchmarks/results/readme_command.json
 
 Each sweep runs in a fresh results folder of its own (the command as a user types it, plus
 `--results-dir` and the mode's flags), one after another on a quiet machine, the arms in a
@@ -100,19 +103,28 @@ def pick_key(pick: dict) -> str:
     return json.dumps(pick["config"], sort_keys=True)
 
 
-def remeasure(picks: list[dict], repeats: int) -> dict[str, list[float]]:
-    """Each distinct picked config probed `repeats` times with full steps, in turn."""
+def remeasure(picks: list[dict], repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Each distinct picked config probed `repeats` times with full steps, in turn: each
+    probe's tokens/s and peak memory."""
     runner = SubprocessRunner()
     distinct = {pick_key(pick): pick for pick in picks}
-    tokens: dict[str, list[float]] = {key: [] for key in distinct}
+    probes: dict[str, list[dict[str, float]]] = {key: [] for key in distinct}
     for _ in range(repeats):
         for key, pick in distinct.items():
             result = runner.run(full_request(pick))
-            if not result.ok:
+            if not result.ok or not result.peak_mem_bytes:
                 raise SystemExit(f"re-measuring {key}: {result.status.value}: "
                                  f"{result.message}")
-            tokens[key].append(result.tokens_per_s or 0.0)
-    return tokens
+            probes[key].append({"tokens_per_s": result.tokens_per_s or 0.0,
+                                "peak_mem_bytes": result.peak_mem_bytes})
+    return probes
+
+
+def figure(probes: list[dict[str, float]], per_gib: bool) -> float:
+    """The mean tokens/s of a pick's re-measures, or the objective's tokens/s per GiB of
+    each probe's peak."""
+    return statistics.fmean(p["tokens_per_s"] / (p["peak_mem_bytes"] / 2**30 if per_gib else 1)
+                            for p in probes)
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -120,7 +132,7 @@ def spread(values: list[float], digits: int = 2) -> str:
             f"{max(values):.{digits}f}, n={len(values)})")
 
 
-def report(rounds: list[dict[str, dict]], tokens: dict[str, list[float]],
+def report(rounds: list[dict[str, dict]], probes: dict[str, list[dict[str, float]]],
            before_rev: str) -> str:
     modes = list(rounds[0])
     lines = [f"README command 1 (`autotune run`): now (short probes, slow ones stopped) vs the "
@@ -128,25 +140,27 @@ def report(rounds: list[dict[str, dict]], tokens: dict[str, list[float]],
              f"code with --full-steps --no-stop-slow (full), CPU ({time.strftime('%Y-%m-%d')}); "
              f"{len(rounds)} rounds, the arms' order rotated each round",
              f"{'round':<7}{'sweep':<15}{'wall s':>8}{'trials':>8}{'slow':>6}{'pick':>6}"
-             f"{'its tok/s':>11}{'pick re-measured (full probes)':>34}"]
+             f"{'its tok/s':>11}{'re-measured (full probes): tok/s, tok/s per GiB':>50}"]
     for number, sweeps in enumerate(rounds):
         for row in sweeps.values():
-            again = tokens[pick_key(row)]
+            again = probes[pick_key(row)]
             lines.append(f"{number:<7}{row['mode']:<15}{row['wall_s']:>8.0f}{row['trials']:>8}"
                          f"{row['stopped_slow']:>6}{row['best_trial']:>6}"
-                         f"{row['tokens_per_s']:>11.1f}"
-                         f"{statistics.fmean(again):>26.1f} tok/s")
+                         f"{row['tokens_per_s']:>11.1f}{figure(again, False):>34.1f}"
+                         f"{figure(again, True):>16.1f}")
     for other in (m for m in ("before", "full", "short-no-stop") if m in modes):
         walls = [r[other]["wall_s"] / r["short"]["wall_s"] for r in rounds]
         target = " (target >= 2)" if other == "before" else ""
         lines.append(f"wall {other}/short, each round: {spread(walls)}{target}")
     for other in (m for m in ("before", "full") if m in modes):
-        ratios = [statistics.fmean(tokens[pick_key(r["short"])])
-                  / statistics.fmean(tokens[pick_key(r[other])]) for r in rounds]
         same = sum(r["short"]["config"] == r[other]["config"] for r in rounds)
-        lines.append(f"short's pick over {other}'s on the re-measure, each round: "
-                     f"{spread(ratios, 3)} (target >= 0.98); the same config in {same} of "
-                     f"{len(rounds)}")
+        for per_gib, what in ((True, "the objective (tokens/s per GiB)"), (False, "tokens/s")):
+            ratios = [figure(probes[pick_key(r["short"])], per_gib)
+                      / figure(probes[pick_key(r[other])], per_gib) for r in rounds]
+            target = " (target >= 0.98)" if per_gib else ""
+            lines.append(f"short's pick over {other}'s on the re-measure, {what}, each round: "
+                         f"{spread(ratios, 3)}{target}")
+        lines.append(f"  the same config in {same} of {len(rounds)}")
     return "\n".join(lines)
 
 
@@ -159,7 +173,27 @@ def main() -> None:
                         default=["before", "short", "full"])
     parser.add_argument("--before-rev", default=BEFORE_REV,
                         help="the commit whose code runs the 'before' sweep")
+    parser.add_argument("--picks-from", type=Path, default=None,
+                        help="re-measure the picks of a recorded run (its JSON) and rewrite "
+                        "the report, running no sweep")
     args = parser.parse_args()
+    if args.picks_from is not None:
+        recorded = json.loads(args.picks_from.read_text())
+        rounds, args.before_rev = recorded["rounds"], recorded["before_rev"]
+    else:
+        rounds = sweep_rounds(args)
+    probes = remeasure([pick for sweeps in rounds for pick in sweeps.values()], args.remeasure)
+    text = report(rounds, probes, args.before_rev)
+    print(text)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "readme_command.txt").write_text(text + "\n")
+    (OUT_DIR / "readme_command.json").write_text(json.dumps(
+        {"rounds": rounds, "before_rev": args.before_rev, "remeasured": probes},
+        indent=2) + "\n")
+
+
+def sweep_rounds(args: argparse.Namespace) -> list[dict[str, dict]]:
+    """`args.rounds` rounds of one sweep per mode, the modes' order rotated each round."""
     rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="readme-command-") as scratch, \
             checkout(args.before_rev) as before_code:
@@ -173,14 +207,7 @@ def main() -> None:
                 print(f"round {number} {mode}: {done['wall_s']:.0f} s, {done['stopped_slow']} "
                       f"stopped slow, pick trial {done['best_trial']}", flush=True)
             rounds.append({mode: sweeps[mode] for mode in args.modes})
-    tokens = remeasure([pick for sweeps in rounds for pick in sweeps.values()], args.remeasure)
-    text = report(rounds, tokens, args.before_rev)
-    print(text)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "readme_command.txt").write_text(text + "\n")
-    (OUT_DIR / "readme_command.json").write_text(json.dumps(
-        {"rounds": rounds, "before_rev": args.before_rev, "remeasured_tokens_per_s": tokens},
-        indent=2) + "\n")
+    return rounds
 
 
 if __name__ == "__main__":

@@ -390,10 +390,9 @@ def test_the_model_alone_is_within_five_percent_on_readme_command_1s_h200_row():
     sys.path.insert(0, str(GPU_RESULTS.parent.parent))
     import gpu_holdout
 
-    grid = GPU_RESULTS
-    (row,) = [r for r in json.loads((grid / gpu_holdout.PREDICTIONS).read_text())["rows"]
+    (row,) = [r for r in json.loads((GPU_RESULTS / gpu_holdout.PREDICTIONS).read_text())["rows"]
               if r["label"] == "readme 0.5b w1"]
-    (probed,) = [r for r in json.loads((grid / "holdout.json").read_text())["rows"]
+    (probed,) = [r for r in json.loads((GPU_RESULTS / "holdout.json").read_text())["rows"]
                  if r["label"] == "readme 0.5b w1"]
     modelled = gpu_holdout.model_prediction(row)
     errors = {phase: modelled[phase] / p["nvml_bytes"] - 1

@@ -596,9 +596,10 @@ def test_tracing_weighs_its_cost_on_the_traces_after_the_first():
 def test_a_sweep_traces_only_the_configs_it_asks_about(tmp_path):
     """The check after each probe ("may anything untried still fit?") starts no trace: a trace
     only adds OOMs, so the other rules answer it. It used to trace a random untried config or
-    two after every probe (README command 1: 25 traces for 12 probes, 2 s each on a CPU, a
-    7B's 30-155 s on a GPU), configs the sweep never asked about. A stand-in tracer exact to
-    the scripted device (the real trace process is in test_trace.py) records what it traced."""
+    two after every probe (README command 1's sweep: 24 traces for 17 probes, 11 to 13 without
+    them; 2 s a trace on a CPU, a 7B's 30-155 s on a GPU), configs the sweep never asked
+    about. A stand-in tracer exact to the scripted device (the real trace process is in
+    test_trace.py) records what it traced."""
     space = load_search_space("cpu-demo")
     model = ModelRunner(limit_bytes=1)
     peaks = sorted(max(model.phase_bytes(space.config_for(p)).values()) for p in space.grid())

@@ -6,8 +6,8 @@ proven to run out of memory (predicted). Neither runs a probe, so neither counts
 frontier stops that: after every new measured OOM, and whenever the sampler keeps proposing
 known configs, it looks for an untried config the feasibility rules do not rule out. The check
 after a probe starts no trace (a trace only adds OOMs, so an untraced config the other rules
-leave open may fit): it used to trace a random untried config or two after every probe, most
-never asked for; the configs it queues to be probed are traced first, as any candidate is. It also
+leave open may fit); the configs it queues to be probed are traced first, as any candidate
+is. It also
 lists the neighbours of a config (one knob one step away), which the sweep probes between
 the sampler's proposals: the best configs of these spaces sit in smooth basins. None left
 means the sweep is over, said in one line; if the safe config itself (every saver on,

@@ -94,6 +94,39 @@ def test_probes_are_short_unless_full_steps_is_asked_and_a_study_keeps_which():
     assert not ProbeRequest(model="tiny-qwen2.5", command=command).short  # the trainer's steps
 
 
+def test_a_steps_standard_error_is_never_under_the_noise_the_study_measured():
+    """One step alone has no spread of its own; with the study's measured step spread (a
+    CV) its error is that spread; two steps' error is their own, not under the spread over
+    sqrt(2)."""
+    assert unit_loops.mean_and_se([10.0]) == (10.0, 0.0)
+    assert unit_loops.mean_and_se([10.0], within_var=0.04) == (10.0, pytest.approx(0.2))
+    assert unit_loops.mean_and_se([10.0], 0.04, step_cv=0.03) == (10.0, pytest.approx(0.3))
+    assert unit_loops.mean_and_se([9.9, 10.1])[1] == pytest.approx(0.1)
+    assert unit_loops.mean_and_se([9.9, 10.1], step_cv=0.03)[1] == \
+        pytest.approx(0.3 / 2 ** 0.5)
+
+
+def test_a_short_probe_starts_from_one_timed_step_once_the_study_measured_its_noise():
+    """NOISE_PROBES quiet probes' step spreads make the study's noise; after them a short
+    probe starts from one timed step carrying that noise (its root mean square). Before them,
+    a full probe, a command probe and an exact --timed-steps are left as they are."""
+    from autotune.probe.measure.result import TrainerCommand
+    from autotune.sweep.tally import NOISE_PROBES, with_step_noise
+
+    short = ProbeRequest(model="tiny-qwen2.5", timed_steps=2, timed_min_s=2.0)
+    cvs = [0.03, 0.04, 0.0]
+    assert len(cvs) == NOISE_PROBES
+    assert with_step_noise(short, cvs[:-1]) == short
+    settled = with_step_noise(short, cvs)
+    assert settled.timed_steps == 1
+    assert settled.step_cv_prior == pytest.approx((0.0025 / 3) ** 0.5)
+    command = TrainerCommand(trainer="verl", argv=("true",), config_text="")
+    for left in (ProbeRequest(model="tiny-qwen2.5", full_steps=True, timed_min_s=2.0),
+                 ProbeRequest(model="tiny-qwen2.5", command=command, timed_min_s=2.0),
+                 ProbeRequest(model="tiny-qwen2.5", timed_steps=2, timed_min_s=0.0)):
+        assert with_step_noise(left, cvs) == left
+
+
 CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
                      micro_batch_size_update=1, micro_batch_size_experience=2,
                      max_prompt_length=32, max_response_length=32, rollout_engine="hf",
@@ -262,3 +295,53 @@ def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_pa
     assert sorted(row["status"] for row in rows if not row["reused_from"]) == \
         ["ok", "ok", "slow"]
     assert " slow " in format_study(study)
+
+
+@pytest.mark.slow
+def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path):
+    """Real CPU probes: the first quiet probes run two timed steps or more and measure the
+    machine's step spread; the probes after them start from one timed step with that spread
+    in their request (the --timed-steps rule untouched), and report a standard error never
+    under it. Each probe is held to its request: the request files are the sweep's own."""
+    import yaml
+
+    from autotune.runners.local import SubprocessRunner
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study import trial_files
+    from autotune.sweep.study.settings import SweepSettings
+    from autotune.sweep.tally import NOISE_PROBES
+    from autotune.sweep.tuner import Sweep
+
+    fixed = {"rollout_batch_size": 4, "rollout_n": 2, "global_batch_size": 2,
+             "micro_batch_size_experience": 4, "max_prompt_length": 32,
+             "max_response_length": 16, "rollout_engine": "hf"}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({"params": {
+        "micro_batch_size_update": {"type": "categorical", "choices": [1, 2, 4]},
+        "gradient_checkpointing": {"type": "categorical", "choices": [True, False]}},
+        "fixed": fixed}))
+    request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), cpu_threads=2,
+                           warmup_steps=1, timed_steps=2, timed_min_s=2.0, timeout_s=300.0)
+    settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",
+                             space=load_search_space(str(path)), request=request,
+                             objective="throughput", max_trials=NOISE_PROBES + 2,
+                             sampler="random", finalists=0)
+    study = Sweep(settings, SubprocessRunner()).run()
+    probed = sorted((t for t in study.trials if t.user_attrs.get("probed")),
+                    key=lambda t: t.number)
+    assert len(probed) == NOISE_PROBES + 2
+    quiet_before = 0  # quiet probes of two steps or more before each one
+    for trial in probed:
+        asked = ProbeRequest.from_json(trial_files.request_path(
+            settings.study_dir, trial.number).read_text())
+        result = trial.user_attrs["result"]
+        assert result["status"] == "ok", result
+        if quiet_before < NOISE_PROBES:
+            assert (asked.timed_steps, asked.step_cv_prior) == (2, None)
+        else:
+            assert asked.timed_steps == 1 and asked.step_cv_prior is not None
+            assert result["step_se_s"] >= asked.step_cv_prior * result["step_s"] / \
+                len(result["step_times_s"]) ** 0.5 * (1 - 1e-9)
+        steps = result["step_times_s"]
+        if len(steps) >= 2 and not result["contention"]:
+            quiet_before += 1

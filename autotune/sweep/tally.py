@@ -7,12 +7,18 @@ the stop rules (--trials, --patience) and the feasibility pruning see the whole 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import TYPE_CHECKING
 
 from autotune.config import Knobs, describe_params, format_bytes
-from autotune.probe.measure.result import ProbeStatus, SlowFloor, coefficient_of_variation
+from autotune.probe.measure.result import (
+    ProbeRequest,
+    ProbeStatus,
+    SlowFloor,
+    coefficient_of_variation,
+)
 from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.pick.measurements import FINALIST
 from autotune.sweep.progress import SweepState
@@ -22,6 +28,8 @@ from autotune.sweep.study.sharing import NO_RESULT_STATUSES
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
+
+NOISE_PROBES = 3  # quiet probes of two timed steps or more before their spread is the study's
 
 
 class Tally:
@@ -91,10 +99,32 @@ class Tally:
         else:
             self.since_improvement += 1
 
+    def step_cv(self) -> float | None:
+        """One timed step's spread on this machine, as the study measured it: the root mean
+        square of its quiet probes' step-to-step coefficients of variation; None before any."""
+        return rms(self.step_cvs)
 
     def stop_below(self) -> SlowFloor | None:
-        """The floor a new probe may stop slow under: the best so far less the noise, the
-        spread of the quiet probes' steps (their root mean square)."""
-        cv = math.sqrt(statistics.fmean(c * c for c in self.step_cvs)) if self.step_cvs \
-            else None
-        return slow_floor(self.objective, self.best_scalar, self.best_number, cv)
+        """The floor a new probe may stop slow under: the best so far less the noise
+        (`step_cv`)."""
+        return slow_floor(self.objective, self.best_scalar, self.best_number, self.step_cv())
+
+    def with_study_noise(self, request: ProbeRequest) -> ProbeRequest:
+        """`request` as the study's measured noise lets it run (`with_step_noise`)."""
+        return with_step_noise(request, self.step_cvs)
+
+
+def with_step_noise(request: ProbeRequest, step_cvs: list[float]) -> ProbeRequest:
+    """A short probe of a study whose quiet probes measured their steps' spread (`step_cvs`,
+    NOISE_PROBES of them at least): it starts from one timed step and adds steps while that
+    spread over sqrt(n) (or its own, when larger) is past its target (training.py
+    `wants_more`), so a second step runs only where one step's noise would decide. Full
+    probes, command probes and --timed-steps (an exact count: timed_min_s 0) as they are."""
+    if not request.short or request.timed_min_s <= 0 or len(step_cvs) < NOISE_PROBES:
+        return request
+    return dataclasses.replace(request, timed_steps=1, step_cv_prior=rms(step_cvs))
+
+
+def rms(values: list[float]) -> float | None:
+    """The root mean square of `values`; None for none."""
+    return math.sqrt(statistics.fmean(v * v for v in values)) if values else None

@@ -433,7 +433,7 @@ class Sweep:
             raise
         number = pending.trial.number
         candidate = candidate or self.space.candidate(pending.params)
-        request = self.settings.request_for(candidate)
+        request = self.tally.with_study_noise(self.settings.request_for(candidate))
         if self.settings.stop_slow and request.command is None:
             request = dataclasses.replace(request, stop_below=self.tally.stop_below())
         log_path = trial_files.log_path(self.settings.study_dir, number)

@@ -195,6 +195,10 @@ class ProbeRequest:
     # reached (built-in probes; None: run every timed step)
     split_side: str = ""  # one side of a split probe (placement=separate): engine | trainer,
     split_port: int = 0  # and the loopback port the engine's side listens on for the link
+    step_cv_prior: float | None = None  # one timed step's spread as the study measured it
+    # on this machine (its quiet probes' steps): a short probe's standard error is never
+    # under it over sqrt(steps), and one timed step settles the probe when that is within
+    # the target (probe/step/training.py); None: the probe's own steps alone
     timed_phases: tuple[str, ...] = ()  # a focused probe (a finalist's repeat): its timed
     # steps run only these phases, each on what the last run of the others left, after
     # whole warm-up steps (one at least); empty: every phase (built-in colocated probes)

@@ -168,10 +168,14 @@ def unit_times(steps: Sequence[Sequence[UnitLoop]]) -> dict[str, dict[str, UnitT
     return out
 
 
-def mean_and_se(values: Sequence[float], within_var: float = 0.0) -> tuple[float, float]:
+def mean_and_se(values: Sequence[float], within_var: float = 0.0,
+                step_cv: float | None = None) -> tuple[float, float]:
     """The mean of `values` (each step's predicted seconds) and its standard error: the spread
-    between them over sqrt(n), or where one value alone, the estimates' own variance."""
+    between them over sqrt(n), or where one value alone, the estimates' own variance; never
+    under `step_cv` (one step's spread measured elsewhere on this machine, as a fraction of
+    the step) times the mean over sqrt(n)."""
     mean = statistics.fmean(values)
+    floor = (step_cv or 0.0) * mean / math.sqrt(len(values))
     if len(values) > 1:
-        return mean, statistics.stdev(values) / math.sqrt(len(values))
-    return mean, math.sqrt(within_var)
+        return mean, max(statistics.stdev(values) / math.sqrt(len(values)), floor)
+    return mean, max(math.sqrt(within_var), floor)

@@ -148,14 +148,15 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         """None past `request.timed_steps` when `request.timed_min_s` is 0 (--timed-steps:
         exactly that many). A full probe: while its steps add up to less than timed_min_s (a
         short step is cheap to repeat and noisy alone). A short one: while its predicted
-        step's standard error is past SHORT_SE_TARGET of it and its steps took less than
+        step's standard error (never under the study's measured step spread over sqrt(n):
+        request.step_cv_prior) is past SHORT_SE_TARGET of it and its steps took less than
         SHORT_CAP_STEPS whole steps (or timed_min_s)."""
         predicted = [training_s(t) for t in timed]
         if self.request.timed_min_s <= 0:
             return False
         if not self.meter.clock.short:
             return sum(predicted) < self.request.timed_min_s
-        mean, se = mean_and_se(predicted, self.step_var_s2[-1])
+        mean, se = mean_and_se(predicted, self.step_var_s2[-1], self.request.step_cv_prior)
         spent = sum(self.step_wall_s[-len(timed):])
         return se > SHORT_SE_TARGET * mean and spent < max(SHORT_CAP_STEPS * mean,
                                                             self.request.timed_min_s)
@@ -262,7 +263,8 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         """The timed steps' figures: the step's mean and standard error, the rates."""
         phase_s = {p: sum(t[p] for t in timed) / len(timed) for p in timed[0]}
         step_times_s = [training_s(t) for t in timed]
-        step_s, step_se_s = mean_and_se(step_times_s, self.step_var_s2[-1])
+        step_s, step_se_s = mean_and_se(step_times_s, self.step_var_s2[-1],
+                                        self.request.step_cv_prior)
         return {"status": ProbeStatus.OK, "tokens_per_s": self.step_tokens / step_s,
                 "samples_per_s": self.step_tokens / self.config.sequence_length / step_s,
                 "step_s": step_s, "phase_s": phase_s, "step_times_s": step_times_s,

@@ -305,6 +305,7 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
     under it. Each probe is held to its request: the request files are the sweep's own."""
     import yaml
 
+    from autotune.cli.text import format_study
     from autotune.runners.local import SubprocessRunner
     from autotune.sweep.space.search_space import load_search_space
     from autotune.sweep.study import trial_files
@@ -345,3 +346,8 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
         steps = result["step_times_s"]
         if len(steps) >= 2 and not result["contention"]:
             quiet_before += 1
+    once = [t.number for t in probed if len(t.user_attrs["result"]["step_times_s"]) == 1]
+    rows = {line.split()[0]: line for line in format_study(study).splitlines()
+            if line.split() and line.split()[0].isdigit()}
+    for number in once:  # `show` says it was timed once, not a spread it never measured
+        assert "1 step" in rows[str(number)], rows

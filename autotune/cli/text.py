@@ -115,8 +115,9 @@ def _trial_cells(trial: FrozenTrial) -> dict[str, object]:
         status = f"{status}, again #{attrs['repeat_of']}"
         if result.get("timed_phases"):  # a focused repeat: the rest from a whole probe
             status += f" ({' '.join(result['timed_phases'])} timed)"
-    cv = coefficient_of_variation(result.get("step_times_s") or [])
-    spread = "-" if cv is None else f"{cv:.1%}"
+    steps = result.get("step_times_s") or []
+    cv = coefficient_of_variation(steps)
+    spread = f"{cv:.1%}" if cv is not None else "1 step" if len(steps) == 1 else "-"
     if result.get("contention"):
         spread += " busy"  # measured while other processes took the machine
     return {"#": trial.number, "status": status, "config": describe_params(ran_params(trial)),
@@ -218,7 +219,8 @@ def _trials_table(study: Study, trials: list[FrozenTrial], columns: list[str]) -
     rows = [{**_trial_cells(t), "fits to": reach.get(t.number, "-")} for t in trials]
     busy = sum(bool((t.user_attrs.get("result") or {}).get("contention")) for t in trials)
     lines = ["", format_table(rows, [*columns, "fits to"]),
-             "(step cv: the spread of a probe's timed steps; busy: measured while other "
+             "(step cv: the spread of a probe's timed steps, or 1 step: timed once, its "
+             "error the study's measured spread; busy: measured while other "
              "processes took the machine. fits to: the longest response, in tokens, each "
              "config fits its budget by the study's memory model; >= when no length up "
              "to the model's context or a token budget runs out)"]

@@ -109,7 +109,8 @@ def test_a_steps_standard_error_is_never_under_the_noise_the_study_measured():
 def test_a_short_probe_starts_from_one_timed_step_once_the_study_measured_its_noise():
     """NOISE_PROBES quiet probes' step spreads make the study's noise; after them a short
     probe starts from one timed step carrying that noise (its root mean square). Before them,
-    a full probe, a command probe and an exact --timed-steps are left as they are."""
+    and always for a full probe, a command probe, a split probe (its sides time exactly their
+    steps in lockstep) and an exact --timed-steps, the request is left as it is."""
     from autotune.probe.measure.result import TrainerCommand
     from autotune.sweep.tally import NOISE_PROBES, with_step_noise
 
@@ -121,8 +122,11 @@ def test_a_short_probe_starts_from_one_timed_step_once_the_study_measured_its_no
     assert settled.timed_steps == 1
     assert settled.step_cv_prior == pytest.approx((0.0025 / 3) ** 0.5)
     command = TrainerCommand(trainer="verl", argv=("true",), config_text="")
+    split = ProbeConfig(placement="separate", rollout_gpus=1, rollout_engine="vllm-like")
     for left in (ProbeRequest(model="tiny-qwen2.5", full_steps=True, timed_min_s=2.0),
                  ProbeRequest(model="tiny-qwen2.5", command=command, timed_min_s=2.0),
+                 ProbeRequest(model="tiny-qwen2.5", config=split, gpus_per_node=2,
+                              timed_steps=2, timed_min_s=2.0),
                  ProbeRequest(model="tiny-qwen2.5", timed_steps=2, timed_min_s=0.0)):
         assert with_step_noise(left, cvs) == left
 

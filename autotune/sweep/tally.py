@@ -119,8 +119,11 @@ def with_step_noise(request: ProbeRequest, step_cvs: list[float]) -> ProbeReques
     NOISE_PROBES of them at least): it starts from one timed step and adds steps while that
     spread over sqrt(n) (or its own, when larger) is past its target (training.py
     `wants_more`), so a second step runs only where one step's noise would decide. Full
-    probes, command probes and --timed-steps (an exact count: timed_min_s 0) as they are."""
-    if not request.short or request.timed_min_s <= 0 or len(step_cvs) < NOISE_PROBES:
+    probes, command probes, split probes (placement=separate: both sides run whole steps in
+    lockstep, exactly their count, probe/launch/split_sides.py) and --timed-steps (an exact
+    count: timed_min_s 0) as they are."""
+    if not request.short or request.config.separate or request.timed_min_s <= 0 or \
+            len(step_cvs) < NOISE_PROBES:
         return request
     return dataclasses.replace(request, timed_steps=1, step_cv_prior=rms(step_cvs))
 

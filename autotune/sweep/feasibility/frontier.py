@@ -7,9 +7,9 @@ frontier stops that: after every new measured OOM, and whenever the sampler keep
 known configs, it looks for an untried config the feasibility rules do not rule out. The check
 after a probe starts no trace (a trace only adds OOMs, so an untraced config the other rules
 leave open may fit); the configs it queues to be probed are traced first, as any candidate
-is. It also
-lists the neighbours of a config (one knob one step away), which the sweep probes between
-the sampler's proposals: the best configs of these spaces sit in smooth basins. None left
+is. It also lists the neighbours of a config (one knob one step away), which the sweep
+probes between the sampler's proposals: the best configs of these spaces sit in smooth
+basins. None left
 means the sweep is over, said in one line; if the safe config itself (every saver on,
 smallest micro-batches) ran out of device memory, nothing in the space can fit, and the line
 says what to change instead: first the fixed knob (--set lora_rank=4096) whose default alone

@@ -521,29 +521,31 @@ class Sweep:
 
     def queue_neighbour(self, study: Study) -> None:
         """TPE's sweeps: every NEIGHBOUR_EVERY-th probe after the sampler's startup probes is
-        the untried config the study's probes compose better than the best so far
-        (pick/composed.py), or where none does an untried neighbour of the best
-        (frontier.py), queued for the next ask; once per probe slot, so a config predicted
-        to OOM hands the slot to the sampler."""
+        the untried config the study's probes compose better than the leader (the best
+        config by its pooled figure, tally.py; pick/composed.py), or where none does an
+        untried neighbour of the leader (frontier.py), queued for the next ask; once per
+        probe slot, so a config predicted to OOM hands the slot to the sampler."""
         started = self.state.probes + len(self.pool)
-        if self.settings.sampler != "tpe" or self.tally.best_params is None or \
-                started < self.settings.n_startup_trials or \
+        if self.settings.sampler != "tpe" or started < self.settings.n_startup_trials or \
                 started % NEIGHBOUR_EVERY != NEIGHBOUR_EVERY - 1 or \
                 self.neighbour_at == started:
             return
+        leader = self.tally.leader()
+        if leader is None:
+            return
         self.neighbour_at = started
-        composed = self.composed()
+        composed = self.composed(leader.figure)
         if composed is not None:
             study.enqueue_trial(composed, user_attrs={"origin": "composed"})
             return
-        params = self.frontier.neighbour(self.tally.best_params, self.holdings.seen)
+        params = self.frontier.neighbour(dict(leader.trial.params), self.holdings.seen)
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
 
-    def composed(self) -> Knobs | None:
-        """The untried valid config the study's probes compose better than the best probed
-        one (sweep/pick/composed.py: each phase from the probes that ran it), if the
-        feasibility rules leave it open; None where none does."""
+    def composed(self, beat: float) -> Knobs | None:
+        """The untried valid config the study's probes compose better than `beat` (the
+        leader's figure; sweep/pick/composed.py: each phase from the probes that ran it), if
+        the feasibility rules leave it open; None where none does."""
         fixed = study_fixed(self.study)  # as the pick's pooled figure reads them
         probes = [times for frozen in self.trials if (times := probe_times(frozen, fixed))]
         budgets = [b for frozen in self.trials
@@ -551,7 +553,7 @@ class Sweep:
         untried = (self.frontier.params_of(key)
                    for key in self.frontier.untried(self.holdings.seen))
         found = best_composed(probes, untried, fixed, self.settings.objective,
-                              min(budgets) if budgets else None, self.tally.best_scalar)
+                              min(budgets) if budgets else None, beat)
         if found is None:
             return None
         candidate = self.space.candidate(found.params)

@@ -160,8 +160,13 @@ def by_config(study: Study) -> dict[str, Measured]:
 def ranked(study: Study, configs: Mapping[str, Measured] | None = None) -> list[Measured]:
     """Feasible configs, the best figure first (pooled over the probes of their phases), the
     earliest probed on ties (`configs`: the study's by_config, when the caller holds it)."""
-    configs = by_config(study) if configs is None else configs
-    pooled = pooled_of(configs, study_fixed(study))
+    return rank(by_config(study) if configs is None else configs, study_fixed(study))
+
+
+def rank(configs: Mapping[str, Measured], fixed: Knobs) -> list[Measured]:
+    """`configs`' feasible ones, the best figure first, as ranked() orders a study's (`fixed`:
+    the space's fixed knobs, study_fixed)."""
+    pooled = pooled_of(configs, fixed)
     feasible = [m for m in configs.values() if m.feasible and m.values]
     for m in feasible:
         m.pooled = pooled.get(params_key(m.trial.params))

@@ -232,6 +232,9 @@ def arm_entry(runs: list[Run], values: dict, best: float, seeds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds first-seed to first-seed + seeds - 1 (more seeds beside a "
+                             "recorded run)")
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--objective", default="throughput_per_memory")
@@ -249,7 +252,7 @@ def main() -> None:
     per_phase = args.noise_per == "phase"
     space = gpu_landscape.space()
     traces = gpu_landscape.read_traces(space)
-    seeds = range(args.seeds)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     runs, lines = [], []
     for model in args.models:
         for gpu in args.gpus:
@@ -352,8 +355,8 @@ def main() -> None:
               f"given its device time less a reserve for their finalists (objective "
               f"{args.objective}), each with "
               f"{args.finalists} finalists probed again, lognormal noise on "
-              f"{'each phase' if per_phase else 'the whole'} of every probe; seeds 0 to "
-              f"{args.seeds - 1}; written {time.strftime('%Y-%m-%d')}")
+              f"{'each phase' if per_phase else 'the whole'} of every probe; seeds "
+              f"{seeds[0]} to {seeds[-1]}; written {time.strftime('%Y-%m-%d')}")
     text = "\n".join([header, "", *lines])
     print("\n".join(lines[-8:]))
     OUT.mkdir(exist_ok=True)

@@ -306,34 +306,37 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
     """Real CPU probes: the first quiet probes run two timed steps or more and measure the
     machine's step spread; the probes after them start from one timed step with that spread
     in their request (the --timed-steps rule untouched), and report a standard error never
-    under it. Each probe is held to its request: the request files are the sweep's own."""
+    under it; so do the finalists' repeats, which the driver runs after the sweep. Each probe
+    is held to its request: the request files are the sweep's own."""
     import yaml
 
     from autotune.cli.text import format_study
     from autotune.runners.local import SubprocessRunner
+    from autotune.sweep.driver import run_sweep
+    from autotune.sweep.pick.finalists import repeat_log_path
+    from autotune.sweep.plan import SweepPlan
     from autotune.sweep.space.search_space import load_search_space
     from autotune.sweep.study import trial_files
     from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tally import NOISE_PROBES
-    from autotune.sweep.tuner import Sweep
 
     fixed = {"rollout_batch_size": 4, "rollout_n": 2, "global_batch_size": 2,
              "micro_batch_size_experience": 4, "max_prompt_length": 32,
-             "max_response_length": 16, "rollout_engine": "hf"}
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump({"params": {
-        "micro_batch_size_update": {"type": "categorical", "choices": [1, 2, 4]},
-        "gradient_checkpointing": {"type": "categorical", "choices": [True, False]}},
+             "micro_batch_size_update": 2, "rollout_engine": "hf"}
+    path = tmp_path / "space.yaml"  # a shape knob: any two configs differ in every phase,
+    path.write_text(yaml.safe_dump({"params": {  # so the finalists' repeats are whole
+        "max_response_length": {"type": "categorical", "choices": [8, 12, 16, 20, 24, 28]}},
         "fixed": fixed}))
     request = ProbeRequest(model="tiny-qwen2.5", device=Device("cpu"), cpu_threads=2,
                            warmup_steps=1, timed_steps=2, timed_min_s=2.0, timeout_s=300.0)
     settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",
                              space=load_search_space(str(path)), request=request,
                              objective="throughput", max_trials=NOISE_PROBES + 2,
-                             sampler="random", finalists=0)
-    study = Sweep(settings, SubprocessRunner()).run()
-    probed = sorted((t for t in study.trials if t.user_attrs.get("probed")),
-                    key=lambda t: t.number)
+                             sampler="random", finalists=2)
+    study = run_sweep(SweepPlan(settings, SubprocessRunner(), None, ())).study
+    assert study is not None
+    probed = sorted((t for t in study.trials if t.user_attrs.get("probed")
+                     and t.user_attrs.get("origin") != "finalist"), key=lambda t: t.number)
     assert len(probed) == NOISE_PROBES + 2
     quiet_before = 0  # quiet probes of two steps or more before each one
     for trial in probed:
@@ -350,6 +353,20 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
         steps = result["step_times_s"]
         if len(steps) >= 2 and not result["contention"]:
             quiet_before += 1
+    assert quiet_before >= NOISE_PROBES  # else the repeats below have no noise to start from
+    repeats = [t for t in study.trials if t.user_attrs.get("origin") == "finalist"]
+    assert len(repeats) >= 2
+    for trial in repeats:
+        config = trial.user_attrs["repeat_of"]
+        count = 1 + sum(t.user_attrs.get("repeat_of") == config for t in study.trials
+                        if t.number <= trial.number)
+        asked = ProbeRequest.from_json(repeat_log_path(
+            settings.study_dir, config, count).with_suffix(".request.json").read_text())
+        assert not asked.timed_phases, trial.number
+        assert asked.timed_steps == 1 and asked.step_cv_prior is not None, trial.number
+        result = trial.user_attrs["result"]
+        assert result["step_se_s"] >= asked.step_cv_prior * result["step_s"] / \
+            len(result["step_times_s"]) ** 0.5 * (1 - 1e-9)
     once = [t.number for t in probed if len(t.user_attrs["result"]["step_times_s"]) == 1]
     rows = {line.split()[0]: line for line in format_study(study).splitlines()
             if line.split() and line.split()[0].isdigit()}

@@ -75,7 +75,8 @@ def run_sweep(plan: SweepPlan, progress: Progress | None = None,
                 study = sweep.run()
                 if settings.finalists and sweep.nothing_fits is None:
                     remeasure(study, settings, plan.runner, settings.finalists,
-                              sweep.feasibility.capacity_bytes, say)
+                              sweep.feasibility.capacity_bytes, say,
+                              sweep.tally.with_study_noise)
                 interrupts.raise_if_interrupted()
                 if settings.confirm and sweep.nothing_fits is None:
                     confirm_best(study, settings, plan.runner,

@@ -139,7 +139,8 @@ def with_step_noise(request: ProbeRequest, step_cvs: list[float]) -> ProbeReques
     """A short probe of a study whose quiet probes measured their steps' spread (`step_cvs`,
     NOISE_PROBES of them at least): it starts from one timed step and adds steps while that
     spread over sqrt(n) (or its own, when larger) is past its target (training.py
-    `wants_more`), so a second step runs only where one step's noise would decide. Full
+    `wants_more`), so a second step runs only where one step's noise would decide (the
+    sweep's probes, and the finalists' whole repeats: the driver passes it). Full
     probes, command probes, split probes (placement=separate: both sides run whole steps in
     lockstep, exactly their count, probe/launch/split_sides.py) and --timed-steps (an exact
     count: timed_min_s 0) as they are."""

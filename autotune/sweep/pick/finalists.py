@@ -19,11 +19,13 @@ and why it chose are stored in the study (user attr `finalists`) and written in 
 A round of repeats times only the phases that separate the finalists still close (focused.py:
 where they all do the same work, the pooled figure gives them the same time), the same phases
 in each of them, the rest of each step from its config's whole probe; where every phase
-differs, the repeats are whole. Each repeat is a trial of its own (origin `finalist`,
-`repeat_of` the config's first trial), added to the study once its probe ended, so a killed
-sweep loses at most the probe in flight and the next run goes on where it stopped; its files
-are `logs/trial-00007.repeat-2.*`. A repeat's result left by a driver that died before adding
-it is read back, not probed again.
+differs, the repeats are whole, and a whole repeat runs as the sweep's probes do once the study
+has measured its step noise (tally.with_step_noise: one timed step where one step's noise would
+not decide; README command 1's six repeats took 42 s with two each). Each repeat is a trial
+of its own (origin `finalist`, `repeat_of` the config's first trial), added to the study once
+its probe ended, so a killed sweep loses at most the probe in flight and the next run goes on
+where it stopped; its files are `logs/trial-00007.repeat-2.*`. A repeat's result left by a
+driver that died before adding it is read back, not probed again.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from autotune.config import Knobs, describe_params, format_bytes
 from autotune.files import JsonObject, write_text_atomic
-from autotune.probe.measure.result import ProbeResult
+from autotune.probe.measure.result import ProbeRequest, ProbeResult
 from autotune.runners import Runner
 from autotune.sweep.execution import interrupts
 from autotune.sweep.pick.focused import UNTIMED_FROM, completed, is_whole, separating_phases
@@ -105,10 +107,15 @@ def standing(finalists: list[Measured]) -> tuple[float, list[Measured]]:
 
 
 def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
-              capacity_bytes: int | None, say: Callable[[str], None] = lambda line: None
+              capacity_bytes: int | None, say: Callable[[str], None] = lambda line: None,
+              prepare: Callable[[ProbeRequest], ProbeRequest] = lambda request: request
               ) -> int:
     """Probe the best `k` feasible configs again until the leader stands apart or the
-    budget is spent; store the pick. Returns how many probes ran."""
+    budget is spent; store the pick. Returns how many probes ran. `prepare` gives a whole
+    repeat's request what the sweep's probes had (the driver: the study's measured step
+    noise, tally.with_step_noise, so it times one step where one step's noise would not
+    decide, as the sweep's probes did); a focused repeat times part of a step, whose spread
+    the study's whole steps do not tell, and runs as asked."""
     probes = 0
     for _ in range(2 * k * MAX_PROBES):  # a probe lost with its node adds no probe: bounded
         finalists = ranked(study)[:k]
@@ -123,7 +130,7 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
         timed = round_phases(close if len(close) > 1 else finalists, study_fixed(study))
         for measured in [m for m in todo if m.probes == fewest]:
             probes += probe_again(study, settings, runner, measured, capacity_bytes, say,
-                                  timed)
+                                  timed, prepare)
     if ranked(study)[:1]:
         study.set_user_attr(FINALISTS, decide(study, k))
     return probes
@@ -131,7 +138,9 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
 
 def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured: Measured,
                 capacity_bytes: int | None, say: Callable[[str], None],
-                timed: tuple[str, ...] = ()) -> int:
+                timed: tuple[str, ...] = (),
+                prepare: Callable[[ProbeRequest], ProbeRequest] = lambda request: request
+                ) -> int:
     """One more probe of a finalist, added to the study as a trial; 1 when it ran. With
     `timed` phases (round_phases) a built-in colocated probe times those alone (focused.py),
     its untimed phases taken from the config's whole probe."""
@@ -148,6 +157,8 @@ def probe_again(study: Study, settings: SweepSettings, runner: Runner, measured:
     if timed and whole is not None and request.command is None and \
             not candidate.config.separate:
         request = dataclasses.replace(request, timed_phases=timed)
+    else:  # a whole step, whose spread the study measured (a focused one's it did not)
+        request = prepare(request)
     result = read_repeat(log)
     ran = result is None
     if result is None:

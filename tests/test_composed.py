@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.config import SYNC_PHASE as SYNC
 from autotune.sweep.pick.composed import Composer, best_composed
 from autotune.sweep.pick.pooled import ProbeTimes
 from autotune.sweep.space.params import params_key
@@ -266,3 +267,130 @@ def test_the_tallys_leader_is_the_pooled_best_and_a_slow_probe_is_held_to_it(tmp
     floor = tally.stop_below()
     assert floor is not None and floor.incumbent == 1
     assert floor.tokens_per_s == pytest.approx(leader.figure * (1 - floor.margin))
+
+
+def test_a_split_whose_trainer_paces_the_step_moves_the_trainers_knobs():
+    """Overlapped sides (staleness 1): the step is the slower side's, so with the trainer
+    pacing it only the trained phases' knobs, the staleness and what both sides read can
+    change it; the engine's reservation and TP cannot (a knob only the waiting side reads).
+    Colocated, or taking turns, every knob does. Where the objective counts memory, the
+    knobs of the phase holding the peak count too."""
+    from autotune.config.pipeline import pacing_phases
+    from autotune.sweep.pick.composed import moving_knobs
+    from autotune.sweep.pick.pooled import pacing_knobs
+
+    phase_s = {"rollout": 90.0, "experience": 30.0, "update": 87.0, SYNC: 0.1}
+    assert pacing_phases(phase_s, separate=True, staleness=1) == \
+        {"experience", "update", SYNC}
+    assert pacing_phases({**phase_s, "rollout": 130.0}, True, 1) == {"rollout", SYNC}
+    assert pacing_phases(phase_s, True, 0) == pacing_phases(phase_s, False) == set(phase_s)
+    knobs = {"placement": "separate", "rollout_gpus": 4, "staleness": 1,
+             "rollout_engine": "vllm-like", "micro_batch_size_update": 4,
+             "gradient_checkpointing": True, "offload_optimizer": False,
+             "gpu_memory_utilization": 0.6, "rollout_tensor_parallel": 2}
+    paced = pacing_knobs(knobs, phase_s)
+    assert {"micro_batch_size_update", "gradient_checkpointing", "offload_optimizer",
+            "rollout_gpus", "staleness"} <= paced
+    assert not paced & {"gpu_memory_utilization", "rollout_tensor_parallel"}
+    assert pacing_knobs(knobs, {**phase_s, "rollout": 130.0}) >= \
+        {"gpu_memory_utilization", "rollout_tensor_parallel", "rollout_gpus", "staleness"}
+    assert pacing_knobs({**knobs, "placement": "colocated"}, phase_s) == set(knobs)
+    peaks = {"rollout": 70 * GiB, "experience": 30 * GiB, "update": 40 * GiB}
+    assert moving_knobs(knobs, phase_s, peaks, "throughput") == paced
+    assert "gpu_memory_utilization" in moving_knobs(knobs, phase_s, peaks,
+                                                    "throughput_per_memory")
+
+
+class SplitRunner:
+    """A split of 8 GPUs whose trainer paces every step (the engine's side 10 s, the
+    trainer's 12 s or more): its update by its micro-batch and checkpointing, its rollout by
+    the engine's knobs. Memory: a constant, far under the device."""
+
+    def run(self, request, log_path=None):
+        from autotune.probe.measure.result import ProbeResult, ProbeStatus
+
+        config = request.config
+        phase_s = {"rollout": 10.0 - config.gpu_memory_utilization
+                   - config.rollout_tensor_parallel / 4,
+                   "experience": 4.0,
+                   "update": 8.0 + 8.0 / config.micro_batch_size_update
+                   + (2.0 if config.gradient_checkpointing else 0.0),
+                   SYNC: 0.1}
+        step_s = max(phase_s["rollout"], phase_s["experience"] + phase_s["update"]) + 0.1
+        assert step_s > phase_s["rollout"] + 1.0  # the trainer paces
+        peaks = {"rollout": 20 * GiB, "experience": 20 * GiB, "update": 30 * GiB}
+        return ProbeResult(status=ProbeStatus.OK, tokens_per_s=1000.0 / step_s,
+                           samples_per_s=1.0, step_s=step_s, phase_s=phase_s,
+                           peak_mem_bytes=max(peaks.values()), phase_peak_mem_bytes=peaks,
+                           device_name="model", device_capacity_bytes=80 * GiB,
+                           probe_wall_s=step_s)
+
+    def stop(self) -> None:
+        """Nothing runs outside this call."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_the_neighbour_moves_of_a_split_try_the_knobs_of_the_side_that_paces(tmp_path):
+    """A real TPE sweep over a split whose trainer paces the step: each neighbour move of the
+    leader moves a knob the trainer's phases read while one such neighbour is left untried,
+    never the engine's reservation or TP, which only set how long the engine waits (in
+    placement.py's sweep such moves spent 3 of a seed's last 7 neighbours)."""
+    import optuna
+    import yaml
+
+    from autotune.hardware import Device
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.feasibility.frontier import Frontier
+    from autotune.sweep.pick.measurements import fold, rank
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump({"params": {
+        "micro_batch_size_update": {"type": "categorical", "choices": [1, 2, 4, 8]},
+        "gradient_checkpointing": {"type": "bool"},
+        "gpu_memory_utilization": {"type": "categorical",
+                                   "choices": [0.5, 0.6, 0.7, 0.8, 0.9]},
+        "rollout_tensor_parallel": {"type": "categorical", "choices": [1, 2, 4]}},
+        "fixed": {"placement": "separate", "rollout_gpus": 4, "staleness": 1,
+                  "rollout_engine": "vllm-like", "rollout_batch_size": 64, "rollout_n": 8,
+                  "global_batch_size": 32, "micro_batch_size_experience": 4,
+                  "max_prompt_length": 1024, "max_response_length": 2048}}))
+    space = load_search_space(str(path)).for_world(8)
+    trainer_knobs = {"micro_batch_size_update", "gradient_checkpointing"}
+    moves = 0
+    for seed in (0, 1, 2, 3):
+        name = f"s{seed}"
+        settings = SweepSettings(
+            study_name=name, study_dir=tmp_path / name, space=space,
+            request=ProbeRequest(model="qwen2.5-7b", gpus_per_node=8,
+                                 device=Device("cuda", capacity_bytes=80 * GiB)),
+            max_trials=30, seed=seed, objective="throughput", finalists=0, trace=False,
+            prescreen=False)
+        sweep = Sweep(settings, SplitRunner())
+        sweep.run()
+        frontier = Frontier(space, sweep.feasibility, 0)
+        study = optuna.load_study(study_name=name,
+                                  storage=f"sqlite:///{tmp_path / name / 'study.db'}")
+        fixed = dict(study.user_attrs["search_space"]["fixed"])
+        trials = study.get_trials(deepcopy=False)
+        for trial in trials:
+            if trial.user_attrs.get("origin") != "neighbour":
+                continue
+            configs: dict = {}
+            for earlier in trials[:trial.number]:
+                fold(configs, earlier, "throughput")
+            leader = dict(rank(configs, fixed)[0].trial.params)
+            moved = {k for k in leader if leader[k] != trial.params[k]}
+            seen = {params_key(t.params) for t in trials[:trial.number]}
+            left = [near for near in frontier.neighbours(leader)
+                    if params_key(near) not in seen and
+                    {k for k in near if near[k] != leader[k]} <= trainer_knobs]
+            if left:
+                moves += 1
+                assert moved <= trainer_knobs, (trial.number, leader, trial.params)
+    print(f"neighbour moves with a trainer knob left: {moves}")
+    assert moves >= 5, moves

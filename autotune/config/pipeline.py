@@ -85,3 +85,17 @@ def step_seconds(phase_s: Mapping[str, float], separate: bool, staleness: int = 
     if not separate:
         return sum(phase_s.values())
     return pipeline_step(phase_s, staleness, sync_s).step_s
+
+
+def pacing_phases(phase_s: Mapping[str, float], separate: bool, staleness: int = 0
+                  ) -> frozenset[str]:
+    """The phases of `phase_s` whose seconds set the step: colocated or taking turns, every
+    one; overlapped (staleness >= 1), the slower side's and the sync (the faster side's
+    seconds only set how long it waits; both sides where they are even)."""
+    if not separate or staleness < 1:
+        return frozenset(phase_s)
+    step = pipeline_step(phase_s, staleness)
+    sides = {side for side, s in (("engine", step.engine_s), ("trainer", step.trainer_s))
+             if s >= max(step.engine_s, step.trainer_s)}
+    return frozenset(phase for phase in phase_s if phase == SYNC_PHASE or
+                     ("engine" if phase in ENGINE_PHASES else "trainer") in sides)

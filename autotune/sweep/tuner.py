@@ -34,8 +34,8 @@ from autotune.sweep.feasibility.prescreen import Prescreen
 from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.feasibility.trace_cache import TRACES_FILE, TraceCache
 from autotune.sweep.feasibility.traced import SubprocessTracer, Tracer
-from autotune.sweep.pick.composed import best_composed
-from autotune.sweep.pick.measurements import study_fixed
+from autotune.sweep.pick.composed import best_composed, moving_knobs
+from autotune.sweep.pick.measurements import Measured, study_fixed
 from autotune.sweep.pick.pooled import probe_times
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.space.params import params_key
@@ -523,8 +523,10 @@ class Sweep:
         """TPE's sweeps: every NEIGHBOUR_EVERY-th probe after the sampler's startup probes is
         the untried config the study's probes compose better than the leader (the best
         config by its pooled figure, tally.py; pick/composed.py), or where none does an
-        untried neighbour of the leader (frontier.py), queued for the next ask; once per
-        probe slot, so a config predicted to OOM hands the slot to the sampler."""
+        untried neighbour of the leader (frontier.py; one that moves a knob that can change
+        its objective first, `moving`: on a split whose trainer paces the step, not the
+        engine's knobs), queued for the next ask; once per probe slot, so a config predicted
+        to OOM hands the slot to the sampler."""
         started = self.state.probes + len(self.pool)
         if self.settings.sampler != "tpe" or started < self.settings.n_startup_trials or \
                 started % NEIGHBOUR_EVERY != NEIGHBOUR_EVERY - 1 or \
@@ -538,9 +540,20 @@ class Sweep:
         if composed is not None:
             study.enqueue_trial(composed, user_attrs={"origin": "composed"})
             return
-        params = self.frontier.neighbour(dict(leader.trial.params), self.holdings.seen)
+        params = self.frontier.neighbour(dict(leader.trial.params), self.holdings.seen,
+                                         self.moving(leader))
         if params is not None:
             study.enqueue_trial(params, user_attrs={"origin": "neighbour"})
+
+    def moving(self, leader: Measured) -> frozenset[str] | None:
+        """The knobs whose moves can change the leader's objective, from its first probe's
+        phases (pick/composed.py moving_knobs); None where that probe timed none."""
+        result = leader.trial.user_attrs.get("result") or {}
+        if not result.get("phase_s"):
+            return None
+        knobs = {**study_fixed(self.study), **leader.trial.params}
+        return moving_knobs(knobs, result["phase_s"], leader.phase_peak_mem_bytes(),
+                            self.settings.objective)
 
     def composed(self, beat: float) -> Knobs | None:
         """The untried valid config the study's probes compose better than `beat` (the

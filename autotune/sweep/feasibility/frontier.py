@@ -85,12 +85,16 @@ class Frontier:
             found += [{**params, name: value} for value in steps]
         return found
 
-    def neighbour(self, params: Knobs, seen: Iterable[str]) -> Knobs | None:
+    def neighbour(self, params: Knobs, seen: Iterable[str],
+                  moving: frozenset[str] | None = None) -> Knobs | None:
         """An untried valid neighbour of `params` the feasibility rules leave open (at
-        random), or None."""
+        random; one that moves a knob of `moving` first, where given), or None."""
         seen = set(seen)
         near = self.neighbours(params)
         self.rng.shuffle(near)
+        if moving is not None:  # a stable sort: the shuffled order within each group
+            near.sort(key=lambda other: not any(other[name] != params[name]
+                                                for name in moving if name in params))
         for other in near:
             key = params_key(other)
             if key in seen or (self.valid_keys is not None and key not in self.valid_keys):

@@ -11,6 +11,12 @@ best rollout of one probe and the best update of another make a config no sample
 proposed yet. It is then probed like any other (feasibility first), and picked only on its
 own probe: a composition proposes, it never decides.
 
+The same phase measurements say which knobs' moves can change a config's objective at all
+(`moving_knobs`): on a split whose sides overlap, the waiting side's knobs change neither the
+step nor, unless that side holds the peak, the memory; the sweep's neighbour moves try the
+others first (in placement.py's sweep, 3 of the leader's 7 last neighbours in a seed that
+missed the best moved the engine's knobs while the trainer paced the step by 20 s).
+
 Pure arithmetic over the study's probes (pooled.ProbeTimes) and the space's untried configs.
 """
 
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from autotune.config import Knobs, ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.memory.phases import PHASE_KNOBS, phase_knobs
-from autotune.sweep.pick.pooled import ProbeTimes, phase_key, phase_samples
+from autotune.sweep.pick.pooled import ProbeTimes, pacing_knobs, phase_key, phase_samples
 from autotune.sweep.study.objective import scalar, values_of
 
 
@@ -112,3 +118,18 @@ def best_composed(probes: Iterable[ProbeTimes], untried: Iterable[Knobs], fixed:
         if (beat is None or found.score > beat) and (best is None or found.score > best.score):
             best = found
     return best
+
+
+def moving_knobs(knobs: Knobs, phase_s: dict[str, float], phase_peak_bytes: dict[str, int],
+                 objective: str) -> frozenset[str]:
+    """The knobs of a config of `knobs`, so measured, whose one-step moves can change its
+    objective: those that can change its step's seconds (pooled.pacing_knobs), and where the
+    objective counts memory, those that move the peak of the phase holding its peak
+    (memory.phases.phase_knobs). With a split whose sides overlap, a knob only the waiting
+    side reads moves neither: the neighbour moves try the others first (tuner.py)."""
+    moving = pacing_knobs(knobs, phase_s)
+    if objective != "throughput" and phase_peak_bytes:
+        binding = max(phase_peak_bytes, key=lambda phase: phase_peak_bytes[phase])
+        if binding in PHASE_KNOBS:  # the weight sync declares none
+            moving |= phase_knobs(binding, ProbeConfig.from_knobs(knobs)) & knobs.keys()
+    return moving

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.config import ENGINE_PHASES, SYNC_PHASE, Knobs
-from autotune.config.pipeline import step_seconds
+from autotune.config.pipeline import pacing_phases, step_seconds
 from autotune.files import JsonObject
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.space.params import params_key
@@ -73,15 +73,33 @@ TRAINER_SIDE_ONLY = frozenset({
 ENGINE_SIDE_ONLY = frozenset({"rollout_engine", "enable_sleep", "sleep_level"})
 
 
-def phase_key(phase: str, knobs: Knobs) -> str:
-    """What two configs must share for their `phase` to be the same work: every knob but
-    those only another phase reads, the step's order (STEP_ONLY), and with placement=separate
-    those only the other side reads."""
+def unread(phase: str, knobs: Knobs) -> frozenset[str]:
+    """The knobs `phase`'s time does not read in a config of `knobs`: those only another
+    phase reads, the step's order (STEP_ONLY), and with placement=separate those only the
+    other side reads."""
     others = frozenset().union(STEP_ONLY, *(only for name, only in PHASE_ONLY.items()
                                             if name != phase))
     if knobs.get("placement") == "separate" and phase != SYNC_PHASE:
         others |= TRAINER_SIDE_ONLY if phase in ENGINE_PHASES else ENGINE_SIDE_ONLY
+    return others
+
+
+def phase_key(phase: str, knobs: Knobs) -> str:
+    """What two configs must share for their `phase` to be the same work: every knob it
+    reads (`unread`'s complement)."""
+    others = unread(phase, knobs)
     return params_key({name: value for name, value in knobs.items() if name not in others})
+
+
+def pacing_knobs(knobs: Knobs, phase_s: Mapping[str, float]) -> frozenset[str]:
+    """The knobs of `knobs` whose moves can change the step's seconds of a config so
+    measured (`phase_s`, its phases' seconds): those a pacing phase reads
+    (config/pipeline.py pacing_phases), and the step's order. Colocated, every knob; a
+    split whose sides overlap, not those only the waiting side reads."""
+    paced = pacing_phases(phase_s, knobs.get("placement") == "separate",
+                          int(knobs.get("staleness") or 0))
+    return frozenset(name for name in knobs if name in STEP_ONLY or
+                     any(name not in unread(phase, knobs) for phase in paced))
 
 
 @dataclass(frozen=True)

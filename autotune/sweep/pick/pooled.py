@@ -94,8 +94,9 @@ def phase_key(phase: str, knobs: Knobs) -> str:
 def pacing_knobs(knobs: Knobs, phase_s: Mapping[str, float]) -> frozenset[str]:
     """The knobs of `knobs` whose moves can change the step's seconds of a config so
     measured (`phase_s`, its phases' seconds): those a pacing phase reads
-    (config/pipeline.py pacing_phases), and the step's order. Colocated, every knob; a
-    split whose sides overlap, not those only the waiting side reads."""
+    (config/pipeline.py pacing_phases), and the step's order. Colocated, every knob some
+    phase of the step reads; a split whose sides overlap, not those only the waiting side
+    reads."""
     paced = pacing_phases(phase_s, knobs.get("placement") == "separate",
                           int(knobs.get("staleness") or 0))
     return frozenset(name for name in knobs if name in STEP_ONLY or

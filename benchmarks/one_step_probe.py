@@ -4,12 +4,18 @@ same config, 3 of each alternating: the predicted step against full steps' mean,
 peaks, the probe's wall.
 
     python benchmarks/one_step_probe.py
+    python benchmarks/one_step_probe.py --grid [--repeats 2]
 
-Writes benchmarks/results/one_step_probe.{txt,json}.
+Writes benchmarks/results/one_step_probe.{txt,json}. `--grid` runs instead the rows of
+short_probe.py's grid with several waves or micro-batches (issue 64's rows whose full/short
+wall it asks to be at least 4), a one-step probe and a full one alternating, `--repeats` of
+each, into one_step_probe_grid.{txt,json}: the sweep's later probes' wall against a full
+probe's, beside short_probe.py's two-step short probes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import statistics
@@ -77,5 +83,69 @@ def main() -> None:
     (results / "one_step_probe.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 
+def grid(repeats: int) -> None:
+    """The several-unit rows of short_probe.py's grid: one-step probes against full ones."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import short_probe
+
+    runner = SubprocessRunner()
+    rows, lines = [], []
+    for name, (model, config, request, several) in short_probe.CASES.items():
+        if not several:
+            continue
+        one = dataclasses.replace(short_probe.request_for(model, config, request, full=False),
+                                  timed_steps=1, step_cv_prior=STUDY_CV)
+        full = short_probe.request_for(model, config, request, full=True)
+        short_probe.checked(name, runner.run(one))  # the fork server warm for this case
+        done: dict[str, list] = {"one": [], "full": []}
+        for round_ in range(repeats):
+            for mode in ("one", "full") if round_ % 2 == 0 else ("full", "one"):
+                done[mode].append(short_probe.checked(name, runner.run(
+                    one if mode == "one" else full)))
+        walls = {mode: [r.probe_wall_s or 0.0 for r in results]
+                 for mode, results in done.items()}
+        predicted = statistics.fmean(r.step_s or 0.0 for r in done["one"])
+        measured = statistics.fmean(s for r in done["full"] for s in r.step_times_s)
+        speed = statistics.median(walls["full"]) / statistics.median(walls["one"])
+        row = {"case": name, "one_wall_s": walls["one"], "full_wall_s": walls["full"],
+               "speed": speed, "step_ratio": predicted / measured,
+               "one_steps": [len(r.step_times_s) for r in done["one"]],
+               "peak_ratio": short_probe.farthest_ratio(done["one"], done["full"]),
+               "contended": sum(bool(r.contention) for v in done.values() for r in v)}
+        rows.append(row)
+        lines.append(f"{name:<32} one-step {statistics.median(walls['one']):5.1f} s "
+                     f"{[round(w, 1) for w in walls['one']]}  full "
+                     f"{statistics.median(walls['full']):5.1f} s "
+                     f"{[round(w, 1) for w in walls['full']]}  full/one {speed:5.2f}  "
+                     f"step {row['step_ratio']:.3f}  peak {row['peak_ratio']:.4f}  "
+                     f"timed steps {row['one_steps']}  contended {row['contended']}")
+        print(lines[-1], flush=True)
+    speeds = [row["speed"] for row in rows]
+    summary = (f"wall full/one-step: median {statistics.median(speeds):.2f} (range "
+               f"{min(speeds):.2f}-{max(speeds):.2f}, n={len(speeds)} rows; target >= 4 on "
+               "these rows); short_probe.py's two-step short probes on the same rows: "
+               "results/short_probe.txt")
+    header = (f"one-step probes (timed_steps 1, step_cv_prior {STUDY_CV}: a sweep's probes "
+              f"after its first three) against full probes on short_probe.py's rows with "
+              f"several units, {repeats} of each alternating, CPU ({datetime.date.today()})")
+    text = "\n".join([header, *lines, summary])
+    print(summary)
+    results = Path(__file__).parent / "results"
+    (results / "one_step_probe_grid.txt").write_text(text + "\n")
+    (results / "one_step_probe_grid.json").write_text(
+        json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", action="store_true")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    if args.grid:
+        grid(args.repeats)
+    else:
+        main()

@@ -284,13 +284,18 @@ def test_a_split_whose_trainer_paces_the_step_moves_the_trainers_knobs():
         {"experience", "update", SYNC}
     assert pacing_phases({**phase_s, "rollout": 130.0}, True, 1) == {"rollout", SYNC}
     assert pacing_phases(phase_s, True, 0) == pacing_phases(phase_s, False) == set(phase_s)
+    # sides within the noise both pace: 87 + 30 = 117 s against 110 is 6% apart
+    close = {**phase_s, "rollout": 110.0}
+    assert pacing_phases(close, True, 1, tolerance=0.05) == {"experience", "update", SYNC}
+    assert pacing_phases(close, True, 1, tolerance=0.07) == set(phase_s)
     knobs = {"placement": "separate", "rollout_gpus": 4, "staleness": 1,
              "rollout_engine": "vllm-like", "micro_batch_size_update": 4,
              "gradient_checkpointing": True, "offload_optimizer": False,
-             "gpu_memory_utilization": 0.6, "rollout_tensor_parallel": 2}
+             "gpu_memory_utilization": 0.6, "rollout_tensor_parallel": 2,
+             "val_batch_size": 8}  # read by validation alone, which no probe here timed
     paced = pacing_knobs(knobs, phase_s)
     assert {"micro_batch_size_update", "gradient_checkpointing", "offload_optimizer",
-            "rollout_gpus", "staleness"} <= paced
+            "rollout_gpus", "staleness", "val_batch_size"} <= paced
     assert not paced & {"gpu_memory_utilization", "rollout_tensor_parallel"}
     assert pacing_knobs(knobs, {**phase_s, "rollout": 130.0}) >= \
         {"gpu_memory_utilization", "rollout_tensor_parallel", "rollout_gpus", "staleness"}

@@ -353,8 +353,8 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
         steps = result["step_times_s"]
         if len(steps) >= 2 and not result["contention"]:
             quiet_before += 1
-    assert quiet_before >= NOISE_PROBES  # else the repeats below have no noise to start from
-    repeats = [t for t in study.trials if t.user_attrs.get("origin") == "finalist"]
+    measured = quiet_before >= NOISE_PROBES  # a loaded machine flags every probe contended:
+    repeats = [t for t in study.trials if t.user_attrs.get("origin") == "finalist"]  # no noise
     assert len(repeats) >= 2
     for trial in repeats:
         config = trial.user_attrs["repeat_of"]
@@ -363,6 +363,9 @@ def test_a_real_sweep_times_one_step_where_the_studys_noise_settles_it(tmp_path)
         asked = ProbeRequest.from_json(repeat_log_path(
             settings.study_dir, config, count).with_suffix(".request.json").read_text())
         assert not asked.timed_phases, trial.number
+        if not measured:  # the study measured no noise: the repeats run as the first probes
+            assert (asked.timed_steps, asked.step_cv_prior) == (2, None), trial.number
+            continue
         assert asked.timed_steps == 1 and asked.step_cv_prior is not None, trial.number
         result = trial.user_attrs["result"]
         assert result["step_se_s"] >= asked.step_cv_prior * result["step_s"] / \

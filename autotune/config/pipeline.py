@@ -87,15 +87,17 @@ def step_seconds(phase_s: Mapping[str, float], separate: bool, staleness: int = 
     return pipeline_step(phase_s, staleness, sync_s).step_s
 
 
-def pacing_phases(phase_s: Mapping[str, float], separate: bool, staleness: int = 0
-                  ) -> frozenset[str]:
+def pacing_phases(phase_s: Mapping[str, float], separate: bool, staleness: int = 0,
+                  tolerance: float = 0.0) -> frozenset[str]:
     """The phases of `phase_s` whose seconds set the step: colocated or taking turns, every
     one; overlapped (staleness >= 1), the slower side's and the sync (the faster side's
-    seconds only set how long it waits; both sides where they are even)."""
+    seconds only set how long it waits; both sides where they are within `tolerance`, a
+    share of the slower one's seconds: the measurement's noise)."""
     if not separate or staleness < 1:
         return frozenset(phase_s)
     step = pipeline_step(phase_s, staleness)
+    slower_s = max(step.engine_s, step.trainer_s)
     sides = {side for side, s in (("engine", step.engine_s), ("trainer", step.trainer_s))
-             if s >= max(step.engine_s, step.trainer_s)}
+             if s >= (1.0 - tolerance) * slower_s}
     return frozenset(phase for phase in phase_s if phase == SYNC_PHASE or
                      ("engine" if phase in ENGINE_PHASES else "trainer") in sides)

@@ -35,7 +35,7 @@ from autotune.sweep.feasibility.screen import Feasibility
 from autotune.sweep.feasibility.trace_cache import TRACES_FILE, TraceCache
 from autotune.sweep.feasibility.traced import SubprocessTracer, Tracer
 from autotune.sweep.pick.composed import best_composed, moving_knobs
-from autotune.sweep.pick.measurements import Measured, study_fixed
+from autotune.sweep.pick.measurements import SEPARATION_Z, Measured, study_fixed
 from autotune.sweep.pick.pooled import probe_times
 from autotune.sweep.progress import Progress, SilentProgress, SweepState
 from autotune.sweep.space.params import params_key
@@ -547,13 +547,15 @@ class Sweep:
 
     def moving(self, leader: Measured) -> frozenset[str] | None:
         """The knobs whose moves can change the leader's objective, from its first probe's
-        phases (pick/composed.py moving_knobs); None where that probe timed none."""
+        phases (pick/composed.py moving_knobs; a split's sides within the study's noise
+        both pace); None where that probe timed none."""
         result = leader.trial.user_attrs.get("result") or {}
         if not result.get("phase_s"):
             return None
         knobs = {**study_fixed(self.study), **leader.trial.params}
         return moving_knobs(knobs, result["phase_s"], leader.phase_peak_mem_bytes(),
-                            self.settings.objective)
+                            self.settings.objective,
+                            SEPARATION_Z * (self.tally.step_cv() or 0.0))
 
     def composed(self, beat: float) -> Knobs | None:
         """The untried valid config the study's probes compose better than `beat` (the

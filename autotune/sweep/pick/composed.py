@@ -121,13 +121,14 @@ def best_composed(probes: Iterable[ProbeTimes], untried: Iterable[Knobs], fixed:
 
 
 def moving_knobs(knobs: Knobs, phase_s: dict[str, float], phase_peak_bytes: dict[str, int],
-                 objective: str) -> frozenset[str]:
+                 objective: str, tolerance: float = 0.0) -> frozenset[str]:
     """The knobs of a config of `knobs`, so measured, whose one-step moves can change its
     objective: those that can change its step's seconds (pooled.pacing_knobs), and where the
     objective counts memory, those that move the peak of the phase holding its peak
     (memory.phases.phase_knobs). With a split whose sides overlap, a knob only the waiting
-    side reads moves neither: the neighbour moves try the others first (tuner.py)."""
-    moving = pacing_knobs(knobs, phase_s)
+    side reads moves neither: the neighbour moves try the others first (tuner.py).
+    `tolerance`: the sides' seconds within this share of each other both pace."""
+    moving = pacing_knobs(knobs, phase_s, tolerance)
     if objective != "throughput" and phase_peak_bytes:
         binding = max(phase_peak_bytes, key=lambda phase: phase_peak_bytes[phase])
         if binding in PHASE_KNOBS:  # the weight sync declares none

@@ -91,16 +91,22 @@ def phase_key(phase: str, knobs: Knobs) -> str:
     return params_key({name: value for name, value in knobs.items() if name not in others})
 
 
-def pacing_knobs(knobs: Knobs, phase_s: Mapping[str, float]) -> frozenset[str]:
+def pacing_knobs(knobs: Knobs, phase_s: Mapping[str, float], tolerance: float = 0.0
+                 ) -> frozenset[str]:
     """The knobs of `knobs` whose moves can change the step's seconds of a config so
-    measured (`phase_s`, its phases' seconds): those a pacing phase reads
-    (config/pipeline.py pacing_phases), and the step's order. Colocated, every knob some
-    phase of the step reads; a split whose sides overlap, not those only the waiting side
-    reads."""
+    measured (`phase_s`, its phases' seconds): all but those that only phases which set
+    none of it read (a split whose sides overlap: the waiting side's, config/pipeline.py
+    pacing_phases, `tolerance` its noise). Colocated, every knob; a knob no measured phase
+    reads (a phase the probe did not time, a trainer's log that lacks it) is kept."""
     paced = pacing_phases(phase_s, knobs.get("placement") == "separate",
-                          int(knobs.get("staleness") or 0))
-    return frozenset(name for name in knobs if name in STEP_ONLY or
-                     any(name not in unread(phase, knobs) for phase in paced))
+                          int(knobs.get("staleness") or 0), tolerance)
+    waiting = [phase for phase in phase_s if phase not in paced]
+
+    def reads(name: str, phases: Iterable[str]) -> bool:
+        return any(name not in unread(phase, knobs) for phase in phases)
+
+    return frozenset(name for name in knobs if name in STEP_ONLY or reads(name, paced)
+                     or not reads(name, waiting))
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,16 @@ class NoisyPhaseRunner(PhaseRunner):
                               probe_wall_s=step_s)
 
 
+def leader_before(trials, number: int, fixed: dict):
+    """The leader (the pick's ranking: measurements.rank) over the trials before `number`."""
+    from autotune.sweep.pick.measurements import fold, rank
+
+    configs: dict = {}
+    for earlier in trials[:number]:
+        fold(configs, earlier, "throughput")
+    return rank(configs, fixed)[0]
+
+
 def test_the_search_moves_around_the_pooled_leader_not_the_luckiest_recording(tmp_path):
     """Under noise the search's proposals (a neighbour, a composition) start from the config
     the pick would choose now (tally.leader: the best pooled figure), never from the best
@@ -178,7 +188,6 @@ def test_the_search_moves_around_the_pooled_leader_not_the_luckiest_recording(tm
     from autotune.hardware import Device
     from autotune.probe.measure.result import ProbeRequest
     from autotune.sweep.feasibility.frontier import Frontier
-    from autotune.sweep.pick.measurements import fold, rank
     from autotune.sweep.pick.pooled import probe_times
     from autotune.sweep.space.search_space import load_search_space
     from autotune.sweep.study.settings import SweepSettings
@@ -204,10 +213,7 @@ def test_the_search_moves_around_the_pooled_leader_not_the_luckiest_recording(tm
             origin = trial.user_attrs.get("origin")
             if origin not in ("neighbour", "composed"):
                 continue
-            configs: dict = {}
-            for earlier in trials[:trial.number]:
-                fold(configs, earlier, "throughput")
-            leader = rank(configs, fixed)[0]
+            leader = leader_before(trials, trial.number, fixed)
             luckiest = max((t for t in trials[:trial.number] if t.user_attrs.get("probed")
                             and t.values), key=lambda t: t.values[0])
             proposals += 1
@@ -348,7 +354,6 @@ def test_the_neighbour_moves_of_a_split_try_the_knobs_of_the_side_that_paces(tmp
     from autotune.hardware import Device
     from autotune.probe.measure.result import ProbeRequest
     from autotune.sweep.feasibility.frontier import Frontier
-    from autotune.sweep.pick.measurements import fold, rank
     from autotune.sweep.space.search_space import load_search_space
     from autotune.sweep.study.settings import SweepSettings
     from autotune.sweep.tuner import Sweep
@@ -385,10 +390,7 @@ def test_the_neighbour_moves_of_a_split_try_the_knobs_of_the_side_that_paces(tmp
         for trial in trials:
             if trial.user_attrs.get("origin") != "neighbour":
                 continue
-            configs: dict = {}
-            for earlier in trials[:trial.number]:
-                fold(configs, earlier, "throughput")
-            leader = dict(rank(configs, fixed)[0].trial.params)
+            leader = dict(leader_before(trials, trial.number, fixed).trial.params)
             moved = {k for k in leader if leader[k] != trial.params[k]}
             seen = {params_key(t.params) for t in trials[:trial.number]}
             left = [near for near in frontier.neighbours(leader)

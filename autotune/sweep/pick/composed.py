@@ -31,7 +31,7 @@ from autotune.config import Knobs, ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.memory.phases import PHASE_KNOBS, phase_knobs
 from autotune.sweep.pick.pooled import ProbeTimes, pacing_knobs, phase_key, phase_samples
-from autotune.sweep.study.objective import scalar, values_of
+from autotune.sweep.study.objective import counts_memory, scalar, values_of
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def moving_knobs(knobs: Knobs, phase_s: dict[str, float], phase_peak_bytes: dict
     side reads moves neither: the neighbour moves try the others first (tuner.py).
     `tolerance`: the sides' seconds within this share of each other both pace."""
     moving = pacing_knobs(knobs, phase_s, tolerance)
-    if objective != "throughput" and phase_peak_bytes:
+    if counts_memory(objective) and phase_peak_bytes:
         binding = max(phase_peak_bytes, key=lambda phase: phase_peak_bytes[phase])
         if binding in PHASE_KNOBS:  # the weight sync declares none
             moving |= phase_knobs(binding, ProbeConfig.from_knobs(knobs)) & knobs.keys()

@@ -50,7 +50,7 @@ from autotune.sweep.pick.measurements import (
     study_fixed,
 )
 from autotune.sweep.study import trial_files
-from autotune.sweep.study.objective import score
+from autotune.sweep.study.objective import counts_memory, score
 from autotune.sweep.study.record import result_attrs
 from autotune.sweep.study.settings import SweepSettings
 from autotune.sweep.study.sharing import ran_params
@@ -228,7 +228,7 @@ def memory_breaks_ties(objective: str) -> bool:
     the objective is tokens/s alone. Tokens/s per GiB (and pareto's ranking, the same figure)
     counts memory already: a finalist that holds less is ranked up by it, and taking it over
     the leader within the noise would count its memory twice."""
-    return objective == "throughput"
+    return not counts_memory(objective)
 
 
 def decide(study: Study, k: int) -> FinalistsRecord:

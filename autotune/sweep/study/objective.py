@@ -59,6 +59,12 @@ class Score:
     binding_phase: str | None = None  # the phase closest to (or over) the budget
 
 
+def counts_memory(objective: str) -> bool:
+    """Whether the objective's figure counts peak memory (tokens/s per GiB; pareto's ranking,
+    the same figure), not tokens/s alone."""
+    return objective != "throughput"
+
+
 def values_of(tokens_per_s: float, peak_mem_bytes: int, objective: str) -> tuple[float, ...]:
     peak_gib = peak_mem_bytes / 2**30
     if objective == "throughput":

@@ -7,7 +7,8 @@ pre-screen answering from the landscape's traces), twice on each seed:
 - full: today's sweep with --full-steps, 40 probes, each charged its device seconds (its
   start, a warm-up and TIMED_STEPS steps);
 - short: the default short probes (TimeModel.short_step_s: of each loop of units, the
-  first SHORT_SAMPLE and the last; a start, a warm-up and SHORT_TIMED_STEPS short steps),
+  first SHORT_SAMPLE and the last; a start, a warm-up of each loop's first unit and two
+  decode steps a wave, and SHORT_TIMED_STEPS short steps),
   searching until its device seconds reach the full sweep's total less a reserve (the probe
   it may start at the budget's end and its finalists' repeats, each at the landscape's
   dearest short probe), so that it never uses more device time than the full sweep.
@@ -83,7 +84,7 @@ class NoisyRunner(ReplayRunner):
     """The landscape's result with each phase's seconds divided by a fresh lognormal factor
     (mean 1) and the step, tokens/s and samples/s composed from them; each probe charged its
     device seconds on `clock`: a full probe its start and 1 + TIMED_STEPS steps, a short one
-    its start and 1 + SHORT_TIMED_STEPS short steps (TimeModel.short_step_s)."""
+    its start, its warm-up and SHORT_TIMED_STEPS short steps (TimeModel.short_step_s)."""
 
     def __init__(self, space, table, sigma: float, seed: int, short: bool, model: str,
                  capacity_bytes: int, clock: DeviceClock, per_phase: bool = True) -> None:
@@ -99,11 +100,12 @@ class NoisyRunner(ReplayRunner):
         hardware = Hardware.of(self.capacity_bytes, gpu_landscape.WORLD)
         step_s = self.times.step_s(config, shape, hardware)
         short_s = self.times.short_step_s(config, shape, hardware)
+        warmup_s = self.times.short_step_s(config, shape, hardware, warmup=True)
         if not result.ok:  # out in its first step, at its failing phase's peak: a short
-            ran_s = result.probe_wall_s - start  # probe reaches it in its first units
-            return start + (ran_s * short_s / step_s if self.short else ran_s)
+            ran_s = result.probe_wall_s - start  # probe reaches it in its warm-up's units
+            return start + (ran_s * warmup_s / step_s if self.short else ran_s)
         if self.short:
-            return start + (1 + SHORT_TIMED_STEPS) * short_s
+            return start + warmup_s + SHORT_TIMED_STEPS * short_s
         return start + (1 + TIMED_STEPS) * step_s
 
     def run(self, request, log_path=None):

@@ -9,7 +9,13 @@ from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.probe.measure import unit_loops
 from autotune.probe.measure.result import ProbeRequest, ProbeStatus, SlowFloor
-from autotune.probe.measure.unit_loops import UnitClock, UnitLoop, short_schedule, unit_times
+from autotune.probe.measure.unit_loops import (
+    UnitClock,
+    UnitLoop,
+    short_schedule,
+    unit_times,
+    warmup_schedule,
+)
 
 
 def test_a_short_schedule_runs_the_first_units_the_last_and_the_odd_one():
@@ -19,6 +25,13 @@ def test_a_short_schedule_runs_the_first_units_the_last_and_the_odd_one():
     assert short_schedule(3) == [0, 1, 2]
     assert short_schedule(1) == [0]
     assert short_schedule(0) == []
+
+
+def test_a_warmup_schedule_runs_the_first_unit_and_the_odd_one():
+    assert warmup_schedule(10) == [0]
+    assert warmup_schedule(10, also=(7, 12)) == [0, 7]  # out of range: ignored
+    assert warmup_schedule(1) == [0]
+    assert warmup_schedule(0) == []
 
 
 def test_skipped_units_are_their_work_at_the_rate_of_the_units_between_first_and_last():
@@ -176,6 +189,52 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
         stopped.message
     for phase, peak in full.phase_peak_mem_bytes.items():
         assert stopped.phase_peak_mem_bytes[phase] == pytest.approx(peak, rel=0.03), phase
+
+
+@pytest.mark.slow
+def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps():
+    """The warm-up step of a short probe (its clock warming) runs of each loop of units its
+    first alone, and of a wave's decode steps the first and the last (the cache grown to the
+    last's length in between); the step after it, timed, runs its sample of each loop and
+    every decode step. A full probe's clock runs every unit whatever it is told."""
+    import torch
+
+    from autotune.probe.measure.meter import MemoryMeter
+    from autotune.probe.step.training import TrainingProbe
+
+    request = ProbeRequest(model="tiny-qwen2.5", config=CONFIG, device=Device("cpu"),
+                           cpu_threads=2)
+    for short in (True, False):
+        probe = TrainingProbe(request, MemoryMeter(torch.device("cpu"), short=short))
+        probe.build()
+        decodes: list[int] = []  # the engine's forwards of one token: its decode steps
+
+        def count_decode(_, args, kwargs, decodes=decodes):
+            ids = kwargs.get("input_ids")
+            if ids is not None and ids.shape[-1] == 1:
+                decodes.append(1)
+
+        probe.engine.model.register_forward_pre_hook(count_decode, with_kwargs=True)
+        runs = []
+        for warming in (True, False):
+            probe.meter.clock.warming = warming
+            decodes.clear()
+            probe.step()
+            loops = {(loop.phase, loop.unit): sorted(loop.seconds)
+                     for loop in probe.step_loops[-1]}
+            runs.append((loops, len(decodes)))
+        (warm, warm_decodes), (timed, timed_decodes) = runs
+        if not short:  # a full clock keeps no loops: every unit ran, none was estimated
+            assert warm == timed == {} and warm_decodes == timed_decodes == 8 * 31
+            continue
+        assert warm[("rollout", "wave")] == [0, 7]  # 8 waves of 4: the first, the last full
+        assert warm[("update", "micro_batch")] == [0] and warm[("update", "minibatch")] == [0]
+        assert warm[("experience", "old_log_prob")] == [0]  # 16 micro-batches of 2
+        assert timed[("experience", "old_log_prob")] == [0, 1, 2, 15]
+        assert timed[("rollout", "wave")] == [0, 1, 7] and \
+            timed[("update", "micro_batch")] == [0, 1, 2, 15]
+        assert warm_decodes == 2 * 2  # two waves, each its first and last decode step
+        assert timed_decodes == 3 * 31  # 32 response tokens: the prefill's and 31 steps
 
 
 @pytest.mark.slow

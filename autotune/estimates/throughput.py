@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from autotune.config import ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
-from autotune.probe.measure.unit_loops import short_schedule
+from autotune.probe.measure.unit_loops import short_schedule, warmup_schedule
 
 GiB = 1 << 30
 HOST_LINK_BYTES_PER_S = 25e9  # pinned PCIe, per GPU, low end of section 8.1's 25-50 GB/s
@@ -224,15 +224,19 @@ class TimeModel:
         return 2 * language_params(shape) * prompts / (
             hardware.engine_gpus(config) * hardware.gpu.peak_flops * PREFILL_ETA)
 
-    def short_step_s(self, config: ProbeConfig, shape: ModelShape, hardware: Hardware) -> float:
+    def short_step_s(self, config: ProbeConfig, shape: ModelShape, hardware: Hardware,
+                     warmup: bool = False) -> float:
         """What one step of a short probe runs (autotune/probe/measure/unit_loops.py: of each
         loop its first SHORT_SAMPLE units and its last): the rollout's first waves and its
         last, of each log-prob pass and each mini-batch their micro-batches likewise, the
-        mini-batches likewise (each ends in its optimizer step), offload's transfers whole."""
+        mini-batches likewise (each ends in its optimizer step), offload's transfers whole.
+        `warmup`: its warm-up step, of each loop the first unit (of the waves also the last
+        full one) and of a wave's decode steps the first and the last."""
         phases = self.phase_seconds(config, shape, hardware)
 
-        def share(count: int) -> float:  # of a loop of `count` units, the share a short
-            return len(short_schedule(count)) / count  # probe runs
+        def share(count: int, also: tuple[int, ...] = ()) -> float:  # of a loop of `count`
+            schedule = warmup_schedule(count, also) if warmup else short_schedule(count)
+            return len(schedule) / count  # units, the share a short probe runs
 
         waves = math.ceil(hardware.engine_responses(config)
                           / self.concurrency(config, shape, hardware))
@@ -240,7 +244,11 @@ class TimeModel:
         transfers = offload_s(config, shape, trainers)
         per_rank = config.rollout_batch_size * config.rollout_n // trainers
         minibatch = config.global_batch_size * config.rollout_n // trainers
-        return ((phases["rollout"] - transfers) * share(waves) + transfers
+        rollout = phases["rollout"] - transfers
+        if warmup:  # two decode steps a wave
+            rollout -= self.alpha * self.decode_s(config, shape, hardware) * max(
+                0.0, 1 - 2 / config.max_response_length)
+        return (rollout * share(waves, (waves - 1,)) + transfers
                 + phases["experience"] * share(math.ceil(
                     per_rank / config.micro_batch_size_experience))
                 + phases["update"] * share(math.ceil(

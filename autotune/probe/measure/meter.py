@@ -97,8 +97,9 @@ class Meter(Protocol):
     A meter also owns which iterations of a loop that repeats its shapes run: of a loop of
     units (`iterations`: waves, micro-batches, mini-batches) a full probe runs every one, a
     short probe its first few and its last, timed, its clock adding what the others would
-    have taken (unit_loops.py); of any loop (`runs`: a wave's decode steps too) a probe runs
-    every iteration. A trace runs the first and the last of both, and the step puts a result
+    have taken (unit_loops.py), and in its warm-up step the first alone; of any loop (`runs`:
+    a wave's decode steps too) a probe runs every iteration, but a short probe's warm-up
+    its first and last. A trace runs the first and the last of both, and the step puts a result
     of the same bytes in place of each skipped one.
     """
 
@@ -195,8 +196,11 @@ class MemoryMeter:
             self._thread.join(timeout=1.0)
 
     def runs(self, iteration: int, count: int) -> bool:
-        """Every iteration of every loop runs in a probe."""
-        return True
+        """Every iteration of every loop runs in a probe, but in a short probe's warm-up step
+        (its clock warming): there a loop's first and last (a wave's decode steps: the
+        cache grown to the last one's length, a token of zeros in place of each skipped one,
+        as a trace does), since its rollout's time and peak are the timed steps'."""
+        return not (self.clock.short and self.clock.warming) or iteration in (0, count - 1)
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
                    sample: int = SHORT_SAMPLE) -> Iterator[int]:

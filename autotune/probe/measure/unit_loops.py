@@ -14,6 +14,11 @@ skipped units' estimate to the unit it runs in, so an outer unit's time is what 
 have taken whole. What a probe does outside the loops (waking the engine, the offload
 transfers, the optimizer steps of the mini-batches it runs) it runs every step, and times.
 
+A short probe's warm-up step runs each loop's first unit only (`warmup_schedule`, with any
+unit whose shape the others lack): what a warm-up is for happens there (AdamW's state made at
+the first optimizer step, every phase run once with it held, each shape's first run), and the
+timed steps run the rest of their sample with the step settled.
+
 A full probe runs every unit and estimates nothing. Pure arithmetic and the clock (UnitClock)
 the probe's meter keeps (meter.py); no torch.
 """
@@ -35,6 +40,14 @@ def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAM
     if count <= 0:
         return []
     return sorted({*range(min(sample, count)), count - 1, *(i for i in also if 0 <= i < count)})
+
+
+def warmup_schedule(count: int, also: Iterable[int] = ()) -> list[int]:
+    """The units a short probe's warm-up step runs of a loop of `count`: the first, and
+    `also` (a unit whose shape the others lack)."""
+    if count <= 0:
+        return []
+    return sorted({0, *(i for i in also if 0 <= i < count)})
 
 
 @dataclass
@@ -91,6 +104,7 @@ class UnitClock:
 
     def __init__(self, short: bool, sync: Callable[[], None] = lambda: None) -> None:
         self.short = short
+        self.warming = False  # a short probe's warm-up step: each loop's first unit only
         self.sync = sync  # a GPU's synchronize: a unit's kernels end inside its time
         self.open: list[UnitLoop] = []  # the loops running now, outermost first
         self.closed: list[UnitLoop] = []  # the loops ended since `take_loops`
@@ -107,7 +121,9 @@ class UnitClock:
         loop = UnitLoop(phase, unit, list(work))
         self.open.append(loop)
         try:
-            for index in short_schedule(len(work), also, sample):
+            schedule = warmup_schedule(len(work), also) if self.warming else \
+                short_schedule(len(work), also, sample)
+            for index in schedule:
                 loop.inner_s = 0.0
                 started = time.perf_counter()
                 yield index

@@ -73,9 +73,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
 
     The phases are its bases' (a module each); `step` runs them in the trainer's order. A
     short probe (request.short) runs a sample of each loop of units and predicts the whole
-    step (probe/measure/unit_loops.py); a full one runs every unit. A focused probe
-    (request.timed_phases, a finalist's repeat) times only those phases: its warm-up steps run
-    whole (each phase to what it holds), its timed steps only them."""
+    step (probe/measure/unit_loops.py), its warm-up steps each loop's first unit; a full one
+    runs every unit. A focused probe (request.timed_phases, a finalist's repeat) times only
+    those phases: its warm-up steps run every phase, its timed steps only them."""
 
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         super().__init__(request, meter)
@@ -216,8 +216,10 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         built_at = time.perf_counter()
         self.build()
         build_s = time.perf_counter() - built_at
+        self.meter.clock.warming = True  # a short probe: each loop's first unit
         for _ in range(max(request.warmup_steps, 1 if request.timed_phases else 0)):
             self.step()  # a focused probe's phases read what a whole step left
+        self.meter.clock.warming = False
         self.step_loops, self.step_wall_s, self.step_var_s2 = [], [], []
         self.watch = watch = MachineWatch(torch.get_num_threads(),
                                           physical_gpu_index(self.device) if self.on_gpu

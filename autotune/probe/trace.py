@@ -28,7 +28,10 @@ brings AdamW's state and the last step's results into being for the second, and 
 caching allocator puts AdamW's state depends on what the first mini-batch's micro-batches
 left cached. With the first step's first iteration alone, README command 1's update (64
 micro-batches a mini-batch, both offloads) replayed 10.11 GiB reserved against 10.97 for
-every iteration and 11.02 on the H200; with its first and last, 10.97 (+27% trace time). So
+every iteration and 11.02 on the H200; with its first and last, 10.97 (+27% trace time). A
+CPU's trace has no allocator to replay (its peaks are the live tensors, which the second step
+holds at least as many of in every phase: AdamW's state from its start), so its first step runs
+each loop's first iteration alone (-25 to -35% trace time on the demo's configs). So
 a trace takes seconds, not the step's length; what remains is Python's dispatch of each op,
 kept lean (C++ asks a fake tensor its device about four times an op: answered first thing).
 """
@@ -477,9 +480,11 @@ def trace_request(request: ProbeRequest, context_bytes: int,
         with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
             probe.build()
             # the first step brings AdamW's state and its results into being for the second;
-            # both run each loop's first and last iterations (module docstring)
-            meter.repeats = None if every_iteration else TRACE_REPEATS
-            for _ in range(2):
+            # both run each loop's first and last iterations, but a CPU's first its first
+            # alone (module docstring)
+            for first in (True, False):
+                meter.repeats = None if every_iteration else \
+                    1 if first and not request.device.on_gpu else TRACE_REPEATS
                 probe.step()
     finally:
         leave_group()

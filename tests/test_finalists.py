@@ -252,3 +252,68 @@ def test_a_config_first_lost_with_its_node_is_named_by_the_probe_that_counted():
                      (2, 90.0, 8))
     top = ranked(study)
     assert [m.number for m in top] == [1, 2] and top[0].trial.values == [100.0]
+
+
+def test_the_repeats_stop_once_no_close_finalist_could_beat_the_leader_by_the_tolerance():
+    """Leader 100 and 101, the other 99.5 and 100: not apart (a 0.75 gap under two standard
+    errors of it, 1.1), yet at two standard errors the other is at most 0.4 above the
+    leader, under PICK_TOLERANCE: more repeats could change the pick by less than the user's
+    2%.
+    Twice the spread (100 and 104, 99 and 103) leaves it open: 4.8 above at most."""
+    from autotune.sweep.pick.finalists import tolerated
+    from autotune.sweep.pick.measurements import PICK_TOLERANCE
+
+    quiet = study_of((1, 100.0, 10), (2, 99.5, 10), (1, 101.0, 10, {"repeat_of": 0}),
+                     (2, 100.0, 10, {"repeat_of": 1}))
+    quiet.set_user_attr("identity", {"objective": "throughput_per_memory"})
+    spread, close = standing(ranked(quiet)[:2])
+    assert len(close) == 2 and tolerated(close, spread)
+    assert f"more than {PICK_TOLERANCE:.0%} above it" in decide(quiet, 2)["why"]
+    noisy = study_of((1, 100.0, 10), (2, 99.0, 10), (1, 104.0, 10, {"repeat_of": 0}),
+                     (2, 103.0, 10, {"repeat_of": 1}))
+    spread, close = standing(ranked(noisy)[:2])
+    assert len(close) == 2 and not tolerated(close, spread)
+    assert not tolerated(close[:1], spread)  # the leader alone: nothing to tolerate
+    once = study_of((1, 100.0, 10), (2, 99.0, 10))  # one probe each: the noise is unknown
+    assert not tolerated(standing(ranked(once)[:2])[1], 0.0)
+
+
+@pytest.mark.parametrize("noise, most_probes", [(0.002, 2), (0.04, 3)])
+def test_a_quiet_machines_finalists_stop_after_one_round_and_a_noisy_ones_go_on(
+        tmp_path, noise, most_probes):
+    """Every config as fast and as large (the scripted probe's figures made equal): on a
+    quiet machine (repeats within 0.2%) the finalists stop after one round of repeats, every
+    one within the tolerance of the leader; at 4% they go on to MAX_PROBES."""
+    from scripted_runner import ScriptedRunner
+
+    from autotune.probe.measure.result import ProbeRequest
+    from autotune.sweep.pick.finalists import MAX_PROBES, remeasure
+    from autotune.sweep.space.search_space import load_search_space
+    from autotune.sweep.study.settings import SweepSettings
+    from autotune.sweep.tuner import Sweep
+
+    class Equal(ScriptedRunner):
+        def run(self, request, log_path=None):
+            result = super().run(request, log_path)
+            n = len(self.calls)
+            factor = 1 + 0.0001 * n if repeats is None else \
+                1 + noise * (1 if len(repeats) % 2 else -1)
+            if repeats is not None:
+                repeats.append(n)
+            phases = {phase: 400 * 2**20 for phase in result.phase_peak_mem_bytes}
+            return result.replace(tokens_per_s=100.0 * factor, peak_mem_bytes=400 * 2**20,
+                                  phase_peak_mem_bytes=phases)
+
+    repeats: list[int] | None = None
+    settings = SweepSettings(study_name="s", study_dir=tmp_path / "s",
+                             space=load_search_space("cpu-demo"),
+                             request=ProbeRequest(model="tiny-qwen2.5"), max_trials=6,
+                             finalists=3)
+    study = Sweep(settings, Equal()).run()
+    repeats = []
+    remeasure(study, settings, Equal(), 3, None)
+    finalists = ranked(study)[:3]
+    assert len(finalists) == 3 and max(m.probes for m in finalists) == most_probes
+    assert min(m.probes for m in finalists) >= 2 and most_probes <= MAX_PROBES
+    why = study.user_attrs["finalists"]["why"]
+    assert ("repeats stopped there" in why) == (most_probes == 2), why

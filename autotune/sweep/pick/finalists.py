@@ -7,7 +7,9 @@ phases) are probed again, one round at a time: the
 first round every finalist once more, each later round one more probe of the leader and of
 every finalist not yet apart from it, until the leader's figure is apart from every other
 finalist's beyond the measured noise (measurements.SEPARATION_Z standard errors, one probe's
-spread pooled over the finalists' repeats), or each has had MAX_PROBES probes.
+spread pooled over the finalists' repeats), or none of them could be more than
+measurements.PICK_TOLERANCE above it (the pick's tolerance: its difference at SEPARATION_Z
+standard errors), or each has had MAX_PROBES probes.
 
 The pick: the highest figure. With the objective tokens/s alone, where another finalist is
 not apart from the leader, the one of them with the lower peak memory (they are as fast as we
@@ -43,6 +45,7 @@ from autotune.sweep.execution import interrupts
 from autotune.sweep.pick.focused import UNTIMED_FROM, completed, is_whole, separating_phases
 from autotune.sweep.pick.measurements import (
     FINALIST,
+    PICK_TOLERANCE,
     SEPARATION_Z,
     Measured,
     noise,
@@ -106,6 +109,15 @@ def standing(finalists: list[Measured]) -> tuple[float, list[Measured]]:
     return spread, [leader, *close]
 
 
+def tolerated(close: list[Measured], spread: float) -> bool:
+    """Whether every finalist close to the leader (`close`, the leader first, each probed
+    twice at least) could be at most PICK_TOLERANCE above it: more repeats could change the
+    pick by less than the user's tolerance."""
+    leader = close[0]
+    return len(close) > 1 and all(m.probes >= 2 for m in close) and \
+        all(leader.tolerates(m, spread) for m in close[1:])
+
+
 def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
               capacity_bytes: int | None, say: Callable[[str], None] = lambda line: None,
               prepare: Callable[[ProbeRequest], ProbeRequest] = lambda request: request
@@ -121,9 +133,10 @@ def remeasure(study: Study, settings: SweepSettings, runner: Runner, k: int,
         finalists = ranked(study)[:k]
         if len(finalists) < 2:
             break
-        _, close = standing(finalists)
+        spread, close = standing(finalists)
         todo = [m for m in finalists if m.probes < 2] or \
-            ([m for m in close if m.probes < MAX_PROBES] if len(close) > 1 else [])
+            ([m for m in close if m.probes < MAX_PROBES]
+             if len(close) > 1 and not tolerated(close, spread) else [])
         if not todo:
             break
         fewest = min(m.probes for m in todo)
@@ -247,6 +260,9 @@ def decide(study: Study, k: int) -> FinalistsRecord:
         why = ("the highest figure; not apart from trial(s) " +
                ", ".join(str(m.number) for m in close[1:]) + " within the noise, whose "
                f"memory the {objective} figure counts already")
+        if tolerated(close, spread):
+            why += (f"; none can be more than {PICK_TOLERANCE:.0%} above it at "
+                    f"{SEPARATION_Z:g} standard errors, so the repeats stopped there")
     elif chosen is leader:
         why = ("not apart from trial(s) " + ", ".join(str(m.number) for m in close[1:]) +
                " within the noise, and the lowest peak memory of them")

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 SEPARATION_Z = 2.0  # two configs differ when their means are this many standard errors apart
+# The pick's tolerance: a finalist that could be at most this share above the leader (its
+# difference at SEPARATION_Z standard errors) is as good a pick for the user, so the repeats
+# stop once every finalist still close to the leader is within it (the within-2% target that
+# the pick benchmarks score a sweep by)
+PICK_TOLERANCE = 0.02
 FINALIST = "finalist"  # the origin of a repeat probe
 
 
@@ -105,11 +110,21 @@ class Measured:
         half = SEPARATION_Z * relative_sd * self.figure / math.sqrt(self.evidence)
         return self.figure - half, self.figure + half
 
+    def difference_error(self, other: Measured, relative_sd: float) -> float:
+        """The standard error of the two figures' difference, `relative_sd` per probe."""
+        scale = (self.figure + other.figure) / 2
+        return relative_sd * scale * math.sqrt(1 / self.evidence + 1 / other.evidence)
+
     def apart_from(self, other: Measured, relative_sd: float) -> bool:
         """Whether the two figures differ beyond the noise (SEPARATION_Z standard errors)."""
-        scale = (self.figure + other.figure) / 2
-        error = relative_sd * scale * math.sqrt(1 / self.evidence + 1 / other.evidence)
-        return abs(self.figure - other.figure) > SEPARATION_Z * error
+        return abs(self.figure - other.figure) > \
+            SEPARATION_Z * self.difference_error(other, relative_sd)
+
+    def tolerates(self, other: Measured, relative_sd: float) -> bool:
+        """Whether `other` is at most PICK_TOLERANCE above this one at SEPARATION_Z standard
+        errors of their difference: picking this one would lose less than that."""
+        return other.figure - self.figure + SEPARATION_Z * self.difference_error(
+            other, relative_sd) <= PICK_TOLERANCE * self.figure
 
 
 def is_probe(frozen: FrozenTrial) -> bool:

@@ -268,7 +268,7 @@ def test_the_repeats_stop_once_no_close_finalist_could_beat_the_leader_by_the_to
     quiet.set_user_attr("identity", {"objective": "throughput_per_memory"})
     spread, close = standing(ranked(quiet)[:2])
     assert len(close) == 2 and tolerated(close, spread)
-    assert f"more than {PICK_TOLERANCE:.0%} above it" in decide(quiet, 2)["why"]
+    assert f"more than {PICK_TOLERANCE:.0%} above the leader" in decide(quiet, 2)["why"]
     noisy = study_of((1, 100.0, 10), (2, 99.0, 10), (1, 104.0, 10, {"repeat_of": 0}),
                      (2, 103.0, 10, {"repeat_of": 1}))
     spread, close = standing(ranked(noisy)[:2])

@@ -260,9 +260,6 @@ def decide(study: Study, k: int) -> FinalistsRecord:
         why = ("the highest figure; not apart from trial(s) " +
                ", ".join(str(m.number) for m in close[1:]) + " within the noise, whose "
                f"memory the {objective} figure counts already")
-        if tolerated(close, spread):
-            why += (f"; none can be more than {PICK_TOLERANCE:.0%} above it at "
-                    f"{SEPARATION_Z:g} standard errors, so the repeats stopped there")
     elif chosen is leader:
         why = ("not apart from trial(s) " + ", ".join(str(m.number) for m in close[1:]) +
                " within the noise, and the lowest peak memory of them")
@@ -271,6 +268,9 @@ def decide(study: Study, k: int) -> FinalistsRecord:
                f"({leader.figure:,.1f}), and the lowest peak memory of those "
                f"({format_bytes(chosen.peak_mem_bytes)} vs "
                f"{format_bytes(leader.peak_mem_bytes)})")
+    if tolerated(close, spread):  # the repeats' stop, whichever finalist the rule took
+        why += (f"; none can be more than {PICK_TOLERANCE:.0%} above the leader at "
+                f"{SEPARATION_Z:g} standard errors, so the repeats stopped there")
     tie = "the lowest peak memory of those" if by_memory else \
         "still the highest: the figure counts memory already"
     return {

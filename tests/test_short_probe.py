@@ -12,6 +12,7 @@ from autotune.probe.measure.result import ProbeRequest, ProbeStatus, SlowFloor
 from autotune.probe.measure.unit_loops import (
     UnitClock,
     UnitLoop,
+    decode_blocks,
     short_schedule,
     unit_times,
     warmup_schedule,
@@ -19,12 +20,36 @@ from autotune.probe.measure.unit_loops import (
 
 
 def test_a_short_schedule_runs_the_first_units_the_last_and_the_odd_one():
-    assert short_schedule(10) == [0, 1, 2, 9]
-    assert short_schedule(10, sample=2) == [0, 1, 9]
-    assert short_schedule(10, also=(7, 12)) == [0, 1, 2, 7, 9]  # out of range: ignored
+    assert short_schedule(10) == [0, 1, 9]
+    assert short_schedule(10, sample=3) == [0, 1, 2, 9]
+    assert short_schedule(10, also=(7, 12)) == [0, 1, 7, 9]  # out of range: ignored
     assert short_schedule(3) == [0, 1, 2]
     assert short_schedule(1) == [0]
     assert short_schedule(0) == []
+    assert short_schedule(10, sample=2, tail=2) == [0, 1, 8, 9]
+    assert short_schedule(3, sample=2, tail=2) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("steps", [31, 63, 511, 2047])
+def test_decode_blocks_estimate_a_cost_linear_in_the_context_exactly(steps):
+    """A wave's decode steps in blocks, of which a short probe runs the first two and the last
+    two: with a step's cost linear in the context it attends over (an HF cache's), the
+    skipped blocks' estimate from the second and the second-last is their true sum."""
+    sizes = decode_blocks(steps)
+    assert sum(sizes) == steps and len(sizes) == min(steps, unit_loops.DECODE_BLOCKS)
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+
+    def block_s(i: int) -> float:  # 2 ms a step and 1 us a token of context (512 prompt)
+        return sum(0.002 + 1e-6 * (512 + step) for step in range(starts[i], starts[i] + sizes[i]))
+
+    ran = short_schedule(len(sizes), sample=unit_loops.DECODE_SAMPLE,
+                         tail=unit_loops.DECODE_SAMPLE)
+    loop = UnitLoop("rollout", "decode", sizes, seconds={i: block_s(i) for i in ran})
+    true_s = sum(block_s(i) for i in loop.skipped)
+    assert loop.skipped_s() == pytest.approx(true_s, rel=0.002)
+    assert unit_loops.decode_share(steps) == pytest.approx(sum(sizes[i] for i in ran) / steps)
+    assert unit_loops.decode_share(steps) <= 0.26
 
 
 def test_a_warmup_schedule_runs_the_first_unit_and_the_odd_one():
@@ -72,12 +97,12 @@ def test_nested_loops_add_what_their_skipped_units_would_have_taken(monkeypatch,
     skipped_s, variance = clock.take_skipped("update")
     assert fake.now + skipped_s == pytest.approx(outer * 6.5)
     assert variance == 0.0  # equal rates: no spread
-    assert {j for _, j in ran} == {0, 1, 2, 5}
+    assert {j for _, j in ran} == {0, 1, 5}
     assert sorted({i for i, _ in ran}) == short_schedule(outer)
     loops = clock.take_loops()
     assert [loop.unit for loop in loops].count("minibatch") == 1
     times = unit_times([loops])["update"]
-    assert times["micro_batch"].count == 6 and times["micro_batch"].ran == 4
+    assert times["micro_batch"].count == 6 and times["micro_batch"].ran == 3
     assert times["micro_batch"].loops == len(short_schedule(outer))
     assert times["minibatch"].rate_s == pytest.approx(6.5 / 6)  # per unit of work, skips in
     assert clock.take_loops() == [] and clock.take_skipped("update") == (0.0, 0.0)
@@ -172,7 +197,7 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
     short, full = probe(False), probe(True)
     assert short.probe_mode == "short" and full.probe_mode == "full" and full.units == {}
     micro = short.units["update"]["micro_batch"]
-    assert micro["count"] == 16 and micro["ran"] == 4  # 16 responses a mini-batch, 1 each
+    assert micro["count"] == 16 and micro["ran"] == 3  # 16 responses a mini-batch, 1 each
     assert short.units["rollout"]["wave"]["count"] == 8  # 32 responses, 4 at a time
     assert short.units["rollout"]["wave"]["ran"] == 3
     assert short.step_se_s is not None and short.step_se_s > 0
@@ -195,8 +220,9 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
 def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps():
     """The warm-up step of a short probe (its clock warming) runs of each loop of units its
     first alone, and of a wave's decode steps the first and the last (the cache grown to the
-    last's length in between); the step after it, timed, runs its sample of each loop and
-    every decode step. A full probe's clock runs every unit whatever it is told."""
+    last's length in between); the step after it, timed, runs its sample of each loop and of
+    each wave's blocks of decode steps the first two and the last two. A full probe's clock
+    runs every unit whatever it is told."""
     import torch
 
     from autotune.probe.measure.meter import MemoryMeter
@@ -230,11 +256,15 @@ def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps()
         assert warm[("rollout", "wave")] == [0, 7]  # 8 waves of 4: the first, the last full
         assert warm[("update", "micro_batch")] == [0] and warm[("update", "minibatch")] == [0]
         assert warm[("experience", "old_log_prob")] == [0]  # 16 micro-batches of 2
-        assert timed[("experience", "old_log_prob")] == [0, 1, 2, 15]
+        assert timed[("experience", "old_log_prob")] == [0, 1, 15]
         assert timed[("rollout", "wave")] == [0, 1, 7] and \
-            timed[("update", "micro_batch")] == [0, 1, 2, 15]
+            timed[("update", "micro_batch")] == [0, 1, 15]
         assert warm_decodes == 2 * 2  # two waves, each its first and last decode step
-        assert timed_decodes == 3 * 31  # 32 response tokens: the prefill's and 31 steps
+        assert warm[("rollout", "decode")] == [0, 15]  # its first block and its last
+        # 32 response tokens: the prefill's and 31 steps, in 16 blocks (15 of 2, 1 of 1)
+        assert decode_blocks(31) == [2] * 15 + [1]
+        assert timed[("rollout", "decode")] == [0, 1, 14, 15]
+        assert timed_decodes == 3 * (2 + 2 + 2 + 1)
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from autotune.config import ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
-from autotune.probe.measure.unit_loops import short_schedule, warmup_schedule
+from autotune.probe.measure.unit_loops import decode_share, short_schedule, warmup_schedule
 
 GiB = 1 << 30
 HOST_LINK_BYTES_PER_S = 25e9  # pinned PCIe, per GPU, low end of section 8.1's 25-50 GB/s
@@ -228,10 +228,11 @@ class TimeModel:
                      warmup: bool = False) -> float:
         """What one step of a short probe runs (autotune/probe/measure/unit_loops.py: of each
         loop its first SHORT_SAMPLE units and its last): the rollout's first waves and its
-        last, of each log-prob pass and each mini-batch their micro-batches likewise, the
-        mini-batches likewise (each ends in its optimizer step), offload's transfers whole.
-        `warmup`: its warm-up step, of each loop the first unit (of the waves also the last
-        full one) and of a wave's decode steps the first and the last."""
+        last, of each wave's blocks of decode steps the first two and the last two (the real
+        vLLM's waves whole), of each log-prob pass and each mini-batch their micro-batches
+        likewise, the mini-batches likewise (each ends in its optimizer step), offload's
+        transfers whole. `warmup`: its warm-up step, of each loop the first unit (of the
+        waves also the last full one) and of a wave's decode steps the first and the last."""
         phases = self.phase_seconds(config, shape, hardware)
 
         def share(count: int, also: tuple[int, ...] = ()) -> float:  # of a loop of `count`
@@ -245,9 +246,10 @@ class TimeModel:
         per_rank = config.rollout_batch_size * config.rollout_n // trainers
         minibatch = config.global_batch_size * config.rollout_n // trainers
         rollout = phases["rollout"] - transfers
-        if warmup:  # two decode steps a wave
-            rollout -= self.alpha * self.decode_s(config, shape, hardware) * max(
-                0.0, 1 - 2 / config.max_response_length)
+        if not config.runs_real_vllm:  # the probe's own decode loop: two steps a wave in the
+            steps = max(1, config.max_response_length - 1)  # warm-up, its blocks' sample after
+            ran = min(2, steps) / steps if warmup else decode_share(steps)
+            rollout -= self.alpha * self.decode_s(config, shape, hardware) * (1 - ran)
         return (rollout * share(waves, (waves - 1,)) + transfers
                 + phases["experience"] * share(math.ceil(
                     per_rank / config.micro_batch_size_experience))

@@ -95,12 +95,12 @@ class Meter(Protocol):
     hold host memory with: the probe's MemoryMeter, or the trace's TracedMeter (trace.py).
 
     A meter also owns which iterations of a loop that repeats its shapes run: of a loop of
-    units (`iterations`: waves, micro-batches, mini-batches) a full probe runs every one, a
-    short probe its first few and its last, timed, its clock adding what the others would
-    have taken (unit_loops.py), and in its warm-up step the first alone; of any loop (`runs`:
-    a wave's decode steps too) a probe runs every iteration, but a short probe's warm-up
-    its first and last. A trace runs the first and the last of both, and the step puts a result
-    of the same bytes in place of each skipped one.
+    units (`iterations`: waves, a wave's blocks of decode steps, micro-batches, mini-batches)
+    a full probe runs every one, a short probe its first few and its last, timed, its clock
+    adding what the others would have taken (unit_loops.py), and in its warm-up step the
+    first alone; of any loop (`runs`: a block's decode steps too) a probe runs every
+    iteration, but a short probe's warm-up its first and last. A trace runs the first and the
+    last of both, and the step puts a result of the same bytes in place of each skipped one.
     """
 
     device: torch.device  # the device the step's tensors live on
@@ -119,9 +119,10 @@ class Meter(Protocol):
         ...
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
         """The units to run of a loop of units of `work` (rows or tokens each), in order:
-        `also` always among them."""
+        `also` always among them (a short probe's sample: the first `sample` and the last
+        `tail`)."""
         ...
 
     def phase(self, name: str) -> AbstractContextManager[None]:
@@ -203,9 +204,9 @@ class MemoryMeter:
         return not (self.clock.short and self.clock.warming) or iteration in (0, count - 1)
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
         """Every unit (a full probe), or the clock's sample of them (a short one)."""
-        return self.clock.iterations(self.current_phase or "", unit, work, also, sample)
+        return self.clock.iterations(self.current_phase or "", unit, work, also, sample, tail)
 
     def _synchronize(self) -> None:
         if self.is_cuda:

@@ -25,21 +25,48 @@ the probe's meter keeps (meter.py); no torch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-SHORT_SAMPLE = 3  # a short probe runs a loop's first three units (and its last)
+SHORT_SAMPLE = 2  # a short probe runs a loop's first two units (and its last)
+DECODE_BLOCKS = 16  # a wave's decode steps, as a short probe's units: this many blocks ...
+DECODE_SAMPLE = 2  # ... of which it runs the first two and the last two
 
 
-def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAMPLE) -> list[int]:
+def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAMPLE,
+                   tail: int = 1) -> list[int]:
     """The units a short probe runs of a loop of `count`, in order: the first `sample`, the
-    last, and `also` (a unit whose shape the others lack)."""
+    last `tail`, and `also` (a unit whose shape the others lack)."""
     if count <= 0:
         return []
-    return sorted({*range(min(sample, count)), count - 1, *(i for i in also if 0 <= i < count)})
+    return sorted({*range(min(sample, count)), *range(max(0, count - tail), count),
+                   *(i for i in also if 0 <= i < count)})
+
+
+def decode_blocks(steps: int, blocks: int = DECODE_BLOCKS) -> list[int]:
+    """A wave's `steps` decode steps as consecutive blocks (the steps in each, in order),
+    `blocks` of them at most, the larger first. A short probe runs the first DECODE_SAMPLE
+    blocks and the last DECODE_SAMPLE: a step's cost grows with the context it attends over
+    (an HF cache) or not (a static one), so the blocks it estimates the others from (the
+    second and the second-last, `UnitLoop.basis`) stand as far before the wave's middle
+    step as after it, and a cost linear in the context averages to the skipped ones'. Each
+    block is one timed unit (one synchronize on a GPU, not one a step)."""
+    if steps <= 0:
+        return []
+    parts = min(blocks, steps)
+    size, more = divmod(steps, parts)
+    return [size + 1] * more + [size] * (parts - more)
+
+
+def decode_share(steps: int) -> float:
+    """The share of a wave's decode steps a short probe's timed step runs."""
+    sizes = decode_blocks(steps)
+    ran = short_schedule(len(sizes), sample=DECODE_SAMPLE, tail=DECODE_SAMPLE)
+    return sum(sizes[i] for i in ran) / steps if steps else 1.0
 
 
 def warmup_schedule(count: int, also: Iterable[int] = ()) -> list[int]:
@@ -112,7 +139,7 @@ class UnitClock:
         self.skipped_var_s2: dict[str, float] = {}
 
     def iterations(self, phase: str, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
         """The indices of a loop's units to run, in order; each unit's time is what passes
         until the next index is asked for."""
         if not self.short:
@@ -122,7 +149,7 @@ class UnitClock:
         self.open.append(loop)
         try:
             schedule = warmup_schedule(len(work), also) if self.warming else \
-                short_schedule(len(work), also, sample)
+                short_schedule(len(work), also, sample, tail)
             for index in schedule:
                 loop.inner_s = 0.0
                 started = time.perf_counter()
@@ -137,6 +164,26 @@ class UnitClock:
         self.skipped_s[phase] = self.skipped_s.get(phase, 0.0) + estimate
         self.skipped_var_s2[phase] = self.skipped_var_s2.get(phase, 0.0) + loop.skipped_var_s2()
         self.closed.append(loop)
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Work a whole loop would not do (a cache grown in one go for the skipped units that
+        grow it, before the next one runs): left out of the units it runs in and of its
+        phase's time."""
+        if not (self.short and self.open):
+            yield
+            return
+        self.sync()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            elapsed = time.perf_counter() - started
+            for loop in self.open:
+                loop.inner_s -= elapsed
+            phase = self.open[-1].phase
+            self.skipped_s[phase] = self.skipped_s.get(phase, 0.0) - elapsed
 
     def take_skipped(self, phase: str) -> tuple[float, float]:
         """Seconds the phase's skipped units would have taken, and that estimate's variance."""

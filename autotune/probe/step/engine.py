@@ -24,6 +24,7 @@ Failures use vLLM's own words, so oom.py classifies them `cache_oom` as it does 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -33,6 +34,7 @@ from autotune.config import ProbeConfig
 from autotune.errors import ConfigError
 from autotune.hardware import Device
 from autotune.probe.measure.meter import Meter
+from autotune.probe.measure.unit_loops import DECODE_SAMPLE, decode_blocks
 from autotune.probe.modeling.sharding import (
     engine_part,
     fill_storage,
@@ -284,8 +286,9 @@ class RolloutEngine:
                           batch: torch.Tensor) -> torch.Tensor:
         """HF generation's memory with a loop of the engine's own (no stopping checks, which
         fake tensors could not follow): a DynamicCache that grows by concatenation each step,
-        freed with the batch. A trace runs the first steps, then grows the cache to the last
-        step's length and runs that one (the batch's peak)."""
+        freed with the batch. Where steps are skipped (a trace's, a short probe's blocks:
+        `_decode`) the cache grows to the next step's length before it runs, so the last step
+        holds what it holds in a whole wave (the batch's peak)."""
         from transformers.cache_utils import DynamicCache
 
         length = self.config.max_response_length
@@ -293,22 +296,39 @@ class RolloutEngine:
         cache = DynamicCache(config=self.model_config)
         token = self._greedy(self.model(input_ids=ids, past_key_values=cache, use_cache=True,
                                         logits_to_keep=1, **inputs_for(batch)).logits)
-        tokens = [token]
-        for step in range(length - 1):
-            if not self.meter.runs(step, length - 1):  # a trace: this step's token only
-                token = torch.zeros_like(token)
-                tokens.append(token)
-                continue
-            self._grow(cache, ids.shape[1] + step)  # the skipped steps' growth, if any
-            token = self._greedy(self.model(input_ids=token[:, None], past_key_values=cache,
-                                            use_cache=True, logits_to_keep=1).logits)
-            tokens.append(token)
+
+        def forward(token: torch.Tensor, step: int) -> torch.Tensor:
+            with self.meter.clock.untimed():  # the skipped steps' growth, if any
+                self._grow(cache, ids.shape[1] + step)
+            return self._greedy(self.model(input_ids=token[:, None], past_key_values=cache,
+                                           use_cache=True, logits_to_keep=1).logits)
+
+        tokens = self._decode(token, length - 1, forward)
         return torch.stack(tokens, dim=1).cpu()
 
+    def _decode(self, token: torch.Tensor, steps: int,
+                forward: Callable[[torch.Tensor, int], torch.Tensor]) -> list[torch.Tensor]:
+        """The wave's first token and its `steps` decode steps' (`forward(token, step)`, the
+        next), in blocks (`decode_blocks`: a short probe's timed units, its clock estimating
+        the blocks it skips); a block or a step skipped (`meter.runs`: a trace's, a short
+        warm-up's middle steps) leaves a token of zeros, the same bytes."""
+        sizes = decode_blocks(steps)
+        starts = list(itertools.accumulate([0, *sizes[:-1]]))
+        tokens = [token]
+        for block in self.meter.iterations("decode", sizes, also=(len(sizes) - 1,),
+                                           sample=DECODE_SAMPLE, tail=DECODE_SAMPLE):
+            tokens += [torch.zeros_like(token) for _ in range(starts[block] + 1 - len(tokens))]
+            for step in range(starts[block], starts[block] + sizes[block]):
+                token = forward(token, step) if self.meter.runs(step, steps) else \
+                    torch.zeros_like(token)
+                tokens.append(token)
+        return tokens + [torch.zeros_like(token) for _ in range(steps + 1 - len(tokens))]
+
     def _grow(self, cache: DynamicCache, tokens: int) -> None:
-        """Where the cache holds fewer than `tokens` positions (a trace skipped the steps
-        that grow it), every layer's K and V at `tokens` positions: new, unfilled tensors of
-        the bytes those steps would have left."""
+        """Where the cache holds fewer than `tokens` positions (the steps that grow it were
+        skipped), every layer's K and V at `tokens` positions: new tensors of the bytes those
+        steps would have left, zeros where kernels run (written, as those steps write it, and
+        no stale bits for the next step to compute on), unfilled in a trace."""
         from transformers.cache_utils import DynamicLayer
 
         first = cache.layers[0]
@@ -318,8 +338,9 @@ class RolloutEngine:
         for layer in cache.layers:
             assert isinstance(layer, DynamicLayer) and layer.keys is not None  # the prefill's
             shape = (*layer.keys.shape[:2], tokens, layer.keys.shape[3])
-            layer.keys = torch.empty(shape, dtype=layer.keys.dtype, device=self.device)
-            layer.values = torch.empty_like(layer.keys)
+            make = torch.zeros if self.meter.runs_kernels else torch.empty
+            layer.keys = make(shape, dtype=layer.keys.dtype, device=self.device)
+            layer.values = make(shape, dtype=layer.keys.dtype, device=self.device)
 
     def _generate_batch(self, prompt_ids: torch.Tensor, inputs_for: InputsFor,
                         batch: torch.Tensor) -> torch.Tensor:
@@ -342,16 +363,13 @@ class RolloutEngine:
             token[part] = logits[:, -1].argmax(-1)
             del logits, cache
         cache = self._static_cache(views, filled=prompt)
-        tokens = [token]
-        for step in range(response - 1):
-            if self.meter.runs(step, response - 1):  # a static cache: the same bytes each step
-                logits = self.model(input_ids=token[:, None], past_key_values=cache,
-                                    use_cache=True, logits_to_keep=1).logits
-                token = logits[:, -1].argmax(-1)
-                del logits
-            else:  # a trace: this step's token only
-                token = torch.zeros_like(token)
-            tokens.append(token)
+
+        def forward(token: torch.Tensor, step: int) -> torch.Tensor:
+            logits = self.model(input_ids=token[:, None], past_key_values=cache,
+                                use_cache=True, logits_to_keep=1).logits
+            return logits[:, -1].argmax(-1)
+
+        tokens = self._decode(token, response - 1, forward)
         return torch.stack(tokens, dim=1).cpu()
 
     def _views(self, rows: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

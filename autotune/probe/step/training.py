@@ -48,8 +48,8 @@ from autotune.probe.step.update import UpdatePhase
 
 MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here
 SHORT_SE_TARGET = 0.01  # a short probe adds steps until its step's standard error is 1% ...
-SHORT_CAP_STEPS = 1.0  # ... or its timed steps took what one whole step would (timed_min_s
-# at least)
+SHORT_CAP_STEPS = 1.0  # ... or one more would take its timed steps past what one whole step
+# would take (timed_min_s at least)
 
 
 class StoppedSlow(Exception):
@@ -149,17 +149,18 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         exactly that many). A full probe: while its steps add up to less than timed_min_s (a
         short step is cheap to repeat and noisy alone). A short one: while its predicted
         step's standard error (never under the study's measured step spread over sqrt(n):
-        request.step_cv_prior) is past SHORT_SE_TARGET of it and its steps took less than
-        SHORT_CAP_STEPS whole steps (or timed_min_s)."""
+        request.step_cv_prior) is past SHORT_SE_TARGET of it and one more step, as long as the
+        last, would end its steps within SHORT_CAP_STEPS whole steps (or timed_min_s): the
+        cap is never passed."""
         predicted = [training_s(t) for t in timed]
         if self.request.timed_min_s <= 0:
             return False
         if not self.meter.clock.short:
             return sum(predicted) < self.request.timed_min_s
         mean, se = mean_and_se(predicted, self.step_var_s2[-1], self.request.step_cv_prior)
-        spent = sum(self.step_wall_s[-len(timed):])
-        return se > SHORT_SE_TARGET * mean and spent < max(SHORT_CAP_STEPS * mean,
-                                                            self.request.timed_min_s)
+        spent = sum(self.step_wall_s[-len(timed):]) + self.step_wall_s[-1]
+        return se > SHORT_SE_TARGET * mean and spent <= max(SHORT_CAP_STEPS * mean,
+                                                             self.request.timed_min_s)
 
     @property
     def step_tokens(self) -> int:

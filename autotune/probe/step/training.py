@@ -48,8 +48,10 @@ from autotune.probe.step.update import UpdatePhase
 
 MAX_TIMED_STEPS = 12  # timed steps past request.timed_steps stop here
 SHORT_SE_TARGET = 0.01  # a short probe adds steps until its step's standard error is 1% ...
-SHORT_CAP_STEPS = 1.0  # ... or one more would take its timed steps past what one whole step
-# would take (timed_min_s at least)
+SHORT_CAP_STEPS = 0.5  # ... or one more would take its timed steps past what half a whole
+# step would take (timed_min_s at least): where the machine's step noise keeps the error over
+# 1%, more steps buy little (it falls as one over the root of their count) and the figure's
+# precision comes from pooling across configs and the finalists' repeats
 
 
 class StoppedSlow(Exception):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 import statistics
@@ -100,7 +101,11 @@ def full_request(pick: dict) -> ProbeRequest:
 
 
 def pick_key(pick: dict) -> str:
-    return json.dumps(pick["config"], sort_keys=True)
+    """The pick's config as today's ProbeConfig reads it: a config the before code recorded
+    without a knob added since (placement, staleness) is the same config at its default, and
+    is re-measured with it, not apart."""
+    return json.dumps(dataclasses.asdict(ProbeConfig.from_knobs(pick["config"])),
+                      sort_keys=True)
 
 
 def remeasure(picks: list[dict], repeats: int) -> dict[str, list[dict[str, float]]]:
@@ -153,7 +158,7 @@ def report(rounds: list[dict[str, dict]], probes: dict[str, list[dict[str, float
         target = " (target >= 2)" if other == "before" else ""
         lines.append(f"wall {other}/short, each round: {spread(walls)}{target}")
     for other in (m for m in ("before", "full") if m in modes):
-        same = sum(r["short"]["config"] == r[other]["config"] for r in rounds)
+        same = sum(pick_key(r["short"]) == pick_key(r[other]) for r in rounds)
         for per_gib, what in ((True, "the objective (tokens/s per GiB)"), (False, "tokens/s")):
             ratios = [figure(probes[pick_key(r["short"])], per_gib)
                       / figure(probes[pick_key(r[other])], per_gib) for r in rounds]

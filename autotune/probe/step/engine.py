@@ -298,8 +298,9 @@ class RolloutEngine:
                                         logits_to_keep=1, **inputs_for(batch)).logits)
 
         def forward(token: torch.Tensor, step: int) -> torch.Tensor:
-            with self.meter.clock.untimed():  # the skipped steps' growth, if any
-                self._grow(cache, ids.shape[1] + step)
+            if cache.get_seq_length() < ids.shape[1] + step:  # steps skipped: their growth,
+                with self.meter.clock.untimed():  # untimed (and no synchronize a step)
+                    self._grow(cache, ids.shape[1] + step)
             return self._greedy(self.model(input_ids=token[:, None], past_key_values=cache,
                                            use_cache=True, logits_to_keep=1).logits)
 

@@ -160,9 +160,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         if not self.meter.clock.short:
             return sum(predicted) < self.request.timed_min_s
         mean, se = mean_and_se(predicted, self.step_var_s2[-1], self.request.step_cv_prior)
-        spent = sum(self.step_wall_s[-len(timed):]) + self.step_wall_s[-1]
-        return se > SHORT_SE_TARGET * mean and spent <= max(SHORT_CAP_STEPS * mean,
-                                                             self.request.timed_min_s)
+        after_next = sum(self.step_wall_s[-len(timed):]) + self.step_wall_s[-1]
+        return se > SHORT_SE_TARGET * mean and after_next <= max(SHORT_CAP_STEPS * mean,
+                                                                  self.request.timed_min_s)
 
     @property
     def step_tokens(self) -> int:

@@ -7,7 +7,7 @@ pre-screen answering from the landscape's traces), twice on each seed:
 - full: today's sweep with --full-steps, 40 probes, each charged its device seconds (its
   start, a warm-up and TIMED_STEPS steps);
 - short: the default short probes (TimeModel.short_step_s: of each loop of units, the
-  first SHORT_SAMPLE and the last; a start, a warm-up of each loop's first unit and two
+  first, a middle one and the last; a start, a warm-up of each loop's first unit and two
   decode steps a wave, and SHORT_TIMED_STEPS short steps),
   searching until its device seconds reach the full sweep's total less a reserve (the probe
   it may start at the budget's end and its finalists' repeats, each at the landscape's

@@ -19,15 +19,18 @@ from autotune.probe.measure.unit_loops import (
 )
 
 
-def test_a_short_schedule_runs_the_first_units_the_last_and_the_odd_one():
-    assert short_schedule(10) == [0, 1, 9]
-    assert short_schedule(10, sample=3) == [0, 1, 2, 9]
-    assert short_schedule(10, also=(7, 12)) == [0, 1, 7, 9]  # out of range: ignored
+def test_a_short_schedule_runs_the_first_unit_a_middle_one_the_last_and_the_odd_one():
+    assert short_schedule(10) == [0, 5, 9]
+    assert short_schedule(32) == [0, 16, 31]
+    assert short_schedule(10, sample=3) == [0, 3, 6, 9]  # spaced evenly
+    assert short_schedule(10, also=(7, 12)) == [0, 5, 7, 9]  # out of range: ignored
+    assert short_schedule(4) == [0, 2, 3]
     assert short_schedule(3) == [0, 1, 2]
+    assert short_schedule(2) == [0, 1]
     assert short_schedule(1) == [0]
     assert short_schedule(0) == []
-    assert short_schedule(10, sample=2, tail=2) == [0, 1, 8, 9]
-    assert short_schedule(3, sample=2, tail=2) == [0, 1, 2]
+    assert short_schedule(10, sample=2, tail=2, middle=False) == [0, 1, 8, 9]  # decode blocks
+    assert short_schedule(3, sample=2, tail=2, middle=False) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("steps", [31, 63, 511, 2047])
@@ -44,7 +47,7 @@ def test_decode_blocks_estimate_a_cost_linear_in_the_context_exactly(steps):
         return sum(0.002 + 1e-6 * (512 + step) for step in range(starts[i], starts[i] + sizes[i]))
 
     ran = short_schedule(len(sizes), sample=unit_loops.DECODE_SAMPLE,
-                         tail=unit_loops.DECODE_SAMPLE)
+                         tail=unit_loops.DECODE_SAMPLE, middle=False)
     loop = UnitLoop("rollout", "decode", sizes, seconds={i: block_s(i) for i in ran})
     true_s = sum(block_s(i) for i in loop.skipped)
     assert loop.skipped_s() == pytest.approx(true_s, rel=0.002)
@@ -97,7 +100,7 @@ def test_nested_loops_add_what_their_skipped_units_would_have_taken(monkeypatch,
     skipped_s, variance = clock.take_skipped("update")
     assert fake.now + skipped_s == pytest.approx(outer * 6.5)
     assert variance == 0.0  # equal rates: no spread
-    assert {j for _, j in ran} == {0, 1, 5}
+    assert {j for _, j in ran} == {0, 3, 5}
     assert sorted({i for i, _ in ran}) == short_schedule(outer)
     loops = clock.take_loops()
     assert [loop.unit for loop in loops].count("minibatch") == 1
@@ -167,6 +170,20 @@ def test_a_short_probe_starts_from_one_timed_step_once_the_study_measured_its_no
                               timed_steps=2, timed_min_s=2.0),
                  ProbeRequest(model="tiny-qwen2.5", timed_steps=2, timed_min_s=0.0)):
         assert with_step_noise(left, cvs) == left
+
+
+def test_the_studys_step_noise_leaves_out_a_transient_probe():
+    """A probe whose steps read far apart while the rest agree (a machine minutes after its
+    start) is left out of the study's noise; the root mean square of the others stands, and
+    with fewer than three probes every one counts."""
+    from autotune.sweep.tally import step_noise
+
+    assert step_noise([]) is None
+    assert step_noise([0.45, 0.03]) == pytest.approx(((0.45 ** 2 + 0.03 ** 2) / 2) ** 0.5)
+    assert step_noise([0.45, 0.03, 0.04, 0.02]) == pytest.approx(
+        ((0.03 ** 2 + 0.04 ** 2 + 0.02 ** 2) / 3) ** 0.5)
+    spread = [0.02, 0.05, 0.01, 0.04]  # no outlier: all of them
+    assert step_noise(spread) == pytest.approx((sum(v * v for v in spread) / 4) ** 0.5)
 
 
 CONFIG = ProbeConfig(rollout_batch_size=8, rollout_n=4, global_batch_size=4,
@@ -256,9 +273,9 @@ def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps()
         assert warm[("rollout", "wave")] == [0, 7]  # 8 waves of 4: the first, the last full
         assert warm[("update", "micro_batch")] == [0] and warm[("update", "minibatch")] == [0]
         assert warm[("experience", "old_log_prob")] == [0]  # 16 micro-batches of 2
-        assert timed[("experience", "old_log_prob")] == [0, 1, 15]
-        assert timed[("rollout", "wave")] == [0, 1, 7] and \
-            timed[("update", "micro_batch")] == [0, 1, 15]
+        assert timed[("experience", "old_log_prob")] == [0, 8, 15]  # first, middle, last
+        assert timed[("rollout", "wave")] == [0, 4, 7] and \
+            timed[("update", "micro_batch")] == [0, 8, 15]
         assert warm_decodes == 2 * 2  # two waves, each its first and last decode step
         assert warm[("rollout", "decode")] == [0, 15]  # its first block and its last
         # 32 response tokens: the prefill's and 31 steps, in 16 blocks (15 of 2, 1 of 1)

@@ -227,9 +227,9 @@ class TimeModel:
     def short_step_s(self, config: ProbeConfig, shape: ModelShape, hardware: Hardware,
                      warmup: bool = False) -> float:
         """What one step of a short probe runs (autotune/probe/measure/unit_loops.py: of each
-        loop its first SHORT_SAMPLE units and its last): the rollout's first waves and its
-        last, of each wave's blocks of decode steps the first two and the last two (the real
-        vLLM's waves whole), of each log-prob pass and each mini-batch their micro-batches
+        loop its first unit, a middle one and its last): the rollout's waves likewise, of
+        each wave's blocks of decode steps the first two and the last two (the real vLLM's
+        waves whole), of each log-prob pass and each mini-batch their micro-batches
         likewise, the mini-batches likewise (each ends in its optimizer step), offload's
         transfers whole. `warmup`: its warm-up step, of each loop the first unit (of the
         waves also the last full one) and of a wave's decode steps the first and the last."""

@@ -375,7 +375,8 @@ class TracedMeter:
         return self.repeats is None or iteration == 0 or iteration >= count - self.repeats + 1
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1,
+                   middle: bool = True) -> Iterator[int]:
         """The units `runs` keeps, and `also`; untimed."""
         kept = set(also)
         return iter([i for i in range(len(work)) if self.runs(i, len(work)) or i in kept])

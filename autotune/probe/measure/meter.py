@@ -119,10 +119,12 @@ class Meter(Protocol):
         ...
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1,
+                   middle: bool = True) -> Iterator[int]:
         """The units to run of a loop of units of `work` (rows or tokens each), in order:
-        `also` always among them (a short probe's sample: the first `sample` and the last
-        `tail`)."""
+        `also` always among them (a short probe's sample: `sample` units before the last
+        `tail`, the first and the rest from the loop's middle or, `middle` False, the next
+        ones; unit_loops.short_schedule)."""
         ...
 
     def phase(self, name: str) -> AbstractContextManager[None]:
@@ -204,9 +206,11 @@ class MemoryMeter:
         return not (self.clock.short and self.clock.warming) or iteration in (0, count - 1)
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1,
+                   middle: bool = True) -> Iterator[int]:
         """Every unit (a full probe), or the clock's sample of them (a short one)."""
-        return self.clock.iterations(self.current_phase or "", unit, work, also, sample, tail)
+        return self.clock.iterations(self.current_phase or "", unit, work, also, sample, tail,
+                                     middle)
 
     def _synchronize(self) -> None:
         if self.is_cuda:

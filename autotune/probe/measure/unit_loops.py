@@ -6,10 +6,15 @@ forwards, the updates their mini-batches of micro-batches, each mini-batch endin
 optimizer step. What the step holds is reached in the first units (the engine's pool at
 wake-up, a micro-batch's activations, AdamW's state at the first optimizer step) and in the
 last (what the earlier ones leave held); the units between repeat it. So a short probe runs,
-of each loop, its first `sample` units and its last (`short_schedule`), times each, and adds
-to the phase's clock what the units it skipped would have taken: each skipped unit's work
-(rows or tokens) times the time per unit of work of the sampled units between the first and
-the last (with the last where one unit alone stands between: `UnitLoop.basis`). A loop
+of each loop, its first unit, one from its middle and its last (`short_schedule`), times
+each, and adds to the phase's clock what the units it skipped would have taken: each skipped
+unit's work (rows or tokens) times the time per unit of work of the sampled units between
+the first and the last (`UnitLoop.basis`). A middle unit, not the second: units run faster
+as a loop goes on (measured per unit on this CPU's full steps: a log-prob pass's second
+micro-batch after the rollout 1.09 of the middle ones' mean, an update's 1.02-1.07, the last
+0.95-1.01), so an early unit leans high and a late one low. A wave's decode steps run
+their first blocks and their last (`DECODE_SAMPLE`: a cost that grows with the context
+averages out between the second and the second-last). A loop
 inside a loop (micro-batches inside a mini-batch, a wave's blocks of decode steps inside the
 wave) adds its skipped units' estimate to the unit it runs in, so an outer unit's time is
 what it would have taken whole. What a probe does outside the loops (waking the engine, the
@@ -34,18 +39,22 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-SHORT_SAMPLE = 2  # a short probe runs a loop's first two units (and its last)
+SHORT_SAMPLE = 2  # a short probe runs two of a loop's units before its last: first, middle
 DECODE_BLOCKS = 16  # a wave's decode steps, as a short probe's units: this many blocks ...
 DECODE_SAMPLE = 2  # ... of which it runs the first two and the last two
 
 
 def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAMPLE,
-                   tail: int = 1) -> list[int]:
-    """The units a short probe runs of a loop of `count`, in order: the first `sample`, the
-    last `tail`, and `also` (a unit whose shape the others lack)."""
+                   tail: int = 1, middle: bool = True) -> list[int]:
+    """The units a short probe runs of a loop of `count`, in order: `sample` of them before
+    the last `tail` (the first, and the rest spaced evenly through the loop: unit
+    count * k // sample for k = 1 .. sample - 1; `middle` False: the ones after the first),
+    the last `tail`, and `also` (a unit whose shape the others lack)."""
     if count <= 0:
         return []
-    return sorted({*range(min(sample, count)), *range(max(0, count - tail), count),
+    head = {count * k // sample for k in range(sample)} if middle and sample > 1 else \
+        set(range(min(sample, count)))
+    return sorted({*head, *range(max(0, count - tail), count),
                    *(i for i in also if 0 <= i < count)})
 
 
@@ -67,7 +76,7 @@ def decode_blocks(steps: int, blocks: int = DECODE_BLOCKS) -> list[int]:
 def decode_share(steps: int) -> float:
     """The share of a wave's decode steps a short probe's timed step runs."""
     sizes = decode_blocks(steps)
-    ran = short_schedule(len(sizes), sample=DECODE_SAMPLE, tail=DECODE_SAMPLE)
+    ran = short_schedule(len(sizes), sample=DECODE_SAMPLE, tail=DECODE_SAMPLE, middle=False)
     return sum(sizes[i] for i in ran) / steps if steps else 1.0
 
 
@@ -100,16 +109,11 @@ class UnitLoop:
 
     def basis(self) -> list[int]:
         """The run units the skipped ones are estimated from: those between the first and the
-        last (the first may carry what happens once, the last may be a smaller remainder),
-        and where that is one unit alone, the last too when it is whole (its work the
-        loop's most): units run faster as a loop goes on (a CPU's update: the second
-        micro-batch 2-7% over the middle ones' mean, the last 1-5% under), so an early unit
-        alone leans high; else every run unit but a last one, else the last."""
+        last (the first may carry what happens once, the last may be a smaller remainder);
+        else every run unit but a last one, else the last."""
         ran = sorted(self.seconds)
         last = self.count - 1
         between = [i for i in ran if i not in (0, last)]
-        if len(between) == 1 and last in self.seconds and self.work[last] >= max(self.work):
-            between.append(last)
         return between or [i for i in ran if i != last] or ran
 
     def rates(self) -> list[float]:
@@ -146,7 +150,8 @@ class UnitClock:
         self.skipped_var_s2: dict[str, float] = {}
 
     def iterations(self, phase: str, unit: str, work: Sequence[float], also: Iterable[int] = (),
-                   sample: int = SHORT_SAMPLE, tail: int = 1) -> Iterator[int]:
+                   sample: int = SHORT_SAMPLE, tail: int = 1,
+                   middle: bool = True) -> Iterator[int]:
         """The indices of a loop's units to run, in order; each unit's time is what passes
         until the next index is asked for."""
         if not self.short:
@@ -156,7 +161,7 @@ class UnitClock:
         self.open.append(loop)
         try:
             schedule = warmup_schedule(len(work), also) if self.warming else \
-                short_schedule(len(work), also, sample, tail)
+                short_schedule(len(work), also, sample, tail, middle)
             for index in schedule:
                 loop.inner_s = 0.0
                 started = time.perf_counter()

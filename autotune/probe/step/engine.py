@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from transformers.cache_utils import DynamicCache, StaticCache
 
 BLOCK_TOKENS = 16  # vLLM's default KV block
-WAVE_SAMPLE = 2  # a short probe's waves: the first two (and the last full and the last)
+WAVE_SAMPLE = 2  # a short probe's waves: the first, a middle one (and the last full, the last)
 
 # a model's forward inputs beside the token ids (a VL model's image) for some prompt rows,
 # and `rows` prompts' whole inputs for the engine's profile run
@@ -317,7 +317,8 @@ class RolloutEngine:
         starts = list(itertools.accumulate([0, *sizes[:-1]]))
         tokens = [token]
         for block in self.meter.iterations("decode", sizes, also=(len(sizes) - 1,),
-                                           sample=DECODE_SAMPLE, tail=DECODE_SAMPLE):
+                                           sample=DECODE_SAMPLE, tail=DECODE_SAMPLE,
+                                           middle=False):
             tokens += [torch.zeros_like(token) for _ in range(starts[block] + 1 - len(tokens))]
             for step in range(starts[block], starts[block] + sizes[block]):
                 token = forward(token, step) if self.meter.runs(step, steps) else \

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 NOISE_PROBES = 3  # quiet probes of two timed steps or more before their spread is the study's
+OUTLIER_TIMES_MEDIAN = 3.0  # a probe's step spread this many times the median's is not the noise
 
 
 class Tally:
@@ -111,9 +112,9 @@ class Tally:
             self.since_improvement += 1
 
     def step_cv(self) -> float | None:
-        """One timed step's spread on this machine, as the study measured it: the root mean
-        square of its quiet probes' step-to-step coefficients of variation; None before any."""
-        return rms(self.step_cvs)
+        """One timed step's spread on this machine, as the study measured it (`step_noise`);
+        None before any quiet probe."""
+        return step_noise(self.step_cvs)
 
     def leader(self) -> Measured | None:
         """The best feasible config by its pooled figure (measurements.rank, the pick's
@@ -147,9 +148,22 @@ def with_step_noise(request: ProbeRequest, step_cvs: list[float]) -> ProbeReques
     if not request.short or request.config.separate or request.timed_min_s <= 0 or \
             len(step_cvs) < NOISE_PROBES:
         return request
-    return dataclasses.replace(request, timed_steps=1, step_cv_prior=rms(step_cvs))
+    return dataclasses.replace(request, timed_steps=1, step_cv_prior=step_noise(step_cvs))
 
 
-def rms(values: list[float]) -> float | None:
-    """The root mean square of `values`; None for none."""
-    return math.sqrt(statistics.fmean(v * v for v in values)) if values else None
+def step_noise(step_cvs: list[float]) -> float | None:
+    """One timed step's spread as the quiet probes' step-to-step coefficients of variation
+    measure it: their root mean square, leaving out a probe's more than OUTLIER_TIMES_MEDIAN
+    times their median (from three on). A transient is not the machine's noise: on a CPU
+    machine minutes after its start the first probes' two steps read 16-57% apart, the same
+    probes later 0.4-2% (docs/benchmarks.md), and one such probe in the root mean square
+    would widen every later one-step probe's interval and stop none slow. Steps drawn from
+    one normal noise leave out about 4% of probes (a two-step spread past 3 times its
+    median). None for none."""
+    if not step_cvs:
+        return None
+    kept = step_cvs
+    if len(step_cvs) >= 3:
+        limit = OUTLIER_TIMES_MEDIAN * statistics.median(step_cvs)
+        kept = [cv for cv in step_cvs if cv <= limit]
+    return math.sqrt(statistics.fmean(cv * cv for cv in kept))

@@ -112,7 +112,7 @@ def grid(repeats: int) -> None:
         row = {"case": name, "one_wall_s": walls["one"], "full_wall_s": walls["full"],
                "speed": speed, "step_ratio": predicted / measured,
                "one_steps": [len(r.step_times_s) for r in done["one"]],
-               "peak_ratio": short_probe.farthest_ratio(done["one"], done["full"]),
+               "peak_ratio": short_probe.farthest_ratio(done["one"], done["full"])[1],
                "contended": sum(bool(r.contention) for v in done.values() for r in v)}
         rows.append(row)
         lines.append(f"{name:<32} one-step {statistics.median(walls['one']):5.1f} s "

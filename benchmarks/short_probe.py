@@ -140,14 +140,17 @@ def checked(name: str, result: ProbeResult) -> ProbeResult:
     return result
 
 
-def farthest_ratio(short: list[ProbeResult], full: list[ProbeResult]) -> float:
-    """The phase peak ratio short/full (medians over the probes) farthest from 1."""
-    ratios = []
-    for phase in full[0].phase_peak_mem_bytes:
-        mine = statistics.median(r.phase_peak_mem_bytes[phase] for r in short)
-        theirs = statistics.median(r.phase_peak_mem_bytes[phase] for r in full)
-        ratios.append(mine / theirs)
-    return max(ratios, key=lambda ratio: abs(ratio - 1))
+def peak_ratios(short: list[ProbeResult], full: list[ProbeResult]) -> dict[str, float]:
+    """Each phase's peak ratio short/full (medians over the probes)."""
+    return {phase: statistics.median(r.phase_peak_mem_bytes[phase] for r in short)
+            / statistics.median(r.phase_peak_mem_bytes[phase] for r in full)
+            for phase in full[0].phase_peak_mem_bytes}
+
+
+def farthest_ratio(short: list[ProbeResult], full: list[ProbeResult]) -> tuple[str, float]:
+    """The phase whose peak ratio short/full (medians over the probes) is farthest from 1,
+    and that ratio."""
+    return max(peak_ratios(short, full).items(), key=lambda item: abs(item[1] - 1))
 
 
 def interleaved_steps(name: str, pairs: int, device: str = "cpu") -> dict[str, list]:
@@ -294,7 +297,9 @@ def run_case(runner: SubprocessRunner, name: str, case: tuple[str, dict, dict, b
             "short_se_s": [r.step_se_s for r in short],
             "short_steps": [len(r.step_times_s) for r in short],
             "full_steps": [len(r.step_times_s) for r in full],
-            "peak_ratio": farthest_ratio(short, full),
+            "peak_ratio": farthest_ratio(short, full)[1],
+            "peak_phase": farthest_ratio(short, full)[0],
+            "phase_peak_ratios": peak_ratios(short, full),
             "short_wall_s": statistics.median(r.probe_wall_s or 0.0 for r in short),
             "full_wall_s": statistics.median(r.probe_wall_s or 0.0 for r in full),
             "short_timed_wall_s": statistics.median(r.timed_wall_s or 0.0 for r in short),
@@ -322,9 +327,7 @@ def peaks_again(runner: SubprocessRunner, names: list[str], repeats: int) -> str
                 lines.append(f"  {mode:<6}" + "  ".join(
                     f"{phase} {value / 2**20:.1f}"
                     for phase, value in sorted(r.phase_peak_mem_bytes.items())))
-        ratios = {phase: statistics.median(r.phase_peak_mem_bytes[phase] for r in done["short"])
-                  / statistics.median(r.phase_peak_mem_bytes[phase] for r in done["full"])
-                  for phase in done["full"][0].phase_peak_mem_bytes}
+        ratios = peak_ratios(done["short"], done["full"])
         lines.append("  short/full " + "  ".join(f"{phase} {ratio:.4f}"
                                                  for phase, ratio in sorted(ratios.items())))
         print(lines[-1], flush=True)
@@ -362,7 +365,11 @@ def report(rows: list[dict], repeats: int, pairs: int) -> str:
         f"{sum(abs(r['step_ratio'] - 1) <= 0.05 for r in rows)} of {len(rows)} "
         f"(worst {worst_step['case']}: {worst_step['step_ratio']:.3f})",
         f"phase peaks within 1%: {sum(abs(r['peak_ratio'] - 1) <= 0.01 for r in rows)} of "
-        f"{len(rows)} (worst {worst_peak['case']}: {worst_peak['peak_ratio']:.4f})",
+        f"{len(rows)} (worst {worst_peak['case']}: {worst_peak['peak_ratio']:.4f}"
+        f"{', ' + worst_peak['peak_phase'] if worst_peak.get('peak_phase') else ''}); "
+        f"below 0.99: " + (", ".join(f"{r['case']} {r.get('peak_phase', '?')} "
+                                     f"{r['peak_ratio']:.4f}" for r in rows
+                                     if r['peak_ratio'] < 0.99) or "none"),
         f"wall full/short: median {statistics.median(speed):.2f} over the grid (target >= 2), "
         f"{statistics.median(several):.2f} over rows with several units (target >= 4); "
         f"timed steps alone: median {statistics.median(timed):.2f}",

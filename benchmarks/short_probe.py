@@ -3,9 +3,10 @@ steps of the same config, its phase peaks against theirs, its wall time against 
 
 Each case is measured two ways:
 
-- interleaved steps, one process: the probe is built once, warmed up with a short step and a
+- interleaved steps, one process (in a probe's environment, its heap setting included): the
+  probe is built once, warmed up with a short step and a
   full one (on a GPU with a short step alone), then runs `--pairs` pairs of a short step
-  (each loop's first units and its last, the step predicted from them;
+  (of each loop its first unit, a middle one and its last, the step predicted from them;
   probe/measure/unit_loops.py) and a full one (every unit), so the prediction is held to
   full steps of the same built probe, on the same memory and threads,
   seconds apart: predicted_step_s against full_step_s;
@@ -44,7 +45,7 @@ from pathlib import Path
 from autotune.config import ProbeConfig
 from autotune.hardware import Device
 from autotune.probe.measure.result import ProbeRequest, ProbeResult
-from autotune.runners.local import SubprocessRunner
+from autotune.runners.local import SubprocessRunner, probe_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_evidence  # noqa: E402  (the GPU cases, as the GPU scripts declare them)
@@ -258,9 +259,16 @@ def gpu_rows(out: Path, device_kind: str = "cuda") -> None:
 
 
 def interleaved_in_subprocess(name: str, pairs: int) -> dict[str, list[float]]:
-    """`interleaved_steps` in a fresh interpreter (no state left from other cases)."""
+    """`interleaved_steps` in a fresh interpreter (no state left from other cases), in the
+    environment a probe of the case runs in (runners/local.py `probe_env`: its heap setting
+    above all; without it glibc's moving mmap threshold sped each loop's units up over its
+    first few, and the short step, whose sampled units are each loop's first few run in a
+    row, read 1.08 of full steps on 32 micro-batches a loop where under the probe's heap it
+    reads 1.02)."""
+    model, config, request, _ = {**CASES, **LARGE}[name]
+    env = probe_env(request_for(model, config, request, full=False))
     done = subprocess.run([sys.executable, __file__, "--interleave", name, "--pairs",
-                           str(pairs)], capture_output=True, text=True, check=False)
+                           str(pairs)], capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{name}: interleaved steps failed:\n{done.stderr[-2000:]}")
     steps: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])

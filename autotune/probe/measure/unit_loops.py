@@ -9,17 +9,15 @@ last (what the earlier ones leave held); the units between repeat it. So a short
 of each loop, its first unit, one from its middle and its last (`short_schedule`), times
 each, and adds to the phase's clock what the units it skipped would have taken: each skipped
 unit's work (rows or tokens) times the time per unit of work of the sampled units between
-the first and the last (`UnitLoop.basis`). A middle unit, not the second: units run faster
-as a loop goes on (measured per unit on this CPU's full steps: a log-prob pass's second
-micro-batch after the rollout 1.09 of the middle ones' mean, an update's 1.02-1.07, the last
-0.95-1.01), so an early unit leans high and a late one low. A wave's decode steps run
-their first blocks and their last (`DECODE_SAMPLE`: a cost that grows with the context
-averages out between the second and the second-last). A loop
-inside a loop (micro-batches inside a mini-batch, a wave's blocks of decode steps inside the
-wave) adds its skipped units' estimate to the unit it runs in, so an outer unit's time is
-what it would have taken whole. What a probe does outside the loops (waking the engine, the
-offload transfers, the optimizer steps of the mini-batches it runs) it runs every step, and
-times.
+the first and the last (`UnitLoop.basis`). A middle unit, not the second: what changes
+along a loop (the units' own pace, a cache that grows) is read where it stands for the
+loop's mean (docs/probe-and-engine.md). A wave's decode steps run their first blocks and
+their last (`DECODE_SAMPLE`: a cost that grows with the context averages out between the
+second and the second-last). A loop inside a loop (micro-batches inside a mini-batch, a
+wave's blocks of decode steps inside the wave) adds its skipped units' estimate to the unit
+it runs in, so an outer unit's time is what it would have taken whole. What a probe does
+outside the loops (waking the engine, the offload transfers, the optimizer steps of the
+mini-batches it runs) it runs every step, and times.
 
 A short probe's warm-up step runs each loop's first unit only (`warmup_schedule`, with any
 unit whose shape the others lack): what a warm-up is for happens there (AdamW's state made at

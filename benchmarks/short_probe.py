@@ -291,6 +291,7 @@ def run_case(runner: SubprocessRunner, name: str, case: tuple[str, dict, dict, b
     probe_predicted = statistics.fmean(r.step_s or 0.0 for r in short)
     probe_measured = statistics.fmean(s for r in full for s in r.step_times_s)
     pair_ratios = [a / b for a, b in zip(steps["short"], steps["full"], strict=True)]
+    peak_phase, peak_ratio = farthest_ratio(short, full)
     units = {phase: {unit: f"{u['ran']:.0f}/{u['count']:.0f}x{u['loops']:.0f}"
                      for unit, u in kinds.items()} for phase, kinds in short[0].units.items()}
     return {"case": name, "model": model, "several_units": several,
@@ -305,8 +306,7 @@ def run_case(runner: SubprocessRunner, name: str, case: tuple[str, dict, dict, b
             "short_se_s": [r.step_se_s for r in short],
             "short_steps": [len(r.step_times_s) for r in short],
             "full_steps": [len(r.step_times_s) for r in full],
-            "peak_ratio": farthest_ratio(short, full)[1],
-            "peak_phase": farthest_ratio(short, full)[0],
+            "peak_ratio": peak_ratio, "peak_phase": peak_phase,
             "phase_peak_ratios": peak_ratios(short, full),
             "short_wall_s": statistics.median(r.probe_wall_s or 0.0 for r in short),
             "full_wall_s": statistics.median(r.probe_wall_s or 0.0 for r in full),

@@ -64,6 +64,8 @@ def test_activations_per_token_with_and_without_checkpointing():
     assert 8192 * activation_bytes_per_token(QWEN_7B, False) == 51_699_515_392
     assert 8192 * activation_bytes_per_token(QWEN_7B, True) == 3_490_578_432
     assert layer_activation_bytes_per_token(QWEN_7B, bytes_per_element=4) == 2 * 225_392
+    # LoRA's frozen norms keep no cast input for a weight gradient: 4h = 14336 bytes less
+    assert layer_activation_bytes_per_token(QWEN_7B, frozen_norms=True) == 225_392 - 14_336
 
 
 def test_kv_cache():
@@ -143,7 +145,8 @@ def test_one_gpus_autocast_saves_each_projections_cast_input():
     one = estimate_memory(QWEN_7B, config, num_gpus=1, on_gpu=True).phases["update"]
     assert one.parts["activations"] == tokens * (formula + extra)
     lora = estimate_memory(QWEN_7B, replace(config, lora_rank=8), num_gpus=1, on_gpu=True)
-    assert lora.phases["update"].parts["activations"] == tokens * formula
+    assert lora.phases["update"].parts["activations"] == \
+        tokens * activation_bytes_per_token(QWEN_7B, False, frozen_norms=True)
     eight = estimate_memory(QWEN_7B, config, num_gpus=8, on_gpu=True).phases["update"]
     assert eight.parts["activations"] == tokens * formula
 
@@ -305,6 +308,22 @@ def test_vision_tower_adds_patch_activations_in_the_update():
     part = estimate_memory(vl, config).phases["update"].parts["vision_activations"]
     # 32 x 32 patches; 24 x 1280 + 8 x 3420 = 58080 bytes per patch per block, 32 blocks
     assert part == 1024 * 32 * 58_080
+
+
+def test_a_lora_update_trains_no_head_nor_vision_tower():
+    """LoRA freezes the base: the unfused logits' backward makes no gradient of the head's
+    weight, and the vision tower (no adapters) saves nothing for the backward (the traces of
+    held-out grid 3's rows 00 and 08: neither is live at the update's peak)."""
+    vl = model_shape("qwen2.5-vl-7b")
+    config = ProbeConfig(micro_batch_size_update=1, image_size_px=448, max_prompt_length=128,
+                         max_response_length=64)
+    full = estimate_memory(vl, config, num_gpus=8, on_gpu=True).phases["update"].parts
+    lora = estimate_memory(vl, replace(config, lora_rank=8), num_gpus=8,
+                           on_gpu=True).phases["update"].parts
+    assert full["vision_activations"] > 0 and lora["vision_activations"] == 0
+    whole, head_grad = 2 * 192 * vl.vocab, 2 * vl.vocab * vl.hidden  # bf16
+    assert full["logits"] == whole + head_grad  # the backward's end: the head's gradient
+    assert lora["logits"] == 12 * 64 * vl.vocab  # its start: three fp32 response slices
 
 
 def test_shape_from_the_registry_and_no_torch_import():

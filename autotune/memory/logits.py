@@ -117,13 +117,15 @@ def unfused_backward_bytes(s: Sizing, rows: int) -> int:
     """The whole logits' backward at its largest: its start (the kept fp32 log-softmax, the
     gather's gradient and the log-softmax's: three fp32 response slices) or its end (the
     slice's gradient back in the compute dtype, widened into the whole logits' gradient,
-    which the head's matmul turns into its weight's gradient). The compute-dtype logits are
+    which the head's matmul turns into its weight's gradient: none with LoRA, whose head is
+    frozen, as the trace of a 7B LoRA rank's update shows). The compute-dtype logits are
     gone by then (the step keeps only their fp32 response slice)."""
     c, vocab = s.compute_bytes, s.shape.vocab
     seq, response = s.config.sequence_length, s.config.max_response_length
     whole = rows * c * seq * vocab
+    head_grad = 0 if s.config.uses_lora else c * vocab * s.shape.hidden
     return max(rows * 12 * response * vocab, whole + rows * c * response * vocab,
-               whole + c * vocab * s.shape.hidden)
+               whole + head_grad)
 
 
 def update_logits_bytes(s: Sizing, rows: int) -> int:

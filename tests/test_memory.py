@@ -145,10 +145,14 @@ def test_one_gpus_autocast_saves_each_projections_cast_input():
     one = estimate_memory(QWEN_7B, config, num_gpus=1, on_gpu=True).phases["update"]
     assert one.parts["activations"] == tokens * (formula + extra)
     lora = estimate_memory(QWEN_7B, replace(config, lora_rank=8), num_gpus=1, on_gpu=True)
-    assert lora.phases["update"].parts["activations"] == \
-        tokens * activation_bytes_per_token(QWEN_7B, False, frozen_norms=True)
+    assert lora.phases["update"].parts["activations"] == tokens * formula
     eight = estimate_memory(QWEN_7B, config, num_gpus=8, on_gpu=True).phases["update"]
     assert eight.parts["activations"] == tokens * formula
+    # a sharded LoRA rank (bf16 layers): its frozen norms keep no cast input
+    eight_lora = estimate_memory(QWEN_7B, replace(config, lora_rank=8), num_gpus=8,
+                                 on_gpu=True).phases["update"]
+    assert eight_lora.parts["activations"] == \
+        tokens * activation_bytes_per_token(QWEN_7B, False, frozen_norms=True)
 
 
 def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():

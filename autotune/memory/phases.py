@@ -169,14 +169,16 @@ def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
     patch, vision_activation_bytes_per_patch); with checkpointing, and `recomputing`, one
     layer's recomputed in the backward. On one GPU under autocast, each input projection's
     own cast of its input too (AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN), unless the base is
-    frozen (`frozen_base`, LoRA's: its matmuls save no input, its norms no cast input). A
-    frozen base's vision tower saves nothing: it has no adapters (lora.py, EasyR1's
-    `exclude_modules`) and nothing in it or before it needs a gradient (the trace of a
-    VL-7B LoRA rank's update, held-out grid 3 row 08: no ViT tensor live at its peak)."""
+    frozen (`frozen_base`, LoRA's: its matmuls save no input; on a sharded rank, whose FSDP
+    runs the layers in bf16, its norms keep no cast input: the traces of held-out grid 3's
+    FSDP1 LoRA ranks, rows 00 and 08; on one GPU, fp32 weights under autocast, the casts
+    differ and are not measured apart, so the formula stands). A frozen base's vision tower
+    saves nothing: it has no adapters (lora.py, EasyR1's `exclude_modules`) and nothing in
+    it or before it needs a gradient (row 08's trace: no ViT tensor live at its peak)."""
     seq, c, shape = s.config.sequence_length, s.compute_bytes, s.shape
     frozen = s.config.uses_lora if frozen_base is None else frozen_base
     per_token = activation_bytes_per_token(shape, checkpointing, c, recomputing,
-                                           frozen_norms=frozen)
+                                           frozen_norms=frozen and s.shards > 1)
     if s.shards == 1 and c < PARAM_BYTES and not frozen:
         layers = (1 if recomputing else 0) if checkpointing else shape.layers
         per_token += AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * shape.hidden * layers

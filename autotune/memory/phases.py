@@ -53,6 +53,7 @@ from autotune.memory.states import (
     reference_resident_bytes,
     resident_bytes,
     root_backward_bytes,
+    root_gather_bytes,
     shard_bytes,
     trained_param_count,
     update_cast_bytes,
@@ -415,8 +416,10 @@ def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     at_logits = (fsdp_root_bytes(s) if s.shards > 1 else update_cast_bytes(s)) + kept \
         + kept_vision + logits - no_grads_yet
     root, step = root_backward_bytes(s), optimizer_step_bytes(s, trained_param_count(s))
+    gather = root_gather_bytes(s)
     return PhaseEstimate(sum(states.values()),
-                         max(at_logits, sum(backward.values()), root, step), context,
-                         {**states, **backward, "logits": logits, "root_backward": root,
+                         max(gather, at_logits, sum(backward.values()), root, step), context,
+                         {**states, **backward, "root_gather": gather, "logits": logits,
+                          "root_backward": root,
                           "optimizer_step": step},
                          critic_states(s).resident_bytes)

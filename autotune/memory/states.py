@@ -231,6 +231,22 @@ def kept_root_bytes(s: Sizing, actor: bool) -> int:
     return reference + (fsdp_root_bytes(s) if actor and old_pass else 0)
 
 
+def root_gather_bytes(s: Sizing) -> int:
+    """The root unit gathered anew at an update micro-batch's forward, the last one's
+    resharded first (FSDP2's post-backward reshards it; the first micro-batch reshards the
+    root the experience kept). FSDP2 all-gathers into one buffer and copies it out into each
+    parameter's own before the buffer goes (torch's _fsdp_collectives.py,
+    foreach_all_gather_copy_out), so the root is there twice; FSDP1 gathers its flat
+    parameter in place, once. A VL model's root unit holds its vision tower's patch
+    embedding and merger too (sharding.py wraps the blocks alone). Held-out H200 grid 3,
+    row 01 (a VL-7B FSDP2 LoRA rank of 8): its update peaked there, the buffer's 2.12 GiB
+    beside the copies' 2.03 GiB; without LoRA the root's backward holds more."""
+    if s.shards == 1:
+        return 0
+    unit = s.compute_bytes * (s.shape.root_params + sum(s.shape.vision_merger_tensors))
+    return unit if s.config.flat_shards(s.shards) else 2 * unit
+
+
 def root_backward_bytes(s: Sizing) -> int:
     """The root's backward: its fp32 gradient made for the reduce-scatter beside its
     compute-dtype embedding and head gradients; the root is resharded first (FSDP2's

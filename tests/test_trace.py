@@ -259,6 +259,53 @@ def test_a_rank_of_two_holds_half_the_states(make_request, model):
     assert two.phase_peak_mem_bytes["update"] < one.phase_peak_mem_bytes["update"]
 
 
+def _build_holes_bytes(events: list[tuple]) -> int:
+    """What an expandable segment keeps mapped and free once the build is over and the cache
+    emptied (the first phase's start): the holes between the shards."""
+    from autotune.memory.allocator import (
+        ALLOC,
+        EMPTY_CACHE,
+        FREE,
+        PHASE,
+        CachingAllocator,
+    )
+
+    allocator = CachingAllocator(None, expandable_segments=True)
+    for event in events:
+        if event[0] == PHASE:
+            break
+        if event[0] == ALLOC:
+            allocator.malloc(event[1], event[2], event[3])
+        elif event[0] == FREE:
+            allocator.free(event[1])
+        elif event[0] == EMPTY_CACHE:
+            allocator.empty_cache()
+    allocator.empty_cache()
+    return allocator.reserved_bytes - allocator.allocated_bytes
+
+
+def test_a_ranks_shards_sit_together_as_the_trainers_lay_them_out(make_request, monkeypatch):
+    """The probe builds the whole model on the device and shards it there; verl moves shards
+    made on the host or the meta device to the device. Packed after the build, a 0.5B FSDP2
+    rank of 2 keeps no more than the expandable segment's partial pages mapped between its
+    shards; built and sharded in place it keeps the holes the full model left (the control
+    below, Build._pack_shards switched off)."""
+    from autotune.probe.step.build import Build
+    from autotune.probe.trace import trace_request
+
+    request = make_request(model="qwen2.5-0.5b", gpus_per_node=2, max_prompt_length=32,
+                           max_response_length=16, fsdp_strategy="fsdp2")
+    packed: list[tuple] = []
+    trace_request(request, 0, events=packed)
+    monkeypatch.setattr(Build, "_pack_shards", lambda self: None)
+    in_place: list[tuple] = []
+    trace_request(request, 0, events=in_place)
+    page = 20 << 20  # an expandable segment's large page: the partial ones at a hole's ends
+    holes = _build_holes_bytes(packed)
+    assert holes < page  # 17 MiB: partial pages and the small pool's
+    assert _build_holes_bytes(in_place) > holes + 2 * page  # 63 MiB
+
+
 def test_the_growing_cache_decode_generates_what_hf_generate_does():
     """The hf engine's own fixed-length loop (DynamicCache, EOS masked) gives the tokens of
     transformers' generate with min_new_tokens, token for token."""

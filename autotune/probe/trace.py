@@ -412,7 +412,7 @@ class TracedMeter:
         tracker.peak_device_bytes = max(before, peak)
         return peak - start
 
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+    def to_host(self, tensor: torch.Tensor, pinned: bool = True) -> torch.Tensor:
         host = tensor.clone()
         self.tracker.mark_host(host, True)
         return host

@@ -144,8 +144,10 @@ class Meter(Protocol):
         """Bytes `run` adds at its peak (vLLM's profile run)."""
         ...
 
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of `tensor` (offload), counted as host memory."""
+    def to_host(self, tensor: torch.Tensor, pinned: bool = True) -> torch.Tensor:
+        """A host copy of `tensor` (offload), counted as host memory; `pinned`: in the
+        page-locked memory an offload's transfers use (else plain host memory, which goes
+        back to the system when freed)."""
         ...
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -224,11 +226,14 @@ class MemoryMeter:
 
     # -- host memory: where offload puts a tensor, so the device figure leaves it out --------
 
-    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy: pinned memory beside a GPU; shared memory on a CPU device (RSS counts
-        it, the device figure, anonymous RSS, does not)."""
+    def to_host(self, tensor: torch.Tensor, pinned: bool = True) -> torch.Tensor:
+        """A host copy: pinned memory beside a GPU (PyTorch's host allocator caches it once
+        freed, so `pinned=False` for a copy that is only passing through); shared memory on
+        a CPU device (RSS counts it, the device figure, anonymous RSS, does not)."""
         import torch
 
+        if self.is_cuda and not pinned:
+            return tensor.to("cpu")
         if self.is_cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             return host.copy_(tensor, non_blocking=False)

@@ -20,7 +20,8 @@ from autotune.probe.step.state import StepState
 class Offload(StepState):
     """Offload between phases and the engine's wake-up and sleep (module docstring)."""
 
-    def _move(self, tensor: torch.Tensor, to_device: bool) -> torch.Tensor:
+    def _move(self, tensor: torch.Tensor, to_device: bool, pinned: bool = True
+              ) -> torch.Tensor:
         """`tensor` on the device or in host memory (the meter says how each is held)."""
         on_host = self.meter.on_host(tensor)
         if to_device and on_host:
@@ -28,15 +29,16 @@ class Offload(StepState):
             return self.meter.to_device(tensor)
         if not to_device and not on_host:
             self.host_offload_bytes += tensor.numel() * tensor.element_size()
-            return self.meter.to_host(tensor)
+            return self.meter.to_host(tensor, pinned)
         return tensor
 
-    def _place_module(self, module: torch.nn.Module, on_device: bool) -> None:
+    def _place_module(self, module: torch.nn.Module, on_device: bool,
+                      pinned: bool = True) -> None:
         if self.group is None or is_fsdp1(module):
             # FSDP1: each unit's flat shard moves and FSDP is told (EasyR1's and verl's
             # offload_fsdp_model: flat_param_to, then _local_shard = flat_param.data)
             for param in module.parameters():
-                param.data = self._move(param.data, on_device)
+                param.data = self._move(param.data, on_device, pinned)
                 if hasattr(param, "_local_shard"):
                     param._local_shard = param.data
             return
@@ -44,7 +46,7 @@ class Offload(StepState):
         def place(tensor: torch.Tensor) -> torch.Tensor:  # FSDP: shards move, buffers stay
             if not hasattr(tensor, "_local_tensor"):
                 return tensor
-            return map_local(tensor, lambda local: self._move(local, on_device))
+            return map_local(tensor, lambda local: self._move(local, on_device, pinned))
 
         module._apply(place)  # FSDP2's _apply re-reads every moved shard
 

@@ -72,8 +72,16 @@ class ModelShape:
 
     @property
     def root_params(self) -> int:
-        """FSDP's root unit: the embedding, and an untied LM head beside it."""
+        """The embedding, and an untied LM head beside it (most of FSDP's root unit:
+        root_unit_params)."""
         return self.embedding_params * (1 if self.tied_embeddings else 2)
+
+    @property
+    def root_unit_params(self) -> int:
+        """What FSDP's root unit holds: the parameters outside the decoder layers and the
+        vision blocks (probe/modeling/sharding.py wraps those alone), the embedding and an
+        untied head, and a VL model's patch embedding and merger."""
+        return self.root_params + sum(self.vision_merger_tensors)
 
     @property
     def layer_tensors(self) -> tuple[int, ...]:

@@ -164,7 +164,7 @@ def cast_weight_bytes(s: Sizing, params: int, root: int) -> int:
 
 def actor_cast_bytes(s: Sizing) -> int:
     """The actor's (and the reference's) compute-dtype weights in a forward (cast_weight_bytes)."""
-    return cast_weight_bytes(s, s.shape.num_params, s.shape.root_params)
+    return cast_weight_bytes(s, s.shape.num_params, s.shape.root_unit_params)
 
 
 def update_cast_bytes(s: Sizing) -> int:
@@ -187,9 +187,10 @@ def critic_cast_bytes(s: Sizing) -> int:
 # Sharded over W > 1 GPUs each phase peaks at one of FSDP's moments: the four below, the
 # moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak).
 def fsdp_root_bytes(s: Sizing) -> int:
-    """FSDP keeps the root unit (embeddings, LM head) gathered from its forward to the end of
-    the next backward, so between phases too: the rollout holds it."""
-    return s.compute_bytes * s.shape.root_params if s.shards > 1 else 0
+    """FSDP keeps the root unit (embeddings, LM head, a VL model's vision merger) gathered
+    from its forward to the end of the next backward, so between phases too: the rollout
+    holds it."""
+    return s.compute_bytes * s.shape.root_unit_params if s.shards > 1 else 0
 
 
 def wake_gather_bytes(s: Sizing) -> int:
@@ -214,7 +215,7 @@ def fsdp_gather_bytes(s: Sizing) -> int:
     the one the next forward gathers anew) and about two layers in flight."""
     if s.shards == 1:
         return 0
-    return s.compute_bytes * (3 * s.shape.root_params + 2 * s.shape.layer_params)
+    return 3 * fsdp_root_bytes(s) + s.compute_bytes * 2 * s.shape.layer_params
 
 
 def kept_root_bytes(s: Sizing, actor: bool) -> int:
@@ -237,13 +238,10 @@ def root_gather_bytes(s: Sizing) -> int:
     root the experience kept). FSDP2 all-gathers into one buffer and copies it out into each
     parameter's own before the buffer goes (torch's _fsdp_collectives.py,
     foreach_all_gather_copy_out), so the root is there twice; FSDP1 gathers its flat
-    parameter in place, once. A VL model's root unit holds its vision tower's patch
-    embedding and merger too (sharding.py wraps the blocks alone). Held-out H200 grid 3,
-    row 01 (a VL-7B FSDP2 LoRA rank of 8): its update peaked there, the buffer's 2.12 GiB
-    beside the copies' 2.03 GiB; without LoRA the root's backward holds more."""
-    if s.shards == 1:
-        return 0
-    unit = s.compute_bytes * (s.shape.root_params + sum(s.shape.vision_merger_tensors))
+    parameter in place, once. Held-out H200 grid 3, row 01 (a VL-7B FSDP2 LoRA rank of
+    8): its update peaked there, the 2.12 GiB buffer beside the parameters' copies of it;
+    without LoRA the root's backward holds more."""
+    unit = fsdp_root_bytes(s)
     return unit if s.config.flat_shards(s.shards) else 2 * unit
 
 

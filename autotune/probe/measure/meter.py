@@ -232,9 +232,9 @@ class MemoryMeter:
         a CPU device (RSS counts it, the device figure, anonymous RSS, does not)."""
         import torch
 
-        if self.is_cuda and not pinned:
-            return tensor.to("cpu")
         if self.is_cuda:
+            if not pinned:
+                return tensor.to("cpu")
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             return host.copy_(tensor, non_blocking=False)
         return tensor.clone().share_memory_()

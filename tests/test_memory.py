@@ -208,6 +208,27 @@ def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
         assert abs(modelled["rollout"] - nvml) / nvml < 0.05, row["label"]
 
 
+def test_an_update_of_one_optimizer_step_leaves_no_freed_adamw_temporaries():
+    """Where the rollout is one mini-batch, the update runs one AdamW step: its foreach
+    temporaries go at the phase's end, with the cache. Held-out H200 row 11 (a VL-7B FSDP2
+    rank of 2, both offloads): its trace reserved 6.46 GiB beyond the update's tensors; the
+    sketch laid out two steps whatever the run's batches and had 13.5 GiB, the second
+    step's micro-batches splitting the first's freed temporaries (12 GiB cached free)."""
+    from autotune.memory.model import allocator_reserve
+
+    config = ProbeConfig(max_prompt_length=256, max_response_length=512, rollout_n=8,
+                         rollout_batch_size=2, global_batch_size=2, micro_batch_size_update=1,
+                         micro_batch_size_experience=2, gradient_checkpointing=True,
+                         offload_params=True, offload_optimizer=True, fsdp_strategy="fsdp2",
+                         dynamic_batching=True, max_token_len_update=768,
+                         max_token_len_experience=768)
+    vl = model_shape("qwen2.5-vl-7b")
+    one = allocator_reserve(vl, config, num_gpus=2)["update"]
+    two = allocator_reserve(vl, replace(config, rollout_batch_size=4), num_gpus=2)["update"]
+    assert abs(one / (6.46 * 2**30) - 1) < 0.10
+    assert two > 1.5 * one
+
+
 def test_a_ppo_critics_update_has_its_allocator_reserve():
     """PPO's critic update is laid out like an update of its own (no vocabulary logits):
     the model adds what the allocator reserves there too (a 3B rank of 4: 3.6 GiB replayed
@@ -293,17 +314,24 @@ def test_each_phase_moves_only_with_its_knobs():
                       micro_batch_size_update=1, critic_micro_batch_size_update=1,
                       image_size_px=28)]
     wides += [replace(base, lora_rank=8), replace(base, lora_rank=8, algorithm="ppo")]
+    runs = [(wide, 1) for wide in wides]
+    # the batches set how many micro-batches and optimizer steps the allocator's sketch lays
+    # out where they are few (one prompt of two responses: one micro-batch, one step), and
+    # an FSDP1 rank's AdamW temporaries are the ones a second step finds freed
+    runs += [(replace(base, rollout_batch_size=2, global_batch_size=2, rollout_n=2,
+                      algorithm=algorithm, fsdp_strategy="fsdp"), gpus)
+             for algorithm in ("grpo", "ppo") for gpus in (1, 2)]
 
-    def total(config: ProbeConfig, phase: str) -> int | None:
-        phases = estimate_memory(shape, config, **device).phases
+    def total(config: ProbeConfig, phase: str, gpus: int) -> int | None:
+        phases = estimate_memory(shape, config, num_gpus=gpus, **device).phases
         return phases[phase].total_bytes if phase in phases else None
 
     for phase, knobs in PHASE_KNOBS.items():
         # the card's, which the trace replays; the split's, which memory/roles.py sizes
         for knob in knobs - set(ALLOCATOR_KNOBS) - set(SPLIT_KNOBS):
             value = 2 if knob == "max_num_seqs" else changes[knob]
-            assert any(total(replace(wide, **{knob: value}), phase) != total(wide, phase)
-                       for wide in wides), (knob, phase)
+            assert any(total(replace(wide, **{knob: value}), phase, gpus)
+                       != total(wide, phase, gpus) for wide, gpus in runs), (knob, phase)
 
 
 def test_vision_tower_adds_patch_activations_in_the_update():

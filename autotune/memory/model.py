@@ -41,7 +41,7 @@ from autotune.memory.phases import (
     update_phase,
     validation_phase,
 )
-from autotune.memory.reserve import StepShape, phase_reserve_bytes
+from autotune.memory.reserve import MICRO_BATCHES, OPTIMIZER_STEPS, StepShape, phase_reserve_bytes
 from autotune.memory.shape import ModelShape
 from autotune.memory.states import Sizing, actor_states, critic_states, reference_bytes
 
@@ -264,8 +264,17 @@ def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compu
                                   "critic_update"))
     return dataclasses.replace(actor, vocab=1, root_params=(shape.embedding_params,),
                                update_rows=rows, critic_rows=0, critic_states=(),
+                               value_head=True,
+                               update_micro_batches=_laid_out(share.responses_per_minibatch,
+                                                              rows, MICRO_BATCHES),
                                checkpointing=config.critic_gradient_checkpointing,
                                fused_logits=False, with_reference=False, frozen_base=False)
+
+
+def _laid_out(sequences: int, rows: int, most: int) -> int:
+    """Micro-batches of `rows` the sketch lays out of a loop over `sequences`: the run's
+    count, `most` at most."""
+    return max(1, min(most, -(-sequences // rows)))
 
 
 def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
@@ -289,11 +298,14 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         response=config.max_response_length, update_rows=rows_u, experience_rows=rows_e,
         forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
-        with_reference=config.holds_ref_copy, fused_optimizer=config.fused_optimizer,
+        with_reference=config.holds_ref_copy, reference_on_host=config.ref_on_host,
+        fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
         fsdp1=config.flat_shards(shards),
         critic_rows=max(1, worst_case_rows(knobs, share.responses_per_step, "critic_update"))
         if config.has_critic else 0,
+        update_micro_batches=_laid_out(share.responses_per_minibatch, rows_u, MICRO_BATCHES),
+        optimizer_steps=min(OPTIMIZER_STEPS, share.minibatches),
         critic_states=((4,) + (() if config.critic_offload_optimizer else (4, 4)))
         if config.has_critic and not config.critic_offload_params else (),
         # the two norms as one block

@@ -84,6 +84,10 @@ _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does n
 # whether the old-log-prob forward runs: its switch, and where that is none the batches
 _OLD_PASS_KNOBS = ("old_logprob_pass", "rollout_batch_size", "global_batch_size")
 _LOGITS_KNOBS = ("fused_logprob", "fused_logprob_kernel", "entropy_chunking")  # the log-probs
+# the batches: how many micro-batches and optimizer steps an update runs, up to the few the
+# allocator's sketch lays out (reserve.py: one optimizer step an update leaves no freed
+# AdamW temporaries behind; a third micro-batch finds the cache as the second left it)
+_MINIBATCH_KNOBS = ("rollout_batch_size", "global_batch_size", "rollout_n")
 PHASE_KNOBS: dict[str, frozenset[str]] = {
     "rollout": frozenset({"rollout_batch_size", "rollout_n", "max_num_seqs", *_REF_KNOBS,
                           *_CRITIC_HELD,
@@ -98,12 +102,12 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
                                 "fused_optimizer",
                                 "offload_params", "offload_optimizer", *_REF_KNOBS,
-                                "dynamic_batching", *_HELD_KNOBS, *_SHAPE_KNOBS,
-                                *_SEQUENCE_KNOBS}),
+                                "dynamic_batching", *_MINIBATCH_KNOBS, *_HELD_KNOBS,
+                                *_SHAPE_KNOBS, *_SEQUENCE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
                          *_LOGITS_KNOBS, "entropy_coeff", "fused_optimizer",
                          "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
-                         *_SEQUENCE_KNOBS,
+                         *_SEQUENCE_KNOBS, *_MINIBATCH_KNOBS,
                          *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "validation": frozenset({"val_batch_size", "max_num_seqs", *_REF_KNOBS,
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,

@@ -13,8 +13,9 @@ embedding and head, a VL model's vision blocks, the logits path's tensors, the a
 a layer saves), with FSDP's streams and its all-gather state (all-gathers on their copy-in
 stream, the last one's output kept until the next is made; reduce-scatter outputs on their
 stream; the next layer prefetched in the backward; FSDP1's flat units, whose frees it
-records on the stream that used them, reused once the GPU is past them), MICRO_BATCHES
-micro-batches of OPTIMIZER_STEPS optimizer steps (AdamW's state made at the first; on one
+records on the stream that used them, reused once the GPU is past them), the run's
+micro-batches and optimizer steps up to MICRO_BATCHES and OPTIMIZER_STEPS (AdamW's state
+made at the first, a foreach temporary a tensor at each; on one
 GPU the trained head's autocast cast from the logits to its backward, and the fp32 gradient
 that backward widens, alive through the layers' backward), each
 phase on its own and twice over; replays it through allocator.py with the run's allocator
@@ -47,9 +48,12 @@ Blocks: TypeAlias = "int | Sequence[Blocks]"
 # FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own),
 # reduce-scatter stream, and FSDP1's pre-unshard stream (its compute-dtype shard copies)
 COPY_IN, REF_COPY_IN, REDUCE, PRE_UNSHARD, CRITIC_COPY_IN = 1, 2, 3, 4, 5
-# Micro-batches laid out per optimizer step, and optimizer steps per update, whatever the
-# run's batches: the cache settles within them (the first step makes AdamW's state), so the
-# reserve is the steady state's and moves only with what a micro-batch holds.
+# Micro-batches laid out per optimizer step (and per log-prob forward), and optimizer
+# steps per update, at most: the cache settles within them (the first step makes AdamW's
+# state), so the reserve is the steady state's. A run with fewer lays out its own: one
+# optimizer step an update leaves no freed AdamW temporaries for the next micro-batches to
+# split, and the phase's end empties the cache (the trace of a VL-7B rank of 2: 6.5 GiB
+# beyond its tensors, the sketch with two steps 13.5).
 MICRO_BATCHES = 3
 OPTIMIZER_STEPS = 2
 
@@ -86,6 +90,12 @@ class StepShape:
     critic_rows: int = 0  # PPO: the experience's value forward (its micro-batch's rows)
     critic_states: tuple[int, ...] = ()  # the critic's fp32 tensors a parameter on the
     # device through the experience (4: params, then AdamW's two unless offloaded)
+    value_head: bool = False  # PPO's critic: a head of one output, not the root's last tensor
+    reference_on_host: bool = False  # the reference's shards come to the device for its
+    # forward alone (offloaded: config.ref_on_host)
+    # what the run has of each loop, at most what is laid out (MICRO_BATCHES, OPTIMIZER_STEPS)
+    update_micro_batches: int = MICRO_BATCHES  # per optimizer step
+    optimizer_steps: int = OPTIMIZER_STEPS  # per update
 
 
 class Stream:
@@ -402,7 +412,8 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
 def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: int,
                    grads: list[int], first: bool) -> list[int]:
     """The root unit's backward: the embedding's gradient beside the head's, reduced to an
-    fp32 shard with the root resharded (or kept in fp32 on one GPU); returns the root still
+    fp32 shard with the root resharded (FSDP1: one flat gradient cast to fp32 on the
+    reduce-scatter stream, as a layer's; one GPU: kept in fp32); returns the root still
     gathered after it."""
     c, n = s.compute_bytes, s.shards
     if s.frozen_base:  # no gradient for the embedding nor the head
@@ -419,6 +430,17 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
         else:
             _first_keeps(out, grads, [head_grad, embed_grad], first)
         return root_held
+    if s.fsdp1:  # as a layer's: the flat gradient, cast to fp32 and reduced on its stream
+        flat_grad = out.alloc(c * sum(s.root_params))
+        out.free(embed_grad, head_grad)
+        _reshard(out, s, root_held)
+        padded = out.alloc(4 * sum(s.root_params), REDUCE)
+        shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)
+        out.free(padded)
+        out.record(flat_grad, REDUCE)
+        out.free(flat_grad)
+        _first_keeps(out, grads, [shard], first)
+        return []
     _reshard(out, s, root_held)
     out.free(out.reduce_input)
     out.reduce_input = 0
@@ -428,6 +450,12 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
     _first_keeps(out, grads, [shard], first)
     out.free(head_grad, reduce_in)
     return []
+
+
+def _head_params(s: StepShape) -> int:
+    """The trained head's parameters: the LM head's (the root's last tensor, the embedding
+    where tied) or a critic's value head's (one output)."""
+    return s.hidden if s.value_head else s.root_params[-1]
 
 
 def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: list[int],
@@ -445,17 +473,17 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     # backward widens to an fp32 one at once; that waits for the embedding's through the
     # layers' backward (a tied weight's two gradients are summed before it is accumulated)
     widened = s.shards == 1 and not s.frozen_base and s.compute_bytes < 4
-    head_cast = out.alloc(s.compute_bytes * s.root_params[-1]) if widened else 0
+    head_cast = out.alloc(s.compute_bytes * _head_params(s)) if widened else 0
     kept = _logits(out, s, s.update_rows, backward=True)
     head_grad = 0 if s.frozen_base or not s.fused_logits else \
-        out.alloc(s.compute_bytes * s.root_params[-1])  # fused: zeroed before the chunks
+        out.alloc(s.compute_bytes * _head_params(s))  # fused: zeroed before the chunks
     whole = _logits_backward(out, s, s.update_rows, kept)
     if not (s.frozen_base or s.fused_logits):
-        head_grad = out.alloc(s.compute_bytes * s.root_params[-1])
+        head_grad = out.alloc(s.compute_bytes * _head_params(s))
     out.free(whole)
     if widened:
         out.free(head_cast)
-        wide_grad = out.alloc(4 * s.root_params[-1])
+        wide_grad = out.alloc(4 * _head_params(s))
         out.free(head_grad)
         head_grad = wide_grad
     _layers_backward(out, s, saved, casts, grads, first)
@@ -471,9 +499,9 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
     gradients reduced or accumulated), then AdamW (its state made at the first)."""
     n = s.shards
     every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
-    for _ in range(OPTIMIZER_STEPS):
+    for _ in range(s.optimizer_steps):
         grads: list[int] = []
-        for micro in range(MICRO_BATCHES):
+        for micro in range(s.update_micro_batches):
             root_held = _update_micro_batch(out, s, root_held, grads, first=micro == 0)
         if s.frozen_base:  # AdamW over the adapters alone: a few MB, not laid out
             continue
@@ -510,9 +538,10 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
     """Per training phase (experience, update), what the replayed sketch reserved beyond
     its allocated peak. Each phase is laid out on its own, twice over (as two training steps
     run it), after the states it finds (state_tensors): the fp32 master shards and the
-    reference, AdamW's state (on the host when offloaded; the update makes it at its first
-    step), and FSDP's root unit gathered; so a phase moves only with its own knobs
-    (phases.PHASE_KNOBS), as the dominance rules need."""
+    reference (not in the update where it waits on the host), AdamW's state (on the host
+    when offloaded; the update makes it at its first step), and FSDP's root unit gathered;
+    so a phase moves only with its own knobs (phases.PHASE_KNOBS, the batches among them:
+    they set its loops' counts), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
     every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     reserve = {}
@@ -521,7 +550,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
         out.phase("build")
         for p in every:  # the fp32 master shards
             out.alloc(4 * p // n)
-        if s.with_reference:
+        if s.with_reference and not (s.reference_on_host and name == "update"):
             for p in every:
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \

@@ -384,16 +384,8 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
             else:
                 out.free(casts.pop())
             continue
-        if s.fsdp1:  # the flat gradient, resharded, cast to fp32 and reduced on its stream
-            flat_grad = out.alloc(c * sum(s.layer_params))
-            out.free(saved.pop())
-            _reshard(out, s, layer)
-            padded = out.alloc(4 * sum(s.layer_params), REDUCE)
-            shard = out.alloc(4 * sum(s.layer_params) // n, REDUCE)
-            out.free(padded)
-            out.record(flat_grad, REDUCE)
-            out.free(flat_grad)
-            _first_keeps(out, grads, [shard], first)
+        if s.fsdp1:
+            _flat_gradient_reduced(out, s, s.layer_params, layer, saved.pop(), grads, first)
             continue
         weight_grads = [out.alloc(c * p) for p in reversed(s.layer_params)]
         out.free(saved.pop())
@@ -407,6 +399,22 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
             wide = [out.alloc(4 * p) for p in s.layer_params]
             out.free(weight_grads, casts.pop())
             _first_keeps(out, grads, wide, first)
+
+
+def _flat_gradient_reduced(out: Stream, s: StepShape, params: tuple[int, ...], unit: list[int],
+                           done: Blocks, grads: list[int], first: bool) -> None:
+    """FSDP1's reduction of a unit: its flat gradient made, what the backward held (`done`)
+    freed and the unit resharded, the gradient cast to fp32 on the reduce-scatter stream and
+    reduced to a shard there (kept, or summed into the first's), its free recorded there."""
+    flat_grad = out.alloc(s.compute_bytes * sum(params))
+    out.free(done)
+    _reshard(out, s, unit)
+    padded = out.alloc(4 * sum(params), REDUCE)
+    shard = out.alloc(4 * sum(params) // s.shards, REDUCE)
+    out.free(padded)
+    out.record(flat_grad, REDUCE)
+    out.free(flat_grad)
+    _first_keeps(out, grads, [shard], first)
 
 
 def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: int,
@@ -430,16 +438,9 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
         else:
             _first_keeps(out, grads, [head_grad, embed_grad], first)
         return root_held
-    if s.fsdp1:  # as a layer's: the flat gradient, cast to fp32 and reduced on its stream
-        flat_grad = out.alloc(c * sum(s.root_params))
-        out.free(embed_grad, head_grad)
-        _reshard(out, s, root_held)
-        padded = out.alloc(4 * sum(s.root_params), REDUCE)
-        shard = out.alloc(4 * sum(s.root_params) // n, REDUCE)
-        out.free(padded)
-        out.record(flat_grad, REDUCE)
-        out.free(flat_grad)
-        _first_keeps(out, grads, [shard], first)
+    if s.fsdp1:  # as a layer's
+        _flat_gradient_reduced(out, s, s.root_params, root_held, [embed_grad, head_grad],
+                               grads, first)
         return []
     _reshard(out, s, root_held)
     out.free(out.reduce_input)

@@ -70,6 +70,9 @@ DISTRIBUTION: dict[str, tuple] = {
     "max_response_length": (256, 512, 1024, 2048, 4096),
     "rollout_n": (1, 2, 4, 8, 16),
     "share": (4, 8, 16, 32),
+    # optimizer steps an update (rollout_batch_size / global_batch_size): on-policy 1, EasyR1's
+    # default 4 (512 prompts, 128 a step); the grids of 2026-11-30 drew 1 only
+    "minibatches": (1, 2, 4),
     "algorithm": ("grpo", "grpo", "ppo"),
     "micro_batch_size_update": (1, 2, 4, 8),
     "micro_batch_size_experience": (1, 2, 4, 8, 16),
@@ -115,7 +118,8 @@ def draw_knobs(rng: random.Random) -> dict:
     world, n = drawn["world"], drawn["rollout_n"]
     if drawn["algorithm"] == "ppo":
         n = drawn["rollout_n"] = 1 if rng.random() < 0.5 else n  # PPO runs 1 as often as not
-    prompts = max(1, drawn["share"] * world // n)
+    steps = drawn["minibatches"]
+    prompts = max(steps, drawn["share"] * world // n // steps * steps)
     seq = drawn["max_prompt_length"] + drawn["max_response_length"]
     knobs = {name: drawn[name] for name in (
         "max_prompt_length", "max_response_length", "rollout_n", "algorithm",
@@ -123,7 +127,7 @@ def draw_knobs(rng: random.Random) -> dict:
         "offload_params", "offload_optimizer", "fused_logprob", "rollout_engine",
         "expandable_segments", "fsdp_strategy", "lora_rank",
         "ulysses_sequence_parallel_size")}
-    knobs.update(rollout_batch_size=prompts, global_batch_size=prompts)
+    knobs.update(rollout_batch_size=prompts, global_batch_size=prompts // steps)
     if drawn["rollout_engine"] == "vllm-like":
         knobs["gpu_memory_utilization"] = drawn["gpu_memory_utilization"]
     if drawn["dynamic_batching"]:
@@ -204,12 +208,14 @@ def sized(draw: dict) -> tuple[dict, list[str]]:
     estimated wall time is under WALL_CAP_S; what changed, said."""
     knobs, said = dict(draw["knobs"]), []
     current = {**draw, "knobs": knobs}
+    steps = knobs["rollout_batch_size"] // knobs["global_batch_size"]
     while estimated_wall_s(current) > WALL_CAP_S:
         if knobs["max_response_length"] > 256:
             knobs["max_response_length"] //= 2
-        elif knobs["rollout_batch_size"] > 1:
-            knobs["rollout_batch_size"] //= 2
-            knobs["global_batch_size"] = knobs["rollout_batch_size"]
+        elif knobs["rollout_batch_size"] > steps:  # its optimizer steps kept
+            knobs["rollout_batch_size"] = max(steps, knobs["rollout_batch_size"] // 2
+                                              // steps * steps)
+            knobs["global_batch_size"] = knobs["rollout_batch_size"] // steps
         else:
             break
         if knobs.get("dynamic_batching"):  # the budget keeps its sequences per micro-batch
@@ -219,7 +225,7 @@ def sized(draw: dict) -> tuple[dict, list[str]]:
             knobs["max_token_len_update"] = knobs["max_token_len_experience"] = budget
             if "critic_max_token_len_update" in knobs:
                 knobs["critic_max_token_len_update"] = budget
-    for name in ("max_response_length", "rollout_batch_size"):
+    for name in ("max_response_length", "rollout_batch_size", "global_batch_size"):
         if knobs[name] != draw["knobs"][name]:
             said.append(f"{name} {draw['knobs'][name]} -> {knobs[name]}")
     return current, said

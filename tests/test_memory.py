@@ -208,12 +208,16 @@ def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
         assert abs(modelled["rollout"] - nvml) / nvml < 0.05, row["label"]
 
 
-def test_an_update_of_one_optimizer_step_leaves_no_freed_adamw_temporaries():
+def test_an_updates_adamw_temporaries_are_the_runs():
     """Where the rollout is one mini-batch, the update runs one AdamW step: its foreach
     temporaries go at the phase's end, with the cache. Held-out H200 row 11 (a VL-7B FSDP2
     rank of 2, both offloads): its trace reserved 6.46 GiB beyond the update's tensors; the
     sketch laid out two steps whatever the run's batches and had 13.5 GiB, the second
-    step's micro-batches splitting the first's freed temporaries (12 GiB cached free)."""
+    step's micro-batches splitting the first's freed temporaries (12 GiB cached free).
+    FSDP2 shards each parameter, so AdamW's state and temporaries are a parameter's each:
+    the `grpo` space's safe config on a VL-7B rank of 8 (two steps), traced for the H200
+    here, reserved 8.16 GiB beyond its update's tensors; a block a layer, the sketch had
+    10.46."""
     from autotune.memory.model import allocator_reserve
 
     config = ProbeConfig(max_prompt_length=256, max_response_length=512, rollout_n=8,
@@ -227,6 +231,12 @@ def test_an_update_of_one_optimizer_step_leaves_no_freed_adamw_temporaries():
     two = allocator_reserve(vl, replace(config, rollout_batch_size=4), num_gpus=2)["update"]
     assert abs(one / (6.46 * 2**30) - 1) < 0.10
     assert two > 1.5 * one
+    safe = ProbeConfig(rollout_batch_size=16, rollout_n=8, global_batch_size=8,
+                       micro_batch_size_update=1, micro_batch_size_experience=1,
+                       gradient_checkpointing=True, offload_params=True, offload_optimizer=True,
+                       max_prompt_length=512, max_response_length=512, fused_logprob=True)
+    traced = 8.16 * 2**30
+    assert abs(allocator_reserve(vl, safe, num_gpus=8)["update"] / traced - 1) < 0.10
 
 
 def test_a_ppo_critics_update_has_its_allocator_reserve():

@@ -10,7 +10,7 @@ row's own measurement enters its prediction. Each row compares:
 
 - predicted_bytes: trace + allocator replay + outside torch, against NVML's peak;
 - model_bytes: the memory model alone (memory/model.py, no trace, no GPU: its allocator
-  reserve sketched by memory/reserve.py), with the same outside-torch term;
+  reserve sketched by memory/sketch/step_reserve.py), with the same outside-torch term;
 - the replayed reserved peak against torch's measured reserved peak, and the traced tensors
   against torch's allocated peak (where the error is, when there is one).
 

@@ -3,7 +3,7 @@
 The trace (probe/trace.py: the probe's step under fake tensors, its allocations replayed
 through the caching allocator) is within 5% of an H200's NVML peak on every committed row
 (allocator_fidelity.py); the memory model alone (memory/model.py: arithmetic plus
-reserve.py's sketch of the allocator) is what `estimate` answers without a trace and what
+step_reserve.py's sketch of the allocator) is what `estimate` answers without a trace and what
 the sweep's pre-screen starts from. The GPU rows are few (43 committed, 39 held out) and a
 GPU is rarely lent, so this holds the model to the trace on many more configs: N rows drawn
 from gpu_holdout.py's declared distribution (registry models 0.5B to 7B and a VL model, W
@@ -12,7 +12,7 @@ printed), each traced here, and per phase:
 
 - total: the model's peak against the trace's (both with the same outside-torch prior);
 - tensors: the model's less its allocator term, against the traced tensors' peak;
-- reserve: the model's allocator term (reserve.py) against the replay's reserved peak less
+- reserve: the model's allocator term (step_reserve.py) against the replay's reserved peak less
   the traced tensors (what the allocator held beyond them).
 
 So a miss says which of the two terms it is in. The traced tensors are within about 1% of
@@ -145,7 +145,7 @@ def describe(report: dict) -> list[str]:
               "columns: traced = trace + allocator replay + outside torch; model = memory model "
               "alone, same outside term; tensors = traced tensors' peak against the model's less "
               "its allocator term; reserve = replayed reserve beyond the tensors, and the "
-              "model's (reserve.py's sketch)",
+              "model's (step_reserve.py's sketch)",
               f"{len(ok)} phases of {len({p['case'] for p in ok})} configs "
               f"({sum('error' in p for p in report['phases'])} traces failed)",
               f"model total vs trace: {min(total):+.1%} to {max(total):+.1%}, median |error| "

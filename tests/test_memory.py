@@ -159,7 +159,7 @@ def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
     """HF generation holds the prompts' KV cache and one layer's prefill forward, or later
     the whole cache, never both; on a GPU the caching allocator reserves beyond them (the
     prefill's I-wide temporaries split, the states' segments' slack: 0.7 GiB on the H200's
-    0.5B rollout), which generation_reserve.py sketches. The 0.5B rollout row: model alone
+    0.5B rollout), which rollout_reserve.py sketches. The 0.5B rollout row: model alone
     -5.3% without the reserve (and with the prefill and the whole cache summed)."""
     long_prompt = ProbeConfig(rollout_engine="hf", max_prompt_length=2048, max_response_length=64)
     long_answer = replace(long_prompt, max_prompt_length=64, max_response_length=4096)
@@ -415,9 +415,9 @@ GPU_RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu"
 
 
 def test_the_model_alone_is_within_five_percent_of_the_h200s_card_peak():
-    """The memory model without a trace (its allocator reserve sketched, memory/reserve.py
-    and generation_reserve.py), against every committed H200 phase row of the main GPU run:
-    within 5% of NVML's peak, with what lives outside torch taken from the other cases (as
+    """The memory model without a trace (its allocator reserve sketched, memory/sketch/),
+    against every committed H200 phase row of the main GPU run: within 5% of NVML's peak,
+    with what lives outside torch taken from the other cases (as
     benchmarks/allocator_fidelity.py does for all 43 rows). It was up to 40% under before
     the reserve and FSDP's moments were counted, and up to 5.8% off before the rollout's
     reserve and a sharded rank's states packed a block a layer."""

@@ -124,12 +124,14 @@ def test_a_backward_fills_its_fresh_zeros_in_place_as_real_tensors_do(tracing):
 
 
 def test_the_memory_models_fused_log_prob_lays_out_what_the_real_function_allocates(tracing):
-    """The memory model's sketch (memory/reserve.py) of the fused log-prob's chunks, forward
-    and backward, allocates and frees the chunk-wide blocks FusedLinearLogProb does, in its
-    order, the last chunk shorter (laid out as one fp32 block a chunk, it left README
-    command 1's update 0.9 GiB of reserve short of the trace's)."""
-    from autotune.memory import reserve
+    """The memory model's sketch (memory/sketch/step_reserve.py) of the fused log-prob's
+    chunks, forward and backward, allocates and frees the chunk-wide blocks
+    FusedLinearLogProb does, in its order, the last chunk shorter (laid out as one fp32
+    block a chunk, it left README command 1's update 0.9 GiB of reserve short of the
+    trace's)."""
     from autotune.memory.allocator import ALLOC, FREE
+    from autotune.memory.sketch import step_reserve as reserve
+    from autotune.memory.sketch.layout import StepShape, Stream
     from autotune.probe.modeling.logprob import FusedLinearLogProb
 
     tracker, torch = tracing
@@ -154,12 +156,12 @@ def test_the_memory_models_fused_log_prob_lays_out_what_the_real_function_alloca
     log_probs.sum().backward()
     real = chunk_blocks(tracker.events[start:])
 
-    shape = reserve.StepShape(
+    shape = StepShape(
         vocab=vocab, hidden=hidden_size, intermediate=4 * hidden_size, layers=1,
         layer_params=(hidden_size,), root_params=(vocab * hidden_size,), shards=1,
         compute_bytes=2, seq=tokens, response=tokens, update_rows=1, experience_rows=1,
         forwards=1, checkpointing=False, fused_logits=True, with_reference=False)
-    sketch = reserve.Stream()
+    sketch = Stream()
     kept = reserve._logits(sketch, shape, 1, backward=True)
     reserve._logits_backward(sketch, shape, 1, kept)
     assert real and chunk_blocks(sketch.events) == real

@@ -9,8 +9,8 @@ model's numbers (shape.py), what each model holds (states.py) and the logits by 
 every sequence (sliced_config).
 
 On a GPU the card holds more than the tensors: the caching allocator's reserve, sketched by
-reserve.py (the step's large allocations in order, replayed through allocator.py) for the
-experience and the update, and by generation_reserve.py for an HF-generation rollout
+step_reserve.py (the step's large allocations in order, replayed through allocator.py) for the
+experience and the update, and by rollout_reserve.py for an HF-generation rollout
 (`allocator_reserve`), and what lives outside torch
 (outside_torch.py: the CUDA context, NCCL's buffers) as the fixed context; on a CPU the fixed
 context is the process's own (CPU_CONTEXT_BYTES). The traced estimate's fixed term is here
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, TypedDict
 from autotune.batching import worst_case_rows
 from autotune.config import DTYPE_BYTES, DeviceShare, ProbeConfig, compute_dtype
 from autotune.memory.allocator import AllocatorSettings
-from autotune.memory.generation_reserve import GenerationShape, generation_reserve_bytes
 from autotune.memory.outside_torch import outside_torch
 from autotune.memory.phases import (
     PhaseEstimate,
@@ -41,8 +40,10 @@ from autotune.memory.phases import (
     update_phase,
     validation_phase,
 )
-from autotune.memory.reserve import MICRO_BATCHES, OPTIMIZER_STEPS, StepShape, phase_reserve_bytes
 from autotune.memory.shape import ModelShape
+from autotune.memory.sketch.layout import MICRO_BATCHES, OPTIMIZER_STEPS, StepShape
+from autotune.memory.sketch.rollout_reserve import GenerationShape, generation_reserve_bytes
+from autotune.memory.sketch.step_reserve import phase_reserve_bytes
 from autotune.memory.states import Sizing, actor_states, critic_states, reference_bytes
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def sequence_slice(s: Sizing) -> Sizing:
 
 def with_allocator_reserve(phases: dict[str, PhaseEstimate],
                            reserve: dict[str, int]) -> dict[str, PhaseEstimate]:
-    """`phases` with what the caching allocator reserves beyond the tensors (reserve.py) added
+    """`phases` with what the caching allocator reserves beyond the tensors (step_reserve.py) added
     to the transient part of each phase `reserve` names."""
     reserved = dict(phases)
     for name, extra in reserve.items():
@@ -168,7 +169,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
     device, or its memory limit) whatever the batch, and holds it through the other phases
     too unless it sleeps; sleeping at level 1 keeps its weights in host memory. On a GPU each
     training phase adds the caching allocator's reserve: `reserve_bytes` where given, else
-    reserve.py's sketch.
+    step_reserve.py's sketch.
     """
     s = Sizing(shape, config, state_shards or num_gpus,
                compute_bytes or DTYPE_BYTES[compute_dtype("auto", on_gpu)], on_gpu)
@@ -195,7 +196,7 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
 def allocator_reserve(shape: ModelShape, config: ProbeConfig,
                       **args: Unpack[ModelArgs]) -> dict[str, int]:
     """What the caching allocator reserves beyond the tensors in each training phase of
-    `config` on a GPU (reserve.py's sketch, replayed; {} on a CPU), asked as estimate_memory
+    `config` on a GPU (step_reserve.py's sketch, replayed; {} on a CPU), asked as estimate_memory
     is (the arguments it does not need are ignored). A search over one knob (a length, a
     micro-batch) holds it fixed at the config asked about, passing it to estimate_memory as
     `reserve_bytes`: the sketch takes tens of milliseconds a config, and a fragmentation
@@ -209,7 +210,7 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     settings = AllocatorSettings(expandable_segments=config.expandable_segments)
     reserve = dict(phase_reserve_bytes(step_shape(shape, sliced, shards, width, share),
                                        settings))
-    if not config.engine_reserves:  # HF generation's growing cache (generation_reserve.py)
+    if not config.engine_reserves:  # HF generation's growing cache (rollout_reserve.py)
         whole = config.share(num_gpus)
         reserve["rollout"] = generation_reserve_bytes(
             generation_shape(shape, config, shards, width, whole.responses_per_step), settings)
@@ -224,7 +225,7 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
 
 def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                      sequences: int) -> GenerationShape:
-    """The numbers generation_reserve.py lays an HF-generation rollout of `sequences` out
+    """The numbers rollout_reserve.py lays an HF-generation rollout of `sequences` out
     with: `max_num_seqs` at a time, one rank's share of a tensor-parallel engine (its heads
     and its layers' weights but the norms), the states the rollout finds on the device (the
     actor's params and AdamW's state unless offloaded, the reference, the critic's), the
@@ -279,7 +280,7 @@ def _laid_out(sequences: int, rows: int, most: int) -> int:
 
 def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                share: DeviceShare) -> StepShape:
-    """The numbers reserve.py lays the step's allocations out with: one decoder layer's
+    """The numbers step_reserve.py lays the step's allocations out with: one decoder layer's
     parameters by block (attention's, the MLP's three, the norms), the root unit's, a VL
     model's vision block, and each training phase's rows at their worst case."""
     layer, block = shape.layer_tensors, shape.vision_block_tensors

@@ -85,7 +85,7 @@ _HELD_KNOBS = (*_ENGINE_KNOBS, "enable_sleep")  # a vllm-like engine that does n
 _OLD_PASS_KNOBS = ("old_logprob_pass", "rollout_batch_size", "global_batch_size")
 _LOGITS_KNOBS = ("fused_logprob", "fused_logprob_kernel", "entropy_chunking")  # the log-probs
 # the batches: how many micro-batches and optimizer steps an update runs, up to the few the
-# allocator's sketch lays out (reserve.py: one optimizer step an update leaves no freed
+# allocator's sketch lays out (step_reserve.py: one optimizer step an update leaves no freed
 # AdamW temporaries behind; a third micro-batch finds the cache as the second left it)
 _MINIBATCH_KNOBS = ("rollout_batch_size", "global_batch_size", "rollout_n")
 PHASE_KNOBS: dict[str, frozenset[str]] = {

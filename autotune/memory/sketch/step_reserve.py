@@ -10,15 +10,14 @@ beyond its tensors and its rollout 0.3 GiB (benchmarks/results/gpu).
 This module lays the step's allocations out the way the probe's step makes them, from the
 same shapes the model uses (a decoder layer's parameters by block, the root unit's
 embedding and head, a VL model's vision blocks, the logits path's tensors, the activations
-a layer saves), with FSDP's streams and its all-gather state (all-gathers on their copy-in
-stream, the last one's output kept until the next is made; reduce-scatter outputs on their
-stream; the next layer prefetched in the backward; FSDP1's flat units, whose frees it
-records on the stream that used them, reused once the GPU is past them), the run's
-micro-batches and optimizer steps up to MICRO_BATCHES and OPTIMIZER_STEPS (AdamW's state
-made at the first, a foreach temporary a tensor at each; on one
-GPU the trained head's autocast cast from the logits to its backward, and the fp32 gradient
-that backward widens, alive through the layers' backward), each
-phase on its own and twice over; replays it through allocator.py with the run's allocator
+a layer saves), with FSDP's streams and its all-gather state (layout.py's units gathered
+and resharded; reduce-scatter outputs on their stream; the next layer prefetched in the
+backward; FSDP1's flat units, whose frees it records on the stream that used them, reused
+once the GPU is past them), the run's micro-batches and optimizer steps up to
+MICRO_BATCHES and OPTIMIZER_STEPS (AdamW's state made at the first, a foreach temporary a
+tensor at each; on one GPU the trained head's autocast cast from the logits to its
+backward, and the fp32 gradient that backward widens, alive through the layers' backward),
+each phase on its own and twice over; replays it through allocator.py with the run's allocator
 settings; and returns, per phase, the replayed reserved peak less the replayed allocated
 peak. The trace (probe/trace.py) records the real stream and is exact where this is a
 sketch; this is what `estimate` adds without one, no torch needed. Sizes are per GPU; the
@@ -28,148 +27,22 @@ caller gives rows.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
 
 from autotune.config.kernels import FUSED_CHUNK_TOKENS
-from autotune.memory.allocator import (
-    ALLOC,
-    FREE,
-    MARK,
-    PHASE,
-    RECORD,
-    AllocatorSettings,
-    replay,
+from autotune.memory.allocator import AllocatorSettings, replay
+from autotune.memory.sketch.layout import (
+    COPY_IN,
+    CRITIC_COPY_IN,
+    MICRO_BATCHES,
+    REDUCE,
+    REF_COPY_IN,
+    Blocks,
+    StepShape,
+    Stream,
+    gather_unit,
+    gathered_done,
+    reshard_unit,
 )
-
-# a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
-Blocks: TypeAlias = "int | Sequence[Blocks]"
-# FSDP's all-gather copy-in stream (the actor's, the reference's: each FSDP root has its own),
-# reduce-scatter stream, and FSDP1's pre-unshard stream (its compute-dtype shard copies)
-COPY_IN, REF_COPY_IN, REDUCE, PRE_UNSHARD, CRITIC_COPY_IN = 1, 2, 3, 4, 5
-# Micro-batches laid out per optimizer step (and per log-prob forward), and optimizer
-# steps per update, at most: the cache settles within them (the first step makes AdamW's
-# state), so the reserve is the steady state's. A run with fewer lays out its own: one
-# optimizer step an update leaves no freed AdamW temporaries for the next micro-batches to
-# split, and the phase's end empties the cache (the trace of a VL-7B rank of 2: 6.5 GiB
-# beyond its tensors, the sketch with two steps 13.5).
-MICRO_BATCHES = 3
-OPTIMIZER_STEPS = 2
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What the sketch needs of the model, the config and the run, in elements and rows."""
-
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    layer_params: tuple[int, ...]  # one decoder layer's parameters, one entry each
-    root_params: tuple[int, ...]  # the root unit's: embedding (and an untied head)
-    shards: int  # FSDP ranks the states are sharded over (1: none)
-    compute_bytes: int
-    seq: int  # prompt + response tokens
-    response: int
-    update_rows: int  # sequences in the update's largest micro-batch
-    experience_rows: int
-    forwards: int  # log-prob forwards in the experience phase (old, reference)
-    checkpointing: bool
-    fused_logits: bool  # the logits path a chunk at a time (no whole-vocabulary blocks)
-    with_reference: bool
-    vision_block_params: tuple[int, ...] = ()  # a VL model's vision block (an FSDP unit)
-    vision_blocks: int = 0
-    vision_hidden: int = 0
-    vision_intermediate: int = 0
-    patches_per_row: int = 0  # vision patches of one sequence's image
-    fused_optimizer: bool = False
-    frozen_base: bool = False  # LoRA: no weight gradient nor AdamW state but the adapters'
-    optimizer_offloaded: bool = False  # AdamW's state waits on the host outside the update
-    fsdp1: bool = False  # sharded by FSDP1: a unit one flat parameter, its frees recorded
-    critic_rows: int = 0  # PPO: the experience's value forward (its micro-batch's rows)
-    critic_states: tuple[int, ...] = ()  # the critic's fp32 tensors a parameter on the
-    # device through the experience (4: params, then AdamW's two unless offloaded)
-    value_head: bool = False  # PPO's critic: a head of one output, not the root's last tensor
-    reference_on_host: bool = False  # the reference's shards come to the device for its
-    # forward alone (offloaded: config.ref_on_host)
-    # what the run has of each loop, at most what is laid out (MICRO_BATCHES, OPTIMIZER_STEPS)
-    update_micro_batches: int = MICRO_BATCHES  # per optimizer step
-    optimizer_steps: int = OPTIMIZER_STEPS  # per update
-
-
-class Stream:
-    """Allocation events as the step makes them."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple] = []
-        self._next = 0
-        self.gathered = 0  # FSDP's last all-gather output, kept until the next is made
-        self.reduce_input = 0  # FSDP's last reduce-scatter input, kept until the next
-        self.copy_in = COPY_IN  # the stream of the model whose units are gathered now
-
-    def alloc(self, size: int, stream: int = 0) -> int:
-        self._next += 1
-        if size > 0:
-            self.events.append((ALLOC, self._next, int(size), stream))
-        return self._next
-
-    def free(self, *ids: Blocks) -> None:
-        for item in ids:
-            if not isinstance(item, int):
-                self.free(*item)
-            elif item:
-                self.events.append((FREE, item))
-
-    def phase(self, name: str | None) -> None:
-        self.events.append((PHASE, name))
-
-    def record(self, block: int, stream: int) -> None:
-        """`record_stream`: the block is used on `stream` too (its reuse waits after a free)."""
-        self.events.append((RECORD, block, stream))
-
-    def mark(self) -> None:
-        """FSDP1 resharded a unit (the replay's measure of how far the GPU runs behind)."""
-        self.events.append((MARK,))
-
-
-def _gather(out: Stream, s: StepShape, params: tuple[int, ...]) -> list[int]:
-    """An FSDP unit unsharded: on the copy-in stream its input and output buffers (FSDP2's
-    all-gather state keeps the last unit's output until the next one's is made), then its
-    parameters copied out in the compute dtype on the default stream. FSDP1: its shard cast
-    on the pre-unshard stream, gathered into one flat parameter used in place, the cast's
-    free recorded on the all-gather stream (FlatParamHandle._free_low_precision_sharded_param)."""
-    c, n = s.compute_bytes, s.shards
-    if s.fsdp1:
-        cast = out.alloc(c * sum(params) // n, PRE_UNSHARD)
-        flat = out.alloc(c * sum(params), out.copy_in)
-        out.record(cast, out.copy_in)
-        out.free(cast)
-        return [flat]
-    staging = out.alloc(c * sum(params) // n, out.copy_in)
-    buffer = out.alloc(c * sum(params), out.copy_in)
-    out.free(staging, out.gathered)
-    out.gathered = buffer
-    return [out.alloc(c * p) for p in params]
-
-
-def _reshard(out: Stream, s: StepShape, unit: list[int]) -> None:
-    """An unsharded unit freed: FSDP1 records its flat parameter on the default stream first
-    (FlatParamHandle._free_unsharded_flat_param), so its reuse waits for the GPU, and queues
-    the reshard's free event (the replay's MARK)."""
-    if s.fsdp1:
-        for block in unit:
-            out.record(block, 0)
-        out.free(unit)
-        out.mark()
-    else:
-        out.free(unit)
-
-
-def _gathered_done(out: Stream) -> None:
-    """The forward or backward is over: the last all-gather output goes."""
-    out.free(out.gathered)
-    out.gathered = 0
 
 
 def _chunks(tokens: int) -> list[int]:
@@ -257,7 +130,7 @@ def _vision(out: Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]
     c, patches = s.compute_bytes, rows * s.patches_per_row
     saved: list[list[int]] = []
     for _ in range(s.vision_blocks):
-        block = _gather(out, s, s.vision_block_params) if s.shards > 1 else \
+        block = gather_unit(out, s, s.vision_block_params) if s.shards > 1 else \
             [out.alloc(c * p) for p in s.vision_block_params]
         temps = [out.alloc(c * patches * s.vision_intermediate) for _ in range(2)]
         out.free(temps)
@@ -266,7 +139,7 @@ def _vision(out: Stream, s: StepShape, rows: int, keep: bool) -> list[list[int]]
                          [out.alloc(c * patches * s.vision_intermediate) for _ in range(3)]
                          + [out.alloc(c * patches * s.vision_hidden) for _ in range(4)])
         if s.shards > 1:
-            _reshard(out, s, block)
+            reshard_unit(out, s, block)
         elif not keep:
             out.free(block)
         else:
@@ -279,13 +152,13 @@ def _vision_backward(out: Stream, s: StepShape, rows: int, saved: list[list[int]
     checkpointing, its gradients reduced (or accumulated on one GPU)."""
     c, n, patches = s.compute_bytes, s.shards, rows * s.patches_per_row
     for held in reversed(saved):
-        block = _gather(out, s, s.vision_block_params) if n > 1 else []
+        block = gather_unit(out, s, s.vision_block_params) if n > 1 else []
         if s.checkpointing:
             temps = [out.alloc(c * patches * s.vision_intermediate) for _ in range(2)]
             out.free(temps)
         grads = [out.alloc(c * p) for p in s.vision_block_params]
         out.free(held)
-        _reshard(out, s, block)
+        reshard_unit(out, s, block)
         wide = out.alloc(4 * sum(s.vision_block_params))
         out.free(grads, wide)
 
@@ -300,14 +173,14 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
         out.copy_in = REF_COPY_IN if forward and s.with_reference else COPY_IN
         for _ in range(MICRO_BATCHES):
             if s.shards > 1 and not forward and not root_held:
-                root_held = _gather(out, s, s.root_params)
+                root_held = gather_unit(out, s, s.root_params)
             _vision(out, s, s.experience_rows, keep=False)
             for _ in range(s.layers):
-                layer = _gather(out, s, s.layer_params) if s.shards > 1 else \
+                layer = gather_unit(out, s, s.layer_params) if s.shards > 1 else \
                     [out.alloc(c * p) for p in s.layer_params]  # autocast's casts
                 _layer_forward_temps(out, s, s.experience_rows)
-                _reshard(out, s, layer)
-            _gathered_done(out)
+                reshard_unit(out, s, layer)
+            gathered_done(out)
             _logits(out, s, s.experience_rows, backward=False)
     out.copy_in = COPY_IN
     return root_held
@@ -323,12 +196,12 @@ def value_forward(out: Stream, s: StepShape) -> list[int]:
     out.copy_in = CRITIC_COPY_IN
     for _ in range(MICRO_BATCHES):
         if not root:
-            root = _gather(out, s, s.root_params[:1])
+            root = gather_unit(out, s, s.root_params[:1])
         for _ in range(s.layers):
-            layer = _gather(out, s, s.layer_params)
+            layer = gather_unit(out, s, s.layer_params)
             _layer_forward_temps(out, s, s.critic_rows)
-            _reshard(out, s, layer)
-        _gathered_done(out)
+            reshard_unit(out, s, layer)
+        gathered_done(out)
         out.free(out.alloc(4 * s.critic_rows * s.seq))
     out.copy_in = COPY_IN
     return root
@@ -352,16 +225,16 @@ def _update_forward(out: Stream, s: StepShape
     saved, casts = [], []
     vision_saved = _vision(out, s, s.update_rows, keep=True)
     for _ in range(s.layers):
-        layer = _gather(out, s, s.layer_params) if n > 1 else \
+        layer = gather_unit(out, s, s.layer_params) if n > 1 else \
             [out.alloc(c * p) for p in s.layer_params]
         saved.append(_saved(out, s, s.update_rows))
         if s.checkpointing:
             _layer_forward_temps(out, s, s.update_rows)
         if n > 1:
-            _reshard(out, s, layer)  # resharded after its forward
+            reshard_unit(out, s, layer)  # resharded after its forward
         else:
             casts.append(layer)  # autocast keeps them for the backward
-    _gathered_done(out)
+    gathered_done(out)
     return saved, casts, vision_saved
 
 
@@ -371,16 +244,16 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
     the next), recomputed under checkpointing, its weight gradients made and reduced to an
     fp32 shard (or widened to fp32 on one GPU)."""
     c, n = s.compute_bytes, s.shards
-    ahead = _gather(out, s, s.layer_params) if n > 1 else []
+    ahead = gather_unit(out, s, s.layer_params) if n > 1 else []
     for index in reversed(range(s.layers)):
         if n > 1:  # FSDP prefetches the next layer's gather for the backward
-            layer, ahead = ahead, (_gather(out, s, s.layer_params) if index else [])
+            layer, ahead = ahead, (gather_unit(out, s, s.layer_params) if index else [])
         if s.checkpointing:
             _layer_forward_temps(out, s, s.update_rows)
         if s.frozen_base:  # the adapters' gradients alone: a few MB, not laid out
             out.free(saved.pop())
             if n > 1:
-                _reshard(out, s, layer)
+                reshard_unit(out, s, layer)
             else:
                 out.free(casts.pop())
             continue
@@ -408,7 +281,7 @@ def _flat_gradient_reduced(out: Stream, s: StepShape, params: tuple[int, ...], u
     reduced to a shard there (kept, or summed into the first's), its free recorded there."""
     flat_grad = out.alloc(s.compute_bytes * sum(params))
     out.free(done)
-    _reshard(out, s, unit)
+    reshard_unit(out, s, unit)
     padded = out.alloc(4 * sum(params), REDUCE)
     shard = out.alloc(4 * sum(params) // s.shards, REDUCE)
     out.free(padded)
@@ -427,7 +300,7 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
     if s.frozen_base:  # no gradient for the embedding nor the head
         if n == 1:
             return root_held
-        _reshard(out, s, root_held)
+        reshard_unit(out, s, root_held)
         return []
     embed_grad = out.alloc((c if n > 1 else 4) * s.root_params[0])
     if n == 1:  # the head's fp32 gradient (its own, or the tied weight's sum) and the
@@ -442,7 +315,7 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
         _flat_gradient_reduced(out, s, s.root_params, root_held, [embed_grad, head_grad],
                                grads, first)
         return []
-    _reshard(out, s, root_held)
+    reshard_unit(out, s, root_held)
     out.free(out.reduce_input)
     out.reduce_input = 0
     reduce_in = out.alloc(4 * sum(s.root_params))
@@ -465,8 +338,8 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     their backward, the layers', the vision tower's and the root's backward; returns the
     root still gathered."""
     if s.shards > 1:
-        fresh = _gather(out, s, s.root_params)
-        _reshard(out, s, root_held)
+        fresh = gather_unit(out, s, s.root_params)
+        reshard_unit(out, s, root_held)
         root_held = fresh
     saved, casts, vision_saved = _update_forward(out, s)
     # one GPU: autocast casts the trained head's weight at the logits and keeps the cast
@@ -489,7 +362,7 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
         head_grad = wide_grad
     _layers_backward(out, s, saved, casts, grads, first)
     _vision_backward(out, s, s.update_rows, vision_saved)
-    _gathered_done(out)
+    gathered_done(out)
     out.free(saved)
     return _root_backward(out, s, root_held, head_grad, grads, first)
 
@@ -523,7 +396,7 @@ def state_tensors(root_params: tuple[int, ...], layer_units: tuple[int, ...], la
     """The parameters of each tensor of one copy of the states (the fp32 params, an AdamW
     state, the reference), as they are allocated, before sharding. One GPU's a unit at a
     time, each sketch's own units of a layer (this module's parameter blocks, as it lays
-    the gradients and casts out too; generation_reserve.py's tensors, as a module's
+    the gradients and casts out too; rollout_reserve.py's tensors, as a module's
     parameters are: each past 10 MiB in a segment rounded up to 2 MiB, 0.37 GiB of slack in
     the 0.5B rollout's trace). A sharded rank's one block a layer, as FSDP carves its shards
     from the unsharded units it frees (the H200's 7B ranks' traces hold them packed, not

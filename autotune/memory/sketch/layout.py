@@ -1,7 +1,8 @@
 """The vocabulary of the allocator's sketches (step_reserve.py, rollout_reserve.py): what a
 sketch needs of the model and the run (StepShape), the allocation events it writes in the
-step's order (Stream), and FSDP's unit gathered and resharded on its streams: the all-gather
-copy-in stream with its kept output, FSDP1's pre-unshard casts and recorded frees.
+step's order (Stream), the states it finds on the device (state_tensors), and FSDP's unit
+gathered and resharded on its streams: the all-gather copy-in stream with its kept output,
+FSDP1's pre-unshard casts and recorded frees.
 Sizes are per GPU; no torch.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from autotune.memory.allocator import ALLOC, FREE, MARK, PHASE, RECORD
+from autotune.memory.allocator import ALLOC, FREE, MARK, PHASE, RECORD, AllocatorSettings
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
 Blocks: TypeAlias = "int | Sequence[Blocks]"
@@ -140,3 +141,21 @@ def gathered_done(out: Stream) -> None:
     """The forward or backward is over: the last all-gather output goes."""
     out.free(out.gathered)
     out.gathered = 0
+
+
+DEFAULT_SETTINGS = AllocatorSettings()
+
+
+def state_tensors(root_params: tuple[int, ...], layer_units: tuple[int, ...], layers: int,
+                  shards: int) -> tuple[int, ...]:
+    """The parameters of each tensor of one copy of the states (the fp32 params, an AdamW
+    state, the reference), as they are allocated, before sharding. One GPU's a unit at a
+    time, each sketch's own units of a layer (step_reserve.py's parameter blocks, as it
+    lays the gradients and casts out too; rollout_reserve.py's tensors, as a module's
+    parameters are: each past 10 MiB in a segment rounded up to 2 MiB, 0.37 GiB of slack in
+    the 0.5B rollout's trace). A sharded rank's one block a layer, as FSDP carves its shards
+    from the unsharded units it frees (the H200's 7B ranks' traces hold them packed, not
+    each in a segment of its own)."""
+    if shards == 1:
+        return root_params + layer_units * layers
+    return root_params + (sum(layer_units),) * layers

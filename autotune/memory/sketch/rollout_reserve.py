@@ -28,8 +28,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.memory.allocator import AllocatorSettings, replay
-from autotune.memory.sketch.layout import COPY_IN, Stream
-from autotune.memory.sketch.step_reserve import DEFAULT_SETTINGS, state_tensors
+from autotune.memory.sketch.layout import COPY_IN, DEFAULT_SETTINGS, Stream, state_tensors
 
 BATCHES = 2  # batches laid out: the second finds the first's cached segments
 
@@ -54,7 +53,7 @@ class GenerationShape:
     engine_copy: bool  # the engine wakes with a copy of the weights (else the policy's own)
     # bytes an element of each copy of the weights the rollout finds on the device (the
     # actor's fp32 params and AdamW's two states, the reference, the critic's), laid out as
-    # reserve.state_tensors lays the trained phases' states from `state_layer` (the actor's
+    # layout.state_tensors lays the trained phases' states from `state_layer` (the actor's
     # layer tensor by tensor, whatever the engine's tensor parallelism), over `shards`
     held_copies: tuple[int, ...] = ()
     state_layer: tuple[int, ...] = ()
@@ -67,7 +66,7 @@ class GenerationShape:
 
 
 def _held(out: Stream, g: GenerationShape) -> None:
-    """The states the rollout finds, copy by copy (reserve.state_tensors)."""
+    """The states the rollout finds, copy by copy (layout.state_tensors)."""
     every = state_tensors(g.root_tensors, g.state_layer, g.layers, g.shards)
     for width in g.held_copies:
         for params in every:

@@ -33,6 +33,7 @@ from autotune.memory.allocator import AllocatorSettings, replay
 from autotune.memory.sketch.layout import (
     COPY_IN,
     CRITIC_COPY_IN,
+    DEFAULT_SETTINGS,
     MICRO_BATCHES,
     REDUCE,
     REF_COPY_IN,
@@ -42,6 +43,7 @@ from autotune.memory.sketch.layout import (
     gather_unit,
     gathered_done,
     reshard_unit,
+    state_tensors,
 )
 
 
@@ -386,24 +388,6 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
             out.free(temps)
         out.free(grads)
     return root_held, adam
-
-
-DEFAULT_SETTINGS = AllocatorSettings()
-
-
-def state_tensors(root_params: tuple[int, ...], layer_units: tuple[int, ...], layers: int,
-                  shards: int) -> tuple[int, ...]:
-    """The parameters of each tensor of one copy of the states (the fp32 params, an AdamW
-    state, the reference), as they are allocated, before sharding. One GPU's a unit at a
-    time, each sketch's own units of a layer (this module's parameter blocks, as it lays
-    the gradients and casts out too; rollout_reserve.py's tensors, as a module's
-    parameters are: each past 10 MiB in a segment rounded up to 2 MiB, 0.37 GiB of slack in
-    the 0.5B rollout's trace). A sharded rank's one block a layer, as FSDP carves its shards
-    from the unsharded units it frees (the H200's 7B ranks' traces hold them packed, not
-    each in a segment of its own)."""
-    if shards == 1:
-        return root_params + layer_units * layers
-    return root_params + (sum(layer_units),) * layers
 
 
 def optimizer_tensors(s: StepShape) -> tuple[int, ...]:

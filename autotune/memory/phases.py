@@ -61,8 +61,11 @@ from autotune.memory.states import (
 )
 
 # The knobs that move each phase's peak in this model (a test checks every other knob leaves
-# the phase unchanged). Offload moves states between phases, so it moves the rollout but not
-# the update, which loads them back; the log-prob forwards load the actor params back too.
+# the phase unchanged). Offload moves states between phases, so it moves the rollout, and
+# the update loads them back: not its tensors, but an offloaded optimizer's state comes back
+# whole as the update starts, into segments of its own, where a resident one stays in the
+# blocks its first step found among the freed activations (the allocator's reserve,
+# step_reserve.py); the log-prob forwards load the actor params back too.
 # The allocator's settings and the FSDP wrapper move what every phase holds on the card
 # (the trace's replay sees them; this model only expandable segments, in the training
 # phases' reserve): declared for every phase, so dominance never compares across them.
@@ -105,6 +108,7 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                                 "dynamic_batching", *_MINIBATCH_KNOBS, *_HELD_KNOBS,
                                 *_SHAPE_KNOBS, *_SEQUENCE_KNOBS}),
     "update": frozenset({"micro_batch_size_update", "gradient_checkpointing", *_REF_KNOBS,
+                         "offload_optimizer",
                          *_LOGITS_KNOBS, "entropy_coeff", "fused_optimizer",
                          "dynamic_batching", "max_token_len_update", *_CRITIC_HELD,
                          *_SEQUENCE_KNOBS, *_MINIBATCH_KNOBS,

@@ -372,9 +372,13 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
 def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
            ) -> tuple[list[int], list[int]]:
     """The optimizer steps, each over its micro-batches (forward, logits, backward, the
-    gradients reduced or accumulated), then AdamW (its state made at the first)."""
+    gradients reduced or accumulated), then AdamW (its state made at the first; offloaded,
+    it comes back from the host whole as a later update starts and goes back as it ends:
+    the probe's `_place_actor`, verl's load_fsdp_optimizer and offload_fsdp_optimizer)."""
     n = s.shards
     every = optimizer_tensors(s)
+    if adam and s.optimizer_offloaded:  # back from the host as the update starts
+        adam = [out.alloc(4 * p // n) for p in every for _ in range(2)]
     for _ in range(s.optimizer_steps):
         grads: list[int] = []
         for micro in range(s.update_micro_batches):
@@ -387,6 +391,8 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
             temps = [out.alloc(4 * p // n) for p in every]
             out.free(temps)
         out.free(grads)
+    if s.optimizer_offloaded:  # to the host as it ends (the ids stay: the state is made)
+        out.free(adam)
     return root_held, adam
 
 
@@ -433,17 +439,23 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             for p in every[len(s.root_params):] + every[:1]:
                 for width in s.critic_states:
                     out.alloc(width * p // n)
-        # the actor's root: gathered by the experience before an update, resharded by the
-        # update before an experience; the reference's: kept gathered after its forward
+        # the actor's root: gathered by the experience, resharded by the update before an
+        # experience; FSDP1's is still gathered when the update starts, FSDP2's is not (the
+        # update puts the states on the device through `_apply`, which reshards every FSDP2
+        # unit first: FSDPModule._apply; verl reshards roots after the log-prob passes), so
+        # its first micro-batch gathers it afresh into blocks of the root's own sizes (laid
+        # out freed there, the sketch's root split a larger cached block between its passes,
+        # and an embedding gradient took the root's reduce input: a VL-7B rank of 8's
+        # update 2.4 GiB past its trace). The reference's: kept gathered after its forward
         # (states.kept_root_bytes)
-        root = [out.alloc(c * p) for p in s.root_params] if n > 1 and name == "update" \
-            else []
+        kept_root = n > 1 and s.fsdp1 and name == "update"
+        root = [out.alloc(c * p) for p in s.root_params] if kept_root else []
         if n > 1 and s.with_reference:
             for p in s.root_params:
                 out.alloc(c * p)
         out.phase(None)
         for _ in range(2):
-            if n > 1 and not root and name == "update":
+            if kept_root and not root:
                 root = [out.alloc(c * p) for p in s.root_params]
             out.phase(name)
             if name == "experience":

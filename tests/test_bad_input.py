@@ -153,7 +153,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--model-path", "badjson"], "not valid JSON"),
     (["run", "--model", "qwen2.5-vl-7b"], "needs about 166.99 GiB of GPU memory at the "
      "smallest config"),
-    (["run", "--model", "qwen2.5-vl-7b", "--gpus-per-node", "8"], "needs about 32.88 GiB of "
+    (["run", "--model", "qwen2.5-vl-7b", "--gpus-per-node", "8"], "needs about 30.76 GiB of "
      "GPU memory per rank of 8 at the smallest config"),
     (["run", "--model", "qwen2.5-7b", "--space", "space.yaml"], "no NVIDIA GPU found"),
     (["run", "--model", "qwen2.5-7b", "--space", "space.yaml", "--device", "cpu"],

@@ -101,8 +101,13 @@ def test_phases_of_a_7b_model_on_eight_gpus_by_hand():
                                                         "offload_params": True,
                                                         "offload_optimizer": True}), 8)
     assert offloaded.phases["rollout"].states_bytes == 2 * PSI_7B + root  # engine, root
-    # the reference's shard waits on the host; its gathered root stays on the device
-    assert offloaded.phases["update"].states_bytes == 2 * PSI_7B + root
+    # the reference's shard waits on the host: FSDP2 reshards it as it moves (`_apply`),
+    # FSDP1 moves the flat shard alone and its gathered root stays on the device
+    assert offloaded.phases["update"].states_bytes == 2 * PSI_7B
+    flat = estimate_memory(QWEN_7B, ProbeConfig(**{**config.as_dict(), "offload_params": True,
+                                                   "offload_optimizer": True,
+                                                   "fsdp_strategy": "fsdp"}), 8)
+    assert flat.phases["update"].states_bytes == 2 * PSI_7B + root
     assert offloaded.host_offload_bytes == 12 * PSI_7B // 8 + ref
     assert est.binding_phase in ("rollout", "update")
     # one GPU: 16 B/param alone is 113 GiB, past any 80 GB card

@@ -44,7 +44,13 @@ from autotune.memory.shape import ModelShape
 from autotune.memory.sketch.layout import MICRO_BATCHES, OPTIMIZER_STEPS, StepShape
 from autotune.memory.sketch.rollout_reserve import GenerationShape, generation_reserve_bytes
 from autotune.memory.sketch.step_reserve import phase_reserve_bytes
-from autotune.memory.states import Sizing, actor_states, critic_states, reference_bytes
+from autotune.memory.states import (
+    Sizing,
+    actor_states,
+    critic_states,
+    keeps_gathered_root,
+    reference_bytes,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -300,6 +306,7 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         forwards=int(config.runs_old_logprob_pass) + int(config.use_kl),
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, reference_on_host=config.ref_on_host,
+        reference_root_kept=keeps_gathered_root(config, shards, config.ref_on_host),
         fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
         fsdp1=config.flat_shards(shards),

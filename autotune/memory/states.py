@@ -218,18 +218,33 @@ def fsdp_gather_bytes(s: Sizing) -> int:
     return 3 * fsdp_root_bytes(s) + s.compute_bytes * 2 * s.shape.layer_params
 
 
+def keeps_gathered_root(config: ProbeConfig, shards: int, waits_on_host: bool) -> bool:
+    """Whether a sharded model's root unit stays gathered after a no-grad forward until its
+    next forward (the probe does not reshard it, which verl and EasyR1 do after each
+    log-prob pass: fsdp_workers.py, `_handle.reshard(True)`). Not when its params then go
+    to the host under FSDP2: the probe moves them through `_apply`, which reshards every
+    FSDP2 unit first (torch's FSDPModule._apply); FSDP1 moves its flat shards alone and
+    keeps the unsharded storage. (The `grpo` space's safe config on a VL-7B rank of 8,
+    traced: no reference root at the update's peak, 21.8 GiB of tensors where the model
+    had 23.7 with it.)"""
+    return shards > 1 and not (waits_on_host and not config.flat_shards(shards))
+
+
 def kept_root_bytes(s: Sizing, actor: bool) -> int:
-    """A sharded model's root unit, kept gathered after a no-grad forward until its next
-    forward (the probe does not reshard it, which verl and EasyR1 do after each log-prob
-    pass: fsdp_workers.py, `_handle.reshard(True)`): the reference's through the update and
-    the next rollout, and with `actor` the actor's too until its update's forward (a PPO
-    critic's update runs between). Held-out H200 rows 03 and 09: the critic's update
-    held both, 4.2 GiB on a VL-7B rank of 4."""
+    """A sharded model's root unit kept gathered from its last no-grad forward
+    (keeps_gathered_root): the reference's through the update and the next rollout, and
+    with `actor` the actor's too until its update's forward (a PPO critic's update runs
+    between). Held-out H200 rows 03 and 09: the critic's update held both, 4.2 GiB on a
+    VL-7B rank of 4."""
+    config = s.config
     if s.shards == 1:
         return 0
-    reference = fsdp_root_bytes(s) if s.config.holds_ref_copy and s.config.use_kl else 0
-    old_pass = s.config.runs_old_logprob_pass or (s.config.uses_lora and s.config.use_kl)
-    return reference + (fsdp_root_bytes(s) if actor and old_pass else 0)
+    reference = fsdp_root_bytes(s) if config.holds_ref_copy and config.use_kl and \
+        keeps_gathered_root(config, s.shards, config.ref_on_host) else 0
+    old_pass = config.runs_old_logprob_pass or (config.uses_lora and config.use_kl)
+    actor_kept = actor and old_pass and \
+        keeps_gathered_root(config, s.shards, config.offload_params)
+    return reference + (fsdp_root_bytes(s) if actor_kept else 0)
 
 
 def root_gather_bytes(s: Sizing) -> int:

@@ -64,6 +64,8 @@ class StepShape:
     value_head: bool = False  # PPO's critic: a head of one output, not the root's last tensor
     reference_on_host: bool = False  # the reference's shards come to the device for its
     # forward alone (offloaded: config.ref_on_host)
+    reference_root_kept: bool = False  # its root stays gathered between its forwards
+    # (states.keeps_gathered_root)
     # what the run has of each loop, at most what is laid out (MICRO_BATCHES, OPTIMIZER_STEPS)
     update_micro_batches: int = MICRO_BATCHES  # per optimizer step
     optimizer_steps: int = OPTIMIZER_STEPS  # per update

@@ -450,7 +450,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
         # (states.kept_root_bytes)
         kept_root = n > 1 and s.fsdp1 and name == "update"
         root = [out.alloc(c * p) for p in s.root_params] if kept_root else []
-        if n > 1 and s.with_reference:
+        if s.with_reference and s.reference_root_kept:
             for p in s.root_params:
                 out.alloc(c * p)
         out.phase(None)

@@ -160,8 +160,7 @@ def design_jobs(grid: SearchSpace, traces: dict) -> list[tuple[str, str, dict]]:
             needed = {phase: every[phase] - held.get((phase, gpu if phase == "rollout"
                                                       else ""), set())
                       for phase in STEP_PHASES}
-            design = covering_design(grid, needed) if any(needed.values()) else []
-            for params in design:
+            for params in covering_design(grid, needed):
                 jobs.append((model, gpu, params))
                 for phase in STEP_PHASES[1:]:
                     held.setdefault((phase, ""), set()).add(phase_key(phase, params, knobs))

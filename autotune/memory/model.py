@@ -307,6 +307,7 @@ def step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_byte
         checkpointing=config.gradient_checkpointing, fused_logits=config.fused_logprob,
         with_reference=config.holds_ref_copy, reference_on_host=config.ref_on_host,
         reference_root_kept=keeps_gathered_root(config, shards, config.ref_on_host),
+        actor_root_kept=keeps_gathered_root(config, shards, placed=True),
         fused_optimizer=config.fused_optimizer,
         frozen_base=config.uses_lora, optimizer_offloaded=config.offload_optimizer,
         fsdp1=config.flat_shards(shards),

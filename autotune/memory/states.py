@@ -218,16 +218,17 @@ def fsdp_gather_bytes(s: Sizing) -> int:
     return 3 * fsdp_root_bytes(s) + s.compute_bytes * 2 * s.shape.layer_params
 
 
-def keeps_gathered_root(config: ProbeConfig, shards: int, waits_on_host: bool) -> bool:
+def keeps_gathered_root(config: ProbeConfig, shards: int, placed: bool) -> bool:
     """Whether a sharded model's root unit stays gathered after a no-grad forward until its
     next forward (the probe does not reshard it, which verl and EasyR1 do after each
-    log-prob pass: fsdp_workers.py, `_handle.reshard(True)`). Not when its params then go
-    to the host under FSDP2: the probe moves them through `_apply`, which reshards every
-    FSDP2 unit first (torch's FSDPModule._apply); FSDP1 moves its flat shards alone and
+    log-prob pass: fsdp_workers.py, `_handle.reshard(True)`). Not when its states are
+    `placed` in between under FSDP2 (moved to the host, or put on the device as the
+    update starts: the probe's `_place_module` goes through `_apply`, which reshards every
+    FSDP2 unit first, torch's FSDPModule._apply); FSDP1 moves its flat shards alone and
     keeps the unsharded storage. (The `grpo` space's safe config on a VL-7B rank of 8,
     traced: no reference root at the update's peak, 21.8 GiB of tensors where the model
     had 23.7 with it.)"""
-    return shards > 1 and not (waits_on_host and not config.flat_shards(shards))
+    return shards > 1 and not (placed and not config.flat_shards(shards))
 
 
 def kept_root_bytes(s: Sizing, actor: bool) -> int:

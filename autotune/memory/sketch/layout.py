@@ -66,6 +66,8 @@ class StepShape:
     # forward alone (offloaded: config.ref_on_host)
     reference_root_kept: bool = False  # its root stays gathered between its forwards
     # (states.keeps_gathered_root)
+    actor_root_kept: bool = False  # the experience's root still gathered as the update
+    # starts, which places the actor's states (states.keeps_gathered_root: FSDP1's)
     # what the run has of each loop, at most what is laid out (MICRO_BATCHES, OPTIMIZER_STEPS)
     update_micro_batches: int = MICRO_BATCHES  # per optimizer step
     optimizer_steps: int = OPTIMIZER_STEPS  # per update

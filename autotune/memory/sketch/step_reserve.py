@@ -441,14 +441,13 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                     out.alloc(width * p // n)
         # the actor's root: gathered by the experience, resharded by the update before an
         # experience; FSDP1's is still gathered when the update starts, FSDP2's is not (the
-        # update puts the states on the device through `_apply`, which reshards every FSDP2
-        # unit first: FSDPModule._apply; verl reshards roots after the log-prob passes), so
-        # its first micro-batch gathers it afresh into blocks of the root's own sizes (laid
-        # out freed there, the sketch's root split a larger cached block between its passes,
-        # and an embedding gradient took the root's reduce input: a VL-7B rank of 8's
-        # update 2.4 GiB past its trace). The reference's: kept gathered after its forward
-        # (states.kept_root_bytes)
-        kept_root = n > 1 and s.fsdp1 and name == "update"
+        # update places the states first: s.actor_root_kept; verl reshards roots after the
+        # log-prob passes), so its first micro-batch gathers it afresh into blocks of the
+        # root's own sizes (laid out freed there, the sketch's root split a larger cached
+        # block between its passes, and an embedding gradient took the root's reduce
+        # input: a VL-7B rank of 8's update 2.4 GiB past its trace). The reference's: kept
+        # gathered after its forward where it is not placed (states.kept_root_bytes)
+        kept_root = s.actor_root_kept and name == "update"
         root = [out.alloc(c * p) for p in s.root_params] if kept_root else []
         if s.with_reference and s.reference_root_kept:
             for p in s.root_params:

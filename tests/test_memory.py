@@ -280,6 +280,7 @@ def test_an_offloaded_optimizers_state_comes_back_whole_as_the_update_starts():
     reserve = allocator_reserve(model_shape("qwen2.5-0.5b"), row05, num_gpus=8)["update"]
     assert abs(reserve / (1.19 * 2**30) - 1) < 0.10
 
+
 def test_a_ppo_critics_update_has_its_allocator_reserve():
     """PPO's critic update is laid out like an update of its own (no vocabulary logits):
     the model adds what the allocator reserves there too (a 3B rank of 4: 3.6 GiB replayed
@@ -291,6 +292,31 @@ def test_a_ppo_critics_update_has_its_allocator_reserve():
     assert phases["critic_update"].parts["allocator_reserve"] > 256 * 2**20
     assert "allocator_reserve" not in estimate_memory(QWEN_7B, config, num_gpus=4,
                                                       on_gpu=False).phases["critic_update"].parts
+
+
+def test_an_fsdp1_critics_root_gradient_is_padded_on_the_reduce_stream():
+    """A critic's root unit holds its value head's bias, one element, so no world divides
+    its flat gradient: FSDP1 pads the fp32 copy on the reduce-scatter stream, whose freed
+    blocks the optimizer step on the default stream cannot use. Held-out H200 grid
+    (seed 694737) rows 03 and 06, FSDP1 ranks of 8: their critic updates reserved 5.39 and
+    2.40 GiB beyond torch's allocated peak; the sketch without the padded copy 4.27, 2.01."""
+    from autotune.memory.model import allocator_reserve
+
+    common = {"algorithm": "ppo", "offload_params": True, "fsdp_strategy": "fsdp",
+              "rollout_engine": "hf"}
+    row03 = ProbeConfig(max_prompt_length=1024, max_response_length=512, rollout_n=1,
+                        micro_batch_size_update=2, micro_batch_size_experience=8,
+                        rollout_batch_size=128, global_batch_size=128,
+                        critic_micro_batch_size_update=1, **common)
+    row06 = ProbeConfig(max_prompt_length=256, max_response_length=256, rollout_n=4,
+                        micro_batch_size_update=8, micro_batch_size_experience=4,
+                        gradient_checkpointing=True, fused_logprob=True, lora_rank=64,
+                        rollout_batch_size=64, global_batch_size=64,
+                        critic_micro_batch_size_update=8, **common)
+    for model, config, measured_gib in (("qwen2.5-3b", row03, 5.39),
+                                        ("qwen2.5-0.5b", row06, 2.40)):
+        reserve = allocator_reserve(model_shape(model), config, num_gpus=8)["critic_update"]
+        assert abs(reserve / (measured_gib * 2**30) - 1) < 0.10, (model, reserve / 2**30)
 
 
 def test_each_phase_moves_only_with_its_knobs():

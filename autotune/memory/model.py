@@ -264,8 +264,8 @@ def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, comput
 def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                       share: DeviceShare) -> StepShape:
     """step_shape for PPO's critic's update: the same decoder, a value head of one output for
-    the LM head (its root unit the embedding alone), the critic's micro-batch and
-    checkpointing, no reference, no LoRA (probe/modeling/critic.py)."""
+    the LM head (its root unit the embedding alone), the critic's micro-batch, checkpointing
+    and optimizer offload, no reference, no LoRA (probe/modeling/critic.py)."""
     actor = step_shape(shape, config, shards, compute_bytes, share)
     rows = max(1, worst_case_rows(config.as_dict(), share.responses_per_minibatch,
                                   "critic_update"))
@@ -275,7 +275,8 @@ def critic_step_shape(shape: ModelShape, config: ProbeConfig, shards: int, compu
                                update_micro_batches=_laid_out(share.responses_per_minibatch,
                                                               rows, MICRO_BATCHES),
                                checkpointing=config.critic_gradient_checkpointing,
-                               fused_logits=False, with_reference=False, frozen_base=False)
+                               fused_logits=False, with_reference=False, frozen_base=False,
+                               optimizer_offloaded=config.critic_offload_optimizer)
 
 
 def _laid_out(sequences: int, rows: int, most: int) -> int:

@@ -103,6 +103,7 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              "max_token_len_experience", *_CRITIC_HELD, *_SEQUENCE_KNOBS,
                              *_CRITIC_BATCH, *_HELD_KNOBS, *_SHAPE_KNOBS}),
     "critic_update": frozenset({*_CRITIC_BATCH, "critic_gradient_checkpointing",
+                                "critic_offload_optimizer",  # its AdamW state laid out anew
                                 "fused_optimizer",
                                 "offload_params", "offload_optimizer", *_REF_KNOBS,
                                 "dynamic_batching", *_MINIBATCH_KNOBS, *_HELD_KNOBS,

@@ -277,16 +277,20 @@ def _layers_backward(out: Stream, s: StepShape, saved: list[list[int]],
 
 
 def _flat_gradient_reduced(out: Stream, s: StepShape, params: tuple[int, ...], unit: list[int],
-                           done: Blocks, grads: list[int], first: bool) -> None:
+                           done: Blocks, grads: list[int], first: bool,
+                           padded: bool = False) -> None:
     """FSDP1's reduction of a unit: its flat gradient made, what the backward held (`done`)
-    freed and the unit resharded, the gradient cast to fp32 on the reduce-scatter stream and
-    reduced to a shard there (kept, or summed into the first's), its free recorded there."""
+    freed and the unit resharded, the gradient cast to fp32 on the reduce-scatter stream
+    (torch's _post_backward_hook) and, where the world does not divide its elements
+    (`padded`), copied out padded there too (_get_reduce_scatter_tensors: F.pad), reduced to
+    a shard there (kept, or summed into the first's), its free recorded there."""
     flat_grad = out.alloc(s.compute_bytes * sum(params))
     out.free(done)
     reshard_unit(out, s, unit)
-    padded = out.alloc(4 * sum(params), REDUCE)
+    cast = out.alloc(4 * sum(params), REDUCE)
+    pad = out.alloc(4 * sum(params), REDUCE) if padded else 0
     shard = out.alloc(4 * sum(params) // s.shards, REDUCE)
-    out.free(padded)
+    out.free(pad, cast)
     out.record(flat_grad, REDUCE)
     out.free(flat_grad)
     _first_keeps(out, grads, [shard], first)
@@ -313,9 +317,12 @@ def _root_backward(out: Stream, s: StepShape, root_held: list[int], head_grad: i
         else:
             _first_keeps(out, grads, [head_grad, embed_grad], first)
         return root_held
-    if s.fsdp1:  # as a layer's
+    if s.fsdp1:  # as a layer's; a critic's root holds its value head's bias, one element,
+        # so no world divides its flat gradient (the registry's models' other units are
+        # multiples of 8 elements: vocabularies, widths, biases). Held-out H200 rows of
+        # FSDP1 PPO critics: their updates' reserve 0.4-4.4 GiB over the sketch's without it
         _flat_gradient_reduced(out, s, s.root_params, root_held, [embed_grad, head_grad],
-                               grads, first)
+                               grads, first, padded=s.value_head)
         return []
     reshard_unit(out, s, root_held)
     out.free(out.reduce_input)

@@ -294,6 +294,50 @@ def test_a_ppo_critics_update_has_its_allocator_reserve():
                                                       on_gpu=False).phases["critic_update"].parts
 
 
+def test_a_sharded_experience_peaks_at_its_logits_beside_two_roots():
+    """Unfused, a sharded rank's log-prob pass peaks at the logits once the last layer is
+    resharded and its activations gone, beside the gathered root and the other model's
+    (the actor's kept through the reference's pass). Traced (benchmarks/model_vs_trace.py,
+    seed 11): a 1.5B FSDP1 rank of 4 held 7,605,629,092 bytes at its experience's peak and a
+    7B FSDP1 rank of 2 61,095,197,084; counting a layer's activations and units beside the
+    logits put the model 0.8 and 2.1 GiB over."""
+    common = {"rollout_n": 2, "max_prompt_length": 2048, "fused_logprob": False,
+              "fsdp_strategy": "fsdp", "micro_batch_size_experience": 4}
+    row18 = ProbeConfig(max_response_length=512, micro_batch_size_update=8,
+                        offload_optimizer=True, rollout_engine="vllm-like",
+                        expandable_segments=True, rollout_batch_size=16, global_batch_size=16,
+                        gpu_memory_utilization=0.3, **common)
+    row22 = ProbeConfig(max_response_length=256, micro_batch_size_update=2,
+                        gradient_checkpointing=True, rollout_engine="hf", rollout_batch_size=8,
+                        global_batch_size=8, **common)
+    for model, config, world, traced in (("qwen2.5-1.5b", row18, 4, 7_605_629_092),
+                                         ("qwen2.5-7b", row22, 2, 61_095_197_084)):
+        phase = estimate_memory(model_shape(model), config, num_gpus=world, on_gpu=True,
+                                engine_capacity_bytes=150_754_820_096,  # an H200
+                                ).phases["experience"]
+        tensors = phase.total_bytes - phase.context_bytes - phase.parts["allocator_reserve"]
+        assert abs(tensors / traced - 1) < 0.002, (model, tensors - traced)
+
+
+def test_a_reference_back_from_the_host_gathers_its_root_in_the_sketch():
+    """Under FSDP2 a reference whose params wait on the host comes back resharded, so its
+    pass gathers its root on its own all-gather stream, whose blocks stay cached there.
+    Held-out H200 grid (seed 694737) row 02, a 0.5B FSDP2 rank of 4 with its params
+    offloaded: 0.71 GiB beyond the experience's tensors (its trace's replay 0.69); the
+    sketch without that gather 0.53."""
+    from autotune.memory.model import allocator_reserve
+
+    row02 = ProbeConfig(max_prompt_length=2048, max_response_length=512, rollout_n=8,
+                        micro_batch_size_update=2, micro_batch_size_experience=2,
+                        offload_params=True, offload_optimizer=True, fused_logprob=False,
+                        rollout_engine="vllm-like", expandable_segments=True,
+                        fsdp_strategy="fsdp2", rollout_batch_size=16, global_batch_size=16,
+                        gpu_memory_utilization=0.6, dynamic_batching=True,
+                        max_token_len_update=10240, max_token_len_experience=10240)
+    reserve = allocator_reserve(model_shape("qwen2.5-0.5b"), row02, num_gpus=4)["experience"]
+    assert abs(reserve / (0.71 * 2**30) - 1) < 0.15, reserve / 2**30
+
+
 def test_an_fsdp1_critics_root_gradient_is_padded_on_the_reduce_stream():
     """A critic's root unit holds its value head's bias, one element, so no world divides
     its flat gradient: FSDP1 pads the fp32 copy on the reduce-scatter stream, whose freed

@@ -331,11 +331,20 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         ref_pass = peak = root + max(copy_out + layers,
                                      forward["logits"] + forward["activations"])
     elif s.shards > 1:  # FSDP's gathered units (the reference's root among them, kept
-        # from its last forward: kept_root_bytes), or the layer's activations and the logits
-        # beside that kept root (held-out H200 grid 3, row 05: a 0.5B FSDP1 rank of 8 peaked
-        # at two roots, the actor's and the reference's, and two logits-sized blocks)
-        kept = kept_root_bytes(s, actor=False)
-        ref_pass = peak = max(sum(forward.values()) + kept, gathering)
+        # from its last forward: kept_root_bytes), or a layer's activations beside the units
+        # in flight and that kept root, or the logits once the last layer is resharded and
+        # its activations gone, beside the gathered root and the other model's (the actor's
+        # root stays gathered through the reference's pass, the reference's kept into the
+        # actor's: held-out H200 grid 3, row 05, a 0.5B FSDP1 rank of 8, peaked at two roots
+        # and two logits-sized blocks; model_vs_trace.py's 1.5B FSDP1 rank of 4 and grid 2's
+        # 0.5B FSDP2 rank of 4 with its reference arriving from the host, the same to the
+        # byte, where the layer's activations and units counted beside the logits put them
+        # 0.8 and 0.15 GiB over)
+        kept, root = kept_root_bytes(s, actor=False), fsdp_root_bytes(s)
+        both_passes = config.runs_old_logprob_pass and config.holds_ref_copy
+        at_layer = forward["cast_weights"] + forward["activations"] + kept
+        at_logits = max(2 * root if both_passes else 0, root + kept) + forward["logits"]
+        ref_pass = peak = max(at_layer, at_logits, gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
         # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept (01)

@@ -168,14 +168,21 @@ def _vision_backward(out: Stream, s: StepShape, rows: int, saved: list[list[int]
 def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
     """The log-prob forwards, micro-batch by micro-batch: the actor's (its root gathered at
     its first, then kept: FSDP does not reshard a root after a forward), then the
-    reference's (its root kept from the last step; its units gathered on its own stream);
+    reference's, its units gathered on its own stream (its root kept from the last step,
+    or, where its params went to the host under FSDP2 (states.keeps_gathered_root),
+    gathered at its first micro-batch and kept to the phase's end, when they go back);
     returns the actor's root, still gathered."""
     c = s.compute_bytes
+    reference_root: list[int] = []
     for forward in range(s.forwards):
-        out.copy_in = REF_COPY_IN if forward and s.with_reference else COPY_IN
+        reference = bool(forward) and s.with_reference
+        out.copy_in = REF_COPY_IN if reference else COPY_IN
         for _ in range(MICRO_BATCHES):
             if s.shards > 1 and not forward and not root_held:
                 root_held = gather_unit(out, s, s.root_params)
+            if s.shards > 1 and reference and not s.reference_root_kept \
+                    and not reference_root:
+                reference_root = gather_unit(out, s, s.root_params)
             _vision(out, s, s.experience_rows, keep=False)
             for _ in range(s.layers):
                 layer = gather_unit(out, s, s.layer_params) if s.shards > 1 else \
@@ -184,6 +191,7 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
                 reshard_unit(out, s, layer)
             gathered_done(out)
             _logits(out, s, s.experience_rows, backward=False)
+    out.free(reference_root)
     out.copy_in = COPY_IN
     return root_held
 

@@ -11,7 +11,10 @@ knobs memory.phases.PHASE_KNOBS lists for it (the engine sleeps, so its share of
 moves the rollout alone), so the traces are taken per phase: a design of whole-step traces
 covers every phase's knob combination (the rollout's on each GPU size, the others' on
 either), and a config's row puts the three phases together. `check` traces whole configs
-at random and compares them with the composed rows byte for byte. Traces are cached in
+at random and compares them with the composed rows byte for byte, and the fixed term with
+the trace's own allocator replay of each design config where a row holds it (rows traced
+since 2026-12-02; the landscape reads the tensors + the fixed term on every row, so that
+rows traced before and after the replay existed make one landscape). Traces are cached in
 benchmarks/data/gpu_landscape_traces.csv (resumable: a config traced is never traced again,
 and a change to PHASE_KNOBS traces only the combinations no trace holds yet).
 
@@ -70,8 +73,13 @@ FIXED_TERM_BYTES = {
                       "update": 12.04 * GiB},
 }
 CHECK_TOLERANCE_BYTES = 1 << 20  # composed vs whole: an integer tensor may differ, not a layer
+# traced_*: the live tensors' peak + the CUDA context, what FIXED_TERM_BYTES was measured
+# beyond; reserved_*: the trace's allocator replay + the context (probe/trace.py's
+# phase_peak_mem_bytes on a GPU), kept beside it and compared by `check` (rows traced
+# before 2026-12-02 hold none)
 COLUMNS = ["model", "gpu", "kind", "status", "message", "trace_s",
-           *(f"traced_{p}_bytes" for p in STEP_PHASES)]
+           *(f"traced_{p}_bytes" for p in STEP_PHASES),
+           *(f"reserved_{p}_bytes" for p in STEP_PHASES)]
 
 
 def space() -> SearchSpace:
@@ -79,25 +87,13 @@ def space() -> SearchSpace:
     return dataclasses.replace(load_search_space(str(SPACE_FILE)), world_size=WORLD)
 
 
-# Knobs PHASE_KNOBS declares for a phase that the cached design traces do not key it by:
-# they were traced before the update's declaration gained offload_optimizer (2026-12-02:
-# the memory model's sketch lays an offloaded AdamW state out afresh as the update starts;
-# today's probe moves a 7B rank's traced update by 1.1% with it, 53.97 -> 53.36 GiB),
-# and today's probe traces that resident 7B update 11.3 GiB heavier than the cached
-# design's trace of the same knobs (42.64 GiB; today's traces of the 60 new keys, 8-11 GiB
-# heavier), so adding them would mix two probes in one landscape. Dropped when the design
-# is traced afresh (an empty cache, `trace`: ~3 h on 2 cores).
-UNKEYED_IN_CACHE = {"update": ("offload_optimizer",)}
 
 
 def phase_key_knobs(grid: SearchSpace) -> dict[str, tuple[str, ...]]:
-    """The space's knobs that move each phase's peak (memory.phases.PHASE_KNOBS, less
-    UNKEYED_IN_CACHE); the engine sleeps after its rollout, so its share of the GPU moves
-    the rollout alone."""
-    moving = PHASE_KNOBS
-    return {phase: tuple(name for name in grid.params if name in moving[phase] and (
-        phase == "rollout" or name != "gpu_memory_utilization")
-        and name not in UNKEYED_IN_CACHE.get(phase, ())) for phase in STEP_PHASES}
+    """The space's knobs that move each phase's peak (memory.phases.PHASE_KNOBS); the
+    engine sleeps after its rollout, so its share of the GPU moves the rollout alone."""
+    return {phase: tuple(name for name in grid.params if name in PHASE_KNOBS[phase] and (
+        phase == "rollout" or name != "gpu_memory_utilization")) for phase in STEP_PHASES}
 
 
 def phase_key(phase: str, params: dict, knobs: dict[str, tuple[str, ...]]) -> str:
@@ -193,7 +189,9 @@ def trace_one(model: str, gpu: str, params: dict) -> dict:
         return {**row, "status": status.value, "message": message,
                 "trace_s": round(time.perf_counter() - started, 1)}
     return {**row, "status": "ok", "message": "", "trace_s": round(result.trace_s, 1),
-            **{f"traced_{p}_bytes": result.phase_peak_mem_bytes[p] for p in STEP_PHASES}}
+            **{f"traced_{p}_bytes": result.phase_tensor_bytes[p] + result.context_bytes
+               for p in STEP_PHASES},
+            **{f"reserved_{p}_bytes": result.phase_peak_mem_bytes[p] for p in STEP_PHASES}}
 
 
 def read_traces(grid: SearchSpace) -> dict[tuple[str, str, str, str], dict]:
@@ -393,9 +391,32 @@ def check(count: int, seed: int, jobs: int) -> int:
             unequal_pairs += row[f"traced_{phase}_bytes"] != other[f"traced_{phase}_bytes"]
     lines.append(f"experience and update traced on 8x40GB and 8x80GB: {pairs - unequal_pairs} "
                  f"of {pairs} equal to the byte")
+    lines.extend(fixed_term_vs_replay(traces))
     print("\n".join(lines))
     (HERE / "results" / "gpu_landscape_check.txt").write_text("\n".join(lines) + "\n")
     return 1 if largest > CHECK_TOLERANCE_BYTES or unequal_pairs else 0
+
+
+def fixed_term_vs_replay(traces: dict) -> list[str]:
+    """How far the landscape's peaks (traced tensors + context + FIXED_TERM_BYTES, one
+    figure a model and phase) are from the trace's own allocator replay of each config
+    (reserved_* + context), on the design rows that hold both: what a landscape built on
+    the replay would move."""
+    lines = []
+    for model in MODELS:
+        for phase in STEP_PHASES:
+            ratios = sorted(
+                (int(row[f"traced_{phase}_bytes"]) + FIXED_TERM_BYTES[model][phase])
+                / int(row[f"reserved_{phase}_bytes"]) - 1
+                for (m, _, kind, _), row in traces.items()
+                if m == model and kind == "design" and row["status"] == "ok"
+                and row.get(f"reserved_{phase}_bytes"))
+            if ratios:
+                lines.append(
+                    f"{model} {phase}: traced + fixed term vs the replay on {len(ratios)} "
+                    f"design traces: median {ratios[len(ratios) // 2]:+.1%}, "
+                    f"{ratios[0]:+.1%} .. {ratios[-1]:+.1%}")
+    return lines
 
 
 def main() -> int:

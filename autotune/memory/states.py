@@ -240,7 +240,7 @@ def kept_root_bytes(s: Sizing, actor: bool) -> int:
     config = s.config
     if s.shards == 1:
         return 0
-    reference = fsdp_root_bytes(s) if config.holds_ref_copy and config.use_kl and \
+    reference = fsdp_root_bytes(s) if config.holds_ref_copy and \
         keeps_gathered_root(config, s.shards, config.ref_on_host) else 0
     old_pass = config.runs_old_logprob_pass or (config.uses_lora and config.use_kl)
     actor_kept = actor and old_pass and \

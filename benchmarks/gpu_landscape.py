@@ -87,8 +87,6 @@ def space() -> SearchSpace:
     return dataclasses.replace(load_search_space(str(SPACE_FILE)), world_size=WORLD)
 
 
-
-
 def phase_key_knobs(grid: SearchSpace) -> dict[str, tuple[str, ...]]:
     """The space's knobs that move each phase's peak (memory.phases.PHASE_KNOBS); the
     engine sleeps after its rollout, so its share of the GPU moves the rollout alone."""

@@ -343,7 +343,7 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         kept, root = kept_root_bytes(s, actor=False), fsdp_root_bytes(s)
         both_passes = config.runs_old_logprob_pass and config.holds_ref_copy
         at_layer = forward["cast_weights"] + forward["activations"] + kept
-        at_logits = max(2 * root if both_passes else 0, root + kept) + forward["logits"]
+        at_logits = root + (root if both_passes else kept) + forward["logits"]  # kept <= root
         ref_pass = peak = max(at_layer, at_logits, gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits

@@ -39,11 +39,13 @@ from autotune.memory.states import (
     Sizing,
     actor_cast_bytes,
     actor_states,
+    adapter_cast_bytes,
     critic_cast_bytes,
     critic_held,
     critic_param_count,
     critic_states,
     engine_weight_bytes,
+    forward_units_bytes,
     fsdp_gather_bytes,
     fsdp_root_bytes,
     kept_root_bytes,
@@ -156,11 +158,32 @@ def vision_forward_bytes(s: Sizing) -> int:
         * s.patches
 
 
-def forward_bytes(s: Sizing, rows: int, tokens: int) -> int:
+def forward_bytes(s: Sizing, rows: int, tokens: int, adapters: bool = False) -> int:
     """A no-grad forward of `rows` sequences of `tokens` tokens: one layer's live tensors
-    (forward_bytes_per_token) and each image's (vision_forward_bytes)."""
-    per_token = forward_bytes_per_token(s.shape, s.compute_bytes)
+    (forward_bytes_per_token, or through LoRA's `adapters` lora_forward_bytes_per_token)
+    and each image's (vision_forward_bytes)."""
+    per_token = lora_forward_bytes_per_token(s) if adapters \
+        else forward_bytes_per_token(s.shape, s.compute_bytes)
     return rows * (tokens * per_token + vision_forward_bytes(s))
+
+
+def lora_forward_bytes_per_token(s: Sizing) -> int:
+    """One layer's live tensors per token in a no-grad forward through LoRA-wrapped
+    projections. peft's Linear.forward (0.21, tuners/lora/layer.py) runs the base layer,
+    casts its input to lora_A's dtype (tuners_utils.py, `_cast_input_dtype`), then adds
+    `lora_B(lora_A(x)) * scaling` to the base's result, not in place: one I-wide tensor
+    beyond the SwiGLU's three at the MLP. Under FSDP1 the adapters are units of their own,
+    still fp32 when the input is cast: the input's fp32 copy too (h wide: the peak is at
+    up_proj; model_vs_trace.py's LoRA rank 15, a 7B FSDP1 rank of 4, to 0.1%). On one GPU
+    under autocast over fp32 weights the peak is at down_proj's adapters: its input (the
+    SwiGLU's product), peft's fp32 copy of it and autocast's cast of that back for lora_A;
+    the base's result and the fp32 residual stream's four h-wide tensors (model_vs_trace.py's
+    LoRA row 00, a 1.5B on one GPU, traced: 8 I + 18 h bytes a token, to 0.2%)."""
+    shape, c = s.shape, s.compute_bytes
+    if s.shards == 1 and c < PARAM_BYTES:
+        return (2 * c + PARAM_BYTES) * shape.intermediate + (c + 4 * PARAM_BYTES) * shape.hidden
+    fp32_input = PARAM_BYTES * shape.hidden if s.config.flat_shards(s.shards) else 0
+    return forward_bytes_per_token(shape, c) + c * shape.intermediate + fp32_input
 
 
 # Autocast over fp32 weights (one GPU: no FSDP mixed precision makes them bf16) casts the
@@ -298,7 +321,8 @@ def logprob_forward_bytes(s: Sizing, rows: int) -> dict[str, int]:
     old_pass = config.runs_old_logprob_pass
     forward = {"cast_weights": actor_cast_bytes(s) if old_pass or s.shards > 1 else 0,
                "logits": logprob_logits_bytes(s, rows, config.entropy_metric and old_pass),
-               "activations": forward_bytes(s, rows, config.sequence_length)}
+               "activations": forward_bytes(s, rows, config.sequence_length,
+                                            adapters=config.uses_lora)}
     return forward if old_pass or config.use_kl else dict.fromkeys(forward, 0)
 
 
@@ -322,14 +346,17 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # FSDP2 copies a gathered unit out of its all-gather buffer into each parameter's
         # own (torch's _fsdp_collectives.py, foreach_all_gather_copy_out), and keeps the
         # last unit's buffer until the next one's is made: the root twice while the first
-        # layer is gathered and copied out (grid 3, row 07: two embedding-sized blocks, a
-        # layer's buffer and its copies at the peak)
+        # unit is gathered and copied out (root_gather_bytes; grid 3, row 07: two
+        # embedding-sized blocks, a layer's buffer and its copies at the peak; a VL model's
+        # first unit is a vision block: grid 2's row 01, a VL-7B rank of 8, held two roots
+        # and 0.16 GiB, not two decoder layers); a layer's activations are live beside
+        # the units in flight, not beside the logits (model_vs_trace.py's LoRA ranks 08, 12
+        # and 14 traced their peaks without them, where counting them there put the model
+        # over by exactly their size)
         root = fsdp_root_bytes(s)
-        layers = forward["cast_weights"] - root
-        copy_out = 0 if config.flat_shards(s.shards) else root
-        gathering = root + copy_out + layers
-        ref_pass = peak = root + max(copy_out + layers,
-                                     forward["logits"] + forward["activations"])
+        gathering = root_gather_bytes(s)
+        at_layer = root + forward_units_bytes(s) + forward["activations"]
+        ref_pass = peak = max(gathering, at_layer, root + forward["logits"])
     elif s.shards > 1:  # FSDP's gathered units (the reference's root among them, kept
         # from its last forward: kept_root_bytes), or a layer's activations beside the units
         # in flight and that kept root, or the logits once the last layer is resharded and
@@ -347,8 +374,9 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         ref_pass = peak = max(at_layer, at_logits, gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
-        # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept (01)
-        cast = 0 if config.uses_lora else forward["cast_weights"]
+        # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept
+        # (01), its adapters are (model_vs_trace.py's LoRA rows 00 and 19, traced)
+        cast = adapter_cast_bytes(s) if config.uses_lora else forward["cast_weights"]
         # the fused log-prob casts the head's weight once for all its chunks, so a frozen
         # head's cast (LoRA: not kept by autocast's cache) is live beside them (held-out H200
         # grid 3, row 02: a 0.5B LoRA rank peaked at the head's cast and two chunks; row 04,

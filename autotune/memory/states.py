@@ -162,6 +162,17 @@ def cast_weight_bytes(s: Sizing, params: int, root: int) -> int:
     return s.compute_bytes * (root + 2 * s.shape.layer_params)
 
 
+def adapter_cast_bytes(s: Sizing) -> int:
+    """LoRA's adapters cast to the compute dtype on one GPU under autocast, whose cache keeps
+    the cast of every leaf that requires a gradient to the forward's end (torch's
+    autocast_mode.cpp, `cached_cast`), under no_grad too; the frozen base's casts are not
+    kept. None sharded (FSDP's mixed precision gathers them in the compute dtype) or in
+    fp32."""
+    if s.shards > 1 or s.compute_bytes >= PARAM_BYTES:
+        return 0
+    return s.compute_bytes * lora_param_count(s)
+
+
 def actor_cast_bytes(s: Sizing) -> int:
     """The actor's (and the reference's) compute-dtype weights in a forward (cast_weight_bytes)."""
     return cast_weight_bytes(s, s.shape.num_params, s.shape.root_unit_params)
@@ -210,6 +221,16 @@ def wake_gather_bytes(s: Sizing) -> int:
     return loaded + state_dict + 4 * s.shape.embedding_params
 
 
+def forward_units_bytes(s: Sizing) -> int:
+    """The layer units gathered at once in a sharded no-grad forward, beside its root: FSDP1
+    unshards each flat parameter at its unit's pre-forward and reshards it at its
+    post-forward, with no forward prefetch (torch's default, and verl's): one layer;
+    FSDP2 copies a unit out of its all-gather buffer and keeps the buffer until the next
+    unit's is made: two. model_vs_trace.py's LoRA ranks 08 and 15 (7B FSDP1) traced one."""
+    layers = 1 if s.config.flat_shards(s.shards) else 2
+    return s.compute_bytes * layers * s.shape.layer_params if s.shards > 1 else 0
+
+
 def fsdp_gather_bytes(s: Sizing) -> int:
     """A forward's gathered units: the root twice over (the last forward's copy, kept, beside
     the one the next forward gathers anew) and about two layers in flight."""
@@ -256,9 +277,15 @@ def root_gather_bytes(s: Sizing) -> int:
     foreach_all_gather_copy_out), so the root is there twice; FSDP1 gathers its flat
     parameter in place, once. Held-out H200 grid 3, row 01 (a VL-7B FSDP2 LoRA rank of
     8): its update peaked there, the 2.12 GiB buffer beside the parameters' copies of it;
-    without LoRA the root's backward holds more."""
+    without LoRA the root's backward holds more. FSDP2 keeps that buffer until the next
+    unit's is made, so the first unit the forward gathers after the root is there too, as
+    its own buffer and copies: a VL model's first vision block (its tower runs first), a text
+    model's first layer (model_vs_trace.py's rows 16 and 20, 7B FSDP2 LoRA ranks of 4: two
+    roots and two layers at the update's peak); FSDP1 gathers it in place beside the root."""
     unit = fsdp_root_bytes(s)
-    return unit if s.config.flat_shards(s.shards) else 2 * unit
+    first = s.compute_bytes * (sum(s.shape.vision_block_tensors) if s.shape.is_vl
+                               else s.shape.layer_params) if s.shards > 1 else 0
+    return unit + first if s.config.flat_shards(s.shards) else 2 * (unit + first)
 
 
 def root_backward_bytes(s: Sizing) -> int:

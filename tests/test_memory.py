@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -679,18 +680,17 @@ def test_an_fsdp2_lora_update_peaks_where_it_gathers_its_root_anew():
 
 
 
-def lora_phases_against_the_trace(phase: str, sharded_only: bool) -> dict[str, float]:
-    """The memory model's tensors against the trace's in `phase` of every LoRA row of
+def phases_against_the_trace(phase: str, rows: Callable[[dict], bool]) -> dict[str, float]:
+    """The memory model's tensors against the trace's in `phase` of the `rows` of
     benchmarks/results/model_vs_trace.json (configs drawn at random, traced with fake
-    tensors), by row label: (model - trace) / trace."""
+    tensors), by row number: (model - trace) / trace."""
     sys.path.insert(0, str(GPU_RESULTS.parent.parent))
     import model_vs_trace
 
     report = json.loads((GPU_RESULTS.parent / "model_vs_trace.json").read_text())
     errors = {}
     for row in report["rows"]:
-        if not row["knobs"].get("lora_rank") or "error" in row["traced"] or \
-                (sharded_only and row["world"] == 1):
+        if "error" in row["traced"] or not rows(row):
             continue
         traced = row["traced"]["phase_tensor_bytes"][phase]
         modelled = model_vs_trace.model_parts(row)[phase]["tensors"]
@@ -705,7 +705,7 @@ def test_a_lora_experience_is_its_traced_tensors_on_one_gpu_and_on_fsdp_ranks():
     GPU, 9% under); an FSDP1 rank gathers one layer at a time (row 08, a 7B rank of 8, 5%
     over); a layer's activations are not live beside the logits (row 12, a 3B FSDP2 rank of
     4, 7% over)."""
-    errors = lora_phases_against_the_trace("experience", sharded_only=False)
+    errors = phases_against_the_trace("experience", lambda row: bool(row["knobs"]["lora_rank"]))
     assert set(errors) >= {"00", "08", "12", "15"}, errors
     assert max(abs(e) for e in errors.values()) <= 0.01, errors
 
@@ -715,6 +715,28 @@ def test_a_sharded_lora_update_is_its_traced_tensors():
     FSDP2 ranks of 4 (rows 16 and 20) peaked where a micro-batch gathers its root anew and
     the first layer after it, both held twice (buffer and copies): 7% under with the root
     alone."""
-    errors = lora_phases_against_the_trace("update", sharded_only=True)
+    errors = phases_against_the_trace(
+        "update", lambda row: bool(row["knobs"]["lora_rank"]) and row["world"] > 1)
     assert set(errors) >= {"08", "12", "16", "20"}, errors
     assert max(abs(e) for e in errors.values()) <= 0.025, errors
+
+
+def test_an_update_whose_one_micro_batch_makes_the_step_holds_no_layer_gradient_yet():
+    """A micro-batch that makes the optimizer step alone makes the layers' gradients as its
+    backward frees their activations: model_vs_trace.json's row 10 (a 1.5B on one GPU, its
+    mini-batch of two responses one micro-batch) within 1% of its traced tensors, where
+    every gradient beside every activation put it 11.5% over. Two micro-batches a step
+    keep the first's gradients through the second's backward: the moment holds them all."""
+    errors = phases_against_the_trace("update", lambda row: row["label"].split()[1] == "10")
+    assert set(errors) == {"10"} and abs(errors["10"]) <= 0.01, errors
+    shape = model_shape("qwen2.5-1.5b")
+    knobs = dict(max_prompt_length=4096, max_response_length=4096, rollout_n=2,
+                 rollout_batch_size=2, micro_batch_size_update=2,
+                 gradient_checkpointing=False)
+    one, two = (estimate_memory(shape, ProbeConfig(**knobs, global_batch_size=prompts),
+                                num_gpus=1, on_gpu=True).phases["update"]
+                for prompts in (1, 2))  # mini-batches of 2 and 4 responses, 2 a micro-batch
+    assert one.states_bytes == two.states_bytes
+    assert two.parts["layers_backward"] == two.parts["cast_weights"] + two.parts["activations"]
+    assert two.parts["layers_backward"] - one.parts["layers_backward"] == \
+        4 * (shape.num_params - shape.root_params)  # the fp32 gradients less the head's

@@ -174,11 +174,11 @@ def lora_forward_bytes_per_token(s: Sizing) -> int:
     `lora_B(lora_A(x)) * scaling` to the base's result, not in place: one I-wide tensor
     beyond the SwiGLU's three at the MLP. Under FSDP1 the adapters are units of their own,
     still fp32 when the input is cast: the input's fp32 copy too (h wide: the peak is at
-    up_proj; model_vs_trace.py's LoRA rank 15, a 7B FSDP1 rank of 4, to 0.1%). On one GPU
+    up_proj; model_vs_trace.py's 7B FSDP1 LoRA rank of 4, to 0.1%). On one GPU
     under autocast over fp32 weights the peak is at down_proj's adapters: its input (the
     SwiGLU's product), peft's fp32 copy of it and autocast's cast of that back for lora_A;
     the base's result and the fp32 residual stream's four h-wide tensors (model_vs_trace.py's
-    LoRA row 00, a 1.5B on one GPU, traced: 8 I + 18 h bytes a token, to 0.2%)."""
+    1.5B LoRA row on one GPU, traced: 8 I + 18 h bytes a token, to 0.2%)."""
     shape, c = s.shape, s.compute_bytes
     if s.shards == 1 and c < PARAM_BYTES:
         return (2 * c + PARAM_BYTES) * shape.intermediate + (c + 4 * PARAM_BYTES) * shape.hidden
@@ -192,6 +192,12 @@ def lora_forward_bytes_per_token(s: Sizing) -> int:
 # rotary's fp32 products: bytes per token per layer beyond the formula, measured by the trace
 # of a 0.5B update on one GPU (12.4 h there: a measured term, not derived op by op).
 AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN = 12
+# With LoRA's frozen base there, the base's matmuls save no input, but each adapter's
+# lora_A saves its own cast of peft's fp32 copy of its input (q, k, v, o, gate and up each,
+# down's I-wide one in the formula's place): 4.5 h bytes a token a layer beyond the formula,
+# measured by the traces of a 1.5B (4.56 h) and a VL-7B (4.48 h) LoRA update on one GPU
+# (benchmarks/model_vs_trace.py's LoRA rows on one GPU: a measured term).
+AUTOCAST_ADAPTER_INPUT_HALF_BYTES_PER_HIDDEN = 9  # 4.5 h: halves of a byte a hidden value
 
 
 def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
@@ -204,17 +210,19 @@ def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
     own cast of its input too (AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN), unless the base is
     frozen (`frozen_base`, LoRA's: its matmuls save no input; on a sharded rank, whose FSDP
     runs the layers in bf16, its norms keep no cast input: the traces of held-out grid 3's
-    FSDP1 LoRA ranks, rows 00 and 08; on one GPU, fp32 weights under autocast, the casts
-    differ and are not measured apart, so the formula stands). A frozen base's vision tower
+    FSDP1 LoRA ranks, rows 00 and 08; on one GPU, fp32 weights under autocast, each
+    adapter saves its own cast input: AUTOCAST_ADAPTER_INPUT_HALF_BYTES_PER_HIDDEN). A
+    frozen base's vision tower
     saves nothing: it has no adapters (lora.py, EasyR1's `exclude_modules`) and nothing in
     it or before it needs a gradient (row 08's trace: no ViT tensor live at its peak)."""
     seq, c, shape = s.config.sequence_length, s.compute_bytes, s.shape
     frozen = s.config.uses_lora if frozen_base is None else frozen_base
     per_token = activation_bytes_per_token(shape, checkpointing, c, recomputing,
                                            frozen_norms=frozen and s.shards > 1)
-    if s.shards == 1 and c < PARAM_BYTES and not frozen:
+    if s.shards == 1 and c < PARAM_BYTES:
         layers = (1 if recomputing else 0) if checkpointing else shape.layers
-        per_token += AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * shape.hidden * layers
+        per_token += (AUTOCAST_ADAPTER_INPUT_HALF_BYTES_PER_HIDDEN * shape.hidden // 2
+                      if frozen else AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * shape.hidden) * layers
     vision = 0 if frozen else \
         rows * s.patches * vision_activation_bytes_per_patch(shape, checkpointing, c, recomputing)
     return rows * seq * per_token, vision
@@ -350,9 +358,9 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # embedding-sized blocks, a layer's buffer and its copies at the peak; a VL model's
         # first unit is a vision block: grid 2's row 01, a VL-7B rank of 8, held two roots
         # and 0.16 GiB, not two decoder layers); a layer's activations are live beside
-        # the units in flight, not beside the logits (model_vs_trace.py's LoRA ranks 08, 12
-        # and 14 traced their peaks without them, where counting them there put the model
-        # over by exactly their size)
+        # the units in flight, not beside the logits (model_vs_trace.py's 7B, 3B and 0.5B
+        # LoRA ranks of 8 and 4 traced their peaks without them, where counting them there
+        # put the model over by exactly their size)
         root = fsdp_root_bytes(s)
         gathering = root_gather_bytes(s)
         at_layer = root + forward_units_bytes(s) + forward["activations"]
@@ -375,7 +383,7 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
         # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept
-        # (01), its adapters are (model_vs_trace.py's LoRA rows 00 and 19, traced)
+        # (01), its adapters are (model_vs_trace.py's 1.5B and 3B LoRA rows, traced)
         cast = adapter_cast_bytes(s) if config.uses_lora else forward["cast_weights"]
         # the fused log-prob casts the head's weight once for all its chunks, so a frozen
         # head's cast (LoRA: not kept by autocast's cache) is live beside them (held-out H200
@@ -463,7 +471,7 @@ def update_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         + kept_vision + logits - no_grads_yet
     # a micro-batch that makes the optimizer step alone makes the layers' gradients as its
     # backward frees their activations: beside all of them, the head's alone (made first, at
-    # the logits' backward; LoRA trains no head). model_vs_trace.py's row 10, a 1.5B on one
+    # the logits' backward; LoRA trains no head). model_vs_trace.py's 1.5B on one
     # GPU with one micro-batch a step: 31.1 GiB of tensors at its backward's peak (30.4 so;
     # its optimizer step's 31.6 the phase's), where every gradient beside every activation
     # put the backward at 35.3

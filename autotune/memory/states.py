@@ -183,10 +183,15 @@ def update_cast_bytes(s: Sizing) -> int:
     and checkpointing, autocast caches no cast of the frozen base (it caches only leaves that
     need a gradient) and no layer saves one (checkpointing saves the layer's input): one
     layer's casts at a time and the head's, which its matmul saves outside the checkpoints
-    (traced: a 7B on one GPU held 14 GiB less than all the casts)."""
-    if s.shards == 1 and s.config.uses_lora and s.config.gradient_checkpointing \
-            and s.compute_bytes < PARAM_BYTES:
-        return s.compute_bytes * (s.shape.embedding_params + s.shape.layer_params)
+    (traced: a 7B on one GPU held 14 GiB less than all the casts). Without checkpointing
+    each layer's matmuls save their casts, the head's too, and autocast's cache the
+    adapters'; no vision tower's (frozen, nothing before it needs a gradient: its casts go
+    op by op) and no embedding's (a lookup): model_vs_trace.py's VL-7B LoRA row on one GPU
+    traced 13.0 GiB of casts where every parameter's put 15.4."""
+    if s.shards == 1 and s.config.uses_lora and s.compute_bytes < PARAM_BYTES:
+        layers = 1 if s.config.gradient_checkpointing else s.shape.layers
+        return s.compute_bytes * (s.shape.embedding_params + layers * s.shape.layer_params) \
+            + (0 if s.config.gradient_checkpointing else adapter_cast_bytes(s))
     return actor_cast_bytes(s)
 
 
@@ -226,7 +231,7 @@ def forward_units_bytes(s: Sizing) -> int:
     unshards each flat parameter at its unit's pre-forward and reshards it at its
     post-forward, with no forward prefetch (torch's default, and verl's): one layer;
     FSDP2 copies a unit out of its all-gather buffer and keeps the buffer until the next
-    unit's is made: two. model_vs_trace.py's LoRA ranks 08 and 15 (7B FSDP1) traced one."""
+    unit's is made: two. model_vs_trace.py's 7B FSDP1 LoRA ranks of 8 and 4 traced one."""
     layers = 1 if s.config.flat_shards(s.shards) else 2
     return s.compute_bytes * layers * s.shape.layer_params if s.shards > 1 else 0
 
@@ -280,7 +285,7 @@ def root_gather_bytes(s: Sizing) -> int:
     without LoRA the root's backward holds more. FSDP2 keeps that buffer until the next
     unit's is made, so the first unit the forward gathers after the root is there too, as
     its own buffer and copies: a VL model's first vision block (its tower runs first), a text
-    model's first layer (model_vs_trace.py's rows 16 and 20, 7B FSDP2 LoRA ranks of 4: two
+    model's first layer (model_vs_trace.py's two 7B FSDP2 LoRA ranks of 4: two
     roots and two layers at the update's peak); FSDP1 gathers it in place beside the root."""
     unit = fsdp_root_bytes(s)
     first = s.compute_bytes * (sum(s.shape.vision_block_tensors) if s.shape.is_vl

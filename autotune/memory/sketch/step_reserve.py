@@ -107,10 +107,18 @@ def _logits_backward(out: Stream, s: StepShape, rows: int, kept: list[int]) -> i
 
 
 def _layer_forward_temps(out: Stream, s: StepShape, rows: int) -> None:
-    """A layer's forward temporaries that do not outlive it (its MLP's I-wide tensors)."""
+    """A layer's forward temporaries that do not outlive it (its MLP's I-wide tensors), and
+    through LoRA's adapters peft's (phases.lora_forward_bytes_per_token): the sum made
+    beside the base's result; under FSDP1 the input's fp32 copy; on one GPU under autocast
+    down_proj's input copied to fp32 and cast back."""
     c, tokens = s.compute_bytes, rows * s.seq
     temps = [out.alloc(c * tokens * s.intermediate) for _ in range(3)]
     temps += [out.alloc(4 * tokens * s.hidden)]
+    if s.frozen_base and s.shards == 1 and c < 4:
+        temps += [out.alloc(4 * tokens * s.intermediate), out.alloc(c * tokens * s.intermediate)]
+    elif s.frozen_base:
+        temps += [out.alloc(c * tokens * s.intermediate)]
+        temps += [out.alloc(4 * tokens * s.hidden)] if s.fsdp1 else []
     out.free(temps)
 
 

@@ -86,6 +86,14 @@ def compute_bytes(dtype: str, on_gpu: bool) -> int:
     return DTYPE_BYTES[compute_dtype(dtype, on_gpu)]
 
 
+def autocast_casts_weights(shards: int, compute_bytes: int) -> bool:
+    """Whether a forward's weights stay fp32 and autocast casts them op by op to a compute
+    dtype `compute_bytes` wide: on one GPU in a dtype narrower than fp32. Sharded over
+    `shards` > 1 ranks, FSDP's mixed precision gathers them in the compute dtype; in fp32
+    nothing is cast. The one place the memory model and its sketch read it from."""
+    return shards == 1 and compute_bytes < DTYPE_BYTES["fp32"]
+
+
 
 @dataclass(frozen=True)
 class ProbeConfig:

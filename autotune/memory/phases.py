@@ -180,7 +180,7 @@ def lora_forward_bytes_per_token(s: Sizing) -> int:
     the base's result and the fp32 residual stream's four h-wide tensors (model_vs_trace.py's
     1.5B LoRA row on one GPU, traced: 8 I + 18 h bytes a token, to 0.2%)."""
     shape, c = s.shape, s.compute_bytes
-    if s.shards == 1 and c < PARAM_BYTES:
+    if s.autocast_casts:
         return (2 * c + PARAM_BYTES) * shape.intermediate + (c + 4 * PARAM_BYTES) * shape.hidden
     fp32_input = PARAM_BYTES * shape.hidden if s.config.flat_shards(s.shards) else 0
     return forward_bytes_per_token(shape, c) + c * shape.intermediate + fp32_input
@@ -219,7 +219,7 @@ def saved_activation_bytes(s: Sizing, rows: int, checkpointing: bool,
     frozen = s.config.uses_lora if frozen_base is None else frozen_base
     per_token = activation_bytes_per_token(shape, checkpointing, c, recomputing,
                                            frozen_norms=frozen and s.shards > 1)
-    if s.shards == 1 and c < PARAM_BYTES:
+    if s.autocast_casts:
         layers = (1 if recomputing else 0) if checkpointing else shape.layers
         per_token += (AUTOCAST_ADAPTER_INPUT_HALF_BYTES_PER_HIDDEN * shape.hidden // 2
                       if frozen else AUTOCAST_INPUT_CAST_BYTES_PER_HIDDEN * shape.hidden) * layers
@@ -390,7 +390,7 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         # grid 3, row 02: a 0.5B LoRA rank peaked at the head's cast and two chunks; row 04,
         # unfused, frees it after its matmul)
         head = s.compute_bytes * s.shape.embedding_params if config.uses_lora \
-            and config.fused_logprob and s.compute_bytes < PARAM_BYTES else 0  # fp32: none
+            and config.fused_logprob and s.autocast_casts else 0
         ref_pass = max(forward["logits"] + head, forward["activations"])  # weights: bf16
         peak = cast + ref_pass
     # a reference waiting on the host is on the device for its own pass only

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.batching import worst_case_rows
-from autotune.config import ProbeConfig
+from autotune.config import ProbeConfig, autocast_casts_weights
 from autotune.memory.shape import ModelShape
 
 PARAM_BYTES = 4  # fp32 master params
@@ -76,6 +76,12 @@ class Sizing:
         """Sequences in `phase`'s largest micro-batch of `sequences`, every response at full
         length (batching.worst_case_rows)."""
         return worst_case_rows(self.config.as_dict(), sequences, phase)
+
+    @property
+    def autocast_casts(self) -> bool:
+        """Whether autocast casts the fp32 weights op by op (one GPU, a narrower compute
+        dtype: config.autocast_casts_weights)."""
+        return autocast_casts_weights(self.shards, self.compute_bytes)
 
     @property
     def patches(self) -> int:
@@ -158,7 +164,7 @@ def cast_weight_bytes(s: Sizing, params: int, root: int) -> int:
     if not params:
         return 0
     if s.shards == 1:
-        return s.compute_bytes * params if s.compute_bytes < PARAM_BYTES else 0
+        return s.compute_bytes * params if s.autocast_casts else 0
     return s.compute_bytes * (root + 2 * s.shape.layer_params)
 
 
@@ -168,9 +174,7 @@ def adapter_cast_bytes(s: Sizing) -> int:
     autocast_mode.cpp, `cached_cast`), under no_grad too; the frozen base's casts are not
     kept. None sharded (FSDP's mixed precision gathers them in the compute dtype) or in
     fp32."""
-    if s.shards > 1 or s.compute_bytes >= PARAM_BYTES:
-        return 0
-    return s.compute_bytes * lora_param_count(s)
+    return s.compute_bytes * lora_param_count(s) if s.autocast_casts else 0
 
 
 def actor_cast_bytes(s: Sizing) -> int:
@@ -188,7 +192,7 @@ def update_cast_bytes(s: Sizing) -> int:
     adapters'; no vision tower's (frozen, nothing before it needs a gradient: its casts go
     op by op) and no embedding's (a lookup): model_vs_trace.py's VL-7B LoRA row on one GPU
     traced 13.0 GiB of casts where every parameter's put 15.4."""
-    if s.shards == 1 and s.config.uses_lora and s.compute_bytes < PARAM_BYTES:
+    if s.autocast_casts and s.config.uses_lora:
         layers = 1 if s.config.gradient_checkpointing else s.shape.layers
         return s.compute_bytes * (s.shape.embedding_params + layers * s.shape.layer_params) \
             + (0 if s.config.gradient_checkpointing else adapter_cast_bytes(s))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from autotune.config import autocast_casts_weights
 from autotune.memory.allocator import ALLOC, FREE, MARK, PHASE, RECORD, AllocatorSettings
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
@@ -71,6 +72,12 @@ class StepShape:
     # what the run has of each loop, at most what is laid out (MICRO_BATCHES, OPTIMIZER_STEPS)
     update_micro_batches: int = MICRO_BATCHES  # per optimizer step
     optimizer_steps: int = OPTIMIZER_STEPS  # per update
+
+    @property
+    def autocast_casts(self) -> bool:
+        """Whether autocast casts the fp32 weights op by op (one GPU, a narrower compute
+        dtype: config.autocast_casts_weights, as the memory model reads it)."""
+        return autocast_casts_weights(self.shards, self.compute_bytes)
 
 
 class Stream:

@@ -114,7 +114,7 @@ def _layer_forward_temps(out: Stream, s: StepShape, rows: int) -> None:
     c, tokens = s.compute_bytes, rows * s.seq
     temps = [out.alloc(c * tokens * s.intermediate) for _ in range(3)]
     temps += [out.alloc(4 * tokens * s.hidden)]
-    if s.frozen_base and s.shards == 1 and c < 4:
+    if s.frozen_base and s.autocast_casts:
         temps += [out.alloc(4 * tokens * s.intermediate), out.alloc(c * tokens * s.intermediate)]
     elif s.frozen_base:
         temps += [out.alloc(c * tokens * s.intermediate)]
@@ -371,7 +371,7 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     # (a tensor the matmul saves) to the head's backward, whose bf16 gradient the cast's
     # backward widens to an fp32 one at once; that waits for the embedding's through the
     # layers' backward (a tied weight's two gradients are summed before it is accumulated)
-    widened = s.shards == 1 and not s.frozen_base and s.compute_bytes < 4
+    widened = s.autocast_casts and not s.frozen_base
     head_cast = out.alloc(s.compute_bytes * _head_params(s)) if widened else 0
     kept = _logits(out, s, s.update_rows, backward=True)
     head_grad = 0 if s.frozen_base or not s.fused_logits else \

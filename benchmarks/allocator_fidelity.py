@@ -15,6 +15,11 @@ row's own measurement enters its prediction. Each row compares:
   against torch's allocated peak (where the error is, when there is one).
 
     python benchmarks/allocator_fidelity.py [--out DIR] [--every-iteration] [--cases a,b]
+                                            [--reuse results/allocator_fidelity.json]
+
+`--reuse` takes every traced figure from an earlier report and recomputes the memory model
+alone (seconds, not minutes): for a change to the model that leaves the probe, the trace
+and the allocator replay as they were; the report says whose traces it holds.
 
 Then the held-out rows apart, grid by grid (issue 67: results/gpu/holdout.json and each
 results/gpu/holdout_seed*/, configs drawn at random by benchmarks/gpu_holdout.py and
@@ -121,8 +126,16 @@ def model_bytes(row: dict, outside_bytes: int) -> dict[str, int]:
     return {phase: e.total_bytes for phase, e in estimate.phases.items()}
 
 
-def measure(labels: list[str] | None, every_iteration: bool) -> dict:
+TRACED_FIELDS = ("predicted_bytes", "replayed_reserved_bytes", "traced_tensor_bytes")
+
+
+def measure(labels: list[str] | None, every_iteration: bool,
+            reuse: dict | None = None) -> dict:
     rows = [r for r in committed_rows() if labels is None or r["label"] in labels]
+    if reuse is not None:
+        return {"rows": [{**old, "model_bytes": model_bytes(row, old["outside_torch_bytes"])[
+            old["phase"]]} for row in rows for old in reuse["rows"]
+            if (old["case"], old["file"]) == (row["label"], row["file"])]}
     traces: dict[str, tuple] = {}
     for label in dict.fromkeys(r["label"] for r in rows):
         started = time.monotonic()
@@ -187,11 +200,12 @@ def holdout_grids() -> list[Path]:
             if (g / gpu_holdout.PREDICTIONS).exists() and (g / "holdout.json").exists()]
 
 
-def held_out(grid: Path, workers: int) -> dict:
+def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     """One grid's rows (benchmarks/gpu_holdout.py's holdout.json), apart from the rows
     above: per phase NVML's peak against the predictions written before the probe (the
     trace and the memory model, each with the outside-torch prior) and against today's code
-    on the same rows. Rows not held out (README command 1's, issue 67's row) are marked."""
+    on the same rows (the traces of `reuse`, an earlier report's, where given). Rows not
+    held out (README command 1's, issue 67's row) are marked."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -202,9 +216,16 @@ def held_out(grid: Path, workers: int) -> dict:
                 for r in json.loads((grid / "holdout.json").read_text())["rows"]}
     rows = [r for r in predictions["rows"]
             if measured.get(r["label"], {}).get("status") == "ok"]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        traced_now = dict(zip((r["label"] for r in rows),
-                              pool.map(gpu_holdout.trace_row, rows), strict=True))
+    if reuse is not None:
+        earlier = next(g for g in reuse["held_out"] if g["seed"] == predictions["seed"])
+        traced_now = {r["label"]: {"phase_peak_mem_bytes": {
+            old["phase"]: old["traced_bytes"] for old in earlier["rows"]
+            if old["case"] == r["label"] and old["status"] == "ok"}} for r in rows}
+    else:
+        with ProcessPoolExecutor(max_workers=workers,
+                                 mp_context=get_context("spawn")) as pool:
+            traced_now = dict(zip((r["label"] for r in rows),
+                                  pool.map(gpu_holdout.trace_row, rows), strict=True))
     out = []
     for row in predictions["rows"]:
         result = measured.get(row["label"], {"status": "not run"})
@@ -263,6 +284,15 @@ def describe_held_out(report: dict) -> list[str]:
     return lines
 
 
+def traced_on(path: Path, report: dict) -> str:
+    """When an earlier report's traces were made: as it says, or its text's header date."""
+    if report.get("traces_from") or report.get("traced_on"):
+        return report.get("traces_from") or report["traced_on"]
+    text = path.with_suffix(".txt")
+    header = text.read_text().splitlines()[0].split(", ") if text.exists() else []
+    return header[1] if len(header) > 1 else "at an unknown date"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -271,16 +301,27 @@ def main() -> int:
                              "(slower; the sweep's traces run the first and the last)")
     parser.add_argument("--cases", default="", help="comma-separated case labels")
     parser.add_argument("--workers", type=int, default=2, help="held-out traces at a time")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="an earlier report whose traces to keep: the model alone is "
+                             "recomputed")
     args = parser.parse_args()
     started = time.monotonic()
     labels = args.cases.split(",") if args.cases else None
-    report = measure(labels, args.every_iteration)
+    reuse = json.loads(args.reuse.read_text()) if args.reuse else None
+    report = measure(labels, args.every_iteration, reuse)
     if labels is None and not args.every_iteration:
-        report["held_out"] = [held_out(grid, args.workers) for grid in holdout_grids()]
+        report["held_out"] = [held_out(grid, args.workers, reuse) for grid in holdout_grids()]
+    if reuse is not None:
+        report["traces_from"] = traced_on(args.reuse, reuse)
+    else:
+        report["traced_on"] = time.strftime("%Y-%m-%d")
     lines = [f"allocator_fidelity on {platform.processor() or 'cpu'}, "
              f"{time.strftime('%Y-%m-%d')}, {(time.monotonic() - started) / 60:.1f} min",
              "benchmark: python benchmarks/allocator_fidelity.py"
-             + (" --every-iteration" if args.every_iteration else ""),
+             + (" --every-iteration" if args.every_iteration else "")
+             + (f" --reuse {args.reuse.name}: traces and replays from its run "
+                f"(traced {report['traces_from']}), the memory model recomputed"
+                if reuse is not None else ""),
              "rows: the committed H200 runs (benchmarks/results/gpu/), predicted here on the "
              "CPU", "", *describe(report),
              *(line for grid in report.get("held_out", [])

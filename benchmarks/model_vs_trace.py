@@ -112,7 +112,8 @@ def measure(n: int, seed: int, workers: int, reuse: Path | None) -> dict:
                  "traced": kept[key[row["label"]]]} for row in rows]
     phases = [entry for row in out_rows for entry in compare(row, row["traced"])]
     return {"seed": seed, "n": n, "date": date.today().isoformat(),
-            "trace_s": round(time.monotonic() - started), "rows": out_rows,
+            "trace_s": round(time.monotonic() - started), "reused": len(rows) - len(todo),
+            "rows": out_rows,
             "phases": phases}
 
 
@@ -120,7 +121,9 @@ def describe(report: dict) -> list[str]:
     lines = [f"memory model vs trace on {report['n']} configs drawn from gpu_holdout.py's "
              f"distribution (seed {report['seed']}), {report['date']}; H200 capacity, "
              f"predicted on this CPU",
-             "benchmark: python benchmarks/model_vs_trace.py",
+             "benchmark: python benchmarks/model_vs_trace.py"
+             + (f" --reuse: {report['reused']} of {report['n']} configs' traces from the "
+                "previous run, the model recomputed" if report.get("reused") else ""),
              "",
              f"{'case':24}{'phase':15}{'traced':>10}{'model':>10}{'err':>8}"
              f"{'tensors':>10}{'err':>8}{'reserve':>9}{'model':>9}"]

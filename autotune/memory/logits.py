@@ -101,6 +101,17 @@ def logprob_logits_bytes(s: Sizing, rows: int, with_entropy: bool = False) -> in
     return unfused_logits_bytes(s, rows, with_entropy)
 
 
+def autocast_logits_bytes(s: Sizing, rows: int, with_entropy: bool = False) -> int:
+    """What of a log-prob forward's logits is made inside autocast, beside the casts its
+    cache keeps on one GPU: a fused kernel's all (the head runs inside it); the unfused
+    path's compute-dtype logits alone, as the probe copies their response slice to fp32
+    after autocast exits, which empties the cache first (forwards.py, _forward_log_probs;
+    torch's autocast __exit__ clears its cache)."""
+    if fused_kernel(s.config) is not None:
+        return logprob_logits_bytes(s, rows, with_entropy)
+    return rows * s.compute_bytes * s.config.sequence_length * s.shape.vocab
+
+
 def entropy_grad_bytes(s: Sizing, rows: int) -> int:
     """entropy_coeff: the entropy's fp32 softmax, product and exponentials kept for the
     backward and its gradient (recomputed, checkpointed, at the same point: the same peak),

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config import DeviceShare, ProbeConfig
-from autotune.memory.logits import logprob_logits_bytes, update_logits_bytes
+from autotune.memory.logits import autocast_logits_bytes, logprob_logits_bytes, update_logits_bytes
 from autotune.memory.shape import (
     activation_bytes_per_token,
     forward_bytes_per_token,
@@ -382,8 +382,11 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         ref_pass = peak = max(at_layer, at_logits, gathering)
     else:  # one GPU: autocast's cache keeps the cast of each weight that requires a
         # gradient to the forward's end, under no_grad too, so it peaks with the logits
-        # (held-out H200 rows: readme, 02); LoRA's frozen base is cast op by op, not kept
-        # (01), its adapters are (model_vs_trace.py's 1.5B and 3B LoRA rows, traced)
+        # made inside autocast (held-out H200 rows: readme, 02), not with the unfused
+        # path's fp32 copy of them, made once autocast has emptied its cache
+        # (autocast_logits_bytes; the committed 0.5B rows' traces: the head's and the
+        # layers' casts freed at that peak); LoRA's frozen base is cast op by op, not
+        # kept (01), its adapters are (model_vs_trace.py's 1.5B and 3B LoRA rows, traced)
         cast = adapter_cast_bytes(s) if config.uses_lora else forward["cast_weights"]
         # the fused log-prob casts the head's weight once for all its chunks, so a frozen
         # head's cast (LoRA: not kept by autocast's cache) is live beside them (held-out H200
@@ -392,7 +395,9 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
         head = s.compute_bytes * s.shape.embedding_params if config.uses_lora \
             and config.fused_logprob and s.autocast_casts else 0
         ref_pass = max(forward["logits"] + head, forward["activations"])  # weights: bf16
-        peak = cast + ref_pass
+        inside = autocast_logits_bytes(s, s.rows(share.responses_per_step, "experience"),
+                                       config.entropy_metric and config.runs_old_logprob_pass)
+        peak = max(cast + max(inside + head, forward["activations"]), ref_pass)
     # a reference waiting on the host is on the device for its own pass only
     arriving = reference_bytes(s) - states["reference"]
     peak = max(peak, arriving + ref_pass if arriving else 0)

@@ -62,17 +62,23 @@ def _chunk_softmax(out: Stream, compute_bytes: int, elements: int) -> tuple[int,
     return wide, out.alloc(4 * elements)
 
 
-def _logits(out: Stream, s: StepShape, rows: int, backward: bool) -> list[int]:
+def _logits(out: Stream, s: StepShape, rows: int, backward: bool,
+            autocast_cache: Blocks = ()) -> list[int]:
     """The log-probs from the whole logits: the compute-dtype logits, their fp32 response
-    slice, its log-softmax (kept for the backward); returns what stays for the backward."""
+    slice, its log-softmax (kept for the backward); returns what stays for the backward.
+    `autocast_cache` (a no-grad forward's casts, kept by autocast's cache) goes as autocast
+    exits: after the fused chunks, which run inside it, or before the fp32 slice, which the
+    probe copies outside it (forwards.py, _forward_log_probs)."""
     c, v = s.compute_bytes, s.vocab
     tokens, scored = rows * s.seq, rows * s.response
     if s.fused_logits:  # a chunk at a time: no whole-vocabulary block outlives it
         for chunk in _chunks(tokens):
             wide, soft = _chunk_softmax(out, c, chunk * v)  # gathered and gone
             out.free(soft, wide)
+        out.free(autocast_cache)
         return []
     logits = out.alloc(c * tokens * v)
+    out.free(autocast_cache)
     wide = out.alloc(4 * scored * v)
     out.free(logits)
     soft = out.alloc(4 * scored * v)
@@ -179,12 +185,18 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
     reference's, its units gathered on its own stream (its root kept from the last step,
     or, where its params went to the host under FSDP2 (states.keeps_gathered_root),
     gathered at its first micro-batch and kept to the phase's end, when they go back);
-    returns the actor's root, still gathered."""
+    returns the actor's root, still gathered. A reference waiting on the host
+    (s.reference_on_host) comes to the device for its forward alone, after the actor's
+    casts have gone (experience.py: placed, its log-probs, placed back)."""
     c = s.compute_bytes
     reference_root: list[int] = []
+    arrived: list[int] = []
     for forward in range(s.forwards):
         reference = bool(forward) and s.with_reference
         out.copy_in = REF_COPY_IN if reference else COPY_IN
+        if reference and s.reference_on_host:
+            arrived = [out.alloc(c * p // s.shards) for p in
+                       state_tensors(s.root_params, s.layer_params, s.layers, s.shards)]
         for _ in range(MICRO_BATCHES):
             if s.shards > 1 and not forward and not root_held:
                 root_held = gather_unit(out, s, s.root_params)
@@ -192,14 +204,23 @@ def experience(out: Stream, s: StepShape, root_held: list[int]) -> list[int]:
                     and not reference_root:
                 reference_root = gather_unit(out, s, s.root_params)
             _vision(out, s, s.experience_rows, keep=False)
+            # one GPU: autocast's cache keeps the cast of every weight that needs a
+            # gradient to the forward's end, the head's too (the actor's; LoRA's frozen
+            # base is cast op by op)
+            cached = s.autocast_casts and not s.frozen_base and not reference
+            casts: list[int] = []
             for _ in range(s.layers):
                 layer = gather_unit(out, s, s.layer_params) if s.shards > 1 else \
                     [out.alloc(c * p) for p in s.layer_params]  # autocast's casts
                 _layer_forward_temps(out, s, s.experience_rows)
-                reshard_unit(out, s, layer)
+                if cached:
+                    casts += layer
+                else:
+                    reshard_unit(out, s, layer)
             gathered_done(out)
-            _logits(out, s, s.experience_rows, backward=False)
-    out.free(reference_root)
+            casts += [out.alloc(c * _head_params(s))] if cached else []
+            _logits(out, s, s.experience_rows, backward=False, autocast_cache=casts)
+    out.free(reference_root, arrived)
     out.copy_in = COPY_IN
     return root_held
 
@@ -436,9 +457,9 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                         ) -> dict[str, int]:
     """Per training phase (experience, update), what the replayed sketch reserved beyond
     its allocated peak. Each phase is laid out on its own, twice over (as two training steps
-    run it), after the states it finds (state_tensors): the fp32 master shards and the
-    reference (not in the update where it waits on the host), AdamW's state (on the host
-    when offloaded; the update makes it at its first step), and FSDP's root unit gathered;
+    run it), after the states it finds (state_tensors): the fp32 master shards, the
+    reference (one waiting on the host arrives for its own pass), AdamW's state (on the
+    host when offloaded; the update makes it at its first step), FSDP's root unit gathered;
     so a phase moves only with its own knobs (phases.PHASE_KNOBS, the batches among them:
     they set its loops' counts), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
@@ -449,7 +470,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
         out.phase("build")
         for p in every:  # the fp32 master shards
             out.alloc(4 * p // n)
-        if s.with_reference and not (s.reference_on_host and name == "update"):
+        if s.with_reference and not s.reference_on_host:  # else: it arrives for its pass
             for p in every:
                 out.alloc(c * p // n)
         adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \

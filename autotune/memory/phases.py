@@ -256,15 +256,23 @@ def engine_reservation_bytes(s: Sizing, engine_capacity_bytes: int | None) -> in
     if not config.engine_reserves:
         return 0
     if config.kv_cache_memory_bytes is not None:  # the pool in bytes: what it takes
-        rows = max(1, min(config.max_num_seqs,
-                          config.max_num_batched_tokens // config.max_prompt_length))
-        profile = (forward_bytes(s, rows, config.max_prompt_length)
-                   + config.max_num_seqs * s.shape.vocab * 4)  # a prefill chunk, the sampler
-        return engine_weight_bytes(s) + config.kv_cache_memory_bytes + profile
+        return engine_weight_bytes(s) + config.kv_cache_memory_bytes + engine_profile_bytes(s)
     if engine_capacity_bytes is None:
         raise ValueError("a vllm-like engine reserves a share of the device: pass "
                          "engine_capacity_bytes")
     return int(config.gpu_memory_utilization * engine_capacity_bytes)
+
+
+def engine_profile_bytes(s: Sizing) -> int:
+    """What an engine with vLLM's memory keeps of its reservation for its forwards, outside
+    its weights and KV pool: its profile run's peak, a prefill chunk of at most
+    max_num_batched_tokens and a sampler of max_num_seqs rows' fp32 logits (the probe's
+    engine.py, _size_pool: the pool is the reservation less the weights and this)."""
+    config = s.config
+    rows = max(1, min(config.max_num_seqs,
+                      config.max_num_batched_tokens // config.max_prompt_length))
+    return forward_bytes(s, rows, config.max_prompt_length) \
+        + config.max_num_seqs * s.shape.vocab * 4
 
 
 def engine_held(s: Sizing, reservation: int) -> dict[str, int]:
@@ -287,7 +295,10 @@ def rollout_states(s: Sizing, reservation: int) -> dict[str, int]:
     """What the rollout and validation hold beside generating: the resident states, the
     critic, and the engine (its reservation; its weights; or, where the actor generates, the
     actor's own params back on the device and the compute-dtype weights its forward uses),
-    and FSDP's root unit, still gathered."""
+    and the reference's FSDP root, kept gathered from its last forward (kept_root_bytes;
+    the actor's is resharded by its update's backward: model_vs_trace.py's sharded ranks
+    with LoRA, which has no reference model, and FSDP2's with the reference on the host
+    traced no root at the rollout's peak, where the model had one: 0.56 to 2.0 GiB over)."""
     config = s.config
     if config.engine_reserves:
         engine = {"engine_reservation": reservation}
@@ -298,15 +309,21 @@ def rollout_states(s: Sizing, reservation: int) -> dict[str, int]:
     else:
         engine = {"engine_weights": engine_weight_bytes(s)}
     states = {"resident": resident_bytes(s), **critic_held(s), **engine}
-    root = fsdp_root_bytes(s)
-    return {**states, "fsdp_root": root} if root else states
+    root = kept_root_bytes(s, actor=False)
+    return {**states, "reference_root": root} if root else states
 
 
 def rollout_phase(s: Sizing, sequences: int, states: dict[str, int],
                   context: int) -> PhaseEstimate:
     """The rollout: `states` (rollout_states) and generating `sequences`, or a sharded engine
-    waking, whichever is more."""
+    waking, whichever is more. An engine with vLLM's memory wakes its weights and KV pool,
+    which leave its profile's share of the reservation free (engine_profile_bytes), and
+    loads the gathered tensors into that first: the profile's share is counted off the
+    wake (model_vs_trace.py's sharded vllm-like ranks traced their wake with the pool and
+    the gathered embedding, the reservation less the profile: 0.15 to 1.2 GiB over)."""
     generating, wake = generation_bytes(s, sequences), wake_gather_bytes(s)
+    if s.config.engine_reserves:
+        wake = max(0, wake - engine_profile_bytes(s))
     return PhaseEstimate(sum(states.values()), max(sum(generating.values()), wake), context,
                          {**states, **generating, "wake_gather": wake},
                          critic_states(s).resident_bytes)

@@ -207,9 +207,10 @@ def critic_cast_bytes(s: Sizing) -> int:
 # Sharded over W > 1 GPUs each phase peaks at one of FSDP's moments: the four below, the
 # moments a 7B rank peaks at (benchmarks/results/gpu: the traced tensors at each peak).
 def fsdp_root_bytes(s: Sizing) -> int:
-    """FSDP keeps the root unit (embeddings, LM head, a VL model's vision merger) gathered
-    from its forward to the end of the next backward, so between phases too: the rollout
-    holds it."""
+    """The root unit (embeddings, LM head, a VL model's vision merger) gathered, one rank's
+    compute-dtype copy: FSDP keeps it from its forward to the end of the next backward; a
+    no-grad forward's (the reference's) to its next forward (kept_root_bytes), so the
+    rollout holds that one."""
     return s.compute_bytes * s.shape.root_unit_params if s.shards > 1 else 0
 
 

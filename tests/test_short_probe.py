@@ -392,8 +392,13 @@ def test_a_real_sweep_stops_probes_that_measure_themselves_under_the_best(tmp_pa
     floor = ProbeRequest.from_json(trial_files.request_path(
         settings.study_dir, trials[2].number).read_text()).stop_below
     assert floor is not None and floor.incumbent == fastest.number
-    if attrs["status"] == "ok":  # ran on: only where the noise let the floor fall near its rate
-        assert floor.margin > 0.2, (floor, result["tokens_per_s"])  # steps 10%+ apart
+    if attrs["status"] == "ok":  # ran on: only where the noise let the floor fall near its
+        # rate: a wide margin (steps 10%+ apart), or an incumbent timed slow by a loaded
+        # machine that the watch did not flag (a fresh clone's suite beside other work: 2
+        # a wave at 204 tok/s over a floor of 117); the rule stops on a partial step's rate,
+        # a bound above the whole step's, hence the 10% below the floor it may end at
+        assert floor.margin > 0.2 or result["tokens_per_s"] >= 0.9 * floor.tokens_per_s, \
+            (floor, result["tokens_per_s"])
         return
     assert attrs["status"] == "slow", attrs["reason"]
     assert f"trial {fastest.number}'s figure" in attrs["reason"]

@@ -514,8 +514,11 @@ def test_run_measures_the_safe_config_then_skips_a_traced_oom(tmp_path):
     assert fits and all(t.user_attrs["status"] == "ok" for t in fits)
     summary = study.user_attrs["memory_calibration"]["trace"]
     assert summary["traces"] >= len(traced) and summary["trace_wall_s"] > 0
-    shown = [line for line in out.stderr.splitlines() if "  tracing " in line]
-    assert len(shown) == summary["traces"]  # each trace is shown as it starts
+    # each trace is shown as it starts; on a loaded machine tracing may turn itself off
+    # once a trace costs more than the probes it could save, which is said, not a trace
+    shown = [line for line in out.stderr.splitlines()
+             if "  tracing " in line and "  tracing off: " not in line]
+    assert len(shown) == summary["traces"]
 
 
 def test_the_trace_process_failures_turn_tracing_off_with_their_reason(make_request, monkeypatch):

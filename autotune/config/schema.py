@@ -269,6 +269,12 @@ class ProbeConfig:
                              self.global_batch_size)
 
     @property
+    def runs_experience_forward(self) -> bool:
+        """Whether the experience phase runs any log-prob forward: the old-log-prob pass or
+        the reference's (TRL at beta 0 and one optimizer step a generation runs neither)."""
+        return self.runs_old_logprob_pass or self.use_kl
+
+    @property
     def has_critic(self) -> bool:
         """PPO trains a critic (a value model of the actor's architecture) on the same GPUs."""
         return trains_critic(self.algorithm)

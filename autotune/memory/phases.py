@@ -348,7 +348,7 @@ def logprob_forward_bytes(s: Sizing, rows: int) -> dict[str, int]:
                "logits": logprob_logits_bytes(s, rows, config.entropy_metric and old_pass),
                "activations": forward_bytes(s, rows, config.sequence_length,
                                             adapters=config.uses_lora)}
-    return forward if old_pass or config.use_kl else dict.fromkeys(forward, 0)
+    return forward if config.runs_experience_forward else dict.fromkeys(forward, 0)
 
 
 def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
@@ -362,7 +362,7 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
               else shard_bytes(ADAM_BYTES, trained, s.shards),
               "reference": reference_resident_bytes(s), **critic_held(s), **held}
     forward = logprob_forward_bytes(s, s.rows(share.responses_per_step, "experience"))
-    gathering = fsdp_gather_bytes(s) if config.runs_old_logprob_pass or config.use_kl else 0
+    gathering = fsdp_gather_bytes(s) if config.runs_experience_forward else 0
     if s.shards > 1 and config.uses_lora and gathering:
         # LoRA: the reference pass is the actor's own module with its adapters off, so one
         # root unit, gathered by the first forward and kept (the probe does not reshard it),
@@ -413,7 +413,8 @@ def experience_phase(s: Sizing, share: DeviceShare, held: dict[str, int],
             and config.fused_logprob and s.autocast_casts else 0
         ref_pass = max(forward["logits"] + head, forward["activations"])  # weights: bf16
         inside = autocast_logits_bytes(s, s.rows(share.responses_per_step, "experience"),
-                                       config.entropy_metric and config.runs_old_logprob_pass)
+                                       config.entropy_metric and config.runs_old_logprob_pass) \
+            if config.runs_experience_forward else 0
         peak = max(cast + max(inside + head, forward["activations"]), ref_pass)
     # a reference waiting on the host is on the device for its own pass only
     arriving = reference_bytes(s) - states["reference"]

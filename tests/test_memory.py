@@ -199,7 +199,11 @@ def test_hf_generation_peaks_at_its_larger_moment_with_its_reserve_sketched():
     # one GPU's states, tensor by tensor in 2 MiB-rounded segments: their slack goes with them
     assert reserve["hf", False] > reserve["hf", True] + 128 * 2**20
     assert reserve["hf", True] > 64 * 2**20  # the prefill's temporaries
-    assert reserve["vllm-like", False] == 0  # one pool made at wake-up: nothing sketched
+    # a vllm-like engine's pool is one block made at wake-up: no prefill laid out, only the
+    # states the rollout finds and the engine's weights as it wakes (the committed 0.5B
+    # rollouts at utilisation 0.3 and 0.6 had 1.09 GiB reserved beyond their tensors, and no
+    # sketched reserve: model alone -2.2% and -1.2%, now -1.4% and -0.8%)
+    assert 256 << 20 < reserve["vllm-like", False] < reserve["hf", False]
     # a sharded weight sync holds copies of the rank's fp32 shard while it gathers (FSDP1's
     # state dict, an offloaded shard brought back) and frees them before generating: the
     # prefill's blocks split their segments (held-out H200 row 10, a 3B rank of 4: 5.6 GiB
@@ -870,4 +874,6 @@ def test_a_rollout_holds_the_references_root_and_a_waking_engine_its_pool():
         assert rollout.parts.get("reference_root", 0) == (fsdp_root_bytes(s) if kept else 0)
         profile = engine_profile_bytes(s)
         assert 0 < profile < wake_gather_bytes(s)
-        assert rollout.transient_bytes == wake_gather_bytes(s) - profile
+        reserve = rollout.parts["allocator_reserve"]  # the states' and the wake's slack
+        assert 0 < reserve < 1 << 30
+        assert rollout.transient_bytes == wake_gather_bytes(s) - profile + reserve

@@ -216,13 +216,16 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     settings = AllocatorSettings(expandable_segments=config.expandable_segments)
     reserve = dict(phase_reserve_bytes(step_shape(shape, sliced, shards, width, share),
                                        settings))
-    if not config.engine_reserves:  # HF generation's growing cache (rollout_reserve.py)
-        whole = config.share(num_gpus)
-        reserve["rollout"] = generation_reserve_bytes(
-            generation_shape(shape, config, shards, width, whole.responses_per_step), settings)
-        if whole.val_prompts:
-            reserve["validation"] = generation_reserve_bytes(
-                generation_shape(shape, config, shards, width, whole.val_prompts), settings)
+    # HF generation's growing cache (rollout_reserve.py); a vllm-like engine's pool is one
+    # block, so its rollout lays out only the states it finds and its weights' wake
+    whole = config.share(num_gpus)
+    for phase, sequences in (("rollout", whole.responses_per_step),
+                             ("validation", whole.val_prompts)):
+        if sequences:
+            generation = generation_shape(shape, config, shards, width, sequences)
+            if config.engine_reserves:
+                generation = dataclasses.replace(generation, batches=0)
+            reserve[phase] = generation_reserve_bytes(generation, settings)
     if config.has_critic:  # the critic's update, laid out as an update of its own model
         reserve["critic_update"] = phase_reserve_bytes(
             critic_step_shape(shape, sliced, shards, width, share), settings)["update"]

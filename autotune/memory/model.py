@@ -216,16 +216,12 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     settings = AllocatorSettings(expandable_segments=config.expandable_segments)
     reserve = dict(phase_reserve_bytes(step_shape(shape, sliced, shards, width, share),
                                        settings))
-    # HF generation's growing cache (rollout_reserve.py); a vllm-like engine's pool is one
-    # block, so its rollout lays out only the states it finds and its weights' wake
-    whole = config.share(num_gpus)
+    whole = config.share(num_gpus)  # the generating phases (rollout_reserve.py)
     for phase, sequences in (("rollout", whole.responses_per_step),
                              ("validation", whole.val_prompts)):
         if sequences:
-            generation = generation_shape(shape, config, shards, width, sequences)
-            if config.engine_reserves:
-                generation = dataclasses.replace(generation, batches=0)
-            reserve[phase] = generation_reserve_bytes(generation, settings)
+            reserve[phase] = generation_reserve_bytes(
+                generation_shape(shape, config, shards, width, sequences), settings)
     if config.has_critic:  # the critic's update, laid out as an update of its own model
         reserve["critic_update"] = phase_reserve_bytes(
             critic_step_shape(shape, sliced, shards, width, share), settings)["update"]
@@ -234,8 +230,8 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
 
 def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                      sequences: int) -> GenerationShape:
-    """The numbers rollout_reserve.py lays an HF-generation rollout of `sequences` out
-    with: `max_num_seqs` at a time, one rank's share of a tensor-parallel engine (its heads
+    """The numbers rollout_reserve.py lays a rollout of `sequences` out with: HF
+    generation's `max_num_seqs` at a time (a vllm-like engine's: none), one rank's share of a tensor-parallel engine (its heads
     and its layers' weights but the norms), the states the rollout finds on the device (the
     actor's params and AdamW's state unless offloaded, the reference, the critic's), the
     engine's copy gathered from FSDP shards, or a sharded policy gathering its layers as it
@@ -256,7 +252,10 @@ def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, comput
         + shape.layer_tensors[10:],
         root_tensors=(shape.embedding_params,) * (1 if shape.tied_embeddings else 2),
         compute_bytes=compute_bytes, rows=rows, prompt=config.max_prompt_length,
-        response=config.max_response_length, batches=-(-sequences // rows),
+        response=config.max_response_length,
+        # a vllm-like engine's pool is one block made at wake-up: no batch laid out, only
+        # the states the rollout finds and the engine's weights as it wakes
+        batches=0 if config.engine_reserves else -(-sequences // rows),
         engine_copy=copy, held_copies=actor + reference + critic,
         state_layer=shape.layer_tensors, shards=shards,
         wake_gather=copy and shards > 1, policy_gathers=not copy and shards > 1,

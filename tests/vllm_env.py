@@ -20,6 +20,7 @@ tests that come first.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -64,12 +65,22 @@ def _run(args: list[str], what: str) -> None:
 
 
 def make_vllm_env(env: Path) -> Path:
-    """The environment at `env`, made if it is not complete; returns its Python."""
-    python = env / "bin" / "python"
+    """The environment at `env`, made if it is not complete; returns its Python. One process
+    makes it at a time (a lock file beside it): two test runs on one machine (two checkouts
+    share it) wait for the one making it and then find it complete."""
     if (env / ".complete").exists():
+        return env / "bin" / "python"
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f"{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        return _make_vllm_env_locked(env)
+
+
+def _make_vllm_env_locked(env: Path) -> Path:
+    python = env / "bin" / "python"
+    if (env / ".complete").exists():  # made by the process that held the lock before
         return python
     shutil.rmtree(env, ignore_errors=True)
-    env.parent.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "venv", str(env)], "venv")
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     torch = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_torch.sh"), str(python),

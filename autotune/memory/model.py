@@ -231,8 +231,8 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
 def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                      sequences: int) -> GenerationShape:
     """The numbers rollout_reserve.py lays a rollout of `sequences` out with: HF
-    generation's `max_num_seqs` at a time (a vllm-like engine's: none), one rank's share of a tensor-parallel engine (its heads
-    and its layers' weights but the norms), the states the rollout finds on the device (the
+    generation's `max_num_seqs` at a time (a vllm-like engine's: none), one rank's share of
+    a tensor-parallel engine (its heads and its layers' weights but the norms), the states the rollout finds on the device (the
     actor's params and AdamW's state unless offloaded, the reference, the critic's), the
     engine's copy gathered from FSDP shards, or a sharded policy gathering its layers as it
     generates. The vision tower's prefill is not laid out."""

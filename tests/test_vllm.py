@@ -30,22 +30,27 @@ def sets(knobs: dict) -> list[str]:
     return [arg for key, value in knobs.items() for arg in ("--set", f"{key}={value}")]
 
 
-def run(python, *args, timeout=600) -> subprocess.CompletedProcess:
+def run(python, *args, timeout=600, tmp_dir=None) -> subprocess.CompletedProcess:
+    env = vllm_run_env() | ({"TMPDIR": str(tmp_dir)} if tmp_dir else {})
     return subprocess.run([str(python), "-m", "autotune", *args], capture_output=True,
-                          text=True, timeout=timeout, env=vllm_run_env())
+                          text=True, timeout=timeout, env=env)
 
 
-def probe(python, kv_bytes: int) -> dict:
+def probe(python, kv_bytes: int, tmp_dir=None) -> dict:
     done = run(python, "probe", *COMMON, *sets({**SHAPES, "kv_cache_memory_bytes": kv_bytes}),
-               "--json")
+               "--json", tmp_dir=tmp_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["status"] == "ok", result["message"]
     return result
 
 
-def test_the_real_engine_holds_its_kv_budget_and_the_rollout_peak_moves_with_it(vllm_python):
-    small, large = probe(vllm_python, 16 * MIB), probe(vllm_python, 64 * MIB)
+def test_the_real_engine_holds_its_kv_budget_and_the_rollout_peak_moves_with_it(
+        vllm_python, tmp_path):
+    small, large = probe(vllm_python, 16 * MIB, tmp_path), probe(vllm_python, 64 * MIB)
+    # the model's config the engine was built from is written to a temporary folder, and
+    # removed with the engine (every probe left one behind until 2026-12-04)
+    assert not list(tmp_path.glob("autotune-vllm-*")), list(tmp_path.iterdir())
     for result, budget in ((small, 16 * MIB), (large, 64 * MIB)):
         engine = result["engine"]
         assert result["versions"]["vllm"] == "0.32.0"  # the real engine ran

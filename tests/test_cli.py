@@ -12,6 +12,11 @@ def autotune(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=600)
 
 
+def sets(**knobs: object) -> list[str]:
+    """`--set key=value` for each knob."""
+    return [arg for key, value in knobs.items() for arg in ("--set", f"{key}={value}")]
+
+
 def test_help_does_not_import_heavy_modules():
     code = ("import sys; import autotune.cli.main; "
             "print([m for m in ('torch', 'transformers', 'ray') if m in sys.modules])")
@@ -84,7 +89,9 @@ def test_models_lists_card_counts():
 def test_probe_json_on_cpu(tmp_path):
     out = autotune("probe", "--model", "tiny-qwen2.5", "--device", "cpu", "--json",
                    "--warmup-steps", "0", "--timed-steps", "1", "--log", str(tmp_path / "p.log"),
-                   "--set", "max_prompt_length=64", "--set", "max_response_length=16")
+                   *sets(rollout_batch_size=4, rollout_n=2, global_batch_size=2,
+                         micro_batch_size_update=2, micro_batch_size_experience=4,
+                         max_prompt_length=64, max_response_length=16))
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["status"] == "ok" and result["tokens_per_s"] > 0

@@ -291,12 +291,14 @@ def test_a_ranks_shards_sit_together_as_the_trainers_lay_them_out(make_request, 
     made on the host or the meta device to the device. Packed after the build, a 0.5B FSDP2
     rank of 2 keeps no more than the expandable segment's partial pages mapped between its
     shards; built and sharded in place it keeps the holes the full model left (the control
-    below, Build._pack_shards switched off)."""
+    below, Build._pack_shards switched off). The build alone is traced: no step is run."""
     from autotune.probe.step.build import Build
+    from autotune.probe.step.training import TrainingProbe
     from autotune.probe.trace import trace_request
 
     request = make_request(model="qwen2.5-0.5b", gpus_per_node=2, max_prompt_length=32,
                            max_response_length=16, fsdp_strategy="fsdp2")
+    monkeypatch.setattr(TrainingProbe, "step", lambda self: None)
     packed: list[tuple] = []
     trace_request(request, 0, events=packed)
     monkeypatch.setattr(Build, "_pack_shards", lambda self: None)

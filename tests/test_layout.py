@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
                             "probe.launch"},
     "probe": BASE | {"batching", "config", "files", "hardware", "registry", "process_tag",
                      "memory.allocator",  # the trace replays its allocations (pure Python)
+                     "memory.workspaces",  # and records cuBLAS's workspaces (constants)
                      "probe"},
     "runners": BASE | {"config", "files", "hardware", "process_tag", "probe.measure.result",
                        "probe.measure.oom", "runners"},

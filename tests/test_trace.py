@@ -212,6 +212,32 @@ def test_an_fsdp1_rank_with_lora_traces_both_steps(make_request):
     assert {RECORD, MARK} <= kinds, kinds
 
 
+
+def test_a_gpu_trace_holds_cublas_workspaces_from_each_threads_first_gemm(make_request):
+    """On a GPU torch gives each cuBLAS handle a workspace from the caching allocator at its
+    thread's first GEMM and keeps it (memory/workspaces.py): the forward's, made by the first
+    rollout, and the autograd engine's, by the first update's backward. A GPU's traced stream
+    has those two and never frees them; a CPU's has none (before 2026-12-04 neither had,
+    and the replay reserved 0.37 GiB too little in a 0.5B experience on the H200)."""
+    from autotune.memory.allocator import ALLOC, FREE, PHASE
+    from autotune.memory.workspaces import CUBLAS_WORKSPACE_BYTES
+    from autotune.probe.trace import trace_request
+
+    request = make_request()
+    for device, expected in (("cuda", ["rollout", "update"]), ("cpu", [])):
+        events: list[tuple] = []
+        trace_request(dataclasses.replace(request, device=Device(device, 8 << 30)), 0,
+                      events=events)
+        freed = {event[1] for event in events if event[0] == FREE}
+        phase, made = None, []
+        for event in events:
+            if event[0] == PHASE and event[1] is not None:
+                phase = event[1]
+            elif event[0] == ALLOC and event[2] == CUBLAS_WORKSPACE_BYTES:
+                assert event[1] not in freed
+                made.append(phase)
+        assert made == expected, (device, made)
+
 # Every loop runs 3 iterations or more: 12 responses in 3 mini-batches of 4, micro-batches of
 # 1 (4 a mini-batch; 2 in the cases that skip no micro-batch, to keep them short), 3 log-prob
 # chunks, 3 generation batches (hf: 5, 5 and 2) in 2 prefill chunks each, 3 decode steps.

@@ -6,8 +6,9 @@ kernel in logits.py), its calibration on measured peaks (calibration.py), the ve
 read it (verdict.py), the length headroom (length.py), the node's host memory (host.py),
 PyTorch's CUDA caching allocator replayed on a recorded allocation stream (allocator.py: the
 probe's trace calls it too), the allocator's reserve sketched from a step's allocations
-(the sketch package), what a GPU process holds outside torch (outside_torch.py) and the
-trainers' own memory figures (trainer_figures.py).
+(the sketch package), cuBLAS's workspaces the allocator holds (workspaces.py), what a GPU
+process holds outside torch (outside_torch.py) and the trainers' own memory figures
+(trainer_figures.py).
 May import batching, config, errors, files (its JSON types) and registry; never torch, so
 `autotune estimate` and the sweep's pre-screen are instant.
 """

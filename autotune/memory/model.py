@@ -51,6 +51,7 @@ from autotune.memory.states import (
     keeps_gathered_root,
     reference_bytes,
 )
+from autotune.memory.workspaces import CUBLAS_WORKSPACES_BYTES
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -75,7 +76,7 @@ class ModelArgs(TypedDict, total=False):
 GPU_CONTEXT_BYTES = 1 << 30  # the traced estimate's old prior (benchmarks' landscapes keep it)
 CPU_CONTEXT_BYTES = 255 << 20
 # The traced estimate's fixed term (probe/trace.py counts every tensor; this is the rest): on
-# a GPU the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's rounding; on
+# a GPU the CUDA context, NCCL's buffers and the caching allocator's rounding; on
 # a CPU the interpreter with torch and transformers, and what glibc's heap holds beyond the
 # live tensors (the median of benchmarks/trace_accuracy.py's grids). The sweep replaces it
 # with what its own probes held beyond their traces.
@@ -201,8 +202,9 @@ def estimate_memory(shape: ModelShape, config: ProbeConfig, num_gpus: int = 1,
 
 def allocator_reserve(shape: ModelShape, config: ProbeConfig,
                       **args: Unpack[ModelArgs]) -> dict[str, int]:
-    """What the caching allocator reserves beyond the tensors in each training phase of
-    `config` on a GPU (step_reserve.py's sketch, replayed; {} on a CPU), asked as estimate_memory
+    """What the caching allocator reserves beyond the tensors in each phase of `config` on a
+    GPU (step_reserve.py's and rollout_reserve.py's sketches, replayed, and cuBLAS's
+    workspaces; {} on a CPU), asked as estimate_memory
     is (the arguments it does not need are ignored). A search over one knob (a length, a
     micro-batch) holds it fixed at the config asked about, passing it to estimate_memory as
     `reserve_bytes`: the sketch takes tens of milliseconds a config, and a fragmentation
@@ -225,17 +227,19 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
     if config.has_critic:  # the critic's update, laid out as an update of its own model
         reserve["critic_update"] = phase_reserve_bytes(
             critic_step_shape(shape, sliced, shards, width, share), settings)["update"]
-    return reserve
+    # and cuBLAS's workspaces, held by the allocator from the first step on (workspaces.py)
+    return {phase: value + CUBLAS_WORKSPACES_BYTES for phase, value in reserve.items()}
 
 
 def generation_shape(shape: ModelShape, config: ProbeConfig, shards: int, compute_bytes: int,
                      sequences: int) -> GenerationShape:
     """The numbers rollout_reserve.py lays a rollout of `sequences` out with: HF
     generation's `max_num_seqs` at a time (a vllm-like engine's: none), one rank's share of
-    a tensor-parallel engine (its heads and its layers' weights but the norms), the states the rollout finds on the device (the
-    actor's params and AdamW's state unless offloaded, the reference, the critic's), the
-    engine's copy gathered from FSDP shards, or a sharded policy gathering its layers as it
-    generates. The vision tower's prefill is not laid out."""
+    a tensor-parallel engine (its heads and its layers' weights but the norms), the states
+    the rollout finds on the device (the actor's params and AdamW's state unless offloaded,
+    the reference, the critic's), the engine's copy gathered from FSDP shards, or a sharded
+    policy gathering its layers as it generates. The vision tower's prefill is not laid
+    out."""
     tp, copy = config.rollout_tensor_parallel, not config.actor_generates
     rows = max(1, min(sequences, config.max_num_seqs))
     actor = ((() if config.offload_params else (4,))

@@ -6,10 +6,11 @@ plus what lives outside torch. Each term is named here, with where its figure co
 
 - `cuda_context_bytes`: the CUDA context with its lazily loaded kernel modules (cuBLAS,
   the step's own kernels). Measured on an H200 with torch 2.11 and CUDA 13 as NVML's process
-  figure less torch's reserved peak, the same in every phase of a probe: 760 to 782 MiB for
-  qwen2.5-0.5b on one GPU, 852 to 856 MiB for an emulated 7B rank (more GEMM shapes, more
-  modules), 14 probes (benchmarks/results/gpu/). The prior is their middle; a sweep replaces
-  it with what its own probes measured (NVML less reserved: both are read by every probe).
+  figure less torch's reserved peak (benchmarks/results/gpu/: the main run and the three
+  held-out grids), by topology, not by model: one GPU 758 to 808 MiB over 12 probes of 0.5B
+  to VL-7B, a rank of a sharded run 828 to 928 MiB over 31 (ranks of 2 to 8, emulated: FSDP's
+  own kernels are loaded too). The priors are the two medians; a sweep replaces them with
+  what its own probes measured (NVML less reserved: both are read by every probe).
 - `nccl_bytes`: NCCL's buffers, allocated by NCCL itself, per communicator a rank is in
   (the FSDP group; a rollout tensor-parallel group): NCCL_BUFFSIZE 4 MiB and its LL and
   LL128 buffers per channel and peer. 512 MiB a communicator is the prior, from reports of
@@ -18,14 +19,16 @@ plus what lives outside torch. Each term is named here, with where its figure co
   single GPU have none.
 
 cuBLAS's workspaces (32 MiB per handle and stream on Hopper) are allocated through the
-caching allocator, so they are in its reserved figure, not here. No torch here.
+caching allocator, so they are in its reserved figure, not here (workspaces.py). No torch
+here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CUDA_CONTEXT_BYTES = 808 << 20  # the middle of 760 to 856 MiB measured on an H200
+CUDA_CONTEXT_ONE_GPU_BYTES = 780 << 20  # the median of 758 to 808 MiB on an H200
+CUDA_CONTEXT_RANK_BYTES = 852 << 20  # a sharded run's rank: the median of 828 to 928 MiB
 NCCL_COMMUNICATOR_BYTES = 512 << 20
 
 
@@ -56,8 +59,9 @@ def nccl_communicators(world_size: int, emulated: bool, rollout_tensor_parallel:
 def outside_torch(world_size: int = 1, emulated: bool = False,
                   rollout_tensor_parallel: int = 1,
                   cuda_context_bytes: int | None = None) -> OutsideTorch:
-    """The terms for one rank of a run; `cuda_context_bytes`: a measured context in place
-    of the prior."""
-    context = CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    """The terms for one rank of a run of `world_size` GPUs; `cuda_context_bytes`: a
+    measured context in place of the prior (a sharded run's rank's, or one GPU's)."""
+    prior = CUDA_CONTEXT_RANK_BYTES if world_size > 1 else CUDA_CONTEXT_ONE_GPU_BYTES
+    context = prior if cuda_context_bytes is None else cuda_context_bytes
     return OutsideTorch(context, NCCL_COMMUNICATOR_BYTES * nccl_communicators(
         world_size, emulated, rollout_tensor_parallel))

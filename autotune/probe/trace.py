@@ -12,9 +12,10 @@ Every storage the step creates, fake or real, is counted while it lives (torch's
 counts the same way: storage weak references, plus `UntypedStorage.resize_`, which FSDP2 and
 the sleeping engine use to free and refill memory), so each phase's peak is the largest sum of
 live device bytes, exactly, for the shapes and kernels of this torch and transformers. What
-offload moves to the host is counted apart. What no tensor shows is the fixed term,
-`context_bytes`: the CUDA context, cuBLAS and NCCL workspaces and the caching allocator's
-rounding on a GPU; the interpreter's own memory on a CPU.
+offload moves to the host is counted apart, and on a GPU cuBLAS's workspaces where a
+thread's first GEMM makes one (the forward's, the backward's). The rest is the fixed term,
+`context_bytes`: the CUDA context and NCCL's buffers on a GPU (the allocator's rounding is
+the replay's); the interpreter's own memory on a CPU.
 
 A GPU run is traced on the CPU with the GPU's kernels' memory where they differ: bf16 compute
 under autocast, and AdamW's foreach step (one fp32 temporary the size of the rank's shard).
@@ -63,6 +64,7 @@ from autotune.memory.allocator import (
     replay,
     smallest_cap,
 )
+from autotune.memory.workspaces import CUBLAS_WORKSPACE_BYTES
 from autotune.probe.measure.result import ProbeRequest, ProbeStatus
 from autotune.probe.measure.unit_loops import SHORT_SAMPLE, UnitClock
 
@@ -94,6 +96,9 @@ _ADD = _aten.add.Tensor
 # in every unfused log-prob's backward, which the allocator replay then has to fit (the
 # single-GPU updates' missing 1.7 GiB on the H200).
 _FILL_ZEROS = {_aten.scatter_add.default, _aten.index_add.default}
+# The ops a GPU runs through cuBLAS, the first of a thread makes a workspace (workspaces.py).
+_GEMMS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+          _aten.mv.default, _aten.addmv.default, _aten._addmm_activation.default}
 
 
 @dataclass
@@ -119,6 +124,7 @@ class AllocationTracker:
         self.events: list[tuple] = []  # allocator.py's ALLOC, FREE, PHASE, ... events
         self._streams: dict[int, int] = {}  # id of a torch.cpu stream -> its number
         self._next_id = 0
+        self._workspaces: set[tuple[bool, int]] = set()  # cuBLAS's: (backward, stream)
 
     def _add(self, record: _Storage, num_bytes: int) -> None:
         if record.on_host:
@@ -139,6 +145,15 @@ class AllocationTracker:
             self._next_id += 1
             record.alloc_id = self._next_id
             self.events.append((ALLOC, record.alloc_id, record.size_bytes, self._stream()))
+
+    def gemm(self, backward: bool) -> None:
+        """A GEMM on a GPU: the first of its thread (the forward's, the autograd engine's in
+        a backward) on its stream makes that cuBLAS handle's workspace (memory/workspaces.py)."""
+        key = (backward, self._stream())
+        if key not in self._workspaces:
+            self._workspaces.add(key)
+            self._next_id += 1
+            self.events.append((ALLOC, self._next_id, CUBLAS_WORKSPACE_BYTES, key[1]))
 
     def recorded(self, tensor: torch.Tensor, stream: object) -> None:
         """`record_stream(tensor, stream)` (FSDP1's, which torch skips on a CPU tensor): the
@@ -256,9 +271,10 @@ def _is_float(value: object) -> TypeGuard[torch.Tensor]:
 class _TraceMode(TorchDispatchMode):
     """Runs each op fake or real (see the module doc) and counts what it allocates."""
 
-    def __init__(self, fake_mode: FakeTensorMode, tracker: AllocationTracker) -> None:
+    def __init__(self, fake_mode: FakeTensorMode, tracker: AllocationTracker,
+                 gpu_kernels: bool = False) -> None:
         super().__init__()
-        self.fake_mode, self.tracker = fake_mode, tracker
+        self.fake_mode, self.tracker, self.gpu_kernels = fake_mode, tracker, gpu_kernels
 
     def __torch_dispatch__(self, func: OpOverload, types: Sequence[type],
                            args: tuple[object, ...] = (),
@@ -284,6 +300,8 @@ class _TraceMode(TorchDispatchMode):
                 out = tree_map(self._real_integers, out)
         for tensor in _tensors((out,)):
             self.tracker.track(tensor)
+        if func in _GEMMS and self.gpu_kernels:
+            self.tracker.gemm(backward=torch._C._current_autograd_node() is not None)
         if (func is _ADD or func in _FILL_ZEROS) and not torch.is_grad_enabled() \
                 and torch._C._current_autograd_node() is not None:
             if func is _ADD and len(args) == 2 and not kwargs and _is_float(args[1]):
@@ -478,7 +496,8 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     meter = TracedMeter(tracker, context_bytes, gpu_kernels=request.device.on_gpu)
     probe = TrainingProbe(request, meter)
     try:
-        with fake_mode, _TraceMode(fake_mode, tracker), _patched(tracker):
+        with fake_mode, _TraceMode(fake_mode, tracker, request.device.on_gpu), \
+                _patched(tracker):
             probe.build()
             # the first step brings AdamW's state and its results into being for the second;
             # both run each loop's first and last iterations, but a CPU's first its first

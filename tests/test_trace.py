@@ -466,7 +466,7 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
         assert predicted is not None and predicted.status == "gpu_oom"
         roomy = Device("cuda", capacity_bytes=max(reserved.values()) + (700 << 20))
         assert traced_prediction(tracer, params, 2 * fits, roomy) is None
-        assert trace_margin(tight) == 0.03
+        assert trace_margin(tight) == 0.05
     finally:
         tracer.close()
 

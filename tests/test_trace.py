@@ -212,13 +212,12 @@ def test_an_fsdp1_rank_with_lora_traces_both_steps(make_request):
     assert {RECORD, MARK} <= kinds, kinds
 
 
-
 def test_a_gpu_trace_holds_cublas_workspaces_from_each_threads_first_gemm(make_request):
     """On a GPU torch gives each cuBLAS handle a workspace from the caching allocator at its
     thread's first GEMM and keeps it (memory/workspaces.py): the forward's, made by the first
     rollout, and the autograd engine's, by the first update's backward. A GPU's traced stream
     has those two and never frees them; a CPU's has none (before 2026-12-04 neither had,
-    and the replay reserved 0.37 GiB too little in a 0.5B experience on the H200)."""
+    and the replay reserved 0.34 GiB less than torch in a 0.5B experience on the H200)."""
     from autotune.memory.allocator import ALLOC, FREE, PHASE
     from autotune.memory.workspaces import CUBLAS_WORKSPACE_BYTES
     from autotune.probe.trace import trace_request
@@ -237,6 +236,7 @@ def test_a_gpu_trace_holds_cublas_workspaces_from_each_threads_first_gemm(make_r
                 assert event[1] not in freed
                 made.append(phase)
         assert made == expected, (device, made)
+
 
 # Every loop runs 3 iterations or more: 12 responses in 3 mini-batches of 4, micro-batches of
 # 1 (4 a mini-batch; 2 in the cases that skip no micro-batch, to keep them short), 3 log-prob
@@ -466,7 +466,7 @@ def test_a_gpu_sweeps_trace_process_replays_the_allocator(make_request):
         assert predicted is not None and predicted.status == "gpu_oom"
         roomy = Device("cuda", capacity_bytes=max(reserved.values()) + (700 << 20))
         assert traced_prediction(tracer, params, 2 * fits, roomy) is None
-        assert trace_margin(tight) == 0.05
+        assert trace_margin(tight) == 0.06
     finally:
         tracer.close()
 

@@ -63,12 +63,12 @@ TRACE_FROM = 0.6  # trace a candidate the memory model puts past this share of t
 # so it is the trace's largest overstatement of a measured peak on the device, rounded up.
 # A GPU: the replay (plus what lives outside torch) overstated NVML's peak by +1.7% at most
 # over the 43 committed H200 phase rows and by +4.1% over the 103 held-out ones, configs drawn
-# at random (benchmarks/results/allocator_fidelity.json: a 7B FSDP1 rank's update); 5% covers
-# both (it was 3% from the committed rows alone, +1.9% then, and one percent more for a card
-# not measured). Its understatements cost a probe, never a config. A CPU: the tensors
+# at random (benchmarks/results/allocator_fidelity.json: a 7B FSDP1 rank's update), and one
+# percent more for a card not measured (3% from the committed rows alone until 2026-12-04,
+# +1.9% then). Its understatements cost a probe, never a config. A CPU: the tensors
 # plus the fitted fixed term overstated a recorded grid's phase by 1.8% at most
 # (benchmarks/trace_accuracy.py; tests/test_trace_margin.py holds it).
-TRACE_MARGIN_GPU = 0.05
+TRACE_MARGIN_GPU = 0.06
 TRACE_MARGIN_CPU = 0.02
 TRACE_COST_SHARE = 0.5  # trace while a trace takes at most this share of a probe's wall time
 TRACE_TIMEOUT_S = 900.0

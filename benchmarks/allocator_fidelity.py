@@ -18,9 +18,11 @@ measurement enters its prediction. Each row compares:
     python benchmarks/allocator_fidelity.py [--out DIR] [--every-iteration] [--cases a,b]
                                             [--reuse results/allocator_fidelity.json]
 
-`--reuse` takes every traced figure from an earlier report and recomputes the memory model
-alone (seconds, not minutes): for a change to the model that leaves the probe, the trace
-and the allocator replay as they were; the report says whose traces it holds.
+`--reuse` takes every trace and replay from an earlier report and recomputes the rest
+(seconds, not minutes): on the committed rows the outside-torch term, the prediction and
+the memory model; on the held-out rows the model, their traced figures kept whole (with the
+prior they were made with). For a change to the model or the context that leaves the probe,
+the trace and the allocator replay as they were; the report says whose traces it holds.
 
 Then the held-out rows apart, grid by grid (issue 67: results/gpu/holdout.json and each
 results/gpu/holdout_seed*/, configs drawn at random by benchmarks/gpu_holdout.py and
@@ -314,8 +316,8 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated case labels")
     parser.add_argument("--workers", type=int, default=2, help="held-out traces at a time")
     parser.add_argument("--reuse", type=Path, default=None,
-                        help="an earlier report whose traces to keep: the model alone is "
-                             "recomputed")
+                        help="an earlier report whose traces and replays to keep: the "
+                             "outside-torch term and the model are recomputed")
     args = parser.parse_args()
     started = time.monotonic()
     labels = args.cases.split(",") if args.cases else None

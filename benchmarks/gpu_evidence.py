@@ -21,8 +21,8 @@ registry models, a real OOM, memory and throughput figures against the memory mo
 - every case traced beside it (`autotune estimate --trace`: the probe's own step under fake
   tensors, on this machine's CPU cores, in parallel with the probes): traced per phase (the
   tensors plus memory.py's 1 GiB GPU fixed term) against measured, and what the GPU held
-  beyond the traced tensors (the fixed term a GPU really has: CUDA context, workspaces,
-  the caching allocator's rounding);
+  beyond the traced tensors (the caching allocator's reserve, cuBLAS's workspaces among it,
+  and the CUDA context outside torch);
 - when trl is installed: the built-in probe against real TRL at the same shapes
   (benchmarks/trainer_fidelity.py --gpu, rows FIDELITY_ROWS, as the deadline allows), then a
   command sweep (`autotune run --trainer trl --launch ...`) of TRL's

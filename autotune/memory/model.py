@@ -76,7 +76,7 @@ class ModelArgs(TypedDict, total=False):
 GPU_CONTEXT_BYTES = 1 << 30  # the traced estimate's old prior (benchmarks' landscapes keep it)
 CPU_CONTEXT_BYTES = 255 << 20
 # The traced estimate's fixed term (probe/trace.py counts every tensor; this is the rest): on
-# a GPU the CUDA context, NCCL's buffers and the caching allocator's rounding; on
+# a GPU the CUDA context and NCCL's buffers (the rounding and cuBLAS's workspaces replayed); on
 # a CPU the interpreter with torch and transformers, and what glibc's heap holds beyond the
 # live tensors (the median of benchmarks/trace_accuracy.py's grids). The sweep replaces it
 # with what its own probes held beyond their traces.

@@ -7,10 +7,11 @@ plus what lives outside torch. Each term is named here, with where its figure co
 - `cuda_context_bytes`: the CUDA context with its lazily loaded kernel modules (cuBLAS,
   the step's own kernels). Measured on an H200 with torch 2.11 and CUDA 13 as NVML's process
   figure less torch's reserved peak (benchmarks/results/gpu/: the main run and the three
-  held-out grids), by topology, not by model: one GPU 758 to 808 MiB over 12 probes of 0.5B
-  to VL-7B, a rank of a sharded run 828 to 928 MiB over 31 (ranks of 2 to 8, emulated: FSDP's
-  own kernels are loaded too). The priors are the two medians; a sweep replaces them with
-  what its own probes measured (NVML less reserved: both are read by every probe).
+  held-out grids), each probe's largest phase, by topology more than by model: one GPU 758
+  to 808 MiB over 12 probes of 0.5B to VL-7B, a rank of a sharded run 828 to 928 MiB over
+  31 (ranks of 2 to 8, emulated: FSDP's own kernels are loaded too; a rank's rollout or
+  experience can be lower, to 756). The priors are the two medians; a sweep replaces them
+  with what its own probes measured (NVML less reserved: both are read by every probe).
 - `nccl_bytes`: NCCL's buffers, allocated by NCCL itself, per communicator a rank is in
   (the FSDP group; a rollout tensor-parallel group): NCCL_BUFFSIZE 4 MiB and its LL and
   LL128 buffers per channel and peer. 512 MiB a communicator is the prior, from reports of

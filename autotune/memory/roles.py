@@ -57,6 +57,7 @@ from autotune.memory.states import (
     shard_bytes,
     wake_gather_bytes,
 )
+from autotune.memory.workspaces import CUBLAS_WORKSPACES_BYTES
 
 SYNC_BUCKET_BYTES = 2048 << 20  # verl 0.7.1's update_weights_bucket_megabytes default
 TRAINER_SYNC_BUCKETS = 2  # a trainer rank's send buffers
@@ -157,9 +158,11 @@ def trainer_gpu(s: Sizing, trainer_gpus: int, sync_bucket_bytes: int) -> MemoryE
         phases["critic_update"] = critic_update_phase(trained, share, {}, context)
     phases["update"] = update_phase(trained, share, {}, context)
     if s.on_gpu:
-        phases = with_allocator_reserve(phases, allocator_reserve(
-            s.shape, config, num_gpus=trainer_gpus, compute_bytes=s.compute_bytes,
-            state_shards=s.shards))
+        reserve = allocator_reserve(s.shape, config, num_gpus=trainer_gpus,
+                                    compute_bytes=s.compute_bytes, state_shards=s.shards)
+        # the sync lays out no reserve, but holds the workspaces the steps made
+        reserve[SYNC_PHASE] = CUBLAS_WORKSPACES_BYTES
+        phases = with_allocator_reserve(phases, reserve)
     host = host_offload_bytes(s) - engine_asleep_bytes(s)  # no engine here to sleep
     return MemoryEstimate(phases, host, config.share(trainer_gpus))
 

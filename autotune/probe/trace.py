@@ -96,9 +96,9 @@ _ADD = _aten.add.Tensor
 # in every unfused log-prob's backward, which the allocator replay then has to fit (the
 # single-GPU updates' missing 1.7 GiB on the H200).
 _FILL_ZEROS = {_aten.scatter_add.default, _aten.index_add.default}
-# The ops a GPU runs through cuBLAS, the first of a thread makes a workspace (workspaces.py).
-_GEMMS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
-          _aten.mv.default, _aten.addmv.default, _aten._addmm_activation.default}
+# The ops a GPU runs through cuBLAS, every overload: a thread's first makes its workspace.
+_GEMMS = {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.addbmm, _aten.mv,
+          _aten.addmv, _aten.dot, _aten.vdot, _aten._addmm_activation, _aten._scaled_mm}
 
 
 @dataclass
@@ -150,7 +150,7 @@ class AllocationTracker:
         """A GEMM on a GPU: the first of its thread (the forward's, the autograd engine's in
         a backward) on its stream makes that cuBLAS handle's workspace (memory/workspaces.py)."""
         key = (backward, self._stream())
-        if key not in self._workspaces:
+        if key not in self._workspaces and not self.paused:
             self._workspaces.add(key)
             self._next_id += 1
             self.events.append((ALLOC, self._next_id, CUBLAS_WORKSPACE_BYTES, key[1]))
@@ -300,7 +300,7 @@ class _TraceMode(TorchDispatchMode):
                 out = tree_map(self._real_integers, out)
         for tensor in _tensors((out,)):
             self.tracker.track(tensor)
-        if func in _GEMMS and self.gpu_kernels:
+        if self.gpu_kernels and func.overloadpacket in _GEMMS:
             self.tracker.gemm(backward=torch._C._current_autograd_node() is not None)
         if (func is _ADD or func in _FILL_ZEROS) and not torch.is_grad_enabled() \
                 and torch._C._current_autograd_node() is not None:

@@ -35,10 +35,12 @@ from importlib.metadata import (PackageNotFoundError, distribution, packages_dis
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the modules gpu_evidence's cases import (the CLI's for the command sweeps, trl's for TRL's)
+# the modules gpu_evidence's cases import (the CLI's for the command sweeps, trl's for TRL's,
+# the runner and the memory model for gpu_holdout's rows)
 MODULES = ("torch", "transformers", "peft", "optuna", "sqlalchemy", "alembic", "click", "yaml",
            "ruamel.yaml", "psutil", "rich", "pynvml", "trl", "datasets", "autotune.cli.main",
-           "autotune.probe.worker", "autotune.probe.trace")
+           "autotune.probe.worker", "autotune.probe.trace", "autotune.runners.local",
+           "autotune.memory.model")
 DEVICE_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3",
                   "sys_platform": "linux", "platform_machine": "x86_64",
                   "platform_system": "Linux", "os_name": "posix", "implementation_name":

@@ -486,16 +486,23 @@ def summary(done: list[dict], held_out: set[str]) -> list[str]:
     return lines
 
 
-def merged(document: dict, runs: list[dict]) -> list[dict]:
+def merged(document: dict, runs: list[dict]) -> tuple[list[dict], int]:
     """Each row's result from the last run that ran it (else "not run"), tagged with that
-    run's number (1 = the first run given)."""
-    out = {}
-    for number, run in enumerate(runs, 1):
+    run's number, and the number of runs. A run given that is itself a merged report (its
+    rows carry their run numbers) keeps its numbers; the runs after it count on from its
+    last, so re-probing a committed grid's rows adds runs to its history."""
+    out: dict[str, dict] = {}
+    count = 0
+    for run in runs:
+        numbers = [e["run"] for e in run["rows"] if "run" in e]
+        first = count + 1
         for entry in run["rows"]:
+            number = count + entry["run"] if "run" in entry else first
             if entry["status"] != "not run" or entry["label"] not in out:
                 out[entry["label"]] = {**entry, "run": number}
+        count += max(numbers) if numbers else 1
     return [out.get(r["label"]) or {"label": r["label"], "status": "not run"}
-            for r in document["rows"]]
+            for r in document["rows"]], count
 
 
 def held_out_labels(document: dict) -> set[str]:
@@ -560,8 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "report":
         document = json.loads(args.predictions.read_text())
-        done = merged(document, [json.loads(run.read_text()) for run in args.runs])
-        write_report(args.out, document, done, None, True, len(args.runs))
+        done, runs = merged(document, [json.loads(run.read_text()) for run in args.runs])
+        write_report(args.out, document, done, None, True, runs)
         print((args.out / "holdout.txt").read_text())
         return 0
     from autotune.hardware import has_nvidia_gpu

@@ -234,10 +234,11 @@ def test_a_short_cpu_probe_samples_units_and_holds_a_full_probes_peaks():
 
 
 @pytest.mark.slow
-def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps():
+def test_a_short_probes_warmup_runs_each_loops_first_unit_the_updates_last_and_two_decode_steps():
     """The warm-up step of a short probe (its clock warming) runs of each loop of units its
-    first alone, and of a wave's decode steps the first and the last (the cache grown to the
-    last's length in between); the step after it, timed, runs its sample of each loop and of
+    first alone (the update's mini-batches and micro-batches their last too: a full step's
+    reserve on a GPU depends on it, step/update.py), and of a wave's decode steps the first
+    and the last (the cache grown to the last's length in between); the step after it, timed, runs its sample of each loop and of
     each wave's blocks of decode steps the first two and the last two. A full probe's clock
     runs every unit whatever it is told."""
     import torch
@@ -271,7 +272,10 @@ def test_a_short_probes_warmup_runs_each_loops_first_unit_and_two_decode_steps()
             assert warm == timed == {} and warm_decodes == timed_decodes == 8 * 31
             continue
         assert warm[("rollout", "wave")] == [0, 7]  # 8 waves of 4: the first, the last full
-        assert warm[("update", "micro_batch")] == [0] and warm[("update", "minibatch")] == [0]
+        # two mini-batches of 16 micro-batches: the first and the last of each (it was the
+        # first alone of both)
+        assert warm[("update", "micro_batch")] == [0, 15] and \
+            warm[("update", "minibatch")] == [0, 1]
         assert warm[("experience", "old_log_prob")] == [0]  # 16 micro-batches of 2
         assert timed[("experience", "old_log_prob")] == [0, 8, 15]  # first, middle, last
         assert timed[("rollout", "wave")] == [0, 4, 7] and \

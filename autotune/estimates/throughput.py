@@ -232,12 +232,16 @@ class TimeModel:
         waves whole), of each log-prob pass and each mini-batch their micro-batches
         likewise, the mini-batches likewise (each ends in its optimizer step), offload's
         transfers whole. `warmup`: its warm-up step, of each loop the first unit (of the
-        waves also the last full one) and of a wave's decode steps the first and the last."""
+        waves also the last full one, of the update's mini-batches and micro-batches the
+        last) and of a wave's decode steps the first and the last."""
         phases = self.phase_seconds(config, shape, hardware)
 
         def share(count: int, also: tuple[int, ...] = ()) -> float:  # of a loop of `count`
             schedule = warmup_schedule(count, also) if warmup else short_schedule(count)
             return len(schedule) / count  # units, the share a short probe runs
+
+        def last_too(count: int) -> float:  # the update's loops: a warm-up runs the last too
+            return share(count, (count - 1,))
 
         waves = math.ceil(hardware.engine_responses(config)
                           / self.concurrency(config, shape, hardware))
@@ -253,9 +257,9 @@ class TimeModel:
         return (rollout * share(waves, (waves - 1,)) + transfers
                 + phases["experience"] * share(math.ceil(
                     per_rank / config.micro_batch_size_experience))
-                + phases["update"] * share(math.ceil(
+                + phases["update"] * last_too(math.ceil(
                     config.rollout_batch_size / config.global_batch_size))
-                * share(math.ceil(minibatch / config.micro_batch_size_update)))
+                * last_too(math.ceil(minibatch / config.micro_batch_size_update)))
 
     def probe_wall_s(self, step_s: float) -> float:
         """A probe's wall time: its start, a warm-up step and two timed steps."""

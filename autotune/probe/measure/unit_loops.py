@@ -20,7 +20,8 @@ outside the loops (waking the engine, the offload transfers, the optimizer steps
 mini-batches it runs) it runs every step, and times.
 
 A short probe's warm-up step runs each loop's first unit only (`warmup_schedule`, with any
-unit whose shape the others lack): what a warm-up is for happens there (AdamW's state made at
+unit whose shape the others lack, or whose memory the step's peak needs: the update's last
+mini-batch and micro-batch, step/update.py): what a warm-up is for happens there (AdamW's state made at
 the first optimizer step, every phase run once with it held, each shape's first run), and the
 timed steps run the rest of their sample with the step settled.
 

@@ -21,8 +21,9 @@ measurement enters its prediction. Each row compares:
 `--reuse` takes every trace and replay from an earlier report and recomputes the rest
 (seconds, not minutes): on the committed rows the outside-torch term, the prediction and
 the memory model; on the held-out rows the model, their traced figures kept whole (with the
-prior they were made with). For a change to the model or the context that leaves the probe,
-the trace and the allocator replay as they were; the report says whose traces it holds.
+prior they were made with; a grid the earlier report lacks is traced). For a change to the
+model or the context that leaves the probe, the trace and the allocator replay as they were;
+the report says whose traces it holds.
 
 Then the held-out rows apart, grid by grid (issue 67: results/gpu/holdout.json and each
 results/gpu/holdout_seed*/, configs drawn at random by benchmarks/gpu_holdout.py and
@@ -230,12 +231,13 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
                 for r in json.loads((grid / "holdout.json").read_text())["rows"]}
     rows = [r for r in predictions["rows"]
             if measured.get(r["label"], {}).get("status") == "ok"]
-    if reuse is not None:
-        earlier = next(g for g in reuse["held_out"] if g["seed"] == predictions["seed"])
+    earlier = next((g for g in (reuse or {}).get("held_out", [])
+                    if g["seed"] == predictions["seed"]), None)
+    if earlier is not None:
         traced_now = {r["label"]: {"phase_peak_mem_bytes": {
             old["phase"]: old["traced_bytes"] for old in earlier["rows"]
             if old["case"] == r["label"] and old["status"] == "ok"}} for r in rows}
-    else:
+    else:  # no earlier report, or a grid it lacks: traced now
         with ProcessPoolExecutor(max_workers=workers,
                                  mp_context=get_context("spawn")) as pool:
             traced_now = dict(zip((r["label"] for r in rows),

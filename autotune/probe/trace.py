@@ -394,8 +394,9 @@ class TracedMeter:
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
                    sample: int = SHORT_SAMPLE, tail: int = 1,
-                   middle: bool = True) -> Iterator[int]:
-        """The units `runs` keeps, and `also`; untimed."""
+                   middle: bool = True, warm_last: bool = False) -> Iterator[int]:
+        """The units `runs` keeps, and `also`; untimed (`warm_last`, a short probe's warm-up's,
+        is moot: the last runs but in a CPU's first step, whose peaks the second's cover)."""
         kept = set(also)
         return iter([i for i in range(len(work)) if self.runs(i, len(work)) or i in kept])
 

@@ -98,7 +98,7 @@ class Meter(Protocol):
     units (`iterations`: waves, a wave's blocks of decode steps, micro-batches, mini-batches)
     a full probe runs every one, a short probe its first few and its last, timed, its clock
     adding what the others would have taken (unit_loops.py), and in its warm-up step the
-    first alone; of any loop (`runs`: a block's decode steps too) a probe runs every
+    first alone (the update's loops their last too); of any loop (`runs`: a block's decode steps too) a probe runs every
     iteration, but a short probe's warm-up its first and last. A trace runs the first and the
     last of both, and the step puts a result of the same bytes in place of each skipped one.
     """
@@ -120,11 +120,12 @@ class Meter(Protocol):
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
                    sample: int = SHORT_SAMPLE, tail: int = 1,
-                   middle: bool = True) -> Iterator[int]:
+                   middle: bool = True, warm_last: bool = False) -> Iterator[int]:
         """The units to run of a loop of units of `work` (rows or tokens each), in order:
         `also` always among them (a short probe's sample: `sample` units before the last
         `tail`, the first and the rest from the loop's middle or, `middle` False, the next
-        ones; unit_loops.short_schedule)."""
+        ones; unit_loops.short_schedule); `warm_last`: a short probe's warm-up runs the last
+        unit too (the update's loops: step/update.py)."""
         ...
 
     def phase(self, name: str) -> AbstractContextManager[None]:
@@ -209,10 +210,10 @@ class MemoryMeter:
 
     def iterations(self, unit: str, work: Sequence[float], also: Iterable[int] = (),
                    sample: int = SHORT_SAMPLE, tail: int = 1,
-                   middle: bool = True) -> Iterator[int]:
+                   middle: bool = True, warm_last: bool = False) -> Iterator[int]:
         """Every unit (a full probe), or the clock's sample of them (a short one)."""
         return self.clock.iterations(self.current_phase or "", unit, work, also, sample, tail,
-                                     middle)
+                                     middle, warm_last)
 
     def _synchronize(self) -> None:
         if self.is_cuda:

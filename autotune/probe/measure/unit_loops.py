@@ -20,8 +20,8 @@ outside the loops (waking the engine, the offload transfers, the optimizer steps
 mini-batches it runs) it runs every step, and times.
 
 A short probe's warm-up step runs each loop's first unit only (`warmup_schedule`, with any
-unit whose shape the others lack, or whose memory the step's peak needs: the update's last
-mini-batch and micro-batch, step/update.py): what a warm-up is for happens there (AdamW's state made at
+unit whose shape the others lack, and the last where the step's peak needs it: the update's
+mini-batches and micro-batches, `warm_last`, step/update.py): what a warm-up is for happens there (AdamW's state made at
 the first optimizer step, every phase run once with it held, each shape's first run), and the
 timed steps run the rest of their sample with the step settled.
 
@@ -141,7 +141,7 @@ class UnitClock:
 
     def __init__(self, short: bool, sync: Callable[[], None] = lambda: None) -> None:
         self.short = short
-        self.warming = False  # a short probe's warm-up step: each loop's first unit only
+        self.warming = False  # a short probe's warm-up step: each loop's first unit (warm_last)
         self.sync = sync  # a GPU's synchronize: a unit's kernels end inside its time
         self.open: list[UnitLoop] = []  # the loops running now, outermost first
         self.closed: list[UnitLoop] = []  # the loops ended since `take_loops`
@@ -150,7 +150,7 @@ class UnitClock:
 
     def iterations(self, phase: str, unit: str, work: Sequence[float], also: Iterable[int] = (),
                    sample: int = SHORT_SAMPLE, tail: int = 1,
-                   middle: bool = True) -> Iterator[int]:
+                   middle: bool = True, warm_last: bool = False) -> Iterator[int]:
         """The indices of a loop's units to run, in order; each unit's time is what passes
         until the next index is asked for."""
         if not self.short:
@@ -159,7 +159,8 @@ class UnitClock:
         loop = UnitLoop(phase, unit, list(work))
         self.open.append(loop)
         try:
-            schedule = warmup_schedule(len(work), also) if self.warming else \
+            warm_also = (*also, len(work) - 1) if warm_last else tuple(also)
+            schedule = warmup_schedule(len(work), warm_also) if self.warming else \
                 short_schedule(len(work), also, sample, tail, middle)
             for index in schedule:
                 loop.inner_s = 0.0

@@ -75,8 +75,8 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
 
     The phases are its bases' (a module each); `step` runs them in the trainer's order. A
     short probe (request.short) runs a sample of each loop of units and predicts the whole
-    step (probe/measure/unit_loops.py), its warm-up steps each loop's first unit; a full one
-    runs every unit. A focused probe (request.timed_phases, a finalist's repeat) times only
+    step (probe/measure/unit_loops.py), its warm-up steps each loop's first unit (the
+    update's last too); a full one runs every unit. A focused probe (request.timed_phases, a finalist's repeat) times only
     those phases: its warm-up steps run every phase, its timed steps only them."""
 
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
@@ -219,7 +219,7 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
         built_at = time.perf_counter()
         self.build()
         build_s = time.perf_counter() - built_at
-        self.meter.clock.warming = True  # a short probe: each loop's first unit
+        self.meter.clock.warming = True  # a short probe: each loop's first unit (warm_last)
         for _ in range(max(request.warmup_steps, 1 if request.timed_phases else 0)):
             self.step()  # a focused probe's phases read what a whole step left
         self.meter.clock.warming = False

@@ -8,14 +8,15 @@ KL estimator and verl's entropy bonus; the critic's is verl's clipped value loss
 this rank's params, grads and AdamW state as its update holds them.
 
 A short probe's warm-up step runs each update's last mini-batch and each mini-batch's last
-micro-batch beside the first (`also`): where a full step's update peaks on a GPU depends on
+micro-batch beside the first (`warm_last`): where a full step's update peaks on a GPU depends on
 what the caching allocator holds when the next mini-batch makes its gradients anew beside
 AdamW's state, which a warm-up of the first mini-batch alone never reaches. On the H200 a
 1.5B FSDP1 rank of 8 with four optimizer steps an update (held-out grid 4's row 07) reserved
 7.71 GiB in its update under the first-only warm-up; the same probe's allocations replayed
 through the caching allocator give 7.89 GiB for that schedule, 8.51 for a probe of every
 unit, and 8.51 with this warm-up (grid 4's row 02, two optimizer steps: 35.47 -> 36.28).
-A trace runs both anyway (each loop's first and last).
+A GPU's trace runs both anyway (each loop's first and last); a CPU's trace's first step runs
+the first alone (its peaks are live tensors, the second step's).
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ class UpdatePhase(Forwards, Offload):
         # a short probe its first few and the last, timed, and its warm-up the first and the
         # last too (module docstring)
         for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches],
-                                       also=(len(minibatches) - 1,)):
+                                       warm_last=True):
             minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "update")
             for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros],
-                                           also=(len(micros) - 1,)):
+                                           warm_last=True):
                 micro = micros[j]
                 entropies = None
                 if config.entropy_coeff:
@@ -95,11 +96,11 @@ class UpdatePhase(Forwards, Offload):
         minibatches = torch.randperm(len(self.responses)).split(
             self.train_share.responses_per_minibatch)
         for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches],
-                                       also=(len(minibatches) - 1,)):  # as the actor's
+                                       warm_last=True):  # as the actor's
             minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "critic_update")
             for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros],
-                                           also=(len(micros) - 1,)):
+                                           warm_last=True):
                 micro = micros[j]
                 values = self._values(micro)
                 loss = value_loss(values, self.old_values[micro].to(self.device),

@@ -490,7 +490,8 @@ def merged(document: dict, runs: list[dict]) -> tuple[list[dict], int]:
     """Each row's result from the last run that ran it (else "not run"), tagged with that
     run's number, and the number of runs. A run given that is itself a merged report (its
     rows carry their run numbers) keeps its numbers; the runs after it count on from its
-    last, so re-probing a committed grid's rows adds runs to its history."""
+    `runs` (or its largest run number, in a report written before it kept `runs`), so
+    re-probing a committed grid's rows adds runs to its history."""
     out: dict[str, dict] = {}
     count = 0
     for run in runs:
@@ -500,7 +501,7 @@ def merged(document: dict, runs: list[dict]) -> tuple[list[dict], int]:
             number = count + entry["run"] if "run" in entry else first
             if entry["status"] != "not run" or entry["label"] not in out:
                 out[entry["label"]] = {**entry, "run": number}
-        count += max(numbers) if numbers else 1
+        count += run.get("runs") or (max(numbers) if numbers else 1)
     return [out.get(r["label"]) or {"label": r["label"], "status": "not run"}
             for r in document["rows"]], count
 
@@ -529,7 +530,8 @@ def write_report(out: Path, document: dict, done: list[dict], started: float | N
     (out / "holdout.txt").write_text("\n".join(lines) + "\n")
     (out / "holdout.json").write_text(json.dumps(
         {"seed": document["seed"], "device": device, "date": time.strftime("%Y-%m-%d"),
-         "predicted": document["date"], "side_by_side": side_by_side, "rows": done},
+         "predicted": document["date"], "side_by_side": side_by_side, "runs": runs,
+         "rows": done},
         indent=1) + "\n")
 
 

@@ -238,9 +238,9 @@ def test_a_short_probes_warmup_runs_each_loops_first_unit_the_updates_last_and_t
     """The warm-up step of a short probe (its clock warming) runs of each loop of units its
     first alone (the update's mini-batches and micro-batches their last too: a full step's
     reserve on a GPU depends on it, step/update.py), and of a wave's decode steps the first
-    and the last (the cache grown to the last's length in between); the step after it, timed, runs its sample of each loop and of
-    each wave's blocks of decode steps the first two and the last two. A full probe's clock
-    runs every unit whatever it is told."""
+    and the last (the cache grown to the last's length in between); the step after it,
+    timed, runs its sample of each loop and of each wave's blocks of decode steps the first
+    two and the last two. A full probe's clock runs every unit whatever it is told."""
     import torch
 
     from autotune.probe.measure.meter import MemoryMeter

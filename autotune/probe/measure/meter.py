@@ -98,9 +98,10 @@ class Meter(Protocol):
     units (`iterations`: waves, a wave's blocks of decode steps, micro-batches, mini-batches)
     a full probe runs every one, a short probe its first few and its last, timed, its clock
     adding what the others would have taken (unit_loops.py), and in its warm-up step the
-    first alone (the update's loops their last too); of any loop (`runs`: a block's decode steps too) a probe runs every
-    iteration, but a short probe's warm-up its first and last. A trace runs the first and the
-    last of both, and the step puts a result of the same bytes in place of each skipped one.
+    first alone (the update's loops their last too); of any loop (`runs`: a block's decode
+    steps too) a probe runs every iteration, but a short probe's warm-up its first and last.
+    A trace runs the first and the last of both, and the step puts a result of the same bytes
+    in place of each skipped one.
     """
 
     device: torch.device  # the device the step's tensors live on

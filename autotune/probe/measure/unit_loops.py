@@ -21,9 +21,10 @@ mini-batches it runs) it runs every step, and times.
 
 A short probe's warm-up step runs each loop's first unit only (`warmup_schedule`, with any
 unit whose shape the others lack, and the last where the step's peak needs it: the update's
-mini-batches and micro-batches, `warm_last`, step/update.py): what a warm-up is for happens there (AdamW's state made at
-the first optimizer step, every phase run once with it held, each shape's first run), and the
-timed steps run the rest of their sample with the step settled.
+mini-batches and micro-batches, `warm_last`, step/update.py): what a warm-up is for happens
+there (AdamW's state made at the first optimizer step, every phase run once with it held,
+each shape's first run), and the timed steps run the rest of their sample with the step
+settled.
 
 A full probe runs every unit and estimates nothing. Pure arithmetic and the clock (UnitClock)
 the probe's meter keeps (meter.py); no torch.

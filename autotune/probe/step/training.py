@@ -76,8 +76,9 @@ class TrainingProbe(Build, RolloutPhase, ExperiencePhase, UpdatePhase):
     The phases are its bases' (a module each); `step` runs them in the trainer's order. A
     short probe (request.short) runs a sample of each loop of units and predicts the whole
     step (probe/measure/unit_loops.py), its warm-up steps each loop's first unit (the
-    update's last too); a full one runs every unit. A focused probe (request.timed_phases, a finalist's repeat) times only
-    those phases: its warm-up steps run every phase, its timed steps only them."""
+    update's last too); a full one runs every unit. A focused probe (request.timed_phases, a
+    finalist's repeat) times only those phases: its warm-up steps run every phase, its timed
+    steps only them."""
 
     def __init__(self, request: ProbeRequest, meter: Meter | None = None) -> None:
         super().__init__(request, meter)

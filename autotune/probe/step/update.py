@@ -14,7 +14,8 @@ AdamW's state, which a warm-up of the first mini-batch alone never reaches. On t
 1.5B FSDP1 rank of 8 with four optimizer steps an update (held-out grid 4's row 07) reserved
 7.71 GiB in its update under the first-only warm-up; the same probe's allocations replayed
 through the caching allocator give 7.89 GiB for that schedule, 8.51 for a probe of every
-unit, and 8.51 with this warm-up (grid 4's row 02, two optimizer steps: 35.47 -> 36.28).
+unit, and 8.51 with this warm-up (the H200 then reserved 8.21; grid 4's row 02, two
+optimizer steps: 35.47 -> 36.28 replayed, 35.25 -> 35.92 on the H200).
 A GPU's trace runs both anyway (each loop's first and last); a CPU's trace's first step runs
 the first alone (its peaks are live tensors, the second step's).
 """

@@ -50,6 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_evidence  # noqa: E402  (the cases the committed rows are of)
+import gpu_holdout  # noqa: E402  (the held-out grids)
 
 from autotune.config import format_bytes  # noqa: E402
 from autotune.memory.allocator import AllocatorSettings, replay  # noqa: E402
@@ -205,16 +206,6 @@ def describe(report: dict) -> list[str]:
     return lines
 
 
-def holdout_grids() -> list[Path]:
-    """The committed held-out grids: results/gpu/ (the first) and each folder under it that
-    holds a grid's predictions and its probes (gpu_holdout.py --out), by folder name."""
-    import gpu_holdout
-
-    grids = [GPU_RESULTS, *sorted(p for p in GPU_RESULTS.iterdir() if p.is_dir())]
-    return [g for g in grids
-            if (g / gpu_holdout.PREDICTIONS).exists() and (g / "holdout.json").exists()]
-
-
 def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     """One grid's rows (benchmarks/gpu_holdout.py's holdout.json), apart from the rows
     above: per phase NVML's peak against the predictions written before the probe (the
@@ -224,13 +215,8 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    import gpu_holdout
-
-    predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
-    measured = {r["label"]: r
-                for r in json.loads((grid / "holdout.json").read_text())["rows"]}
-    rows = [r for r in predictions["rows"]
-            if measured.get(r["label"], {}).get("status") == "ok"]
+    predictions, probed = gpu_holdout.probed_rows(grid)
+    rows = [row for row, result in probed if result["status"] == "ok"]
     earlier = next((g for g in (reuse or {}).get("held_out", [])
                     if g["seed"] == predictions["seed"]), None)
     if earlier is not None:
@@ -243,8 +229,7 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
             traced_now = dict(zip((r["label"] for r in rows),
                                   pool.map(gpu_holdout.trace_row, rows), strict=True))
     out = []
-    for row in predictions["rows"]:
-        result = measured.get(row["label"], {"status": "not run"})
+    for row, result in probed:
         if result["status"] != "ok":
             out.append({"case": row["label"], "status": result["status"],
                         "held_out": row.get("held_out", False)})
@@ -326,7 +311,8 @@ def main() -> int:
     reuse = json.loads(args.reuse.read_text()) if args.reuse else None
     report = measure(labels, args.every_iteration, reuse)
     if labels is None and not args.every_iteration:
-        report["held_out"] = [held_out(grid, args.workers, reuse) for grid in holdout_grids()]
+        report["held_out"] = [held_out(grid, args.workers, reuse)
+                              for grid in gpu_holdout.committed_grids()]
     if reuse is not None:
         report["traces_from"] = traced_on(args.reuse, reuse)
     else:

@@ -506,6 +506,22 @@ def merged(document: dict, runs: list[dict]) -> tuple[list[dict], int]:
             for r in document["rows"]], count
 
 
+def committed_grids() -> list[Path]:
+    """The committed held-out grids: results/gpu/ (the first) and each folder under it that
+    holds a grid's predictions and its probes (`--out`), by folder name."""
+    grids = [RESULTS, *sorted(p for p in RESULTS.iterdir() if p.is_dir())]
+    return [g for g in grids if (g / PREDICTIONS).exists() and (g / "holdout.json").exists()]
+
+
+def probed_rows(grid: Path) -> tuple[dict, list[tuple[dict, dict]]]:
+    """A committed grid's predictions, and each predicted row beside its probe's result
+    (`{"status": "not run"}` where no run reached it), in the predictions' order."""
+    predictions = json.loads((grid / PREDICTIONS).read_text())
+    measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
+    return predictions, [(row, measured.get(row["label"], {"status": "not run"}))
+                         for row in predictions["rows"]]
+
+
 def held_out_labels(document: dict) -> set[str]:
     return {r["label"] for r in document["rows"] if r.get("held_out")}
 

@@ -23,7 +23,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import allocator_fidelity  # noqa: E402
 import gpu_holdout  # noqa: E402
 
 from autotune.config import ProbeConfig  # noqa: E402
@@ -35,11 +34,8 @@ from autotune.memory.workspaces import CUBLAS_WORKSPACES_BYTES  # noqa: E402
 def phases() -> list[dict]:
     """One entry per held-out phase probed ok: the model's and the card's split."""
     out = []
-    for grid in allocator_fidelity.holdout_grids():
-        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
-        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
-        for row in predictions["rows"]:
-            probe = measured.get(row["label"], {})
+    for grid in gpu_holdout.committed_grids():
+        for row, probe in gpu_holdout.probed_rows(grid)[1]:
             if not row.get("held_out") or probe.get("status") != "ok":
                 continue
             estimate = estimate_memory(model_shape(row["model"]), ProbeConfig(**row["knobs"]),

@@ -601,19 +601,45 @@ def sharded_fsdp1_held_out_rows() -> list[tuple[Path, dict, dict]]:
     H200 grids (benchmarks/gpu_holdout.py: configs drawn at random, predicted before they
     were probed); benchmarks/ importable after it."""
     sys.path.insert(0, str(GPU_RESULTS.parent.parent))
-    import allocator_fidelity
     import gpu_holdout
 
     found = []
-    for grid in allocator_fidelity.holdout_grids():
-        predictions = json.loads((grid / gpu_holdout.PREDICTIONS).read_text())
-        measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
-        for row in predictions["rows"]:
-            result = measured.get(row["label"], {})
+    for grid in gpu_holdout.committed_grids():
+        for row, result in gpu_holdout.probed_rows(grid)[1]:
             if row["world"] > 1 and row["knobs"].get("fsdp_strategy") == "fsdp" and \
                     result.get("status") == "ok":
                 found.append((grid, row, result))
     return found
+
+
+def test_a_held_out_grids_runs_merge_with_each_row_from_the_last_run_that_probed_it():
+    """`gpu_holdout.py report` merges a grid's runs: each row from the last run that probed
+    it (a re-probe replaces a first probe; a later run that left it unrun does not), tagged
+    with that run's number; a merged report given as a run keeps its numbers and the runs
+    after it count on, so re-probing a committed grid adds to its history."""
+    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
+    import gpu_holdout
+
+    document = {"rows": [{"label": label} for label in ("a", "b", "c", "d")]}
+    first = {"rows": [{"label": "a", "status": "ok", "peak": 1},
+                      {"label": "b", "status": "ok", "peak": 1},
+                      {"label": "c", "status": "not run"}]}
+    again = {"rows": [{"label": "a", "status": "not run"},
+                      {"label": "b", "status": "ok", "peak": 2},
+                      {"label": "c", "status": "failed"}]}
+    rows, runs = gpu_holdout.merged(document, [first, again])
+    assert runs == 2
+    assert [(r["label"], r["status"], r.get("peak"), r.get("run")) for r in rows] == [
+        ("a", "ok", 1, 1), ("b", "ok", 2, 2), ("c", "failed", None, 2),
+        ("d", "not run", None, None)]
+    report = {"rows": rows, "runs": runs}  # the merged report, committed
+    rows, runs = gpu_holdout.merged(document, [report, {"rows": [
+        {"label": "a", "status": "ok", "peak": 3}]}])
+    assert runs == 3
+    assert [(r["label"], r.get("peak"), r.get("run")) for r in rows[:3]] == [
+        ("a", 3, 3), ("b", 2, 2), ("c", None, 2)]
+    older = {"rows": [{**r} for r in rows if r["status"] != "not run"]}  # no `runs` kept
+    assert gpu_holdout.merged(document, [older, first])[0][1]["run"] == 4
 
 
 def test_the_model_alone_puts_fsdp1_ranks_updates_within_ten_percent_on_held_out_rows():

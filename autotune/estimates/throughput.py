@@ -44,7 +44,12 @@ from dataclasses import dataclass
 from autotune.config import ProbeConfig
 from autotune.config.pipeline import step_seconds
 from autotune.memory.shape import ModelShape, kv_cache_bytes, model_shape
-from autotune.probe.measure.unit_loops import decode_share, short_schedule, warmup_schedule
+from autotune.probe.measure.unit_loops import (
+    UPDATE_WARMS_LAST,
+    decode_share,
+    short_schedule,
+    warmup_schedule,
+)
 
 GiB = 1 << 30
 HOST_LINK_BYTES_PER_S = 25e9  # pinned PCIe, per GPU, low end of section 8.1's 25-50 GB/s
@@ -241,7 +246,7 @@ class TimeModel:
             return len(schedule) / count  # units, the share a short probe runs
 
         def last_too(count: int) -> float:  # the update's loops: a warm-up runs the last too
-            return share(count, (count - 1,))
+            return share(count, (count - 1,) if UPDATE_WARMS_LAST else ())
 
         waves = math.ceil(hardware.engine_responses(config)
                           / self.concurrency(config, shape, hardware))

@@ -42,6 +42,10 @@ from dataclasses import dataclass, field
 SHORT_SAMPLE = 2  # a short probe runs two of a loop's units before its last: first, middle
 DECODE_BLOCKS = 16  # a wave's decode steps, as a short probe's units: this many blocks ...
 DECODE_SAMPLE = 2  # ... of which it runs the first two and the last two
+# a short probe's warm-up runs the last unit of the update's loops (mini-batches and their
+# micro-batches, actor and critic) too: a full step's update peak on a GPU holds a later
+# mini-batch's gradients beside AdamW's state (step/update.py); the time model charges it
+UPDATE_WARMS_LAST = True
 
 
 def short_schedule(count: int, also: Iterable[int] = (), sample: int = SHORT_SAMPLE,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from autotune.probe.measure.unit_loops import UPDATE_WARMS_LAST
 from autotune.probe.modeling.critic import value_loss
 from autotune.probe.modeling.sharding import local_bytes, reshard_gathered
 from autotune.probe.step.forwards import Forwards
@@ -48,11 +49,11 @@ class UpdatePhase(Forwards, Offload):
         # a short probe its first few and the last, timed, and its warm-up the first and the
         # last too (module docstring)
         for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches],
-                                       warm_last=True):
+                                       warm_last=UPDATE_WARMS_LAST):
             minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "update")
             for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros],
-                                           warm_last=True):
+                                           warm_last=UPDATE_WARMS_LAST):
                 micro = micros[j]
                 entropies = None
                 if config.entropy_coeff:
@@ -97,11 +98,11 @@ class UpdatePhase(Forwards, Offload):
         minibatches = torch.randperm(len(self.responses)).split(
             self.train_share.responses_per_minibatch)
         for i in self.meter.iterations("minibatch", [self._tokens(m) for m in minibatches],
-                                       warm_last=True):  # as the actor's
+                                       warm_last=UPDATE_WARMS_LAST):  # as the actor's
             minibatch = minibatches[i]
             micros = self._micro_batches(minibatch, "critic_update")
             for j in self.meter.iterations("micro_batch", [self._tokens(m) for m in micros],
-                                           warm_last=True):
+                                           warm_last=UPDATE_WARMS_LAST):
                 micro = micros[j]
                 values = self._values(micro)
                 loss = value_loss(values, self.old_values[micro].to(self.device),

@@ -136,9 +136,6 @@ def model_bytes(row: dict, outside_bytes: int) -> dict[str, int]:
     return {phase: e.total_bytes for phase, e in estimate.phases.items()}
 
 
-TRACED_FIELDS = ("predicted_bytes", "replayed_reserved_bytes", "traced_tensor_bytes")
-
-
 def measure(labels: list[str] | None, every_iteration: bool,
             reuse: dict | None = None) -> dict:
     rows = [r for r in committed_rows() if labels is None or r["label"] in labels]
@@ -173,6 +170,7 @@ def measure(labels: list[str] | None, every_iteration: bool,
                 "reserved_bytes": row["phase_allocator_peak_bytes"][phase],
                 "replayed_reserved_bytes": reserved,
                 "allocated_bytes": row.get("phase_tensor_peak_bytes", {}).get(phase),
+                "replayed_allocated_bytes": replayed.phase_allocated_bytes[phase],
                 "traced_tensor_bytes": tensors[phase], "outside_torch_bytes": outside,
                 "allocator": dataclasses.asdict(settings_of(row))})
     return {"rows": out}
@@ -206,6 +204,13 @@ def describe(report: dict) -> list[str]:
     return lines
 
 
+# a held-out row's trace today, per phase: the prediction (replayed reserve and the
+# outside-torch prior), the live tensors, and the replayed allocated peak (torch's)
+TRACED_HELD_OUT = {"phase_peak_mem_bytes": "traced_bytes",
+                   "phase_tensor_bytes": "traced_tensor_bytes",
+                   "phase_allocated_bytes": "replayed_allocated_bytes"}
+
+
 def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     """One grid's rows (benchmarks/gpu_holdout.py's holdout.json), apart from the rows
     above: per phase NVML's peak against the predictions written before the probe (the
@@ -219,11 +224,13 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     rows = [row for row, result in probed if result["status"] == "ok"]
     earlier = next((g for g in (reuse or {}).get("held_out", [])
                     if g["seed"] == predictions["seed"]), None)
-    if earlier is not None:
-        traced_now = {r["label"]: {"phase_peak_mem_bytes": {
-            old["phase"]: old["traced_bytes"] for old in earlier["rows"]
-            if old["case"] == r["label"] and old["status"] == "ok"}} for r in rows}
-    else:  # no earlier report, or a grid it lacks: traced now
+    if earlier is not None and all("traced_tensor_bytes" in old for old in earlier["rows"]
+                                   if old["status"] == "ok"):
+        traced_now = {r["label"]: {
+            key: {old["phase"]: old[field] for old in earlier["rows"]
+                  if old["case"] == r["label"] and old["status"] == "ok"}
+            for key, field in TRACED_HELD_OUT.items()} for r in rows}
+    else:  # no earlier report, or a grid it lacks (or its tensors): traced now
         with ProcessPoolExecutor(max_workers=workers,
                                  mp_context=get_context("spawn")) as pool:
             traced_now = dict(zip((r["label"] for r in rows),
@@ -234,7 +241,7 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
             out.append({"case": row["label"], "status": result["status"],
                         "held_out": row.get("held_out", False)})
             continue
-        now_traced = traced_now[row["label"]].get("phase_peak_mem_bytes") or {}
+        now = {key: traced_now[row["label"]].get(key) or {} for key in TRACED_HELD_OUT}
         now_model = gpu_holdout.model_prediction(row)
         before_traced = row["predicted"]["traced"].get("phase_peak_mem_bytes") or {}
         for phase, figures in result["phases"].items():
@@ -243,8 +250,9 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
                         "nvml_bytes": figures["nvml_bytes"],
                         "traced_before_bytes": before_traced.get(phase),
                         "model_before_bytes": row["predicted"]["model_bytes"].get(phase),
-                        "traced_bytes": now_traced.get(phase),
-                        "model_bytes": now_model.get(phase)})
+                        "model_bytes": now_model.get(phase),
+                        **{field: now[key].get(phase)
+                           for key, field in TRACED_HELD_OUT.items()}})
     return {"grid": str(grid.relative_to(GPU_RESULTS.parents[2])), "seed": predictions["seed"],
             "predicted": predictions["date"], "rows": out}
 

@@ -291,7 +291,9 @@ def trace_row(row: dict) -> dict:
         return {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
     return {"phase_peak_mem_bytes": traced.phase_peak_mem_bytes,
             "phase_reserved_bytes": traced.phase_reserved_bytes,
-            "phase_tensor_bytes": traced.phase_tensor_bytes, "trace_s": round(traced.trace_s, 1)}
+            "phase_tensor_bytes": traced.phase_tensor_bytes,
+            "phase_allocated_bytes": traced.phase_allocated_bytes,
+            "trace_s": round(traced.trace_s, 1)}
 
 
 def predict(n: int, seed: int, out: Path, workers: int) -> dict:

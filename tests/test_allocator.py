@@ -63,6 +63,27 @@ def test_a_large_block_is_split_only_when_more_than_a_mib_would_be_left():
     assert allocator.allocated_bytes == 12 * MiB
 
 
+def test_a_phase_keeps_its_requests_own_bytes_beside_the_blocks_torch_counts_allocated():
+    """torch's allocated statistic counts blocks: a request rounded up to 512 bytes, and a
+    cached block handed out whole where its rest would be 1 MiB or less. The replay keeps
+    the requests' own bytes too (the tensors alone), so what lies between the two is the
+    allocator's, as the sketches count it (memory/sketch: reserved less requested)."""
+    allocator = CachingAllocator()
+    allocator.malloc(1, 20 * MiB)
+    allocator.free(1)
+    allocator.reset_peaks()
+    allocator.malloc(2, 20 * MiB - MiB)  # the cached 20 MiB block, whole
+    allocator.malloc(3, 1000)
+    assert allocator.peak_allocated_bytes == 20 * MiB + 1024
+    assert allocator.peak_requested_bytes == 20 * MiB - MiB + 1000
+    allocator.reset_peaks()
+    allocator.free(2)
+    assert (allocator.requested_bytes, allocator.peak_requested_bytes) == (1000, 19 * MiB + 1000)
+    peaks = replay([(PHASE, "update"), (ALLOC, 1, 3 * MiB + 1, 0), (FREE, 1), (ALLOC, 2, 1000, 0),
+                    (PHASE, None)]).phases["update"]
+    assert (peaks.allocated_bytes, peaks.requested_bytes) == (3 * MiB + 512, 3 * MiB + 1)
+
+
 def test_neighbours_merge_when_freed_and_empty_cache_returns_whole_segments_only():
     allocator = CachingAllocator()
     allocator.malloc(1, 100 * MiB)

@@ -14,7 +14,7 @@ This lays those allocations out in order (the states the rollout finds; the engi
 as it wakes; the prefill layer by layer; the decode's first step, the cache at the last
 step's length and the last step, as the trace runs it; the cache freed after each batch of
 sequences) and replays them through allocator.py as step_reserve.py does the training phases:
-the replayed reserved peak less the allocated peak. The steps between are not laid out:
+the replayed reserved peak less the requests' own bytes at their peak. The steps between are not laid out:
 each time a layer's K or V outgrows its 2 MiB-rounded segment the old segment stays cached,
 too small for any later request, and a long response piles such segments up; torch frees
 them and retries before it would run out of memory (release_cached_blocks), so they decide
@@ -182,9 +182,10 @@ def _batch(out: Stream, g: GenerationShape) -> None:
 @functools.lru_cache(maxsize=256)
 def generation_reserve_bytes(g: GenerationShape,
                              settings: AllocatorSettings = DEFAULT_SETTINGS) -> int:
-    """What the replayed sketch of one rollout reserved beyond its allocated peak: after the
-    states it finds, the wake (a copy's weights), up to BATCHES batches of generation (none
-    for an engine whose pool is one block), the copy freed."""
+    """What the replayed sketch of one rollout reserved beyond its requests' own bytes at
+    their peak (step_reserve.py: the allocator's rounding too): after the states it finds,
+    the wake (a copy's weights), up to BATCHES batches of generation (none for an engine
+    whose pool is one block), the copy freed."""
     out = Stream()
     out.phase("build")
     _held(out, g)
@@ -196,4 +197,4 @@ def generation_reserve_bytes(g: GenerationShape,
     out.free(weights)
     out.phase(None)
     peaks = replay(out.events, settings).phases["rollout"]
-    return max(0, peaks.reserved_bytes - peaks.allocated_bytes)
+    return max(0, peaks.reserved_bytes - peaks.requested_bytes)

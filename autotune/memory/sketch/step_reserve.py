@@ -18,8 +18,11 @@ MICRO_BATCHES and OPTIMIZER_STEPS (AdamW's state made at the first, a foreach te
 tensor at each; on one GPU the trained head's autocast cast from the logits to its
 backward, and the fp32 gradient that backward widens, alive through the layers' backward),
 each phase on its own and twice over; replays it through allocator.py with the run's allocator
-settings; and returns, per phase, the replayed reserved peak less the replayed allocated
-peak. The trace (probe/trace.py) records the real stream and is exact where this is a
+settings; and returns, per phase, the replayed reserved peak less the requests' own bytes
+at their peak: the allocator's whole term, its rounding and the rests of cached blocks it
+hands out whole (under 1 MiB, `should_split`) included, which torch's allocated statistic
+counts with the tensors (the H200's 0.5B update: 220 MiB of them, the trace's replay within
+1 MiB of torch's allocated). The trace (probe/trace.py) records the real stream and is exact where this is a
 sketch; this is what `estimate` adds without one, no torch needed. Sizes are per GPU; the
 caller gives rows.
 """
@@ -456,7 +459,7 @@ def optimizer_tensors(s: StepShape) -> tuple[int, ...]:
 def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
                         ) -> dict[str, int]:
     """Per training phase (experience, update), what the replayed sketch reserved beyond
-    its allocated peak. Each phase is laid out on its own, twice over (as two training steps
+    its requests' own bytes at their peak. Each phase is laid out on its own, twice over (as two training steps
     run it), after the states it finds (state_tensors): the fp32 master shards, the
     reference (one waiting on the host arrives for its own pass), AdamW's state (on the
     host when offloaded; the update makes it at its first step), FSDP's root unit gathered;
@@ -512,5 +515,5 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
                 out.free(root)
                 root = []
         peaks = replay(out.events, settings).phases[name]
-        reserve[name] = max(0, peaks.reserved_bytes - peaks.allocated_bytes)
+        reserve[name] = max(0, peaks.reserved_bytes - peaks.requested_bytes)
     return reserve

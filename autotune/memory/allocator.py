@@ -25,10 +25,8 @@ named where each rule is modelled):
   default).
 - `should_split`: a found block is split when the rest is at least 512 bytes in the small
   pool (and, with expandable segments, in the large one), more than 1 MiB in the large pool.
-  The allocated statistic (`update_stat(allocated_bytes, block->size)`) counts the block, a
-  rest not split off included; its `requested_bytes` statistic counts the requests' own
-  bytes, and so does the replay's, so the tensors and what the allocator adds to them part
-  there (the H200's 0.5B update: 283 MiB between them, cuBLAS's workspaces included).
+  torch's allocated statistic counts the block, a rest not split off included; its
+  `requested_bytes` counts the requests' own bytes, and so does the replay.
 - `free_block` / `try_merge_blocks`: a freed block merges with free neighbours of its
   segment and stays cached; segments go back to CUDA only in `release_cached_blocks`
   (`torch.cuda.empty_cache()`, or the OOM path).
@@ -116,9 +114,7 @@ class _Block:
     def __init__(self, addr: int, size: int, stream: int, small: bool,
                  expandable: bool = False, mapped: bool = True) -> None:
         self.addr, self.size, self.stream, self.small = addr, size, stream, small
-        self.allocated = False
-        self.mapped = mapped
-        self.expandable = expandable
+        self.allocated, self.mapped, self.expandable = False, mapped, expandable
         self.used_elsewhere = False  # record_stream on another stream since it was handed out
         self.prev: _Block | None = None
         self.next: _Block | None = None
@@ -198,8 +194,7 @@ class PhasePeaks:
 
     reserved_bytes: int = 0
     allocated_bytes: int = 0
-    requested_bytes: int = 0  # the requests' own bytes at their peak (no rounding nor the
-    # rest of a block handed out whole): the tensors alone
+    requested_bytes: int = 0  # the requests' own bytes at their peak: the tensors alone
 
 
 @dataclass
@@ -223,10 +218,8 @@ class ReplayResult:
 
 class CachingAllocator:
     """The caching allocator's state: segments, cached blocks, reserved and allocated bytes.
-
     `cap_bytes` is what torch may reserve (the device's free memory, or
-    `set_per_process_memory_fraction`'s share of it); None: unbounded.
-    """
+    `set_per_process_memory_fraction`'s share of it); None: unbounded."""
 
     def __init__(self, cap_bytes: int | None = None, expandable_segments: bool = False) -> None:
         self.cap_bytes = cap_bytes
@@ -234,12 +227,8 @@ class CachingAllocator:
         self.pools = {True: _Pool(), False: _Pool()}  # by is_small
         self.live: dict[int, _Block] = {}  # allocation id -> its block
         self.requested: dict[int, int] = {}  # allocation id -> the bytes it asked for
-        self.reserved_bytes = 0
-        self.allocated_bytes = 0
-        self.requested_bytes = 0
-        self.peak_reserved_bytes = 0
-        self.peak_allocated_bytes = 0
-        self.peak_requested_bytes = 0
+        self.reserved_bytes = self.allocated_bytes = self.requested_bytes = 0
+        self.peak_reserved_bytes = self.peak_allocated_bytes = self.peak_requested_bytes = 0
         self.num_alloc_retries = 0
         self.phase: str | None = None
         self._next_addr = 1 << 40  # segment addresses: any increasing numbers
@@ -335,9 +324,8 @@ class CachingAllocator:
 
     def reset_peaks(self) -> None:
         """torch.cuda.reset_peak_memory_stats: the peaks start again from now."""
-        self.peak_reserved_bytes = self.reserved_bytes
-        self.peak_allocated_bytes = self.allocated_bytes
-        self.peak_requested_bytes = self.requested_bytes
+        self.peak_reserved_bytes, self.peak_allocated_bytes, self.peak_requested_bytes = (
+            self.reserved_bytes, self.allocated_bytes, self.requested_bytes)
 
     # -- segments ---------------------------------------------------------------------------
 
@@ -568,12 +556,10 @@ def replay(events: Iterable[tuple], settings: AllocatorSettings = AllocatorSetti
                 phase = allocator.phase
                 if phase is not None:
                     peaks = result.phases.setdefault(phase, PhasePeaks())
-                    peaks.reserved_bytes = max(peaks.reserved_bytes,
-                                               allocator.peak_reserved_bytes)
-                    peaks.allocated_bytes = max(peaks.allocated_bytes,
-                                                allocator.peak_allocated_bytes)
-                    peaks.requested_bytes = max(peaks.requested_bytes,
-                                                allocator.peak_requested_bytes)
+                    peaks.reserved_bytes, peaks.allocated_bytes, peaks.requested_bytes = (
+                        max(peaks.reserved_bytes, allocator.peak_reserved_bytes),
+                        max(peaks.allocated_bytes, allocator.peak_allocated_bytes),
+                        max(peaks.requested_bytes, allocator.peak_requested_bytes))
             else:
                 allocator.reset_peaks()
             allocator.phase = name

@@ -459,11 +459,9 @@ class TraceResult:
     trace_s: float
     share: dict[str, int] = field(default_factory=dict)
     phase_tensor_bytes: dict[str, int] = field(default_factory=dict)  # live tensors at most
-    # a GPU's: the caching allocator's reserved peak per phase, replayed (memory/allocator.py)
-    phase_reserved_bytes: dict[str, int] = field(default_factory=dict)
-    # and its allocated peak: the tensors in the blocks torch hands out (each request
-    # rounded, a cached block's rest under 1 MiB handed out with it), torch's allocated
-    phase_allocated_bytes: dict[str, int] = field(default_factory=dict)
+    # a GPU's: the caching allocator's reserved and allocated peaks per phase, replayed
+    phase_reserved_bytes: dict[str, int] = field(default_factory=dict)  # (memory/allocator.py)
+    phase_allocated_bytes: dict[str, int] = field(default_factory=dict)  # blocks, as torch's
     fits_under_bytes: int | None = None  # the smallest cap torch can run the step under
     allocator: dict[str, bool] = field(default_factory=dict)  # the settings replayed
 
@@ -516,21 +514,17 @@ def trace_request(request: ProbeRequest, context_bytes: int,
         events.extend(tracker.events)
     tensors = dict(meter.phase_allocator_peak_bytes)
     peaks = dict(meter.phase_peak_mem_bytes)
-    reserved: dict[str, int] = {}
-    allocated: dict[str, int] = {}
-    fits_under = None
+    reserved, allocated, fits_under = {}, {}, None
     settings = allocator_settings(request)
     if request.device.on_gpu:  # what the card holds: the allocator's reserve, replayed
         replayed = replay(tracker.events, settings)
-        reserved = replayed.phase_reserved_bytes
-        allocated = replayed.phase_allocated_bytes
+        reserved, allocated = replayed.phase_reserved_bytes, replayed.phase_allocated_bytes
         peaks = {phase: reserved.get(phase, value - context_bytes) + context_bytes
                  for phase, value in peaks.items()}
         fits_under = smallest_cap(tracker.events, settings)
     return TraceResult(
         phase_peak_mem_bytes=peaks, context_bytes=context_bytes,
-        phase_tensor_bytes=tensors, phase_reserved_bytes=reserved,
-        phase_allocated_bytes=allocated,
+        phase_tensor_bytes=tensors, phase_reserved_bytes=reserved, phase_allocated_bytes=allocated,
         fits_under_bytes=fits_under, allocator=dataclasses.asdict(settings),
         host_offload_bytes=meter.peak_host_bytes,
         model_state_bytes=dict(probe.model_state_bytes),

@@ -224,13 +224,13 @@ def held_out(grid: Path, workers: int, reuse: dict | None = None) -> dict:
     rows = [row for row, result in probed if result["status"] == "ok"]
     earlier = next((g for g in (reuse or {}).get("held_out", [])
                     if g["seed"] == predictions["seed"]), None)
-    if earlier is not None and all("traced_tensor_bytes" in old for old in earlier["rows"]
-                                   if old["status"] == "ok"):
+    if earlier is not None and all(field in old for old in earlier["rows"]
+                                   if old["status"] == "ok" for field in TRACED_HELD_OUT.values()):
         traced_now = {r["label"]: {
             key: {old["phase"]: old[field] for old in earlier["rows"]
                   if old["case"] == r["label"] and old["status"] == "ok"}
             for key, field in TRACED_HELD_OUT.items()} for r in rows}
-    else:  # no earlier report, or a grid it lacks (or its tensors): traced now
+    else:  # no earlier report, or a grid it lacks (or a figure of it): traced now
         with ProcessPoolExecutor(max_workers=workers,
                                  mp_context=get_context("spawn")) as pool:
             traced_now = dict(zip((r["label"] for r in rows),

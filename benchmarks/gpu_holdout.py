@@ -54,6 +54,7 @@ from autotune.registry import get_model_spec
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 PREDICTIONS = "holdout_predictions.json"
+MEASURED = "holdout.json"  # the probes' results, beside the predictions
 H200_CAPACITY_BYTES = 150_109_880_320  # what the committed H200 probes' engine read
 FIT_SHARE = 0.85  # a drawn config must be predicted under this share of the card
 WALL_CAP_S = 90.0  # a row's estimated probe wall time (quiet card), after sizing
@@ -512,14 +513,14 @@ def committed_grids() -> list[Path]:
     """The committed held-out grids: results/gpu/ (the first) and each folder under it that
     holds a grid's predictions and its probes (`--out`), by folder name."""
     grids = [RESULTS, *sorted(p for p in RESULTS.iterdir() if p.is_dir())]
-    return [g for g in grids if (g / PREDICTIONS).exists() and (g / "holdout.json").exists()]
+    return [g for g in grids if (g / PREDICTIONS).exists() and (g / MEASURED).exists()]
 
 
 def probed_rows(grid: Path) -> tuple[dict, list[tuple[dict, dict]]]:
     """A committed grid's predictions, and each predicted row beside its probe's result
     (`{"status": "not run"}` where no run reached it), in the predictions' order."""
     predictions = json.loads((grid / PREDICTIONS).read_text())
-    measured = {r["label"]: r for r in json.loads((grid / "holdout.json").read_text())["rows"]}
+    measured = {r["label"]: r for r in json.loads((grid / MEASURED).read_text())["rows"]}
     return predictions, [(row, measured.get(row["label"], {"status": "not run"}))
                          for row in predictions["rows"]]
 
@@ -546,7 +547,7 @@ def write_report(out: Path, document: dict, done: list[dict], started: float | N
     lines += ["", *summary(done, held_out_labels(document))]
     out.mkdir(parents=True, exist_ok=True)
     (out / "holdout.txt").write_text("\n".join(lines) + "\n")
-    (out / "holdout.json").write_text(json.dumps(
+    (out / MEASURED).write_text(json.dumps(
         {"seed": document["seed"], "device": device, "date": time.strftime("%Y-%m-%d"),
          "predicted": document["date"], "side_by_side": side_by_side, "runs": runs,
          "rows": done},

@@ -8,7 +8,7 @@ Reads each held-out grid (results/gpu/holdout*/: the predictions' configs and th
 torch and NVML figures) and allocator_fidelity.json (today's trace of each row: its live
 tensors and its replayed allocated peak), and runs today's memory model (memory/model.py)
 on each held-out row. Torch's allocated peak is not the tensors: the caching allocator
-rounds each request and hands out a cached block whole where its rest would be under 1 MiB
+rounds each request and hands out a cached block whole where its rest would be 1 MiB or less
 (CUDACachingAllocator's `should_split`), and cuBLAS's workspaces are allocations too; the
 trace's replay has both, so the split is drawn at the trace's tensors, and the replay's
 allocated peak is held to torch's (`allocated` line). Rows not held out (README's) are left
@@ -61,8 +61,9 @@ def phases(fidelity: Path = FIDELITY) -> list[dict]:
                 reserved = probe["phase_allocator_peak_bytes"].get(phase)
                 now = trace.get((predictions["seed"], row["label"], phase), {})
                 tensors_traced = now.get("traced_tensor_bytes")
+                replayed = now.get("replayed_allocated_bytes")
                 if phase not in estimate.phases or allocated is None or reserved is None \
-                        or tensors_traced is None:
+                        or tensors_traced is None or replayed is None:
                     continue
                 part = estimate.phases[phase]
                 reserve = part.parts.get("allocator_reserve", 0)
@@ -70,8 +71,7 @@ def phases(fidelity: Path = FIDELITY) -> list[dict]:
                             "nvml_bytes": figures["nvml_bytes"],
                             "tensors_error_bytes": part.total_bytes - reserve - tensors_traced,
                             "allocator_error_bytes": reserve - (reserved - tensors_traced),
-                            "replay_allocated_error_bytes":
-                                now["replayed_allocated_bytes"] - allocated,
+                            "replay_allocated_error_bytes": replayed - allocated,
                             "total_error_bytes": part.total_bytes + outside
                             - figures["nvml_bytes"]})
     return out

@@ -82,6 +82,15 @@ def test_a_phase_keeps_its_requests_own_bytes_beside_the_blocks_torch_counts_all
     peaks = replay([(PHASE, "update"), (ALLOC, 1, 3 * MiB + 1, 0), (FREE, 1), (ALLOC, 2, 1000, 0),
                     (PHASE, None)]).phases["update"]
     assert (peaks.allocated_bytes, peaks.requested_bytes) == (3 * MiB + 512, 3 * MiB + 1)
+    allocator = CachingAllocator()  # a block another stream used: freed once, though it
+    allocator.malloc(1, 4 * MiB)  # waits for the GPU before the cache has it back (torch's
+    allocator.record_stream(1, 7)  # requested_bytes keeps it until then: the replay's
+    allocator.free(1)  # counts it the allocator's)
+    assert (allocator.allocated_bytes, allocator.requested_bytes) == (0, 0)
+    allocator.marks += 5
+    allocator.malloc(2, 1000)  # takes the pending block back first
+    allocator.free(1)
+    assert (allocator.allocated_bytes, allocator.requested_bytes) == (1024, 1000)
 
 
 def test_neighbours_merge_when_freed_and_empty_cache_returns_whole_segments_only():

@@ -587,7 +587,7 @@ def test_the_model_alone_is_within_five_percent_on_readme_command_1s_h200_row():
 
     (row,) = [r for r in json.loads((GPU_RESULTS / gpu_holdout.PREDICTIONS).read_text())["rows"]
               if r["label"] == "readme 0.5b w1"]
-    (probed,) = [r for r in json.loads((GPU_RESULTS / "holdout.json").read_text())["rows"]
+    (probed,) = [r for r in json.loads((GPU_RESULTS / gpu_holdout.MEASURED).read_text())["rows"]
                  if r["label"] == "readme 0.5b w1"]
     modelled = gpu_holdout.model_prediction(row)
     errors = {phase: modelled[phase] / p["nvml_bytes"] - 1
@@ -707,7 +707,7 @@ def test_an_fsdp2_lora_update_peaks_where_it_gathers_its_root_anew():
     grid = GPU_RESULTS / "holdout_seed354885"
     row = next(r for r in json.loads((grid / "holdout_predictions.json").read_text())["rows"]
                if r["label"] == "holdout 01 vl-7b w8")
-    measured = next(r for r in json.loads((grid / "holdout.json").read_text())["rows"]
+    measured = next(r for r in json.loads((grid / gpu_holdout.MEASURED).read_text())["rows"]
                     if r["label"] == row["label"])
     shape, config = model_shape(row["model"]), ProbeConfig(**row["knobs"])
     assert config.fsdp_strategy == "fsdp2" and config.uses_lora

@@ -25,8 +25,9 @@ named where each rule is modelled):
   default).
 - `should_split`: a found block is split when the rest is at least 512 bytes in the small
   pool (and, with expandable segments, in the large one), more than 1 MiB in the large pool.
-  torch's allocated statistic counts the block, a rest not split off included; its
-  `requested_bytes` counts the requests' own bytes, and so does the replay.
+  torch's allocated statistic counts the block, a rest not split off included; the replay
+  keeps the requests' own bytes too (as torch's `requested_bytes`, but dropped at the free,
+  also of a block another stream used, which the allocator still holds: the allocator's).
 - `free_block` / `try_merge_blocks`: a freed block merges with free neighbours of its
   segment and stays cached; segments go back to CUDA only in `release_cached_blocks`
   (`torch.cuda.empty_cache()`, or the OOM path).
@@ -109,13 +110,14 @@ def segment_size(size: int) -> int:
 
 class _Block:
     __slots__ = ("addr", "size", "stream", "small", "allocated", "mapped", "prev", "next",
-                 "expandable", "used_elsewhere")
+                 "expandable", "used_elsewhere", "requested")
 
     def __init__(self, addr: int, size: int, stream: int, small: bool,
                  expandable: bool = False, mapped: bool = True) -> None:
         self.addr, self.size, self.stream, self.small = addr, size, stream, small
         self.allocated, self.mapped, self.expandable = False, mapped, expandable
         self.used_elsewhere = False  # record_stream on another stream since it was handed out
+        self.requested = 0  # the bytes its allocation asked for (block->requested_size)
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
@@ -194,7 +196,7 @@ class PhasePeaks:
 
     reserved_bytes: int = 0
     allocated_bytes: int = 0
-    requested_bytes: int = 0  # the requests' own bytes at their peak: the tensors alone
+    requested_bytes: int = 0  # the requests' own bytes at their peak (no rounding, no rest)
 
 
 @dataclass
@@ -218,6 +220,7 @@ class ReplayResult:
 
 class CachingAllocator:
     """The caching allocator's state: segments, cached blocks, reserved and allocated bytes.
+
     `cap_bytes` is what torch may reserve (the device's free memory, or
     `set_per_process_memory_fraction`'s share of it); None: unbounded."""
 
@@ -226,7 +229,6 @@ class CachingAllocator:
         self.expandable_segments = expandable_segments
         self.pools = {True: _Pool(), False: _Pool()}  # by is_small
         self.live: dict[int, _Block] = {}  # allocation id -> its block
-        self.requested: dict[int, int] = {}  # allocation id -> the bytes it asked for
         self.reserved_bytes = self.allocated_bytes = self.requested_bytes = 0
         self.peak_reserved_bytes = self.peak_allocated_bytes = self.peak_requested_bytes = 0
         self.num_alloc_retries = 0
@@ -266,7 +268,7 @@ class CachingAllocator:
         self.live[alloc_id] = block
         self.allocated_bytes += block.size
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self.requested[alloc_id] = asked
+        block.requested = asked
         self.requested_bytes += asked
         self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
 
@@ -282,7 +284,7 @@ class CachingAllocator:
         if block is None:
             return
         self.allocated_bytes -= block.size
-        self.requested_bytes -= self.requested.pop(alloc_id)
+        self.requested_bytes -= block.requested
         if block.used_elsewhere:  # insert_events: cached only once the other stream passes
             block.used_elsewhere = False
             self.pending.append((self.marks, block))
@@ -583,10 +585,8 @@ def smallest_cap(events: list[tuple], settings: AllocatorSettings,
         return low
     while high - low > resolution_bytes:
         middle = (low + high) // 2
-        if replay(events, settings, cap_bytes=middle).oom is None:
-            high = middle
-        else:
-            low = middle
+        fits = replay(events, settings, cap_bytes=middle).oom is None
+        low, high = (low, middle) if fits else (middle, high)
     return high
 
 

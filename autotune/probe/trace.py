@@ -459,9 +459,9 @@ class TraceResult:
     trace_s: float
     share: dict[str, int] = field(default_factory=dict)
     phase_tensor_bytes: dict[str, int] = field(default_factory=dict)  # live tensors at most
-    # a GPU's: the caching allocator's reserved and allocated peaks per phase, replayed
-    phase_reserved_bytes: dict[str, int] = field(default_factory=dict)  # (memory/allocator.py)
-    phase_allocated_bytes: dict[str, int] = field(default_factory=dict)  # blocks, as torch's
+    # a GPU's, replayed (memory/allocator.py): each phase's reserved and allocated peaks
+    phase_reserved_bytes: dict[str, int] = field(default_factory=dict)
+    phase_allocated_bytes: dict[str, int] = field(default_factory=dict)  # blocks, as torch
     fits_under_bytes: int | None = None  # the smallest cap torch can run the step under
     allocator: dict[str, bool] = field(default_factory=dict)  # the settings replayed
 

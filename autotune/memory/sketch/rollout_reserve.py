@@ -14,14 +14,14 @@ This lays those allocations out in order (the states the rollout finds; the engi
 as it wakes; the prefill layer by layer; the decode's first step, the cache at the last
 step's length and the last step, as the trace runs it; the cache freed after each batch of
 sequences) and replays them through allocator.py as step_reserve.py does the training phases:
-the replayed reserved peak less the requests' own bytes at their peak. The steps between are not laid out:
-each time a layer's K or V outgrows its 2 MiB-rounded segment the old segment stays cached,
-too small for any later request, and a long response piles such segments up; torch frees
-them and retries before it would run out of memory (release_cached_blocks), so they decide
-no OOM, though NVML sees them. A vllm-like engine's pool is one block made at wake-up, so
-its rollout is laid out with no batch (`batches` 0): the states it finds and the engine's
-weights as it wakes, whose slack is its reserve (the H200's 0.5B rollouts at utilisation 0.3
-and 0.6 reserved 1.09 GiB beyond their tensors; this lays out 0.41 of it).
+the replayed reserved peak less the requests' own bytes at their peak. The steps between are
+not laid out: each time a layer's K or V outgrows its 2 MiB-rounded segment the old segment
+stays cached, too small for any later request, and a long response piles such segments up;
+torch frees them and retries before it would run out of memory (release_cached_blocks), so
+they decide no OOM, though NVML sees them. A vllm-like engine's pool is one block made at
+wake-up, so its rollout is laid out with no batch (`batches` 0): the states it finds and the
+engine's weights as it wakes, whose slack is its reserve (the H200's 0.5B rollouts at
+utilisation 0.3 and 0.6 reserved 1.09 GiB beyond their tensors; this lays out about 0.4).
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ backward, and the fp32 gradient that backward widens, alive through the layers' 
 each phase on its own and twice over; replays it through allocator.py with the run's allocator
 settings; and returns, per phase, the replayed reserved peak less the requests' own bytes
 at their peak: the allocator's whole term, its rounding and the rests of cached blocks it
-hands out whole (under 1 MiB, `should_split`) included, which torch's allocated statistic
-counts with the tensors (the H200's 0.5B update: 220 MiB of them, the trace's replay within
-1 MiB of torch's allocated). The trace (probe/trace.py) records the real stream and is exact where this is a
-sketch; this is what `estimate` adds without one, no torch needed. Sizes are per GPU; the
-caller gives rows.
+hands out whole (1 MiB or less, `should_split`) included, which torch's allocated statistic
+counts with the tensors (the H200's 0.5B update: 219 MiB of them beside cuBLAS's
+workspaces, the trace's replay within 1 MiB of torch's allocated). The trace
+(probe/trace.py) records the real stream and is exact where this is a sketch; this is what
+`estimate` adds without one, no torch needed. Sizes are per GPU; the caller gives rows.
 """
 
 from __future__ import annotations
@@ -459,12 +459,12 @@ def optimizer_tensors(s: StepShape) -> tuple[int, ...]:
 def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
                         ) -> dict[str, int]:
     """Per training phase (experience, update), what the replayed sketch reserved beyond
-    its requests' own bytes at their peak. Each phase is laid out on its own, twice over (as two training steps
-    run it), after the states it finds (state_tensors): the fp32 master shards, the
-    reference (one waiting on the host arrives for its own pass), AdamW's state (on the
-    host when offloaded; the update makes it at its first step), FSDP's root unit gathered;
-    so a phase moves only with its own knobs (phases.PHASE_KNOBS, the batches among them:
-    they set its loops' counts), as the dominance rules need."""
+    its requests' own bytes at their peak. Each phase is laid out on its own, twice over (as
+    two training steps run it), after the states it finds (state_tensors): the fp32 master
+    shards, the reference (one waiting on the host arrives for its own pass), AdamW's state
+    (on the host when offloaded; the update makes it at its first step), FSDP's root unit
+    gathered; so a phase moves only with its own knobs (phases.PHASE_KNOBS, the batches among
+    them: they set its loops' counts), as the dominance rules need."""
     n, c = s.shards, s.compute_bytes
     every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     reserve = {}

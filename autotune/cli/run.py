@@ -27,7 +27,8 @@ MAX_FINALISTS = 32  # --finalists and --confirm: configs probed again at the end
 @click.option("--trials", type=click.IntRange(1), default=None,
               help="Stop after N probes in the study (default 40; 12 for the CPU demo).")
 @click.option("--timeout", "timeout_s", type=opt.DURATION, default=None, metavar="DURATION",
-              help="Start no probe after this long, e.g. 8h (each run settles one trial first).")
+              help="Start no search probe after this long, e.g. 8h (each run settles one "
+                   "trial first; the finalists' repeats follow: --finalists 0 skips them).")
 @click.option("--patience", type=click.IntRange(1), default=None,
               help="Stop after K probes without a better feasible config.")
 @opt.sampler

@@ -53,7 +53,7 @@ import gpu_evidence  # noqa: E402  (the cases the committed rows are of)
 import gpu_holdout  # noqa: E402  (the held-out grids)
 
 from autotune.config import format_bytes  # noqa: E402
-from autotune.memory.allocator import AllocatorSettings, replay  # noqa: E402
+from autotune.memory.replay import AllocatorSettings, replay  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.shape import model_shape  # noqa: E402
 

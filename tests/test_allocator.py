@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from autotune.memory.allocator import (
+from autotune.memory.allocator import CachingAllocator, iter_blocks, round_size, segment_size
+from autotune.memory.replay import (
     ALLOC,
     EMPTY_CACHE,
     FREE,
@@ -16,12 +17,8 @@ from autotune.memory.allocator import (
     PHASE,
     RECORD,
     AllocatorSettings,
-    CachingAllocator,
-    iter_blocks,
     parse_expandable,
     replay,
-    round_size,
-    segment_size,
     smallest_cap,
 )
 

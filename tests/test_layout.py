@@ -28,18 +28,18 @@ ALLOWED: dict[str, set[str]] = {
     "config": BASE | {"files", "batching", "config"},
     "registry": BASE | {"config"},
     "memory": BASE | {"batching", "config", "files", "registry", "memory"},
-    "memory.sketch": BASE | {"config", "memory.allocator", "memory.sketch"},
+    "memory.sketch": BASE | {"config", "memory.replay", "memory.sketch"},
     "trainers": BASE | {"batching", "config", "files", "trainers"},
     # the probe, floor by floor; its top (worker, fork server, trace) may import every floor
     "probe.measure": BASE | {"config", "files", "hardware", "process_tag", "probe.measure"},
     "probe.modeling": BASE | {"config", "registry", "probe.modeling"},
     "probe.step": BASE | {"batching", "config", "files", "hardware", "registry",
-                          "memory.allocator",  # the allocator's settings a probe runs under
+                          "memory.replay",  # the allocator's settings a probe runs under
                           "probe.measure", "probe.modeling", "probe.step"},
     "probe.launch": BASE | {"config", "files", "hardware", "process_tag", "probe.measure",
                             "probe.launch"},
     "probe": BASE | {"batching", "config", "files", "hardware", "registry", "process_tag",
-                     "memory.allocator",  # the trace replays its allocations (pure Python)
+                     "memory.replay",  # the trace replays its allocations (pure Python)
                      "memory.workspaces",  # and records cuBLAS's workspaces (constants)
                      "probe"},
     "runners": BASE | {"config", "files", "hardware", "process_tag", "probe.measure.result",

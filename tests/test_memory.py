@@ -811,7 +811,7 @@ def test_the_sketch_lays_out_what_peft_adds_to_a_lora_layers_forward():
     (one more I-wide) and, under FSDP1, the input's fp32 copy; on one GPU under autocast
     down_proj's input copied to fp32 and cast back (phases.lora_forward_bytes_per_token). The
     held-out H200 LoRA experiences, model alone: 75 -> 77 of 103 held-out phases within 5%."""
-    from autotune.memory.allocator import ALLOC
+    from autotune.memory.replay import ALLOC
     from autotune.memory.sketch import step_reserve as reserve
     from autotune.memory.sketch.layout import StepShape, Stream
 

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config import budget_bytes
 from autotune.hardware import Device
-from autotune.memory.allocator import MARK, RECORD
+from autotune.memory.replay import MARK, RECORD
 from autotune.memory.model import TRACE_CPU_CONTEXT_BYTES
 from autotune.memory.outside_torch import outside_torch
 from autotune.runners.local import SubprocessRunner
@@ -106,7 +106,7 @@ def test_a_backward_fills_its_fresh_zeros_in_place_as_real_tensors_do(tracing):
     FunctionsManual.cpp index_select_backward). The trace records the real step's one block:
     a second one of the vocabulary's logits size left the replay 1.7 GiB short of the H200's
     reserve on single-GPU updates."""
-    from autotune.memory.allocator import ALLOC
+    from autotune.memory.replay import ALLOC
 
     tracker, torch = tracing
     block = 64 * 4096 * 4  # fp32, 1 MiB
@@ -129,7 +129,7 @@ def test_the_memory_models_fused_log_prob_lays_out_what_the_real_function_alloca
     FusedLinearLogProb does, in its order, the last chunk shorter (laid out as one fp32
     block a chunk, it left README command 1's update 0.9 GiB of reserve short of the
     trace's)."""
-    from autotune.memory.allocator import ALLOC, FREE
+    from autotune.memory.replay import ALLOC, FREE
     from autotune.memory.sketch import step_reserve as reserve
     from autotune.memory.sketch.layout import StepShape, Stream
     from autotune.probe.modeling.logprob import FusedLinearLogProb
@@ -218,7 +218,7 @@ def test_a_gpu_trace_holds_cublas_workspaces_from_each_threads_first_gemm(make_r
     rollout, and the autograd engine's, by the first update's backward. A GPU's traced stream
     has those two and never frees them; a CPU's has none (before 2026-12-04 neither had,
     and the replay reserved 0.34 GiB less than torch in a 0.5B experience on the H200)."""
-    from autotune.memory.allocator import ALLOC, FREE, PHASE
+    from autotune.memory.replay import ALLOC, FREE, PHASE
     from autotune.memory.workspaces import CUBLAS_WORKSPACE_BYTES
     from autotune.probe.trace import trace_request
 
@@ -290,13 +290,8 @@ def test_a_rank_of_two_holds_half_the_states(make_request, model):
 def _build_holes_bytes(events: list[tuple]) -> int:
     """What an expandable segment keeps mapped and free once the build is over and the cache
     emptied (the first phase's start): the holes between the shards."""
-    from autotune.memory.allocator import (
-        ALLOC,
-        EMPTY_CACHE,
-        FREE,
-        PHASE,
-        CachingAllocator,
-    )
+    from autotune.memory.allocator import CachingAllocator
+    from autotune.memory.replay import ALLOC, EMPTY_CACHE, FREE, PHASE
 
     allocator = CachingAllocator(None, expandable_segments=True)
     for event in events:

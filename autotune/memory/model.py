@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from autotune.batching import worst_case_rows
 from autotune.config import DTYPE_BYTES, DeviceShare, ProbeConfig, compute_dtype
-from autotune.memory.allocator import AllocatorSettings
+from autotune.memory.replay import AllocatorSettings
 from autotune.memory.outside_torch import outside_torch
 from autotune.memory.phases import (
     PhaseEstimate,

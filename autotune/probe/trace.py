@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from autotune.memory.allocator import (
+from autotune.memory.replay import (
     ALLOC,
     EMPTY_CACHE,
     FREE,
@@ -112,7 +112,7 @@ class AllocationTracker:
     """Live bytes of every storage the traced step holds, on the device and on the host, and
     the stream of device allocations and frees in the order the step makes them (with the
     stream each is made on: FSDP2 gathers and reduces on streams of its own), which
-    memory/allocator.py replays through the CUDA caching allocator's rules."""
+    memory/replay.py replays through the CUDA caching allocator's rules."""
 
     def __init__(self) -> None:
         self.device_bytes = 0
@@ -121,7 +121,7 @@ class AllocationTracker:
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self.paused = 0  # > 0: DTensor is propagating shapes (tensors of no rank's memory)
-        self.events: list[tuple] = []  # allocator.py's ALLOC, FREE, PHASE, ... events
+        self.events: list[tuple] = []  # replay.py's ALLOC, FREE, PHASE, ... events
         self._streams: dict[int, int] = {}  # id of a torch.cpu stream -> its number
         self._next_id = 0
         self._workspaces: set[tuple[bool, int]] = set()  # cuBLAS's: (backward, stream)
@@ -459,7 +459,7 @@ class TraceResult:
     trace_s: float
     share: dict[str, int] = field(default_factory=dict)
     phase_tensor_bytes: dict[str, int] = field(default_factory=dict)  # live tensors at most
-    # a GPU's, replayed (memory/allocator.py): each phase's reserved and allocated peaks
+    # a GPU's, replayed (memory/replay.py): each phase's reserved and allocated peaks
     phase_reserved_bytes: dict[str, int] = field(default_factory=dict)
     phase_allocated_bytes: dict[str, int] = field(default_factory=dict)  # blocks, as torch
     fits_under_bytes: int | None = None  # the smallest cap torch can run the step under
@@ -481,7 +481,7 @@ def trace_request(request: ProbeRequest, context_bytes: int,
     traced as the stand-in with vLLM's memory (vllm-like). `every_iteration` runs every
     iteration of every loop in both steps, as a probe does (the tests hold the shortcuts to
     it: the same bytes). `events`, when given, receives the recorded allocation stream
-    (memory/allocator.py's events), for a replay under other settings or caps.
+    (memory/replay.py's events), for a replay under other settings or caps.
     """
     from autotune.probe.modeling.sharding import leave_group
     from autotune.probe.step.state import allocator_settings

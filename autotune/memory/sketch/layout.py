@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from autotune.config import autocast_casts_weights
-from autotune.memory.allocator import ALLOC, FREE, MARK, PHASE, RECORD, AllocatorSettings
+from autotune.memory.replay import ALLOC, FREE, MARK, PHASE, RECORD, AllocatorSettings
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
 Blocks: TypeAlias = "int | Sequence[Blocks]"

@@ -13,7 +13,7 @@ replayed from the trace). A sharded engine also wakes one whole fp32 tensor at a
 This lays those allocations out in order (the states the rollout finds; the engine's weights
 as it wakes; the prefill layer by layer; the decode's first step, the cache at the last
 step's length and the last step, as the trace runs it; the cache freed after each batch of
-sequences) and replays them through allocator.py as step_reserve.py does the training phases:
+sequences) and replays them through replay.py as step_reserve.py does the training phases:
 the replayed reserved peak less the requests' own bytes at their peak. The steps between are
 not laid out: each time a layer's K or V outgrows its 2 MiB-rounded segment the old segment
 stays cached, too small for any later request, and a long response piles such segments up;
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autotune.memory.allocator import AllocatorSettings, replay
+from autotune.memory.replay import AllocatorSettings, replay
 from autotune.memory.sketch.layout import COPY_IN, DEFAULT_SETTINGS, Stream, state_tensors
 
 BATCHES = 2  # batches laid out: the second finds the first's cached segments

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 
 from autotune.config.kernels import FUSED_CHUNK_TOKENS
-from autotune.memory.allocator import AllocatorSettings, replay
+from autotune.memory.replay import AllocatorSettings, replay
 from autotune.memory.sketch.layout import (
     COPY_IN,
     CRITIC_COPY_IN,

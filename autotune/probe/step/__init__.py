@@ -8,6 +8,6 @@ the trainer's order and times them (training.py: TrainingProbe), and the rollout
 rollout wakes (engine.py: the Rollout protocol and the stand-ins; vllm_engine.py: the real
 vLLM, imported only when that engine starts); one side of a split probe (split_step.py: the
 engine's or the trainer's part of a separate placement's pipelined step, and their link).
-May import batching, config, errors, files, hardware, registry, version, memory.allocator,
+May import batching, config, errors, files, hardware, registry, version, memory.replay,
 probe.measure and probe.modeling.
 """

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autotune.config import KnobValue, ProbeConfig, compute_dtype, device_share, image_tokens
-from autotune.memory.allocator import AllocatorSettings
+from autotune.memory.replay import AllocatorSettings
 from autotune.probe.measure.meter import MemoryMeter, Meter, torch_device
 from autotune.probe.measure.result import ProbeRequest
 from autotune.probe.modeling.critic import ValueModel

@@ -914,3 +914,26 @@ def test_a_rollout_holds_the_references_root_and_a_waking_engine_its_pool():
         reserve = rollout.parts["allocator_reserve"]  # the states' and the wake's slack
         assert 0 < reserve < 1 << 30
         assert rollout.transient_bytes == wake_gather_bytes(s) - profile + reserve
+
+
+def test_a_phase_replayed_on_its_own_leaves_out_the_segments_earlier_phases_carved():
+    """benchmarks/carried_segments.py's phase-local replay: a state made after a large
+    transient was freed lands inside the transient's cached segment, which `empty_cache` at
+    the next phase's start cannot give back (a live tensor holds it), so with its history the
+    next phase reserves the whole segment; replayed on its own it finds the state packed in a
+    segment of its own size. The difference is the carried term the model leaves out."""
+    sys.path.insert(0, str(GPU_RESULTS.parent.parent))
+    import carried_segments
+
+    from autotune.memory.replay import ALLOC, FREE, PHASE, AllocatorSettings, replay
+
+    mib = 1 << 20
+    events = [(PHASE, "update"), (ALLOC, 1, 1188 * mib, 0), (FREE, 1),
+              (ALLOC, 2, 519 * mib + 100, 0), (PHASE, None),  # AdamW's state, made late
+              (PHASE, "rollout"), (ALLOC, 3, 100 * mib, 0), (FREE, 3), (PHASE, None)]
+    settings = AllocatorSettings()
+    whole = replay(events, settings).phase_reserved_bytes
+    local = carried_segments.phase_local_reserved(events, settings)
+    assert whole == {"update": 1188 * mib, "rollout": 1188 * mib}
+    # on its own: the state in a segment rounded up to 2 MiB, the transient in one of its own
+    assert local == {"update": 1188 * mib, "rollout": 520 * mib + 100 * mib}

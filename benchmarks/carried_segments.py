@@ -1,0 +1,176 @@
+"""How much of each committed phase's reserve the segments carried from earlier phases make.
+
+The memory model's allocator term (memory/sketch) lays each phase out on its own: the
+tensors the phase finds, packed in the order they were made, then the phase's own
+allocations and frees. A GPU runs the step as a whole: a phase finds the segments the earlier
+phases cut, with the tensors that outlived them inside (AdamW's states, made at the first
+optimizer step among the freed segments of the transients; docs/memory-and-trace.md). This
+splits the trace's replay of each committed case (benchmarks/allocator_fidelity.py's rows)
+the same two ways:
+
+- with its history: the stream replayed whole (memory/replay.py), as allocator_fidelity
+  predicts the card;
+- phase-local: for each phase, a fresh allocator (the phase's allocator settings) holding
+  only the tensors live at the phase's start, allocated in the order they were made, then
+  the phase's own events; the sketch's assumption.
+
+carried = the reserved peak with history less the phase-local one (both the most over the
+step's occurrences of the phase). Each row then reads the memory model alone (as
+allocator_fidelity computes it) against NVML, with and without that carried term: whether
+the term the model leaves out by rule is its lean (issue 67's item 2).
+
+    python benchmarks/carried_segments.py [--out DIR] [--cases a,b]
+
+Writes carried_segments.{txt,json} to benchmarks/results/ (or --out). Traces each committed
+case once (about 6 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import allocator_fidelity  # noqa: E402  (the committed rows, their traces and model figures)
+
+from autotune.memory.allocator import CachingAllocator  # noqa: E402
+from autotune.memory.replay import (  # noqa: E402
+    ALLOC,
+    EMPTY_CACHE,
+    FREE,
+    MARK,
+    PHASE,
+    RECORD,
+    AllocatorSettings,
+    replay,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GIB = 1 << 30
+
+
+def phase_local_reserved(events: Sequence[tuple], settings: AllocatorSettings
+                         ) -> dict[str, int]:
+    """Each phase's reserved peak replayed on its own: a fresh allocator holding the tensors
+    live at the phase's start (allocated in the order they were made), then the phase's
+    events. The most over the phase's occurrences."""
+    live: dict[int, tuple[int, int]] = {}  # allocation id -> (bytes, stream), in order made
+    peaks: dict[str, int] = {}
+    local: CachingAllocator | None = None
+    name = ""
+    for event in events:
+        kind = event[0]
+        if kind == PHASE:
+            if event[1] is not None:
+                name = event[1]
+                local = CachingAllocator(None, settings.expandable_in(name))
+                for alloc_id, (size, stream) in live.items():
+                    local.malloc(alloc_id, size, stream)
+                local.reset_peaks()
+            elif local is not None:
+                peaks[name] = max(peaks.get(name, 0), local.peak_reserved_bytes)
+                local = None
+        elif kind == ALLOC:
+            live[event[1]] = (event[2], event[3])
+            if local is not None:
+                local.malloc(event[1], event[2], event[3])
+        elif kind == FREE:
+            live.pop(event[1], None)
+            if local is not None:
+                local.free(event[1])
+        elif local is not None:
+            if kind == RECORD:
+                local.record_stream(event[1], event[2])
+            elif kind == MARK:
+                local.marks += 1
+            elif kind == EMPTY_CACHE:
+                local.empty_cache()
+    return peaks
+
+
+def measure(labels: list[str] | None) -> list[dict]:
+    """Every committed row: NVML, the model alone, the replay with history and phase-local."""
+    every = allocator_fidelity.committed_rows()
+    rows = [r for r in every if labels is None or r["label"] in labels]
+    out = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        started = time.monotonic()
+        events, _, _ = allocator_fidelity.trace_case(label, False)
+        print(f"traced {label} in {time.monotonic() - started:.0f} s", flush=True)
+        for row in [r for r in rows if r["label"] == label]:
+            settings = allocator_fidelity.settings_of(row)
+            whole = replay(events, settings).phase_reserved_bytes
+            local = phase_local_reserved(events, settings)
+            modelled = allocator_fidelity.model_bytes(
+                row, allocator_fidelity.outside_of(row, every))
+            for phase, nvml in row["phase_peak_mem_bytes"].items():
+                out.append({"case": label, "file": row["file"], "phase": phase,
+                            "nvml_bytes": nvml, "model_bytes": modelled[phase],
+                            "replayed_reserved_bytes": whole[phase],
+                            "phase_local_reserved_bytes": local[phase],
+                            "carried_bytes": whole[phase] - local[phase]})
+    return out
+
+
+def signed(value: float) -> str:
+    return f"{100 * value:+.1f}%"
+
+
+def summary(rows: list[dict], key: str, label: str) -> str:
+    errors = [(r[key] - r["nvml_bytes"]) / r["nvml_bytes"] for r in rows]
+    over = sum(e > 0 for e in errors)
+    return (f"{label}: median {signed(statistics.median(errors))}, "
+            f"{signed(min(errors))} to {signed(max(errors))}, {over} over / "
+            f"{len(errors) - over} under, {sum(abs(e) <= 0.05 for e in errors)} of "
+            f"{len(errors)} within 5%")
+
+
+def describe(rows: list[dict]) -> list[str]:
+    lines = [f"{'case':24s} {'file':36s} {'phase':14s} {'NVML':>9s} {'model':>7s} "
+             f"{'carried':>9s} {'model+carried':>13s}"]
+    for r in rows:
+        nvml = r["nvml_bytes"]
+        with_carried = r["model_bytes"] + r["carried_bytes"]
+        lines.append(f"{r['case'][:24]:24s} {r['file'][:36]:36s} {r['phase']:14s} "
+                     f"{nvml / GIB:7.2f} G {signed((r['model_bytes'] - nvml) / nvml):>7s} "
+                     f"{r['carried_bytes'] / GIB:+7.2f} G "
+                     f"{signed((with_carried - nvml) / nvml):>13s}")
+    for r in rows:
+        r["model_with_carried_bytes"] = r["model_bytes"] + r["carried_bytes"]
+    carried = [r["carried_bytes"] / GIB for r in rows]
+    lines += ["",
+              f"carried (replay with history less phase-local): median "
+              f"{statistics.median(carried):+.2f} GiB, {min(carried):+.2f} to "
+              f"{max(carried):+.2f} GiB",
+              summary(rows, "model_bytes", "memory model alone against NVML"),
+              summary(rows, "model_with_carried_bytes",
+                      "memory model plus the carried term against NVML")]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--cases", default="", help="comma-separated case labels")
+    args = parser.parse_args()
+    started = time.monotonic()
+    rows = measure([c for c in args.cases.split(",") if c] or None)
+    lines = [f"carried_segments on {platform.machine()} cpu, {time.strftime('%Y-%m-%d')}, "
+             f"{(time.monotonic() - started) / 60:.1f} min",
+             "benchmark: python benchmarks/carried_segments.py", ""] + describe(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "carried_segments.txt").write_text("\n".join(lines) + "\n")
+    (args.out / "carried_segments.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,13 +21,15 @@ the term the model leaves out by rule is its lean (issue 67's item 2).
 
     python benchmarks/carried_segments.py [--out DIR] [--cases a,b]
 
-Writes carried_segments.{txt,json} to benchmarks/results/ (or --out). Traces each committed
-case once (about 6 minutes on 2 cores).
+Writes carried_segments.{txt,json} to benchmarks/results/ (or --out); the JSON also holds
+each row's traced tensors and the model's sketched allocator term. Traces each committed
+case once (4 minutes on 2 cores, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import allocator_fidelity  # noqa: E402  (the committed rows, their traces and model figures)
 
 from autotune.memory.allocator import CachingAllocator  # noqa: E402
+from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.replay import (  # noqa: E402
     ALLOC,
     EMPTY_CACHE,
@@ -51,6 +54,7 @@ from autotune.memory.replay import (  # noqa: E402
     AllocatorSettings,
     replay,
 )
+from autotune.memory.shape import model_shape  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
@@ -59,9 +63,11 @@ GIB = 1 << 30
 def phase_local_reserved(events: Sequence[tuple], settings: AllocatorSettings
                          ) -> dict[str, int]:
     """Each phase's reserved peak replayed on its own: a fresh allocator holding the tensors
-    live at the phase's start (allocated in the order they were made), then the phase's
-    events. The most over the phase's occurrences."""
+    live at the phase's start (allocated in the order they were made, with the other
+    streams they were recorded on), then the phase's events. The most over the phase's
+    occurrences."""
     live: dict[int, tuple[int, int]] = {}  # allocation id -> (bytes, stream), in order made
+    recorded: dict[int, list[int]] = {}  # a live id -> the streams record_stream named
     peaks: dict[str, int] = {}
     local: CachingAllocator | None = None
     name = ""
@@ -73,36 +79,57 @@ def phase_local_reserved(events: Sequence[tuple], settings: AllocatorSettings
                 local = CachingAllocator(None, settings.expandable_in(name))
                 for alloc_id, (size, stream) in live.items():
                     local.malloc(alloc_id, size, stream)
+                    for other in recorded.get(alloc_id, ()):
+                        local.record_stream(alloc_id, other)
                 local.reset_peaks()
             elif local is not None:
                 peaks[name] = max(peaks.get(name, 0), local.peak_reserved_bytes)
                 local = None
         elif kind == ALLOC:
             live[event[1]] = (event[2], event[3])
+            recorded.pop(event[1], None)
             if local is not None:
                 local.malloc(event[1], event[2], event[3])
         elif kind == FREE:
             live.pop(event[1], None)
+            recorded.pop(event[1], None)
             if local is not None:
                 local.free(event[1])
-        elif local is not None:
-            if kind == RECORD:
+        elif kind == RECORD:
+            recorded.setdefault(event[1], []).append(event[2])
+            if local is not None:
                 local.record_stream(event[1], event[2])
-            elif kind == MARK:
+        elif local is not None:
+            if kind == MARK:
                 local.marks += 1
             elif kind == EMPTY_CACHE:
                 local.empty_cache()
     return peaks
 
 
+def sketch_bytes(row: dict) -> dict[str, int]:
+    """The memory model's sketched allocator term per phase for the row's run (its
+    `allocator_reserve` part), as allocator_fidelity.model_bytes sets the run up."""
+    request = allocator_fidelity.gpu_evidence.case_request(
+        allocator_fidelity.case_of(row["label"]))
+    config = request.config
+    if allocator_fidelity.FILES[row["file"]] is not None:
+        config = dataclasses.replace(config, expandable_segments=True)
+    estimate = estimate_memory(model_shape(request.model), config,
+                               num_gpus=request.world_size, on_gpu=True,
+                               engine_capacity_bytes=allocator_fidelity.H200_CAPACITY_BYTES)
+    return {phase: e.parts.get("allocator_reserve", 0) for phase, e in estimate.phases.items()}
+
+
 def measure(labels: list[str] | None) -> list[dict]:
-    """Every committed row: NVML, the model alone, the replay with history and phase-local."""
+    """Every committed row: NVML, the model alone (and its sketched allocator term), the
+    traced tensors, the replay with history and phase-local."""
     every = allocator_fidelity.committed_rows()
     rows = [r for r in every if labels is None or r["label"] in labels]
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         started = time.monotonic()
-        events, _, _ = allocator_fidelity.trace_case(label, False)
+        events, tensors, _ = allocator_fidelity.trace_case(label, False)
         print(f"traced {label} in {time.monotonic() - started:.0f} s", flush=True)
         for row in [r for r in rows if r["label"] == label]:
             settings = allocator_fidelity.settings_of(row)
@@ -110,9 +137,12 @@ def measure(labels: list[str] | None) -> list[dict]:
             local = phase_local_reserved(events, settings)
             modelled = allocator_fidelity.model_bytes(
                 row, allocator_fidelity.outside_of(row, every))
+            sketched = sketch_bytes(row)
             for phase, nvml in row["phase_peak_mem_bytes"].items():
                 out.append({"case": label, "file": row["file"], "phase": phase,
                             "nvml_bytes": nvml, "model_bytes": modelled[phase],
+                            "sketch_bytes": sketched[phase],
+                            "traced_tensor_bytes": tensors[phase],
                             "replayed_reserved_bytes": whole[phase],
                             "phase_local_reserved_bytes": local[phase],
                             "carried_bytes": whole[phase] - local[phase]})
@@ -133,13 +163,18 @@ def summary(rows: list[dict], key: str, label: str) -> str:
 
 
 def describe(rows: list[dict]) -> list[str]:
-    lines = [f"{'case':24s} {'file':36s} {'phase':14s} {'NVML':>9s} {'model':>7s} "
-             f"{'carried':>9s} {'model+carried':>13s}"]
+    lines = ["reserve beyond the traced tensors, GiB: the model's sketch, the phase-local replay's "
+             "and the whole replay's", "",
+             f"{'case':24s} {'file':36s} {'phase':14s} {'NVML':>9s} {'model':>7s} "
+             f"{'sketch':>7s} {'local':>7s} {'whole':>7s} {'carried':>9s} {'model+carried':>13s}"]
     for r in rows:
-        nvml = r["nvml_bytes"]
+        nvml, tensors = r["nvml_bytes"], r["traced_tensor_bytes"]
         with_carried = r["model_bytes"] + r["carried_bytes"]
         lines.append(f"{r['case'][:24]:24s} {r['file'][:36]:36s} {r['phase']:14s} "
                      f"{nvml / GIB:7.2f} G {signed((r['model_bytes'] - nvml) / nvml):>7s} "
+                     f"{r['sketch_bytes'] / GIB:7.2f} "
+                     f"{(r['phase_local_reserved_bytes'] - tensors) / GIB:7.2f} "
+                     f"{(r['replayed_reserved_bytes'] - tensors) / GIB:7.2f} "
                      f"{r['carried_bytes'] / GIB:+7.2f} G "
                      f"{signed((with_carried - nvml) / nvml):>13s}")
     for r in rows:

@@ -929,11 +929,18 @@ def test_a_phase_replayed_on_its_own_leaves_out_the_segments_earlier_phases_carv
 
     mib = 1 << 20
     events = [(PHASE, "update"), (ALLOC, 1, 1188 * mib, 0), (FREE, 1),
+              (ALLOC, 0, 4 * mib, 0),  # made first: the phase-local replay re-makes it first
               (ALLOC, 2, 519 * mib + 100, 0), (PHASE, None),  # AdamW's state, made late
-              (PHASE, "rollout"), (ALLOC, 3, 100 * mib, 0), (FREE, 3), (PHASE, None)]
+              (PHASE, "rollout"), (ALLOC, 3, 650 * mib, 0), (FREE, 3), (PHASE, None),
+              # the next step's rollout: the state freed (made before the phase: the
+              # phase-local replay made it again and frees it), its segment then reused
+              (PHASE, "rollout"), (ALLOC, 4, 300 * mib, 0), (FREE, 4), (FREE, 2),
+              (ALLOC, 5, 500 * mib, 0), (FREE, 5), (PHASE, None)]
     settings = AllocatorSettings()
     whole = replay(events, settings).phase_reserved_bytes
     local = carried_segments.phase_local_reserved(events, settings)
     assert whole == {"update": 1188 * mib, "rollout": 1188 * mib}
-    # on its own: the state in a segment rounded up to 2 MiB, the transient in one of its own
-    assert local == {"update": 1188 * mib, "rollout": 520 * mib + 100 * mib}
+    # on its own: the small tensor in a 20 MiB segment, the state in one rounded up to 2 MiB,
+    # a transient in a segment of its own: the first rollout 650 MiB; the second 300 MiB, its
+    # 500 in the state's freed segment (840 MiB in all: the most over the two is the first's)
+    assert local == {"update": 1188 * mib, "rollout": 20 * mib + 520 * mib + 650 * mib}

@@ -1,7 +1,7 @@
 """What a GPU process holds beyond PyTorch's caching allocator: the terms NVML counts and
 `torch.cuda.max_memory_reserved()` does not.
 
-An OOM is decided by the card: the allocator's reserved peak (memory/allocator.py replays it)
+An OOM is decided by the card: the allocator's reserved peak (memory/replay.py replays it)
 plus what lives outside torch. Each term is named here, with where its figure comes from:
 
 - `cuda_context_bytes`: the CUDA context with its lazily loaded kernel modules (cuBLAS,

@@ -15,8 +15,8 @@ each floor importing only the floors below it (tests/test_layout.py):
                user's trainer and its log lines
 
 May import batching, config, errors, files, hardware, registry, process_tag, version and
-memory.replay (the pure model of the caching allocator the trace replays its allocations
-through) and
+memory.replay (which runs the trace's allocations through the pure model of the caching
+allocator) and
 memory.workspaces (cuBLAS's workspaces the trace records).
 probe.measure's result, oom and machine and probe.launch import no torch (runners and the
 sweep use some; a command probe's worker needs none); the rest imports torch and

@@ -42,13 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import allocator_fidelity  # noqa: E402  (the committed rows, their traces and model figures)
 
-from autotune.memory.allocator import CachingAllocator  # noqa: E402
 from autotune.memory.model import estimate_memory  # noqa: E402
 from autotune.memory.replay import (  # noqa: E402
     ALLOC,
-    EMPTY_CACHE,
     FREE,
-    MARK,
     PHASE,
     RECORD,
     AllocatorSettings,
@@ -62,48 +59,37 @@ GIB = 1 << 30
 
 def phase_local_reserved(events: Sequence[tuple], settings: AllocatorSettings
                          ) -> dict[str, int]:
-    """Each phase's reserved peak replayed on its own: a fresh allocator holding the tensors
-    live at the phase's start (allocated in the order they were made, with the other
-    streams they were recorded on), then the phase's events. The most over the phase's
-    occurrences."""
+    """Each phase's reserved peak replayed on its own: replay() of a stream that makes the
+    tensors live at the phase's start again (in the order they were made, recorded on the
+    streams they were) and then runs the phase's events, in a fresh allocator. The most
+    over the phase's occurrences."""
     live: dict[int, tuple[int, int]] = {}  # allocation id -> (bytes, stream), in order made
     recorded: dict[int, list[int]] = {}  # a live id -> the streams record_stream named
     peaks: dict[str, int] = {}
-    local: CachingAllocator | None = None
-    name = ""
+    own: list[tuple] | None = None  # the phase's stream while one runs
     for event in events:
         kind = event[0]
-        if kind == PHASE:
-            if event[1] is not None:
-                name = event[1]
-                local = CachingAllocator(None, settings.expandable_in(name))
-                for alloc_id, (size, stream) in live.items():
-                    local.malloc(alloc_id, size, stream)
-                    for other in recorded.get(alloc_id, ()):
-                        local.record_stream(alloc_id, other)
-                local.reset_peaks()
-            elif local is not None:
-                peaks[name] = max(peaks.get(name, 0), local.peak_reserved_bytes)
-                local = None
-        elif kind == ALLOC:
+        if kind == PHASE and event[1] is not None:
+            own = [event] + [(ALLOC, alloc_id, size, stream)
+                             for alloc_id, (size, stream) in live.items()]
+            own += [(RECORD, alloc_id, other) for alloc_id, streams in recorded.items()
+                    for other in streams]
+            continue
+        if own is not None:
+            own.append(event)
+            if kind == PHASE:  # its end
+                name = own[0][1]
+                reserved = replay(own, settings).phase_reserved_bytes[name]
+                peaks[name] = max(peaks.get(name, 0), reserved)
+                own = None
+        if kind == ALLOC:
             live[event[1]] = (event[2], event[3])
             recorded.pop(event[1], None)
-            if local is not None:
-                local.malloc(event[1], event[2], event[3])
         elif kind == FREE:
             live.pop(event[1], None)
             recorded.pop(event[1], None)
-            if local is not None:
-                local.free(event[1])
         elif kind == RECORD:
             recorded.setdefault(event[1], []).append(event[2])
-            if local is not None:
-                local.record_stream(event[1], event[2])
-        elif local is not None:
-            if kind == MARK:
-                local.marks += 1
-            elif kind == EMPTY_CACHE:
-                local.empty_cache()
     return peaks
 
 

@@ -151,9 +151,9 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--model-path", "missing-dir"], "--model-path missing-dir: no such directory"),
     (["run", "--model-path", "noconfig"], "no config.json there"),
     (["run", "--model-path", "badjson"], "not valid JSON"),
-    (["run", "--model", "qwen2.5-vl-7b"], "needs about 167.43 GiB of GPU memory at the "
+    (["run", "--model", "qwen2.5-vl-7b"], "needs about 168.22 GiB of GPU memory at the "
      "smallest config"),
-    (["run", "--model", "qwen2.5-vl-7b", "--gpus-per-node", "8"], "needs about 30.91 GiB of "
+    (["run", "--model", "qwen2.5-vl-7b", "--gpus-per-node", "8"], "needs about 30.92 GiB of "
      "GPU memory per rank of 8 at the smallest config"),
     (["run", "--model", "qwen2.5-7b", "--space", "space.yaml"], "no NVIDIA GPU found"),
     (["run", "--model", "qwen2.5-7b", "--space", "space.yaml", "--device", "cpu"],

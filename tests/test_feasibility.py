@@ -75,6 +75,15 @@ def test_an_oom_in_one_phase_ignores_the_knobs_that_do_not_move_that_phase():
     # the log-prob forward does not care about the update's micro-batch or checkpointing
     other = with_(micro_batch_size_update=1, gradient_checkpointing=True)
     assert feasibility.predict(candidate(other)) is not None
+    # on a GPU it finds the segments the first update's blocks cut held in the caching
+    # allocator (memory.carried_knobs), which have no order: only an equal update proves
+    on_gpu = Feasibility(Device("cuda", 80 * 10**9), Dominance(on_gpu=True))
+    on_gpu.record(2, candidate(BASE), "gpu_oom", "experience")
+    for update in ({"micro_batch_size_update": 1, "gradient_checkpointing": True},
+                   {"micro_batch_size_update": 8}):
+        assert on_gpu.predict(candidate(with_(micro_batch_size_experience=16,
+                                              **update))) is None
+    assert on_gpu.predict(candidate(with_(micro_batch_size_experience=16))) is not None
     # but the reference waiting on the host (offload_params) is there for its own pass only
     assert feasibility.predict(candidate(with_(offload_params=True))) is None
     assert feasibility.predict(candidate(with_(micro_batch_size_experience=4))) is None

@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": BASE | {"files", "batching", "config"},
     "registry": BASE | {"config"},
     "memory": BASE | {"batching", "config", "files", "registry", "memory"},
-    "memory.sketch": BASE | {"config", "memory.replay", "memory.sketch"},
+    "memory.sketch": BASE | {"config", "memory.replay", "memory.workspaces", "memory.sketch"},
     "trainers": BASE | {"batching", "config", "files", "trainers"},
     # the probe, floor by floor; its top (worker, fork server, trace) may import every floor
     "probe.measure": BASE | {"config", "files", "hardware", "process_tag", "probe.measure"},

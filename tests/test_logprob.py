@@ -145,8 +145,11 @@ def test_the_memory_model_holds_one_chunk_of_logits_when_fused():
     # without an entropy the entropy switches change nothing and are not listed
     assert set(report["switch_savings"]) == {"fused_logprob"}
     saved = report["switch_savings"]["fused_logprob"]
-    assert saved == {phase: off[phase].total_bytes - on[phase].total_bytes
-                     for phase in ("experience", "update")}
+    assert saved == {phase: off[phase].total_bytes - on[phase].total_bytes for phase in off
+                     if off[phase].total_bytes != on[phase].total_bytes}
+    # the rollout too, by a few MiB: the first update's logits segments it finds held
+    # (memory.CARRIED_KNOBS)
+    assert saved["experience"] > 32 << 30 and abs(saved.get("rollout", 0)) < 64 << 20
 
 
 def test_estimate_states_what_the_entropy_switches_save_or_add_where_an_entropy_is_taken():

@@ -313,6 +313,14 @@ def test_an_oom_on_one_split_proves_nothing_about_another():
     for phase in ("rollout", "experience", "update", "weight_sync"):
         assert not at_least_as_demanding(four_trainers, one_trainer, phase=phase)
         assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase)
+        # on a GPU the trainer's later phases find the segments its first update left
+        # (memory.carried_knobs); the engine's GPUs run the rollout apart from them
+        carried = phase == "experience"
+        assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase,
+                                     on_gpu=True) is not carried
+    colocated = {**one_trainer, "placement": "colocated"}
+    assert not at_least_as_demanding({**colocated, "micro_batch_size_update": 4}, colocated,
+                                     phase="rollout", on_gpu=True)
 
 
 def test_a_separate_space_file_is_checked_on_a_run_it_can_describe(tmp_path):

@@ -16,8 +16,9 @@ arithmetic here is the uncalibrated prior) and a fixed context. Calibration (cal
 fits the context and a scale on the transient part per phase and device; the states are never
 fitted.
 
-PHASE_KNOBS names the knobs each phase's peak reads here; dominance
-(sweep/feasibility/dominance.py) compares configs on those alone.
+PHASE_KNOBS names the knobs each phase's peak reads here, CARRIED_KNOBS the update's it also
+reads through the segments the run's first update left; dominance
+(sweep/feasibility/dominance.py) compares configs on both alone, the carried ones as equal.
 """
 
 from __future__ import annotations
@@ -120,6 +121,28 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
                              "offload_optimizer", "rollout_tensor_parallel", *_ENGINE_KNOBS,
                              *_CRITIC_HELD, *_SHAPE_KNOBS}),
 }
+# The update's knobs that size its transient blocks, carried into the phases after it: the
+# run's first optimizer step makes AdamW's state among those freed blocks, and the autograd
+# thread's first GEMM its cuBLAS workspace, so each later phase finds those segments held,
+# holes and all (sketch/step_reserve.first_update; the committed 0.5B experience: a 1.2 GiB
+# segment cut for the update's fp32 logits that the 32 MiB workspace keeps). Their effect
+# there has no order (a larger micro-batch cuts larger segments, whose holes a later phase
+# may or may not fill): dominance compares them as equal in those phases. (PPO's critic
+# update finds them too; its sketch, an update of the critic's own model, lays out no
+# history, so neither does this.)
+_CARRIED = frozenset({"micro_batch_size_update", "max_token_len_update", "dynamic_batching",
+                      "gradient_checkpointing", "fused_logprob", *_SEQUENCE_KNOBS})
+CARRIED_KNOBS: dict[str, frozenset[str]] = {
+    phase: _CARRIED for phase in ("rollout", "experience", "validation")}
+
+
+def carried_knobs(phase: str | None, separate: bool = False) -> frozenset[str]:
+    """The update's knobs `phase` reads through the segments the run's first update left
+    (CARRIED_KNOBS): none for a phase that runs on GPUs of its own (a separate placement's
+    rollout and validation, on the engine's GPUs), nor for one that is no phase."""
+    if phase is None or (separate and phase in ("rollout", "validation")):
+        return frozenset()
+    return CARRIED_KNOBS.get(phase, frozenset())
 
 
 

@@ -141,8 +141,8 @@ class Sweep:
         probes' time; `tracer` stands in for the trace process)."""
         settings = self.settings
         request = settings.request
-        dominance = Dominance(self.space.directions, self.space.batches_by_tokens) \
-            if settings.prune_dominated else None
+        dominance = Dominance(self.space.directions, self.space.batches_by_tokens,
+                              request.device.on_gpu) if settings.prune_dominated else None
         prescreen = Prescreen.for_request(request, settings.prescreen,
                                           settings.node_host_bytes, settings.node_trainer)
         if prescreen is None or not settings.prescreen:

@@ -7,6 +7,6 @@ AdamW steps) and an HF-generation rollout (rollout_reserve.py), in one vocabular
 (layout.py: the shapes a sketch needs, its event stream, FSDP's units gathered and
 resharded on their streams). The trace (probe/trace.py) records the real stream; this is
 what `autotune estimate` adds without one.
-May import errors, version, config (its kernels' chunk size) and memory.replay; never
-torch.
+May import errors, version, config (its kernels' chunk size), memory.replay and
+memory.workspaces (the cuBLAS workspace a step makes); never torch.
 """

@@ -14,6 +14,7 @@ from typing import TypeAlias
 
 from autotune.config import autocast_casts_weights
 from autotune.memory.replay import ALLOC, FREE, MARK, PHASE, RECORD, AllocatorSettings
+from autotune.memory.workspaces import CUBLAS_WORKSPACE_BYTES
 
 # a block's id, or blocks (nested as the step keeps them: per layer, per micro-batch) to free
 Blocks: TypeAlias = "int | Sequence[Blocks]"
@@ -89,6 +90,7 @@ class Stream:
         self.gathered = 0  # FSDP's last all-gather output, kept until the next is made
         self.reduce_input = 0  # FSDP's last reduce-scatter input, kept until the next
         self.copy_in = COPY_IN  # the stream of the model whose units are gathered now
+        self.backward_workspace = 0  # the autograd thread's cuBLAS workspace, once made
 
     def alloc(self, size: int, stream: int = 0) -> int:
         self._next += 1
@@ -109,6 +111,13 @@ class Stream:
     def record(self, block: int, stream: int) -> None:
         """`record_stream`: the block is used on `stream` too (its reuse waits after a free)."""
         self.events.append((RECORD, block, stream))
+
+    def first_backward_gemm(self) -> None:
+        """The autograd thread's first GEMM: its cuBLAS handle's workspace is made here, in
+        whatever cached block fits then, and held for the process's life
+        (memory/workspaces.py)."""
+        if not self.backward_workspace:
+            self.backward_workspace = self.alloc(CUBLAS_WORKSPACE_BYTES)
 
     def mark(self) -> None:
         """FSDP1 resharded a unit (the replay's measure of how far the GPU runs behind)."""

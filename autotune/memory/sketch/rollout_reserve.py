@@ -10,7 +10,9 @@ allocator reserves beyond the tensors: on the H200 0.7 GiB over 8.9 GiB of tenso
 replayed from the trace). A sharded engine also wakes one whole fp32 tensor at a time
 (states.wake_gather_bytes), freed between the weights it keeps.
 
-This lays those allocations out in order (the states the rollout finds; the engine's weights
+This lays those allocations out in order (the states the rollout finds, AdamW's where the
+run's first update left it when the actor's params and optimizer stay on the device
+(step_reserve.first_update); the engine's weights
 as it wakes; the prefill layer by layer; the decode's first step, the cache at the last
 step's length and the last step, as the trace runs it; the cache freed after each batch of
 sequences) and replays them through replay.py as step_reserve.py does the training phases:
@@ -30,7 +32,14 @@ import functools
 from dataclasses import dataclass
 
 from autotune.memory.replay import AllocatorSettings, replay
-from autotune.memory.sketch.layout import COPY_IN, DEFAULT_SETTINGS, Stream, state_tensors
+from autotune.memory.sketch.layout import (
+    COPY_IN,
+    DEFAULT_SETTINGS,
+    StepShape,
+    Stream,
+    state_tensors,
+)
+from autotune.memory.sketch.step_reserve import first_update
 
 BATCHES = 2  # batches laid out: the second finds the first's cached segments
 
@@ -65,6 +74,10 @@ class GenerationShape:
     # wake_gather_bytes: FSDP1's sharded state dict, an offloaded shard brought back)
     wake_shard_copies: int = 0
     policy_gathers: bool = False  # a sharded policy generates itself, gathering each layer
+    # the actor's update, whose first optimizer step made AdamW's state among its freed
+    # transients (and the backward's cuBLAS workspace): laid out after the held copies
+    # (which then leave AdamW's out), so the rollout finds the segments it left
+    first_update: StepShape | None = None
 
 
 def _held(out: Stream, g: GenerationShape) -> None:
@@ -190,6 +203,10 @@ def generation_reserve_bytes(g: GenerationShape,
     out.phase("build")
     _held(out, g)
     out.phase(None)
+    if g.first_update is not None:
+        out.phase("first_update")
+        first_update(out, g.first_update)
+        out.phase(None)
     out.phase("rollout")
     weights = _wake(out, g) if g.engine_copy else []
     for _ in range(min(g.batches, BATCHES)):

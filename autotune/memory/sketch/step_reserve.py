@@ -17,8 +17,11 @@ once the GPU is past them), the run's micro-batches and optimizer steps up to
 MICRO_BATCHES and OPTIMIZER_STEPS (AdamW's state made at the first, a foreach temporary a
 tensor at each; on one GPU the trained head's autocast cast from the logits to its
 backward, and the fp32 gradient that backward widens, alive through the layers' backward),
-each phase on its own and twice over; replays it through allocator.py with the run's allocator
-settings; and returns, per phase, the replayed reserved peak less the requests' own bytes
+each phase twice over after the states it finds (for a later phase, where the run's first
+update left them: AdamW's state among that update's freed transients and the autograd
+thread's cuBLAS workspace where its first GEMM found room, so the segments they keep, holes
+and all, are the phase's: first_update); replays it through allocator.py with the run's
+allocator settings; and returns, per phase, the replayed reserved peak less the requests' own bytes
 at their peak: the allocator's whole term, its rounding and the rests of cached blocks it
 hands out whole (1 MiB or less, `should_split`) included, which torch's allocated statistic
 counts with the tensors (the H200's 0.5B update: 219 MiB of them beside cuBLAS's
@@ -29,6 +32,7 @@ workspaces, the trace's replay within 1 MiB of torch's allocated). The trace
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from autotune.config.kernels import FUSED_CHUNK_TOKENS
@@ -403,6 +407,7 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     whole = _logits_backward(out, s, s.update_rows, kept)
     if not (s.frozen_base or s.fused_logits):
         head_grad = out.alloc(s.compute_bytes * _head_params(s))
+    out.first_backward_gemm()  # the head's, beside its weight's gradient
     out.free(whole)
     if widened:
         out.free(head_cast)
@@ -443,6 +448,18 @@ def update(out: Stream, s: StepShape, root_held: list[int], adam: list[int]
     return root_held, adam
 
 
+def first_update(out: Stream, s: StepShape) -> list[int]:
+    """The run's first update, as the states a later phase finds it left: AdamW's state
+    made at its first optimizer step among its freed transients, and the autograd thread's
+    cuBLAS workspace where its first backward GEMM found room (the head's; a PPO critic's
+    update runs first, its value head's backward among no vocabulary-wide blocks, so that
+    one is made before); returns AdamW's state."""
+    if s.critic_rows:
+        out.first_backward_gemm()
+    _, adam = update(out, dataclasses.replace(s, optimizer_steps=1), [], [])
+    return adam
+
+
 def optimizer_tensors(s: StepShape) -> tuple[int, ...]:
     """The parameters of each tensor the update's AdamW makes a state or a foreach
     temporary of, before sharding: FSDP2's a parameter each (it shards every parameter, a
@@ -459,12 +476,17 @@ def optimizer_tensors(s: StepShape) -> tuple[int, ...]:
 def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
                         ) -> dict[str, int]:
     """Per training phase (experience, update), what the replayed sketch reserved beyond
-    its requests' own bytes at their peak. Each phase is laid out on its own, twice over (as
-    two training steps run it), after the states it finds (state_tensors): the fp32 master
-    shards, the reference (one waiting on the host arrives for its own pass), AdamW's state
-    (on the host when offloaded; the update makes it at its first step), FSDP's root unit
-    gathered; so a phase moves only with its own knobs (phases.PHASE_KNOBS, the batches among
-    them: they set its loops' counts), as the dominance rules need."""
+    its requests' own bytes at their peak. Each phase is laid out twice over (as two
+    training steps run it) after the states it finds (state_tensors): the fp32 master
+    shards, the reference (one waiting on the host arrives for its own pass), FSDP's root
+    unit gathered, and AdamW's state: on the host when offloaded; the update makes it at its
+    first step; the experience finds it where the run's first update left it (first_update,
+    laid out with that update's settings). So a phase moves with its own knobs
+    (phases.PHASE_KNOBS, the batches among them: they set its loops' counts) and the
+    experience with the update's that size those segments too (phases.CARRIED_KNOBS), as
+    the dominance rules read them. On the committed 0.5B row the experience's held
+    segments then match its trace's at the phase's peak: the two 1,188 MiB logits segments,
+    one keeping AdamW's embedding states, the other the workspace (1,156 MiB free)."""
     n, c = s.shards, s.compute_bytes
     every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     reserve = {}
@@ -476,8 +498,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
         if s.with_reference and not s.reference_on_host:  # else: it arrives for its pass
             for p in every:
                 out.alloc(c * p // n)
-        adam = [out.alloc(4 * p // n) for p in every for _ in range(2)] \
-            if name == "experience" and not (s.frozen_base or s.optimizer_offloaded) else []
+        adam: list[int] = []
         critic = name == "experience" and s.critic_rows > 0 and n > 1  # a sharded rank's
         # PPO critic, on the device for its value forward (one GPU's: its trace held no
         # more reserve for it, benchmarks/model_vs_trace.py row 19): its layers' states,
@@ -500,6 +521,12 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
             for p in s.root_params:
                 out.alloc(c * p)
         out.phase(None)
+        if name == "experience" and not (s.frozen_base or s.optimizer_offloaded):
+            # the states as the first update left them: AdamW's made among its freed
+            # transients, the backward's cuBLAS workspace where its first GEMM found room
+            out.phase("first_update")
+            adam = first_update(out, s)
+            out.phase(None)
         for _ in range(2):
             if kept_root and not root:
                 root = [out.alloc(c * p) for p in s.root_params]

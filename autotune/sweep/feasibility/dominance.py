@@ -5,8 +5,9 @@ Peak device memory is monotone along known axes (config.MEMORY_DIRECTION): large
 micro-batches, batch sizes, rollout_n and lengths need more; gradient checkpointing and
 offload need less. So once config A has run out of device memory in phase P, any config B at
 least as demanding as A on every axis that moves P's peak (memory.PHASE_KNOBS: the update
-does not care about the log-prob micro-batch, the log-prob forwards not about checkpointing)
-must too.
+does not care about the log-prob micro-batch) must too. On a GPU the update's knobs that
+size the segments its first step leaves held in the caching allocator (memory.carried_knobs:
+the log-prob forwards find them) have no order in the later phases, and must be equal there.
 
 Host RAM runs the other way on the offload axes: offload moves tensors into host memory. A
 config that offloads at least what a host-OOM config offloaded, and is at least as demanding
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from autotune.batching import ROW_COUNT_KNOBS
 from autotune.config import MEMORY_DIRECTION, Knobs, KnobValue
-from autotune.memory.phases import PHASE_KNOBS
+from autotune.memory.phases import PHASE_KNOBS, carried_knobs
 from autotune.probe.measure.result import ProbeStatus
 from autotune.sweep.space.params import value_order
 
@@ -53,7 +54,7 @@ class KnownOOM:
 def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str, KnobValue],
                           host: bool = False, phase: str | None = None,
                           directions: dict[str, int] | None = None,
-                          token_batched: bool = False) -> bool:
+                          token_batched: bool = False, on_gpu: bool = False) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
@@ -61,18 +62,22 @@ def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str
     same knob names (those of one search space; fixed knobs are equal by construction).
     With `phase` (where `known` ran out of device memory), only the knobs that move that
     phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
-    needs at least as much there. `directions` adds the directions a search space declares
-    for a trainer's own keys. With `token_batched` (dynamic batching on), the knobs that
-    count the responses cut into micro-batches must be equal (batching.ROW_COUNT_KNOBS).
+    needs at least as much there. `on_gpu` (a caching allocator): the knobs that phase reads
+    through the segments the first update left (memory.carried_knobs) must be equal too.
+    `directions` adds the directions a search space declares for a trainer's own keys. With
+    `token_batched` (dynamic batching on), the knobs that count the responses cut into
+    micro-batches must be equal (batching.ROW_COUNT_KNOBS).
     """
     directions = directions or MEMORY_DIRECTION
     moving = PHASE_KNOBS
+    carried = carried_knobs(phase, known.get("placement") == "separate") if on_gpu \
+        else frozenset()
     for name, known_value in known.items():
         counts_rows = token_batched and name in ROW_COUNT_KNOBS and phase != "rollout"
-        if phase in moving and name not in moving[phase] and not counts_rows:
+        if phase in moving and name not in moving[phase] | carried and not counts_rows:
             continue
         value = candidate[name]
-        direction = 0 if counts_rows else directions.get(name, 0)
+        direction = 0 if counts_rows or name in carried else directions.get(name, 0)
         if host and name in OFFLOAD_KNOBS:
             direction = -direction
         if direction > 0 and value_order(value) < value_order(known_value):
@@ -88,9 +93,10 @@ class Dominance:
     """The measured OOMs of a sweep, and the configs they prove cannot fit."""
 
     def __init__(self, directions: dict[str, int] | None = None,
-                 token_batched: bool = False) -> None:
+                 token_batched: bool = False, on_gpu: bool = False) -> None:
         self.directions = directions  # the space's, its trainer keys included
         self.token_batched = token_batched  # dynamic batching on in some config
+        self.on_gpu = on_gpu  # probes on a GPU: its caching allocator carries segments
         self.known: list[KnownOOM] = []
 
     def record(self, trial_number: int, params: Mapping[str, KnobValue], status: ProbeStatus,
@@ -106,6 +112,6 @@ class Dominance:
             phase = None if host else known.failed_phase
             if at_least_as_demanding(params, known.params, host=host, phase=phase,
                                      directions=self.directions,
-                                     token_batched=self.token_batched):
+                                     token_batched=self.token_batched, on_gpu=self.on_gpu):
                 return known
         return None

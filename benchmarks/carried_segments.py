@@ -1,12 +1,13 @@
 """How much of each committed phase's reserve the segments carried from earlier phases make.
 
-The memory model's allocator term (memory/sketch) lays each phase out on its own: the
-tensors the phase finds, packed in the order they were made, then the phase's own
-allocations and frees. A GPU runs the step as a whole: a phase finds the segments the earlier
-phases cut, with the tensors that outlived them inside (AdamW's states, made at the first
-optimizer step among the freed segments of the transients; docs/memory-and-trace.md). This
-splits the trace's replay of each committed case (benchmarks/allocator_fidelity.py's rows)
-the same two ways:
+The memory model's allocator term (memory/sketch) laid each phase out on its own until
+2026-12-04: the tensors the phase finds, packed in the order they were made, then the
+phase's own allocations and frees. A GPU runs the step as a whole: a phase finds the
+segments the earlier phases cut, with the tensors that outlived them inside (AdamW's states,
+made at the first optimizer step among the freed segments of the transients, and cuBLAS's
+workspace; docs/memory-and-trace.md). The sketch now lays the run's first update out before
+the later phases (step_reserve.first_update). This splits the trace's replay of each
+committed case (benchmarks/allocator_fidelity.py's rows) the same two ways:
 
 - with its history: the stream replayed whole (memory/replay.py), as allocator_fidelity
   predicts the card;
@@ -16,14 +17,16 @@ the same two ways:
 
 carried = the reserved peak with history less the phase-local one (both the most over the
 step's occurrences of the phase). Each row then reads the memory model alone (as
-allocator_fidelity computes it) against NVML, with and without that carried term: whether
-the term the model leaves out by rule is its lean (issue 67's item 2).
+allocator_fidelity computes it) against NVML, and its sketched reserve beyond the tensors
+against the whole replay's and the phase-local one's: which of the two the sketch follows
+(issue 67's item 2).
 
-    python benchmarks/carried_segments.py [--out DIR] [--cases a,b]
+    python benchmarks/carried_segments.py [--out DIR] [--cases a,b] [--reuse JSON]
 
 Writes carried_segments.{txt,json} to benchmarks/results/ (or --out); the JSON also holds
 each row's traced tensors and the model's sketched allocator term. Traces each committed
-case once (4 minutes on 2 cores, 2026-12-04).
+case once (4 minutes on 2 cores, 2026-12-04); --reuse takes the traced figures of an earlier
+run's JSON and recomputes the model's (seconds).
 """
 
 from __future__ import annotations
@@ -135,6 +138,21 @@ def measure(labels: list[str] | None) -> list[dict]:
     return out
 
 
+def remodel(rows: list[dict]) -> list[dict]:
+    """An earlier run's rows with the model's figures (its total, its sketched term)
+    recomputed by today's model; the traced and replayed ones as they were."""
+    every = allocator_fidelity.committed_rows()
+    by_case = {(r["label"], r["file"]): r for r in every}
+    out = []
+    for row in rows:
+        committed = by_case[row["case"], row["file"]]
+        modelled = allocator_fidelity.model_bytes(
+            committed, allocator_fidelity.outside_of(committed, every))
+        out.append({**row, "model_bytes": modelled[row["phase"]],
+                    "sketch_bytes": sketch_bytes(committed)[row["phase"]]})
+    return out
+
+
 def signed(value: float) -> str:
     return f"{100 * value:+.1f}%"
 
@@ -152,40 +170,54 @@ def describe(rows: list[dict]) -> list[str]:
     lines = ["reserve beyond the traced tensors, GiB: the model's sketch, the phase-local replay's "
              "and the whole replay's", "",
              f"{'case':24s} {'file':36s} {'phase':14s} {'NVML':>9s} {'model':>7s} "
-             f"{'sketch':>7s} {'local':>7s} {'whole':>7s} {'carried':>9s} {'model+carried':>13s}"]
+             f"{'sketch':>7s} {'local':>7s} {'whole':>7s} {'carried':>9s} {'sketch-whole':>12s}"]
     for r in rows:
         nvml, tensors = r["nvml_bytes"], r["traced_tensor_bytes"]
-        with_carried = r["model_bytes"] + r["carried_bytes"]
+        whole = r["replayed_reserved_bytes"] - tensors
         lines.append(f"{r['case'][:24]:24s} {r['file'][:36]:36s} {r['phase']:14s} "
                      f"{nvml / GIB:7.2f} G {signed((r['model_bytes'] - nvml) / nvml):>7s} "
                      f"{r['sketch_bytes'] / GIB:7.2f} "
                      f"{(r['phase_local_reserved_bytes'] - tensors) / GIB:7.2f} "
-                     f"{(r['replayed_reserved_bytes'] - tensors) / GIB:7.2f} "
+                     f"{whole / GIB:7.2f} "
                      f"{r['carried_bytes'] / GIB:+7.2f} G "
-                     f"{signed((with_carried - nvml) / nvml):>13s}")
-    for r in rows:
-        r["model_with_carried_bytes"] = r["model_bytes"] + r["carried_bytes"]
+                     f"{(r['sketch_bytes'] - whole) / GIB:+10.2f} G")
     carried = [r["carried_bytes"] / GIB for r in rows]
     lines += ["",
               f"carried (replay with history less phase-local): median "
               f"{statistics.median(carried):+.2f} GiB, {min(carried):+.2f} to "
               f"{max(carried):+.2f} GiB",
-              summary(rows, "model_bytes", "memory model alone against NVML"),
-              summary(rows, "model_with_carried_bytes",
-                      "memory model plus the carried term against NVML")]
+              gap(rows, "replayed_reserved_bytes", "whole replay's"),
+              gap(rows, "phase_local_reserved_bytes", "phase-local replay's"),
+              summary(rows, "model_bytes", "memory model alone against NVML")]
     return lines
+
+
+def gap(rows: list[dict], key: str, label: str) -> str:
+    """The sketched reserve beyond the tensors less a replay's, in GiB: median, range, and
+    within 0.25 GiB."""
+    gaps = [(r["sketch_bytes"] - (r[key] - r["traced_tensor_bytes"])) / GIB for r in rows]
+    return (f"the sketch less the {label} reserve: median {statistics.median(gaps):+.2f} "
+            f"GiB, {min(gaps):+.2f} to {max(gaps):+.2f}, "
+            f"{sum(abs(g) <= 0.25 for g in gaps)} of {len(gaps)} within 0.25 GiB")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--cases", default="", help="comma-separated case labels")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="an earlier run's JSON: its traced figures, the model's anew")
     args = parser.parse_args()
     started = time.monotonic()
-    rows = measure([c for c in args.cases.split(",") if c] or None)
+    if args.reuse is not None:
+        rows = remodel(json.loads(args.reuse.read_text())["rows"])
+    else:
+        rows = measure([c for c in args.cases.split(",") if c] or None)
     lines = [f"carried_segments on {platform.machine()} cpu, {time.strftime('%Y-%m-%d')}, "
              f"{(time.monotonic() - started) / 60:.1f} min",
-             "benchmark: python benchmarks/carried_segments.py", ""] + describe(rows)
+             "benchmark: python benchmarks/carried_segments.py"
+             + (f" --reuse {args.reuse.name}: its traced figures, the model's anew"
+                if args.reuse else ""), ""] + describe(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "carried_segments.txt").write_text("\n".join(lines) + "\n")
     (args.out / "carried_segments.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")

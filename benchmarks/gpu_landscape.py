@@ -6,11 +6,13 @@ each config's memory from the trace and its time from the time model
 Memory. Each phase's peak on rank 0 of 8 is the probe's own step traced under fake tensors
 (probe/trace.py: every tensor, exactly, for this torch and transformers) plus the fixed term
 an H200 held beyond the traced tensors in that phase for that model (benchmarks/results/gpu:
-the CUDA context and the caching allocator's slack). A phase's peak moves only with the
-knobs memory.phases.PHASE_KNOBS lists for it (the engine sleeps, so its share of the GPU
-moves the rollout alone), so the traces are taken per phase: a design of whole-step traces
-covers every phase's knob combination (the rollout's on each GPU size, the others' on
-either), and a config's row puts the three phases together. `check` traces whole configs
+the CUDA context and the caching allocator's slack). A phase's traced tensors move only
+with the knobs memory.phases.PHASE_KNOBS lists for it (the segments the first update leaves
+held, memory.phases.CARRIED_KNOBS, are the allocator's: in the fixed term; the engine
+sleeps, so its share of the GPU moves the rollout alone), so the traces are taken per
+phase: a design of whole-step traces covers every phase's knob combination (the
+rollout's on each GPU size, the others' on either), and a config's row puts the three
+phases together. `check` traces whole configs
 at random and compares them with the composed rows byte for byte, and the fixed term with
 the trace's own allocator replay of each design config where a row holds it (rows traced
 since 2026-12-02; the landscape reads the tensors + the fixed term on every row, so that

@@ -438,13 +438,21 @@ def test_each_phase_moves_only_with_its_knobs():
     bases = [base, replace(base, rollout_engine="vllm-like"),
              replace(base, rollout_engine="vllm-like", enable_sleep=False)]
     bases += [replace(b, algorithm="ppo") for b in bases]
+    # an update of one micro-batch, its rows set by a token budget: the counts and the
+    # budget size the first update's blocks
+    few = replace(base, rollout_batch_size=2, rollout_n=2, global_batch_size=2,
+                  micro_batch_size_update=4, dynamic_batching=True,
+                  max_token_len_update=3 * 512)
     for name in ("tiny-qwen2.5", "tiny-qwen2.5-vl", "qwen2.5-7b"):
         shape = model_shape(name)
         for on_gpu, start in ((True, bases[0]), (False, bases[0]), (True, bases[1]),
                               (True, bases[2]), (True, bases[3]), (False, bases[3]),
-                              (True, bases[4]), (True, bases[5])):
+                              (True, bases[4]), (True, bases[5]), (True, few)):
             before = estimate_memory(shape, start, on_gpu=on_gpu, **device).phases
-            moving = {phase: knobs | CARRIED_KNOBS.get(phase, frozenset())
+            # on a GPU a later phase also reads the update's knobs through the segments
+            # its first step left (the caching allocator's: a CPU's estimate reads none)
+            moving = {phase: knobs | (CARRIED_KNOBS.get(phase, frozenset()) if on_gpu
+                                      else frozenset())
                       for phase, knobs in PHASE_KNOBS.items()}
             for knob, value in changes.items():
                 after = estimate_memory(shape, replace(start, **{knob: value}), on_gpu=on_gpu,
@@ -489,18 +497,27 @@ def test_each_phase_moves_only_with_its_knobs():
     runs += [(replace(base, rollout_batch_size=2, global_batch_size=2, rollout_n=2,
                       algorithm=algorithm, fsdp_strategy="fsdp"), gpus)
              for algorithm in ("grpo", "ppo") for gpus in (1, 2)]
+    # a 0.5B's first update, whose blocks the later phases' holes cannot all take (a tiny
+    # model's they can): its micro-batches' count, its token budget, dynamic batching
+    small = model_shape("qwen2.5-0.5b")
+    carried_runs = [(replace(base, rollout_n=1, global_batch_size=2), 1),
+                    (replace(base, dynamic_batching=True, max_token_len_update=2 * 1024), 1),
+                    (replace(base, max_token_len_update=2 * 1024), 1)]
 
-    def total(config: ProbeConfig, phase: str, gpus: int) -> int | None:
-        phases = estimate_memory(shape, config, num_gpus=gpus, **device).phases
+    def total(config: ProbeConfig, phase: str, gpus: int, model=shape) -> int | None:
+        phases = estimate_memory(model, config, num_gpus=gpus, **device).phases
         return phases[phase].total_bytes if phase in phases else None
 
     for phase, knobs in PHASE_KNOBS.items():
         # the card's, which the trace replays; the split's, which memory/roles.py sizes
-        knobs = knobs | CARRIED_KNOBS.get(phase, frozenset())
         for knob in knobs - set(ALLOCATOR_KNOBS) - set(SPLIT_KNOBS):
             value = 2 if knob == "max_num_seqs" else changes[knob]
             assert any(total(replace(wide, **{knob: value}), phase, gpus)
                        != total(wide, phase, gpus) for wide, gpus in runs), (knob, phase)
+        for knob in CARRIED_KNOBS.get(phase, frozenset()) - knobs:
+            assert any(total(replace(wide, **{knob: changes[knob]}), phase, gpus, small)
+                       != total(wide, phase, gpus, small)
+                       for wide, gpus in runs[:1] + carried_runs), (knob, phase)
 
 
 def test_vision_tower_adds_patch_activations_in_the_update():

@@ -316,11 +316,11 @@ def test_an_oom_on_one_split_proves_nothing_about_another():
         # on a GPU the trainer's later phases find the segments its first update left
         # (memory.carried_knobs); the engine's GPUs run the rollout apart from them
         carried = phase == "experience"
-        assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase,
-                                     on_gpu=True) is not carried
-    colocated = {**one_trainer, "placement": "colocated"}
-    assert not at_least_as_demanding({**colocated, "micro_batch_size_update": 4}, colocated,
-                                     phase="rollout", on_gpu=True)
+        assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase, on_gpu=True,
+                                     separate=True) is not carried
+        # colocated, the rollout finds them too
+        assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase, on_gpu=True) \
+            is (phase in ("update", "weight_sync"))
 
 
 def test_a_separate_space_file_is_checked_on_a_run_it_can_describe(tmp_path):

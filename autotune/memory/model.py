@@ -226,7 +226,8 @@ def allocator_reserve(shape: ModelShape, config: ProbeConfig,
                 generation_shape(shape, config, shards, width, sequences, step), settings)
     if config.has_critic:  # the critic's update, laid out as an update of its own model
         reserve["critic_update"] = phase_reserve_bytes(
-            critic_step_shape(shape, sliced, shards, width, share), settings)["update"]
+            critic_step_shape(shape, sliced, shards, width, share), settings,
+            ("update",))["update"]
     # and cuBLAS's workspaces, held by the allocator from the first step on (workspaces.py)
     return {phase: value + CUBLAS_WORKSPACES_BYTES for phase, value in reserve.items()}
 

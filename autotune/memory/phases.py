@@ -127,11 +127,16 @@ PHASE_KNOBS: dict[str, frozenset[str]] = {
 # holes and all (sketch/step_reserve.first_update; the committed 0.5B experience: a 1.2 GiB
 # segment cut for the update's fp32 logits that the 32 MiB workspace keeps). Their effect
 # there has no order (a larger micro-batch cuts larger segments, whose holes a later phase
-# may or may not fill): dominance compares them as equal in those phases. (PPO's critic
-# update finds them too; its sketch, an update of the critic's own model, lays out no
-# history, so neither does this.)
+# may or may not fill): dominance compares them as equal in those phases. Not declared,
+# and so not compared there, though the card reads them: the update's entropy and
+# optimizer-kernel knobs (the sketch lays out neither's blocks), and PPO's critic update,
+# which finds the segments too (its sketch, an update of the critic's own model, lays out
+# no history).
 _CARRIED = frozenset({"micro_batch_size_update", "max_token_len_update", "dynamic_batching",
-                      "gradient_checkpointing", "fused_logprob", *_SEQUENCE_KNOBS})
+                      "gradient_checkpointing", "fused_logprob", *_SEQUENCE_KNOBS,
+                      # how many micro-batches its first optimizer step runs, and with
+                      # dynamic batching their rows
+                      "rollout_n", "global_batch_size"})
 CARRIED_KNOBS: dict[str, frozenset[str]] = {
     phase: _CARRIED for phase in ("rollout", "experience", "validation")}
 

@@ -23,7 +23,8 @@ torch frees them and retries before it would run out of memory (release_cached_b
 they decide no OOM, though NVML sees them. A vllm-like engine's pool is one block made at
 wake-up, so its rollout is laid out with no batch (`batches` 0): the states it finds and the
 engine's weights as it wakes, whose slack is its reserve (the H200's 0.5B rollouts at
-utilisation 0.3 and 0.6 reserved 1.09 GiB beyond their tensors; this lays out about 0.4).
+utilisation 0.3 and 0.6 reserved 1.09 GiB beyond their tensors; this laid out about 0.4 on
+fresh states, 1.49 with the first update's segments).
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ def _logits_backward(out: Stream, s: StepShape, rows: int, kept: list[int]) -> i
     if s.fused_logits:  # each chunk's logits recomputed, softmaxed, its gradient cast
         for chunk in _chunks(tokens):
             wide, soft = _chunk_softmax(out, c, chunk * v)
+            out.first_backward_gemm()  # the first chunk's, its blocks live
             out.free(wide)
             grad = out.alloc(c * chunk * v)  # the softmax's gradient in the compute dtype
             out.free(soft, grad)
@@ -407,7 +408,7 @@ def _update_micro_batch(out: Stream, s: StepShape, root_held: list[int], grads: 
     whole = _logits_backward(out, s, s.update_rows, kept)
     if not (s.frozen_base or s.fused_logits):
         head_grad = out.alloc(s.compute_bytes * _head_params(s))
-    out.first_backward_gemm()  # the head's, beside its weight's gradient
+    out.first_backward_gemm()  # unfused: the head's, beside its weight's gradient
     out.free(whole)
     if widened:
         out.free(head_cast)
@@ -473,11 +474,11 @@ def optimizer_tensors(s: StepShape) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS
-                        ) -> dict[str, int]:
-    """Per training phase (experience, update), what the replayed sketch reserved beyond
-    its requests' own bytes at their peak. Each phase is laid out twice over (as two
-    training steps run it) after the states it finds (state_tensors): the fp32 master
+def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETTINGS,
+                        names: tuple[str, ...] = ("experience", "update")) -> dict[str, int]:
+    """Per training phase (experience, update: those of `names`), what the replayed sketch
+    reserved beyond its requests' own bytes at their peak. Each phase is laid out twice
+    over (as two training steps run it) after the states it finds (state_tensors): the fp32 master
     shards, the reference (one waiting on the host arrives for its own pass), FSDP's root
     unit gathered, and AdamW's state: on the host when offloaded; the update makes it at its
     first step; the experience finds it where the run's first update left it (first_update,
@@ -490,7 +491,7 @@ def phase_reserve_bytes(s: StepShape, settings: AllocatorSettings = DEFAULT_SETT
     n, c = s.shards, s.compute_bytes
     every = state_tensors(s.root_params, s.layer_params, s.layers, s.shards)
     reserve = {}
-    for name in ("experience", "update"):
+    for name in names:
         out = Stream()
         out.phase("build")
         for p in every:  # the fp32 master shards

@@ -7,7 +7,8 @@ offload need less. So once config A has run out of device memory in phase P, any
 least as demanding as A on every axis that moves P's peak (memory.PHASE_KNOBS: the update
 does not care about the log-prob micro-batch) must too. On a GPU the update's knobs that
 size the segments its first step leaves held in the caching allocator (memory.carried_knobs:
-the log-prob forwards find them) have no order in the later phases, and must be equal there.
+the log-prob forwards, a colocated rollout and the validation find them) have no order in
+those phases, and must be equal there.
 
 Host RAM runs the other way on the offload axes: offload moves tensors into host memory. A
 config that offloads at least what a host-OOM config offloaded, and is at least as demanding
@@ -41,6 +42,7 @@ class KnownOOM:
     params: Knobs
     status: ProbeStatus  # gpu_oom | host_oom
     failed_phase: str | None
+    separate: bool = False  # its rollout on GPUs of its own (placement=separate)
 
     @property
     def reason(self) -> str:
@@ -54,7 +56,8 @@ class KnownOOM:
 def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str, KnobValue],
                           host: bool = False, phase: str | None = None,
                           directions: dict[str, int] | None = None,
-                          token_batched: bool = False, on_gpu: bool = False) -> bool:
+                          token_batched: bool = False, on_gpu: bool = False,
+                          separate: bool = False) -> bool:
     """Whether `candidate` needs at least the memory `known` needed, on every axis.
 
     Device memory (host=False) follows MEMORY_DIRECTION; host memory (host=True) flips the
@@ -63,17 +66,18 @@ def at_least_as_demanding(candidate: Mapping[str, KnobValue], known: Mapping[str
     With `phase` (where `known` ran out of device memory), only the knobs that move that
     phase's peak (memory.PHASE_KNOBS) are compared: the candidate reaches that phase and
     needs at least as much there. `on_gpu` (a caching allocator): the knobs that phase reads
-    through the segments the first update left (memory.carried_knobs) must be equal too.
+    through the segments the first update left (memory.carried_knobs; none in a rollout on
+    GPUs of its own, `separate`) must be equal too.
     `directions` adds the directions a search space declares for a trainer's own keys. With
     `token_batched` (dynamic batching on), the knobs that count the responses cut into
     micro-batches must be equal (batching.ROW_COUNT_KNOBS).
     """
     directions = directions or MEMORY_DIRECTION
     moving = PHASE_KNOBS
-    carried = carried_knobs(phase, known.get("placement") == "separate") if on_gpu \
-        else frozenset()
+    carried = carried_knobs(phase, separate) if on_gpu else frozenset()
     for name, known_value in known.items():
-        counts_rows = token_batched and name in ROW_COUNT_KNOBS and phase != "rollout"
+        counts_rows = token_batched and name in ROW_COUNT_KNOBS and \
+            (phase != "rollout" or name in carried)
         if phase in moving and name not in moving[phase] | carried and not counts_rows:
             continue
         value = candidate[name]
@@ -100,10 +104,13 @@ class Dominance:
         self.known: list[KnownOOM] = []
 
     def record(self, trial_number: int, params: Mapping[str, KnobValue], status: ProbeStatus,
-               failed_phase: str | None) -> None:
-        """Learn from a measured probe: a GPU or host OOM is kept, anything else ignored."""
+               failed_phase: str | None, separate: bool = False) -> None:
+        """Learn from a measured probe: a GPU or host OOM is kept, anything else ignored.
+        `separate`: its config's rollout ran on GPUs of its own (a fixed placement is not
+        in `params`)."""
         if status in LEARNED and params:
-            self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase))
+            self.known.append(KnownOOM(trial_number, dict(params), status, failed_phase,
+                                       separate))
 
     def proof(self, params: Mapping[str, KnobValue]) -> KnownOOM | None:
         """The measured OOM that proves `params` cannot fit, or None."""
@@ -112,6 +119,7 @@ class Dominance:
             phase = None if host else known.failed_phase
             if at_least_as_demanding(params, known.params, host=host, phase=phase,
                                      directions=self.directions,
-                                     token_batched=self.token_batched, on_gpu=self.on_gpu):
+                                     token_batched=self.token_batched, on_gpu=self.on_gpu,
+                                     separate=known.separate):
                 return known
         return None

@@ -59,7 +59,8 @@ class Feasibility:
         self.device = self.device.with_capacity(device_capacity_bytes)
         probed = ProbeStatus.of(status)
         if self.dominance is not None and probed is not None:
-            self.dominance.record(trial_number, candidate.params, probed, failed_phase)
+            self.dominance.record(trial_number, candidate.params, probed, failed_phase,
+                                  candidate.config.separate)
         if probed is None or not probed.reached_peaks or not phase_peak_mem_bytes:
             return
         if self.prescreen is not None:

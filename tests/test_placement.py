@@ -321,6 +321,9 @@ def test_an_oom_on_one_split_proves_nothing_about_another():
         # colocated, the rollout finds them too
         assert at_least_as_demanding(bigger_micro, one_trainer, phase=phase, on_gpu=True) \
             is (phase in ("update", "weight_sync"))
+    # the validation runs on the trainer's GPUs (config.ENGINE_PHASES is the rollout alone)
+    assert not at_least_as_demanding(bigger_micro, one_trainer, phase="validation",
+                                     on_gpu=True, separate=True)
 
 
 def test_a_separate_space_file_is_checked_on_a_run_it_can_describe(tmp_path):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import DeviceShare, ProbeConfig
+from autotune.config import ENGINE_PHASES, DeviceShare, ProbeConfig
 from autotune.memory.logits import autocast_logits_bytes, logprob_logits_bytes, update_logits_bytes
 from autotune.memory.shape import (
     activation_bytes_per_token,
@@ -143,9 +143,9 @@ CARRIED_KNOBS: dict[str, frozenset[str]] = {
 
 def carried_knobs(phase: str | None, separate: bool = False) -> frozenset[str]:
     """The update's knobs `phase` reads through the segments the run's first update left
-    (CARRIED_KNOBS): none for a phase that runs on GPUs of its own (a separate placement's
-    rollout and validation, on the engine's GPUs), nor for one that is no phase."""
-    if phase is None or (separate and phase in ("rollout", "validation")):
+    (CARRIED_KNOBS): none for a phase the engine's own GPUs run (a separate placement's
+    config.ENGINE_PHASES), nor for one that is no phase."""
+    if phase is None or (separate and phase in ENGINE_PHASES):
         return frozenset()
     return CARRIED_KNOBS.get(phase, frozenset())
 

@@ -3,10 +3,10 @@
 Configs share phases (pooled.py): an untried config whose every phase some probe already ran
 (its phase keys) has a step the study can compose from those probes' phase times, as the pick
 composes a probed config's, and a peak from the probes that held each of its phases' memory
-(memory.phases.phase_knobs: the knobs that move that phase's own peak, not the update's whose
-segments a later phase finds held (memory.CARRIED_KNOBS): a few percent of a phase's peak, left
-to the composed config's own probe; the weight sync of a split,
-which declares none, is left to the feasibility rules the queued config meets like any
+(memory.phases.phase_knobs: the knobs that move that phase's own peak, not the update's
+whose segments a later phase finds held (memory.phases.CARRIED_KNOBS): a few percent of a
+phase's peak, left to the composed config's own probe; the weight sync of a split, which
+declares none, is left to the feasibility rules the queued config meets like any
 other, as is every peak against the device). The sweep queues the best
 such config when it beats the best probed one (tuner.py, in the neighbour's probe slot): the
 best rollout of one probe and the best update of another make a config no sampler may have
